@@ -1,0 +1,285 @@
+//! Validation and compilation of [`super::file::FileConfig`] into a [`Snapshot`].
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::error::{ConfigError, Source};
+use super::file::{FileConfig, RouteSection};
+use super::{Backend, DurationValue, ListenerSpec, Settings, Snapshot, UpstreamGroup};
+use crate::router::{HostMatch, Route, Router};
+use crate::upstream::balancer::PolicyRegistry;
+
+/// Parses and compiles TOML text; `file` is only used to name the source in errors.
+pub fn compile_str(
+    file: &Path,
+    text: &str,
+    policies: &PolicyRegistry,
+) -> Result<Snapshot, ConfigError> {
+    let src = Source { file, text };
+    let parsed: FileConfig = toml::from_str(text).map_err(|e| src.from_toml(&e))?;
+    compile(&src, parsed, policies)
+}
+
+fn dur(v: &Option<DurationValue>, default: Duration) -> Duration {
+    v.map_or(default, |d| d.0)
+}
+
+fn positive(
+    src: &Source,
+    v: &Option<Spanned<usize>>,
+    key: &str,
+    default: usize,
+) -> Result<usize, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(s) if *s.get_ref() == 0 => Err(src.error(s.span(), key, "must be at least 1")),
+        Some(s) => Ok(*s.get_ref()),
+    }
+}
+
+/// Resolves `host:port` (an IP literal, or a name resolved once at load time).
+fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if !addr.contains(':') {
+        return Err(format!("invalid address {addr:?}: expected host:port"));
+    }
+    match addr.to_socket_addrs() {
+        Ok(mut it) => it
+            .next()
+            .ok_or_else(|| format!("address {addr:?} resolved to nothing")),
+        Err(e) => Err(format!("invalid address {addr:?}: {e}")),
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+fn compile(
+    src: &Source,
+    file: FileConfig,
+    policies: &PolicyRegistry,
+) -> Result<Snapshot, ConfigError> {
+    let s = &file.server;
+    let default_workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let settings = Settings {
+        workers: positive(src, &s.workers, "server.workers", default_workers)?,
+        header_timeout: dur(&s.header_timeout, Duration::from_secs(10)),
+        keepalive_timeout: dur(&s.keepalive_timeout, Duration::from_secs(60)),
+        max_header_bytes: positive(src, &s.max_header_bytes, "server.max_header_bytes", 65536)?,
+        max_uri_bytes: positive(src, &s.max_uri_bytes, "server.max_uri_bytes", 8192)?,
+        shutdown_timeout: dur(&s.shutdown_timeout, Duration::from_secs(10)),
+        log_level: s
+            .log_level
+            .as_ref()
+            .map_or_else(|| "info".to_owned(), |l| l.get_ref().clone()),
+    };
+    if settings.max_header_bytes < 256 {
+        let span = s
+            .max_header_bytes
+            .as_ref()
+            .map(|v| v.span())
+            .unwrap_or(0..0);
+        return Err(src.error(span, "server.max_header_bytes", "must be at least 256"));
+    }
+    if settings.workers > 1024 {
+        let span = s.workers.as_ref().map(|v| v.span()).unwrap_or(0..0);
+        return Err(src.error(span, "server.workers", "must be at most 1024"));
+    }
+
+    // Upstream groups, in name order (BTreeMap), addressed by index at run time.
+    let mut upstreams = Vec::with_capacity(file.upstreams.len());
+    let mut upstream_index = HashMap::new();
+    for (name, section) in &file.upstreams {
+        let key = format!("upstreams.{name}");
+        if !valid_name(name) {
+            return Err(src.error(
+                section.span(),
+                &key,
+                "names use letters, digits, '_', '-' and '.'",
+            ));
+        }
+        let u = section.get_ref();
+        if u.servers.get_ref().is_empty() {
+            return Err(src.error(
+                u.servers.span(),
+                format!("{key}.servers"),
+                "needs at least one server",
+            ));
+        }
+        let mut backends = Vec::with_capacity(u.servers.get_ref().len());
+        for (i, entry) in u.servers.get_ref().iter().enumerate() {
+            let ekey = format!("{key}.servers[{i}]");
+            let e = entry.get_ref();
+            let addr = resolve(&e.addr).map_err(|m| src.error(entry.span(), &ekey, m))?;
+            let weight = e.weight.unwrap_or(1);
+            if weight == 0 {
+                return Err(src.error(entry.span(), &ekey, "weight must be at least 1"));
+            }
+            backends.push(Backend { addr, weight });
+        }
+        let policy_name = u
+            .policy
+            .as_ref()
+            .map_or("round_robin", |p| p.get_ref().as_str());
+        let policy = policies.get(policy_name).ok_or_else(|| {
+            let span = u.policy.as_ref().map(|p| p.span()).unwrap_or(0..0);
+            src.error(
+                span,
+                format!("{key}.policy"),
+                format!(
+                    "unknown policy {policy_name:?} (known: {})",
+                    policies.names().join(", ")
+                ),
+            )
+        })?;
+        let keepalive = u.keepalive.as_ref().map_or(128, |k| *k.get_ref());
+        let connect_timeout = dur(&u.connect_timeout, Duration::from_secs(2));
+        let read_timeout = dur(&u.read_timeout, Duration::from_secs(30));
+        for (v, k) in [
+            (connect_timeout, "connect_timeout"),
+            (read_timeout, "read_timeout"),
+        ] {
+            if v.is_zero() {
+                return Err(src.error(
+                    section.span(),
+                    format!("{key}.{k}"),
+                    "must be greater than zero",
+                ));
+            }
+        }
+        upstream_index.insert(name.clone(), upstreams.len());
+        upstreams.push(UpstreamGroup {
+            name: name.clone(),
+            backends,
+            policy,
+            keepalive,
+            connect_timeout,
+            read_timeout,
+            write_timeout: dur(&u.write_timeout, Duration::from_secs(30)),
+            idle_timeout: dur(&u.idle_timeout, Duration::from_secs(60)),
+        });
+    }
+
+    // Listeners, then the routes that attach to them.
+    if file.listeners.is_empty() {
+        return Err(src.whole("no listeners: add a [listeners.NAME] table with an addr"));
+    }
+    let mut listeners = Vec::with_capacity(file.listeners.len());
+    let mut seen_addrs: HashMap<SocketAddr, &str> = HashMap::new();
+    for (name, section) in &file.listeners {
+        let key = format!("listeners.{name}");
+        if !valid_name(name) {
+            return Err(src.error(
+                section.span(),
+                &key,
+                "names use letters, digits, '_', '-' and '.'",
+            ));
+        }
+        let a = &section.get_ref().addr;
+        let addr =
+            resolve(a.get_ref()).map_err(|m| src.error(a.span(), format!("{key}.addr"), m))?;
+        if addr.port() != 0 {
+            if let Some(other) = seen_addrs.insert(addr, name) {
+                return Err(src.error(
+                    a.span(),
+                    format!("{key}.addr"),
+                    format!("address {addr} is already used by listener {other:?}"),
+                ));
+            }
+        }
+        listeners.push(ListenerSpec {
+            name: name.clone(),
+            addr,
+            router: Router::default(),
+        });
+    }
+
+    for (i, route) in file.routes.iter().enumerate() {
+        compile_route(src, i, route, &upstream_index, &mut listeners)?;
+    }
+    for l in &mut listeners {
+        l.router.finish();
+    }
+    Ok(Snapshot {
+        settings,
+        listeners,
+        upstreams,
+    })
+}
+
+fn compile_route(
+    src: &Source,
+    i: usize,
+    route: &Spanned<RouteSection>,
+    upstream_index: &HashMap<String, usize>,
+    listeners: &mut [ListenerSpec],
+) -> Result<(), ConfigError> {
+    let key = format!("routes[{i}]");
+    let r = route.get_ref();
+    let up = &r.upstream;
+    let upstream = *upstream_index.get(up.get_ref()).ok_or_else(|| {
+        src.error(
+            up.span(),
+            format!("{key}.upstream"),
+            format!(
+                "upstream {:?} is not defined (add [upstreams.{}])",
+                up.get_ref(),
+                up.get_ref()
+            ),
+        )
+    })?;
+    let host = match &r.host {
+        None => HostMatch::Any,
+        Some(h) => HostMatch::parse(h.get_ref())
+            .map_err(|m| src.error(h.span(), format!("{key}.host"), m))?,
+    };
+    let path = match &r.path {
+        None => "/".to_owned(),
+        Some(p) if !p.get_ref().starts_with('/') => {
+            return Err(src.error(p.span(), format!("{key}.path"), "must start with '/'"));
+        }
+        Some(p) => p.get_ref().clone(),
+    };
+    let compiled = Route {
+        index: i,
+        host,
+        path,
+        upstream,
+    };
+    match &r.listener {
+        None => listeners
+            .iter_mut()
+            .for_each(|l| l.router.add(compiled.clone())),
+        Some(name) => {
+            let l = listeners
+                .iter_mut()
+                .find(|l| &l.name == name.get_ref())
+                .ok_or_else(|| {
+                    src.error(
+                        name.span(),
+                        format!("{key}.listener"),
+                        format!("listener {:?} is not defined", name.get_ref()),
+                    )
+                })?;
+            if l.router.has(&compiled) {
+                return Err(src.error(
+                    route.span(),
+                    &key,
+                    "duplicate route: same listener, host and path as an earlier route",
+                ));
+            }
+            l.router.add(compiled);
+        }
+    }
+    Ok(())
+}

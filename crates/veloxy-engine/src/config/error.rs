@@ -1,0 +1,121 @@
+//! Config errors that name the file, the line and the key, like `veloxy.toml:12:11: upstreams.api.connect_timeout: ...`.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+/// Why a config could not be loaded. Every variant names its source file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read config: {source}")]
+    Read {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}:{column}: {key}: {message}")]
+    Invalid {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        /// Dotted path of the offending key, e.g. `upstreams.api.servers[1]`.
+        key: String,
+        message: String,
+    },
+    #[error("{file}: {message}")]
+    Whole { file: PathBuf, message: String },
+}
+
+/// Source text plus file name: turns byte spans into `file:line:column`.
+pub(crate) struct Source<'a> {
+    pub file: &'a std::path::Path,
+    pub text: &'a str,
+}
+
+impl Source<'_> {
+    /// An error at `span` about `key`.
+    pub fn error(
+        &self,
+        span: Range<usize>,
+        key: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        let (line, column) = self.line_col(span.start);
+        ConfigError::Invalid {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An error about the whole file (no single place to point at).
+    pub fn whole(&self, message: impl Into<String>) -> ConfigError {
+        ConfigError::Whole {
+            file: self.file.to_path_buf(),
+            message: message.into(),
+        }
+    }
+
+    /// Converts a TOML parse or type error, recovering the key from the text around its span.
+    pub fn from_toml(&self, err: &toml::de::Error) -> ConfigError {
+        let message = err.message().trim().to_owned();
+        match err.span() {
+            Some(span) => {
+                let key = self.key_at(span.start);
+                self.error(span, key, message)
+            }
+            None => self.whole(message),
+        }
+    }
+
+    fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
+        (line, column)
+    }
+
+    /// Best-effort dotted key for an offset: the nearest `[table]` header above it plus the
+    /// `key =` on its line; `[[array]]` headers get their index (`routes[2].upstream`).
+    pub fn key_at(&self, offset: usize) -> String {
+        let offset = offset.min(self.text.len());
+        let line_start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = self.text[offset..]
+            .find('\n')
+            .map_or(self.text.len(), |i| offset + i);
+        let line = self.text[line_start..line_end].trim();
+        let key = if line.starts_with('[') {
+            None
+        } else {
+            line.split_once('=')
+                .map(|(k, _)| k.trim().trim_matches('"').to_owned())
+        };
+        let mut table = String::new();
+        let mut counts: std::collections::HashMap<String, usize> = Default::default();
+        for l in self.text[..line_start].lines() {
+            let l = l.trim();
+            if let Some(name) = l.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
+                let name = name.trim().to_owned();
+                let n = counts.entry(name.clone()).or_insert(0);
+                table = format!("{name}[{n}]");
+                *n += 1;
+            } else if let Some(name) = l.strip_prefix('[').and_then(|r| r.split(']').next()) {
+                table = name.trim().to_owned();
+            }
+        }
+        if line.starts_with('[') {
+            return line
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_owned();
+        }
+        match (table.is_empty(), key) {
+            (true, Some(k)) => k,
+            (true, None) => "(top level)".to_owned(),
+            (false, Some(k)) => format!("{table}.{k}"),
+            (false, None) => table,
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The config file as written: serde structs that mirror the TOML one to one.
+//!
+//! Nothing here is checked beyond its TOML type; [`super::compile`] validates these structs and
+//! turns them into the runtime [`super::Snapshot`]. Every struct denies unknown keys, and values
+//! that later checks may refuse are wrapped in [`Spanned`] so the error can name their line.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::duration::DurationValue;
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default)]
+    pub listeners: BTreeMap<String, Spanned<ListenerSection>>,
+    #[serde(default)]
+    pub routes: Vec<Spanned<RouteSection>>,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, Spanned<UpstreamSection>>,
+}
+
+/// `[server]`: process-wide settings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub workers: Option<Spanned<usize>>,
+    pub header_timeout: Option<DurationValue>,
+    pub keepalive_timeout: Option<DurationValue>,
+    pub max_header_bytes: Option<Spanned<usize>>,
+    pub max_uri_bytes: Option<Spanned<usize>>,
+    pub shutdown_timeout: Option<DurationValue>,
+    pub log_level: Option<Spanned<String>>,
+}
+
+/// `[listeners.NAME]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerSection {
+    pub addr: Spanned<String>,
+}
+
+/// One `[[routes]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    pub listener: Option<Spanned<String>>,
+    pub host: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub upstream: Spanned<String>,
+}
+
+/// `[upstreams.NAME]`: an upstream group.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    pub servers: Spanned<Vec<Spanned<ServerEntry>>>,
+    pub policy: Option<Spanned<String>>,
+    pub keepalive: Option<Spanned<usize>>,
+    pub connect_timeout: Option<DurationValue>,
+    pub read_timeout: Option<DurationValue>,
+    pub write_timeout: Option<DurationValue>,
+    pub idle_timeout: Option<DurationValue>,
+}
+
+/// A backend in `servers`: either `"host:port"` or `{ addr = "host:port", weight = 2 }`.
+#[derive(Debug)]
+pub struct ServerEntry {
+    pub addr: String,
+    pub weight: Option<u32>,
+}
+
+impl<'de> Deserialize<'de> for ServerEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = ServerEntry;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(r#"an address string "host:port" or a table { addr = "host:port", weight = N }"#)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ServerEntry, E> {
+                Ok(ServerEntry {
+                    addr: v.to_owned(),
+                    weight: None,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ServerEntry, A::Error> {
+                let mut addr = None;
+                let mut weight = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "addr" => addr = Some(map.next_value::<String>()?),
+                        "weight" => weight = Some(map.next_value::<u32>()?),
+                        other => {
+                            return Err(de::Error::unknown_field(other, &["addr", "weight"]));
+                        }
+                    }
+                }
+                let addr = addr.ok_or_else(|| de::Error::missing_field("addr"))?;
+                Ok(ServerEntry { addr, weight })
+            }
+        }
+        d.deserialize_any(EntryVisitor)
+    }
+}

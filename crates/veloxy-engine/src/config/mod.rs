@@ -1,0 +1,115 @@
+//! Configuration: file -> parse -> validate -> compile into an immutable [`Snapshot`].
+//!
+//! * [`file`] holds serde structs that mirror the TOML (`deny_unknown_fields` everywhere).
+//! * [`compile`] validates them (names, references, addresses, durations, limits) and builds the
+//!   typed snapshot the workers read. Nothing is bound or started here, so a bad file is refused
+//!   before anything is swapped in.
+//!
+//! Every option's default is documented on the compiled field that holds it, and in the README.
+
+pub mod compile;
+mod duration;
+mod error;
+pub mod file;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use duration::{parse_duration, DurationValue};
+pub use error::ConfigError;
+
+use crate::router::Router;
+use crate::upstream::balancer::{Policy, PolicyRegistry};
+
+/// Loads, validates and compiles a config file with the built-in policies.
+pub fn load_file(path: &Path) -> Result<Snapshot, ConfigError> {
+    load_file_with(path, &PolicyRegistry::with_builtins())
+}
+
+/// Like [`load_file`] with a caller's policy registry (custom balancing policies).
+pub fn load_file_with(path: &Path, policies: &PolicyRegistry) -> Result<Snapshot, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    compile::compile_str(path, &text, policies)
+}
+
+/// Process-wide settings from `[server]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Worker threads, each with its own runtime, listener sockets and pools. Default: one per core.
+    pub workers: usize,
+    /// Time allowed from a request's first byte to the end of its head. Default 10s.
+    pub header_timeout: Duration,
+    /// Time an idle downstream keep-alive connection is kept open. Default 60s.
+    pub keepalive_timeout: Duration,
+    /// Largest request head (request line + headers) accepted; more is a 431. Default 65536.
+    pub max_header_bytes: usize,
+    /// Longest request target accepted; longer is a 414. Default 8192.
+    pub max_uri_bytes: usize,
+    /// How long shutdown waits for in-flight requests. Default 10s.
+    pub shutdown_timeout: Duration,
+    /// Log filter used when `RUST_LOG` is unset. Default `"info"`.
+    pub log_level: String,
+}
+
+/// A compiled listener: a name, an address, and the routes that apply to it.
+#[derive(Debug, Clone)]
+pub struct ListenerSpec {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub router: Router,
+}
+
+/// A backend: one server of an upstream group.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub addr: SocketAddr,
+    /// Relative share of traffic under weighted policies. Default 1.
+    pub weight: u32,
+}
+
+/// A compiled upstream group.
+#[derive(Clone)]
+pub struct UpstreamGroup {
+    pub name: String,
+    pub backends: Vec<Backend>,
+    pub policy: Arc<dyn Policy>,
+    /// Idle upstream connections kept per worker and per backend. Default 128; 0 disables pooling.
+    pub keepalive: usize,
+    /// Time allowed to establish a TCP connection to a backend; then 504. Default 2s.
+    pub connect_timeout: Duration,
+    /// Time allowed between two reads from a backend (head or body); then 504. Default 30s.
+    pub read_timeout: Duration,
+    /// Time allowed for a write to a backend to make progress. Default 30s.
+    pub write_timeout: Duration,
+    /// Pooled connections idle longer than this are closed instead of reused. Default 60s.
+    pub idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for UpstreamGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamGroup")
+            .field("name", &self.name)
+            .field("backends", &self.backends)
+            .field("policy", &self.policy.name())
+            .field("keepalive", &self.keepalive)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("read_timeout", &self.read_timeout)
+            .field("write_timeout", &self.write_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+/// The immutable, validated configuration the workers run on. Reloading builds a new one and
+/// swaps the pointer; in-flight requests finish on the snapshot they started with.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub settings: Settings,
+    pub listeners: Vec<ListenerSpec>,
+    pub upstreams: Vec<UpstreamGroup>,
+}

@@ -1,0 +1,251 @@
+//! A downstream connection: read request heads (keep-alive, pipelining), route and prepare
+//! each request, hand it to [`crate::proxy`], and close cleanly on errors.
+
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::error::{ErrorKind, ProxyError};
+use crate::hooks::{RequestCtx, RequestInfo};
+use crate::http1::request::{self, Forwarded, Limits, RequestView};
+use crate::http1::{write_error_response, BodyKind, MAX_HEADERS};
+use crate::upstream::balancer::PickContext;
+use crate::worker::{Generation, Worker};
+
+/// Read buffer for request heads starts this big and grows only for large heads.
+const HEAD_BUF: usize = 8 * 1024;
+
+pub(crate) struct Downstream {
+    pub stream: TcpStream,
+    pub peer: SocketAddr,
+    /// Formatted once per connection for X-Forwarded-For.
+    pub client_ip: String,
+    pub rbuf: BytesMut,
+    pub listener: usize,
+}
+
+/// A routed request, ready to forward.
+pub(crate) struct Prepared {
+    pub body: BodyKind,
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    pub is_head: bool,
+    pub idempotent: bool,
+    pub version: u8,
+    pub upstream: usize,
+    pub backend: usize,
+    /// The upstream request head, complete with its blank line.
+    pub head: Vec<u8>,
+    pub ctx: Option<Box<RequestCtx>>,
+}
+
+pub(crate) async fn serve(
+    worker: Rc<Worker>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: usize,
+) {
+    let mut down = Downstream {
+        stream,
+        peer,
+        client_ip: peer.ip().to_string(),
+        rbuf: BytesMut::with_capacity(HEAD_BUF),
+        listener,
+    };
+    loop {
+        let gen = worker.current();
+        let prepared = match read_request(&worker, &gen, &mut down).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return,
+            Err((e, body)) => {
+                // Errors found before forwarding: answer, then close if the body (or the rest of
+                // a malformed stream) is still unread.
+                let close = body != BodyKind::None || e.side == crate::error::Side::Downstream;
+                tracing::debug!(client = %down.peer, error = %e, "request refused");
+                let ok = send_error(
+                    &worker,
+                    &mut down.stream,
+                    e.status(),
+                    &e.kind.to_string(),
+                    close,
+                )
+                .await;
+                if close || !ok {
+                    linger_close(&mut down.stream).await;
+                    return;
+                }
+                continue;
+            }
+        };
+        worker.in_flight.set(worker.in_flight.get() + 1);
+        let keep = crate::proxy::forward(&worker, &gen, &mut down, prepared).await;
+        worker.in_flight.set(worker.in_flight.get() - 1);
+        if !keep || worker.shutting_down() {
+            let _ = down.stream.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// Reads and prepares the next request. `Ok(None)`: the client closed or idled out.
+async fn read_request(
+    worker: &Worker,
+    gen: &Generation,
+    down: &mut Downstream,
+) -> Result<Option<Prepared>, (ProxyError, BodyKind)> {
+    let settings = &gen.snapshot.settings;
+    let limits = Limits {
+        max_header_bytes: settings.max_header_bytes,
+        max_uri_bytes: settings.max_uri_bytes,
+    };
+    let mut deadline: Option<Instant> = None;
+    loop {
+        if !down.rbuf.is_empty() {
+            let mut headers = [MaybeUninit::uninit(); MAX_HEADERS];
+            match request::parse(&down.rbuf, &mut headers, &limits) {
+                Ok(Some(req)) => {
+                    let head_len = req.head_len;
+                    let body = req.body;
+                    let prepared = prepare(worker, gen, down, &req).map_err(|e| (e, body))?;
+                    down.rbuf.advance(head_len);
+                    return Ok(Some(prepared));
+                }
+                Ok(None) => {
+                    request::check_partial(&down.rbuf, &limits).map_err(|e| (e, BodyKind::None))?
+                }
+                Err(e) => return Err((e, BodyKind::None)),
+            }
+        }
+        let wait = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()),
+            None if down.rbuf.is_empty() => settings.keepalive_timeout,
+            None => settings.header_timeout,
+        };
+        if down.rbuf.capacity() - down.rbuf.len() < 1024 {
+            down.rbuf.reserve(HEAD_BUF);
+        }
+        match tokio::time::timeout(wait, down.stream.read_buf(&mut down.rbuf)).await {
+            Err(_) if down.rbuf.is_empty() => return Ok(None),
+            Err(_) => {
+                return Err((
+                    ProxyError::downstream(ErrorKind::HeaderTimeout),
+                    BodyKind::None,
+                ))
+            }
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
+            Ok(Ok(_)) => {
+                deadline.get_or_insert_with(|| Instant::now() + settings.header_timeout);
+            }
+        }
+    }
+}
+
+/// Routes the request, runs hooks, picks a backend and writes the upstream head.
+fn prepare(
+    worker: &Worker,
+    gen: &Generation,
+    down: &Downstream,
+    req: &RequestView,
+) -> Result<Prepared, ProxyError> {
+    let snapshot = &gen.snapshot;
+    let listener = &snapshot.listeners[down.listener];
+    let route = listener
+        .router
+        .find(req.host.unwrap_or(b""), req.path.as_bytes())
+        .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
+    let group = &snapshot.upstreams[route.upstream];
+    let ctx = match &worker.shared.hooks {
+        None => None,
+        Some(hooks) => {
+            let mut ctx = Box::<RequestCtx>::default();
+            let info = RequestInfo {
+                method: req.method,
+                path: req.path,
+                version: req.version,
+                client: down.peer,
+                listener: &listener.name,
+                upstream: &group.name,
+                headers: req.headers,
+            };
+            hooks
+                .on_request(&info, &mut ctx)
+                .map_err(|s| ProxyError::downstream(ErrorKind::Rejected(s)))?;
+            Some(ctx)
+        }
+    };
+    let backend = gen.groups.borrow_mut()[route.upstream]
+        .picker
+        .pick(&PickContext {
+            client: down.peer,
+            path: req.path.as_bytes(),
+            excluded: 0,
+        })
+        .ok_or_else(|| ProxyError::upstream(ErrorKind::NoBackend))?;
+    let mut head = worker.take_vec();
+    let fwd = Forwarded {
+        client_ip: &down.client_ip,
+        proto: "http",
+    };
+    request::write_upstream_head(req, &fwd, &mut head);
+    if req.host.is_none() {
+        // An HTTP/1.0 request without Host: HTTP/1.1 upstreams require one.
+        head.extend_from_slice(format!("Host: {}\r\n", group.backends[backend].addr).as_bytes());
+    }
+    if let Some(c) = &ctx {
+        head.extend_from_slice(&c.upstream_headers);
+    }
+    head.extend_from_slice(b"\r\n");
+    Ok(Prepared {
+        body: req.body,
+        keep_alive: req.keep_alive,
+        expect_continue: req.expect_continue,
+        is_head: req.is_head(),
+        idempotent: req.is_idempotent(),
+        version: req.version,
+        upstream: route.upstream,
+        backend,
+        head,
+        ctx,
+    })
+}
+
+/// Writes one of veloxy's own short error responses. False if the client is gone.
+pub(crate) async fn send_error(
+    worker: &Worker,
+    stream: &mut TcpStream,
+    status: u16,
+    message: &str,
+    close: bool,
+) -> bool {
+    let mut out = worker.take_vec();
+    write_error_response(&mut out, status, message, close);
+    let ok = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&out))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    worker.give_vec(out);
+    ok
+}
+
+/// Closes after an error without losing the response: half-close, then drain what the client
+/// still sends for a moment so the kernel does not answer it with a reset that would destroy
+/// the response in flight.
+pub(crate) async fn linger_close(stream: &mut TcpStream) {
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut drained = 0usize;
+    while drained < 256 * 1024 {
+        match tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => drained += n,
+            _ => break,
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! One error type for a proxied request, recording which side failed and whether a retry is safe.
+
+use std::io;
+
+/// Which side of the proxy an error came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client: bad request, client went away, client too slow.
+    Downstream,
+    /// A backend: refused, timed out, reset, sent garbage.
+    Upstream,
+}
+
+/// What went wrong, precise enough to choose the status code.
+#[derive(Debug, thiserror::Error)]
+pub enum ErrorKind {
+    #[error("malformed request: {0}")]
+    BadRequest(&'static str),
+    #[error("request head too large")]
+    HeadTooLarge,
+    #[error("request URI too long")]
+    UriTooLong,
+    #[error("timed out reading the request head")]
+    HeaderTimeout,
+    #[error("no route for this host and path")]
+    NoRoute,
+    #[error("no backend available")]
+    NoBackend,
+    #[error("connect failed: {0}")]
+    Connect(io::Error),
+    #[error("connect timed out")]
+    ConnectTimeout,
+    #[error("timed out waiting for the upstream")]
+    ReadTimeout,
+    #[error("timed out writing to the upstream")]
+    WriteTimeout,
+    #[error("upstream closed the connection before responding")]
+    UpstreamClosed,
+    #[error("invalid response from upstream: {0}")]
+    BadResponse(&'static str),
+    #[error("i/o error: {0}")]
+    Io(io::Error),
+    #[error("rejected by a filter with status {0}")]
+    Rejected(u16),
+}
+
+/// A failed request: what happened, on which side, and whether the request may be retried.
+#[derive(Debug, thiserror::Error)]
+#[error("{side:?} error: {kind}")]
+pub struct ProxyError {
+    pub side: Side,
+    pub kind: ErrorKind,
+    /// True when nothing of the request reached the backend's application, or the request is
+    /// idempotent and fully replayable: a retry on a fresh connection cannot double an effect.
+    pub retry_safe: bool,
+}
+
+impl ProxyError {
+    pub fn downstream(kind: ErrorKind) -> Self {
+        ProxyError {
+            side: Side::Downstream,
+            kind,
+            retry_safe: false,
+        }
+    }
+
+    pub fn upstream(kind: ErrorKind) -> Self {
+        ProxyError {
+            side: Side::Upstream,
+            kind,
+            retry_safe: false,
+        }
+    }
+
+    /// The status answered to the client, or `None` when nothing can be answered (the client
+    /// is gone, or a response is already half sent).
+    pub fn status(&self) -> u16 {
+        match &self.kind {
+            ErrorKind::BadRequest(_) => 400,
+            ErrorKind::HeadTooLarge => 431,
+            ErrorKind::UriTooLong => 414,
+            ErrorKind::HeaderTimeout => 408,
+            ErrorKind::NoRoute => 404,
+            ErrorKind::NoBackend => 503,
+            ErrorKind::Connect(_) | ErrorKind::UpstreamClosed | ErrorKind::BadResponse(_) => 502,
+            ErrorKind::ConnectTimeout | ErrorKind::ReadTimeout | ErrorKind::WriteTimeout => 504,
+            ErrorKind::Io(_) => match self.side {
+                Side::Downstream => 400,
+                Side::Upstream => 502,
+            },
+            ErrorKind::Rejected(s) => *s,
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! A strict, incremental scanner for `Transfer-Encoding: chunked` bodies.
+//!
+//! veloxy forwards chunked bodies verbatim (no decode/re-encode copy) but must know where the
+//! body ends and must refuse anything ambiguous: non-hex sizes, size overflow, bare LF or CR,
+//! missing CRLF after data, over-long extensions or trailers. The scanner reports runs of bytes
+//! as payload or framing, so a caller can also decode (for HTTP/1.0 clients) by writing only
+//! the payload runs.
+
+/// Framing error in a chunked body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkError {
+    #[error("invalid chunk size")]
+    BadSize,
+    #[error("chunk size too large")]
+    SizeOverflow,
+    #[error("missing CRLF in chunked framing")]
+    BadLineEnding,
+    #[error("chunk extension or trailer section too long")]
+    TooLong,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Size { digits: u8 },
+    Ext,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    TrailerStart,
+    TrailerLine,
+    TrailerLf,
+    FinalLf,
+    Done,
+}
+
+/// Limit on extension plus trailer bytes in one body; generous for real clients.
+const META_LIMIT: usize = 16 * 1024;
+
+/// One run of bytes the scanner consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub consumed: usize,
+    /// The run is chunk payload (as opposed to sizes, CRLFs, extensions and trailers).
+    pub payload: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChunkedScanner {
+    state: State,
+    size: u64,
+    meta: usize,
+}
+
+impl Default for ChunkedScanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChunkedScanner {
+    pub fn new() -> Self {
+        ChunkedScanner {
+            state: State::Size { digits: 0 },
+            size: 0,
+            meta: 0,
+        }
+    }
+
+    /// The final CRLF after the last chunk and trailers has been consumed.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Consumes bytes of the body that belong to it, stopping at its end; returns how many.
+    pub fn scan(&mut self, data: &[u8]) -> Result<usize, ChunkError> {
+        let mut off = 0;
+        while off < data.len() && !self.is_done() {
+            off += self.step(&data[off..])?.consumed;
+        }
+        Ok(off)
+    }
+
+    /// Consumes one run of payload or framing bytes from `data` (which must not be empty).
+    pub fn step(&mut self, data: &[u8]) -> Result<Step, ChunkError> {
+        if self.state == State::Data {
+            let n = (self.size.min(data.len() as u64)) as usize;
+            self.size -= n as u64;
+            if self.size == 0 {
+                self.state = State::DataCr;
+            }
+            return Ok(Step {
+                consumed: n,
+                payload: true,
+            });
+        }
+        let mut i = 0;
+        while i < data.len() {
+            let b = data[i];
+            i += 1;
+            self.state = match self.state {
+                State::Size { digits } => match b {
+                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                        if digits >= 16 {
+                            return Err(ChunkError::SizeOverflow);
+                        }
+                        let v = (b as char).to_digit(16).unwrap_or(0) as u64;
+                        self.size = (self.size << 4) | v;
+                        State::Size { digits: digits + 1 }
+                    }
+                    b';' if digits > 0 => State::Ext,
+                    b'\r' if digits > 0 => State::SizeLf,
+                    b'\n' => return Err(ChunkError::BadLineEnding),
+                    _ => return Err(ChunkError::BadSize),
+                },
+                State::Ext => match b {
+                    b'\r' => State::SizeLf,
+                    b'\n' | 0 => return Err(ChunkError::BadLineEnding),
+                    _ => {
+                        self.meta += 1;
+                        if self.meta > META_LIMIT {
+                            return Err(ChunkError::TooLong);
+                        }
+                        State::Ext
+                    }
+                },
+                State::SizeLf => match b {
+                    b'\n' if self.size == 0 => State::TrailerStart,
+                    b'\n' => {
+                        self.state = State::Data;
+                        return Ok(Step {
+                            consumed: i,
+                            payload: false,
+                        });
+                    }
+                    _ => return Err(ChunkError::BadLineEnding),
+                },
+                State::DataCr => match b {
+                    b'\r' => State::DataLf,
+                    _ => return Err(ChunkError::BadLineEnding),
+                },
+                State::DataLf => match b {
+                    b'\n' => {
+                        self.size = 0;
+                        State::Size { digits: 0 }
+                    }
+                    _ => return Err(ChunkError::BadLineEnding),
+                },
+                State::TrailerStart => match b {
+                    b'\r' => State::FinalLf,
+                    b'\n' => return Err(ChunkError::BadLineEnding),
+                    _ => State::TrailerLine,
+                },
+                State::TrailerLine => {
+                    self.meta += 1;
+                    if self.meta > META_LIMIT {
+                        return Err(ChunkError::TooLong);
+                    }
+                    match b {
+                        b'\r' => State::TrailerLf,
+                        b'\n' | 0 => return Err(ChunkError::BadLineEnding),
+                        _ => State::TrailerLine,
+                    }
+                }
+                State::TrailerLf => match b {
+                    b'\n' => State::TrailerStart,
+                    _ => return Err(ChunkError::BadLineEnding),
+                },
+                State::FinalLf => match b {
+                    b'\n' => {
+                        self.state = State::Done;
+                        return Ok(Step {
+                            consumed: i,
+                            payload: false,
+                        });
+                    }
+                    _ => return Err(ChunkError::BadLineEnding),
+                },
+                State::Data | State::Done => unreachable!("handled above"),
+            };
+        }
+        Ok(Step {
+            consumed: i,
+            payload: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan_all(input: &[u8]) -> Result<(usize, Vec<u8>, bool), ChunkError> {
+        let mut s = ChunkedScanner::new();
+        let mut payload = Vec::new();
+        let mut off = 0;
+        // Feed one byte at a time to exercise every state boundary.
+        while off < input.len() && !s.is_done() {
+            let st = s.step(&input[off..off + 1])?;
+            if st.payload {
+                payload.extend_from_slice(&input[off..off + st.consumed]);
+            }
+            off += st.consumed;
+        }
+        Ok((off, payload, s.is_done()))
+    }
+
+    #[test]
+    fn valid_bodies() {
+        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-T: 1\r\n\r\nNEXT";
+        let (n, payload, done) = scan_all(body).unwrap();
+        assert!(done);
+        assert_eq!(&body[n..], b"NEXT");
+        assert_eq!(payload, b"hello world");
+        let mut s = ChunkedScanner::new();
+        assert_eq!(s.scan(b"A\r\n0123456789\r\n0\r\n\r\n").unwrap(), 20);
+        assert!(s.is_done());
+    }
+
+    #[test]
+    fn smuggling_shapes_rejected() {
+        for bad in [
+            &b"5\nhello\r\n0\r\n\r\n"[..],
+            b"5\r\nhello\n0\r\n\r\n",
+            b"5\r\nhelloXX0\r\n\r\n",
+            b"0x5\r\nhello\r\n0\r\n\r\n",
+            b"-5\r\n",
+            b" 5\r\n",
+            b"5 \r\n",
+            b"\r\n",
+            b"11111111111111111\r\n",
+            b"0\r\n\n",
+            b"0\r\nX: y\n\r\n",
+            b"5;a\nb\r\n",
+        ] {
+            assert!(
+                scan_all(bad).is_err(),
+                "accepted {:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn incomplete_is_not_done() {
+        let (_, _, done) = scan_all(b"5\r\nhel").unwrap();
+        assert!(!done);
+    }
+}

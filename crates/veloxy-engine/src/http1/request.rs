@@ -1,0 +1,424 @@
+//! Request heads: parse, validate (framing, smuggling), and write the upstream copy.
+
+use std::mem::MaybeUninit;
+
+use httparse::{Header, Status};
+
+use super::{
+    classify, has_token, itoa, named_by_connection, parse_content_length, BodyKind, Special,
+};
+use crate::error::{ErrorKind, ProxyError};
+
+/// Limits on a request head, from `[server]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_header_bytes: usize,
+    pub max_uri_bytes: usize,
+}
+
+/// A parsed, validated request head borrowing the read buffer.
+#[derive(Debug)]
+pub struct RequestView<'a> {
+    pub method: &'a str,
+    /// Origin-form path with query (absolute-form targets are reduced to this).
+    pub path: &'a str,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub version: u8,
+    pub headers: &'a [Header<'a>],
+    /// The effective host: the absolute-form authority if any, else the Host header.
+    pub host: Option<&'a [u8]>,
+    /// True when `host` came from an absolute-form target and replaces the Host header.
+    host_from_target: bool,
+    connection: [&'a [u8]; 8],
+    connection_len: usize,
+    /// Bytes of the head, including the final CRLF.
+    pub head_len: usize,
+    pub body: BodyKind,
+    /// The client wants the connection kept open after this exchange.
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+}
+
+impl RequestView<'_> {
+    pub fn is_head(&self) -> bool {
+        self.method == "HEAD"
+    }
+
+    /// Methods RFC 9110 calls idempotent: safe to send twice.
+    pub fn is_idempotent(&self) -> bool {
+        matches!(
+            self.method,
+            "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+        )
+    }
+
+    /// The first value of header `name`, case-insensitively.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    }
+
+    fn connection_values(&self) -> &[&[u8]] {
+        &self.connection[..self.connection_len]
+    }
+}
+
+fn bad(msg: &'static str) -> ProxyError {
+    ProxyError::downstream(ErrorKind::BadRequest(msg))
+}
+
+/// Parses the head at the start of `buf`. `Ok(None)`: incomplete, read more (the caller enforces
+/// the size limit with [`check_partial`]).
+pub fn parse<'a>(
+    buf: &'a [u8],
+    headers: &'a mut [MaybeUninit<Header<'a>>],
+    limits: &Limits,
+) -> Result<Option<RequestView<'a>>, ProxyError> {
+    let mut req = httparse::Request::new(&mut []);
+    let head_len = match req.parse_with_uninit_headers(buf, headers) {
+        Ok(Status::Complete(n)) => n,
+        Ok(Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ProxyError::downstream(ErrorKind::HeadTooLarge))
+        }
+        Err(httparse::Error::Version) => return Err(bad("unsupported HTTP version")),
+        Err(_) => return Err(bad("invalid request head")),
+    };
+    if head_len > limits.max_header_bytes {
+        return Err(ProxyError::downstream(ErrorKind::HeadTooLarge));
+    }
+    // httparse accepts a bare LF as a line end; RFC 9112 allows rejecting it, and a proxy must:
+    // a front end and a back end that disagree on line ends is a request smuggling vector.
+    let head = &buf[..head_len];
+    for i in memchr::memchr_iter(b'\n', head) {
+        if i == 0 || head[i - 1] != b'\r' {
+            return Err(bad("bare LF in request head"));
+        }
+    }
+    let method = req.method.unwrap_or("");
+    let target = req.path.unwrap_or("");
+    let version = req.version.unwrap_or(1);
+    if target.len() > limits.max_uri_bytes {
+        return Err(ProxyError::downstream(ErrorKind::UriTooLong));
+    }
+    if method == "CONNECT" {
+        return Err(ProxyError::downstream(ErrorKind::Rejected(501)));
+    }
+    let headers: &'a [Header<'a>] = req.headers;
+
+    let mut content_length: Option<u64> = None;
+    let mut chunked = false;
+    let mut host: Option<&'a [u8]> = None;
+    let mut connection: [&'a [u8]; 8] = [&[]; 8];
+    let mut connection_len = 0;
+    let mut expect_continue = false;
+    for h in headers {
+        match classify(h.name) {
+            Special::ContentLength => {
+                let n =
+                    parse_content_length(h.value).ok_or_else(|| bad("invalid Content-Length"))?;
+                if content_length.is_some_and(|prev| prev != n) {
+                    return Err(bad("conflicting Content-Length headers"));
+                }
+                content_length = Some(n);
+            }
+            Special::TransferEncoding => {
+                // Only a single, final `chunked` coding is accepted: anything else is either
+                // unsupported or an attempt to make two parsers disagree on the body's end.
+                if chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                    return Err(bad("unsupported Transfer-Encoding"));
+                }
+                chunked = true;
+            }
+            Special::Host => {
+                if host.is_some() {
+                    return Err(bad("duplicate Host header"));
+                }
+                host = Some(h.value);
+            }
+            Special::Connection => {
+                if connection_len == connection.len() {
+                    return Err(bad("too many Connection headers"));
+                }
+                connection[connection_len] = h.value;
+                connection_len += 1;
+            }
+            Special::Expect => {
+                if h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
+                    expect_continue = version == 1;
+                } else {
+                    return Err(ProxyError::downstream(ErrorKind::Rejected(417)));
+                }
+            }
+            _ => {}
+        }
+    }
+    if chunked && content_length.is_some() {
+        return Err(bad("both Content-Length and Transfer-Encoding"));
+    }
+    if chunked && version == 0 {
+        return Err(bad("Transfer-Encoding in an HTTP/1.0 request"));
+    }
+    if version == 1 && host.is_none() {
+        return Err(bad("missing Host header"));
+    }
+    if host.is_some_and(|h| h.is_empty() || h.iter().any(|&b| b == b'/' || b == b' ' || b == b'@'))
+        && version == 1
+    {
+        return Err(bad("invalid Host header"));
+    }
+
+    // Absolute-form (`GET http://host/path`): its authority replaces the Host header.
+    let (path, host_from_target) = match split_absolute(target) {
+        Some((authority, path)) => {
+            host = Some(authority.as_bytes());
+            (path, true)
+        }
+        None if target.starts_with('/') || (target == "*" && method == "OPTIONS") => {
+            (target, false)
+        }
+        None => return Err(bad("invalid request target")),
+    };
+
+    let conn_values = &connection[..connection_len];
+    let keep_alive = if version == 1 {
+        !conn_values.iter().any(|v| has_token(v, "close"))
+    } else {
+        conn_values.iter().any(|v| has_token(v, "keep-alive"))
+    };
+    let body = if chunked {
+        BodyKind::Chunked
+    } else {
+        match content_length {
+            Some(0) | None => BodyKind::None,
+            Some(n) => BodyKind::Length(n),
+        }
+    };
+    Ok(Some(RequestView {
+        method,
+        path,
+        version,
+        headers,
+        host,
+        host_from_target,
+        connection,
+        connection_len,
+        head_len,
+        body,
+        keep_alive,
+        expect_continue: expect_continue && body != BodyKind::None,
+    }))
+}
+
+/// For an incomplete head: `Err` once it can no longer fit the limits.
+pub fn check_partial(buf: &[u8], limits: &Limits) -> Result<(), ProxyError> {
+    let line_end = memchr::memchr(b'\n', buf);
+    if line_end.map_or(buf.len(), |i| i) > limits.max_uri_bytes + 64 {
+        return Err(ProxyError::downstream(ErrorKind::UriTooLong));
+    }
+    if buf.len() >= limits.max_header_bytes {
+        return Err(ProxyError::downstream(ErrorKind::HeadTooLarge));
+    }
+    Ok(())
+}
+
+fn split_absolute(target: &str) -> Option<(&str, &str)> {
+    let rest = target
+        .strip_prefix("http://")
+        .or_else(|| target.strip_prefix("https://"))?;
+    let slash = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(slash);
+    if authority.is_empty() || authority.contains('@') {
+        return None;
+    }
+    Some((authority, if path.is_empty() { "/" } else { path }))
+}
+
+/// What veloxy adds about the client (the `X-Forwarded-*` family).
+pub struct Forwarded<'a> {
+    /// The client's IP address, formatted.
+    pub client_ip: &'a str,
+    /// `http` or `https`.
+    pub proto: &'a str,
+}
+
+/// Writes the upstream request head into `out`, without the final blank line (the caller may
+/// still add headers). Hop-by-hop headers and the ones named by Connection are dropped, Host is
+/// kept, framing is normalized, and X-Forwarded-For/-Proto/-Host are set.
+pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>) {
+    out.extend_from_slice(req.method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(req.path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    if req.host_from_target {
+        if let Some(h) = req.host {
+            out.extend_from_slice(b"Host: ");
+            out.extend_from_slice(h);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    let conn = req.connection_values();
+    let mut xff_seen = false;
+    for h in req.headers {
+        match classify(h.name) {
+            Special::None => {
+                if !conn.is_empty() && named_by_connection(conn, h.name) {
+                    continue;
+                }
+            }
+            Special::Host if !req.host_from_target => {}
+            Special::XForwardedFor => {
+                // Appended below, all values joined in order.
+                xff_seen = true;
+                continue;
+            }
+            _ => continue,
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    match req.body {
+        BodyKind::Length(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            out.extend_from_slice(itoa(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        BodyKind::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        BodyKind::None | BodyKind::UntilClose => {}
+    }
+    out.extend_from_slice(b"X-Forwarded-For: ");
+    if xff_seen {
+        for h in req
+            .headers
+            .iter()
+            .filter(|h| classify(h.name) == Special::XForwardedFor)
+        {
+            out.extend_from_slice(h.value.trim_ascii());
+            out.extend_from_slice(b", ");
+        }
+    }
+    out.extend_from_slice(fwd.client_ip.as_bytes());
+    out.extend_from_slice(b"\r\nX-Forwarded-Proto: ");
+    out.extend_from_slice(fwd.proto.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if let Some(h) = req.host {
+        out.extend_from_slice(b"X-Forwarded-Host: ");
+        out.extend_from_slice(h);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_header_bytes: 8192,
+        max_uri_bytes: 1024,
+    };
+
+    fn check(raw: &[u8]) -> Result<Option<(BodyKind, bool)>, u16> {
+        let mut headers = [MaybeUninit::uninit(); 64];
+        match parse(raw, &mut headers, &LIMITS) {
+            Ok(Some(v)) => Ok(Some((v.body, v.keep_alive))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.status()),
+        }
+    }
+
+    #[test]
+    fn framing() {
+        assert_eq!(
+            check(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Ok(Some((BodyKind::None, true)))
+        );
+        assert_eq!(
+            check(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"),
+            Ok(Some((BodyKind::Length(5), true)))
+        );
+        assert_eq!(
+            check(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"),
+            Ok(Some((BodyKind::Chunked, false)))
+        );
+        assert_eq!(
+            check(b"GET / HTTP/1.0\r\n\r\n"),
+            Ok(Some((BodyKind::None, false)))
+        );
+        assert_eq!(check(b"GET / HTTP/1.1\r\nHost: a\r\n"), Ok(None));
+    }
+
+    #[test]
+    fn smuggling_rejected() {
+        for raw in [
+            &b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding : chunked\r\n\r\n",
+            b"GET / HTTP/1.1\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\nX: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nX: y\r\n z\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\rX: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET /\0 HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert_eq!(check(raw), Err(400), "accepted {:?}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn upstream_head_drops_hop_by_hop() {
+        let raw = b"GET /x?y HTTP/1.1\r\nHost: h.test\r\nConnection: keep-alive, X-Secret\r\nX-Secret: 1\r\nKeep-Alive: 5\r\nTE: trailers\r\nUpgrade: foo\r\nProxy-Connection: x\r\nX-Forwarded-For: 1.2.3.4\r\nX-Forwarded-Proto: evil\r\nAccept: */*\r\n\r\n";
+        let mut headers = [MaybeUninit::uninit(); 64];
+        let v = parse(raw, &mut headers, &LIMITS).unwrap().unwrap();
+        let mut out = Vec::new();
+        write_upstream_head(
+            &v,
+            &Forwarded {
+                client_ip: "10.0.0.9",
+                proto: "http",
+            },
+            &mut out,
+        );
+        let s = String::from_utf8(out).unwrap();
+        assert_eq!(
+            s,
+            "GET /x?y HTTP/1.1\r\nHost: h.test\r\nAccept: */*\r\nX-Forwarded-For: 1.2.3.4, 10.0.0.9\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: h.test\r\n"
+        );
+    }
+
+    #[test]
+    fn absolute_form() {
+        let raw = b"GET http://a.test:8080/p?q HTTP/1.1\r\nHost: ignored\r\n\r\n";
+        let mut headers = [MaybeUninit::uninit(); 64];
+        let v = parse(raw, &mut headers, &LIMITS).unwrap().unwrap();
+        assert_eq!(v.path, "/p?q");
+        assert_eq!(v.host, Some(&b"a.test:8080"[..]));
+    }
+
+    #[test]
+    fn limits() {
+        let long = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(2000));
+        assert_eq!(check(long.as_bytes()), Err(414));
+        assert_eq!(
+            check_partial(&vec![b'a'; 2000], &LIMITS)
+                .unwrap_err()
+                .status(),
+            414
+        );
+        let many = format!("GET / HTTP/1.1\r\nHost: a\r\n{}", "X-A: b\r\n".repeat(2000));
+        assert_eq!(
+            check_partial(many.as_bytes(), &LIMITS)
+                .unwrap_err()
+                .status(),
+            431
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! Upstream response heads: parse, validate framing, and write the downstream copy.
+
+use httparse::Status;
+
+use super::{
+    classify, has_token, itoa, named_by_connection, parse_content_length, BodyKind, Special,
+};
+use crate::error::{ErrorKind, ProxyError};
+
+/// What the proxy needs to know about a response once its head is written downstream.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseMeta {
+    pub status: u16,
+    pub head_len: usize,
+    pub body: BodyKind,
+    /// The upstream connection may be reused after this body (if it is fully read).
+    pub upstream_reusable: bool,
+    /// The downstream connection stays open after this response.
+    pub downstream_keep_alive: bool,
+    /// Chunked upstream body sent to an HTTP/1.0 client: forward payload only, then close.
+    pub decode_chunked: bool,
+}
+
+/// Parse result for one upstream head.
+pub enum Parsed {
+    /// Need more bytes.
+    Partial,
+    /// A 1xx interim response of this many bytes: skip it and read on.
+    Interim(usize),
+    /// A final response; its downstream head (without the final blank line) is in `out`.
+    Final(ResponseMeta),
+}
+
+fn bad(msg: &'static str) -> ProxyError {
+    ProxyError::upstream(ErrorKind::BadResponse(msg))
+}
+
+/// Parses the response head at the start of `buf` and writes the downstream head into `out`.
+pub fn parse_and_write(
+    buf: &[u8],
+    request_is_head: bool,
+    client_version: u8,
+    client_keep_alive: bool,
+    out: &mut Vec<u8>,
+) -> Result<Parsed, ProxyError> {
+    let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    let head_len = match res.parse(buf) {
+        Ok(Status::Complete(n)) => n,
+        Ok(Status::Partial) => return Ok(Parsed::Partial),
+        Err(_) => return Err(bad("malformed response head")),
+    };
+    let status = res.code.unwrap_or(0);
+    if (100..200).contains(&status) {
+        if status == 101 {
+            return Err(bad("unexpected protocol switch"));
+        }
+        return Ok(Parsed::Interim(head_len));
+    }
+    if !(200..1000).contains(&status) {
+        return Err(bad("invalid status code"));
+    }
+    let version = res.version.unwrap_or(1);
+
+    let mut content_length = None;
+    let mut chunked = false;
+    let mut transfer_encoding = false;
+    let mut connection: [&[u8]; 8] = [&[]; 8];
+    let mut connection_len = 0;
+    for h in res.headers.iter() {
+        match classify(h.name) {
+            Special::ContentLength => {
+                let n =
+                    parse_content_length(h.value).ok_or_else(|| bad("invalid Content-Length"))?;
+                if content_length.is_some_and(|p| p != n) {
+                    return Err(bad("conflicting Content-Length"));
+                }
+                content_length = Some(n);
+            }
+            Special::TransferEncoding => {
+                transfer_encoding = true;
+                let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
+                chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            }
+            Special::Connection if connection_len < connection.len() => {
+                connection[connection_len] = h.value;
+                connection_len += 1;
+            }
+            _ => {}
+        }
+    }
+    if transfer_encoding && content_length.is_some() {
+        return Err(bad("both Content-Length and Transfer-Encoding"));
+    }
+    let conn = &connection[..connection_len];
+    let body = if request_is_head || status == 204 || status == 304 {
+        BodyKind::None
+    } else if transfer_encoding {
+        if chunked {
+            BodyKind::Chunked
+        } else {
+            BodyKind::UntilClose
+        }
+    } else {
+        match content_length {
+            Some(n) => BodyKind::Length(n),
+            None => BodyKind::UntilClose,
+        }
+    };
+    let upstream_reusable = body != BodyKind::UntilClose
+        && if version == 1 {
+            !conn.iter().any(|v| has_token(v, "close"))
+        } else {
+            conn.iter().any(|v| has_token(v, "keep-alive"))
+        };
+    let decode_chunked = body == BodyKind::Chunked && client_version == 0;
+    let downstream_keep_alive =
+        client_keep_alive && body != BodyKind::UntilClose && !decode_chunked;
+
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(itoa(u64::from(status)).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(res.reason.unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for h in res.headers.iter() {
+        match classify(h.name) {
+            Special::HopByHop | Special::Connection | Special::TransferEncoding => continue,
+            Special::None if !conn.is_empty() && named_by_connection(conn, h.name) => continue,
+            _ => {}
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if body == BodyKind::Chunked && !decode_chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    if !downstream_keep_alive {
+        out.extend_from_slice(b"Connection: close\r\n");
+    } else if client_version == 0 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+    Ok(Parsed::Final(ResponseMeta {
+        status,
+        head_len,
+        body,
+        upstream_reusable,
+        downstream_keep_alive,
+        decode_chunked,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(raw: &[u8], head: bool, v: u8) -> (ResponseMeta, String) {
+        let mut out = Vec::new();
+        match parse_and_write(raw, head, v, true, &mut out).unwrap() {
+            Parsed::Final(m) => (m, String::from_utf8(out).unwrap()),
+            _ => panic!("not final"),
+        }
+    }
+
+    #[test]
+    fn framing_and_rewrite() {
+        let (m, s) = run(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nKeep-Alive: timeout=5\r\n\r\nabc",
+            false,
+            1,
+        );
+        assert_eq!(m.body, BodyKind::Length(3));
+        assert!(m.upstream_reusable && m.downstream_keep_alive);
+        assert_eq!(s, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n");
+
+        let (m, s) = run(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false,
+            0,
+        );
+        assert!(m.decode_chunked && !m.downstream_keep_alive);
+        assert_eq!(s, "HTTP/1.1 200 OK\r\nConnection: close\r\n");
+
+        let (m, _) = run(
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n",
+            false,
+            1,
+        );
+        assert_eq!(m.body, BodyKind::None);
+        let (m, _) = run(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", true, 1);
+        assert_eq!(m.body, BodyKind::None);
+        let (m, _) = run(b"HTTP/1.0 200 OK\r\n\r\n", false, 1);
+        assert_eq!(m.body, BodyKind::UntilClose);
+        assert!(!m.upstream_reusable && !m.downstream_keep_alive);
+    }
+
+    #[test]
+    fn interim_and_bad() {
+        let mut out = Vec::new();
+        assert!(matches!(
+            parse_and_write(
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200",
+                false,
+                1,
+                true,
+                &mut out
+            )
+            .unwrap(),
+            Parsed::Interim(25)
+        ));
+        assert!(parse_and_write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false,
+            1,
+            true,
+            &mut out
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,49 @@
+//! veloxy's engine: a thread-per-core HTTP/1.1 reverse proxy and load balancer.
+//!
+//! # Layout
+//!
+//! One request's path through the crate, each step a module:
+//!
+//! 1. [`listener`]: every worker binds its own `SO_REUSEPORT` socket per listener, so the
+//!    kernel spreads connections and no accept lock is shared.
+//! 2. [`server`] starts the workers; each [`worker`] runs a single-threaded tokio runtime that
+//!    owns its sockets, upstream pools and balancer state.
+//! 3. [`connection`] reads request heads from a downstream connection (keep-alive,
+//!    pipelining, header timeout) and parses them with [`http1::request`], which also refuses
+//!    anything that could smuggle a request (conflicting framing, bare LF, obs-fold).
+//! 4. The [`router`] picks a route by host and longest path prefix; [`hooks`] may inspect or
+//!    refuse the request and add headers.
+//! 5. [`upstream::balancer`] picks a backend of the route's upstream group; the upstream head
+//!    is written with hop-by-hop headers removed and `X-Forwarded-*` set.
+//! 6. [`proxy`] takes an idle connection from the worker's [`upstream`] pool (or connects),
+//!    sends head and body, reads the response with [`http1::response`], streams bodies both
+//!    ways through bounded buffers, and returns the connection to the pool.
+//!
+//! Configuration goes file -> [`config::file`] (serde structs) -> [`config::compile`]
+//! (validation) -> [`config::Snapshot`], which workers read through an atomic pointer so a
+//! reload swaps it without pausing traffic.
+//!
+//! # Lexicon
+//!
+//! * **downstream**: the client side of the proxy. **upstream**: the server side.
+//! * **listener**: an address veloxy accepts connections on, with a name.
+//! * **route**: a rule (listener, host, path prefix) that sends requests to an upstream group.
+//! * **upstream group**: a named set of backends plus a policy, pool size and timeouts.
+//! * **backend**: one server (address, weight) of an upstream group.
+//! * **worker**: one thread with its own runtime; owns its listener sockets and pools.
+//! * **snapshot**: the immutable compiled config a request runs on.
+
+pub mod config;
+pub(crate) mod connection;
+pub mod error;
+pub mod hooks;
+pub mod http1;
+pub mod listener;
+pub(crate) mod proxy;
+pub mod router;
+pub mod server;
+pub mod upstream;
+pub(crate) mod worker;
+
+pub use config::{load_file, ConfigError, Snapshot};
+pub use server::{Running, Server, ServerError};

@@ -1,0 +1,186 @@
+//! The router: picks a route from the request's host and path.
+//!
+//! Matching: among the routes whose host matches (exact beats `*.suffix` beats any host), the
+//! one with the longest path prefix wins. Paths match as plain byte prefixes of the request path
+//! (query excluded), like nginx's `location /prefix`. Routes are pre-sorted once at compile time,
+//! so a lookup is a linear scan that stops at the first hit; route tables are small.
+
+/// How a route matches the `Host` header (port stripped, compared case-insensitively).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    Any,
+    /// `api.example.com`, stored lowercase.
+    Exact(String),
+    /// `*.example.com`: any name ending in `.example.com` (stored as `.example.com`).
+    Suffix(String),
+}
+
+impl HostMatch {
+    pub fn parse(s: &str) -> Result<HostMatch, String> {
+        let s = s.trim().to_ascii_lowercase();
+        if s.is_empty() {
+            return Err("host must not be empty".into());
+        }
+        let bad = |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
+        if let Some(rest) = s.strip_prefix("*.") {
+            if rest.is_empty() || rest.contains(bad) || rest.contains('*') {
+                return Err(format!("invalid host pattern {s:?}"));
+            }
+            return Ok(HostMatch::Suffix(format!(".{rest}")));
+        }
+        if s.contains(bad) {
+            return Err(format!("invalid host {s:?}: use a name or *.suffix"));
+        }
+        Ok(HostMatch::Exact(s))
+    }
+
+    fn rank(&self) -> u8 {
+        match self {
+            HostMatch::Exact(_) => 2,
+            HostMatch::Suffix(_) => 1,
+            HostMatch::Any => 0,
+        }
+    }
+
+    /// `host` must already be lowercase and without a port.
+    fn matches(&self, host: &[u8]) -> bool {
+        match self {
+            HostMatch::Any => true,
+            HostMatch::Exact(h) => h.as_bytes() == host,
+            HostMatch::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_bytes()),
+        }
+    }
+}
+
+/// One compiled `[[routes]]` entry.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Position in the file, for logs and metrics.
+    pub index: usize,
+    pub host: HostMatch,
+    pub path: String,
+    /// Index into [`crate::config::Snapshot::upstreams`].
+    pub upstream: usize,
+}
+
+/// The routes of one listener, sorted for first-match lookup.
+#[derive(Debug, Clone, Default)]
+pub struct Router {
+    routes: Vec<Route>,
+}
+
+impl Router {
+    pub(crate) fn add(&mut self, r: Route) {
+        self.routes.push(r);
+    }
+
+    pub(crate) fn has(&self, r: &Route) -> bool {
+        self.routes
+            .iter()
+            .any(|x| x.host == r.host && x.path == r.path)
+    }
+
+    /// Sorts by host specificity, then path length, both descending; file order breaks ties.
+    pub(crate) fn finish(&mut self) {
+        self.routes.sort_by(|a, b| {
+            b.host
+                .rank()
+                .cmp(&a.host.rank())
+                .then(b.path.len().cmp(&a.path.len()))
+                .then(a.index.cmp(&b.index))
+        });
+    }
+
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// Finds the route for a request. `host` is the raw Host value (any case, maybe with a port);
+    /// `path` the request path, query included or not.
+    pub fn find(&self, host: &[u8], path: &[u8]) -> Option<&Route> {
+        let mut buf = [0u8; 256];
+        let host = normalize_host(host, &mut buf);
+        let path = match memchr::memchr(b'?', path) {
+            Some(q) => &path[..q],
+            None => path,
+        };
+        self.routes
+            .iter()
+            .find(|r| r.host.matches(host) && path.starts_with(r.path.as_bytes()))
+    }
+}
+
+/// Lowercases and strips the port (and IPv6 brackets stay) into `buf`; over-long hosts match
+/// nothing but `Any` routes.
+fn normalize_host<'a>(host: &[u8], buf: &'a mut [u8; 256]) -> &'a [u8] {
+    let end = if host.first() == Some(&b'[') {
+        memchr::memchr(b']', host).map_or(host.len(), |i| i + 1)
+    } else {
+        memchr::memrchr(b':', host).unwrap_or(host.len())
+    };
+    let host = &host[..end];
+    if host.len() > buf.len() {
+        return &buf[..0];
+    }
+    for (d, s) in buf.iter_mut().zip(host) {
+        *d = s.to_ascii_lowercase();
+    }
+    let h = &buf[..host.len()];
+    h.strip_suffix(b".").unwrap_or(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(specs: &[(&str, &str, usize)]) -> Router {
+        let mut r = Router::default();
+        for (i, (host, path, up)) in specs.iter().enumerate() {
+            r.add(Route {
+                index: i,
+                host: if host.is_empty() {
+                    HostMatch::Any
+                } else {
+                    HostMatch::parse(host).unwrap()
+                },
+                path: path.to_string(),
+                upstream: *up,
+            });
+        }
+        r.finish();
+        r
+    }
+
+    #[test]
+    fn longest_prefix_and_host_specificity() {
+        let r = router(&[
+            ("", "/", 0),
+            ("", "/api/", 1),
+            ("api.example.com", "/", 2),
+            ("*.example.com", "/", 3),
+            ("", "/api/v2/", 4),
+        ]);
+        let up = |h: &str, p: &str| r.find(h.as_bytes(), p.as_bytes()).map(|r| r.upstream);
+        assert_eq!(up("other", "/x"), Some(0));
+        assert_eq!(up("other", "/api/x?q=/api/v2/"), Some(1));
+        assert_eq!(up("other", "/api/v2/y"), Some(4));
+        assert_eq!(up("API.Example.com:8080", "/api/"), Some(2));
+        assert_eq!(up("www.example.com", "/"), Some(3));
+        assert_eq!(up("example.com", "/"), Some(0));
+    }
+
+    #[test]
+    fn no_match() {
+        let r = router(&[("a.test", "/", 0), ("", "/only/", 1)]);
+        assert!(r.find(b"b.test", b"/").is_none());
+        assert_eq!(r.find(b"b.test", b"/only/x").map(|r| r.upstream), Some(1));
+    }
+
+    #[test]
+    fn bad_hosts() {
+        assert!(HostMatch::parse("*.").is_err());
+        assert!(HostMatch::parse("a b").is_err());
+        assert!(HostMatch::parse("").is_err());
+        assert!(HostMatch::parse("foo.*.com").is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! The server: binds listeners, starts one worker thread per core, reloads and shuts down.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use crate::config::Snapshot;
+use crate::hooks::Hooks;
+use crate::worker::Worker;
+
+/// Failures starting or changing a running server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("listener {name:?}: cannot listen on {addr}: {source}")]
+    Bind {
+        name: String,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start worker thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error(
+        "reload cannot change listeners yet (had {had:?}, new config has {new:?}); restart instead"
+    )]
+    ListenersChanged { had: Vec<String>, new: Vec<String> },
+}
+
+/// State shared by all workers: read-mostly.
+pub(crate) struct Shared {
+    pub snapshot: ArcSwap<Snapshot>,
+    /// Bumped after each snapshot swap; workers compare it to their cached generation.
+    pub generation: AtomicU64,
+    pub shutdown: AtomicBool,
+    pub hooks: Option<Arc<dyn Hooks>>,
+}
+
+/// A configured server, not yet started.
+pub struct Server {
+    snapshot: Snapshot,
+    hooks: Option<Arc<dyn Hooks>>,
+}
+
+impl Server {
+    pub fn new(snapshot: Snapshot) -> Self {
+        Server {
+            snapshot,
+            hooks: None,
+        }
+    }
+
+    /// Installs request/response hooks (see [`crate::hooks`]).
+    pub fn with_hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
+        self.hooks = Some(hooks);
+        self
+    }
+
+    /// Binds every listener once per worker, then starts the workers. Returns when all sockets
+    /// are listening, so connections made after this succeed.
+    pub fn start(self) -> Result<Running, ServerError> {
+        let workers = self.snapshot.settings.workers;
+        let shutdown_timeout = self.snapshot.settings.shutdown_timeout;
+        // per_worker[w] = the sockets worker w accepts on, with their listener index.
+        let mut per_worker: Vec<Vec<(usize, std::net::TcpListener)>> =
+            (0..workers).map(|_| Vec::new()).collect();
+        let mut bound = Vec::new();
+        for (idx, spec) in self.snapshot.listeners.iter().enumerate() {
+            let sockets =
+                crate::listener::bind_reuseport(spec.addr, workers).map_err(|source| {
+                    ServerError::Bind {
+                        name: spec.name.clone(),
+                        addr: spec.addr,
+                        source,
+                    }
+                })?;
+            let addr = sockets[0].local_addr().unwrap_or(spec.addr);
+            bound.push((spec.name.clone(), addr));
+            for (w, s) in sockets.into_iter().enumerate() {
+                per_worker[w].push((idx, s));
+            }
+        }
+        let shared = Arc::new(Shared {
+            snapshot: ArcSwap::from_pointee(self.snapshot),
+            generation: AtomicU64::new(1),
+            shutdown: AtomicBool::new(false),
+            hooks: self.hooks,
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut threads = Vec::with_capacity(workers);
+        for (id, listeners) in per_worker.into_iter().enumerate() {
+            let shared = shared.clone();
+            let stop = stop_rx.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("veloxy-w{id}"))
+                .spawn(move || run_worker(id, shared, listeners, stop, shutdown_timeout))
+                .map_err(ServerError::Thread)?;
+            threads.push(t);
+        }
+        Ok(Running {
+            shared,
+            threads,
+            bound,
+            stop_tx,
+        })
+    }
+}
+
+/// A started server.
+pub struct Running {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    bound: Vec<(String, SocketAddr)>,
+    stop_tx: watch::Sender<bool>,
+}
+
+impl Running {
+    /// The address each listener is bound to (ports resolved when the config said 0).
+    pub fn local_addrs(&self) -> &[(String, SocketAddr)] {
+        &self.bound
+    }
+
+    /// Swaps in a new snapshot: new requests use it, requests in flight finish on the old one.
+    pub fn reload(&self, snapshot: Snapshot) -> Result<(), ServerError> {
+        let current = self.shared.snapshot.load();
+        let had: Vec<_> = current
+            .listeners
+            .iter()
+            .map(|l| (l.name.clone(), l.addr))
+            .collect();
+        let new: Vec<_> = snapshot
+            .listeners
+            .iter()
+            .map(|l| (l.name.clone(), l.addr))
+            .collect();
+        if had != new {
+            return Err(ServerError::ListenersChanged {
+                had: had.into_iter().map(|l| l.0).collect(),
+                new: new.into_iter().map(|l| l.0).collect(),
+            });
+        }
+        self.shared.snapshot.store(Arc::new(snapshot));
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Stops accepting, lets in-flight requests finish (up to `shutdown_timeout`), and joins
+    /// the workers.
+    pub fn shutdown(self) {
+        self.shared.shutdown.store(true, Ordering::Relaxed);
+        let _ = self.stop_tx.send(true);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run_worker(
+    id: usize,
+    shared: Arc<Shared>,
+    listeners: Vec<(usize, std::net::TcpListener)>,
+    mut stop: watch::Receiver<bool>,
+    shutdown_timeout: Duration,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(worker = id, error = %e, "cannot build runtime");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let worker = Rc::new(Worker::new(id, shared));
+        for (idx, l) in listeners {
+            match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => {
+                    tokio::task::spawn_local(accept_loop(worker.clone(), l, idx, stop.clone()));
+                }
+                Err(e) => tracing::error!(worker = id, error = %e, "cannot register listener"),
+            }
+        }
+        let _ = stop.wait_for(|s| *s).await;
+        let deadline = tokio::time::Instant::now() + shutdown_timeout;
+        while worker.in_flight.get() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+}
+
+async fn accept_loop(
+    worker: Rc<Worker>,
+    listener: tokio::net::TcpListener,
+    idx: usize,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => break,
+            accepted = listener.accept() => match accepted {
+                // TCP_NODELAY is inherited from the listening socket: no setsockopt per accept.
+                Ok((stream, peer)) => {
+                    tokio::task::spawn_local(crate::connection::serve(worker.clone(), stream, peer, idx));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(worker = worker.id, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! A worker: one OS thread, one single-threaded tokio runtime, its own listener sockets,
+//! upstream pools and pickers. Nothing on the request path is shared with other workers except
+//! the read-only config snapshot and a few counters read with relaxed loads.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use crate::config::Snapshot;
+use crate::server::Shared;
+use crate::upstream::GroupState;
+
+/// The config generation a worker is running: the snapshot plus the worker's state built for
+/// it. Requests hold an `Rc` to it, so a reload never pulls state from under them.
+pub(crate) struct Generation {
+    pub number: u64,
+    pub snapshot: Arc<Snapshot>,
+    pub groups: RefCell<Vec<GroupState>>,
+}
+
+impl Generation {
+    fn new(number: u64, snapshot: Arc<Snapshot>) -> Self {
+        let groups = snapshot.upstreams.iter().map(GroupState::new).collect();
+        Generation {
+            number,
+            snapshot,
+            groups: RefCell::new(groups),
+        }
+    }
+}
+
+/// Size of scratch buffers handed to requests (head building, upstream reads, body pumps).
+pub(crate) const SCRATCH: usize = 32 * 1024;
+/// Scratch buffers kept for reuse; more are freed.
+const SCRATCH_KEPT: usize = 256;
+
+pub(crate) struct Worker {
+    pub id: usize,
+    pub shared: Arc<Shared>,
+    generation: RefCell<Rc<Generation>>,
+    bytes: RefCell<Vec<BytesMut>>,
+    vecs: RefCell<Vec<Vec<u8>>>,
+    /// Requests being served by this worker (shutdown waits for zero).
+    pub in_flight: Cell<usize>,
+}
+
+impl Worker {
+    pub fn new(id: usize, shared: Arc<Shared>) -> Self {
+        let number = shared.generation.load(Ordering::Acquire);
+        let snapshot = shared.snapshot.load_full();
+        Worker {
+            id,
+            shared,
+            generation: RefCell::new(Rc::new(Generation::new(number, snapshot))),
+            bytes: RefCell::new(Vec::new()),
+            vecs: RefCell::new(Vec::new()),
+            in_flight: Cell::new(0),
+        }
+    }
+
+    /// The current generation, rebuilt if a reload published a new snapshot. The check is one
+    /// relaxed-cost atomic load of a rarely written counter.
+    pub fn current(&self) -> Rc<Generation> {
+        let number = self.shared.generation.load(Ordering::Acquire);
+        {
+            let g = self.generation.borrow();
+            if g.number == number {
+                return g.clone();
+            }
+        }
+        let fresh = Rc::new(Generation::new(number, self.shared.snapshot.load_full()));
+        *self.generation.borrow_mut() = fresh.clone();
+        fresh
+    }
+
+    pub fn take_bytes(&self) -> BytesMut {
+        self.bytes
+            .borrow_mut()
+            .pop()
+            .unwrap_or_else(|| BytesMut::with_capacity(SCRATCH))
+    }
+
+    pub fn give_bytes(&self, mut b: BytesMut) {
+        b.clear();
+        let mut list = self.bytes.borrow_mut();
+        if list.len() < SCRATCH_KEPT && b.capacity() >= SCRATCH / 2 && b.capacity() <= SCRATCH * 4 {
+            list.push(b);
+        }
+    }
+
+    pub fn take_vec(&self) -> Vec<u8> {
+        self.vecs
+            .borrow_mut()
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(4096))
+    }
+
+    pub fn give_vec(&self, mut v: Vec<u8>) {
+        v.clear();
+        let mut list = self.vecs.borrow_mut();
+        if list.len() < SCRATCH_KEPT && v.capacity() <= SCRATCH * 4 {
+            list.push(v);
+        }
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.shared.shutdown.load(Ordering::Relaxed)
+    }
+}

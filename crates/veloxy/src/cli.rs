@@ -1,0 +1,86 @@
+//! Command line: `run`, `check` and `proxy`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "veloxy",
+    version,
+    about = "A fast reverse proxy and load balancer"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run from a config file; without --config, run the built-in demo on 127.0.0.1:8080.
+    Run {
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config file: exit 0, or print `file:line:column: key: error` and exit 1.
+    Check {
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// One-line mode: proxy a listen address to backends, round robin.
+    Proxy(ProxyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProxyArgs {
+    /// Address to listen on, e.g. 127.0.0.1:8080.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: String,
+    /// A backend address; repeat for more.
+    #[arg(long = "to", value_name = "ADDR", required = true)]
+    pub to: Vec<String>,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// Idle upstream connections kept per worker and backend.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub keepalive: usize,
+}
+
+fn quote(s: &str) -> String {
+    toml_string(s)
+}
+
+/// TOML basic string with escapes.
+pub fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The `proxy` mode is sugar for a config file: building TOML text keeps one validation path
+/// (and its error messages) for both.
+pub fn proxy_config(a: &ProxyArgs) -> String {
+    let mut s = String::from("[server]\n");
+    if let Some(w) = a.workers {
+        s.push_str(&format!("workers = {w}\n"));
+    }
+    s.push_str(&format!("[listeners.main]\naddr = {}\n", quote(&a.listen)));
+    s.push_str("[[routes]]\nupstream = \"backends\"\n");
+    let servers: Vec<String> = a.to.iter().map(|t| quote(t)).collect();
+    s.push_str(&format!(
+        "[upstreams.backends]\nservers = [{}]\npolicy = \"round_robin\"\nkeepalive = {}\n",
+        servers.join(", "),
+        a.keepalive
+    ));
+    s
+}

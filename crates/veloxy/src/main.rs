@@ -1,0 +1,137 @@
+//! The `veloxy` command: composes the engine from a config file or from one-line CLI modes.
+//!
+//! * `veloxy run [--config FILE]`: run from a file; without one, the built-in demo (see
+//!   [`demo`]): a listener on 127.0.0.1:8080 balancing over two in-process demo backends.
+//! * `veloxy check --config FILE`: validate and exit (0 ok, 1 with `file:line:column: key: ...`).
+//! * `veloxy proxy --listen ADDR --to ADDR [--to ADDR ...] [--workers N]`: round robin proxy.
+
+mod cli;
+mod demo;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use veloxy_engine::config::{compile::compile_str, Snapshot};
+use veloxy_engine::upstream::balancer::PolicyRegistry;
+use veloxy_engine::Server;
+
+use cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("veloxy: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    let policies = PolicyRegistry::with_builtins();
+    match cli.command {
+        Command::Check { config } => {
+            match veloxy_engine::config::load_file_with(&config, &policies) {
+                Ok(s) => {
+                    println!(
+                        "{}: ok ({} listeners, {} routes, {} upstream groups)",
+                        config.display(),
+                        s.listeners.len(),
+                        s.listeners
+                            .iter()
+                            .map(|l| l.router.routes().len())
+                            .sum::<usize>(),
+                        s.upstreams.len()
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        Command::Run { config: Some(path) } => {
+            let snapshot = veloxy_engine::config::load_file_with(&path, &policies)?;
+            serve(snapshot, Some(&path), &policies)
+        }
+        Command::Run { config: None } => {
+            let backends =
+                demo::start_backends(2).context("starting the built-in demo backends")?;
+            let toml = demo::default_config(&backends);
+            let snapshot = compile_str(Path::new("<built-in default>"), &toml, &policies)?;
+            eprintln!("veloxy: no --config given: running the built-in default.");
+            eprintln!(
+                "  http://127.0.0.1:8080/ is load-balanced (round robin) over two demo backends:"
+            );
+            for b in &backends {
+                eprintln!("    {b}");
+            }
+            eprintln!(
+                "  try: curl -i http://127.0.0.1:8080/   (twice, and watch x-upstream change)"
+            );
+            serve(snapshot, None, &policies)
+        }
+        Command::Proxy(args) => {
+            let toml = cli::proxy_config(&args);
+            let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
+            serve(snapshot, None, &policies)
+        }
+    }
+}
+
+/// Starts the server and blocks until SIGTERM/SIGINT; SIGHUP reloads `config` when there is one.
+fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -> Result<ExitCode> {
+    init_logging(&snapshot.settings.log_level);
+    let workers = snapshot.settings.workers;
+    let running = Server::new(snapshot).start()?;
+    for (name, addr) in running.local_addrs() {
+        tracing::info!(listener = %name, %addr, workers, "listening");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the signal runtime")?;
+    rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => match config {
+                    None => tracing::warn!("SIGHUP ignored: no config file to reload"),
+                    Some(path) => match veloxy_engine::config::load_file_with(path, policies) {
+                        Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
+                        Ok(s) => match running.reload(s) {
+                            Ok(()) => tracing::info!(config = %path.display(), "reloaded"),
+                            Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
+                        },
+                    },
+                },
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .context("waiting for signals")?;
+    tracing::info!("shutting down: finishing in-flight requests");
+    running.shutdown();
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
