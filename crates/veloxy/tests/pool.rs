@@ -1,0 +1,94 @@
+//! Upstream keep-alive pool edge cases, against hand-driven upstream sockets.
+
+mod common;
+use common::*;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Reads one request head (and a Content-Length body) from `s`; false on EOF.
+fn read_request(s: &mut TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut b = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => buf.push(b[0]),
+            _ => return false,
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    if let Some(len) = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).unwrap();
+    }
+    true
+}
+
+/// An upstream that answers the first request on each connection, then closes the connection
+/// when a second request arrives on it, without answering: the race where a pooled connection
+/// dies just as it is reused.
+fn closing_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let counter = conns.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            counter.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                if read_request(&mut s) {
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                }
+                // Second request: read it, then close without a response.
+                let _ = read_request(&mut s);
+            });
+        }
+    });
+    (addr, conns)
+}
+
+#[test]
+fn stale_pooled_connection_is_retried_for_idempotent_requests() {
+    let (addr, conns) = closing_upstream();
+    let v = veloxy(&simple_config(&[addr], ""));
+    assert_eq!(get(v.addr, "/one").status, 200);
+    // Reuses the pooled connection, which the upstream closes on this request: veloxy must
+    // retry once on a fresh connection rather than fail.
+    let r = get(v.addr, "/two");
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert_eq!(conns.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn stale_pooled_connection_is_not_retried_for_post() {
+    let (addr, conns) = closing_upstream();
+    let v = veloxy(&simple_config(&[addr], ""));
+    assert_eq!(get(v.addr, "/one").status, 200);
+    let r = request(
+        v.addr,
+        "POST /pay HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    );
+    assert_eq!(r.status, 502, "a non-idempotent request is never replayed");
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn upstream_closing_after_response_is_detected_before_reuse() {
+    // The test upstream closes silently after each response (no Connection: close).
+    let up = upstream(&["--close-after", "1"]);
+    let v = veloxy(&simple_config(&[up.addr], ""));
+    let mut c = Client::connect(v.addr);
+    for _ in 0..5 {
+        c.send(b"POST /sink HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx");
+        let r = c.read_response(false);
+        assert_eq!(r.status, 200, "{}", r.body_str());
+        assert_eq!(r.header("x-conn-seq"), Some("1"));
+    }
+}
