@@ -156,7 +156,7 @@ pub(crate) async fn forward(
                 &p,
                 &mut ctx,
                 &mut req_body,
-                &mut wbuf,
+                &wbuf,
                 &mut ubuf,
                 &mut obuf,
             )
@@ -231,7 +231,7 @@ async fn exchange(
     p: &Prepared,
     ctx: &mut Option<Box<crate::hooks::RequestCtx>>,
     req_body: &mut BodyState,
-    wbuf: &mut Vec<u8>,
+    wbuf: &[u8],
     ubuf: &mut BytesMut,
     obuf: &mut Vec<u8>,
 ) -> Result<ResponseMeta, Fail> {

@@ -20,7 +20,7 @@ pub fn compile_str(
     policies: &PolicyRegistry,
 ) -> Result<Snapshot, ConfigError> {
     let src = Source { file, text };
-    let parsed: FileConfig = toml::from_str(text).map_err(|e| src.from_toml(&e))?;
+    let parsed: FileConfig = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
     compile(&src, parsed, policies)
 }
 

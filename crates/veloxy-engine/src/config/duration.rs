@@ -17,6 +17,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .ok_or_else(|| format!("invalid duration {s:?}: missing unit (use us, ms, s, m or h)"))?;
     let (num, unit) = s.split_at(split);
+    if unit.starts_with(char::is_whitespace) {
+        return Err(format!(
+            "invalid duration {s:?}: no space between number and unit (e.g. \"30s\")"
+        ));
+    }
     let value: f64 = num
         .parse()
         .map_err(|_| format!("invalid duration {s:?}: {num:?} is not a number"))?;

@@ -58,8 +58,8 @@ impl Source<'_> {
     }
 
     /// Converts a TOML parse or type error, recovering the key from the text around its span.
-    pub fn from_toml(&self, err: &toml::de::Error) -> ConfigError {
-        let message = err.message().trim().to_owned();
+    pub fn toml_error(&self, err: &toml::de::Error) -> ConfigError {
+        let message = err.message().trim().replace('\n', ": ");
         match err.span() {
             Some(span) => {
                 let key = self.key_at(span.start);
