@@ -78,6 +78,9 @@ mod tests {
         assert!(parse_duration("2").unwrap_err().contains("missing unit"));
         assert!(parse_duration("2 parsecs")
             .unwrap_err()
+            .contains("no space"));
+        assert!(parse_duration("2parsecs")
+            .unwrap_err()
             .contains("unknown unit"));
         assert!(parse_duration("s").unwrap_err().contains("not a number"));
         assert!(parse_duration("").is_err());
