@@ -59,8 +59,8 @@ pub(crate) async fn serve(
         listener,
     };
     loop {
-        let gen = worker.current();
-        let prepared = match read_request(&worker, &gen, &mut down).await {
+        let waiting = worker.current();
+        let (prepared, gen) = match read_request(&worker, &waiting, &mut down).await {
             Ok(Some(p)) => p,
             Ok(None) => return,
             Err((e, body)) => {
@@ -94,11 +94,14 @@ pub(crate) async fn serve(
 }
 
 /// Reads and prepares the next request. `Ok(None)`: the client closed or idled out.
+///
+/// Waiting uses the limits of `gen`; the request itself is routed on the generation current
+/// when its head is complete (returned with it), so a reload reaches idle keep-alive clients.
 async fn read_request(
     worker: &Worker,
     gen: &Generation,
     down: &mut Downstream,
-) -> Result<Option<Prepared>, (ProxyError, BodyKind)> {
+) -> Result<Option<(Prepared, Rc<Generation>)>, (ProxyError, BodyKind)> {
     let settings = &gen.snapshot.settings;
     let limits = Limits {
         max_header_bytes: settings.max_header_bytes,
@@ -112,9 +115,10 @@ async fn read_request(
                 Ok(Some(req)) => {
                     let head_len = req.head_len;
                     let body = req.body;
-                    let prepared = prepare(worker, gen, down, &req).map_err(|e| (e, body))?;
+                    let current = worker.current();
+                    let prepared = prepare(worker, &current, down, &req).map_err(|e| (e, body))?;
                     down.rbuf.advance(head_len);
-                    return Ok(Some(prepared));
+                    return Ok(Some((prepared, current)));
                 }
                 Ok(None) => {
                     request::check_partial(&down.rbuf, &limits).map_err(|e| (e, BodyKind::None))?

@@ -127,21 +127,22 @@ impl Running {
 
     /// Swaps in a new snapshot: new requests use it, requests in flight finish on the old one.
     pub fn reload(&self, snapshot: Snapshot) -> Result<(), ServerError> {
+        // Same listener names, each at its configured address or at the address it is bound to
+        // (a config that said port 0 may be reloaded with the port it got).
         let current = self.shared.snapshot.load();
-        let had: Vec<_> = current
-            .listeners
-            .iter()
-            .map(|l| (l.name.clone(), l.addr))
-            .collect();
-        let new: Vec<_> = snapshot
-            .listeners
-            .iter()
-            .map(|l| (l.name.clone(), l.addr))
-            .collect();
-        if had != new {
+        let same = current.listeners.len() == snapshot.listeners.len()
+            && current
+                .listeners
+                .iter()
+                .zip(&self.bound)
+                .zip(&snapshot.listeners)
+                .all(|((old, (_, bound)), new)| {
+                    old.name == new.name && (new.addr == old.addr || new.addr == *bound)
+                });
+        if !same {
             return Err(ServerError::ListenersChanged {
-                had: had.into_iter().map(|l| l.0).collect(),
-                new: new.into_iter().map(|l| l.0).collect(),
+                had: current.listeners.iter().map(|l| l.name.clone()).collect(),
+                new: snapshot.listeners.iter().map(|l| l.name.clone()).collect(),
             });
         }
         self.shared.snapshot.store(Arc::new(snapshot));

@@ -1,0 +1,143 @@
+//! Process lifecycle: graceful shutdown, reload on SIGHUP, and the built-in default.
+
+mod common;
+use common::*;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+fn wait_exit(v: &mut Veloxy, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(s) = v.proc.child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// An upstream that reports (on the channel) when a request head arrived, then answers it
+/// after `delay`: the request is provably in flight while the test acts.
+fn slow_upstream(delay: Duration) -> (std::net::SocketAddr, std::sync::mpsc::Receiver<()>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut b).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let _ = tx.send(());
+                std::thread::sleep(delay);
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow");
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[test]
+fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
+    let (addr, arrived) = slow_upstream(Duration::from_millis(300));
+    let mut v = veloxy(&simple_config(&[addr], ""));
+    let mut c = Client::connect(v.addr);
+    c.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n");
+    arrived
+        .recv_timeout(Duration::from_secs(5))
+        .expect("request reached the upstream");
+    signal(v.proc.pid(), "-TERM");
+    let r = c.read_response(false);
+    assert_eq!(r.status, 200, "the in-flight request completes");
+    assert_eq!(r.body, b"slow");
+    let status = wait_exit(&mut v, Duration::from_secs(5)).expect("veloxy exits after draining");
+    assert!(status.success(), "{status:?}");
+    // And it stopped accepting.
+    assert!(std::net::TcpStream::connect(v.addr).is_err());
+}
+
+#[test]
+fn sighup_reloads_a_good_config_and_refuses_a_bad_one() {
+    let a = upstream(&["--name", "a"]);
+    let b = upstream(&["--name", "b"]);
+    let v = veloxy(&simple_config(&[a.addr], ""));
+    let path = v.dir.path().join("veloxy.toml");
+    assert_eq!(get(v.addr, "/").header("x-upstream"), Some("a"));
+
+    // A bad file: refused, the old config keeps serving.
+    std::fs::write(
+        &path,
+        "[listeners.web]\naddr = \"127.0.0.1:0\"\nbogus = 1\n",
+    )
+    .unwrap();
+    signal(v.proc.pid(), "-HUP");
+    assert!(eventually(Duration::from_secs(5), || v
+        .proc
+        .log_text()
+        .contains("reload refused")));
+    assert!(
+        v.proc.log_text().contains("bogus"),
+        "the error names the key: {}",
+        v.proc.log_text()
+    );
+    assert_eq!(get(v.addr, "/").header("x-upstream"), Some("a"));
+
+    // A good file (same listener): new requests go to the new upstream. A keep-alive
+    // connection opened before the reload stays usable.
+    let mut kept = Client::connect(v.addr);
+    kept.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!(kept.read_response(false).header("x-upstream"), Some("a"));
+    let config = simple_config(&[b.addr], "").replace("127.0.0.1:0", &v.addr.to_string());
+    std::fs::write(&path, config).unwrap();
+    signal(v.proc.pid(), "-HUP");
+    assert!(eventually(Duration::from_secs(5), || v
+        .proc
+        .log_text()
+        .contains("reloaded")));
+    assert_eq!(get(v.addr, "/").header("x-upstream"), Some("b"));
+    kept.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!(kept.read_response(false).header("x-upstream"), Some("b"));
+}
+
+#[test]
+fn builtin_default_balances_over_demo_backends() {
+    if std::net::TcpListener::bind("127.0.0.1:8080").is_err() {
+        eprintln!("port 8080 is busy here; the built-in default needs it");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v = veloxy_cmd(Command::new(VELOXY), &["run"], dir);
+    assert_eq!(v.addr.port(), 8080);
+    let mut c = Client::connect(v.addr);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        c.send(b"GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        let r = c.read_response(false);
+        assert_eq!(r.status, 200);
+        assert!(
+            r.body_str().contains("\"x_forwarded_for\":\"127.0.0.1\""),
+            "{}",
+            r.body_str()
+        );
+        seen.insert(r.header("x-upstream").unwrap().to_string());
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
