@@ -11,11 +11,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::config::HashKey;
 use crate::error::{ErrorKind, ProxyError};
 use crate::hooks::{RequestCtx, RequestInfo};
 use crate::http1::request::{self, Forwarded, Limits, RequestView};
 use crate::http1::{write_error_response, BodyKind, MAX_HEADERS};
+use crate::limits::RateKey;
 use crate::upstream::balancer::PickContext;
+use crate::upstream::policies::hash_bytes;
 use crate::worker::{Generation, Worker};
 
 /// Read buffer for request heads starts this big and grows only for large heads.
@@ -43,6 +46,10 @@ pub(crate) struct Prepared {
     /// The upstream request head, complete with its blank line.
     pub head: Vec<u8>,
     pub ctx: Option<Box<RequestCtx>>,
+    /// The route's concurrency limit, if any (admission happens in the proxy).
+    pub concurrency: Option<std::sync::Arc<crate::limits::ConcurrencyLimit>>,
+    /// Hash of the group's `hash_key` for this request.
+    pub hash: u64,
 }
 
 pub(crate) async fn serve(
@@ -164,6 +171,15 @@ fn prepare(
         .find(req.host.unwrap_or(b""), req.path.as_bytes())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
     let group = &snapshot.upstreams[route.upstream];
+    if let Some(rl) = &route.limits.rate {
+        let key = match &rl.key {
+            RateKey::ClientIp => hash_bytes(down.client_ip.as_bytes(), 0),
+            RateKey::Route => 0,
+            RateKey::Header(h) => hash_bytes(req.header(h).unwrap_or(b""), 0),
+        };
+        rl.check(key)
+            .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
+    }
     let ctx = match &worker.shared.hooks {
         None => None,
         Some(hooks) => {
@@ -183,14 +199,22 @@ fn prepare(
             Some(ctx)
         }
     };
-    let backend = gen.groups.borrow_mut()[route.upstream]
-        .picker
-        .pick(&PickContext {
+    let hash = if group.uses_hash {
+        request_hash(&group.hash_key, req, down)
+    } else {
+        0
+    };
+    let backend = {
+        let mut groups = gen.groups.borrow_mut();
+        let state = &mut groups[route.upstream];
+        state.budget.earn();
+        state.picker.pick(&PickContext {
             client: down.peer,
-            path: req.path.as_bytes(),
-            excluded: 0,
+            excluded: group.health.down_mask(),
+            hash,
         })
-        .ok_or_else(|| ProxyError::upstream(ErrorKind::NoBackend))?;
+    }
+    .ok_or_else(|| ProxyError::upstream(ErrorKind::NoBackend))?;
     let mut head = worker.take_vec();
     let fwd = Forwarded {
         client_ip: &down.client_ip,
@@ -216,7 +240,40 @@ fn prepare(
         backend,
         head,
         ctx,
+        concurrency: route.limits.concurrency.clone(),
+        hash,
     })
+}
+
+/// Hashes the part of the request named by the group's `hash_key`.
+fn request_hash(key: &HashKey, req: &RequestView, down: &Downstream) -> u64 {
+    match key {
+        HashKey::ClientIp => hash_bytes(down.client_ip.as_bytes(), 0),
+        HashKey::Path => hash_bytes(req.path.split('?').next().unwrap_or("").as_bytes(), 0),
+        HashKey::Header(h) => hash_bytes(req.header(h).unwrap_or(b""), 0),
+        HashKey::Cookie(name) => {
+            let value = req
+                .headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
+                .flat_map(|h| h.value.split(|&b| b == b';'))
+                .find_map(|pair| {
+                    let pair = pair.trim_ascii();
+                    let eq = pair.iter().position(|&b| b == b'=')?;
+                    (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+                })
+                .unwrap_or(b"");
+            hash_bytes(value, 0)
+        }
+    }
+}
+
+/// Answers a connection over the listener's `max_connections` with 503 and closes it.
+pub(crate) async fn refuse(worker: Rc<Worker>, mut stream: TcpStream) {
+    let msg = ErrorKind::TooManyConnections.to_string();
+    if send_error(&worker, &mut stream, 503, &msg, true).await {
+        linger_close(&mut stream).await;
+    }
 }
 
 /// Writes one of veloxy's own short error responses. False if the client is gone.

@@ -42,6 +42,16 @@ pub enum ErrorKind {
     Io(io::Error),
     #[error("rejected by a filter with status {0}")]
     Rejected(u16),
+    #[error("overloaded: too many requests in flight on this route")]
+    Overloaded,
+    #[error("too many connections")]
+    TooManyConnections,
+    #[error("rate limit exceeded")]
+    RateLimited,
+    #[error("backend at its connection limit")]
+    BackendFull,
+    #[error("upstream answered {0} and no other backend could take the retry")]
+    UpstreamStatus(u16),
 }
 
 /// A failed request: what happened, on which side, and whether the request may be retried.
@@ -81,7 +91,12 @@ impl ProxyError {
             ErrorKind::UriTooLong => 414,
             ErrorKind::HeaderTimeout => 408,
             ErrorKind::NoRoute => 404,
-            ErrorKind::NoBackend => 503,
+            ErrorKind::NoBackend
+            | ErrorKind::Overloaded
+            | ErrorKind::TooManyConnections
+            | ErrorKind::BackendFull => 503,
+            ErrorKind::RateLimited => 429,
+            ErrorKind::UpstreamStatus(s) => *s,
             ErrorKind::Connect(_) | ErrorKind::UpstreamClosed | ErrorKind::BadResponse(_) => 502,
             ErrorKind::ConnectTimeout | ErrorKind::ReadTimeout | ErrorKind::WriteTimeout => 504,
             ErrorKind::Io(_) => match self.side {

@@ -33,13 +33,16 @@
 //! * **worker**: one thread with its own runtime; owns its listener sockets and pools.
 //! * **snapshot**: the immutable compiled config a request runs on.
 
+pub(crate) mod clock;
 pub mod config;
 pub(crate) mod connection;
 pub mod error;
 pub mod hooks;
 pub mod http1;
+pub mod limits;
 pub mod listener;
 pub(crate) mod proxy;
+pub(crate) mod relay;
 pub mod router;
 pub mod server;
 pub mod upstream;

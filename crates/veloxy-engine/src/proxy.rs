@@ -1,9 +1,19 @@
-//! Forwarding one request: upstream connection (pooled or new), request head and body,
-//! response head and body, and the keep-alive decisions on both sides.
+//! Forwarding one request: admission, upstream connection (pooled or new), request head and
+//! body, response head and body, retries to other backends, and the keep-alive decisions.
 //!
 //! The fast path for a small request is four syscalls: read the request, write head and body to
 //! the upstream in one write, read the response, write head and body to the client in one write.
+//!
+//! Retries (to a different backend, `retries` times at most, within the worker's retry budget):
+//! * connect failure or timeout, and a backend at its `max_connections`: always (nothing was
+//!   sent);
+//! * a reset or close before any response byte, and a status in `retry_on`: only idempotent
+//!   requests whose body is fully buffered (`retry_body_limit`), never a half-sent body.
+//!
+//! A pooled connection found dead as it is reused is replayed once on a fresh connection to the
+//! same backend, under the same idempotency rule; that is not counted as a retry.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -14,115 +24,43 @@ use tokio::time::{timeout, Instant};
 use crate::config::UpstreamGroup;
 use crate::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
-use crate::hooks::RequestSummary;
-use crate::http1::chunked::{ChunkError, ChunkedScanner};
+use crate::hooks::{RequestCtx, RequestSummary};
 use crate::http1::response::{self, Parsed, ResponseMeta};
-use crate::http1::BodyKind;
+use crate::relay::{
+    relay_request_body, relay_response_body, reserve, write_down, BodyState, DOWNSTREAM_IO_TIMEOUT,
+    READ_CHUNK,
+};
+use crate::upstream::balancer::PickContext;
+use crate::upstream::pool::UpstreamConn;
 use crate::worker::{Generation, Worker};
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
-/// Keep at least this much free space before reading a body chunk.
-const READ_CHUNK: usize = 16 * 1024;
-/// Time allowed for each write to, or read from, the client while a body is transferred.
-const DOWNSTREAM_IO_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Where a body stands while it is relayed.
-enum BodyState {
-    Done,
-    Length(u64),
-    Chunked {
-        scanner: ChunkedScanner,
-        decode: bool,
-    },
-    UntilClose,
-}
-
-impl BodyState {
-    fn new(kind: BodyKind, decode: bool) -> Self {
-        match kind {
-            BodyKind::None | BodyKind::Length(0) => BodyState::Done,
-            BodyKind::Length(n) => BodyState::Length(n),
-            BodyKind::Chunked => BodyState::Chunked {
-                scanner: ChunkedScanner::new(),
-                decode,
-            },
-            BodyKind::UntilClose => BodyState::UntilClose,
-        }
-    }
-
-    fn is_done(&self) -> bool {
-        matches!(self, BodyState::Done)
-    }
-
-    fn decodes(&self) -> bool {
-        matches!(self, BodyState::Chunked { decode: true, .. })
-    }
-
-    /// Consumes the body's bytes at the start of `data`; returns how many belong to the body.
-    /// Bytes past the body's end are left for the next message.
-    fn take(&mut self, data: &[u8]) -> Result<usize, ChunkError> {
-        let n = match self {
-            BodyState::Done => 0,
-            BodyState::Length(rem) => {
-                let n = (*rem).min(data.len() as u64);
-                *rem -= n;
-                n as usize
-            }
-            BodyState::Chunked { scanner, .. } => scanner.scan(data)?,
-            BodyState::UntilClose => data.len(),
-        };
-        if matches!(self, BodyState::Length(0))
-            || matches!(self, BodyState::Chunked { scanner, .. } if scanner.is_done())
-        {
-            *self = BodyState::Done;
-        }
-        Ok(n)
-    }
-
-    /// Like [`take`](Self::take), but appends the bytes to forward to `out`: the payload only
-    /// when decoding chunked framing, everything otherwise.
-    fn take_into(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<usize, ChunkError> {
-        if let BodyState::Chunked {
-            scanner,
-            decode: true,
-        } = self
-        {
-            let mut off = 0;
-            while off < data.len() && !scanner.is_done() {
-                let step = scanner.step(&data[off..])?;
-                if step.payload {
-                    out.extend_from_slice(&data[off..off + step.consumed]);
-                }
-                off += step.consumed;
-            }
-            if scanner.is_done() {
-                *self = BodyState::Done;
-            }
-            return Ok(off);
-        }
-        let n = self.take(data)?;
-        out.extend_from_slice(&data[..n]);
-        Ok(n)
-    }
-}
 
 /// How an exchange failed.
-enum Fail {
+pub(crate) enum Fail {
     /// Nothing was sent to the client yet: answer with this error.
     BeforeResponse(ProxyError),
     /// The response started, or the client is gone: only closing is left.
     Abort(ProxyError),
 }
 
-fn up(kind: ErrorKind) -> Fail {
+pub(crate) fn up(kind: ErrorKind) -> Fail {
     Fail::BeforeResponse(ProxyError::upstream(kind))
 }
 
-fn reserve(buf: &mut BytesMut, min: usize) {
-    if buf.capacity() - buf.len() < min {
-        buf.reserve(min);
-    }
+/// How one attempt against one backend ended, when it did not deliver a response.
+enum AttemptFail {
+    /// Nothing reached the backend (connect failed, or the backend is at its connection limit):
+    /// any request may go to another backend. `health` says whether it counts against the
+    /// backend's health.
+    NotSent { error: ProxyError, health: bool },
+    /// The backend got the request but gave no usable response: replayable requests may retry.
+    NoResponse(ProxyError),
+    /// The backend answered a status in `retry_on`; the response was discarded.
+    RetryStatus(u16),
+    /// Not retryable.
+    Fatal(Fail),
 }
 
 /// Forwards one prepared request; returns whether the downstream connection stays open.
@@ -133,41 +71,47 @@ pub(crate) async fn forward(
     mut p: Prepared,
 ) -> bool {
     let group = &gen.snapshot.upstreams[p.upstream];
-    let started = worker.shared.hooks.as_ref().map(|_| Instant::now());
+    let started = Instant::now();
     let mut wbuf = std::mem::take(&mut p.head);
     let mut ctx = p.ctx.take();
     let mut ubuf = worker.take_bytes();
     let mut obuf = worker.take_vec();
-
-    // Body bytes that arrived with the head go out in the same write as the upstream head.
     let mut req_body = BodyState::new(p.body, false);
-    let outcome = match req_body.take(&down.rbuf) {
+    let mut backend = Some(p.backend);
+
+    let limit = p.concurrency.clone();
+    let admission = match &limit {
+        None => Ok(None),
+        Some(l) => l.admit().await.map(Some),
+    };
+    let outcome = match admission {
         Err(_) => Err(Fail::BeforeResponse(ProxyError::downstream(
-            ErrorKind::BadRequest("invalid chunked body"),
+            ErrorKind::Overloaded,
         ))),
-        Ok(n) => {
-            wbuf.extend_from_slice(&down.rbuf[..n]);
-            down.rbuf.advance(n);
-            exchange(
-                worker,
-                gen,
-                group,
-                down,
-                &p,
-                &mut ctx,
-                &mut req_body,
-                &wbuf,
-                &mut ubuf,
-                &mut obuf,
-            )
-            .await
-        }
+        Ok(_admitted) => match buffer_request_body(group, down, &p, &mut req_body, &mut wbuf).await
+        {
+            Err(f) => Err(f),
+            Ok(()) => {
+                let mut run = Run {
+                    worker,
+                    gen,
+                    group,
+                    p: &p,
+                    ctx: &mut ctx,
+                    req_body: &mut req_body,
+                    wbuf: &wbuf,
+                    ubuf: &mut ubuf,
+                    obuf: &mut obuf,
+                };
+                run.with_retries(down, &mut backend).await
+            }
+        },
     };
 
     let (keep, status) = match outcome {
         Ok(meta) => (meta.downstream_keep_alive && p.keep_alive, meta.status),
         Err(Fail::BeforeResponse(e)) => {
-            log_error(&e, group, p.backend);
+            log_error(&e, group, backend);
             // Keep the client only if its request was fully read and the error is not its fault.
             let close = !req_body.is_done() || e.side == Side::Downstream || !p.keep_alive;
             let status = e.status();
@@ -179,15 +123,15 @@ pub(crate) async fn forward(
             (sent && !close, status)
         }
         Err(Fail::Abort(e)) => {
-            log_error(&e, group, p.backend);
+            log_error(&e, group, backend);
             (false, 0)
         }
     };
     if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
         let summary = RequestSummary {
             status,
-            duration: started.map_or(Duration::ZERO, |s| s.elapsed()),
-            backend: Some(group.backends[p.backend].addr),
+            duration: started.elapsed(),
+            backend: backend.map(|b| group.backends[b].addr),
         };
         hooks.on_done(&summary, ctx);
     }
@@ -197,11 +141,11 @@ pub(crate) async fn forward(
     keep
 }
 
-fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: usize) {
+fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {
     match e.side {
         Side::Upstream => tracing::warn!(
             upstream = %group.name,
-            backend = %group.backends[backend].addr,
+            backend = ?backend.map(|b| group.backends[b].addr),
             error = %e.kind,
             "upstream error"
         ),
@@ -209,218 +153,342 @@ fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: usize) {
     }
 }
 
-async fn connect(group: &UpstreamGroup, backend: usize) -> Result<TcpStream, Fail> {
-    let addr = group.backends[backend].addr;
-    match timeout(group.connect_timeout, TcpStream::connect(addr)).await {
-        Err(_) => Err(up(ErrorKind::ConnectTimeout)),
-        Ok(Err(e)) => Err(up(ErrorKind::Connect(e))),
-        Ok(Ok(s)) => {
-            // Once per upstream connection, never per request.
-            let _ = s.set_nodelay(true);
-            Ok(s)
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn exchange(
-    worker: &Worker,
-    gen: &Generation,
+/// Moves the request body bytes already read into the upstream write buffer, and for
+/// idempotent requests with a small body, reads the rest too so the request can be replayed.
+async fn buffer_request_body(
     group: &UpstreamGroup,
     down: &mut Downstream,
     p: &Prepared,
-    ctx: &mut Option<Box<crate::hooks::RequestCtx>>,
-    req_body: &mut BodyState,
-    wbuf: &[u8],
-    ubuf: &mut BytesMut,
-    obuf: &mut Vec<u8>,
-) -> Result<ResponseMeta, Fail> {
-    // A request that is idempotent and fully in `wbuf` can be replayed on a fresh connection
-    // when a pooled one turns out to be dead (closed by the backend while idle).
-    let replayable = p.idempotent && req_body.is_done();
-    let pooled = gen.groups.borrow_mut()[p.upstream].pool.take(p.backend);
-    let (mut conn, mut reused) = match pooled {
-        Some(s) => (s, true),
-        None => (connect(group, p.backend).await?, false),
-    };
-
-    let meta = 'attempt: loop {
-        match timeout(group.write_timeout, conn.write_all(wbuf)).await {
-            Err(_) => return Err(up(ErrorKind::WriteTimeout)),
-            Ok(Err(_)) if reused && replayable => {
-                conn = connect(group, p.backend).await?;
-                reused = false;
-                continue 'attempt;
-            }
-            Ok(Err(e)) => return Err(up(ErrorKind::Io(e))),
-            Ok(Ok(())) => {}
-        }
-        if !req_body.is_done() {
-            if p.expect_continue {
-                let _ = down
-                    .stream
-                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                    .await;
-            }
-            relay_request_body(group, down, &mut conn, req_body, obuf).await?;
-        }
-        // Response head, skipping 1xx interim responses.
-        ubuf.clear();
-        loop {
-            reserve(ubuf, READ_CHUNK);
-            let n = match timeout(group.read_timeout, conn.read_buf(ubuf)).await {
-                Err(_) => return Err(up(ErrorKind::ReadTimeout)),
-                Ok(Ok(n)) => n,
-                Ok(Err(e))
-                    if ubuf.is_empty() && e.kind() != std::io::ErrorKind::ConnectionReset =>
-                {
-                    return Err(up(ErrorKind::Io(e)))
-                }
-                Ok(Err(_)) => 0,
-            };
-            if n == 0 {
-                if ubuf.is_empty() && reused && replayable {
-                    conn = connect(group, p.backend).await?;
-                    reused = false;
-                    continue 'attempt;
-                }
-                return Err(up(ErrorKind::UpstreamClosed));
-            }
-            obuf.clear();
-            match response::parse_and_write(ubuf, p.is_head, p.version, p.keep_alive, obuf) {
-                Err(e) => return Err(Fail::BeforeResponse(e)),
-                Ok(Parsed::Partial) if ubuf.len() > MAX_RESPONSE_HEAD => {
-                    return Err(up(ErrorKind::BadResponse("response head too large")))
-                }
-                Ok(Parsed::Partial) => {}
-                Ok(Parsed::Interim(len)) => ubuf.advance(len),
-                Ok(Parsed::Final(meta)) => break 'attempt meta,
-            }
-        }
-    };
-
-    // Downstream head, plus whatever body bytes already arrived, in one write.
-    let mut meta = meta;
-    if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
-        hooks.on_response(meta.status, ctx);
-        obuf.extend_from_slice(&ctx.response_headers);
-    }
-    obuf.extend_from_slice(b"\r\n");
-    ubuf.advance(meta.head_len);
-    let mut resp_body = BodyState::new(meta.body, meta.decode_chunked);
-    let n = resp_body
-        .take_into(ubuf, obuf)
-        .map_err(|_| up(ErrorKind::BadResponse("invalid chunked body")))?;
-    ubuf.advance(n);
-    if let Err(e) = write_down(&mut down.stream, obuf).await {
-        return Err(Fail::Abort(e));
-    }
-    if !resp_body.is_done() {
-        relay_response_body(group, down, &mut conn, ubuf, &mut resp_body, obuf).await?;
-    }
-    if meta.upstream_reusable
-        && resp_body.is_done()
-        && ubuf.is_empty()
-        && req_body.is_done()
-        && !worker.shutting_down()
-    {
-        gen.groups.borrow_mut()[p.upstream]
-            .pool
-            .put(p.backend, conn);
-    } else if !resp_body.is_done() {
-        meta.downstream_keep_alive = false;
-    }
-    Ok(meta)
-}
-
-async fn write_down(stream: &mut TcpStream, data: &[u8]) -> Result<(), ProxyError> {
-    match timeout(DOWNSTREAM_IO_TIMEOUT, stream.write_all(data)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(ProxyError::downstream(ErrorKind::Io(e))),
-        Err(_) => Err(ProxyError::downstream(ErrorKind::Io(
-            std::io::ErrorKind::TimedOut.into(),
-        ))),
-    }
-}
-
-/// Streams the rest of the request body from the client to the upstream, through the client's
-/// read buffer (bounded: each read is forwarded before the next).
-async fn relay_request_body(
-    group: &UpstreamGroup,
-    down: &mut Downstream,
-    conn: &mut TcpStream,
     body: &mut BodyState,
-    scratch: &mut Vec<u8>,
+    wbuf: &mut Vec<u8>,
 ) -> Result<(), Fail> {
+    let bad = || {
+        Fail::BeforeResponse(ProxyError::downstream(ErrorKind::BadRequest(
+            "invalid chunked body",
+        )))
+    };
+    let n = body.take(&down.rbuf).map_err(|_| bad())?;
+    wbuf.extend_from_slice(&down.rbuf[..n]);
+    down.rbuf.advance(n);
+    let small = matches!(p.body, crate::http1::BodyKind::Length(len) if len as usize <= group.retry_body_limit);
+    if body.is_done() || !p.idempotent || !small || group.retries == 0 {
+        return Ok(());
+    }
+    if p.expect_continue {
+        let _ = write_down(&mut down.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await;
+    }
     while !body.is_done() {
-        if down.rbuf.is_empty() {
-            reserve(&mut down.rbuf, READ_CHUNK);
-            match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
-                Ok(Ok(n)) if n > 0 => {}
-                // The client vanished mid-body: nobody to answer.
-                _ => {
-                    return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
-                        "request body truncated",
-                    ))))
-                }
+        reserve(&mut down.rbuf, READ_CHUNK);
+        match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => {
+                return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
+                    "request body truncated",
+                ))))
             }
         }
-        let n = body.take(&down.rbuf).map_err(|_| {
-            Fail::BeforeResponse(ProxyError::downstream(ErrorKind::BadRequest(
-                "invalid chunked body",
-            )))
-        })?;
-        scratch.clear();
-        match timeout(group.write_timeout, conn.write_all(&down.rbuf[..n])).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(up(ErrorKind::Io(e))),
-            Err(_) => return Err(up(ErrorKind::WriteTimeout)),
-        }
+        let n = body.take(&down.rbuf).map_err(|_| bad())?;
+        wbuf.extend_from_slice(&down.rbuf[..n]);
         down.rbuf.advance(n);
     }
     Ok(())
 }
 
-/// Streams the rest of the response body from the upstream to the client.
-async fn relay_response_body(
-    group: &UpstreamGroup,
-    down: &mut Downstream,
-    conn: &mut TcpStream,
-    ubuf: &mut BytesMut,
-    body: &mut BodyState,
-    scratch: &mut Vec<u8>,
-) -> Result<(), Fail> {
-    let abort_up = |kind| Fail::Abort(ProxyError::upstream(kind));
-    while !body.is_done() {
-        ubuf.clear();
-        reserve(ubuf, READ_CHUNK * 2);
-        let n = match timeout(group.read_timeout, conn.read_buf(ubuf)).await {
-            Err(_) => return Err(abort_up(ErrorKind::ReadTimeout)),
-            Ok(Err(e)) => return Err(abort_up(ErrorKind::Io(e))),
-            Ok(Ok(n)) => n,
-        };
-        if n == 0 {
-            if matches!(body, BodyState::UntilClose) {
-                *body = BodyState::Done;
-                break;
+/// The state of one request across attempts.
+struct Run<'a> {
+    worker: &'a Worker,
+    gen: &'a Generation,
+    group: &'a UpstreamGroup,
+    p: &'a Prepared,
+    ctx: &'a mut Option<Box<RequestCtx>>,
+    req_body: &'a mut BodyState,
+    wbuf: &'a [u8],
+    ubuf: &'a mut BytesMut,
+    obuf: &'a mut Vec<u8>,
+}
+
+impl Run<'_> {
+    /// Tries backends until one delivers a response or retries run out. `backend` ends as the
+    /// last backend tried.
+    async fn with_retries(
+        &mut self,
+        down: &mut Downstream,
+        backend: &mut Option<usize>,
+    ) -> Result<ResponseMeta, Fail> {
+        let group = self.group;
+        let mut tried = 0u64;
+        let mut retries_left = group.retries;
+        let replayable = self.p.idempotent && self.req_body.is_done();
+        let mut current = self.p.backend;
+        loop {
+            *backend = Some(current);
+            tried |= 1 << current;
+            let t0 = Instant::now();
+            self.gen.groups.borrow_mut()[self.p.upstream]
+                .picker
+                .on_start(current);
+            let others = self.group.health.down_mask() | tried;
+            let has_other = (0..group.backends.len()).any(|i| others & (1 << i) == 0);
+            let result = self
+                .attempt(down, current, retries_left > 0 && replayable && has_other)
+                .await;
+            let elapsed = t0.elapsed();
+            let (error, count_failure) = match result {
+                Ok(meta) => {
+                    let failed = group.outlier.on_5xx && meta.status >= 500;
+                    self.feedback(current, elapsed, !failed);
+                    return Ok(meta);
+                }
+                Err(AttemptFail::Fatal(f)) => {
+                    let upstream_side = matches!(&f, Fail::BeforeResponse(e) | Fail::Abort(e) if e.side == Side::Upstream);
+                    self.feedback(current, elapsed, !upstream_side);
+                    return Err(f);
+                }
+                Err(AttemptFail::NotSent { error, health }) => (error, health),
+                Err(AttemptFail::NoResponse(e)) if replayable => (e, true),
+                Err(AttemptFail::NoResponse(e)) => {
+                    self.feedback(current, elapsed, false);
+                    return Err(Fail::BeforeResponse(e));
+                }
+                Err(AttemptFail::RetryStatus(s)) => (
+                    ProxyError::upstream(ErrorKind::UpstreamStatus(s)),
+                    group.outlier.on_5xx && s >= 500,
+                ),
+            };
+            if count_failure {
+                self.feedback(current, elapsed, false);
+            } else {
+                self.gen.groups.borrow_mut()[self.p.upstream]
+                    .picker
+                    .on_end(current, elapsed, true);
             }
-            return Err(abort_up(ErrorKind::UpstreamClosed));
-        }
-        let bad = |_| abort_up(ErrorKind::BadResponse("invalid chunked body"));
-        if body.decodes() {
-            scratch.clear();
-            let used = body.take_into(ubuf, scratch).map_err(bad)?;
-            ubuf.advance(used);
-            write_down(&mut down.stream, scratch)
-                .await
-                .map_err(Fail::Abort)?;
-        } else {
-            let used = body.take(ubuf).map_err(bad)?;
-            write_down(&mut down.stream, &ubuf[..used])
-                .await
-                .map_err(Fail::Abort)?;
-            ubuf.advance(used);
+            let next = (retries_left > 0)
+                .then(|| self.next_backend(down, tried))
+                .flatten();
+            match next {
+                Some(b) => {
+                    retries_left -= 1;
+                    tracing::debug!(from = %group.backends[current].addr, to = %group.backends[b].addr, error = %error.kind, "retrying");
+                    current = b;
+                }
+                None => return Err(Fail::BeforeResponse(error)),
+            }
         }
     }
-    Ok(())
+
+    /// Reports an attempt's end to the picker and to passive health.
+    fn feedback(&self, backend: usize, elapsed: Duration, ok: bool) {
+        self.gen.groups.borrow_mut()[self.p.upstream]
+            .picker
+            .on_end(backend, elapsed, ok);
+        let health = &self.group.health;
+        if ok {
+            health.record_success(backend);
+        } else {
+            health.record_failure(backend, &self.group.outlier);
+        }
+    }
+
+    /// Another backend for a retry, if the budget allows one.
+    fn next_backend(&self, down: &Downstream, tried: u64) -> Option<usize> {
+        let mut groups = self.gen.groups.borrow_mut();
+        let state = &mut groups[self.p.upstream];
+        if !state.budget.try_spend() {
+            tracing::debug!(upstream = %self.group.name, "retry budget exhausted");
+            return None;
+        }
+        let ctx = PickContext {
+            client: down.peer,
+            excluded: self.group.health.down_mask() | tried,
+            hash: self.p.hash,
+        };
+        state.picker.pick(&ctx)
+    }
+
+    async fn connect(&self, backend: usize) -> Result<UpstreamConn, AttemptFail> {
+        let group = self.group;
+        let health = &group.health.backends[backend];
+        if group.max_connections > 0
+            && health.open_connections.load(Ordering::Relaxed) >= group.max_connections
+        {
+            return Err(AttemptFail::NotSent {
+                error: ProxyError::upstream(ErrorKind::BackendFull),
+                health: false,
+            });
+        }
+        let not_sent = |kind| AttemptFail::NotSent {
+            error: ProxyError::upstream(kind),
+            health: true,
+        };
+        match timeout(
+            group.connect_timeout,
+            TcpStream::connect(group.backends[backend].addr),
+        )
+        .await
+        {
+            Err(_) => Err(not_sent(ErrorKind::ConnectTimeout)),
+            Ok(Err(e)) => Err(not_sent(ErrorKind::Connect(e))),
+            Ok(Ok(s)) => {
+                // Once per upstream connection, never per request.
+                let _ = s.set_nodelay(true);
+                Ok(UpstreamConn::new(s, health.clone()))
+            }
+        }
+    }
+
+    /// One attempt against `backend`. On success the response has been relayed downstream.
+    async fn attempt(
+        &mut self,
+        down: &mut Downstream,
+        backend: usize,
+        may_retry_status: bool,
+    ) -> Result<ResponseMeta, AttemptFail> {
+        let group = self.group;
+        let p = self.p;
+        let replayable = p.idempotent && self.req_body.is_done();
+        let pooled = self.gen.groups.borrow_mut()[p.upstream].pool.take(backend);
+        let (mut conn, mut reused) = match pooled {
+            Some(c) => (c, true),
+            None => (self.connect(backend).await?, false),
+        };
+        let fatal = |kind| AttemptFail::Fatal(up(kind));
+
+        let meta = 'attempt: loop {
+            match timeout(group.write_timeout, conn.stream.write_all(self.wbuf)).await {
+                Err(_) => {
+                    return Err(AttemptFail::NoResponse(ProxyError::upstream(
+                        ErrorKind::WriteTimeout,
+                    )))
+                }
+                Ok(Err(_)) if reused && replayable => {
+                    conn = self.connect(backend).await?;
+                    reused = false;
+                    continue 'attempt;
+                }
+                Ok(Err(e)) => {
+                    return Err(AttemptFail::NoResponse(ProxyError::upstream(
+                        ErrorKind::Io(e),
+                    )))
+                }
+                Ok(Ok(())) => {}
+            }
+            if !self.req_body.is_done() {
+                if p.expect_continue {
+                    let _ = down
+                        .stream
+                        .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                        .await;
+                }
+                relay_request_body(group, down, &mut conn.stream, self.req_body, self.obuf)
+                    .await
+                    .map_err(AttemptFail::Fatal)?;
+            }
+            // Response head, skipping 1xx interim responses.
+            self.ubuf.clear();
+            loop {
+                reserve(self.ubuf, READ_CHUNK);
+                let n = match timeout(group.read_timeout, conn.stream.read_buf(self.ubuf)).await {
+                    Err(_) => {
+                        return Err(AttemptFail::NoResponse(ProxyError::upstream(
+                            ErrorKind::ReadTimeout,
+                        )))
+                    }
+                    Ok(Ok(n)) => n,
+                    Ok(Err(e))
+                        if self.ubuf.is_empty()
+                            && e.kind() != std::io::ErrorKind::ConnectionReset =>
+                    {
+                        return Err(AttemptFail::NoResponse(ProxyError::upstream(
+                            ErrorKind::Io(e),
+                        )))
+                    }
+                    Ok(Err(_)) => 0,
+                };
+                if n == 0 {
+                    if self.ubuf.is_empty() && reused && replayable {
+                        conn = self.connect(backend).await?;
+                        reused = false;
+                        continue 'attempt;
+                    }
+                    if self.ubuf.is_empty() {
+                        return Err(AttemptFail::NoResponse(ProxyError::upstream(
+                            ErrorKind::UpstreamClosed,
+                        )));
+                    }
+                    return Err(fatal(ErrorKind::UpstreamClosed));
+                }
+                self.obuf.clear();
+                match response::parse_and_write(
+                    self.ubuf,
+                    p.is_head,
+                    p.version,
+                    p.keep_alive,
+                    self.obuf,
+                ) {
+                    Err(e) => return Err(AttemptFail::Fatal(Fail::BeforeResponse(e))),
+                    Ok(Parsed::Partial) if self.ubuf.len() > MAX_RESPONSE_HEAD => {
+                        return Err(fatal(ErrorKind::BadResponse("response head too large")))
+                    }
+                    Ok(Parsed::Partial) => {}
+                    Ok(Parsed::Interim(len)) => self.ubuf.advance(len),
+                    Ok(Parsed::Final(meta)) => break 'attempt meta,
+                }
+            }
+        };
+        if may_retry_status && group.retry_on.contains(&meta.status) {
+            // Discard this response (and its connection) and let the caller try elsewhere.
+            return Err(AttemptFail::RetryStatus(meta.status));
+        }
+        self.deliver(down, conn, backend, meta)
+            .await
+            .map_err(AttemptFail::Fatal)
+    }
+
+    /// Sends the response head (and the body bytes already read) downstream in one write, then
+    /// streams the rest, and pools the upstream connection if it is clean.
+    async fn deliver(
+        &mut self,
+        down: &mut Downstream,
+        mut conn: UpstreamConn,
+        backend: usize,
+        mut meta: ResponseMeta,
+    ) -> Result<ResponseMeta, Fail> {
+        if let (Some(hooks), Some(ctx)) = (&self.worker.shared.hooks, self.ctx.as_deref_mut()) {
+            hooks.on_response(meta.status, ctx);
+            self.obuf.extend_from_slice(&ctx.response_headers);
+        }
+        self.obuf.extend_from_slice(b"\r\n");
+        self.ubuf.advance(meta.head_len);
+        let mut resp_body = BodyState::new(meta.body, meta.decode_chunked);
+        let n = resp_body
+            .take_into(self.ubuf, self.obuf)
+            .map_err(|_| up(ErrorKind::BadResponse("invalid chunked body")))?;
+        self.ubuf.advance(n);
+        write_down(&mut down.stream, self.obuf)
+            .await
+            .map_err(Fail::Abort)?;
+        if !resp_body.is_done() {
+            relay_response_body(
+                self.group,
+                down,
+                &mut conn.stream,
+                self.ubuf,
+                &mut resp_body,
+                self.obuf,
+            )
+            .await?;
+        }
+        let clean = meta.upstream_reusable
+            && resp_body.is_done()
+            && self.ubuf.is_empty()
+            && self.req_body.is_done();
+        if clean && !self.worker.shutting_down() {
+            self.gen.groups.borrow_mut()[self.p.upstream]
+                .pool
+                .put(backend, conn);
+        } else if !resp_body.is_done() {
+            meta.downstream_keep_alive = false;
+        }
+        Ok(meta)
+    }
 }

@@ -61,6 +61,8 @@ pub struct Route {
     pub path: String,
     /// Index into [`crate::config::Snapshot::upstreams`].
     pub upstream: usize,
+    /// Concurrency and rate limits, if the route sets any.
+    pub limits: crate::limits::RouteLimits,
 }
 
 /// The routes of one listener, sorted for first-match lookup.
@@ -145,6 +147,7 @@ mod tests {
                 },
                 path: path.to_string(),
                 upstream: *up,
+                limits: Default::default(),
             });
         }
         r.finish();

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -39,6 +39,10 @@ pub(crate) struct Shared {
     pub generation: AtomicU64,
     pub shutdown: AtomicBool,
     pub hooks: Option<Arc<dyn Hooks>>,
+    /// Open downstream connections per listener (index), across workers.
+    pub listener_connections: Vec<AtomicUsize>,
+    /// Feeds the health thread the snapshot to check.
+    health_tx: watch::Sender<Arc<Snapshot>>,
 }
 
 /// A configured server, not yet started.
@@ -85,11 +89,22 @@ impl Server {
                 per_worker[w].push((idx, s));
             }
         }
+        let listener_connections = self
+            .snapshot
+            .listeners
+            .iter()
+            .map(|_| AtomicUsize::new(0))
+            .collect();
+        let snapshot = Arc::new(self.snapshot);
+        let (health_tx, health_rx) = watch::channel(snapshot.clone());
+        crate::upstream::health::spawn_thread(health_rx).map_err(ServerError::Thread)?;
         let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(self.snapshot),
+            snapshot: ArcSwap::new(snapshot),
             generation: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
             hooks: self.hooks,
+            listener_connections,
+            health_tx,
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(workers);
@@ -126,7 +141,7 @@ impl Running {
     }
 
     /// Swaps in a new snapshot: new requests use it, requests in flight finish on the old one.
-    pub fn reload(&self, snapshot: Snapshot) -> Result<(), ServerError> {
+    pub fn reload(&self, mut snapshot: Snapshot) -> Result<(), ServerError> {
         // Same listener names, each at its configured address or at the address it is bound to
         // (a config that said port 0 may be reloaded with the port it got).
         let current = self.shared.snapshot.load();
@@ -145,8 +160,11 @@ impl Running {
                 new: snapshot.listeners.iter().map(|l| l.name.clone()).collect(),
             });
         }
-        self.shared.snapshot.store(Arc::new(snapshot));
+        crate::upstream::health::adopt(&current, &mut snapshot);
+        let snapshot = Arc::new(snapshot);
+        self.shared.snapshot.store(snapshot.clone());
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        let _ = self.shared.health_tx.send(snapshot);
         Ok(())
     }
 
@@ -226,7 +244,19 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 // TCP_NODELAY is inherited from the listening socket: no setsockopt per accept.
                 Ok((stream, peer)) => {
-                    tokio::task::spawn_local(crate::connection::serve(worker.clone(), stream, peer, idx));
+                    let max = worker.current().snapshot.listeners.get(idx).map_or(0, |l| l.max_connections);
+                    let open = &worker.shared.listener_connections[idx];
+                    if max > 0 && open.load(Ordering::Relaxed) >= max {
+                        // Accepted and answered rather than left to time out in the backlog.
+                        tokio::task::spawn_local(crate::connection::refuse(worker.clone(), stream));
+                        continue;
+                    }
+                    open.fetch_add(1, Ordering::Relaxed);
+                    let w = worker.clone();
+                    tokio::task::spawn_local(async move {
+                        crate::connection::serve(w.clone(), stream, peer, idx).await;
+                        w.shared.listener_connections[idx].fetch_sub(1, Ordering::Relaxed);
+                    });
                 }
                 Err(e) => {
                     // EMFILE and friends: back off briefly instead of spinning.

@@ -8,10 +8,14 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::error::{ConfigError, Source};
-use super::file::{FileConfig, RouteSection};
-use super::{Backend, DurationValue, ListenerSpec, Settings, Snapshot, UpstreamGroup};
+use std::sync::Arc;
+
+use super::file::{FileConfig, HealthSection, OutlierSection, RouteSection};
+use super::{Backend, DurationValue, HashKey, ListenerSpec, Settings, Snapshot, UpstreamGroup};
+use crate::limits::{parse_rate, ConcurrencyLimit, RateKey, RateLimiter, RouteLimits};
 use crate::router::{HostMatch, Route, Router};
 use crate::upstream::balancer::PolicyRegistry;
+use crate::upstream::health::{BackendHealth, GroupHealth, HealthCheck, Outlier, MAX_BACKENDS};
 
 /// Parses and compiles TOML text; `file` is only used to name the source in errors.
 pub fn compile_str(
@@ -116,6 +120,13 @@ fn compile(
                 "needs at least one server",
             ));
         }
+        if u.servers.get_ref().len() > MAX_BACKENDS {
+            return Err(src.error(
+                u.servers.span(),
+                format!("{key}.servers"),
+                format!("at most {MAX_BACKENDS} servers per upstream group"),
+            ));
+        }
         let mut backends = Vec::with_capacity(u.servers.get_ref().len());
         for (i, entry) in u.servers.get_ref().iter().enumerate() {
             let ekey = format!("{key}.servers[{i}]");
@@ -157,6 +168,50 @@ fn compile(
                 ));
             }
         }
+        let retry_budget = match &u.retry_budget {
+            None => 0.2,
+            Some(b) if !(0.0..=10.0).contains(b.get_ref()) => {
+                return Err(src.error(
+                    b.span(),
+                    format!("{key}.retry_budget"),
+                    "must be between 0 and 10",
+                ))
+            }
+            Some(b) => *b.get_ref(),
+        };
+        let retry_on = match &u.retry_on {
+            None => vec![502, 503, 504],
+            Some(list) => {
+                if let Some(bad) = list.get_ref().iter().find(|s| !(100..=599).contains(*s)) {
+                    return Err(src.error(
+                        list.span(),
+                        format!("{key}.retry_on"),
+                        format!("{bad} is not an HTTP status"),
+                    ));
+                }
+                list.get_ref().clone()
+            }
+        };
+        let hash_key = match &u.hash_key {
+            None => HashKey::ClientIp,
+            Some(k) => parse_hash_key(k.get_ref())
+                .map_err(|m| src.error(k.span(), format!("{key}.hash_key"), m))?,
+        };
+        let health_check = u
+            .health
+            .as_ref()
+            .map(|h| compile_health(src, &format!("{key}.health"), h))
+            .transpose()?;
+        let outlier = match &u.outlier {
+            None => Outlier::default(),
+            Some(o) => compile_outlier(src, &format!("{key}.outlier"), o)?,
+        };
+        let health = Arc::new(GroupHealth::new(
+            backends
+                .iter()
+                .map(|b| Arc::new(BackendHealth::new(b.addr)))
+                .collect(),
+        ));
         upstream_index.insert(name.clone(), upstreams.len());
         upstreams.push(UpstreamGroup {
             name: name.clone(),
@@ -167,6 +222,16 @@ fn compile(
             read_timeout,
             write_timeout: dur(&u.write_timeout, Duration::from_secs(30)),
             idle_timeout: dur(&u.idle_timeout, Duration::from_secs(60)),
+            retries: u.retries.as_ref().map_or(2, |r| *r.get_ref()),
+            retry_on,
+            retry_budget,
+            retry_body_limit: u.retry_body_limit.as_ref().map_or(65536, |r| *r.get_ref()),
+            max_connections: u.max_connections.as_ref().map_or(0, |r| *r.get_ref()),
+            uses_hash: u.hash_key.is_some() || policy_name == "consistent_hash",
+            hash_key,
+            health_check,
+            outlier,
+            health,
         });
     }
 
@@ -201,6 +266,11 @@ fn compile(
             name: name.clone(),
             addr,
             router: Router::default(),
+            max_connections: section
+                .get_ref()
+                .max_connections
+                .as_ref()
+                .map_or(0, |m| *m.get_ref()),
         });
     }
 
@@ -255,6 +325,7 @@ fn compile_route(
         host,
         path,
         upstream,
+        limits: compile_limits(src, &key, r)?,
     };
     match &r.listener {
         None => listeners
@@ -282,4 +353,156 @@ fn compile_route(
         }
     }
     Ok(())
+}
+
+fn parse_hash_key(s: &str) -> Result<HashKey, String> {
+    match s {
+        "client_ip" => Ok(HashKey::ClientIp),
+        "path" => Ok(HashKey::Path),
+        _ => match s.split_once(':') {
+            Some(("header", h)) if !h.is_empty() => Ok(HashKey::Header(h.to_ascii_lowercase())),
+            Some(("cookie", c)) if !c.is_empty() => Ok(HashKey::Cookie(c.to_owned())),
+            _ => Err(format!(
+                "invalid hash_key {s:?}: use \"client_ip\", \"path\", \"header:NAME\" or \"cookie:NAME\""
+            )),
+        },
+    }
+}
+
+fn compile_health(
+    src: &Source,
+    key: &str,
+    h: &Spanned<HealthSection>,
+) -> Result<HealthCheck, ConfigError> {
+    let s = h.get_ref();
+    let path = match &s.path {
+        Some(p) if !p.get_ref().starts_with('/') => {
+            return Err(src.error(p.span(), format!("{key}.path"), "must start with '/'"));
+        }
+        p => p.as_ref().map(|p| p.get_ref().clone()),
+    };
+    let expect_status = match &s.expect_status {
+        None => 200..=399,
+        Some(e) => {
+            let text = e.get_ref().trim();
+            let (lo, hi) = text.split_once('-').unwrap_or((text, text));
+            match (lo.trim().parse::<u16>(), hi.trim().parse::<u16>()) {
+                (Ok(lo), Ok(hi)) if (100..=599).contains(&lo) && lo <= hi && hi <= 599 => lo..=hi,
+                _ => {
+                    return Err(src.error(
+                        e.span(),
+                        format!("{key}.expect_status"),
+                        format!("invalid status range {text:?}: use \"200\" or \"200-399\""),
+                    ))
+                }
+            }
+        }
+    };
+    let count = |v: &Option<Spanned<u32>>, k: &str| -> Result<u32, ConfigError> {
+        match v {
+            None => Ok(2),
+            Some(c) if *c.get_ref() == 0 => {
+                Err(src.error(c.span(), format!("{key}.{k}"), "must be at least 1"))
+            }
+            Some(c) => Ok(*c.get_ref()),
+        }
+    };
+    let interval = dur(&s.interval, Duration::from_secs(1));
+    let timeout = dur(&s.timeout, Duration::from_millis(500));
+    if interval.is_zero() || timeout.is_zero() {
+        return Err(src.error(
+            h.span(),
+            key,
+            "interval and timeout must be greater than zero",
+        ));
+    }
+    Ok(HealthCheck {
+        path,
+        host: s.host.as_ref().map(|h| h.get_ref().clone()),
+        interval,
+        timeout,
+        healthy: count(&s.healthy, "healthy")?,
+        unhealthy: count(&s.unhealthy, "unhealthy")?,
+        expect_status,
+    })
+}
+
+fn compile_outlier(
+    src: &Source,
+    key: &str,
+    o: &Spanned<OutlierSection>,
+) -> Result<Outlier, ConfigError> {
+    let s = o.get_ref();
+    let d = Outlier::default();
+    let pct = match &s.max_ejected_percent {
+        Some(p) if *p.get_ref() > 100 => {
+            return Err(src.error(
+                p.span(),
+                format!("{key}.max_ejected_percent"),
+                "must be at most 100",
+            ));
+        }
+        p => p.as_ref().map_or(d.max_ejected_percent, |p| *p.get_ref()),
+    };
+    Ok(Outlier {
+        consecutive_failures: s
+            .consecutive_failures
+            .as_ref()
+            .map_or(d.consecutive_failures, |c| *c.get_ref()),
+        base_ejection: dur(&s.base_ejection, d.base_ejection),
+        max_ejection: dur(&s.max_ejection, d.max_ejection),
+        max_ejected_percent: pct,
+        on_5xx: s.on_5xx.unwrap_or(d.on_5xx),
+    })
+}
+
+fn compile_limits(src: &Source, key: &str, r: &RouteSection) -> Result<RouteLimits, ConfigError> {
+    let mut limits = RouteLimits::default();
+    if let Some(max) = &r.max_concurrency {
+        if *max.get_ref() == 0 {
+            return Err(src.error(
+                max.span(),
+                format!("{key}.max_concurrency"),
+                "must be at least 1",
+            ));
+        }
+        let queue = r.queue.as_ref().map_or(0, |q| *q.get_ref());
+        let timeout = dur(&r.queue_timeout, Duration::from_secs(1));
+        limits.concurrency = Some(Arc::new(ConcurrencyLimit::new(
+            *max.get_ref(),
+            queue,
+            timeout,
+        )));
+    } else if let Some(q) = &r.queue {
+        return Err(src.error(q.span(), format!("{key}.queue"), "needs max_concurrency"));
+    }
+    if let Some(rl) = &r.rate_limit {
+        let s = rl.get_ref();
+        let per_second = parse_rate(s.rate.get_ref())
+            .map_err(|m| src.error(s.rate.span(), format!("{key}.rate_limit.rate"), m))?;
+        let rate_key =
+            match s.key.as_ref().map(|k| (k.get_ref().as_str(), k.span())) {
+                None | Some(("client_ip", _)) => RateKey::ClientIp,
+                Some(("route", _)) => RateKey::Route,
+                Some((k, span)) => match k.strip_prefix("header:") {
+                    Some(h) if !h.is_empty() => RateKey::Header(h.to_ascii_lowercase()),
+                    _ => return Err(src.error(
+                        span,
+                        format!("{key}.rate_limit.key"),
+                        format!(
+                            "invalid key {k:?}: use \"client_ip\", \"route\" or \"header:NAME\""
+                        ),
+                    )),
+                },
+            };
+        let burst = s
+            .burst
+            .as_ref()
+            .map_or_else(|| per_second.ceil().max(1.0) as u32, |b| *b.get_ref());
+        let max_keys = s.max_keys.as_ref().map_or(100_000, |m| *m.get_ref());
+        limits.rate = Some(Arc::new(RateLimiter::new(
+            per_second, burst, rate_key, max_keys,
+        )));
+    }
+    Ok(limits)
 }

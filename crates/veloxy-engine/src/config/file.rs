@@ -45,6 +45,7 @@ pub struct ServerSection {
 #[serde(deny_unknown_fields)]
 pub struct ListenerSection {
     pub addr: Spanned<String>,
+    pub max_connections: Option<Spanned<usize>>,
 }
 
 /// One `[[routes]]` entry.
@@ -55,6 +56,44 @@ pub struct RouteSection {
     pub host: Option<Spanned<String>>,
     pub path: Option<Spanned<String>>,
     pub upstream: Spanned<String>,
+    pub max_concurrency: Option<Spanned<usize>>,
+    pub queue: Option<Spanned<usize>>,
+    pub queue_timeout: Option<DurationValue>,
+    pub rate_limit: Option<Spanned<RateLimitSection>>,
+}
+
+/// `rate_limit = { rate = "100/s", burst = 50, key = "client_ip" }` on a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSection {
+    pub rate: Spanned<String>,
+    pub burst: Option<Spanned<u32>>,
+    pub key: Option<Spanned<String>>,
+    pub max_keys: Option<Spanned<usize>>,
+}
+
+/// `[upstreams.NAME.health]`: active health checks.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthSection {
+    pub path: Option<Spanned<String>>,
+    pub interval: Option<DurationValue>,
+    pub timeout: Option<DurationValue>,
+    pub healthy: Option<Spanned<u32>>,
+    pub unhealthy: Option<Spanned<u32>>,
+    pub expect_status: Option<Spanned<String>>,
+    pub host: Option<Spanned<String>>,
+}
+
+/// `[upstreams.NAME.outlier]`: passive health checks (outlier ejection).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierSection {
+    pub consecutive_failures: Option<Spanned<u32>>,
+    pub base_ejection: Option<DurationValue>,
+    pub max_ejection: Option<DurationValue>,
+    pub max_ejected_percent: Option<Spanned<u32>>,
+    pub on_5xx: Option<bool>,
 }
 
 /// `[upstreams.NAME]`: an upstream group.
@@ -68,6 +107,14 @@ pub struct UpstreamSection {
     pub read_timeout: Option<DurationValue>,
     pub write_timeout: Option<DurationValue>,
     pub idle_timeout: Option<DurationValue>,
+    pub retries: Option<Spanned<u32>>,
+    pub retry_on: Option<Spanned<Vec<u16>>>,
+    pub retry_budget: Option<Spanned<f64>>,
+    pub retry_body_limit: Option<Spanned<usize>>,
+    pub max_connections: Option<Spanned<usize>>,
+    pub hash_key: Option<Spanned<String>>,
+    pub health: Option<Spanned<HealthSection>>,
+    pub outlier: Option<Spanned<OutlierSection>>,
 }
 
 /// A backend in `servers`: either `"host:port"` or `{ addr = "host:port", weight = 2 }`.

@@ -22,6 +22,7 @@ pub use error::ConfigError;
 
 use crate::router::Router;
 use crate::upstream::balancer::{Policy, PolicyRegistry};
+use crate::upstream::health::{GroupHealth, HealthCheck, Outlier};
 
 /// Loads, validates and compiles a config file with the built-in policies.
 pub fn load_file(path: &Path) -> Result<Snapshot, ConfigError> {
@@ -62,6 +63,22 @@ pub struct ListenerSpec {
     pub name: String,
     pub addr: SocketAddr,
     pub router: Router,
+    /// Open downstream connections allowed (across workers); excess connections are accepted,
+    /// answered 503 with Retry-After, and closed. Default 0 = unlimited.
+    pub max_connections: usize,
+}
+
+/// What `consistent_hash` (and custom policies, through `PickContext::hash`) hash on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client's IP address (default).
+    ClientIp,
+    /// `header:NAME`: a request header's value.
+    Header(String),
+    /// `cookie:NAME`: a cookie's value.
+    Cookie(String),
+    /// `path`: the request path without query.
+    Path,
 }
 
 /// A backend: one server of an upstream group.
@@ -88,6 +105,27 @@ pub struct UpstreamGroup {
     pub write_timeout: Duration,
     /// Pooled connections idle longer than this are closed instead of reused. Default 60s.
     pub idle_timeout: Duration,
+    /// Extra attempts on another backend after a failure. Default 2.
+    pub retries: u32,
+    /// Response statuses retried (idempotent, replayable requests only). Default [502, 503, 504].
+    pub retry_on: Vec<u16>,
+    /// Retries allowed as a share of requests, per worker (Envoy's retry budget). Default 0.2.
+    pub retry_budget: f64,
+    /// Request bodies up to this size are buffered so the request can be retried. Default 65536.
+    pub retry_body_limit: usize,
+    /// Open connections per backend across workers; at the limit a backend gets no new
+    /// connections (pooled ones still serve). Default 0 = unlimited.
+    pub max_connections: usize,
+    /// Key for `consistent_hash`. Default client IP.
+    pub hash_key: HashKey,
+    /// Compute the hash per request: the policy is `consistent_hash` or `hash_key` was set.
+    pub uses_hash: bool,
+    /// Active health checks, if configured.
+    pub health_check: Option<HealthCheck>,
+    /// Passive health checks (outlier ejection); on by default.
+    pub outlier: Outlier,
+    /// Shared health state of the backends (kept across reloads for unchanged backends).
+    pub health: Arc<GroupHealth>,
 }
 
 impl std::fmt::Debug for UpstreamGroup {
@@ -101,6 +139,14 @@ impl std::fmt::Debug for UpstreamGroup {
             .field("read_timeout", &self.read_timeout)
             .field("write_timeout", &self.write_timeout)
             .field("idle_timeout", &self.idle_timeout)
+            .field("retries", &self.retries)
+            .field("retry_on", &self.retry_on)
+            .field("retry_budget", &self.retry_budget)
+            .field("retry_body_limit", &self.retry_body_limit)
+            .field("max_connections", &self.max_connections)
+            .field("hash_key", &self.hash_key)
+            .field("health_check", &self.health_check)
+            .field("outlier", &self.outlier)
             .finish()
     }
 }

@@ -39,16 +39,17 @@ pub struct BackendInfo {
 
 /// Per-request input to [`Picker::pick`].
 #[derive(Debug, Clone, Copy)]
-pub struct PickContext<'a> {
+pub struct PickContext {
     /// The downstream client's address.
     pub client: SocketAddr,
-    /// The request path (with query).
-    pub path: &'a [u8],
-    /// Bit i set: backend i must not be picked (already tried by this request).
+    /// Bit i set: backend i must not be picked (down, ejected, at its connection limit, or
+    /// already tried by this request).
     pub excluded: u64,
+    /// Hash of the group's `hash_key` for this request (client IP by default); 0 if unused.
+    pub hash: u64,
 }
 
-impl PickContext<'_> {
+impl PickContext {
     pub fn is_excluded(&self, i: usize) -> bool {
         i < 64 && self.excluded & (1 << i) != 0
     }
@@ -66,9 +67,14 @@ pub trait Policy: Send + Sync + 'static {
 pub trait Picker {
     /// Picks a backend index, or `None` when none may be used.
     fn pick(&mut self, ctx: &PickContext) -> Option<usize>;
+    /// A request was sent to `backend` (after `pick`, possibly for a retry).
+    fn on_start(&mut self, _backend: usize) {}
+    /// The request to `backend` ended: `latency` until its response head (or failure).
+    fn on_end(&mut self, _backend: usize, _latency: std::time::Duration, _ok: bool) {}
 }
 
-/// Policies known by name. [`PolicyRegistry::with_builtins`] has `round_robin`.
+/// Policies known by name. [`PolicyRegistry::with_builtins`] has `round_robin`, `least_conn`,
+/// `p2c_ewma`, `consistent_hash` and `random`.
 #[derive(Clone)]
 pub struct PolicyRegistry {
     policies: BTreeMap<String, Arc<dyn Policy>>,
@@ -80,6 +86,10 @@ impl PolicyRegistry {
             policies: BTreeMap::new(),
         };
         r.register(Arc::new(RoundRobin));
+        r.register(Arc::new(super::policies::LeastConn));
+        r.register(Arc::new(super::policies::P2cEwma));
+        r.register(Arc::new(super::policies::ConsistentHash));
+        r.register(Arc::new(super::policies::Random));
         r
     }
 
@@ -168,11 +178,11 @@ impl Picker for SmoothWeighted {
 mod tests {
     use super::*;
 
-    fn ctx(excluded: u64) -> PickContext<'static> {
+    fn ctx(excluded: u64) -> PickContext {
         PickContext {
             client: "127.0.0.1:1".parse().unwrap(),
-            path: b"/",
             excluded,
+            hash: 0,
         }
     }
 

@@ -5,14 +5,39 @@
 //! while idle is spotted from the readiness tokio already recorded from epoll: only when the
 //! socket reports readable do we pay for a `read` to tell a FIN (drop it) from a spurious wake.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::health::BackendHealth;
+
+/// An open upstream connection, counted in its backend's `open_connections` while it lives.
+pub(crate) struct UpstreamConn {
+    pub stream: TcpStream,
+    backend: Arc<BackendHealth>,
+}
+
+impl UpstreamConn {
+    pub fn new(stream: TcpStream, backend: Arc<BackendHealth>) -> Self {
+        backend.open_connections.fetch_add(1, Ordering::Relaxed);
+        UpstreamConn { stream, backend }
+    }
+}
+
+impl Drop for UpstreamConn {
+    fn drop(&mut self) {
+        self.backend
+            .open_connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Idle {
-    stream: TcpStream,
+    stream: UpstreamConn,
     since: Instant,
 }
 
@@ -33,10 +58,10 @@ impl Pool {
     }
 
     /// An idle connection to `backend` that still looks usable.
-    pub fn take(&mut self, backend: usize) -> Option<TcpStream> {
+    pub fn take(&mut self, backend: usize) -> Option<UpstreamConn> {
         let list = self.idle.get_mut(backend)?;
         while let Some(idle) = list.pop() {
-            if idle.since.elapsed() < self.idle_timeout && still_open(&idle.stream) {
+            if idle.since.elapsed() < self.idle_timeout && still_open(&idle.stream.stream) {
                 return Some(idle.stream);
             }
         }
@@ -44,7 +69,7 @@ impl Pool {
     }
 
     /// Returns a connection after a complete exchange; beyond the limit it is closed.
-    pub fn put(&mut self, backend: usize, stream: TcpStream) {
+    pub fn put(&mut self, backend: usize, stream: UpstreamConn) {
         let timeout = self.idle_timeout;
         let Some(list) = self.idle.get_mut(backend) else {
             return;
@@ -92,15 +117,22 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut pool = Pool::new(1, 2, Duration::from_secs(60));
+        let health = Arc::new(BackendHealth::new(addr));
+        let conn = |s| UpstreamConn::new(s, health.clone());
         let a = TcpStream::connect(addr).await.unwrap();
         let (mut server_a, _) = listener.accept().await.unwrap();
         let b = TcpStream::connect(addr).await.unwrap();
         let (_server_b, _) = listener.accept().await.unwrap();
-        pool.put(0, a);
-        pool.put(0, b);
+        pool.put(0, conn(a));
+        pool.put(0, conn(b));
         let c = TcpStream::connect(addr).await.unwrap();
-        pool.put(0, c);
+        pool.put(0, conn(c));
         assert_eq!(pool.idle_count(0), 2, "limit respected");
+        assert_eq!(
+            health.open_connections.load(Ordering::Relaxed),
+            2,
+            "the third was closed"
+        );
         // Close the peer of `a` (the oldest); `b` (newest) is taken first and is fine.
         server_a.shutdown().await.unwrap();
         drop(server_a);

@@ -1,0 +1,199 @@
+//! Relaying bodies: the framing state of a body in transit, and the pumps that move it
+//! between downstream and upstream through bounded buffers.
+
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+use crate::config::UpstreamGroup;
+use crate::connection::Downstream;
+use crate::error::{ErrorKind, ProxyError};
+use crate::http1::chunked::{ChunkError, ChunkedScanner};
+use crate::http1::BodyKind;
+use crate::proxy::{up, Fail};
+
+/// Keep at least this much free space before reading a body chunk.
+pub(crate) const READ_CHUNK: usize = 16 * 1024;
+/// Time allowed for each write to, or read from, the client while a body is transferred.
+pub(crate) const DOWNSTREAM_IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub(crate) fn reserve(buf: &mut BytesMut, min: usize) {
+    if buf.capacity() - buf.len() < min {
+        buf.reserve(min);
+    }
+}
+
+/// Where a body stands while it is relayed.
+pub(crate) enum BodyState {
+    Done,
+    Length(u64),
+    Chunked {
+        scanner: ChunkedScanner,
+        decode: bool,
+    },
+    UntilClose,
+}
+
+impl BodyState {
+    pub fn new(kind: BodyKind, decode: bool) -> Self {
+        match kind {
+            BodyKind::None | BodyKind::Length(0) => BodyState::Done,
+            BodyKind::Length(n) => BodyState::Length(n),
+            BodyKind::Chunked => BodyState::Chunked {
+                scanner: ChunkedScanner::new(),
+                decode,
+            },
+            BodyKind::UntilClose => BodyState::UntilClose,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self, BodyState::Done)
+    }
+
+    pub fn decodes(&self) -> bool {
+        matches!(self, BodyState::Chunked { decode: true, .. })
+    }
+
+    /// Consumes the body's bytes at the start of `data`; returns how many belong to the body.
+    /// Bytes past the body's end are left for the next message.
+    pub fn take(&mut self, data: &[u8]) -> Result<usize, ChunkError> {
+        let n = match self {
+            BodyState::Done => 0,
+            BodyState::Length(rem) => {
+                let n = (*rem).min(data.len() as u64);
+                *rem -= n;
+                n as usize
+            }
+            BodyState::Chunked { scanner, .. } => scanner.scan(data)?,
+            BodyState::UntilClose => data.len(),
+        };
+        if matches!(self, BodyState::Length(0))
+            || matches!(self, BodyState::Chunked { scanner, .. } if scanner.is_done())
+        {
+            *self = BodyState::Done;
+        }
+        Ok(n)
+    }
+
+    /// Like [`take`](Self::take), but appends the bytes to forward to `out`: the payload only
+    /// when decoding chunked framing, everything otherwise.
+    pub fn take_into(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<usize, ChunkError> {
+        if let BodyState::Chunked {
+            scanner,
+            decode: true,
+        } = self
+        {
+            let mut off = 0;
+            while off < data.len() && !scanner.is_done() {
+                let step = scanner.step(&data[off..])?;
+                if step.payload {
+                    out.extend_from_slice(&data[off..off + step.consumed]);
+                }
+                off += step.consumed;
+            }
+            if scanner.is_done() {
+                *self = BodyState::Done;
+            }
+            return Ok(off);
+        }
+        let n = self.take(data)?;
+        out.extend_from_slice(&data[..n]);
+        Ok(n)
+    }
+}
+
+pub(crate) async fn write_down(stream: &mut TcpStream, data: &[u8]) -> Result<(), ProxyError> {
+    match timeout(DOWNSTREAM_IO_TIMEOUT, stream.write_all(data)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ProxyError::downstream(ErrorKind::Io(e))),
+        Err(_) => Err(ProxyError::downstream(ErrorKind::Io(
+            std::io::ErrorKind::TimedOut.into(),
+        ))),
+    }
+}
+
+/// Streams the rest of the request body from the client to the upstream, through the client's
+/// read buffer (bounded: each read is forwarded before the next).
+pub(crate) async fn relay_request_body(
+    group: &UpstreamGroup,
+    down: &mut Downstream,
+    conn: &mut TcpStream,
+    body: &mut BodyState,
+    scratch: &mut Vec<u8>,
+) -> Result<(), Fail> {
+    while !body.is_done() {
+        if down.rbuf.is_empty() {
+            reserve(&mut down.rbuf, READ_CHUNK);
+            match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                // The client vanished mid-body: nobody to answer.
+                _ => {
+                    return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
+                        "request body truncated",
+                    ))))
+                }
+            }
+        }
+        let n = body.take(&down.rbuf).map_err(|_| {
+            Fail::BeforeResponse(ProxyError::downstream(ErrorKind::BadRequest(
+                "invalid chunked body",
+            )))
+        })?;
+        scratch.clear();
+        match timeout(group.write_timeout, conn.write_all(&down.rbuf[..n])).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(up(ErrorKind::Io(e))),
+            Err(_) => return Err(up(ErrorKind::WriteTimeout)),
+        }
+        down.rbuf.advance(n);
+    }
+    Ok(())
+}
+
+/// Streams the rest of the response body from the upstream to the client.
+pub(crate) async fn relay_response_body(
+    group: &UpstreamGroup,
+    down: &mut Downstream,
+    conn: &mut TcpStream,
+    ubuf: &mut BytesMut,
+    body: &mut BodyState,
+    scratch: &mut Vec<u8>,
+) -> Result<(), Fail> {
+    let abort_up = |kind| Fail::Abort(ProxyError::upstream(kind));
+    while !body.is_done() {
+        ubuf.clear();
+        reserve(ubuf, READ_CHUNK * 2);
+        let n = match timeout(group.read_timeout, conn.read_buf(ubuf)).await {
+            Err(_) => return Err(abort_up(ErrorKind::ReadTimeout)),
+            Ok(Err(e)) => return Err(abort_up(ErrorKind::Io(e))),
+            Ok(Ok(n)) => n,
+        };
+        if n == 0 {
+            if matches!(body, BodyState::UntilClose) {
+                *body = BodyState::Done;
+                break;
+            }
+            return Err(abort_up(ErrorKind::UpstreamClosed));
+        }
+        let bad = |_| abort_up(ErrorKind::BadResponse("invalid chunked body"));
+        if body.decodes() {
+            scratch.clear();
+            let used = body.take_into(ubuf, scratch).map_err(bad)?;
+            ubuf.advance(used);
+            write_down(&mut down.stream, scratch)
+                .await
+                .map_err(Fail::Abort)?;
+        } else {
+            let used = body.take(ubuf).map_err(bad)?;
+            write_down(&mut down.stream, &ubuf[..used])
+                .await
+                .map_err(Fail::Abort)?;
+            ubuf.advance(used);
+        }
+    }
+    Ok(())
+}

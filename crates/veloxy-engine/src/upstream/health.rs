@@ -1,0 +1,435 @@
+//! Backend health shared by all workers: active checks, passive outlier ejection, and the
+//! `down_mask` workers read with one relaxed load per request.
+//!
+//! Writers are rare (a check flips, a backend gets ejected or comes back); readers are every
+//! request. So the state is a handful of atomics per backend plus one bitmask per group, and
+//! one `veloxy-health` thread for the whole process runs the active checks and ends ejections.
+
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::clock;
+use crate::config::Snapshot;
+
+/// At most this many backends per group (one bit each in the masks).
+pub const MAX_BACKENDS: usize = 64;
+
+/// `[upstreams.NAME.health]`, compiled.
+#[derive(Debug, Clone)]
+pub struct HealthCheck {
+    /// HTTP path to GET; `None` = TCP connect check.
+    pub path: Option<String>,
+    /// Host header for HTTP checks; default the backend address.
+    pub host: Option<String>,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive passes to mark a down backend up.
+    pub healthy: u32,
+    /// Consecutive failures to mark an up backend down.
+    pub unhealthy: u32,
+    pub expect_status: RangeInclusive<u16>,
+}
+
+/// `[upstreams.NAME.outlier]`, compiled.
+#[derive(Debug, Clone)]
+pub struct Outlier {
+    /// Consecutive failures (connect errors, resets, timeouts, and 5xx if `on_5xx`) that eject
+    /// a backend. Default 5; 0 disables ejection.
+    pub consecutive_failures: u32,
+    /// First ejection length; each further ejection in a row doubles it. Default 10s.
+    pub base_ejection: Duration,
+    /// Cap on the ejection length. Default 300s.
+    pub max_ejection: Duration,
+    /// Never eject more than this share of the group (at least one backend can always be
+    /// ejected when there are two or more). Default 50.
+    pub max_ejected_percent: u32,
+    /// Count 5xx responses as failures. Default true.
+    pub on_5xx: bool,
+}
+
+impl Default for Outlier {
+    fn default() -> Self {
+        Outlier {
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(10),
+            max_ejection: Duration::from_secs(300),
+            max_ejected_percent: 50,
+            on_5xx: true,
+        }
+    }
+}
+
+/// One backend's shared state.
+#[derive(Debug)]
+pub struct BackendHealth {
+    pub addr: SocketAddr,
+    /// Result of active checks (true until a check says otherwise).
+    pub active_up: AtomicBool,
+    /// Consecutive active-check results against the current state.
+    check_streak: AtomicU32,
+    /// Passive: ms timestamp ([`clock::now_ms`]) the ejection ends; 0 = not ejected.
+    pub ejected_until_ms: AtomicU64,
+    pub consecutive_failures: AtomicU32,
+    /// Ejections in a row without a success in between (drives the back-off).
+    ejections: AtomicU32,
+    /// Open upstream connections to this backend, across workers.
+    pub open_connections: AtomicUsize,
+}
+
+impl BackendHealth {
+    pub fn new(addr: SocketAddr) -> Self {
+        BackendHealth {
+            addr,
+            active_up: AtomicBool::new(true),
+            check_streak: AtomicU32::new(0),
+            ejected_until_ms: AtomicU64::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            open_connections: AtomicUsize::new(0),
+        }
+    }
+
+    fn is_down(&self) -> bool {
+        !self.active_up.load(Ordering::Relaxed)
+            || self.ejected_until_ms.load(Ordering::Relaxed) != 0
+    }
+}
+
+/// A group's backends and its `down_mask` (bit i set: backend i must not get new requests).
+#[derive(Debug)]
+pub struct GroupHealth {
+    pub backends: Vec<Arc<BackendHealth>>,
+    down_mask: AtomicU64,
+}
+
+impl GroupHealth {
+    pub fn new(backends: Vec<Arc<BackendHealth>>) -> Self {
+        let g = GroupHealth {
+            backends,
+            down_mask: AtomicU64::new(0),
+        };
+        g.recompute();
+        g
+    }
+
+    /// Backends that must not be picked now.
+    #[inline]
+    pub fn down_mask(&self) -> u64 {
+        self.down_mask.load(Ordering::Relaxed)
+    }
+
+    fn recompute(&self) {
+        let mask = self
+            .backends
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.is_down())
+            .fold(0u64, |m, (i, _)| m | (1 << i));
+        self.down_mask.store(mask, Ordering::Relaxed);
+    }
+
+    /// A request to backend `i` succeeded (for outlier purposes).
+    #[inline]
+    pub fn record_success(&self, i: usize) {
+        let b = &self.backends[i];
+        // Read first: the common case writes nothing, so the line stays shared between cores.
+        if b.consecutive_failures.load(Ordering::Relaxed) != 0
+            || b.ejections.load(Ordering::Relaxed) != 0
+        {
+            b.consecutive_failures.store(0, Ordering::Relaxed);
+            b.ejections.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A request to backend `i` failed; ejects it when the streak reaches the threshold and
+    /// the group can spare it. Returns true if this call ejected it.
+    pub fn record_failure(&self, i: usize, outlier: &Outlier) -> bool {
+        if outlier.consecutive_failures == 0 {
+            return false;
+        }
+        let b = &self.backends[i];
+        let n = b.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n < outlier.consecutive_failures || b.ejected_until_ms.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        let total = self.backends.len();
+        let ejected = self
+            .backends
+            .iter()
+            .filter(|x| x.ejected_until_ms.load(Ordering::Relaxed) != 0)
+            .count();
+        let allowed =
+            ((total * outlier.max_ejected_percent as usize) / 100).max(usize::from(total > 1));
+        if ejected >= allowed {
+            return false;
+        }
+        let k = b.ejections.fetch_add(1, Ordering::Relaxed).min(16);
+        let length = outlier
+            .base_ejection
+            .saturating_mul(1u32 << k.min(16))
+            .min(outlier.max_ejection);
+        let until = clock::now_ms() + length.as_millis() as u64;
+        if b.ejected_until_ms
+            .compare_exchange(0, until, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        b.consecutive_failures.store(0, Ordering::Relaxed);
+        self.down_mask.fetch_or(1 << i, Ordering::Relaxed);
+        tracing::warn!(backend = %b.addr, failures = n, ejection = ?length, "backend ejected (outlier)");
+        true
+    }
+
+    /// Ends ejections whose time is up. Called by the health thread.
+    fn expire_ejections(&self, now_ms: u64) {
+        let mut changed = false;
+        for b in &self.backends {
+            let until = b.ejected_until_ms.load(Ordering::Relaxed);
+            if until != 0 && until <= now_ms {
+                b.ejected_until_ms.store(0, Ordering::Relaxed);
+                tracing::info!(backend = %b.addr, "ejection ended");
+                changed = true;
+            }
+        }
+        if changed {
+            self.recompute();
+        }
+    }
+
+    /// Applies one active-check result for backend `i`.
+    fn apply_check(&self, i: usize, passed: bool, check: &HealthCheck) {
+        let b = &self.backends[i];
+        let up = b.active_up.load(Ordering::Relaxed);
+        if passed == up {
+            b.check_streak.store(0, Ordering::Relaxed);
+            return;
+        }
+        let streak = b.check_streak.fetch_add(1, Ordering::Relaxed) + 1;
+        let needed = if up { check.unhealthy } else { check.healthy };
+        if streak >= needed {
+            b.check_streak.store(0, Ordering::Relaxed);
+            b.active_up.store(passed, Ordering::Relaxed);
+            if passed {
+                tracing::info!(backend = %b.addr, "health check: backend up");
+            } else {
+                tracing::warn!(backend = %b.addr, "health check: backend down");
+            }
+            self.recompute();
+        }
+    }
+}
+
+/// Carries health state over a reload: backends of the same group and address keep theirs.
+pub fn adopt(old: &Snapshot, new: &mut Snapshot) {
+    for g in &mut new.upstreams {
+        let Some(prev) = old.upstreams.iter().find(|o| o.name == g.name) else {
+            continue;
+        };
+        let backends: Vec<Arc<BackendHealth>> = g
+            .backends
+            .iter()
+            .map(|b| {
+                prev.health
+                    .backends
+                    .iter()
+                    .find(|h| h.addr == b.addr)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(BackendHealth::new(b.addr)))
+            })
+            .collect();
+        g.health = Arc::new(GroupHealth::new(backends));
+    }
+}
+
+/// Runs one probe: TCP connect, or an HTTP GET whose status must fall in `expect_status`.
+pub async fn probe(addr: SocketAddr, check: &HealthCheck) -> bool {
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let Some(path) = &check.path else {
+            return Some(true);
+        };
+        let host = check.host.clone().unwrap_or_else(|| addr.to_string());
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: veloxy-health\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::with_capacity(1024);
+        loop {
+            if s.read_buf(&mut buf).await.ok()? == 0 || buf.len() > 64 * 1024 {
+                return Some(false);
+            }
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut res = httparse::Response::new(&mut headers);
+            match res.parse(&buf) {
+                Ok(httparse::Status::Complete(_)) => {
+                    return Some(check.expect_status.contains(&res.code.unwrap_or(0)))
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(_) => return Some(false),
+            }
+        }
+    };
+    matches!(
+        tokio::time::timeout(check.timeout, attempt).await,
+        Ok(Some(true))
+    )
+}
+
+/// Starts the process-wide health thread. It follows snapshot changes through `snapshots`.
+pub(crate) fn spawn_thread(
+    mut snapshots: tokio::sync::watch::Receiver<Arc<Snapshot>>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("veloxy-health".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!(error = %e, "health thread: no runtime"),
+            };
+            rt.block_on(async move {
+                loop {
+                    let snapshot = snapshots.borrow_and_update().clone();
+                    let mut tasks = tokio::task::JoinSet::new();
+                    for group in &snapshot.upstreams {
+                        let health = group.health.clone();
+                        tasks.spawn(async move {
+                            let mut tick = tokio::time::interval(Duration::from_millis(100));
+                            loop {
+                                tick.tick().await;
+                                health.expire_ejections(clock::now_ms());
+                            }
+                        });
+                        if let Some(check) = group.health_check.clone() {
+                            for i in 0..group.backends.len() {
+                                let health = group.health.clone();
+                                let check = check.clone();
+                                tasks.spawn(async move {
+                                    let addr = health.backends[i].addr;
+                                    let mut tick = tokio::time::interval(check.interval);
+                                    tick.set_missed_tick_behavior(
+                                        tokio::time::MissedTickBehavior::Delay,
+                                    );
+                                    loop {
+                                        tick.tick().await;
+                                        let passed = probe(addr, &check).await;
+                                        health.apply_check(i, passed, &check);
+                                    }
+                                });
+                            }
+                        }
+                    }
+                    if snapshots.changed().await.is_err() {
+                        return;
+                    }
+                    tasks.abort_all();
+                }
+            });
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(n: usize) -> GroupHealth {
+        GroupHealth::new(
+            (0..n)
+                .map(|i| {
+                    Arc::new(BackendHealth::new(
+                        format!("127.0.0.1:{}", 1000 + i).parse().unwrap(),
+                    ))
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn ejection_threshold_backoff_and_cap() {
+        let g = group(4);
+        let o = Outlier {
+            consecutive_failures: 3,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(3),
+            max_ejected_percent: 50,
+            on_5xx: true,
+        };
+        assert!(!g.record_failure(0, &o));
+        assert!(!g.record_failure(0, &o));
+        assert!(g.record_failure(0, &o));
+        assert_eq!(g.down_mask(), 0b1);
+        // 50% of 4: a second backend may go, a third may not.
+        for _ in 0..3 {
+            g.record_failure(1, &o);
+        }
+        for _ in 0..3 {
+            g.record_failure(2, &o);
+        }
+        assert_eq!(g.down_mask(), 0b11);
+        // Expiry brings them back; the back-off doubles for a repeat offender, up to the cap.
+        g.expire_ejections(u64::MAX);
+        assert_eq!(g.down_mask(), 0);
+        for _ in 0..3 {
+            g.record_failure(0, &o);
+        }
+        let until = g.backends[0].ejected_until_ms.load(Ordering::Relaxed);
+        let len = until - clock::now_ms();
+        assert!((1900..=2100).contains(&len), "second ejection is 2s: {len}");
+        g.expire_ejections(u64::MAX);
+        for _ in 0..3 {
+            g.record_failure(0, &o);
+        }
+        g.expire_ejections(u64::MAX);
+        for _ in 0..3 {
+            g.record_failure(0, &o);
+        }
+        let len = g.backends[0].ejected_until_ms.load(Ordering::Relaxed) - clock::now_ms();
+        assert!(len <= 3000, "capped at max_ejection: {len}");
+        // A success resets the streak and the back-off.
+        g.expire_ejections(u64::MAX);
+        g.record_success(0);
+        assert_eq!(g.backends[0].ejections.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn single_backend_is_never_ejected() {
+        let g = group(1);
+        let o = Outlier {
+            consecutive_failures: 1,
+            ..Outlier::default()
+        };
+        assert!(!g.record_failure(0, &o));
+        assert_eq!(g.down_mask(), 0);
+    }
+
+    #[test]
+    fn active_checks_need_consecutive_results() {
+        let g = group(2);
+        let c = HealthCheck {
+            path: None,
+            host: None,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            healthy: 2,
+            unhealthy: 2,
+            expect_status: 200..=399,
+        };
+        g.apply_check(1, false, &c);
+        assert_eq!(g.down_mask(), 0);
+        g.apply_check(1, true, &c);
+        g.apply_check(1, false, &c);
+        assert_eq!(g.down_mask(), 0, "streak broken by a pass");
+        g.apply_check(1, false, &c);
+        assert_eq!(g.down_mask(), 0b10);
+        g.apply_check(1, true, &c);
+        g.apply_check(1, true, &c);
+        assert_eq!(g.down_mask(), 0);
+    }
+}
