@@ -70,10 +70,10 @@ pub(crate) async fn serve(
         let (prepared, gen) = match read_request(&worker, &waiting, &mut down).await {
             Ok(Some(p)) => p,
             Ok(None) => return,
-            Err((e, body)) => {
+            Err((e, must_close)) => {
                 // Errors found before forwarding: answer, then close if the body (or the rest of
-                // a malformed stream) is still unread.
-                let close = body != BodyKind::None || e.side == crate::error::Side::Downstream;
+                // a malformed stream) is still unread, or the client asked to.
+                let close = must_close || e.closes_connection();
                 tracing::debug!(client = %down.peer, error = %e, "request refused");
                 let ok = send_error(
                     &worker,
@@ -108,7 +108,7 @@ async fn read_request(
     worker: &Worker,
     gen: &Generation,
     down: &mut Downstream,
-) -> Result<Option<(Prepared, Rc<Generation>)>, (ProxyError, BodyKind)> {
+) -> Result<Option<(Prepared, Rc<Generation>)>, (ProxyError, bool)> {
     let settings = &gen.snapshot.settings;
     let limits = Limits {
         max_header_bytes: settings.max_header_bytes,
@@ -121,16 +121,19 @@ async fn read_request(
             match request::parse(&down.rbuf, &mut headers, &limits) {
                 Ok(Some(req)) => {
                     let head_len = req.head_len;
-                    let body = req.body;
+                    // On error: close if the body is unread or the client did not want more.
+                    let must_close = req.body != BodyKind::None || !req.keep_alive;
                     let current = worker.current();
-                    let prepared = prepare(worker, &current, down, &req).map_err(|e| (e, body))?;
+                    let prepared = prepare(worker, &current, down, &req);
+                    // Consume the head either way: after an error answered on a kept
+                    // connection (404, 429, ...) the next request must start clean.
                     down.rbuf.advance(head_len);
-                    return Ok(Some((prepared, current)));
+                    return prepared
+                        .map(|p| Some((p, current)))
+                        .map_err(|e| (e, must_close));
                 }
-                Ok(None) => {
-                    request::check_partial(&down.rbuf, &limits).map_err(|e| (e, BodyKind::None))?
-                }
-                Err(e) => return Err((e, BodyKind::None)),
+                Ok(None) => request::check_partial(&down.rbuf, &limits).map_err(|e| (e, true))?,
+                Err(e) => return Err((e, true)),
             }
         }
         let wait = match deadline {
@@ -143,12 +146,7 @@ async fn read_request(
         }
         match tokio::time::timeout(wait, down.stream.read_buf(&mut down.rbuf)).await {
             Err(_) if down.rbuf.is_empty() => return Ok(None),
-            Err(_) => {
-                return Err((
-                    ProxyError::downstream(ErrorKind::HeaderTimeout),
-                    BodyKind::None,
-                ))
-            }
+            Err(_) => return Err((ProxyError::downstream(ErrorKind::HeaderTimeout), true)),
             Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
             Ok(Ok(_)) => {
                 deadline.get_or_insert_with(|| Instant::now() + settings.header_timeout);

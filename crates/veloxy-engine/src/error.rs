@@ -82,6 +82,20 @@ impl ProxyError {
         }
     }
 
+    /// True when the downstream connection must close after this error: its byte stream can
+    /// no longer be trusted (malformed or oversized input, timeouts, I/O errors).
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::BadRequest(_)
+                | ErrorKind::HeadTooLarge
+                | ErrorKind::UriTooLong
+                | ErrorKind::HeaderTimeout
+                | ErrorKind::Io(_)
+                | ErrorKind::Rejected(417 | 501)
+        )
+    }
+
     /// The status answered to the client, or `None` when nothing can be answered (the client
     /// is gone, or a response is already half sent).
     pub fn status(&self) -> u16 {

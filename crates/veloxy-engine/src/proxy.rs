@@ -113,7 +113,7 @@ pub(crate) async fn forward(
         Err(Fail::BeforeResponse(e)) => {
             log_error(&e, group, backend);
             // Keep the client only if its request was fully read and the error is not its fault.
-            let close = !req_body.is_done() || e.side == Side::Downstream || !p.keep_alive;
+            let close = !req_body.is_done() || e.closes_connection() || !p.keep_alive;
             let status = e.status();
             let sent =
                 send_error(worker, &mut down.stream, status, &e.kind.to_string(), close).await;

@@ -480,21 +480,22 @@ fn compile_limits(src: &Source, key: &str, r: &RouteSection) -> Result<RouteLimi
         let s = rl.get_ref();
         let per_second = parse_rate(s.rate.get_ref())
             .map_err(|m| src.error(s.rate.span(), format!("{key}.rate_limit.rate"), m))?;
-        let rate_key =
-            match s.key.as_ref().map(|k| (k.get_ref().as_str(), k.span())) {
-                None | Some(("client_ip", _)) => RateKey::ClientIp,
-                Some(("route", _)) => RateKey::Route,
-                Some((k, span)) => match k.strip_prefix("header:") {
-                    Some(h) if !h.is_empty() => RateKey::Header(h.to_ascii_lowercase()),
-                    _ => return Err(src.error(
+        let rate_key = match s.key.as_ref().map(|k| (k.get_ref().as_str(), k.span())) {
+            None | Some(("client_ip", _)) => RateKey::ClientIp,
+            Some(("route", _)) => RateKey::Route,
+            Some((k, span)) => match k.strip_prefix("header:") {
+                Some(h) if !h.is_empty() => RateKey::Header(h.to_ascii_lowercase()),
+                _ => {
+                    return Err(src.error(
                         span,
                         format!("{key}.rate_limit.key"),
                         format!(
                             "invalid key {k:?}: use \"client_ip\", \"route\" or \"header:NAME\""
                         ),
-                    )),
-                },
-            };
+                    ))
+                }
+            },
+        };
         let burst = s
             .burst
             .as_ref()

@@ -17,34 +17,51 @@ pub(crate) struct GroupState {
     pub budget: RetryBudget,
 }
 
-/// Envoy-style retry budget, per worker and group: every request earns `ratio` of a retry,
-/// a retry spends one, and a small reserve lets a quiet service retry its first failures.
-/// Under a full outage, retries therefore add at most `ratio` extra load.
+/// Retry budget, per worker and group, over one-second windows: retries may add at most
+/// `ratio` of the window's requests (Envoy's `retry_budget`), but at least
+/// [`MIN_RETRIES_PER_WINDOW`] so a quiet service can still retry its occasional failure. Under
+/// a full outage retries therefore add at most `ratio` extra load (plus that small floor).
 pub(crate) struct RetryBudget {
     ratio: f64,
-    tokens: f64,
+    window_start_ms: u64,
+    requests: u32,
+    retries: u32,
 }
 
-/// Retries available with no traffic history (Envoy's `min_retry_concurrency` is 3).
-const RETRY_RESERVE: f64 = 3.0;
+/// Retries always allowed per second, whatever the traffic.
+pub(crate) const MIN_RETRIES_PER_WINDOW: u32 = 10;
 
 impl RetryBudget {
     fn new(ratio: f64) -> Self {
         RetryBudget {
             ratio,
-            tokens: RETRY_RESERVE,
+            window_start_ms: crate::clock::now_ms(),
+            requests: 0,
+            retries: 0,
+        }
+    }
+
+    fn roll(&mut self) {
+        let now = crate::clock::now_ms();
+        if now.saturating_sub(self.window_start_ms) >= 1000 {
+            self.window_start_ms = now;
+            self.requests = 0;
+            self.retries = 0;
         }
     }
 
     /// Called once per request routed to the group.
     #[inline]
     pub fn earn(&mut self) {
-        self.tokens = (self.tokens + self.ratio).min(RETRY_RESERVE + 100.0 * self.ratio);
+        self.roll();
+        self.requests = self.requests.saturating_add(1);
     }
 
     pub fn try_spend(&mut self) -> bool {
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+        self.roll();
+        let allowed = ((f64::from(self.requests) * self.ratio) as u32).max(MIN_RETRIES_PER_WINDOW);
+        if self.retries < allowed {
+            self.retries += 1;
             true
         } else {
             false
@@ -84,7 +101,14 @@ mod tests {
                 retries += 1;
             }
         }
-        // 20% of 1000 plus the small reserve.
-        assert!((200..=204).contains(&retries), "{retries}");
+        // 20% of 1000 (all in one window on any sane machine).
+        assert_eq!(retries, 200);
+        let mut quiet = RetryBudget::new(0.2);
+        quiet.earn();
+        assert!(
+            (0..MIN_RETRIES_PER_WINDOW).all(|_| quiet.try_spend()),
+            "a quiet service may retry"
+        );
+        assert!(!quiet.try_spend());
     }
 }
