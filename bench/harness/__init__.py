@@ -1,0 +1,1 @@
+"""veloxy benchmark harness (see bench/README.md)."""

@@ -1,0 +1,189 @@
+"""Entry point: `bench/run [--quick|--smoke|--vs-nginx] [options]` (see bench/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import report, runner, vs_nginx
+from .peers import ALL_PROXIES
+from .runner import SetupError
+from .ui import fmt_s, say
+
+BENCH = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run", description=(
+        "veloxy benchmark suite: veloxy against nginx, HAProxy, Envoy, Caddy, Pingora and "
+        "Traefik. Default: the full run (under 40 minutes)."))
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="short run of every scenario (< 6 min)")
+    mode.add_argument("--smoke", action="store_true",
+                      help="harness self-test: veloxy (+ nginx if installable), one short step "
+                           "per scenario, ruff check; exits non-zero when broken")
+    mode.add_argument("--vs-nginx", action="store_true",
+                      help="veloxy vs nginx, 1 worker each, alternating wrk rounds, CPU per request")
+    p.add_argument("--proxies", help=f"comma list (default: all: {','.join(ALL_PROXIES)})")
+    p.add_argument("--scenarios", help="comma list of scenario names (default: all)")
+    p.add_argument("--cores", help="core split PROXY:LOAD, e.g. 0:1 or 0-3:4-15 "
+                                   "(default: first half of the cores for the proxy)")
+    p.add_argument("--workers", type=int, help="workers/threads per proxy (default: # proxy cores)")
+    p.add_argument("--keepalive", type=int, default=128, help="upstream keep-alive pool size")
+    p.add_argument("--upstreams", type=int, default=4, help="number of upstream instances")
+    p.add_argument("--name", help="results directory name (default: PROFILE-DATE-TIME)")
+    p.add_argument("--results-dir", help="parent directory of results (default: bench/results)")
+    p.add_argument("--no-install", action="store_true", help="use only what is already installed")
+    p.add_argument("--no-build", action="store_true",
+                   help="do not cargo build the workspace if target/release binaries are missing")
+    p.add_argument("--rounds", type=int, default=3, help="--vs-nginx: alternating rounds (>= 3)")
+    p.add_argument("--duration", type=float, default=10, help="--vs-nginx: seconds per run")
+    p.add_argument("--warmup", type=float, default=2, help="--vs-nginx: warm-up seconds per run")
+    p.add_argument("--connections", type=int, default=64, help="--vs-nginx: wrk connections")
+    p.add_argument("--strace", action="store_true",
+                   help="--vs-nginx: also count syscalls per request (strace -c -f, short run)")
+    p.add_argument("--list", action="store_true", help="list scenarios and proxies, then exit")
+    return p.parse_args(argv)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def ruff_check() -> str | None:
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    if not Path(ruff).exists() and not shutil.which(ruff):
+        return "ruff is not installed (pip install ruff)"
+    r = subprocess.run([ruff, "check", str(BENCH)], capture_output=True, text=True)
+    if r.returncode != 0:
+        return "ruff check failed:\n" + (r.stdout + r.stderr)[-3000:]
+    return None
+
+
+def unit_tests() -> str | None:
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        return None  # optional: the venv normally has it
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(BENCH / "tests")], capture_output=True, text=True, cwd=str(BENCH))
+    if r.returncode != 0:
+        return "harness unit tests failed:\n" + (r.stdout + r.stderr)[-3000:]
+    return None
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    import scenarios as sc_pkg
+
+    all_sc = sc_pkg.discover()
+    if args.list:
+        print("scenarios:", ", ".join(f"{s.NAME} ({'/'.join(s.PROFILES)})" for s in all_sc))
+        print("proxies:  ", ", ".join(ALL_PROXIES))
+        return 0
+    profile = ("smoke" if args.smoke else "quick" if args.quick
+               else "vs-nginx" if args.vs_nginx else "full")
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+
+    if args.proxies:
+        requested = [x.strip() for x in args.proxies.split(",") if x.strip()]
+        unknown = [x for x in requested if x not in ALL_PROXIES]
+        if unknown:
+            print(f"unknown proxies: {unknown}; known: {ALL_PROXIES}", file=sys.stderr)
+            return 2
+    elif profile == "smoke":
+        requested = ["veloxy", "nginx"]
+    elif profile == "vs-nginx":
+        requested = ["veloxy", "nginx"]
+    else:
+        requested = list(ALL_PROXIES)
+    scenarios = [s for s in all_sc if profile in s.PROFILES]
+    if args.scenarios:
+        names = {x.strip() for x in args.scenarios.split(",")}
+        unknown = names - {s.NAME for s in all_sc}
+        if unknown:
+            print(f"unknown scenarios: {sorted(unknown)}", file=sys.stderr)
+            return 2
+        scenarios = [s for s in scenarios if s.NAME in names]
+
+    problems: list[str] = []
+    ctx = None
+    t0 = time.monotonic()
+    try:
+        if profile == "smoke":
+            say("smoke: ruff check bench/")
+            err = ruff_check()
+            if err:
+                problems.append(err)
+            say("smoke: harness unit tests (pytest bench/tests)")
+            err = unit_tests()
+            if err:
+                problems.append(err)
+        ctx = runner.make_ctx(args, profile)
+        ctx.argv = argv
+        nofile = ctx.nofile = runner.raise_nofile()
+        say(f"bench {profile}: results -> {ctx.outdir} (cache {ctx.cache}, ulimit -n {nofile})")
+        say(f"cores: proxy {ctx.proxy_cpus}, load generator + upstreams {ctx.load_cpus}; "
+            f"{ctx.workers} worker(s) per proxy")
+        if profile == "vs-nginx":
+            return vs_nginx.run(ctx, args)
+        wanted = ["wrk", *requested]
+        if profile != "smoke":
+            wanted.append("h2load")  # for HTTP/2 scenarios; installed up front with the others
+        for s in scenarios:
+            wanted += [t for t in getattr(s, "TOOLS", []) if t not in wanted]
+        runner.install_tools(ctx, wanted, allow=not args.no_install,
+                             builds=profile != "smoke", build_ws=not args.no_build)
+        if "wrk" not in ctx.tools:
+            raise SetupError("wrk is required: " + ctx.tool_info["wrk"].reason)
+        proxies = runner.select_proxies(ctx, requested)
+        if not proxies:
+            raise SetupError("no proxy is available to benchmark")
+        runner.start_upstreams(ctx)
+        runner.run_scenarios(ctx, scenarios, proxies)
+    except SetupError as e:
+        say(f"ERROR: {e}")
+        if ctx is not None:
+            runner.cleanup(ctx)
+        return 2
+    except KeyboardInterrupt:
+        say("interrupted: stopping every child process group")
+        if ctx is not None:
+            ctx.interrupted = True
+    finally:
+        if ctx is not None:
+            runner.cleanup(ctx)
+    if ctx is None:
+        say("interrupted")
+        return 130
+    if ctx.interrupted:
+        path = report.write_report(ctx, scenarios)
+        report.write_results(ctx)
+        say(f"partial report: {path}")
+        return 130
+
+    report.write_results(ctx)
+    path = report.write_report(ctx, scenarios)
+    print("\n" + report.terminal_summary(ctx), flush=True)
+    say(f"done in {fmt_s(time.monotonic() - t0)}: {path}")
+    if profile == "smoke":
+        problems += runner.check_smoke(ctx, requested, runner.select_proxies(ctx, requested))
+        if problems:
+            print("\nSMOKE FAILED:\n- " + "\n- ".join(problems), file=sys.stderr)
+            print("smoke: 0 passed, 1 failed")
+            return 1
+        print("smoke: 1 passed, 0 failed")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    sys.exit(main(sys.argv[1:]))

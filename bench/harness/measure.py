@@ -1,0 +1,99 @@
+"""One measured load run: load generator + /proc sampling of proxy and upstreams."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import loadgen
+from .sysstat import Sampler, bottleneck
+
+
+def core_roles(ctx) -> dict[int, str]:
+    roles = {}
+    for c in ctx.load_cpus:
+        roles[c] = "load+upstreams"
+    for c in ctx.proxy_cpus:
+        roles[c] = "proxy" if c not in roles else "proxy+load"
+    return roles
+
+
+def measured(ctx, run, load: Callable[[], dict]) -> dict:
+    """Run `load()` while sampling CPU of the proxy tree, the upstreams and each core."""
+    groups = {"proxy": run.pids, "upstreams": ctx.upstreams.pids}
+    if run.name == "direct":
+        groups = {"proxy": run.pids, "upstreams": lambda: []}
+    s = Sampler(groups).start()
+    try:
+        res = load()
+    finally:
+        stats = s.stop()
+    res.update(stats)
+    done = res.get("requests") or 0
+    res["cpu_us_per_req"] = (stats["proxy_cpu_s"] * 1e6 / done) if done else None
+    res["bottleneck"] = bottleneck(stats["core_busy"], core_roles(ctx))
+    res["samples"] = [
+        {k: v for k, v in x.items() if k in ("t", "cores", "proxy_cpu", "proxy_rss", "upstreams_cpu")}
+        for x in s.samples
+    ]
+    return res
+
+
+def wrk(ctx, run, path: str = "/", *, connections: int, duration: float, warmup: float = 0,
+        method: str = "GET", body_file=None, timeout_s: int = 4) -> dict:
+    url = run.base_url + path
+    kw = dict(connections=connections, threads=len(ctx.load_cpus), cpus=ctx.load_cpus,
+              method=method, body_file=body_file, timeout_s=timeout_s)
+    if warmup > 0:
+        loadgen.wrk(url, duration=warmup, **kw)
+    res = measured(ctx, run, lambda: loadgen.wrk(url, duration=duration, **kw))
+    res.update({"connections": connections, "path": path, "method": method})
+    return res
+
+
+def oha(ctx, run, path: str = "/", *, rate: float, connections: int, duration: float,
+        method: str = "GET", body_file=None) -> dict:
+    url = run.base_url + path
+    res = measured(ctx, run, lambda: loadgen.oha(
+        url, rate=rate, connections=connections, duration=duration, cpus=ctx.load_cpus,
+        method=method, body_file=body_file, binary=ctx.tools["oha"]))
+    res.update({"connections": connections, "path": path, "method": method})
+    return res
+
+
+def fmt_rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e4:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:,.0f}"
+
+
+def fmt_bytes(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if x >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}B"
+
+
+def fmt_ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x >= 100:
+        return f"{x:.0f}ms"
+    if x >= 10:
+        return f"{x:.1f}ms"
+    return f"{x:.2f}ms"
+
+
+def fmt_us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}us"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    if not a or not b:
+        return "-"
+    return f"{a / b:.2f}x"

@@ -1,0 +1,193 @@
+"""`bench/run --vs-nginx`: veloxy against nginx, one worker each, the same 4 upstreams,
+alternating wrk rounds (veloxy, nginx, veloxy, nginx, ...) with warm-up, CPU per request,
+and optionally syscalls per request with strace -c -f."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import statistics
+import subprocess
+import time
+
+from . import measure, peers, procs, report, runner
+from .loadgen import LoadError
+from .procs import StartError
+from .runner import SetupError
+from .ui import fmt_s, say
+
+PAIR = ["veloxy", "nginx"]
+STRACE_S = 3
+
+
+def _tids(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            out += [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+    return out
+
+
+def parse_strace_total(text: str) -> tuple[int, int] | None:
+    """(calls, errors) from the 'total' line of `strace -c` output."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[-1] == "total":
+            nums = [p for p in parts[:-1] if re.fullmatch(r"[\d.]+", p)]
+            # % time, seconds, usecs/call, calls, [errors]
+            ints = [int(p) for p in nums if p.isdigit()]
+            if len(ints) >= 2:
+                return ints[-2], ints[-1]
+            if len(ints) == 1:
+                return ints[0], 0
+    return None
+
+
+def strace_run(ctx, run, connections: int) -> dict:
+    tids = _tids(run.pids())
+    outf = ctx.tmp / f"strace-{run.name}.txt"
+    cmd = ["strace", "-c", "-f", "-o", str(outf)]
+    for t in tids:
+        cmd += ["-p", str(t)]
+    st = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          start_new_session=True)
+    procs.REGISTRY.procs.append(st)
+    try:
+        time.sleep(1.0)
+        if st.poll() is not None:
+            return {"error": f"strace exited {st.returncode}: {st.stderr.read().decode()[-300:]}"}
+        r = measure.wrk(ctx, run, "/", connections=connections, duration=STRACE_S)
+        st.send_signal(signal.SIGINT)
+        st.wait(timeout=15)
+    finally:
+        procs.REGISTRY.stop(st)
+    tot = parse_strace_total(outf.read_text() if outf.exists() else "")
+    if not tot or not r.get("requests"):
+        return {"error": "could not read strace summary"}
+    calls, errors = tot
+    return {"requests": r["requests"], "syscalls": calls, "syscall_errors": errors,
+            "syscalls_per_req": calls / r["requests"], "rps_under_strace": r["rps"],
+            "summary": outf.read_text()[-4000:]}
+
+
+def run(ctx, args) -> int:
+    if args.rounds < 3:
+        say("--rounds below 3: using 3")
+        args.rounds = 3
+    wanted = ["wrk", "nginx"] + (["strace"] if args.strace else [])
+    runner.install_tools(ctx, wanted, allow=not args.no_install, builds=False,
+                         build_ws=not args.no_build)
+    for t in ("wrk", "nginx", "veloxy", "upstream"):
+        if t not in ctx.tools:
+            raise SetupError(f"{t} is required for --vs-nginx: {ctx.tool_info[t].reason}")
+    ctx.workers = 1
+    ctx.proxy_cpus = ctx.proxy_cpus[:1]  # both proxies on the same single core
+    runner.start_upstreams(ctx)
+    running = {}
+    try:
+        for name in PAIR:
+            try:
+                running[name] = peers.start(ctx, name)
+            except StartError as e:
+                raise SetupError(f"{name} failed to start: {e}") from e
+            ctx.peer_status[name] = {"status": "ok", "reason": running[name].note}
+            report.save_config(ctx, running[name])
+        per_run = args.warmup + args.duration + 0.5
+        total = per_run * len(PAIR) * args.rounds + (len(PAIR) * (STRACE_S + 3) if args.strace else 0)
+        say(f"{args.rounds} rounds x {PAIR}, {args.connections} connections, "
+            f"{args.duration:g}s + {args.warmup:g}s warm-up each: ~{fmt_s(total)}")
+        rounds: dict[str, list] = {n: [] for n in PAIR}
+        left = total
+        for i in range(args.rounds):
+            for name in PAIR:
+                say(f"[~{fmt_s(left)} left] round {i + 1}/{args.rounds}: {name}")
+                try:
+                    r = measure.wrk(ctx, running[name], "/", connections=args.connections,
+                                    duration=args.duration, warmup=args.warmup)
+                except LoadError as e:
+                    r = {"error": str(e)}
+                r["round"] = i + 1
+                rounds[name].append(r)
+                say("    " + report.one_line(r))
+                left -= per_run
+                if not running[name].alive():
+                    raise SetupError(f"{name} exited during round {i + 1}: "
+                                     f"{procs.tail(running[name].log)}")
+        ctx.results["vs-nginx"] = rounds
+        if args.strace:
+            if "strace" not in ctx.tools:
+                ctx.results["strace"] = {"error": ctx.tool_info["strace"].reason}
+            else:
+                ctx.results["strace"] = {}
+                for name in PAIR:
+                    say(f"strace -c -f on {name} ({STRACE_S}s wrk)")
+                    ctx.results["strace"][name] = strace_run(ctx, running[name], args.connections)
+    finally:
+        for r in running.values():
+            peers.stop(r)
+    text = summarize(ctx, args)
+    print("\n" + text, flush=True)
+    (ctx.outdir / "report.md").write_text(_md(ctx, args, text))
+    report.write_results(ctx)
+    say(f"report: {ctx.outdir / 'report.md'}")
+    return 0
+
+
+def _med(rs: list[dict], key) -> float | None:
+    vals = [key(r) for r in rs if not r.get("error") and key(r) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(ctx, args) -> str:
+    rounds = ctx.results["vs-nginx"]
+    lines = [f"veloxy vs nginx: 1 worker each on core(s) {ctx.proxy_cpus}, wrk + 4 upstreams "
+             f"on core(s) {ctx.load_cpus}, {args.connections} connections, "
+             f"{args.rounds} alternating rounds of {args.duration:g}s (median)"]
+    hdr = f"{'':8} {'req/s':>10} {'p99':>9} {'CPU/req':>10}   per round (req/s, CPU us/req)"
+    lines.append(hdr)
+    med = {}
+    for name in PAIR:
+        rs = rounds[name]
+        rps = _med(rs, lambda r: r["rps"])
+        p99 = _med(rs, lambda r: r["latency_ms"].get("p99"))
+        cpu = _med(rs, lambda r: r.get("cpu_us_per_req"))
+        med[name] = cpu
+        per = ", ".join("failed" if r.get("error") else
+                        f"{measure.fmt_rate(r['rps'])}/{r.get('cpu_us_per_req') or 0:.1f}"
+                        for r in rs)
+        lines.append(f"{name:8} {measure.fmt_rate(rps):>10} {measure.fmt_ms(p99):>9} "
+                     f"{measure.fmt_us(cpu):>10}   {per}")
+    if med.get("nginx") and med.get("veloxy"):
+        lines.append(f"nginx CPU/req / veloxy CPU/req = {med['nginx'] / med['veloxy']:.2f} "
+                     "(above 1 = veloxy uses less CPU per request)")
+    st = ctx.results.get("strace")
+    if st:
+        if "error" in st:
+            lines.append(f"strace: {st['error']}")
+        for name in PAIR:
+            s = (st or {}).get(name)
+            if not s:
+                continue
+            if s.get("error"):
+                lines.append(f"strace {name}: {s['error']}")
+            else:
+                lines.append(f"strace {name}: {s['syscalls_per_req']:.2f} syscalls/request "
+                             f"({s['syscalls']} calls over {s['requests']} requests)")
+    return "\n".join(lines)
+
+
+def _md(ctx, args, text: str) -> str:
+    m = report.meta(ctx)
+    mach = m["machine"]
+    vers = "\n".join(f"- {k}: {v}" for k, v in ctx.versions.items())
+    st = ctx.results.get("strace") or {}
+    straces = "".join(f"\n### strace -c -f: {n}\n\n```\n{s['summary']}\n```\n"
+                      for n, s in st.items() if isinstance(s, dict) and s.get("summary"))
+    return (f"# veloxy vs nginx: {m['name']}\n\n"
+            f"Machine: {mach['cpu']}, {mach['cores']} cores, Linux {mach['kernel']}. "
+            f"Command: `bench/run {' '.join(ctx.argv)}`\n\n```\n{text}\n```\n\n"
+            f"Configs: `configs/` (rendered from `bench/peers/`).\n\n## Versions\n\n{vers}\n"
+            f"{straces}")
