@@ -13,7 +13,6 @@
 //! A pooled connection found dead as it is reused is replayed once on a fresh connection to the
 //! same backend, under the same idempotency rule; that is not counted as a retry.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -31,7 +30,7 @@ use crate::relay::{
     READ_CHUNK,
 };
 use crate::upstream::balancer::PickContext;
-use crate::upstream::pool::UpstreamConn;
+use crate::upstream::pool::{release_slot, reserve_slot, UpstreamConn};
 use crate::worker::{Generation, Worker};
 
 /// Largest upstream response head accepted.
@@ -308,9 +307,7 @@ impl Run<'_> {
     async fn connect(&self, backend: usize) -> Result<UpstreamConn, AttemptFail> {
         let group = self.group;
         let health = &group.health.backends[backend];
-        if group.max_connections > 0
-            && health.open_connections.load(Ordering::Relaxed) >= group.max_connections
-        {
+        if !reserve_slot(health, group.max_connections) {
             return Err(AttemptFail::NotSent {
                 error: ProxyError::upstream(ErrorKind::BackendFull),
                 health: false,
@@ -326,12 +323,18 @@ impl Run<'_> {
         )
         .await
         {
-            Err(_) => Err(not_sent(ErrorKind::ConnectTimeout)),
-            Ok(Err(e)) => Err(not_sent(ErrorKind::Connect(e))),
             Ok(Ok(s)) => {
                 // Once per upstream connection, never per request.
                 let _ = s.set_nodelay(true);
-                Ok(UpstreamConn::new(s, health.clone()))
+                Ok(UpstreamConn::with_reserved_slot(s, health.clone()))
+            }
+            failed => {
+                release_slot(health);
+                Err(not_sent(match failed {
+                    Err(_) => ErrorKind::ConnectTimeout,
+                    Ok(Err(e)) => ErrorKind::Connect(e),
+                    Ok(Ok(_)) => unreachable!("handled above"),
+                }))
             }
         }
     }

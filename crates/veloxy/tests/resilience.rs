@@ -495,3 +495,40 @@ fn listener_max_connections_answers_503() {
         .status
         == 200));
 }
+
+#[test]
+fn backend_max_connections_spills_over_or_refuses() {
+    let slow = origin("slow", |_| Reply::Status(200, Duration::from_millis(300)));
+    let v = veloxy(&group_config(&[slow.addr], "max_connections = 1", ""));
+    let results = concurrent_gets(v.addr, 2);
+    let mut statuses: Vec<u16> = results.iter().map(|r| r.0).collect();
+    statuses.sort();
+    assert_eq!(statuses, [200, 503], "{results:?}");
+    let refused = results.iter().find(|r| r.0 == 503).unwrap();
+    assert!(
+        refused.1 < Duration::from_millis(200),
+        "refused at once: {results:?}"
+    );
+
+    // With a second backend the overflow goes there instead: hold the slow backend's one
+    // connection, then round robin comes back to it and the request spills over.
+    let slow = origin("slow", |_| Reply::Status(200, Duration::from_millis(500)));
+    let other = origin("other", OK);
+    let v = veloxy(&group_config(
+        &[slow.addr, other.addr],
+        "max_connections = 1",
+        "",
+    ));
+    let addr = v.addr;
+    let held = std::thread::spawn(move || get(addr, "/").status);
+    assert!(eventually(Duration::from_secs(2), || slow
+        .hits
+        .load(Ordering::SeqCst)
+        == 1));
+    for _ in 0..2 {
+        let r = get(v.addr, "/");
+        assert_eq!((r.status, r.header("x-upstream")), (200, Some("other")));
+    }
+    assert_eq!(held.join().unwrap(), 200);
+    assert_eq!(slow.hits.load(Ordering::SeqCst), 1);
+}

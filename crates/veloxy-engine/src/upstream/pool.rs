@@ -22,10 +22,26 @@ pub(crate) struct UpstreamConn {
 }
 
 impl UpstreamConn {
-    pub fn new(stream: TcpStream, backend: Arc<BackendHealth>) -> Self {
-        backend.open_connections.fetch_add(1, Ordering::Relaxed);
+    /// Wraps a connection whose slot [`reserve_slot`] already counted.
+    pub fn with_reserved_slot(stream: TcpStream, backend: Arc<BackendHealth>) -> Self {
         UpstreamConn { stream, backend }
     }
+}
+
+/// Counts a connection about to be opened, before the connect: checking after would let
+/// concurrent connects all pass the limit. `max` 0 = unlimited. Release with
+/// [`release_slot`] if the connect fails.
+pub(crate) fn reserve_slot(backend: &BackendHealth, max: usize) -> bool {
+    let before = backend.open_connections.fetch_add(1, Ordering::AcqRel);
+    if max > 0 && before >= max {
+        backend.open_connections.fetch_sub(1, Ordering::AcqRel);
+        return false;
+    }
+    true
+}
+
+pub(crate) fn release_slot(backend: &BackendHealth) {
+    backend.open_connections.fetch_sub(1, Ordering::AcqRel);
 }
 
 impl Drop for UpstreamConn {
@@ -118,7 +134,10 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let mut pool = Pool::new(1, 2, Duration::from_secs(60));
         let health = Arc::new(BackendHealth::new(addr));
-        let conn = |s| UpstreamConn::new(s, health.clone());
+        let conn = |s| {
+            assert!(reserve_slot(&health, 0));
+            UpstreamConn::with_reserved_slot(s, health.clone())
+        };
         let a = TcpStream::connect(addr).await.unwrap();
         let (mut server_a, _) = listener.accept().await.unwrap();
         let b = TcpStream::connect(addr).await.unwrap();
