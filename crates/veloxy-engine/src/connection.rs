@@ -31,6 +31,7 @@ pub(crate) struct Downstream {
     pub client_ip: String,
     pub rbuf: BytesMut,
     pub listener: usize,
+    pub metrics: std::sync::Arc<crate::metrics::WorkerMetrics>,
 }
 
 /// A routed request, ready to forward.
@@ -50,6 +51,8 @@ pub(crate) struct Prepared {
     pub concurrency: Option<std::sync::Arc<crate::limits::ConcurrencyLimit>>,
     /// Hash of the group's `hash_key` for this request.
     pub hash: u64,
+    /// The route's index in the file (metrics).
+    pub route: usize,
 }
 
 pub(crate) async fn serve(
@@ -64,7 +67,9 @@ pub(crate) async fn serve(
         client_ip: peer.ip().to_string(),
         rbuf: BytesMut::with_capacity(HEAD_BUF),
         listener,
+        metrics: worker.metrics.clone(),
     };
+    worker.metrics.downstream_connections.inc();
     loop {
         let waiting = worker.current();
         let (prepared, gen) = match read_request(&worker, &waiting, &mut down).await {
@@ -74,6 +79,8 @@ pub(crate) async fn serve(
                 // Errors found before forwarding: answer, then close if the body (or the rest of
                 // a malformed stream) is still unread, or the client asked to.
                 let close = must_close || e.closes_connection();
+                worker.count_error(&e);
+                worker.metrics.unrouted(e.status());
                 tracing::debug!(client = %down.peer, error = %e, "request refused");
                 let ok = send_error(
                     &worker,
@@ -91,8 +98,10 @@ pub(crate) async fn serve(
             }
         };
         worker.in_flight.set(worker.in_flight.get() + 1);
+        worker.metrics.in_flight.inc();
         let keep = crate::proxy::forward(&worker, &gen, &mut down, prepared).await;
         worker.in_flight.set(worker.in_flight.get() - 1);
+        worker.metrics.in_flight_done.inc();
         if !keep || worker.shutting_down() {
             let _ = down.stream.shutdown().await;
             return;
@@ -148,7 +157,8 @@ async fn read_request(
             Err(_) if down.rbuf.is_empty() => return Ok(None),
             Err(_) => return Err((ProxyError::downstream(ErrorKind::HeaderTimeout), true)),
             Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
-            Ok(Ok(_)) => {
+            Ok(Ok(n)) => {
+                down.metrics.bytes_in.add(n as u64);
                 deadline.get_or_insert_with(|| Instant::now() + settings.header_timeout);
             }
         }
@@ -240,6 +250,7 @@ fn prepare(
         ctx,
         concurrency: route.limits.concurrency.clone(),
         hash,
+        route: route.index,
     })
 }
 
@@ -268,6 +279,7 @@ fn request_hash(key: &HashKey, req: &RequestView, down: &Downstream) -> u64 {
 
 /// Answers a connection over the listener's `max_connections` with 503 and closes it.
 pub(crate) async fn refuse(worker: Rc<Worker>, mut stream: TcpStream) {
+    worker.metrics.shed_503.inc();
     let msg = ErrorKind::TooManyConnections.to_string();
     if send_error(&worker, &mut stream, 503, &msg, true).await {
         linger_close(&mut stream).await;

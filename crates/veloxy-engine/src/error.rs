@@ -96,6 +96,17 @@ impl ProxyError {
         )
     }
 
+    /// True for refusals by overload protection (counted as shed load).
+    pub fn is_shed(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::NoBackend
+                | ErrorKind::Overloaded
+                | ErrorKind::TooManyConnections
+                | ErrorKind::BackendFull
+        )
+    }
+
     /// The status answered to the client, or `None` when nothing can be answered (the client
     /// is gone, or a response is already half sent).
     pub fn status(&self) -> u16 {

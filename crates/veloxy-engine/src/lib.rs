@@ -33,6 +33,7 @@
 //! * **worker**: one thread with its own runtime; owns its listener sockets and pools.
 //! * **snapshot**: the immutable compiled config a request runs on.
 
+pub mod admin;
 pub(crate) mod clock;
 pub mod config;
 pub(crate) mod connection;
@@ -41,6 +42,7 @@ pub mod hooks;
 pub mod http1;
 pub mod limits;
 pub mod listener;
+pub mod metrics;
 pub(crate) mod proxy;
 pub(crate) mod relay;
 pub mod router;

@@ -111,6 +111,7 @@ pub(crate) async fn forward(
         Ok(meta) => (meta.downstream_keep_alive && p.keep_alive, meta.status),
         Err(Fail::BeforeResponse(e)) => {
             log_error(&e, group, backend);
+            worker.count_error(&e);
             // Keep the client only if its request was fully read and the error is not its fault.
             let close = !req_body.is_done() || e.closes_connection() || !p.keep_alive;
             let status = e.status();
@@ -126,6 +127,9 @@ pub(crate) async fn forward(
             (false, 0)
         }
     };
+    let metrics = &worker.metrics;
+    metrics.request(p.route, status);
+    metrics.request_duration.observe(started.elapsed());
     if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
         let summary = RequestSummary {
             status,
@@ -174,12 +178,12 @@ async fn buffer_request_body(
         return Ok(());
     }
     if p.expect_continue {
-        let _ = write_down(&mut down.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await;
+        let _ = write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await;
     }
     while !body.is_done() {
         reserve(&mut down.rbuf, READ_CHUNK);
         match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
-            Ok(Ok(n)) if n > 0 => {}
+            Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
             _ => {
                 return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
                     "request body truncated",
@@ -267,6 +271,7 @@ impl Run<'_> {
             match next {
                 Some(b) => {
                     retries_left -= 1;
+                    self.worker.metrics.retries.inc();
                     tracing::debug!(from = %group.backends[current].addr, to = %group.backends[b].addr, error = %error.kind, "retrying");
                     current = b;
                 }
@@ -326,6 +331,7 @@ impl Run<'_> {
             Ok(Ok(s)) => {
                 // Once per upstream connection, never per request.
                 let _ = s.set_nodelay(true);
+                self.worker.metrics.upstream_connects.inc();
                 Ok(UpstreamConn::with_reserved_slot(s, health.clone()))
             }
             failed => {
@@ -349,9 +355,13 @@ impl Run<'_> {
         let group = self.group;
         let p = self.p;
         let replayable = p.idempotent && self.req_body.is_done();
+        let t0 = Instant::now();
         let pooled = self.gen.groups.borrow_mut()[p.upstream].pool.take(backend);
         let (mut conn, mut reused) = match pooled {
-            Some(c) => (c, true),
+            Some(c) => {
+                self.worker.metrics.pool_hits.inc();
+                (c, true)
+            }
             None => (self.connect(backend).await?, false),
         };
         let fatal = |kind| AttemptFail::Fatal(up(kind));
@@ -377,10 +387,7 @@ impl Run<'_> {
             }
             if !self.req_body.is_done() {
                 if p.expect_continue {
-                    let _ = down
-                        .stream
-                        .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                        .await;
+                    let _ = write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await;
                 }
                 relay_request_body(group, down, &mut conn.stream, self.req_body, self.obuf)
                     .await
@@ -438,6 +445,7 @@ impl Run<'_> {
                 }
             }
         };
+        self.worker.metrics.upstream_duration.observe(t0.elapsed());
         if may_retry_status && group.retry_on.contains(&meta.status) {
             // Discard this response (and its connection) and let the caller try elsewhere.
             return Err(AttemptFail::RetryStatus(meta.status));
@@ -467,9 +475,7 @@ impl Run<'_> {
             .take_into(self.ubuf, self.obuf)
             .map_err(|_| up(ErrorKind::BadResponse("invalid chunked body")))?;
         self.ubuf.advance(n);
-        write_down(&mut down.stream, self.obuf)
-            .await
-            .map_err(Fail::Abort)?;
+        write_down(down, self.obuf).await.map_err(Fail::Abort)?;
         if !resp_body.is_done() {
             relay_response_body(
                 self.group,

@@ -106,9 +106,12 @@ impl BodyState {
     }
 }
 
-pub(crate) async fn write_down(stream: &mut TcpStream, data: &[u8]) -> Result<(), ProxyError> {
-    match timeout(DOWNSTREAM_IO_TIMEOUT, stream.write_all(data)).await {
-        Ok(Ok(())) => Ok(()),
+pub(crate) async fn write_down(down: &mut Downstream, data: &[u8]) -> Result<(), ProxyError> {
+    match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.write_all(data)).await {
+        Ok(Ok(())) => {
+            down.metrics.bytes_out.add(data.len() as u64);
+            Ok(())
+        }
         Ok(Err(e)) => Err(ProxyError::downstream(ErrorKind::Io(e))),
         Err(_) => Err(ProxyError::downstream(ErrorKind::Io(
             std::io::ErrorKind::TimedOut.into(),
@@ -129,7 +132,7 @@ pub(crate) async fn relay_request_body(
         if down.rbuf.is_empty() {
             reserve(&mut down.rbuf, READ_CHUNK);
             match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
-                Ok(Ok(n)) if n > 0 => {}
+                Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
                 // The client vanished mid-body: nobody to answer.
                 _ => {
                     return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
@@ -184,14 +187,10 @@ pub(crate) async fn relay_response_body(
             scratch.clear();
             let used = body.take_into(ubuf, scratch).map_err(bad)?;
             ubuf.advance(used);
-            write_down(&mut down.stream, scratch)
-                .await
-                .map_err(Fail::Abort)?;
+            write_down(down, scratch).await.map_err(Fail::Abort)?;
         } else {
             let used = body.take(ubuf).map_err(bad)?;
-            write_down(&mut down.stream, &ubuf[..used])
-                .await
-                .map_err(Fail::Abort)?;
+            write_down(down, &ubuf[..used]).await.map_err(Fail::Abort)?;
             ubuf.advance(used);
         }
     }

@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub listener_connections: Vec<AtomicUsize>,
     /// Feeds the health thread the snapshot to check.
     health_tx: watch::Sender<Arc<Snapshot>>,
+    /// Every worker's counters, summed by the admin endpoint.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// A configured server, not yet started.
@@ -95,6 +97,21 @@ impl Server {
             .iter()
             .map(|_| AtomicUsize::new(0))
             .collect();
+        let admin_listener = match self.snapshot.settings.admin {
+            None => None,
+            Some(addr) => {
+                Some(
+                    std::net::TcpListener::bind(addr).map_err(|source| ServerError::Bind {
+                        name: "admin".into(),
+                        addr,
+                        source,
+                    })?,
+                )
+            }
+        };
+        let admin_addr = admin_listener.as_ref().and_then(crate::admin::local_addr);
+        let worker_metrics: Vec<Arc<crate::metrics::WorkerMetrics>> =
+            (0..workers).map(|_| Arc::default()).collect();
         let snapshot = Arc::new(self.snapshot);
         let (health_tx, health_rx) = watch::channel(snapshot.clone());
         crate::upstream::health::spawn_thread(health_rx).map_err(ServerError::Thread)?;
@@ -105,15 +122,24 @@ impl Server {
             hooks: self.hooks,
             listener_connections,
             health_tx,
+            metrics: crate::metrics::Metrics {
+                workers: worker_metrics.clone(),
+            },
         });
+        let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
+        if let Some(l) = admin_listener {
+            l.set_nonblocking(true).map_err(ServerError::Thread)?;
+            crate::admin::spawn(l, shared.clone(), reload_tx).map_err(ServerError::Thread)?;
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(workers);
         for (id, listeners) in per_worker.into_iter().enumerate() {
             let shared = shared.clone();
             let stop = stop_rx.clone();
+            let metrics = worker_metrics[id].clone();
             let t = std::thread::Builder::new()
                 .name(format!("veloxy-w{id}"))
-                .spawn(move || run_worker(id, shared, listeners, stop, shutdown_timeout))
+                .spawn(move || run_worker(id, shared, metrics, listeners, stop, shutdown_timeout))
                 .map_err(ServerError::Thread)?;
             threads.push(t);
         }
@@ -122,6 +148,8 @@ impl Server {
             threads,
             bound,
             stop_tx,
+            admin_addr,
+            reloads: std::sync::Mutex::new(Some(reload_rx)),
         })
     }
 }
@@ -132,9 +160,24 @@ pub struct Running {
     threads: Vec<JoinHandle<()>>,
     bound: Vec<(String, SocketAddr)>,
     stop_tx: watch::Sender<bool>,
+    admin_addr: Option<SocketAddr>,
+    reloads: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<crate::admin::ReloadRequest>>>,
 }
 
 impl Running {
+    /// The admin endpoint's address, if `[server] admin` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Reload requests from `POST /reload`, to be answered by whoever owns the config file.
+    /// Returns `None` after the first call. Dropping the receiver makes `POST /reload` a 501.
+    pub fn take_reload_requests(
+        &self,
+    ) -> Option<tokio::sync::mpsc::Receiver<crate::admin::ReloadRequest>> {
+        self.reloads.lock().ok()?.take()
+    }
+
     /// The address each listener is bound to (ports resolved when the config said 0).
     pub fn local_addrs(&self) -> &[(String, SocketAddr)] {
         &self.bound
@@ -182,12 +225,13 @@ impl Running {
 fn run_worker(
     id: usize,
     shared: Arc<Shared>,
+    metrics: Arc<crate::metrics::WorkerMetrics>,
     listeners: Vec<(usize, std::net::TcpListener)>,
     mut stop: watch::Receiver<bool>,
     shutdown_timeout: Duration,
 ) {
     let main = async move {
-        let worker = Rc::new(Worker::new(id, shared));
+        let worker = Rc::new(Worker::new(id, shared, metrics));
         tokio::task::spawn_local(heartbeat());
         for (idx, l) in listeners {
             match tokio::net::TcpListener::from_std(l) {

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use crate::config::Snapshot;
+use crate::error::{ErrorKind, ProxyError};
+use crate::metrics::WorkerMetrics;
 use crate::server::Shared;
 use crate::upstream::GroupState;
 
@@ -45,10 +47,12 @@ pub(crate) struct Worker {
     vecs: RefCell<Vec<Vec<u8>>>,
     /// Requests being served by this worker (shutdown waits for zero).
     pub in_flight: Cell<usize>,
+    /// This worker's counters (it is their only writer).
+    pub metrics: Arc<WorkerMetrics>,
 }
 
 impl Worker {
-    pub fn new(id: usize, shared: Arc<Shared>) -> Self {
+    pub fn new(id: usize, shared: Arc<Shared>, metrics: Arc<WorkerMetrics>) -> Self {
         let number = shared.generation.load(Ordering::Acquire);
         let snapshot = shared.snapshot.load_full();
         Worker {
@@ -58,6 +62,16 @@ impl Worker {
             bytes: RefCell::new(Vec::new()),
             vecs: RefCell::new(Vec::new()),
             in_flight: Cell::new(0),
+            metrics,
+        }
+    }
+
+    /// Counts an error answered to a client under its kind of refusal.
+    pub fn count_error(&self, e: &ProxyError) {
+        if e.is_shed() {
+            self.metrics.shed_503.inc();
+        } else if matches!(e.kind, ErrorKind::RateLimited) {
+            self.metrics.rate_limited_429.inc();
         }
     }
 

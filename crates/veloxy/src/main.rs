@@ -102,6 +102,18 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
     for (name, addr) in running.local_addrs() {
         tracing::info!(listener = %name, %addr, workers, "listening");
     }
+    if let Some(addr) = running.admin_addr() {
+        tracing::info!(%addr, "admin endpoint ready (/metrics, /healthz, /upstreams, POST /reload)");
+    }
+    // SIGHUP and POST /reload share one path: parse and validate the file first, swap only a
+    // good config, keep the running one otherwise.
+    let reload = |path: &Path| -> Result<String, String> {
+        let snapshot =
+            veloxy_engine::config::load_file_with(path, policies).map_err(|e| e.to_string())?;
+        running.reload(snapshot).map_err(|e| e.to_string())?;
+        Ok(format!("reloaded {}", path.display()))
+    };
+    let mut admin_reloads = running.take_reload_requests();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -111,20 +123,26 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let mut hup = signal(SignalKind::hangup())?;
+        let report = |result: &Result<String, String>| match result {
+            Ok(msg) => tracing::info!(config = ?config.map(Path::display).map(|d| d.to_string()), "{msg}"),
+            Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
+        };
         loop {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
                 _ = hup.recv() => match config {
                     None => tracing::warn!("SIGHUP ignored: no config file to reload"),
-                    Some(path) => match veloxy_engine::config::load_file_with(path, policies) {
-                        Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
-                        Ok(s) => match running.reload(s) {
-                            Ok(()) => tracing::info!(config = %path.display(), "reloaded"),
-                            Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
-                        },
-                    },
+                    Some(path) => report(&reload(path)),
                 },
+                Some(req) = async { match admin_reloads.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
+                    let result = match config {
+                        None => Err("no config file to reload (started without --config)".to_owned()),
+                        Some(path) => reload(path),
+                    };
+                    report(&result);
+                    let _ = req.reply.send(result);
+                }
             }
         }
         Ok::<_, std::io::Error>(())

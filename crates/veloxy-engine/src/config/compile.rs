@@ -86,6 +86,12 @@ fn compile(
             .log_level
             .as_ref()
             .map_or_else(|| "info".to_owned(), |l| l.get_ref().clone()),
+        admin: match &s.admin {
+            None => None,
+            Some(a) => {
+                Some(resolve(a.get_ref()).map_err(|m| src.error(a.span(), "server.admin", m))?)
+            }
+        },
     };
     if settings.max_header_bytes < 256 {
         let span = s

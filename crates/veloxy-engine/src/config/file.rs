@@ -38,6 +38,7 @@ pub struct ServerSection {
     pub max_uri_bytes: Option<Spanned<usize>>,
     pub shutdown_timeout: Option<DurationValue>,
     pub log_level: Option<Spanned<String>>,
+    pub admin: Option<Spanned<String>>,
 }
 
 /// `[listeners.NAME]`.

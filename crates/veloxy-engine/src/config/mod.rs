@@ -55,6 +55,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// Log filter used when `RUST_LOG` is unset. Default `"info"`.
     pub log_level: String,
+    /// Admin endpoint address (`/metrics`, `/healthz`, `/upstreams`, `POST /reload`). Default: off.
+    pub admin: Option<SocketAddr>,
 }
 
 /// A compiled listener: a name, an address, and the routes that apply to it.

@@ -79,6 +79,8 @@ pub struct BackendHealth {
     ejections: AtomicU32,
     /// Open upstream connections to this backend, across workers.
     pub open_connections: AtomicUsize,
+    pub checks_passed: AtomicU64,
+    pub checks_failed: AtomicU64,
 }
 
 impl BackendHealth {
@@ -91,6 +93,8 @@ impl BackendHealth {
             consecutive_failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
             open_connections: AtomicUsize::new(0),
+            checks_passed: AtomicU64::new(0),
+            checks_failed: AtomicU64::new(0),
         }
     }
 
@@ -205,6 +209,12 @@ impl GroupHealth {
     /// Applies one active-check result for backend `i`.
     fn apply_check(&self, i: usize, passed: bool, check: &HealthCheck) {
         let b = &self.backends[i];
+        let counter = if passed {
+            &b.checks_passed
+        } else {
+            &b.checks_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         let up = b.active_up.load(Ordering::Relaxed);
         if passed == up {
             b.check_streak.store(0, Ordering::Relaxed);

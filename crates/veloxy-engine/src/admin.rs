@@ -1,0 +1,205 @@
+//! The admin endpoint (`[server] admin = "127.0.0.1:9900"`, off unless set), on its own thread:
+//!
+//! * `GET /metrics`: Prometheus text format ([`crate::metrics`]).
+//! * `GET /healthz`: 200 `ok`, or 503 while shutting down.
+//! * `GET /upstreams`: JSON, per upstream group and backend: usable or not, active-check
+//!   state, ejection, open connections, consecutive failures.
+//! * `POST /reload`: asks the process to reload its config file (the same path as SIGHUP);
+//!   answers 200 when the new config is live, 400 with the error when it was refused.
+//!
+//! It never touches the workers' request path: it reads shared atomics and sums per-worker
+//! counters. One request per connection; requests are small and rare.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::server::Shared;
+
+/// A reload asked for through the admin endpoint; the owner of the config file answers.
+pub struct ReloadRequest {
+    pub reply: oneshot::Sender<Result<String, String>>,
+}
+
+pub(crate) fn spawn(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    reloads: mpsc::Sender<ReloadRequest>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("veloxy-admin".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!(error = %e, "admin: no runtime"),
+            };
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => return tracing::error!(error = %e, "admin: cannot listen"),
+                };
+                while let Ok((stream, _)) = listener.accept().await {
+                    let (shared, reloads) = (shared.clone(), reloads.clone());
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(30),
+                            handle(stream, shared, reloads),
+                        )
+                        .await;
+                    });
+                }
+            });
+        })?;
+    Ok(())
+}
+
+async fn handle(
+    mut s: tokio::net::TcpStream,
+    shared: Arc<Shared>,
+    reloads: mpsc::Sender<ReloadRequest>,
+) {
+    let mut buf = Vec::with_capacity(1024);
+    let (method, path) = loop {
+        if s.read_buf(&mut buf).await.unwrap_or(0) == 0 || buf.len() > 16 * 1024 {
+            return;
+        }
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(_)) => {
+                break (
+                    req.method.unwrap_or("").to_owned(),
+                    req.path.unwrap_or("").to_owned(),
+                );
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(_) => return respond(&mut s, 400, "text/plain", "bad request\n").await,
+        }
+    };
+    let path = path.split('?').next().unwrap_or("");
+    match (method.as_str(), path) {
+        ("GET", "/metrics") => {
+            let snapshot = shared.snapshot.load_full();
+            let conns: Vec<u64> = shared
+                .listener_connections
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed) as u64)
+                .collect();
+            let body = crate::metrics::render(&shared.metrics, &snapshot, &conns);
+            respond(&mut s, 200, "text/plain; version=0.0.4", &body).await
+        }
+        ("GET", "/healthz") if shared.shutdown.load(Ordering::Relaxed) => {
+            respond(&mut s, 503, "text/plain", "shutting down\n").await
+        }
+        ("GET", "/healthz") => respond(&mut s, 200, "text/plain", "ok\n").await,
+        ("GET", "/upstreams") => {
+            let body = upstreams_json(&shared);
+            respond(&mut s, 200, "application/json", &body).await
+        }
+        ("POST", "/reload") => {
+            let (tx, rx) = oneshot::channel();
+            if reloads.send(ReloadRequest { reply: tx }).await.is_err() {
+                return respond(
+                    &mut s,
+                    501,
+                    "text/plain",
+                    "reload is not available in this mode\n",
+                )
+                .await;
+            }
+            match rx.await {
+                Ok(Ok(msg)) => respond(&mut s, 200, "text/plain", &format!("{msg}\n")).await,
+                Ok(Err(e)) => {
+                    respond(&mut s, 400, "text/plain", &format!("reload refused: {e}\n")).await
+                }
+                Err(_) => {
+                    respond(
+                        &mut s,
+                        501,
+                        "text/plain",
+                        "reload is not available in this mode\n",
+                    )
+                    .await
+                }
+            }
+        }
+        (_, "/metrics" | "/healthz" | "/upstreams" | "/reload") => {
+            respond(&mut s, 405, "text/plain", "method not allowed\n").await
+        }
+        _ => {
+            respond(
+                &mut s,
+                404,
+                "text/plain",
+                "not found: try /metrics, /healthz, /upstreams, POST /reload\n",
+            )
+            .await
+        }
+    }
+}
+
+fn upstreams_json(shared: &Shared) -> String {
+    let snapshot = shared.snapshot.load_full();
+    let mut out = String::from("{\"upstreams\":[");
+    for (gi, g) in snapshot.upstreams.iter().enumerate() {
+        if gi > 0 {
+            out.push(',');
+        }
+        let down = g.health.down_mask();
+        let _ = write!(
+            out,
+            "{{\"name\":{:?},\"policy\":{:?},\"backends\":[",
+            g.name,
+            g.policy.name()
+        );
+        for (i, b) in g.health.backends.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let ejected_ms = b
+                .ejected_until_ms
+                .load(Ordering::Relaxed)
+                .saturating_sub(crate::clock::now_ms());
+            let _ = write!(
+                out,
+                "{{\"addr\":\"{}\",\"weight\":{},\"usable\":{},\"active_check_up\":{},\"ejected_for_ms\":{},\"consecutive_failures\":{},\"open_connections\":{},\"checks_passed\":{},\"checks_failed\":{}}}",
+                b.addr,
+                g.backends.get(i).map_or(1, |x| x.weight),
+                down & (1 << i) == 0,
+                b.active_up.load(Ordering::Relaxed),
+                ejected_ms,
+                b.consecutive_failures.load(Ordering::Relaxed),
+                b.open_connections.load(Ordering::Relaxed),
+                b.checks_passed.load(Ordering::Relaxed),
+                b.checks_failed.load(Ordering::Relaxed),
+            );
+        }
+        out.push_str("]}");
+    }
+    out.push_str("]}\n");
+    out
+}
+
+async fn respond(s: &mut tokio::net::TcpStream, status: u16, content_type: &str, body: &str) {
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        crate::http1::reason(status),
+        body.len()
+    );
+    let _ = s.write_all(head.as_bytes()).await;
+    let _ = s.write_all(body.as_bytes()).await;
+    let _ = s.shutdown().await;
+}
+
+/// The admin address, for callers that bound port 0.
+pub fn local_addr(l: &std::net::TcpListener) -> Option<SocketAddr> {
+    l.local_addr().ok()
+}

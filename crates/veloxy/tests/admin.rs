@@ -1,0 +1,184 @@
+//! The admin endpoint: metrics checked against a known number of requests, health, upstream
+//! state, and reload through POST /reload.
+
+mod common;
+use common::*;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+fn admin_addr(v: &Veloxy) -> SocketAddr {
+    assert!(eventually(Duration::from_secs(5), || v
+        .proc
+        .log_text()
+        .contains("admin endpoint ready")));
+    let log = v.proc.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("admin endpoint ready"))
+        .unwrap();
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn admin(addr: SocketAddr, method: &str, path: &str) -> Response {
+    request(
+        addr,
+        &format!("{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+/// The value of the first metric line starting with `prefix` (name plus labels).
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
+}
+
+fn config_with_admin(servers: &[SocketAddr], extra: &str) -> String {
+    group_config(servers, extra, "").replace("workers = 1", "workers = 2\nadmin = \"127.0.0.1:0\"")
+}
+
+#[test]
+fn metrics_count_requests_statuses_bytes_and_latency() {
+    let up = upstream(&["--name", "a"]);
+    let v = veloxy(&config_with_admin(&[up.addr], ""));
+    let a = admin_addr(&v);
+    let before = admin(a, "GET", "/metrics").body_str();
+    assert_eq!(
+        metric(
+            &before,
+            "veloxy_requests_total{listener=\"web\",route=\"0\",upstream=\"app\",status=\"2xx\"}"
+        ),
+        0.0
+    );
+
+    let mut c = Client::connect(v.addr);
+    for _ in 0..7 {
+        c.send(b"GET /size/1000 HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(c.read_response(false).status, 200);
+    }
+    for _ in 0..3 {
+        c.send(b"GET /status/503 HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(c.read_response(false).status, 503);
+    }
+    drop(c);
+    // Two workers, one client connection: all on one worker; the scrape sums both anyway.
+    let text = admin(a, "GET", "/metrics").body_str();
+    let route = "veloxy_requests_total{listener=\"web\",route=\"0\",upstream=\"app\",status=";
+    assert_eq!(metric(&text, &format!("{route}\"2xx\"}}")), 7.0);
+    assert_eq!(metric(&text, &format!("{route}\"5xx\"}}")), 3.0);
+    assert_eq!(metric(&text, "veloxy_request_duration_seconds_count"), 10.0);
+    assert_eq!(
+        metric(&text, "veloxy_upstream_duration_seconds_count"),
+        10.0
+    );
+    // Under a second each, at loopback speed.
+    assert_eq!(
+        metric(&text, "veloxy_request_duration_seconds_bucket{le=\"1\"}"),
+        10.0
+    );
+    assert!(metric(&text, "veloxy_downstream_bytes_sent_total") >= 7000.0);
+    assert!(metric(&text, "veloxy_downstream_bytes_received_total") >= 10.0 * 30.0);
+    assert_eq!(metric(&text, "veloxy_requests_in_flight"), 0.0);
+    assert_eq!(
+        metric(&text, "veloxy_pool_hits_total") + metric(&text, "veloxy_upstream_connects_total"),
+        10.0,
+        "every request used a pooled or a new upstream connection"
+    );
+    // One backend: a 503 has nowhere else to go, so it is passed through, not retried.
+    assert_eq!(metric(&text, "veloxy_retries_total"), 0.0);
+    assert!(text.contains(&format!(
+        "veloxy_backend_up{{upstream=\"app\",backend=\"{}\"}} 1",
+        up.addr
+    )));
+}
+
+#[test]
+fn metrics_count_shed_and_rate_limited_requests() {
+    let up = upstream(&[]);
+    let config = config_with_admin(&[up.addr], "").replace(
+        "upstream = \"app\"\n",
+        "upstream = \"app\"\nrate_limit = { rate = \"1/s\", burst = 2, key = \"route\" }\n",
+    );
+    let v = veloxy(&config);
+    let a = admin_addr(&v);
+    let statuses: Vec<u16> = (0..5).map(|_| get(v.addr, "/").status).collect();
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    let text = admin(a, "GET", "/metrics").body_str();
+    assert_eq!(metric(&text, "veloxy_rate_limited_total"), 3.0);
+    assert_eq!(
+        metric(
+            &text,
+            "veloxy_requests_total{listener=\"\",route=\"none\",upstream=\"\",status=\"4xx\"}"
+        ),
+        3.0
+    );
+}
+
+#[test]
+fn healthz_upstreams_and_unknown_paths() {
+    let up = upstream(&[]);
+    let v = veloxy(&config_with_admin(&[up.addr], ""));
+    let a = admin_addr(&v);
+    let r = admin(a, "GET", "/healthz");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "ok\n"));
+    let r = admin(a, "GET", "/upstreams");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let body = r.body_str();
+    assert!(body.contains("\"name\":\"app\""), "{body}");
+    assert!(
+        body.contains(&format!("\"addr\":\"{}\"", up.addr)),
+        "{body}"
+    );
+    assert!(body.contains("\"usable\":true"), "{body}");
+    assert_eq!(admin(a, "GET", "/nope").status, 404);
+    assert_eq!(admin(a, "GET", "/reload").status, 405);
+}
+
+#[test]
+fn post_reload_swaps_a_good_config_and_refuses_a_bad_one() {
+    let a_up = upstream(&["--name", "a"]);
+    let b_up = upstream(&["--name", "b"]);
+    let v = veloxy(&config_with_admin(&[a_up.addr], ""));
+    let admin_at = admin_addr(&v);
+    let path = v.dir.path().join("veloxy.toml");
+    assert_eq!(get(v.addr, "/").header("x-upstream"), Some("a"));
+
+    std::fs::write(
+        &path,
+        "[listeners.web]\naddr = \"127.0.0.1:0\"\nnot_a_key = 1\n",
+    )
+    .unwrap();
+    let r = admin(admin_at, "POST", "/reload");
+    assert_eq!(r.status, 400);
+    assert!(
+        r.body_str().contains("not_a_key"),
+        "the error names the key: {}",
+        r.body_str()
+    );
+    assert_eq!(
+        get(v.addr, "/").header("x-upstream"),
+        Some("a"),
+        "the old config keeps serving"
+    );
+
+    let good = config_with_admin(&[b_up.addr], "")
+        .replace(
+            "addr = \"127.0.0.1:0\"\n[[routes]]",
+            &format!("addr = \"{}\"\n[[routes]]", v.addr),
+        )
+        .replace(
+            "admin = \"127.0.0.1:0\"",
+            &format!("admin = \"{admin_at}\""),
+        );
+    std::fs::write(&path, good).unwrap();
+    let r = admin(admin_at, "POST", "/reload");
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert_eq!(get(v.addr, "/").header("x-upstream"), Some("b"));
+}
