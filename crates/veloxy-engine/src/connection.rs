@@ -34,6 +34,27 @@ pub(crate) struct Downstream {
     pub metrics: std::sync::Arc<crate::metrics::WorkerMetrics>,
 }
 
+/// The settings a connection needs while it waits for a request head.
+#[derive(Clone, Copy)]
+struct ReadLimits {
+    limits: Limits,
+    header_timeout: Duration,
+    keepalive_timeout: Duration,
+}
+
+impl ReadLimits {
+    fn new(s: &crate::config::Settings) -> Self {
+        ReadLimits {
+            limits: Limits {
+                max_header_bytes: s.max_header_bytes,
+                max_uri_bytes: s.max_uri_bytes,
+            },
+            header_timeout: s.header_timeout,
+            keepalive_timeout: s.keepalive_timeout,
+        }
+    }
+}
+
 /// A routed request, ready to forward.
 pub(crate) struct Prepared {
     pub body: BodyKind,
@@ -71,11 +92,13 @@ pub(crate) async fn serve(
     };
     worker.metrics.downstream_connections.inc();
     loop {
-        let waiting = worker.current();
-        let (prepared, gen) = match read_request(&worker, &waiting, &mut down).await {
+        // Only the limits are taken from the current config while waiting: holding the whole
+        // generation would keep an old config's pools alive for as long as the client idles.
+        let limits = ReadLimits::new(&worker.current().snapshot.settings);
+        let (prepared, gen) = match read_request(&worker, limits, &mut down).await {
             Ok(Some(p)) => p,
             Ok(None) => return,
-            Err((e, must_close)) => {
+            Err((e, must_close, is_head)) => {
                 // Errors found before forwarding: answer, then close if the body (or the rest of
                 // a malformed stream) is still unread, or the client asked to.
                 let close = must_close || e.closes_connection();
@@ -88,6 +111,7 @@ pub(crate) async fn serve(
                     e.status(),
                     &e.kind.to_string(),
                     close,
+                    is_head,
                 )
                 .await;
                 if close || !ok {
@@ -103,7 +127,9 @@ pub(crate) async fn serve(
         worker.in_flight.set(worker.in_flight.get() - 1);
         worker.metrics.in_flight_done.inc();
         if !keep || worker.shutting_down() {
-            let _ = down.stream.shutdown().await;
+            // Lingering close: a client that pipelined more requests must not get a reset
+            // that destroys the response it is still reading.
+            linger_close(&mut down.stream).await;
             return;
         }
     }
@@ -115,14 +141,10 @@ pub(crate) async fn serve(
 /// when its head is complete (returned with it), so a reload reaches idle keep-alive clients.
 async fn read_request(
     worker: &Worker,
-    gen: &Generation,
+    settings: ReadLimits,
     down: &mut Downstream,
-) -> Result<Option<(Prepared, Rc<Generation>)>, (ProxyError, bool)> {
-    let settings = &gen.snapshot.settings;
-    let limits = Limits {
-        max_header_bytes: settings.max_header_bytes,
-        max_uri_bytes: settings.max_uri_bytes,
-    };
+) -> Result<Option<(Prepared, Rc<Generation>)>, (ProxyError, bool, bool)> {
+    let limits = settings.limits;
     let mut deadline: Option<Instant> = None;
     loop {
         if !down.rbuf.is_empty() {
@@ -132,6 +154,7 @@ async fn read_request(
                     let head_len = req.head_len;
                     // On error: close if the body is unread or the client did not want more.
                     let must_close = req.body != BodyKind::None || !req.keep_alive;
+                    let is_head = req.is_head();
                     let current = worker.current();
                     let prepared = prepare(worker, &current, down, &req);
                     // Consume the head either way: after an error answered on a kept
@@ -139,10 +162,12 @@ async fn read_request(
                     down.rbuf.advance(head_len);
                     return prepared
                         .map(|p| Some((p, current)))
-                        .map_err(|e| (e, must_close));
+                        .map_err(|e| (e, must_close, is_head));
                 }
-                Ok(None) => request::check_partial(&down.rbuf, &limits).map_err(|e| (e, true))?,
-                Err(e) => return Err((e, true)),
+                Ok(None) => {
+                    request::check_partial(&down.rbuf, &limits).map_err(|e| (e, true, false))?
+                }
+                Err(e) => return Err((e, true, false)),
             }
         }
         let wait = match deadline {
@@ -155,7 +180,13 @@ async fn read_request(
         }
         match tokio::time::timeout(wait, down.stream.read_buf(&mut down.rbuf)).await {
             Err(_) if down.rbuf.is_empty() => return Ok(None),
-            Err(_) => return Err((ProxyError::downstream(ErrorKind::HeaderTimeout), true)),
+            Err(_) => {
+                return Err((
+                    ProxyError::downstream(ErrorKind::HeaderTimeout),
+                    true,
+                    false,
+                ))
+            }
             Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
             Ok(Ok(n)) => {
                 down.metrics.bytes_in.add(n as u64);
@@ -201,9 +232,11 @@ fn prepare(
                 upstream: &group.name,
                 headers: req.headers,
             };
-            hooks
-                .on_request(&info, &mut ctx)
-                .map_err(|s| ProxyError::downstream(ErrorKind::Rejected(s)))?;
+            hooks.on_request(&info, &mut ctx).map_err(|s| {
+                // Only error statuses can be answered without a body of the hook's own.
+                let s = if (400..=599).contains(&s) { s } else { 500 };
+                ProxyError::downstream(ErrorKind::Rejected(s))
+            })?;
             Some(ctx)
         }
     };
@@ -281,7 +314,7 @@ fn request_hash(key: &HashKey, req: &RequestView, down: &Downstream) -> u64 {
 pub(crate) async fn refuse(worker: Rc<Worker>, mut stream: TcpStream) {
     worker.metrics.shed_503.inc();
     let msg = ErrorKind::TooManyConnections.to_string();
-    if send_error(&worker, &mut stream, 503, &msg, true).await {
+    if send_error(&worker, &mut stream, 503, &msg, true, false).await {
         linger_close(&mut stream).await;
     }
 }
@@ -293,9 +326,10 @@ pub(crate) async fn send_error(
     status: u16,
     message: &str,
     close: bool,
+    head_only: bool,
 ) -> bool {
     let mut out = worker.take_vec();
-    write_error_response(&mut out, status, message, close);
+    write_error_response(&mut out, status, message, close, head_only);
     let ok = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&out))
         .await
         .is_ok_and(|r| r.is_ok());

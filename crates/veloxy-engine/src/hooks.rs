@@ -77,14 +77,13 @@ impl RequestCtx {
 }
 
 fn push_header(out: &mut Vec<u8>, name: &str, value: &str) {
-    // Names and values with CR/LF would let a hook inject headers; drop them instead.
-    if name
-        .bytes()
-        .chain(value.bytes())
-        .any(|b| b == b'\r' || b == b'\n')
-        || name.is_empty()
-    {
-        tracing::warn!(name, "hook header with CR/LF dropped");
+    // A hook must not inject headers (CR/LF), write invalid names, or touch the headers veloxy
+    // owns: framing (Content-Length, Transfer-Encoding), hop-by-hop ones, Host, X-Forwarded-*.
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    let owned = crate::http1::classify(name) != crate::http1::Special::None;
+    let bad_value = value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0);
+    if name.is_empty() || !name.bytes().all(token) || bad_value || owned {
+        tracing::warn!(name, "hook header refused (invalid, or owned by the proxy)");
         return;
     }
     out.extend_from_slice(name.as_bytes());

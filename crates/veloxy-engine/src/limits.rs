@@ -131,7 +131,9 @@ impl RateLimiter {
             b.tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - b.tokens) / self.per_second))
+            Err(Duration::from_secs_f64(
+                ((1.0 - b.tokens) / self.per_second).min(3600.0),
+            ))
         }
     }
 
@@ -177,6 +179,9 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
     if !(n > 0.0 && n.is_finite()) {
         return Err(format!("invalid rate {s:?}: must be positive"));
     }
+    if n / per < 1.0 / 3600.0 {
+        return Err(format!("invalid rate {s:?}: the smallest rate is 1/h"));
+    }
     Ok(n / per)
 }
 
@@ -198,6 +203,7 @@ mod tests {
         assert!(parse_rate("100").is_err());
         assert!(parse_rate("0/s").is_err());
         assert!(parse_rate("5/d").is_err());
+        assert!(parse_rate("1e-20/s").is_err());
     }
 
     #[test]

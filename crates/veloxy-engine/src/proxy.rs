@@ -115,8 +115,15 @@ pub(crate) async fn forward(
             // Keep the client only if its request was fully read and the error is not its fault.
             let close = !req_body.is_done() || e.closes_connection() || !p.keep_alive;
             let status = e.status();
-            let sent =
-                send_error(worker, &mut down.stream, status, &e.kind.to_string(), close).await;
+            let sent = send_error(
+                worker,
+                &mut down.stream,
+                status,
+                &e.kind.to_string(),
+                close,
+                p.is_head,
+            )
+            .await;
             if close && sent {
                 linger_close(&mut down.stream).await;
             }
@@ -232,8 +239,13 @@ impl Run<'_> {
                 .on_start(current);
             let others = self.group.health.down_mask() | tried;
             let has_other = (0..group.backends.len()).any(|i| others & (1 << i) == 0);
+            let budget_left = self.gen.groups.borrow()[self.p.upstream].budget.available();
             let result = self
-                .attempt(down, current, retries_left > 0 && replayable && has_other)
+                .attempt(
+                    down,
+                    current,
+                    retries_left > 0 && replayable && has_other && budget_left,
+                )
                 .await;
             let elapsed = t0.elapsed();
             let (error, count_failure) = match result {
@@ -393,9 +405,31 @@ impl Run<'_> {
                     .await
                     .map_err(AttemptFail::Fatal)?;
             }
-            // Response head, skipping 1xx interim responses.
+            // Response head, skipping 1xx interim responses. Bytes already read are parsed
+            // before reading more: an interim and the final head often arrive together.
             self.ubuf.clear();
             loop {
+                if !self.ubuf.is_empty() {
+                    self.obuf.clear();
+                    match response::parse_and_write(
+                        self.ubuf,
+                        p.is_head,
+                        p.version,
+                        p.keep_alive,
+                        self.obuf,
+                    ) {
+                        Err(e) => return Err(AttemptFail::Fatal(Fail::BeforeResponse(e))),
+                        Ok(Parsed::Partial) if self.ubuf.len() > MAX_RESPONSE_HEAD => {
+                            return Err(fatal(ErrorKind::BadResponse("response head too large")))
+                        }
+                        Ok(Parsed::Partial) => {}
+                        Ok(Parsed::Interim(len)) => {
+                            self.ubuf.advance(len);
+                            continue;
+                        }
+                        Ok(Parsed::Final(meta)) => break 'attempt meta,
+                    }
+                }
                 reserve(self.ubuf, READ_CHUNK);
                 let n = match timeout(group.read_timeout, conn.stream.read_buf(self.ubuf)).await {
                     Err(_) => {
@@ -426,22 +460,6 @@ impl Run<'_> {
                         )));
                     }
                     return Err(fatal(ErrorKind::UpstreamClosed));
-                }
-                self.obuf.clear();
-                match response::parse_and_write(
-                    self.ubuf,
-                    p.is_head,
-                    p.version,
-                    p.keep_alive,
-                    self.obuf,
-                ) {
-                    Err(e) => return Err(AttemptFail::Fatal(Fail::BeforeResponse(e))),
-                    Ok(Parsed::Partial) if self.ubuf.len() > MAX_RESPONSE_HEAD => {
-                        return Err(fatal(ErrorKind::BadResponse("response head too large")))
-                    }
-                    Ok(Parsed::Partial) => {}
-                    Ok(Parsed::Interim(len)) => self.ubuf.advance(len),
-                    Ok(Parsed::Final(meta)) => break 'attempt meta,
                 }
             }
         };

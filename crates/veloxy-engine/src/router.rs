@@ -106,10 +106,67 @@ impl Router {
             Some(q) => &path[..q],
             None => path,
         };
+        let path = routing_path(path);
         self.routes
             .iter()
             .find(|r| r.host.matches(host) && path.starts_with(r.path.as_bytes()))
     }
+}
+
+/// The path as a backend would resolve it: percent-encoded unreserved characters decoded and
+/// dot-segments removed, so `/public/../api/x` and `/%61pi/x` match the `/api/` route (and its
+/// limits) rather than slipping past them. The request is still forwarded unchanged.
+/// Ordinary paths (no `%`, no `/.`) are matched as they are, without a copy.
+pub(crate) fn routing_path(path: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if memchr::memchr(b'%', path).is_none() && memchr::memmem::find(path, b"/.").is_none() {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut decoded = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        if path[i] == b'%' && i + 2 < path.len() {
+            if let (Some(h), Some(l)) = (hex(path[i + 1]), hex(path[i + 2])) {
+                let c = h << 4 | l;
+                if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                    decoded.push(c);
+                    i += 3;
+                    continue;
+                }
+            }
+        }
+        decoded.push(path[i]);
+        i += 1;
+    }
+    // RFC 3986 section 5.2.4, on '/'-separated segments.
+    let mut out: Vec<&[u8]> = Vec::new();
+    let segments: Vec<&[u8]> = decoded.split(|&b| b == b'/').collect();
+    let last = segments.len() - 1;
+    for (k, seg) in segments.iter().enumerate().skip(1) {
+        match *seg {
+            b"." => {
+                if k == last {
+                    out.push(b"");
+                }
+            }
+            b".." => {
+                out.pop();
+                if k == last {
+                    out.push(b"");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    let mut norm = Vec::with_capacity(decoded.len());
+    for seg in out {
+        norm.push(b'/');
+        norm.extend_from_slice(seg);
+    }
+    if norm.is_empty() {
+        norm.push(b'/');
+    }
+    std::borrow::Cow::Owned(norm)
 }
 
 /// Lowercases and strips the port (and IPv6 brackets stay) into `buf`; over-long hosts match
@@ -170,6 +227,29 @@ mod tests {
         assert_eq!(up("API.Example.com:8080", "/api/"), Some(2));
         assert_eq!(up("www.example.com", "/"), Some(3));
         assert_eq!(up("example.com", "/"), Some(0));
+    }
+
+    #[test]
+    fn normalized_paths_cannot_dodge_a_route() {
+        let r = router(&[("", "/", 0), ("", "/api/", 1)]);
+        let up = |p: &str| r.find(b"h", p.as_bytes()).map(|r| r.upstream);
+        assert_eq!(up("/public/../api/x"), Some(1));
+        assert_eq!(up("/%61pi/x"), Some(1));
+        assert_eq!(up("/./api/x"), Some(1));
+        assert_eq!(up("/api/../public"), Some(0));
+        assert_eq!(up("/%2e%2e/api/x"), Some(1));
+        assert_eq!(
+            up("/api%2Fx"),
+            Some(0),
+            "an encoded slash is not a separator"
+        );
+        assert_eq!(&*routing_path(b"/a/b/../c/./d"), b"/a/c/d");
+        assert_eq!(&*routing_path(b"/.."), b"/");
+        assert_eq!(&*routing_path(b"/a/.."), b"/");
+        assert!(matches!(
+            routing_path(b"/plain/path"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]

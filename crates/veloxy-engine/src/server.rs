@@ -232,7 +232,7 @@ fn run_worker(
 ) {
     let main = async move {
         let worker = Rc::new(Worker::new(id, shared, metrics));
-        tokio::task::spawn_local(heartbeat());
+        tokio::task::spawn_local(heartbeat(worker.clone()));
         for (idx, l) in listeners {
             match tokio::net::TcpListener::from_std(l) {
                 Ok(l) => {
@@ -267,11 +267,16 @@ fn run_worker(
 /// eventfd write, i.e. a syscall) whenever a timer is registered earlier than the planned
 /// wake-up, which without this happened for about one request in five (each request arms a
 /// read timeout). With the tick, every request timeout lies beyond the next wake-up.
-async fn heartbeat() {
+///
+/// Every second it also sweeps expired idle upstream connections.
+async fn heartbeat(worker: Rc<Worker>) {
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    for n in 0u64.. {
         tick.tick().await;
+        if n % 20 == 0 {
+            worker.sweep();
+        }
     }
 }
 

@@ -25,7 +25,12 @@ pub(crate) struct Generation {
 
 impl Generation {
     fn new(number: u64, snapshot: Arc<Snapshot>) -> Self {
-        let groups = snapshot.upstreams.iter().map(GroupState::new).collect();
+        let workers = snapshot.settings.workers;
+        let groups = snapshot
+            .upstreams
+            .iter()
+            .map(|g| GroupState::new(g, workers))
+            .collect();
         Generation {
             number,
             snapshot,
@@ -117,6 +122,14 @@ impl Worker {
         let mut list = self.vecs.borrow_mut();
         if list.len() < SCRATCH_KEPT && v.capacity() <= SCRATCH * 4 {
             list.push(v);
+        }
+    }
+
+    /// Periodic housekeeping: closes expired idle upstream connections.
+    pub fn sweep(&self) {
+        let gen = self.current();
+        for g in gen.groups.borrow_mut().iter_mut() {
+            g.pool.sweep();
         }
     }
 

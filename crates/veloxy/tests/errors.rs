@@ -236,3 +236,47 @@ fn idle_keepalive_clients_are_closed() {
     assert!(c.is_closed());
     assert!(start.elapsed() < Duration::from_secs(2));
 }
+
+#[test]
+fn interim_and_final_response_in_one_read_are_both_parsed() {
+    use std::io::Write;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            );
+            std::thread::sleep(Duration::from_secs(5));
+        }
+    });
+    let v = veloxy(&simple_config(&[addr], "read_timeout = \"3s\""));
+    let start = Instant::now();
+    let r = get(v.addr, "/");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn head_errors_carry_no_body_so_pipelining_stays_in_sync() {
+    let up = upstream(&[]);
+    let config = format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n[[routes]]\nhost = \"known.test\"\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{}\"]\n",
+        up.addr
+    );
+    let v = veloxy(&config);
+    let mut c = Client::connect(v.addr);
+    c.send(b"HEAD / HTTP/1.1\r\nHost: nope.test\r\n\r\nGET /size/3 HTTP/1.1\r\nHost: known.test\r\n\r\n");
+    let head = c.read_response(true);
+    assert_eq!(head.status, 404);
+    assert!(head.header("content-length").is_some());
+    let next = c.read_response(false);
+    assert_eq!((next.status, next.body.as_slice()), (200, &b"abc"[..]));
+}

@@ -93,6 +93,14 @@ fn compile(
             }
         },
     };
+    for (v, k) in [
+        (&s.header_timeout, "server.header_timeout"),
+        (&s.keepalive_timeout, "server.keepalive_timeout"),
+    ] {
+        if v.is_some_and(|d| d.0.is_zero()) {
+            return Err(src.whole(format!("{k} must be greater than zero")));
+        }
+    }
     if settings.max_header_bytes < 256 {
         let span = s
             .max_header_bytes
@@ -162,9 +170,11 @@ fn compile(
         let keepalive = u.keepalive.as_ref().map_or(128, |k| *k.get_ref());
         let connect_timeout = dur(&u.connect_timeout, Duration::from_secs(2));
         let read_timeout = dur(&u.read_timeout, Duration::from_secs(30));
+        let write_timeout = dur(&u.write_timeout, Duration::from_secs(30));
         for (v, k) in [
             (connect_timeout, "connect_timeout"),
             (read_timeout, "read_timeout"),
+            (write_timeout, "write_timeout"),
         ] {
             if v.is_zero() {
                 return Err(src.error(
@@ -188,11 +198,11 @@ fn compile(
         let retry_on = match &u.retry_on {
             None => vec![502, 503, 504],
             Some(list) => {
-                if let Some(bad) = list.get_ref().iter().find(|s| !(100..=599).contains(*s)) {
+                if let Some(bad) = list.get_ref().iter().find(|s| !(400..=599).contains(*s)) {
                     return Err(src.error(
                         list.span(),
                         format!("{key}.retry_on"),
-                        format!("{bad} is not an HTTP status"),
+                        format!("{bad}: only error statuses (400-599) can be retried"),
                     ));
                 }
                 list.get_ref().clone()
@@ -226,7 +236,7 @@ fn compile(
             keepalive,
             connect_timeout,
             read_timeout,
-            write_timeout: dur(&u.write_timeout, Duration::from_secs(30)),
+            write_timeout,
             idle_timeout: dur(&u.idle_timeout, Duration::from_secs(60)),
             retries: u.retries.as_ref().map_or(2, |r| *r.get_ref()),
             retry_on,
@@ -465,11 +475,11 @@ fn compile_outlier(
 fn compile_limits(src: &Source, key: &str, r: &RouteSection) -> Result<RouteLimits, ConfigError> {
     let mut limits = RouteLimits::default();
     if let Some(max) = &r.max_concurrency {
-        if *max.get_ref() == 0 {
+        if *max.get_ref() == 0 || *max.get_ref() > 1 << 30 {
             return Err(src.error(
                 max.span(),
                 format!("{key}.max_concurrency"),
-                "must be at least 1",
+                "must be between 1 and 2^30",
             ));
         }
         let queue = r.queue.as_ref().map_or(0, |q| *q.get_ref());

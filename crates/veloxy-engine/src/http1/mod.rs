@@ -109,8 +109,15 @@ pub fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Writes a complete short plain-text response veloxy generates itself.
-pub fn write_error_response(out: &mut Vec<u8>, status: u16, message: &str, close: bool) {
+/// Writes a complete short plain-text response veloxy generates itself. For a HEAD request
+/// (`head_only`) the body is left out and Content-Length still announces it.
+pub fn write_error_response(
+    out: &mut Vec<u8>,
+    status: u16,
+    message: &str,
+    close: bool,
+    head_only: bool,
+) {
     let reason = reason(status);
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(itoa(status as u64).as_bytes());
@@ -127,8 +134,10 @@ pub fn write_error_response(out: &mut Vec<u8>, status: u16, message: &str, close
         out.extend_from_slice(b"\r\nConnection: close");
     }
     out.extend_from_slice(b"\r\n\r\n");
-    out.extend_from_slice(message.as_bytes());
-    out.push(b'\n');
+    if !head_only {
+        out.extend_from_slice(message.as_bytes());
+        out.push(b'\n');
+    }
 }
 
 /// Small allocation-free integer formatting into a stack buffer.

@@ -164,14 +164,15 @@ pub fn parse<'a>(
     if version == 1 && host.is_none() {
         return Err(bad("missing Host header"));
     }
-    if host.is_some_and(|h| h.is_empty() || h.iter().any(|&b| b == b'/' || b == b' ' || b == b'@'))
-        && version == 1
-    {
+    if host.is_some_and(|h| !valid_authority(h)) {
         return Err(bad("invalid Host header"));
     }
 
     // Absolute-form (`GET http://host/path`): its authority replaces the Host header.
     let (path, host_from_target) = match split_absolute(target) {
+        Some((authority, _)) if !valid_authority(authority.as_bytes()) => {
+            return Err(bad("invalid request target"))
+        }
         Some((authority, path)) => {
             host = Some(authority.as_bytes());
             (path, true)
@@ -222,6 +223,15 @@ pub fn check_partial(buf: &[u8], limits: &Limits) -> Result<(), ProxyError> {
         return Err(ProxyError::downstream(ErrorKind::HeadTooLarge));
     }
     Ok(())
+}
+
+/// A Host value or absolute-form authority: `host[:port]`, a reg-name or IP literal, nothing
+/// that could smuggle a path, userinfo or whitespace to the upstream.
+fn valid_authority(h: &[u8]) -> bool {
+    !h.is_empty()
+        && h.len() <= 255
+        && h.iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"-._~:[]!$&'()*+,;=%".contains(&b))
 }
 
 fn split_absolute(target: &str) -> Option<(&str, &str)> {
@@ -297,8 +307,11 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
             .iter()
             .filter(|h| classify(h.name) == Special::XForwardedFor)
         {
-            out.extend_from_slice(h.value.trim_ascii());
-            out.extend_from_slice(b", ");
+            let v = h.value.trim_ascii();
+            if !v.is_empty() {
+                out.extend_from_slice(v);
+                out.extend_from_slice(b", ");
+            }
         }
     }
     out.extend_from_slice(fwd.client_ip.as_bytes());
@@ -366,6 +379,8 @@ mod tests {
             b"GET / HTTP/1.1\r\nHost: a\rX: y\r\n\r\n",
             b"GET / HTTP/1.1\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"GET / HTTP/1.0\r\nHost: a/b@c\r\n\r\n",
+            b"GET http://evil/x HTTP/1.1\r\nHost: a b\r\n\r\n",
             b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"GET /\0 HTTP/1.1\r\nHost: a\r\n\r\n",
         ] {

@@ -57,6 +57,14 @@ impl RetryBudget {
         self.requests = self.requests.saturating_add(1);
     }
 
+    /// Whether a retry would be allowed now (without spending it).
+    pub fn available(&self) -> bool {
+        let fresh = crate::clock::now_ms().saturating_sub(self.window_start_ms) >= 1000;
+        fresh
+            || self.retries
+                < ((f64::from(self.requests) * self.ratio) as u32).max(MIN_RETRIES_PER_WINDOW)
+    }
+
     pub fn try_spend(&mut self) -> bool {
         self.roll();
         let allowed = ((f64::from(self.requests) * self.ratio) as u32).max(MIN_RETRIES_PER_WINDOW);
@@ -70,7 +78,9 @@ impl RetryBudget {
 }
 
 impl GroupState {
-    pub fn new(group: &UpstreamGroup) -> Self {
+    /// `workers` shares a backend's `max_connections` out: each worker keeps at most its share
+    /// idle, so one worker's idle pool cannot lock the others out of the backend.
+    pub fn new(group: &UpstreamGroup, workers: usize) -> Self {
         let infos: Vec<BackendInfo> = group
             .backends
             .iter()
@@ -81,9 +91,23 @@ impl GroupState {
             .collect();
         GroupState {
             picker: group.policy.new_picker(&infos),
-            pool: Pool::new(group.backends.len(), group.keepalive, group.idle_timeout),
+            pool: Pool::new(
+                group.backends.len(),
+                idle_cap(group, workers),
+                group.idle_timeout,
+            ),
             budget: RetryBudget::new(group.retry_budget),
         }
+    }
+}
+
+fn idle_cap(group: &UpstreamGroup, workers: usize) -> usize {
+    if group.max_connections == 0 {
+        group.keepalive
+    } else {
+        group
+            .keepalive
+            .min((group.max_connections / workers.max(1)).max(1))
     }
 }
 

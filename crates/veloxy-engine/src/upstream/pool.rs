@@ -104,6 +104,15 @@ impl Pool {
         }
     }
 
+    /// Closes idle connections past `idle_timeout` (run periodically, so they do not linger
+    /// and hold backend connection slots when traffic stops).
+    pub fn sweep(&mut self) {
+        let timeout = self.idle_timeout;
+        for list in &mut self.idle {
+            list.retain(|i| i.since.elapsed() < timeout);
+        }
+    }
+
     #[cfg(test)]
     pub fn idle_count(&self, backend: usize) -> usize {
         self.idle[backend].len()
