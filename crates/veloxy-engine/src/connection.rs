@@ -32,6 +32,84 @@ pub(crate) struct Downstream {
     pub rbuf: BytesMut,
     pub listener: usize,
     pub metrics: std::sync::Arc<crate::metrics::WorkerMetrics>,
+    /// Bytes written to this client so far (access log byte counts).
+    pub bytes_sent: u64,
+}
+
+/// A request refused before forwarding.
+pub(crate) struct Refusal {
+    error: ProxyError,
+    /// Close after answering: the body is unread or the client asked to.
+    must_close: bool,
+    is_head: bool,
+    log: Option<Box<LogFields>>,
+}
+
+impl Refusal {
+    fn closing(error: ProxyError) -> Self {
+        Refusal {
+            error,
+            must_close: true,
+            is_head: false,
+            log: None,
+        }
+    }
+}
+
+/// What the access log needs from a request, copied only when the log is on.
+pub(crate) struct LogFields {
+    method: String,
+    target: String,
+    version: u8,
+    referer: Vec<u8>,
+    user_agent: Vec<u8>,
+    /// The connection's bytes-sent counter before this response.
+    bytes_before: u64,
+    started: Instant,
+}
+
+impl LogFields {
+    fn capture(req: &RequestView, down: &Downstream) -> Box<LogFields> {
+        Box::new(LogFields {
+            method: req.method.to_owned(),
+            target: req.path.to_owned(),
+            version: req.version,
+            referer: req.header("referer").unwrap_or(b"").to_vec(),
+            user_agent: req.header("user-agent").unwrap_or(b"").to_vec(),
+            bytes_before: down.bytes_sent,
+            started: Instant::now(),
+        })
+    }
+}
+
+/// Writes one access log line (if the log is on and `fields` were captured).
+pub(crate) fn access_log(
+    worker: &Worker,
+    down: &Downstream,
+    fields: Option<Box<LogFields>>,
+    status: u16,
+    upstream: &str,
+    backend: Option<SocketAddr>,
+) {
+    let (Some(log), Some(f)) = (&worker.shared.access_log, fields) else {
+        return;
+    };
+    let entry = crate::access_log::Entry {
+        client: down.peer,
+        method: &f.method,
+        target: &f.target,
+        version: f.version,
+        status,
+        bytes_sent: down.bytes_sent - f.bytes_before,
+        duration: f.started.elapsed(),
+        referer: &f.referer,
+        user_agent: &f.user_agent,
+        upstream,
+        backend,
+    };
+    if !log.log(&entry) {
+        worker.metrics.access_log_dropped.inc();
+    }
 }
 
 /// The settings a connection needs while it waits for a request head.
@@ -74,6 +152,8 @@ pub(crate) struct Prepared {
     pub hash: u64,
     /// The route's index in the file (metrics).
     pub route: usize,
+    /// Access log fields, when the log is on.
+    pub log: Option<Box<LogFields>>,
 }
 
 pub(crate) async fn serve(
@@ -89,6 +169,7 @@ pub(crate) async fn serve(
         rbuf: BytesMut::with_capacity(HEAD_BUF),
         listener,
         metrics: worker.metrics.clone(),
+        bytes_sent: 0,
     };
     worker.metrics.downstream_connections.inc();
     loop {
@@ -98,14 +179,19 @@ pub(crate) async fn serve(
         let (prepared, gen) = match read_request(&worker, limits, &mut down).await {
             Ok(Some(p)) => p,
             Ok(None) => return,
-            Err((e, must_close, is_head)) => {
+            Err(Refusal {
+                error: e,
+                must_close,
+                is_head,
+                log,
+            }) => {
                 // Errors found before forwarding: answer, then close if the body (or the rest of
                 // a malformed stream) is still unread, or the client asked to.
                 let close = must_close || e.closes_connection();
                 worker.count_error(&e);
                 worker.metrics.unrouted(e.status());
                 tracing::debug!(client = %down.peer, error = %e, "request refused");
-                let ok = send_error(
+                let written = send_error(
                     &worker,
                     &mut down.stream,
                     e.status(),
@@ -114,6 +200,9 @@ pub(crate) async fn serve(
                     is_head,
                 )
                 .await;
+                down.bytes_sent += written as u64;
+                access_log(&worker, &down, log, e.status(), "", None);
+                let ok = written > 0;
                 if close || !ok {
                     linger_close(&mut down.stream).await;
                     return;
@@ -143,7 +232,7 @@ async fn read_request(
     worker: &Worker,
     settings: ReadLimits,
     down: &mut Downstream,
-) -> Result<Option<(Prepared, Rc<Generation>)>, (ProxyError, bool, bool)> {
+) -> Result<Option<(Prepared, Rc<Generation>)>, Refusal> {
     let limits = settings.limits;
     let mut deadline: Option<Instant> = None;
     loop {
@@ -155,19 +244,33 @@ async fn read_request(
                     // On error: close if the body is unread or the client did not want more.
                     let must_close = req.body != BodyKind::None || !req.keep_alive;
                     let is_head = req.is_head();
+                    let log = worker
+                        .shared
+                        .access_log
+                        .as_ref()
+                        .map(|_| LogFields::capture(&req, down));
                     let current = worker.current();
                     let prepared = prepare(worker, &current, down, &req);
                     // Consume the head either way: after an error answered on a kept
                     // connection (404, 429, ...) the next request must start clean.
                     down.rbuf.advance(head_len);
-                    return prepared
-                        .map(|p| Some((p, current)))
-                        .map_err(|e| (e, must_close, is_head));
+                    return match prepared {
+                        Ok(mut p) => {
+                            p.log = log;
+                            Ok(Some((p, current)))
+                        }
+                        Err(error) => Err(Refusal {
+                            error,
+                            must_close,
+                            is_head,
+                            log,
+                        }),
+                    };
                 }
                 Ok(None) => {
-                    request::check_partial(&down.rbuf, &limits).map_err(|e| (e, true, false))?
+                    request::check_partial(&down.rbuf, &limits).map_err(Refusal::closing)?
                 }
-                Err(e) => return Err((e, true, false)),
+                Err(e) => return Err(Refusal::closing(e)),
             }
         }
         let wait = match deadline {
@@ -181,11 +284,9 @@ async fn read_request(
         match tokio::time::timeout(wait, down.stream.read_buf(&mut down.rbuf)).await {
             Err(_) if down.rbuf.is_empty() => return Ok(None),
             Err(_) => {
-                return Err((
-                    ProxyError::downstream(ErrorKind::HeaderTimeout),
-                    true,
-                    false,
-                ))
+                return Err(Refusal::closing(ProxyError::downstream(
+                    ErrorKind::HeaderTimeout,
+                )))
             }
             Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
             Ok(Ok(n)) => {
@@ -284,6 +385,7 @@ fn prepare(
         concurrency: route.limits.concurrency.clone(),
         hash,
         route: route.index,
+        log: None,
     })
 }
 
@@ -314,12 +416,13 @@ fn request_hash(key: &HashKey, req: &RequestView, down: &Downstream) -> u64 {
 pub(crate) async fn refuse(worker: Rc<Worker>, mut stream: TcpStream) {
     worker.metrics.shed_503.inc();
     let msg = ErrorKind::TooManyConnections.to_string();
-    if send_error(&worker, &mut stream, 503, &msg, true, false).await {
+    if send_error(&worker, &mut stream, 503, &msg, true, false).await > 0 {
         linger_close(&mut stream).await;
     }
 }
 
-/// Writes one of veloxy's own short error responses. False if the client is gone.
+/// Writes one of veloxy's own short error responses; returns the bytes written (0: the client
+/// is gone).
 pub(crate) async fn send_error(
     worker: &Worker,
     stream: &mut TcpStream,
@@ -327,14 +430,15 @@ pub(crate) async fn send_error(
     message: &str,
     close: bool,
     head_only: bool,
-) -> bool {
+) -> usize {
     let mut out = worker.take_vec();
     write_error_response(&mut out, status, message, close, head_only);
     let ok = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&out))
         .await
         .is_ok_and(|r| r.is_ok());
+    let written = if ok { out.len() } else { 0 };
     worker.give_vec(out);
-    ok
+    written
 }
 
 /// Closes after an error without losing the response: half-close, then drain what the client

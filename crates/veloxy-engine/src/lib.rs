@@ -33,6 +33,7 @@
 //! * **worker**: one thread with its own runtime; owns its listener sockets and pools.
 //! * **snapshot**: the immutable compiled config a request runs on.
 
+pub mod access_log;
 pub mod admin;
 pub(crate) mod clock;
 pub mod config;

@@ -115,7 +115,7 @@ pub(crate) async fn forward(
             // Keep the client only if its request was fully read and the error is not its fault.
             let close = !req_body.is_done() || e.closes_connection() || !p.keep_alive;
             let status = e.status();
-            let sent = send_error(
+            let written = send_error(
                 worker,
                 &mut down.stream,
                 status,
@@ -124,6 +124,8 @@ pub(crate) async fn forward(
                 p.is_head,
             )
             .await;
+            down.bytes_sent += written as u64;
+            let sent = written > 0;
             if close && sent {
                 linger_close(&mut down.stream).await;
             }
@@ -134,6 +136,15 @@ pub(crate) async fn forward(
             (false, 0)
         }
     };
+    let backend_addr = backend.map(|b| group.backends[b].addr);
+    crate::connection::access_log(
+        worker,
+        down,
+        p.log.take(),
+        status,
+        &group.name,
+        backend_addr,
+    );
     let metrics = &worker.metrics;
     metrics.request(p.route, status);
     metrics.request_duration.observe(started.elapsed());

@@ -110,6 +110,7 @@ pub(crate) async fn write_down(down: &mut Downstream, data: &[u8]) -> Result<(),
     match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.write_all(data)).await {
         Ok(Ok(())) => {
             down.metrics.bytes_out.add(data.len() as u64);
+            down.bytes_sent += data.len() as u64;
             Ok(())
         }
         Ok(Err(e)) => Err(ProxyError::downstream(ErrorKind::Io(e))),

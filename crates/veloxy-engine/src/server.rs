@@ -24,6 +24,12 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("access log {path:?}: {source}")]
+    AccessLog {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot start worker thread: {0}")]
     Thread(#[source] std::io::Error),
     #[error(
@@ -45,6 +51,7 @@ pub(crate) struct Shared {
     health_tx: watch::Sender<Arc<Snapshot>>,
     /// Every worker's counters, summed by the admin endpoint.
     pub metrics: crate::metrics::Metrics,
+    pub access_log: Option<crate::access_log::AccessLog>,
 }
 
 /// A configured server, not yet started.
@@ -112,6 +119,15 @@ impl Server {
         let admin_addr = admin_listener.as_ref().and_then(crate::admin::local_addr);
         let worker_metrics: Vec<Arc<crate::metrics::WorkerMetrics>> =
             (0..workers).map(|_| Arc::default()).collect();
+        let access_log = match &self.snapshot.settings.access_log {
+            None => None,
+            Some(cfg) => Some(crate::access_log::AccessLog::start(cfg).map_err(|source| {
+                ServerError::AccessLog {
+                    path: cfg.path.clone().unwrap_or_else(|| "stdout".into()),
+                    source,
+                }
+            })?),
+        };
         let snapshot = Arc::new(self.snapshot);
         let (health_tx, health_rx) = watch::channel(snapshot.clone());
         crate::upstream::health::spawn_thread(health_rx).map_err(ServerError::Thread)?;
@@ -125,6 +141,7 @@ impl Server {
             metrics: crate::metrics::Metrics {
                 workers: worker_metrics.clone(),
             },
+            access_log,
         });
         let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
         if let Some(l) = admin_listener {
@@ -165,6 +182,13 @@ pub struct Running {
 }
 
 impl Running {
+    /// Reopens the access log file (SIGUSR1, for logrotate).
+    pub fn reopen_access_log(&self) {
+        if let Some(log) = &self.shared.access_log {
+            log.reopen();
+        }
+    }
+
     /// The admin endpoint's address, if `[server] admin` is set.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_addr

@@ -4,10 +4,22 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `veloxy --version`: the crate version plus build info recorded by build.rs.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("VELOXY_GIT_COMMIT"),
+    ", ",
+    env!("VELOXY_BUILD_TARGET"),
+    ", ",
+    env!("VELOXY_BUILD_PROFILE"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "veloxy",
-    version,
+    version = VERSION,
     about = "A fast reverse proxy and load balancer"
 )]
 pub struct Cli {

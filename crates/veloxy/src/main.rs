@@ -123,6 +123,7 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let mut hup = signal(SignalKind::hangup())?;
+        let mut usr1 = signal(SignalKind::user_defined1())?;
         let report = |result: &Result<String, String>| match result {
             Ok(msg) => tracing::info!(config = ?config.map(Path::display).map(|d| d.to_string()), "{msg}"),
             Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
@@ -131,6 +132,10 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
+                _ = usr1.recv() => {
+                    running.reopen_access_log();
+                    tracing::info!("access log reopened");
+                }
                 _ = hup.recv() => match config {
                     None => tracing::warn!("SIGHUP ignored: no config file to reload"),
                     Some(path) => report(&reload(path)),

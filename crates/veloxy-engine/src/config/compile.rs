@@ -86,6 +86,10 @@ fn compile(
             .log_level
             .as_ref()
             .map_or_else(|| "info".to_owned(), |l| l.get_ref().clone()),
+        access_log: match &s.access_log {
+            None => None,
+            Some(a) => Some(compile_access_log(src, a)?),
+        },
         admin: match &s.admin {
             None => None,
             Some(a) => {
@@ -522,4 +526,36 @@ fn compile_limits(src: &Source, key: &str, r: &RouteSection) -> Result<RouteLimi
         )));
     }
     Ok(limits)
+}
+
+fn compile_access_log(
+    src: &Source,
+    a: &Spanned<super::file::AccessLogSection>,
+) -> Result<crate::access_log::AccessLogConfig, ConfigError> {
+    use crate::access_log::{AccessLogConfig, Format};
+    let s = a.get_ref();
+    let format = match s.format.as_ref().map(|f| (f.get_ref().as_str(), f.span())) {
+        None | Some(("combined", _)) => Format::Combined,
+        Some(("json", _)) => Format::Json,
+        Some((f, span)) => {
+            return Err(src.error(
+                span,
+                "server.access_log.format",
+                format!("unknown format {f:?}: use \"combined\" or \"json\""),
+            ))
+        }
+    };
+    let path = s.path.get_ref();
+    if path.is_empty() {
+        return Err(src.error(
+            s.path.span(),
+            "server.access_log.path",
+            "must not be empty (or use \"stdout\")",
+        ));
+    }
+    Ok(AccessLogConfig {
+        path: (path != "stdout").then(|| path.into()),
+        format,
+        buffer: s.buffer.as_ref().map_or(8192, |b| *b.get_ref()),
+    })
 }

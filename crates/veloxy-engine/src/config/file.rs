@@ -39,6 +39,16 @@ pub struct ServerSection {
     pub shutdown_timeout: Option<DurationValue>,
     pub log_level: Option<Spanned<String>>,
     pub admin: Option<Spanned<String>>,
+    pub access_log: Option<Spanned<AccessLogSection>>,
+}
+
+/// `[server.access_log]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogSection {
+    pub path: Spanned<String>,
+    pub format: Option<Spanned<String>>,
+    pub buffer: Option<Spanned<usize>>,
 }
 
 /// `[listeners.NAME]`.

@@ -57,6 +57,8 @@ pub struct Settings {
     pub log_level: String,
     /// Admin endpoint address (`/metrics`, `/healthz`, `/upstreams`, `POST /reload`). Default: off.
     pub admin: Option<SocketAddr>,
+    /// Access log. Default: off. Read at start; changing it needs a restart.
+    pub access_log: Option<crate::access_log::AccessLogConfig>,
 }
 
 /// A compiled listener: a name, an address, and the routes that apply to it.
