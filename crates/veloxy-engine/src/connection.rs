@@ -172,11 +172,24 @@ pub(crate) async fn serve(
         bytes_sent: 0,
     };
     worker.metrics.downstream_connections.inc();
+    let mut fresh = true;
+    worker.fresh.set(worker.fresh.get() + 1);
+    serve_requests(&worker, &mut down, &mut fresh).await;
+    if fresh {
+        worker.fresh.set(worker.fresh.get() - 1);
+    }
+}
+
+async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut bool) {
     loop {
         // Only the limits are taken from the current config while waiting: holding the whole
         // generation would keep an old config's pools alive for as long as the client idles.
         let limits = ReadLimits::new(&worker.current().snapshot.settings);
-        let (prepared, gen) = match read_request(&worker, limits, &mut down).await {
+        let outcome = read_request(worker, limits, down).await;
+        if std::mem::take(fresh) {
+            worker.fresh.set(worker.fresh.get() - 1);
+        }
+        let (prepared, gen) = match outcome {
             Ok(Some(p)) => p,
             Ok(None) => return,
             Err(Refusal {
@@ -192,7 +205,7 @@ pub(crate) async fn serve(
                 worker.metrics.unrouted(e.status());
                 tracing::debug!(client = %down.peer, error = %e, "request refused");
                 let written = send_error(
-                    &worker,
+                    worker,
                     &mut down.stream,
                     e.status(),
                     &e.kind.to_string(),
@@ -201,7 +214,7 @@ pub(crate) async fn serve(
                 )
                 .await;
                 down.bytes_sent += written as u64;
-                access_log(&worker, &down, log, e.status(), "", None);
+                access_log(worker, down, log, e.status(), "", None);
                 let ok = written > 0;
                 if close || !ok {
                     linger_close(&mut down.stream).await;
@@ -212,7 +225,7 @@ pub(crate) async fn serve(
         };
         worker.in_flight.set(worker.in_flight.get() + 1);
         worker.metrics.in_flight.inc();
-        let keep = crate::proxy::forward(&worker, &gen, &mut down, prepared).await;
+        let keep = crate::proxy::forward(worker, &gen, down, prepared).await;
         worker.in_flight.set(worker.in_flight.get() - 1);
         worker.metrics.in_flight_done.inc();
         if !keep || worker.shutting_down() {

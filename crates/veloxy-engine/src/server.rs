@@ -267,7 +267,11 @@ fn run_worker(
         }
         let _ = stop.wait_for(|s| *s).await;
         let deadline = tokio::time::Instant::now() + shutdown_timeout;
-        while worker.in_flight.get() > 0 && tokio::time::Instant::now() < deadline {
+        // Accepted connections still owe an answer: requests in flight, and connections whose
+        // first request has not been read yet.
+        while (worker.in_flight.get() > 0 || worker.fresh.get() > 0)
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
@@ -304,6 +308,23 @@ async fn heartbeat(worker: Rc<Worker>) {
     }
 }
 
+/// On shutdown, accepts what is already queued on this socket, so those clients are served
+/// rather than reset when it closes. (With `net.ipv4.tcp_migrate_req = 1`, connections still
+/// in the handshake move to another process's socket on the same port: see the README's
+/// zero-downtime upgrade.)
+fn drain_backlog(worker: &Rc<Worker>, listener: &tokio::net::TcpListener, idx: usize) {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    while let std::task::Poll::Ready(Ok((stream, peer))) = listener.poll_accept(&mut cx) {
+        worker.shared.listener_connections[idx].fetch_add(1, Ordering::Relaxed);
+        let w = worker.clone();
+        tokio::task::spawn_local(async move {
+            crate::connection::serve(w.clone(), stream, peer, idx).await;
+            w.shared.listener_connections[idx].fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
 async fn accept_loop(
     worker: Rc<Worker>,
     listener: tokio::net::TcpListener,
@@ -313,7 +334,10 @@ async fn accept_loop(
     loop {
         tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stop.wait_for(|s| *s) => {
+                drain_backlog(&worker, &listener, idx);
+                break;
+            }
             accepted = listener.accept() => match accepted {
                 // TCP_NODELAY is inherited from the listening socket: no setsockopt per accept.
                 Ok((stream, peer)) => {

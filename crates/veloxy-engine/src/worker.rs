@@ -52,6 +52,9 @@ pub(crate) struct Worker {
     vecs: RefCell<Vec<Vec<u8>>>,
     /// Requests being served by this worker (shutdown waits for zero).
     pub in_flight: Cell<usize>,
+    /// Accepted connections whose first request head has not arrived yet: shutdown waits for
+    /// them too, so a connection accepted just before SIGTERM still gets its answer.
+    pub fresh: Cell<usize>,
     /// This worker's counters (it is their only writer).
     pub metrics: Arc<WorkerMetrics>,
 }
@@ -67,6 +70,7 @@ impl Worker {
             bytes: RefCell::new(Vec::new()),
             vecs: RefCell::new(Vec::new()),
             in_flight: Cell::new(0),
+            fresh: Cell::new(0),
             metrics,
         }
     }
