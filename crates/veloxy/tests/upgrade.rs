@@ -49,17 +49,13 @@ fn reuseport_handover_refuses_no_connection() {
                 let start = Instant::now();
                 while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(20) {
                     // A fresh connection each time: the handover is about new connections.
-                    let outcome = std::net::TcpStream::connect(addr)
-                        .map_err(|e| format!("connect: {e}"))
-                        .and_then(|_s| {
-                            drop(_s);
-                            Ok(())
-                        });
-                    if let Err(e) = outcome {
-                        failures.lock().unwrap().push(e);
-                        continue;
-                    }
-                    let mut c = Client::connect(addr);
+                    let mut c = match Client::try_connect(addr) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            failures.lock().unwrap().push(format!("connect: {e}"));
+                            continue;
+                        }
+                    };
                     c.send(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
                     match c.try_read_response(false) {
                         Some(r) if r.status == 200 => {

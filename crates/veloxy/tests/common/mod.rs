@@ -178,6 +178,17 @@ pub struct Client {
 }
 
 impl Client {
+    /// Like [`Client::connect`], but reports a refused or failed connect instead of panicking.
+    pub fn try_connect(addr: SocketAddr) -> std::io::Result<Client> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
     pub fn connect(addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
         stream
