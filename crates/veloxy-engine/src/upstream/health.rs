@@ -215,6 +215,13 @@ impl GroupHealth {
             &b.checks_failed
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        // Like Envoy's `successful_active_health_check_uneject_host`: a passing active check
+        // ends an outlier ejection, so a restarted backend is back as soon as it answers.
+        if passed && b.ejected_until_ms.swap(0, Ordering::Relaxed) != 0 {
+            b.consecutive_failures.store(0, Ordering::Relaxed);
+            tracing::info!(backend = %b.addr, "health check passed: ejection ended");
+            self.recompute();
+        }
         let up = b.active_up.load(Ordering::Relaxed);
         if passed == up {
             b.check_streak.store(0, Ordering::Relaxed);
@@ -417,6 +424,30 @@ mod tests {
         };
         assert!(!g.record_failure(0, &o));
         assert_eq!(g.down_mask(), 0);
+    }
+
+    #[test]
+    fn a_passing_active_check_ends_an_ejection() {
+        let g = group(2);
+        let o = Outlier {
+            consecutive_failures: 1,
+            ..Outlier::default()
+        };
+        assert!(g.record_failure(0, &o));
+        assert_eq!(g.down_mask(), 0b01);
+        let c = HealthCheck {
+            path: None,
+            host: None,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            healthy: 2,
+            unhealthy: 2,
+            expect_status: 200..=399,
+        };
+        g.apply_check(0, false, &c);
+        assert_eq!(g.down_mask(), 0b01, "a failing check does not end it");
+        g.apply_check(0, true, &c);
+        assert_eq!(g.down_mask(), 0, "a passing one does");
     }
 
     #[test]
