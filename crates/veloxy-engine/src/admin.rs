@@ -88,11 +88,19 @@ async fn handle(
     match (method.as_str(), path) {
         ("GET", "/metrics") => {
             let snapshot = shared.snapshot.load_full();
-            let conns: Vec<u64> = shared
-                .listener_connections
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed) as u64)
-                .collect();
+            let conns: Vec<u64> = {
+                let states = shared.listeners.lock().unwrap_or_else(|e| e.into_inner());
+                snapshot
+                    .listeners
+                    .iter()
+                    .map(|l| {
+                        states
+                            .iter()
+                            .find(|s| *s.name == *l.name)
+                            .map_or(0, |s| s.open.load(Ordering::Relaxed) as u64)
+                    })
+                    .collect()
+            };
             let body = crate::metrics::render(&shared.metrics, &snapshot, &conns);
             respond(&mut s, 200, "text/plain; version=0.0.4", &body).await
         }

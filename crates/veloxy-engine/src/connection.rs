@@ -30,7 +30,10 @@ pub(crate) struct Downstream {
     /// Formatted once per connection for X-Forwarded-For.
     pub client_ip: String,
     pub rbuf: BytesMut,
-    pub listener: usize,
+    /// The listener this connection came in on; routes are looked up by its name in the
+    /// current config, with the index cached per config generation.
+    pub listener: std::sync::Arc<crate::server::ListenerState>,
+    pub listener_index: std::cell::Cell<(u64, usize)>,
     pub metrics: std::sync::Arc<crate::metrics::WorkerMetrics>,
     /// Bytes written to this client so far (access log byte counts).
     pub bytes_sent: u64,
@@ -160,7 +163,7 @@ pub(crate) async fn serve(
     worker: Rc<Worker>,
     stream: TcpStream,
     peer: SocketAddr,
-    listener: usize,
+    listener: std::sync::Arc<crate::server::ListenerState>,
 ) {
     let mut down = Downstream {
         stream,
@@ -168,6 +171,7 @@ pub(crate) async fn serve(
         client_ip: peer.ip().to_string(),
         rbuf: BytesMut::with_capacity(HEAD_BUF),
         listener,
+        listener_index: std::cell::Cell::new((0, 0)),
         metrics: worker.metrics.clone(),
         bytes_sent: 0,
     };
@@ -318,7 +322,20 @@ fn prepare(
     req: &RequestView,
 ) -> Result<Prepared, ProxyError> {
     let snapshot = &gen.snapshot;
-    let listener = &snapshot.listeners[down.listener];
+    let (cached_gen, cached) = down.listener_index.get();
+    let index = if cached_gen == gen.number {
+        cached
+    } else {
+        // A reload removed this listener: its routes are gone with it.
+        let i = snapshot
+            .listeners
+            .iter()
+            .position(|l| *l.name == *down.listener.name)
+            .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
+        down.listener_index.set((gen.number, i));
+        i
+    };
+    let listener = &snapshot.listeners[index];
     let route = listener
         .router
         .find(req.host.unwrap_or(b""), req.path.as_bytes())

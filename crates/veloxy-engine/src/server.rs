@@ -1,5 +1,6 @@
 //! The server: binds listeners, starts one worker thread per core, reloads and shuts down.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -45,13 +46,29 @@ pub(crate) struct Shared {
     pub generation: AtomicU64,
     pub shutdown: AtomicBool,
     pub hooks: Option<Arc<dyn Hooks>>,
-    /// Open downstream connections per listener (index), across workers.
-    pub listener_connections: Vec<AtomicUsize>,
+    /// Every bound listener's state (name, open connections), for the admin endpoint.
+    pub listeners: std::sync::Mutex<Vec<Arc<ListenerState>>>,
     /// Feeds the health thread the snapshot to check.
     health_tx: watch::Sender<Arc<Snapshot>>,
     /// Every worker's counters, summed by the admin endpoint.
     pub metrics: crate::metrics::Metrics,
     pub access_log: Option<crate::access_log::AccessLog>,
+}
+
+/// One listener as the workers see it: its name (routes and limits are looked up by name in
+/// the current config) and its open connections across workers.
+#[derive(Debug)]
+pub(crate) struct ListenerState {
+    pub name: Arc<str>,
+    pub open: AtomicUsize,
+}
+
+/// Orders sent to a worker when a reload adds or removes listeners.
+enum WorkerCommand {
+    /// Start accepting on this socket (one of the listener's per-worker sockets).
+    Listen(Arc<ListenerState>, std::net::TcpListener),
+    /// Stop accepting on the named listener (after taking what is already queued).
+    Close(Arc<str>),
 }
 
 /// A configured server, not yet started.
@@ -79,31 +96,23 @@ impl Server {
     pub fn start(self) -> Result<Running, ServerError> {
         let workers = self.snapshot.settings.workers;
         let shutdown_timeout = self.snapshot.settings.shutdown_timeout;
-        // per_worker[w] = the sockets worker w accepts on, with their listener index.
-        let mut per_worker: Vec<Vec<(usize, std::net::TcpListener)>> =
+        // per_worker[w] = the sockets worker w accepts on.
+        let mut per_worker: Vec<Vec<(Arc<ListenerState>, std::net::TcpListener)>> =
             (0..workers).map(|_| Vec::new()).collect();
         let mut bound = Vec::new();
-        for (idx, spec) in self.snapshot.listeners.iter().enumerate() {
-            let sockets =
-                crate::listener::bind_reuseport(spec.addr, workers).map_err(|source| {
-                    ServerError::Bind {
-                        name: spec.name.clone(),
-                        addr: spec.addr,
-                        source,
-                    }
-                })?;
-            let addr = sockets[0].local_addr().unwrap_or(spec.addr);
+        let mut states = Vec::new();
+        for spec in &self.snapshot.listeners {
+            let (addr, sockets) = bind(&spec.name, spec.addr, workers)?;
+            let state = Arc::new(ListenerState {
+                name: spec.name.as_str().into(),
+                open: AtomicUsize::new(0),
+            });
             bound.push((spec.name.clone(), addr));
+            states.push(state.clone());
             for (w, s) in sockets.into_iter().enumerate() {
-                per_worker[w].push((idx, s));
+                per_worker[w].push((state.clone(), s));
             }
         }
-        let listener_connections = self
-            .snapshot
-            .listeners
-            .iter()
-            .map(|_| AtomicUsize::new(0))
-            .collect();
         let admin_listener = match self.snapshot.settings.admin {
             None => None,
             Some(addr) => {
@@ -136,7 +145,7 @@ impl Server {
             generation: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
             hooks: self.hooks,
-            listener_connections,
+            listeners: std::sync::Mutex::new(states),
             health_tx,
             metrics: crate::metrics::Metrics {
                 workers: worker_metrics.clone(),
@@ -150,20 +159,26 @@ impl Server {
         }
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(workers);
+        let mut commands = Vec::with_capacity(workers);
         for (id, listeners) in per_worker.into_iter().enumerate() {
             let shared = shared.clone();
             let stop = stop_rx.clone();
             let metrics = worker_metrics[id].clone();
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            commands.push(tx);
             let t = std::thread::Builder::new()
                 .name(format!("veloxy-w{id}"))
-                .spawn(move || run_worker(id, shared, metrics, listeners, stop, shutdown_timeout))
+                .spawn(move || {
+                    run_worker(id, shared, metrics, listeners, rx, stop, shutdown_timeout)
+                })
                 .map_err(ServerError::Thread)?;
             threads.push(t);
         }
         Ok(Running {
             shared,
             threads,
-            bound,
+            bound: std::sync::Mutex::new(bound),
+            commands,
             stop_tx,
             admin_addr,
             reloads: std::sync::Mutex::new(Some(reload_rx)),
@@ -171,11 +186,28 @@ impl Server {
     }
 }
 
+/// Binds a listener's per-worker sockets; returns the address they are bound to.
+fn bind(
+    name: &str,
+    addr: SocketAddr,
+    workers: usize,
+) -> Result<(SocketAddr, Vec<std::net::TcpListener>), ServerError> {
+    let sockets =
+        crate::listener::bind_reuseport(addr, workers).map_err(|source| ServerError::Bind {
+            name: name.to_owned(),
+            addr,
+            source,
+        })?;
+    let bound = sockets[0].local_addr().unwrap_or(addr);
+    Ok((bound, sockets))
+}
+
 /// A started server.
 pub struct Running {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
-    bound: Vec<(String, SocketAddr)>,
+    bound: std::sync::Mutex<Vec<(String, SocketAddr)>>,
+    commands: Vec<tokio::sync::mpsc::UnboundedSender<WorkerCommand>>,
     stop_tx: watch::Sender<bool>,
     admin_addr: Option<SocketAddr>,
     reloads: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<crate::admin::ReloadRequest>>>,
@@ -203,35 +235,81 @@ impl Running {
     }
 
     /// The address each listener is bound to (ports resolved when the config said 0).
-    pub fn local_addrs(&self) -> &[(String, SocketAddr)] {
-        &self.bound
+    pub fn local_addrs(&self) -> Vec<(String, SocketAddr)> {
+        self.bound.lock().map(|b| b.clone()).unwrap_or_default()
     }
 
     /// Swaps in a new snapshot: new requests use it, requests in flight finish on the old one.
+    ///
+    /// Listeners are matched by name. One whose address is unchanged (or equals the address it
+    /// got when the config said port 0) keeps its sockets and connections; new ones are bound
+    /// first (a bind failure refuses the whole reload, nothing changes); removed ones stop
+    /// accepting after taking what is already queued, and their open connections are answered
+    /// 404 from then on (their routes are gone).
     pub fn reload(&self, mut snapshot: Snapshot) -> Result<(), ServerError> {
-        // Same listener names, each at its configured address or at the address it is bound to
-        // (a config that said port 0 may be reloaded with the port it got).
         let current = self.shared.snapshot.load();
-        let same = current.listeners.len() == snapshot.listeners.len()
-            && current
+        let mut bound = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+        let workers = current.settings.workers;
+        let keeps = |name: &str, addr: SocketAddr| {
+            current
                 .listeners
                 .iter()
-                .zip(&self.bound)
-                .zip(&snapshot.listeners)
-                .all(|((old, (_, bound)), new)| {
-                    old.name == new.name && (new.addr == old.addr || new.addr == *bound)
-                });
-        if !same {
-            return Err(ServerError::ListenersChanged {
-                had: current.listeners.iter().map(|l| l.name.clone()).collect(),
-                new: snapshot.listeners.iter().map(|l| l.name.clone()).collect(),
-            });
+                .zip(bound.iter())
+                .any(|(old, (_, at))| old.name == name && (addr == old.addr || addr == *at))
+        };
+        let removed: Vec<String> = current
+            .listeners
+            .iter()
+            .filter(|old| {
+                !snapshot
+                    .listeners
+                    .iter()
+                    .any(|n| n.name == old.name && keeps(&n.name, n.addr))
+            })
+            .map(|old| old.name.clone())
+            .collect();
+        let mut added = Vec::new();
+        for spec in snapshot
+            .listeners
+            .iter()
+            .filter(|n| !keeps(&n.name, n.addr))
+        {
+            let (addr, sockets) = bind(&spec.name, spec.addr, workers)?;
+            added.push((spec.name.clone(), addr, sockets));
         }
+
         crate::upstream::health::adopt(&current, &mut snapshot);
         let snapshot = Arc::new(snapshot);
         self.shared.snapshot.store(snapshot.clone());
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         let _ = self.shared.health_tx.send(snapshot);
+
+        let mut states = self
+            .shared
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for name in removed {
+            let name: Arc<str> = name.as_str().into();
+            for tx in &self.commands {
+                let _ = tx.send(WorkerCommand::Close(name.clone()));
+            }
+            bound.retain(|(n, _)| **n != *name);
+            states.retain(|s| s.name != name);
+            tracing::info!(listener = %name, "listener closed");
+        }
+        for (name, addr, sockets) in added {
+            let state = Arc::new(ListenerState {
+                name: name.as_str().into(),
+                open: AtomicUsize::new(0),
+            });
+            for (tx, socket) in self.commands.iter().zip(sockets) {
+                let _ = tx.send(WorkerCommand::Listen(state.clone(), socket));
+            }
+            states.push(state);
+            tracing::info!(listener = %name, %addr, "listening");
+            bound.push((name, addr));
+        }
         Ok(())
     }
 
@@ -250,22 +328,53 @@ fn run_worker(
     id: usize,
     shared: Arc<Shared>,
     metrics: Arc<crate::metrics::WorkerMetrics>,
-    listeners: Vec<(usize, std::net::TcpListener)>,
+    listeners: Vec<(Arc<ListenerState>, std::net::TcpListener)>,
+    mut commands: tokio::sync::mpsc::UnboundedReceiver<WorkerCommand>,
     mut stop: watch::Receiver<bool>,
     shutdown_timeout: Duration,
 ) {
     let main = async move {
         let worker = Rc::new(Worker::new(id, shared, metrics));
         tokio::task::spawn_local(heartbeat(worker.clone()));
-        for (idx, l) in listeners {
+        // Per listener name, the switch that closes this worker's accept loop for it.
+        let mut closers: HashMap<Arc<str>, watch::Sender<bool>> = HashMap::new();
+        let loops_stop = stop.clone();
+        let listen = |state: Arc<ListenerState>,
+                      l: std::net::TcpListener,
+                      closers: &mut HashMap<Arc<str>, watch::Sender<bool>>| {
             match tokio::net::TcpListener::from_std(l) {
                 Ok(l) => {
-                    tokio::task::spawn_local(accept_loop(worker.clone(), l, idx, stop.clone()));
+                    let (close_tx, close_rx) = watch::channel(false);
+                    closers.insert(state.name.clone(), close_tx);
+                    tokio::task::spawn_local(accept_loop(
+                        worker.clone(),
+                        l,
+                        state,
+                        loops_stop.clone(),
+                        close_rx,
+                    ));
                 }
                 Err(e) => tracing::error!(worker = id, error = %e, "cannot register listener"),
             }
+        };
+        for (state, l) in listeners {
+            listen(state, l, &mut closers);
         }
-        let _ = stop.wait_for(|s| *s).await;
+        let mut commands_open = true;
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                cmd = commands.recv(), if commands_open => match cmd {
+                    Some(WorkerCommand::Listen(state, l)) => listen(state, l, &mut closers),
+                    Some(WorkerCommand::Close(name)) => {
+                        if let Some(tx) = closers.remove(&name) {
+                            let _ = tx.send(true);
+                        }
+                    }
+                    None => commands_open = false,
+                },
+            }
+        }
         let deadline = tokio::time::Instant::now() + shutdown_timeout;
         // Accepted connections still owe an answer: requests in flight, and connections whose
         // first request has not been read yet.
@@ -308,52 +417,65 @@ async fn heartbeat(worker: Rc<Worker>) {
     }
 }
 
-/// On shutdown, accepts what is already queued on this socket, so those clients are served
-/// rather than reset when it closes. (With `net.ipv4.tcp_migrate_req = 1`, connections still
-/// in the handshake move to another process's socket on the same port: see the README's
-/// zero-downtime upgrade.)
-fn drain_backlog(worker: &Rc<Worker>, listener: &tokio::net::TcpListener, idx: usize) {
+/// Serves one accepted connection, counted in its listener's open connections.
+fn spawn_connection(
+    worker: &Rc<Worker>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    state: &Arc<ListenerState>,
+) {
+    state.open.fetch_add(1, Ordering::Relaxed);
+    let (w, st) = (worker.clone(), state.clone());
+    tokio::task::spawn_local(async move {
+        crate::connection::serve(w, stream, peer, st.clone()).await;
+        st.open.fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
+/// On shutdown (or when a reload removes the listener), accepts what is already queued on
+/// this socket, so those clients are served rather than reset when it closes. (With
+/// `net.ipv4.tcp_migrate_req = 1`, connections still in the handshake move to another
+/// socket on the same port: see the README's zero-downtime upgrade.)
+fn drain_backlog(
+    worker: &Rc<Worker>,
+    listener: &tokio::net::TcpListener,
+    state: &Arc<ListenerState>,
+) {
     let waker = std::task::Waker::noop();
     let mut cx = std::task::Context::from_waker(waker);
     while let std::task::Poll::Ready(Ok((stream, peer))) = listener.poll_accept(&mut cx) {
-        worker.shared.listener_connections[idx].fetch_add(1, Ordering::Relaxed);
-        let w = worker.clone();
-        tokio::task::spawn_local(async move {
-            crate::connection::serve(w.clone(), stream, peer, idx).await;
-            w.shared.listener_connections[idx].fetch_sub(1, Ordering::Relaxed);
-        });
+        spawn_connection(worker, stream, peer, state);
     }
 }
 
 async fn accept_loop(
     worker: Rc<Worker>,
     listener: tokio::net::TcpListener,
-    idx: usize,
+    state: Arc<ListenerState>,
     mut stop: watch::Receiver<bool>,
+    mut close: watch::Receiver<bool>,
 ) {
     loop {
         tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => {
-                drain_backlog(&worker, &listener, idx);
-                break;
-            }
+            _ = stop.wait_for(|s| *s) => break,
+            _ = close.wait_for(|s| *s) => break,
             accepted = listener.accept() => match accepted {
                 // TCP_NODELAY is inherited from the listening socket: no setsockopt per accept.
                 Ok((stream, peer)) => {
-                    let max = worker.current().snapshot.listeners.get(idx).map_or(0, |l| l.max_connections);
-                    let open = &worker.shared.listener_connections[idx];
-                    if max > 0 && open.load(Ordering::Relaxed) >= max {
+                    let max = worker
+                        .current()
+                        .snapshot
+                        .listeners
+                        .iter()
+                        .find(|l| *l.name == *state.name)
+                        .map_or(0, |l| l.max_connections);
+                    if max > 0 && state.open.load(Ordering::Relaxed) >= max {
                         // Accepted and answered rather than left to time out in the backlog.
                         tokio::task::spawn_local(crate::connection::refuse(worker.clone(), stream));
                         continue;
                     }
-                    open.fetch_add(1, Ordering::Relaxed);
-                    let w = worker.clone();
-                    tokio::task::spawn_local(async move {
-                        crate::connection::serve(w.clone(), stream, peer, idx).await;
-                        w.shared.listener_connections[idx].fetch_sub(1, Ordering::Relaxed);
-                    });
+                    spawn_connection(&worker, stream, peer, &state);
                 }
                 Err(e) => {
                     // EMFILE and friends: back off briefly instead of spinning.
@@ -363,4 +485,5 @@ async fn accept_loop(
             }
         }
     }
+    drain_backlog(&worker, &listener, &state);
 }

@@ -141,3 +141,59 @@ fn builtin_default_balances_over_demo_backends() {
     }
     assert_eq!(seen.len(), 2, "{seen:?}");
 }
+
+#[test]
+fn reload_adds_and_removes_listeners() {
+    let up = upstream(&["--name", "a"]);
+    let v = veloxy(&simple_config(&[up.addr], ""));
+    let path = v.dir.path().join("veloxy.toml");
+    let mut kept = Client::connect(v.addr);
+    kept.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!(kept.read_response(false).status, 200);
+
+    let extra = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let base = simple_config(&[up.addr], "").replace("127.0.0.1:0", &v.addr.to_string());
+    let with_extra = base.replace(
+        "[[routes]]",
+        &format!("[listeners.extra]\naddr = \"{extra}\"\n[[routes]]"),
+    );
+    std::fs::write(&path, &with_extra).unwrap();
+    signal(v.proc.pid(), "-HUP");
+    assert!(eventually(Duration::from_secs(5), || v
+        .proc
+        .log_text()
+        .contains("reloaded")));
+    assert!(
+        v.proc.log_text().contains("listener=extra"),
+        "{}",
+        v.proc.log_text()
+    );
+    assert_eq!(
+        get(extra, "/").header("x-upstream"),
+        Some("a"),
+        "the new listener serves"
+    );
+
+    std::fs::write(&path, &base).unwrap();
+    signal(v.proc.pid(), "-HUP");
+    assert!(eventually(Duration::from_secs(5), || v
+        .proc
+        .log_text()
+        .matches("reloaded")
+        .count()
+        == 2));
+    assert!(
+        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(
+            extra
+        )
+        .is_err()),
+        "the removed listener stops accepting"
+    );
+    // The original listener, and a keep-alive connection on it, were never interrupted.
+    assert_eq!(get(v.addr, "/").status, 200);
+    kept.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!(kept.read_response(false).status, 200);
+}
