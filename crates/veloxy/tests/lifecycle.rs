@@ -197,3 +197,72 @@ fn reload_adds_and_removes_listeners() {
     kept.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
     assert_eq!(kept.read_response(false).status, 200);
 }
+
+#[test]
+fn reloads_under_steady_load_fail_no_request() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let a = upstream(&["--name", "a"]);
+    let b = upstream(&["--name", "b"]);
+    let v = veloxy(&simple_config(&[a.addr], "").replace("workers = 1", "workers = 2"));
+    let path = v.dir.path().join("veloxy.toml");
+    let configs = [a.addr, b.addr].map(|u| {
+        simple_config(&[u], "")
+            .replace("workers = 1", "workers = 2")
+            .replace("127.0.0.1:0", &v.addr.to_string())
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    // Keep-alive clients and one that opens a connection per request, bounded in count.
+    let clients: Vec<_> = (0..4)
+        .map(|i| {
+            let (stop, ok, failed, addr) = (stop.clone(), ok.clone(), failed.clone(), v.addr);
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                for _ in 0..50_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if i == 0 {
+                        c = Client::connect(addr);
+                    }
+                    c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+                    match c.try_read_response(false) {
+                        Some(r) if r.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                        _ => {
+                            c = Client::connect(addr);
+                            failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    for round in 0..6 {
+        let before = ok.load(Ordering::Relaxed);
+        assert!(eventually(Duration::from_secs(5), || ok
+            .load(Ordering::Relaxed)
+            > before + 100));
+        std::fs::write(&path, &configs[(round + 1) % 2]).unwrap();
+        signal(v.proc.pid(), "-HUP");
+        assert!(eventually(Duration::from_secs(5), || v
+            .proc
+            .log_text()
+            .matches("reloaded")
+            .count()
+            == round + 1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "{} ok",
+        ok.load(Ordering::Relaxed)
+    );
+    // Six reloads alternate a -> b -> a ...: the last one wrote configs[0] (upstream a).
+    assert_eq!(get(v.addr, "/").header("x-upstream"), Some("a"));
+}
