@@ -129,6 +129,7 @@ def main(argv: list[str]) -> int:
                 problems.append(err)
         ctx = runner.make_ctx(args, profile)
         ctx.argv = argv
+        ctx.explicit_proxies = bool(args.proxies)
         nofile = ctx.nofile = runner.raise_nofile()
         say(f"bench {profile}: results -> {ctx.outdir} (cache {ctx.cache}, ulimit -n {nofile})")
         say(f"cores: proxy {ctx.proxy_cpus}, load generator + upstreams {ctx.load_cpus}; "

@@ -27,9 +27,14 @@ def _color(name: str):
     return COLORS.get(name)
 
 
+def _kilo(v: float) -> str:
+    return f"{v / 1000:.1f}k" if v >= 1000 else f"{v:.0f}"
+
+
 def grouped_bars(path: Path, title: str, ylabel: str, groups: list[str],
-                 series: dict[str, list[float | None]]) -> bool:
-    """groups = x categories (e.g. proxies); series = label -> one value per group."""
+                 series: dict[str, list[float | None]], fmt=_kilo) -> bool:
+    """groups = x categories (e.g. proxies); series = label -> one value per group;
+    fmt(value) labels each bar."""
     if not HAVE or not groups or not series:
         return False
     plt = _plt()
@@ -42,7 +47,7 @@ def grouped_bars(path: Path, title: str, ylabel: str, groups: list[str],
         bars = ax.bar(xs, ys, width, label=label)
         for b, v in zip(bars, vals, strict=True):
             if v:
-                ax.annotate(f"{v / 1000:.1f}k" if v >= 1000 else f"{v:.0f}",
+                ax.annotate(fmt(v),
                             (b.get_x() + b.get_width() / 2, b.get_height()),
                             ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(groups)))

@@ -71,6 +71,9 @@ def parse_oha(text: str, offered_rps: float | None = None) -> dict:
     total = responses + failed
     dur = float(s.get("total") or 0) or 1e-9
     ok = responses - non2xx
+    # With --stats-success-breakdown: percentiles of the 2xx responses alone (oha's
+    # "successful"), i.e. the admitted requests when a proxy refuses some with 503/429.
+    ok_lat = d.get("latencyPercentilesSuccessful")
     return {
         "tool": "oha",
         "offered_rps": offered_rps,
@@ -86,16 +89,25 @@ def parse_oha(text: str, offered_rps: float | None = None) -> dict:
         "errors": non2xx + failed,
         "error_rate": (non2xx + failed) / total if total else 1.0,
         "errors_detail": errs,
-        "latency_ms": {k: (v * 1000.0 if v is not None else None) for k, v in lat.items()},
+        "status_codes": codes,
+        "deadline_aborted": deadline,
+        "latency_ms": {**_ms(lat), "max": float(s["slowest"]) * 1000.0 if s.get("slowest") else None},
+        "ok_latency_ms": _ms(ok_lat) if ok_lat is not None else None,
     }
 
 
+def _ms(pcts: dict) -> dict:
+    return {k: (v * 1000.0 if v is not None else None) for k, v in pcts.items()}
+
+
 def oha(url: str, *, rate: float, connections: int, duration: float, cpus: list[int],
-        method: str = "GET", body_file: Path | None = None, timeout_s: int = 2,
-        binary: str = "oha") -> dict:
+        method: str = "GET", body_file: Path | None = None, timeout_s: float = 2,
+        binary: str = "oha", breakdown: bool = False) -> dict:
     cmd = [binary, "-z", f"{duration:g}s", "-c", str(connections), "-q", f"{rate:.0f}",
            "--latency-correction", "--no-tui", "--output-format", "json",
-           "-t", f"{timeout_s}s", "-m", method]
+           "-t", f"{timeout_s:g}s", "-m", method]
+    if breakdown:
+        cmd.append("--stats-success-breakdown")
     if body_file is not None:
         cmd += ["-D", str(body_file), "-H", "Content-Type: application/json"]
     cmd.append(url)

@@ -51,11 +51,12 @@ def wrk(ctx, run, path: str = "/", *, connections: int, duration: float, warmup:
 
 
 def oha(ctx, run, path: str = "/", *, rate: float, connections: int, duration: float,
-        method: str = "GET", body_file=None) -> dict:
+        method: str = "GET", body_file=None, timeout_s: float = 2, breakdown: bool = False) -> dict:
     url = run.base_url + path
     res = measured(ctx, run, lambda: loadgen.oha(
         url, rate=rate, connections=connections, duration=duration, cpus=ctx.load_cpus,
-        method=method, body_file=body_file, binary=ctx.tools["oha"]))
+        method=method, body_file=body_file, binary=ctx.tools["oha"], timeout_s=timeout_s,
+        breakdown=breakdown))
     res.update({"connections": connections, "path": path, "method": method})
     return res
 

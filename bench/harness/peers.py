@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -20,18 +22,47 @@ ALL_PROXIES = ["veloxy", "nginx", "haproxy", "envoy", "caddy", "pingora", "traef
 DIRECT = "direct"  # one upstream answering straight, pinned where the proxy would run
 
 
+PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
+ALONE = re.compile(r"^([ \t]*)\{\{([A-Z_]+)\}\}[ \t]*$")
+
+
 def render(template: str, values: dict[str, object]) -> str:
-    """Fill `{{NAME}}` placeholders; every placeholder must be known."""
-    def sub(m: re.Match) -> str:
-        key = m.group(1)
+    """Fill `{{NAME}}` placeholders; every placeholder must be known.
+
+    A placeholder alone on an indented line is a snippet slot: an empty value removes
+    the line (so optional snippets leave the default config byte-identical) and a
+    multi-line value gets every line indented like the placeholder."""
+    def value(key: str) -> str:
         if key not in values:
             raise KeyError(f"template placeholder {{{{{key}}}}} has no value")
         return str(values[key])
-    return re.sub(r"\{\{([A-Z_]+)\}\}", sub, template)
+
+    out = []
+    for line in template.splitlines(keepends=True):
+        m = ALONE.match(line.rstrip("\n"))
+        if m and m.group(1):
+            text = value(m.group(2)).strip("\n")
+            if text:
+                out.append("".join(m.group(1) + x if x.strip() else x
+                                   for x in text.splitlines(keepends=True)) + "\n")
+            continue
+        out.append(PLACEHOLDER.sub(lambda m: value(m.group(1)), line))
+    return "".join(out)
 
 
-def render_file(name: str, dest: Path, values: dict[str, object]) -> Path:
-    text = render((PEERS_DIR / name).read_text(), values)
+def placeholders(name: str) -> set[str]:
+    return set(PLACEHOLDER.findall((PEERS_DIR / name).read_text()))
+
+
+def render_file(name: str, dest: Path, values: dict[str, object],
+                extra: dict[str, object] | None = None) -> Path:
+    """Render bench/peers/NAME into dest. `extra` (from a scenario) overrides values;
+    each of its keys must be a placeholder of this template (a typo is an error)."""
+    extra = extra or {}
+    unknown = set(extra) - placeholders(name)
+    if unknown:
+        raise KeyError(f"{name} has no placeholder(s) {sorted(unknown)}")
+    text = render((PEERS_DIR / name).read_text(), {**values, **extra})
     dest.write_text(text)
     return dest
 
@@ -111,30 +142,32 @@ def _maxconn(ctx) -> int:
     return max(1024, min(50000, (ctx.nofile - 200) // 2))
 
 
-def _nginx(ctx, wd: Path, port: int, ups: list[str]):
+def _nginx(ctx, wd: Path, port: int, ups: list[str], extra=None):
     servers = "\n".join(f"        server {a};" for a in ups)
     conf = render_file("nginx.conf.tmpl", wd / "nginx.conf", {
         "WORKERS": ctx.workers, "WORKDIR": wd, "PORT": port, "SERVERS": servers,
-        "KEEPALIVE": ctx.keepalive * len(ups), "NOFILE": ctx.nofile, "MAXCONN": _maxconn(ctx)})
+        "KEEPALIVE": ctx.keepalive * len(ups), "NOFILE": ctx.nofile, "MAXCONN": _maxconn(ctx),
+        "HTTP_EXTRA": "", "LOCATION_EXTRA": ""}, extra)
     return [ctx.tools["nginx"], "-p", f"{wd}/", "-e", str(wd / "error.log"), "-c", str(conf)], {}
 
 
-def _haproxy(ctx, wd: Path, port: int, ups: list[str]):
+def _haproxy(ctx, wd: Path, port: int, ups: list[str], extra=None):
     servers = "\n".join(f"    server u{i + 1} {a}" for i, a in enumerate(ups))
     conf = render_file("haproxy.cfg.tmpl", wd / "haproxy.cfg", {
         "WORKERS": ctx.workers, "WORKDIR": wd, "PORT": port, "SERVERS": servers,
-        "KEEPALIVE": ctx.keepalive, "MAXCONN": _maxconn(ctx)})
+        "KEEPALIVE": ctx.keepalive, "MAXCONN": _maxconn(ctx), "BACKEND_EXTRA": ""}, extra)
     return [ctx.tools["haproxy"], "-db", "-f", str(conf)], {}
 
 
-def _envoy(ctx, wd: Path, port: int, ups: list[str]):
+def _envoy(ctx, wd: Path, port: int, ups: list[str], extra=None):
     eps = []
     for a in ups:
         host, p = a.rsplit(":", 1)
         eps.append(f"        - endpoint: {{address: {{socket_address: {{address: {host}, "
                    f"port_value: {p}}}}}}}")
     conf = render_file("envoy.yaml.tmpl", wd / "envoy.yaml", {
-        "PORT": port, "ENDPOINTS": "\n".join(eps)})
+        "PORT": port, "ENDPOINTS": "\n".join(eps),
+        "CB_CONNECTIONS": 100000, "CB_PENDING": 100000, "CB_REQUESTS": 100000}, extra)
     return [ctx.tools["envoy"], "-c", str(conf), "--concurrency", str(ctx.workers),
             "--log-level", "error", "--disable-hot-restart"], {}
 
@@ -144,23 +177,26 @@ def _go_env(ctx, wd: Path) -> dict[str, str]:
             "XDG_CONFIG_HOME": str(wd / "config")}
 
 
-def _caddy(ctx, wd: Path, port: int, ups: list[str]):
+def _caddy(ctx, wd: Path, port: int, ups: list[str], extra=None):
     conf = render_file("Caddyfile.tmpl", wd / "Caddyfile", {
         "PORT": port, "UPSTREAMS": " ".join(ups), "KEEPALIVE": ctx.keepalive,
-        "KEEPALIVE_TOTAL": ctx.keepalive * len(ups)})
+        "KEEPALIVE_TOTAL": ctx.keepalive * len(ups), "PROXY_EXTRA": ""}, extra)
     return [ctx.tools["caddy"], "run", "--config", str(conf), "--adapter", "caddyfile"], \
         _go_env(ctx, wd)
 
 
-def _traefik(ctx, wd: Path, port: int, ups: list[str]):
+def _traefik(ctx, wd: Path, port: int, ups: list[str], extra=None):
     servers = "\n".join(f'          - url: "http://{a}"' for a in ups)
-    render_file("traefik-dynamic.yml.tmpl", wd / "dynamic.yml", {"SERVERS": servers})
+    render_file("traefik-dynamic.yml.tmpl", wd / "dynamic.yml", {
+        "SERVERS": servers, "HTTP_EXTRA": "", "ROUTER_EXTRA": ""}, extra)
     conf = render_file("traefik.yml.tmpl", wd / "traefik.yml", {
         "PORT": port, "WORKDIR": wd, "KEEPALIVE": ctx.keepalive})
     return [ctx.tools["traefik"], f"--configFile={conf}"], _go_env(ctx, wd)
 
 
-def _pingora(ctx, wd: Path, port: int, ups: list[str]):
+def _pingora(ctx, wd: Path, port: int, ups: list[str], extra=None):
+    if extra:
+        raise KeyError(f"the Pingora peer has no config template (extra settings {sorted(extra)})")
     cmd = [ctx.tools["pingora"], "--listen", f"127.0.0.1:{port}", "--threads", str(ctx.workers),
            "--keepalive", str(ctx.keepalive * len(ups)), "--pid-file", str(wd / "pingora.pid")]
     for a in ups:
@@ -168,8 +204,8 @@ def _pingora(ctx, wd: Path, port: int, ups: list[str]):
     return cmd, {}
 
 
-def _veloxy(ctx, wd: Path, port: int, ups: list[str]):
-    if getattr(ctx, "veloxy_cli", False):
+def _veloxy(ctx, wd: Path, port: int, ups: list[str], extra=None):
+    if getattr(ctx, "veloxy_cli", False) and not extra:
         cmd = [ctx.tools["veloxy"], "proxy", "--listen", f"127.0.0.1:{port}",
                "--workers", str(ctx.workers), "--keepalive", str(ctx.keepalive)]
         for a in ups:
@@ -177,11 +213,13 @@ def _veloxy(ctx, wd: Path, port: int, ups: list[str]):
         return cmd, {}
     conf = render_file("veloxy.toml.tmpl", wd / "veloxy.toml", {
         "WORKERS": ctx.workers, "PORT": port, "KEEPALIVE": ctx.keepalive,
-        "SERVERS": ", ".join(f'"{a}"' for a in ups)})
+        "SERVERS": ", ".join(f'"{a}"' for a in ups), "ROUTE_EXTRA": "", "UPSTREAM_EXTRA": "",
+        "SERVER_EXTRA": ""},
+        extra)
     return [ctx.tools["veloxy"], "run", "--config", str(conf)], {}
 
 
-def _direct(ctx, wd: Path, port: int, ups: list[str]):
+def _direct(ctx, wd: Path, port: int, ups: list[str], extra=None):
     return [ctx.tools["upstream"], "--listen", f"127.0.0.1:{port}", "--name", "direct"], {}
 
 
@@ -192,14 +230,18 @@ BUILDERS = {
 STARTUP_TIMEOUT = {"envoy": 30, "traefik": 30, "caddy": 20}
 
 
-def start(ctx, name: str) -> Running:
+def start(ctx, name: str, extra: dict[str, object] | None = None) -> Running:
     """Start one proxy (or the direct upstream) pinned to the proxy cores, wait until
-    GET / through it returns 2xx."""
+    GET / through it returns 2xx. `extra` fills a scenario's optional config snippets
+    (placeholders of the proxy's template, see bench/peers/)."""
     ctx.seq += 1
     wd = ctx.tmp / f"{name}-{ctx.seq}"
     wd.mkdir(parents=True)
     port = procs.free_port()
-    cmd, env = BUILDERS[name](ctx, wd, port, ctx.upstreams.addrs)
+    try:
+        cmd, env = BUILDERS[name](ctx, wd, port, ctx.upstreams.addrs, extra)
+    except KeyError as e:
+        raise StartError(f"bad scenario settings for {name}: {e}") from e
     (wd / "command.txt").write_text(" ".join(cmd) + "\n")
     log = wd / "output.log"
     t0 = time.monotonic()
@@ -211,7 +253,7 @@ def start(ctx, name: str) -> Running:
         procs.wait_http_ok(run.base_url + "/", p, timeout)
     except StartError as e:
         procs.REGISTRY.stop(p)
-        if name == "veloxy" and not getattr(ctx, "veloxy_cli", False):
+        if name == "veloxy" and not extra and not getattr(ctx, "veloxy_cli", False):
             # Fall back to the flag form if this veloxy build has no config mode.
             ctx.veloxy_cli = True
             try:
@@ -237,6 +279,28 @@ def check_xff(base_url: str) -> bool | None:
     if not head.startswith("get /echo"):
         return None
     return "\nx-forwarded-for:" in head
+
+
+def kill_upstream(ups: Upstreams, i: int) -> None:
+    """SIGKILL upstream i (a crash: no graceful close) and reap it."""
+    p = ups.procs[i]
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait(timeout=5)
+
+
+def restart_upstream(binary: str, ups: Upstreams, i: int, cpus: list[int], workdir: Path) -> None:
+    """Start upstream i again on the same address (it binds with SO_REUSEADDR)."""
+    old = ups.procs[i]
+    p, addr = start_upstream(binary, f"u{i + 1}", cpus, workdir, listen=ups.addrs[i])
+    if addr != ups.addrs[i]:
+        procs.REGISTRY.stop(p)
+        raise StartError(f"upstream u{i + 1} came back on {addr}, not {ups.addrs[i]}")
+    ups.procs[i] = p
+    if old in procs.REGISTRY.procs:
+        procs.REGISTRY.procs.remove(old)
 
 
 def stop(run: Running | None) -> None:

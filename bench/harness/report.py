@@ -16,13 +16,15 @@ CONFIG_FILES = ("nginx.conf", "haproxy.cfg", "envoy.yaml", "Caddyfile", "traefik
                 "dynamic.yml", "veloxy.toml", "command.txt")
 
 
-def save_config(ctx, run) -> None:
-    """Keep the rendered config of each proxy (first start only) next to the report."""
+def save_config(ctx, run, variant: str | None = None) -> None:
+    """Keep the rendered config of each proxy (first start only) next to the report;
+    a scenario's own settings go to configs/PROXY-SCENARIO/."""
+    key = f"{run.name}-{variant}" if variant else run.name
     saved = ctx.__dict__.setdefault("_configs_saved", set())
-    if run.name in saved:
+    if key in saved:
         return
-    saved.add(run.name)
-    dest = ctx.outdir / "configs" / run.name
+    saved.add(key)
+    dest = ctx.outdir / "configs" / key
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     for f in CONFIG_FILES:

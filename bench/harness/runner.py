@@ -49,6 +49,7 @@ class Ctx:
     versions: dict = field(default_factory=dict)
     seq: int = 0
     veloxy_cli: bool = False
+    explicit_proxies: bool = False  # --proxies given: scenarios' own proxy subsets are ignored
     interrupted: bool = False
     events: list = field(default_factory=list)
     started: float = field(default_factory=time.time)
@@ -189,6 +190,15 @@ def select_proxies(ctx: Ctx, requested: list[str]) -> list[str]:
     return out
 
 
+def scenario_targets(ctx: Ctx, cfg: dict, proxies: list[str]) -> list[str]:
+    """The proxies a scenario runs on: its profile's "proxies" subset (to keep a profile
+    short) unless the command line named the proxies explicitly."""
+    only = cfg.get("proxies")
+    if not only or ctx.explicit_proxies:
+        return list(proxies)
+    return [p for p in proxies if p in only]
+
+
 def run_scenarios(ctx: Ctx, scenarios: list, proxies: list[str]) -> None:
     plans = []
     for sc in scenarios:
@@ -198,7 +208,7 @@ def run_scenarios(ctx: Ctx, scenarios: list, proxies: list[str]) -> None:
             warn(f"scenario {sc.NAME} skipped: {why}")
             ctx.results[sc.NAME] = {"_skipped": why}
             continue
-        targets = list(proxies)
+        targets = scenario_targets(ctx, cfg, proxies)
         if getattr(sc, "TARGETS", "proxies") == "proxies+direct" and "upstream" in ctx.tools:
             targets.append(DIRECT)
         plans.append((sc, cfg, targets, sc.steps(ctx, cfg)))
@@ -217,11 +227,16 @@ def run_scenarios(ctx: Ctx, scenarios: list, proxies: list[str]) -> None:
                 continue
             prog.step(f"{sc.NAME} | {name} | starting", 1.5)
             ensure_upstreams(ctx, f"before {sc.NAME} / {name}")
+            extra = sc.peer_config(ctx, cfg, name) if hasattr(sc, "peer_config") else None
             try:
-                run = peers.start(ctx, name)
+                run = peers.start(ctx, name, extra)
             except StartError as e:
-                warn(f"{name} failed to start: {e}")
-                ctx.peer_status[name] = {"status": "start failed", "reason": str(e)}
+                warn(f"{name} failed to start{' with ' + sc.NAME + ' settings' if extra else ''}: {e}")
+                if extra:  # only this scenario's config is broken: keep the peer for the others
+                    results[name] = [{"error": f"start failed with {sc.NAME} settings: {e}",
+                                      "step": "start"}]
+                else:
+                    ctx.peer_status[name] = {"status": "start failed", "reason": str(e)}
                 prog.finish_step()
                 prog.left = max(0.0, prog.left - (est - 1.5))
                 continue
@@ -232,7 +247,7 @@ def run_scenarios(ctx: Ctx, scenarios: list, proxies: list[str]) -> None:
                 ctx.peer_status[name]["xff"] = run.xff
                 if run.xff is False:
                     warn(f"{name} does not add X-Forwarded-For (checked with GET /echo)")
-            report.save_config(ctx, run)
+            report.save_config(ctx, run, variant=sc.NAME if extra else None)
             rs: list = []
             results[name] = rs
             try:

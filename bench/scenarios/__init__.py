@@ -14,6 +14,12 @@ Adding a scenario is one file, bench/scenarios/NAME.py:
     def report(ctx, cfg, results) -> str:        # results = {proxy: [step result, ...]}; markdown
     def charts(ctx, cfg, results, outdir) -> list[tuple[str, str]]   # optional: (title, png name)
     def requires(ctx) -> str | None:             # optional: reason to skip (e.g. tool missing)
+    def peer_config(ctx, cfg, name) -> dict | None:   # optional: this scenario's own proxy settings,
+        # as values for the optional snippet placeholders of bench/peers/*.tmpl (e.g.
+        # {"ROUTE_EXTRA": "max_concurrency = 32"} for veloxy); None = the default config
+
+A profile may hold "proxies": [...] to run on a subset only (to keep quick short); an
+explicit --proxies on the command line overrides it.
 
 `ctx` gives ctx.tools, ctx.proxy_cpus, ctx.load_cpus, ctx.upstreams, ctx.results
 (earlier scenarios' results) and the helpers in harness.measure (measure.wrk / measure.oha).
