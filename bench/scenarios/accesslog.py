@@ -17,7 +17,7 @@ ORDER = 70
 TARGETS = "proxies"
 GOAL = 0.10
 PROFILES = {
-    "quick": {"connections": 64, "duration": 3, "warmup": 1, "rounds": 3, "proxies": ["veloxy"]},
+    "quick": {"connections": 64, "duration": 3, "warmup": 1, "rounds": 2, "proxies": ["veloxy"]},
     "full": {"connections": 64, "duration": 10, "warmup": 2, "rounds": 5, "proxies": ["veloxy"]},
 }
 
