@@ -138,7 +138,9 @@ fn writer(rx: Receiver<String>, mut sink: Sink, reopen: Arc<AtomicBool>) {
             if let Sink::File(path, _) = &sink {
                 match Sink::open(Some(path.clone())) {
                     Ok(s) => sink = s,
-                    Err(e) => tracing::error!(error = %e, "access log: reopen failed; keeping the old file"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "access log: reopen failed; keeping the old file")
+                    }
                 }
             }
         }

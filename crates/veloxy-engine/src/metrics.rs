@@ -72,6 +72,16 @@ impl Histogram {
 /// Status classes counted per route: 1xx..5xx, and 0 for "no response sent".
 const CLASSES: usize = 6;
 
+/// The class slot of a status: 1..=5 for 1xx..5xx, 0 for anything else (no response).
+#[inline]
+fn class(status: u16) -> usize {
+    if (100..600).contains(&status) {
+        (status / 100) as usize
+    } else {
+        0
+    }
+}
+
 /// One worker's counters.
 #[derive(Debug)]
 pub struct WorkerMetrics {
@@ -124,23 +134,13 @@ impl WorkerMetrics {
     /// Counts a finished request on route index `route` (file order) with `status` (0: none).
     #[inline]
     pub fn request(&self, route: usize, status: u16) {
-        let class = if (100..600).contains(&status) {
-            (status / 100) as usize
-        } else {
-            0
-        };
-        self.requests[route.min(MAX_ROUTES - 1)][class].inc();
+        self.requests[route.min(MAX_ROUTES - 1)][class(status)].inc();
     }
 
     /// Counts a request answered before it was routed (malformed, no route, refused).
     #[inline]
     pub fn unrouted(&self, status: u16) {
-        let class = if (100..600).contains(&status) {
-            (status / 100) as usize
-        } else {
-            0
-        };
-        self.unrouted[class].inc();
+        self.unrouted[class(status)].inc();
     }
 }
 

@@ -368,6 +368,19 @@ mod tests {
         )
     }
 
+    /// A TCP check needing two results in a row either way.
+    fn tcp_check() -> HealthCheck {
+        HealthCheck {
+            path: None,
+            host: None,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            healthy: 2,
+            unhealthy: 2,
+            expect_status: 200..=399,
+        }
+    }
+
     #[test]
     fn ejection_threshold_backoff_and_cap() {
         let g = group(4);
@@ -435,15 +448,7 @@ mod tests {
         };
         assert!(g.record_failure(0, &o));
         assert_eq!(g.down_mask(), 0b01);
-        let c = HealthCheck {
-            path: None,
-            host: None,
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-            healthy: 2,
-            unhealthy: 2,
-            expect_status: 200..=399,
-        };
+        let c = tcp_check();
         g.apply_check(0, false, &c);
         assert_eq!(g.down_mask(), 0b01, "a failing check does not end it");
         g.apply_check(0, true, &c);
@@ -453,15 +458,7 @@ mod tests {
     #[test]
     fn active_checks_need_consecutive_results() {
         let g = group(2);
-        let c = HealthCheck {
-            path: None,
-            host: None,
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-            healthy: 2,
-            unhealthy: 2,
-            expect_status: 200..=399,
-        };
+        let c = tcp_check();
         g.apply_check(1, false, &c);
         assert_eq!(g.down_mask(), 0);
         g.apply_check(1, true, &c);
