@@ -39,6 +39,29 @@ impl Generation {
     }
 }
 
+/// Moves idle upstream connections of backends that survive a reload (same group name, same
+/// address) into the new generation's pools, so a reload costs no reconnects.
+fn carry_idle_connections(old: &Generation, new: &Generation) {
+    let (mut from, mut to) = (old.groups.borrow_mut(), new.groups.borrow_mut());
+    for (ni, group) in new.snapshot.upstreams.iter().enumerate() {
+        let Some(oi) = old
+            .snapshot
+            .upstreams
+            .iter()
+            .position(|g| g.name == group.name)
+        else {
+            continue;
+        };
+        for (nb, backend) in group.backends.iter().enumerate() {
+            let old_backends = &old.snapshot.upstreams[oi].backends;
+            if let Some(ob) = old_backends.iter().position(|b| b.addr == backend.addr) {
+                let conns = from[oi].pool.take_all(ob);
+                to[ni].pool.adopt(nb, conns);
+            }
+        }
+    }
+}
+
 /// Size of scratch buffers handed to requests (head building, upstream reads, body pumps).
 pub(crate) const SCRATCH: usize = 32 * 1024;
 /// Scratch buffers kept for reuse; more are freed.
@@ -95,7 +118,8 @@ impl Worker {
             }
         }
         let fresh = Rc::new(Generation::new(number, self.shared.snapshot.load_full()));
-        *self.generation.borrow_mut() = fresh.clone();
+        let old = std::mem::replace(&mut *self.generation.borrow_mut(), fresh.clone());
+        carry_idle_connections(&old, &fresh);
         fresh
     }
 

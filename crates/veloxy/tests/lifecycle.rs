@@ -266,3 +266,29 @@ fn reloads_under_steady_load_fail_no_request() {
     // Six reloads alternate a -> b -> a ...: the last one wrote configs[0] (upstream a).
     assert_eq!(get(v.addr, "/").header("x-upstream"), Some("a"));
 }
+
+#[test]
+fn reload_keeps_idle_upstream_connections_of_unchanged_backends() {
+    let up = upstream(&["--name", "a"]);
+    let v = veloxy(&simple_config(&[up.addr], ""));
+    let path = v.dir.path().join("veloxy.toml");
+    let before = get(v.addr, "/").header("x-conn-id").unwrap().to_string();
+    // Same upstream group and backend, one more route: the pooled connection carries over.
+    let config = simple_config(&[up.addr], "")
+        .replace("127.0.0.1:0", &v.addr.to_string())
+        .replace(
+            "[[routes]]",
+            "[[routes]]\npath = \"/other/\"\nupstream = \"app\"\n[[routes]]",
+        );
+    std::fs::write(&path, config).unwrap();
+    signal(v.proc.pid(), "-HUP");
+    assert!(eventually(Duration::from_secs(5), || v
+        .proc
+        .log_text()
+        .contains("reloaded")));
+    let after = get(v.addr, "/").header("x-conn-id").unwrap().to_string();
+    assert_eq!(
+        before, after,
+        "the idle upstream connection was reused across the reload"
+    );
+}

@@ -52,7 +52,7 @@ impl Drop for UpstreamConn {
     }
 }
 
-struct Idle {
+pub(crate) struct Idle {
     stream: UpstreamConn,
     since: Instant,
 }
@@ -101,6 +101,22 @@ impl Pool {
                 stream,
                 since: Instant::now(),
             });
+        }
+    }
+
+    /// Takes every idle connection of `backend` out (to carry them into a reloaded config).
+    pub fn take_all(&mut self, backend: usize) -> Vec<Idle> {
+        self.idle
+            .get_mut(backend)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Adds idle connections carried over from a previous config, up to the limit.
+    pub fn adopt(&mut self, backend: usize, conns: Vec<Idle>) {
+        if let Some(list) = self.idle.get_mut(backend) {
+            let room = self.max_per_backend.saturating_sub(list.len());
+            list.extend(conns.into_iter().take(room));
         }
     }
 
