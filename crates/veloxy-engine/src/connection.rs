@@ -37,6 +37,9 @@ pub(crate) struct Downstream {
     pub metrics: std::sync::Arc<crate::metrics::WorkerMetrics>,
     /// Bytes written to this client so far (access log byte counts).
     pub bytes_sent: u64,
+    /// Close with a reset (the response was cut short by the upstream: a clean close could
+    /// look like a complete close-delimited body).
+    pub reset: bool,
 }
 
 /// A request refused before forwarding.
@@ -174,6 +177,7 @@ pub(crate) async fn serve(
         listener_index: std::cell::Cell::new((0, 0)),
         metrics: worker.metrics.clone(),
         bytes_sent: 0,
+        reset: false,
     };
     worker.metrics.downstream_connections.inc();
     let mut fresh = true;
@@ -232,6 +236,10 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
         let keep = crate::proxy::forward(worker, &gen, down, prepared).await;
         worker.in_flight.set(worker.in_flight.get() - 1);
         worker.metrics.in_flight_done.inc();
+        if down.reset {
+            // SO_LINGER 0 is set: dropping the socket sends a reset, not a FIN.
+            return;
+        }
         if !keep || worker.shutting_down() {
             // Lingering close: a client that pipelined more requests must not get a reset
             // that destroys the response it is still reading.

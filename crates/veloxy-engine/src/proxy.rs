@@ -133,6 +133,11 @@ pub(crate) async fn forward(
         }
         Err(Fail::Abort(e)) => {
             log_error(&e, group, backend);
+            if e.side == Side::Upstream {
+                // The response is cut short: make the client see an error, not an ending.
+                let _ = socket2::SockRef::from(&down.stream).set_linger(Some(Duration::ZERO));
+                down.reset = true;
+            }
             (false, 0)
         }
     };

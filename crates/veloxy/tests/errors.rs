@@ -280,3 +280,37 @@ fn head_errors_carry_no_body_so_pipelining_stays_in_sync() {
     let next = c.read_response(false);
     assert_eq!((next.status, next.body.as_slice()), (200, &b"abc"[..]));
 }
+
+#[test]
+fn upstream_reset_mid_body_is_a_reset_for_the_client_not_a_clean_end() {
+    use std::io::Write;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            // A close-delimited body, cut by a reset: a FIN would have meant "complete".
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\npartial");
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            drop(s);
+        }
+    });
+    let v = veloxy(&simple_config(&[addr], ""));
+    let mut c = std::net::TcpStream::connect(v.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    std::io::Write::write_all(&mut c, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let ended = loop {
+        match c.read(&mut buf) {
+            Ok(0) => break "clean end of stream",
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    };
+    assert_eq!(ended, "reset", "got {:?}", String::from_utf8_lossy(&got));
+}

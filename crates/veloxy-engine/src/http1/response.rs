@@ -65,6 +65,7 @@ pub fn parse_and_write(
     let mut content_length = None;
     let mut chunked = false;
     let mut transfer_encoding = false;
+    let mut te_value: &[u8] = b"";
     let mut connection: [&[u8]; 8] = [&[]; 8];
     let mut connection_len = 0;
     for h in res.headers.iter() {
@@ -78,7 +79,11 @@ pub fn parse_and_write(
                 content_length = Some(n);
             }
             Special::TransferEncoding => {
+                if transfer_encoding {
+                    return Err(bad("multiple Transfer-Encoding headers"));
+                }
                 transfer_encoding = true;
+                te_value = h.value.trim_ascii();
                 let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
                 chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
             }
@@ -91,6 +96,12 @@ pub fn parse_and_write(
     }
     if transfer_encoding && content_length.is_some() {
         return Err(bad("both Content-Length and Transfer-Encoding"));
+    }
+    // Codings other than chunked (gzip, ...) are the client's to decode: forwarded verbatim to
+    // HTTP/1.1 clients; an HTTP/1.0 client cannot receive a transfer-coding at all.
+    let other_codings = transfer_encoding && !te_value.eq_ignore_ascii_case(b"chunked");
+    if other_codings && client_version == 0 {
+        return Err(bad("transfer-coding an HTTP/1.0 client cannot decode"));
     }
     let conn = &connection[..connection_len];
     let body = if request_is_head || status == 204 || status == 304 {
@@ -133,8 +144,10 @@ pub fn parse_and_write(
         out.extend_from_slice(h.value);
         out.extend_from_slice(b"\r\n");
     }
-    if body == BodyKind::Chunked && !decode_chunked {
-        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    if transfer_encoding && !decode_chunked && client_version == 1 {
+        out.extend_from_slice(b"Transfer-Encoding: ");
+        out.extend_from_slice(te_value);
+        out.extend_from_slice(b"\r\n");
     }
     if !downstream_keep_alive {
         out.extend_from_slice(b"Connection: close\r\n");
@@ -193,6 +206,33 @@ mod tests {
         let (m, _) = run(b"HTTP/1.0 200 OK\r\n\r\n", false, 1);
         assert_eq!(m.body, BodyKind::UntilClose);
         assert!(!m.upstream_reusable && !m.downstream_keep_alive);
+    }
+
+    #[test]
+    fn other_transfer_codings_pass_through_verbatim() {
+        let (m, s) = run(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            false,
+            1,
+        );
+        assert_eq!(m.body, BodyKind::Chunked);
+        assert_eq!(s, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n");
+        let (m, s) = run(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+            false,
+            1,
+        );
+        assert_eq!(m.body, BodyKind::UntilClose);
+        assert_eq!(
+            s,
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nConnection: close\r\n"
+        );
+        let mut out = Vec::new();
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
+        assert!(
+            parse_and_write(raw, false, 0, true, &mut out).is_err(),
+            "HTTP/1.0 client"
+        );
     }
 
     #[test]
