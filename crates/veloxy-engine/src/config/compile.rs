@@ -348,9 +348,18 @@ fn compile_route(
         limits: compile_limits(src, &key, r)?,
     };
     match &r.listener {
-        None => listeners
-            .iter_mut()
-            .for_each(|l| l.router.add(compiled.clone())),
+        None => {
+            if listeners.iter().any(|l| l.router.has(&compiled)) {
+                return Err(src.error(
+                    route.span(),
+                    &key,
+                    "duplicate route: same host and path as an earlier route",
+                ));
+            }
+            listeners
+                .iter_mut()
+                .for_each(|l| l.router.add(compiled.clone()));
+        }
         Some(name) => {
             let l = listeners
                 .iter_mut()
