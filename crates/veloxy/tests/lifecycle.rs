@@ -79,20 +79,14 @@ fn sighup_reloads_a_good_config_and_refuses_a_bad_one() {
     let a = upstream(&["--name", "a"]);
     let b = upstream(&["--name", "b"]);
     let v = veloxy(&simple_config(&[a.addr], ""));
-    let path = v.dir.path().join("veloxy.toml");
     assert_eq!(get(v.addr, "/").header("x-upstream"), Some("a"));
 
     // A bad file: refused, the old config keeps serving.
-    std::fs::write(
-        &path,
+    reload_with(
+        &v,
         "[listeners.web]\naddr = \"127.0.0.1:0\"\nbogus = 1\n",
-    )
-    .unwrap();
-    signal(v.proc.pid(), "-HUP");
-    assert!(eventually(Duration::from_secs(5), || v
-        .proc
-        .log_text()
-        .contains("reload refused")));
+        "reload refused",
+    );
     assert!(
         v.proc.log_text().contains("bogus"),
         "the error names the key: {}",
@@ -106,12 +100,7 @@ fn sighup_reloads_a_good_config_and_refuses_a_bad_one() {
     kept.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
     assert_eq!(kept.read_response(false).header("x-upstream"), Some("a"));
     let config = simple_config(&[b.addr], "").replace("127.0.0.1:0", &v.addr.to_string());
-    std::fs::write(&path, config).unwrap();
-    signal(v.proc.pid(), "-HUP");
-    assert!(eventually(Duration::from_secs(5), || v
-        .proc
-        .log_text()
-        .contains("reloaded")));
+    reload_with(&v, &config, "reloaded");
     assert_eq!(get(v.addr, "/").header("x-upstream"), Some("b"));
     kept.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
     assert_eq!(kept.read_response(false).header("x-upstream"), Some("b"));
@@ -146,7 +135,6 @@ fn builtin_default_balances_over_demo_backends() {
 fn reload_adds_and_removes_listeners() {
     let up = upstream(&["--name", "a"]);
     let v = veloxy(&simple_config(&[up.addr], ""));
-    let path = v.dir.path().join("veloxy.toml");
     let mut kept = Client::connect(v.addr);
     kept.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
     assert_eq!(kept.read_response(false).status, 200);
@@ -160,12 +148,7 @@ fn reload_adds_and_removes_listeners() {
         "[[routes]]",
         &format!("[listeners.extra]\naddr = \"{extra}\"\n[[routes]]"),
     );
-    std::fs::write(&path, &with_extra).unwrap();
-    signal(v.proc.pid(), "-HUP");
-    assert!(eventually(Duration::from_secs(5), || v
-        .proc
-        .log_text()
-        .contains("reloaded")));
+    reload_with(&v, &with_extra, "reloaded");
     assert!(
         v.proc.log_text().contains("listener=extra"),
         "{}",
@@ -177,14 +160,7 @@ fn reload_adds_and_removes_listeners() {
         "the new listener serves"
     );
 
-    std::fs::write(&path, &base).unwrap();
-    signal(v.proc.pid(), "-HUP");
-    assert!(eventually(Duration::from_secs(5), || v
-        .proc
-        .log_text()
-        .matches("reloaded")
-        .count()
-        == 2));
+    reload_with(&v, &base, "reloaded");
     assert!(
         eventually(Duration::from_secs(5), || std::net::TcpStream::connect(
             extra
@@ -271,7 +247,6 @@ fn reloads_under_steady_load_fail_no_request() {
 fn reload_keeps_idle_upstream_connections_of_unchanged_backends() {
     let up = upstream(&["--name", "a"]);
     let v = veloxy(&simple_config(&[up.addr], ""));
-    let path = v.dir.path().join("veloxy.toml");
     let before = get(v.addr, "/").header("x-conn-id").unwrap().to_string();
     // Same upstream group and backend, one more route: the pooled connection carries over.
     let config = simple_config(&[up.addr], "")
@@ -280,12 +255,7 @@ fn reload_keeps_idle_upstream_connections_of_unchanged_backends() {
             "[[routes]]",
             "[[routes]]\npath = \"/other/\"\nupstream = \"app\"\n[[routes]]",
         );
-    std::fs::write(&path, config).unwrap();
-    signal(v.proc.pid(), "-HUP");
-    assert!(eventually(Duration::from_secs(5), || v
-        .proc
-        .log_text()
-        .contains("reloaded")));
+    reload_with(&v, &config, "reloaded");
     let after = get(v.addr, "/").header("x-conn-id").unwrap().to_string();
     assert_eq!(
         before, after,

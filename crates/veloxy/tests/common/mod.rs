@@ -430,3 +430,25 @@ pub fn group_config(servers: &[SocketAddr], group_keys: &str, route_keys: &str) 
         list.join(", ")
     )
 }
+
+/// Writes `config` over the running veloxy's config file, sends SIGHUP, and waits until the
+/// log shows one more line containing `outcome` ("reloaded" or "reload refused").
+pub fn reload_with(v: &Veloxy, config: &str, outcome: &str) {
+    let before = v.proc.log_text().matches(outcome).count();
+    std::fs::write(v.dir.path().join("veloxy.toml"), config).unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &v.proc.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        eventually(Duration::from_secs(5), || v
+            .proc
+            .log_text()
+            .matches(outcome)
+            .count()
+            > before),
+        "no {outcome:?} after SIGHUP: {}",
+        v.proc.log_text()
+    );
+}
