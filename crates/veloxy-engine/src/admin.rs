@@ -11,7 +11,6 @@
 //! counters. One request per connection; requests are small and rare.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,9 +204,4 @@ async fn respond(s: &mut tokio::net::TcpStream, status: u16, content_type: &str,
     let _ = s.write_all(head.as_bytes()).await;
     let _ = s.write_all(body.as_bytes()).await;
     let _ = s.shutdown().await;
-}
-
-/// The admin address, for callers that bound port 0.
-pub fn local_addr(l: &std::net::TcpListener) -> Option<SocketAddr> {
-    l.local_addr().ok()
 }

@@ -231,10 +231,8 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 continue;
             }
         };
-        worker.in_flight.set(worker.in_flight.get() + 1);
         worker.metrics.in_flight.inc();
         let keep = crate::proxy::forward(worker, &gen, down, prepared).await;
-        worker.in_flight.set(worker.in_flight.get() - 1);
         worker.metrics.in_flight_done.inc();
         if down.reset {
             // SO_LINGER 0 is set: dropping the socket sends a reset, not a FIN.

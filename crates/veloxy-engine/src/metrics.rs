@@ -89,6 +89,7 @@ pub struct WorkerMetrics {
     requests: Vec<[Counter; CLASSES]>,
     pub request_duration: Histogram,
     pub upstream_duration: Histogram,
+    /// Requests started and finished; their difference is the in-flight gauge.
     pub in_flight: Counter,
     pub in_flight_done: Counter,
     pub downstream_connections: Counter,

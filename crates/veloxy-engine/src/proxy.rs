@@ -417,7 +417,7 @@ impl Run<'_> {
                 if p.expect_continue {
                     let _ = write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await;
                 }
-                relay_request_body(group, down, &mut conn.stream, self.req_body, self.obuf)
+                relay_request_body(group, down, &mut conn.stream, self.req_body)
                     .await
                     .map_err(AttemptFail::Fatal)?;
             }

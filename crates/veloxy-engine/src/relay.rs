@@ -127,7 +127,6 @@ pub(crate) async fn relay_request_body(
     down: &mut Downstream,
     conn: &mut TcpStream,
     body: &mut BodyState,
-    scratch: &mut Vec<u8>,
 ) -> Result<(), Fail> {
     while !body.is_done() {
         if down.rbuf.is_empty() {
@@ -147,7 +146,6 @@ pub(crate) async fn relay_request_body(
                 "invalid chunked body",
             )))
         })?;
-        scratch.clear();
         match timeout(group.write_timeout, conn.write_all(&down.rbuf[..n])).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(up(ErrorKind::Io(e))),

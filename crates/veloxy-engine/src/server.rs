@@ -125,7 +125,7 @@ impl Server {
                 )
             }
         };
-        let admin_addr = admin_listener.as_ref().and_then(crate::admin::local_addr);
+        let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
         let worker_metrics: Vec<Arc<crate::metrics::WorkerMetrics>> =
             (0..workers).map(|_| Arc::default()).collect();
         let access_log = match &self.snapshot.settings.access_log {
@@ -378,7 +378,7 @@ fn run_worker(
         let deadline = tokio::time::Instant::now() + shutdown_timeout;
         // Accepted connections still owe an answer: requests in flight, and connections whose
         // first request has not been read yet.
-        while (worker.in_flight.get() > 0 || worker.fresh.get() > 0)
+        while (worker.in_flight() > 0 || worker.fresh.get() > 0)
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -73,8 +73,6 @@ pub(crate) struct Worker {
     generation: RefCell<Rc<Generation>>,
     bytes: RefCell<Vec<BytesMut>>,
     vecs: RefCell<Vec<Vec<u8>>>,
-    /// Requests being served by this worker (shutdown waits for zero).
-    pub in_flight: Cell<usize>,
     /// Accepted connections whose first request head has not arrived yet: shutdown waits for
     /// them too, so a connection accepted just before SIGTERM still gets its answer.
     pub fresh: Cell<usize>,
@@ -92,7 +90,6 @@ impl Worker {
             generation: RefCell::new(Rc::new(Generation::new(number, snapshot))),
             bytes: RefCell::new(Vec::new()),
             vecs: RefCell::new(Vec::new()),
-            in_flight: Cell::new(0),
             fresh: Cell::new(0),
             metrics,
         }
@@ -159,6 +156,11 @@ impl Worker {
         for g in gen.groups.borrow_mut().iter_mut() {
             g.pool.sweep();
         }
+    }
+
+    /// Requests being served by this worker (shutdown waits for zero): started minus finished.
+    pub fn in_flight(&self) -> u64 {
+        self.metrics.in_flight.get() - self.metrics.in_flight_done.get()
     }
 
     pub fn shutting_down(&self) -> bool {
