@@ -224,8 +224,10 @@ fn combined(e: &Entry) -> String {
     quoted(&mut s, e.target.as_bytes(), false);
     let _ = write!(
         s,
-        " HTTP/1.{}\" {} {} \"",
-        e.version, e.status, e.bytes_sent
+        " {}\" {} {} \"",
+        protocol(e.version),
+        e.status,
+        e.bytes_sent
     );
     quoted(
         &mut s,
@@ -263,8 +265,8 @@ fn json(e: &Entry) -> String {
     quoted(&mut s, e.target.as_bytes(), true);
     let _ = write!(
         s,
-        "\",\"protocol\":\"HTTP/1.{}\",\"status\":{},\"bytes_sent\":{},\"duration_ms\":{:.3},\"upstream\":\"",
-        e.version,
+        "\",\"protocol\":\"{}\",\"status\":{},\"bytes_sent\":{},\"duration_ms\":{:.3},\"upstream\":\"",
+        protocol(e.version),
         e.status,
         e.bytes_sent,
         e.duration.as_secs_f64() * 1000.0
@@ -283,6 +285,15 @@ fn json(e: &Entry) -> String {
     quoted(&mut s, e.user_agent, true);
     s.push_str("\"}\n");
     s
+}
+
+/// The protocol name for an entry's version: 0 and 1 are HTTP/1.x, 2 is HTTP/2.
+fn protocol(version: u8) -> &'static str {
+    match version {
+        0 => "HTTP/1.0",
+        1 => "HTTP/1.1",
+        _ => "HTTP/2.0",
+    }
 }
 
 #[cfg(test)]

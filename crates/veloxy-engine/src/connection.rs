@@ -17,6 +17,7 @@ use crate::hooks::{RequestCtx, RequestInfo};
 use crate::http1::request::{self, Forwarded, Limits, RequestView};
 use crate::http1::{write_error_response, BodyKind, MAX_HEADERS};
 use crate::limits::RateKey;
+use crate::tls::DownstreamIo;
 use crate::upstream::balancer::PickContext;
 use crate::upstream::policies::hash_bytes;
 use crate::worker::{Generation, Worker};
@@ -25,7 +26,7 @@ use crate::worker::{Generation, Worker};
 const HEAD_BUF: usize = 8 * 1024;
 
 pub(crate) struct Downstream {
-    pub stream: TcpStream,
+    pub stream: DownstreamIo,
     pub peer: SocketAddr,
     /// Formatted once per connection for X-Forwarded-For.
     pub client_ip: String,
@@ -40,6 +41,8 @@ pub(crate) struct Downstream {
     /// Close with a reset (the response was cut short by the upstream: a clean close could
     /// look like a complete close-delimited body).
     pub reset: bool,
+    /// h2c prior knowledge is accepted on this (plain) connection.
+    pub http2: bool,
 }
 
 /// A request refused before forwarding.
@@ -146,6 +149,8 @@ pub(crate) struct Prepared {
     pub expect_continue: bool,
     pub is_head: bool,
     pub idempotent: bool,
+    /// The client asked for a protocol upgrade (WebSocket).
+    pub upgrade: bool,
     pub version: u8,
     pub upstream: usize,
     pub backend: usize,
@@ -168,6 +173,48 @@ pub(crate) async fn serve(
     peer: SocketAddr,
     listener: std::sync::Arc<crate::server::ListenerState>,
 ) {
+    worker.metrics.downstream_connections.inc();
+    let (tls, http2, header_timeout) = {
+        let gen = worker.current();
+        let spec = gen
+            .snapshot
+            .listeners
+            .iter()
+            .find(|l| *l.name == *listener.name);
+        (
+            spec.and_then(|l| l.tls.clone()),
+            spec.is_some_and(|l| l.http2),
+            gen.snapshot.settings.header_timeout,
+        )
+    };
+    let stream = match tls {
+        None => DownstreamIo::Plain(stream),
+        Some(config) => {
+            // A client that sends garbage or stalls mid-handshake costs this one connection:
+            // the handshake is bounded by the header timeout.
+            let acceptor = tokio_rustls::TlsAcceptor::from(config);
+            match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let io = DownstreamIo::Tls(Box::new(tls));
+                    if h2 {
+                        crate::http2::serve(worker, io, peer, listener, true).await;
+                        return;
+                    }
+                    io
+                }
+                Ok(Err(e)) => {
+                    worker.metrics.tls_handshake_errors.inc();
+                    tracing::debug!(client = %peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    worker.metrics.tls_handshake_errors.inc();
+                    return;
+                }
+            }
+        }
+    };
     let mut down = Downstream {
         stream,
         peer,
@@ -178,13 +225,63 @@ pub(crate) async fn serve(
         metrics: worker.metrics.clone(),
         bytes_sent: 0,
         reset: false,
+        http2,
     };
-    worker.metrics.downstream_connections.inc();
+    if down.http2 && !down.stream.is_tls() {
+        // h2c prior knowledge: the connection opens with the HTTP/2 preface instead of a
+        // request head. Anything else is HTTP/1 and goes on below with the bytes read.
+        match sniff_preface(&mut down, header_timeout).await {
+            Sniffed::Http2 => {
+                let Downstream {
+                    stream,
+                    rbuf,
+                    peer,
+                    listener,
+                    ..
+                } = down;
+                let DownstreamIo::Plain(tcp) = stream else {
+                    unreachable!("checked plain above")
+                };
+                let io = crate::tls::Prefixed::new(rbuf.freeze(), tcp);
+                crate::http2::serve(worker, io, peer, listener, false).await;
+                return;
+            }
+            Sniffed::Gone => return,
+            Sniffed::Http1 => {}
+        }
+    }
     let mut fresh = true;
     worker.fresh.set(worker.fresh.get() + 1);
     serve_requests(&worker, &mut down, &mut fresh).await;
     if fresh {
         worker.fresh.set(worker.fresh.get() - 1);
+    }
+}
+
+/// The HTTP/2 connection preface (RFC 9113 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+enum Sniffed {
+    Http1,
+    Http2,
+    Gone,
+}
+
+/// Reads until the bytes either complete the HTTP/2 preface or differ from it.
+async fn sniff_preface(down: &mut Downstream, limit: Duration) -> Sniffed {
+    let deadline = Instant::now() + limit;
+    loop {
+        let n = down.rbuf.len().min(H2_PREFACE.len());
+        if down.rbuf[..n] != H2_PREFACE[..n] {
+            return Sniffed::Http1;
+        }
+        if n == H2_PREFACE.len() {
+            return Sniffed::Http2;
+        }
+        match tokio::time::timeout_at(deadline, down.stream.read_buf(&mut down.rbuf)).await {
+            Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
+            _ => return Sniffed::Gone,
+        }
     }
 }
 
@@ -413,6 +510,7 @@ fn prepare(
         expect_continue: req.expect_continue,
         is_head: req.is_head(),
         idempotent: req.is_idempotent(),
+        upgrade: req.upgrade.is_some(),
         version: req.version,
         upstream: route.upstream,
         backend,
@@ -449,8 +547,13 @@ fn request_hash(key: &HashKey, req: &RequestView, down: &Downstream) -> u64 {
 }
 
 /// Answers a connection over the listener's `max_connections` with 503 and closes it.
-pub(crate) async fn refuse(worker: Rc<Worker>, mut stream: TcpStream) {
+pub(crate) async fn refuse(worker: Rc<Worker>, mut stream: TcpStream, tls: bool) {
     worker.metrics.shed_503.inc();
+    if tls {
+        // A plain-text answer would be garbage to a TLS client, and a handshake is the
+        // expensive part this limit exists to avoid: close at once.
+        return;
+    }
     let msg = ErrorKind::TooManyConnections.to_string();
     if send_error(&worker, &mut stream, 503, &msg, true, false).await > 0 {
         linger_close(&mut stream).await;
@@ -459,9 +562,9 @@ pub(crate) async fn refuse(worker: Rc<Worker>, mut stream: TcpStream) {
 
 /// Writes one of veloxy's own short error responses; returns the bytes written (0: the client
 /// is gone).
-pub(crate) async fn send_error(
+pub(crate) async fn send_error<S: tokio::io::AsyncWrite + Unpin>(
     worker: &Worker,
-    stream: &mut TcpStream,
+    stream: &mut S,
     status: u16,
     message: &str,
     close: bool,
@@ -480,7 +583,9 @@ pub(crate) async fn send_error(
 /// Closes after an error without losing the response: half-close, then drain what the client
 /// still sends for a moment so the kernel does not answer it with a reset that would destroy
 /// the response in flight.
-pub(crate) async fn linger_close(stream: &mut TcpStream) {
+pub(crate) async fn linger_close<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+) {
     if stream.shutdown().await.is_err() {
         return;
     }

@@ -41,6 +41,7 @@ pub(crate) mod connection;
 pub mod error;
 pub mod hooks;
 pub mod http1;
+mod http2;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
@@ -48,6 +49,7 @@ pub(crate) mod proxy;
 pub(crate) mod relay;
 pub mod router;
 pub mod server;
+pub mod tls;
 pub mod upstream;
 pub(crate) mod worker;
 

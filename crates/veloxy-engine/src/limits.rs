@@ -69,6 +69,27 @@ impl ConcurrencyLimit {
     pub fn in_flight(&self) -> usize {
         self.max - self.permits.available_permits()
     }
+
+    /// Like [`Self::admit`], but the admission owns its share of the limit, so it can live
+    /// as long as a streamed HTTP/2 response body.
+    pub async fn admit_owned(self: &std::sync::Arc<Self>) -> Result<OwnedAdmission, Refused> {
+        let admission = self.admit().await?;
+        admission._permit.forget();
+        Ok(OwnedAdmission {
+            limit: self.clone(),
+        })
+    }
+}
+
+/// An [`Admission`] that keeps its limit alive; releases its unit when dropped.
+pub struct OwnedAdmission {
+    limit: std::sync::Arc<ConcurrencyLimit>,
+}
+
+impl Drop for OwnedAdmission {
+    fn drop(&mut self) {
+        self.limit.permits.add_permits(1);
+    }
 }
 
 /// What a rate limit counts requests by.

@@ -102,6 +102,12 @@ pub struct WorkerMetrics {
     pub shed_503: Counter,
     pub rate_limited_429: Counter,
     pub access_log_dropped: Counter,
+    /// TLS handshakes that failed or timed out.
+    pub tls_handshake_errors: Counter,
+    /// HTTP/2 streams opened by clients.
+    pub h2_streams: Counter,
+    /// WebSocket (and other HTTP/1.1 Upgrade) tunnels established.
+    pub upgrades: Counter,
     /// Requests refused before routing completed (404, 400, 429, ...), by status class.
     unrouted: [Counter; CLASSES],
 }
@@ -126,6 +132,9 @@ impl Default for WorkerMetrics {
             shed_503: Counter::default(),
             rate_limited_429: Counter::default(),
             access_log_dropped: Counter::default(),
+            tls_handshake_errors: Counter::default(),
+            h2_streams: Counter::default(),
+            upgrades: Counter::default(),
             unrouted: std::array::from_fn(|_| Counter::default()),
         }
     }
@@ -345,6 +354,27 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
         "counter",
         "Access log lines dropped because the log buffer was full.",
         sum(m, |w| w.access_log_dropped.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_tls_handshake_errors_total",
+        "counter",
+        "TLS handshakes that failed or timed out.",
+        sum(m, |w| w.tls_handshake_errors.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_http2_streams_total",
+        "counter",
+        "HTTP/2 streams opened by clients.",
+        sum(m, |w| w.h2_streams.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_upgrades_total",
+        "counter",
+        "Upgraded (WebSocket) connections established.",
+        sum(m, |w| w.upgrades.get()),
     );
     out
 }

@@ -18,6 +18,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::tls::UpstreamIo;
 use tokio::time::{timeout, Instant};
 
 use crate::config::UpstreamGroup;
@@ -135,7 +137,7 @@ pub(crate) async fn forward(
             log_error(&e, group, backend);
             if e.side == Side::Upstream {
                 // The response is cut short: make the client see an error, not an ending.
-                let _ = socket2::SockRef::from(&down.stream).set_linger(Some(Duration::ZERO));
+                let _ = socket2::SockRef::from(down.stream.tcp()).set_linger(Some(Duration::ZERO));
                 down.reset = true;
             }
             (false, 0)
@@ -338,39 +340,9 @@ impl Run<'_> {
     }
 
     async fn connect(&self, backend: usize) -> Result<UpstreamConn, AttemptFail> {
-        let group = self.group;
-        let health = &group.health.backends[backend];
-        if !reserve_slot(health, group.max_connections) {
-            return Err(AttemptFail::NotSent {
-                error: ProxyError::upstream(ErrorKind::BackendFull),
-                health: false,
-            });
-        }
-        let not_sent = |kind| AttemptFail::NotSent {
-            error: ProxyError::upstream(kind),
-            health: true,
-        };
-        match timeout(
-            group.connect_timeout,
-            TcpStream::connect(group.backends[backend].addr),
-        )
-        .await
-        {
-            Ok(Ok(s)) => {
-                // Once per upstream connection, never per request.
-                let _ = s.set_nodelay(true);
-                self.worker.metrics.upstream_connects.inc();
-                Ok(UpstreamConn::with_reserved_slot(s, health.clone()))
-            }
-            failed => {
-                release_slot(health);
-                Err(not_sent(match failed {
-                    Err(_) => ErrorKind::ConnectTimeout,
-                    Ok(Err(e)) => ErrorKind::Connect(e),
-                    Ok(Ok(_)) => unreachable!("handled above"),
-                }))
-            }
-        }
+        connect_backend(self.worker, self.group, backend)
+            .await
+            .map_err(|(error, health)| AttemptFail::NotSent { error, health })
     }
 
     /// One attempt against `backend`. On success the response has been relayed downstream.
@@ -427,13 +399,21 @@ impl Run<'_> {
             loop {
                 if !self.ubuf.is_empty() {
                     self.obuf.clear();
-                    match response::parse_and_write(
+                    match response::parse_and_write_upgrade(
                         self.ubuf,
                         p.is_head,
                         p.version,
                         p.keep_alive,
+                        p.upgrade,
                         self.obuf,
                     ) {
+                        Ok(Parsed::Switch { head_len }) => {
+                            self.worker.metrics.upstream_duration.observe(t0.elapsed());
+                            return self
+                                .switch(down, conn, head_len)
+                                .await
+                                .map_err(AttemptFail::Fatal);
+                        }
                         Err(e) => return Err(AttemptFail::Fatal(Fail::BeforeResponse(e))),
                         Ok(Parsed::Partial) if self.ubuf.len() > MAX_RESPONSE_HEAD => {
                             return Err(fatal(ErrorKind::BadResponse("response head too large")))
@@ -489,6 +469,44 @@ impl Run<'_> {
             .map_err(AttemptFail::Fatal)
     }
 
+    /// The upstream accepted an upgrade: send its 101 downstream, then relay bytes both ways
+    /// until either side closes or the tunnel idles out.
+    async fn switch(
+        &mut self,
+        down: &mut Downstream,
+        mut conn: UpstreamConn,
+        head_len: usize,
+    ) -> Result<ResponseMeta, Fail> {
+        self.ubuf.advance(head_len);
+        // Bytes the upstream sent after its 101 go down with it, in one write.
+        self.obuf.extend_from_slice(self.ubuf);
+        self.ubuf.clear();
+        write_down(down, self.obuf).await.map_err(Fail::Abort)?;
+        if !down.rbuf.is_empty() {
+            let early = down.rbuf.split();
+            timeout(self.group.write_timeout, conn.stream.write_all(&early))
+                .await
+                .map_err(|_| Fail::Abort(ProxyError::upstream(ErrorKind::WriteTimeout)))?
+                .map_err(|e| Fail::Abort(ProxyError::upstream(ErrorKind::Io(e))))?;
+        }
+        self.worker.metrics.upgrades.inc();
+        let idle = self
+            .gen
+            .snapshot
+            .listeners
+            .get(down.listener_index.get().1)
+            .map_or(Duration::from_secs(600), |l| l.upgrade_idle_timeout);
+        crate::relay::tunnel(down, &mut conn.stream, idle).await;
+        Ok(ResponseMeta {
+            status: 101,
+            head_len,
+            body: crate::http1::BodyKind::None,
+            upstream_reusable: false,
+            downstream_keep_alive: false,
+            decode_chunked: false,
+        })
+    }
+
     /// Sends the response head (and the body bytes already read) downstream in one write, then
     /// streams the rest, and pools the upstream connection if it is clean.
     async fn deliver(
@@ -533,5 +551,54 @@ impl Run<'_> {
             meta.downstream_keep_alive = false;
         }
         Ok(meta)
+    }
+}
+
+/// Opens a connection to `backend`: TCP, then TLS for `https://` servers (ALPN per the
+/// group's protocol). The caller bounds the whole by the connect timeout.
+pub(crate) async fn connect_io(
+    group: &UpstreamGroup,
+    backend: usize,
+) -> std::io::Result<UpstreamIo> {
+    let b = &group.backends[backend];
+    let s = TcpStream::connect(b.addr).await?;
+    // Once per upstream connection, never per request.
+    let _ = s.set_nodelay(true);
+    match (&group.tls, &b.tls_name) {
+        (Some(config), Some(name)) => {
+            let connector = tokio_rustls::TlsConnector::from(config.clone());
+            let tls = connector.connect(name.clone(), s).await?;
+            Ok(UpstreamIo::Tls(Box::new(tls)))
+        }
+        _ => Ok(UpstreamIo::Plain(s)),
+    }
+}
+
+/// Opens a new connection to `backend`, within its `max_connections` and the group's connect
+/// timeout. On failure: the error, and whether it counts against the backend's health (a
+/// backend at its connection limit is busy, not broken).
+pub(crate) async fn connect_backend(
+    worker: &Worker,
+    group: &UpstreamGroup,
+    backend: usize,
+) -> Result<UpstreamConn, (ProxyError, bool)> {
+    let health = &group.health.backends[backend];
+    if !reserve_slot(health, group.max_connections) {
+        return Err((ProxyError::upstream(ErrorKind::BackendFull), false));
+    }
+    match timeout(group.connect_timeout, connect_io(group, backend)).await {
+        Ok(Ok(s)) => {
+            worker.metrics.upstream_connects.inc();
+            Ok(UpstreamConn::with_reserved_slot(s, health.clone()))
+        }
+        failed => {
+            release_slot(health);
+            let kind = match failed {
+                Err(_) => ErrorKind::ConnectTimeout,
+                Ok(Err(e)) => ErrorKind::Connect(e),
+                Ok(Ok(_)) => unreachable!("handled above"),
+            };
+            Err((ProxyError::upstream(kind), true))
+        }
     }
 }

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use crate::tls::UpstreamIo;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 use crate::config::UpstreamGroup;
@@ -125,7 +125,7 @@ pub(crate) async fn write_down(down: &mut Downstream, data: &[u8]) -> Result<(),
 pub(crate) async fn relay_request_body(
     group: &UpstreamGroup,
     down: &mut Downstream,
-    conn: &mut TcpStream,
+    conn: &mut UpstreamIo,
     body: &mut BodyState,
 ) -> Result<(), Fail> {
     while !body.is_done() {
@@ -160,7 +160,7 @@ pub(crate) async fn relay_request_body(
 pub(crate) async fn relay_response_body(
     group: &UpstreamGroup,
     down: &mut Downstream,
-    conn: &mut TcpStream,
+    conn: &mut UpstreamIo,
     ubuf: &mut BytesMut,
     body: &mut BodyState,
     scratch: &mut Vec<u8>,
@@ -194,4 +194,40 @@ pub(crate) async fn relay_response_body(
         }
     }
     Ok(())
+}
+
+/// Relays an upgraded connection (WebSocket) both ways until both sides have closed, an error
+/// occurs, or nothing moves for `idle`. Each direction is half-closed when its reader ends.
+pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Duration) {
+    let mut from_down = vec![0u8; READ_CHUNK];
+    let mut from_up = vec![0u8; READ_CHUNK];
+    let (mut down_open, mut up_open) = (true, true);
+    while down_open || up_open {
+        tokio::select! {
+            r = down.stream.read(&mut from_down), if down_open => match r {
+                Ok(n) if n > 0 => {
+                    down.metrics.bytes_in.add(n as u64);
+                    if up.write_all(&from_down[..n]).await.is_err() {
+                        return;
+                    }
+                }
+                _ => {
+                    down_open = false;
+                    let _ = up.shutdown().await;
+                }
+            },
+            r = up.read(&mut from_up), if up_open => match r {
+                Ok(n) if n > 0 => {
+                    if write_down(down, &from_up[..n]).await.is_err() {
+                        return;
+                    }
+                }
+                _ => {
+                    up_open = false;
+                    let _ = down.stream.shutdown().await;
+                }
+            },
+            _ = tokio::time::sleep(idle) => return,
+        }
+    }
 }

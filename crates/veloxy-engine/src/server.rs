@@ -463,16 +463,16 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 // TCP_NODELAY is inherited from the listening socket: no setsockopt per accept.
                 Ok((stream, peer)) => {
-                    let max = worker
+                    let (max, tls) = worker
                         .current()
                         .snapshot
                         .listeners
                         .iter()
                         .find(|l| *l.name == *state.name)
-                        .map_or(0, |l| l.max_connections);
+                        .map_or((0, false), |l| (l.max_connections, l.tls.is_some()));
                     if max > 0 && state.open.load(Ordering::Relaxed) >= max {
                         // Accepted and answered rather than left to time out in the backlog.
-                        tokio::task::spawn_local(crate::connection::refuse(worker.clone(), stream));
+                        tokio::task::spawn_local(crate::connection::refuse(worker.clone(), stream, tls));
                         continue;
                     }
                     spawn_connection(&worker, stream, peer, &state);

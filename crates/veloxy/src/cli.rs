@@ -57,6 +57,81 @@ pub struct ProxyArgs {
     /// Idle upstream connections kept per worker and backend.
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub keepalive: usize,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS for the one-line modes.
+#[derive(Args, Debug, Default, Clone)]
+pub struct TlsArgs {
+    /// Serve HTTPS with this certificate chain (PEM).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_key",
+        conflicts_with = "tls_self_signed"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) for --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve HTTPS with a certificate for localhost issued at start by a local CA kept on
+    /// disk (its path is printed so clients can trust it).
+    #[arg(long)]
+    pub tls_self_signed: bool,
+    /// Directory of the local CA for --tls-self-signed (default: $XDG_DATA_HOME/veloxy/pki or
+    /// ~/.local/share/veloxy/pki).
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Accept HTTP/2 without TLS (h2c prior knowledge). With TLS, HTTP/2 is always offered.
+    #[arg(long)]
+    pub http2: bool,
+}
+
+impl TlsArgs {
+    /// The certificate and key to serve, issuing a self-signed one if asked.
+    pub fn resolve(&self) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+        if self.tls_self_signed {
+            let dir = self
+                .tls_dir
+                .clone()
+                .unwrap_or_else(crate::local_ca::default_dir);
+            let issued = crate::local_ca::issue(&dir)?;
+            eprintln!(
+                "veloxy: serving a certificate for localhost from the local CA {}",
+                issued.ca.display()
+            );
+            eprintln!(
+                "  trust it with e.g.: curl --cacert {} https://localhost:PORT/",
+                issued.ca.display()
+            );
+            return Ok(Some((issued.cert, issued.key)));
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Ok(Some((absolute(c), absolute(k)))),
+            _ => Ok(None),
+        }
+    }
+
+    /// TOML lines for the listener `main`.
+    pub fn listener_toml(&self, tls: Option<&(PathBuf, PathBuf)>) -> String {
+        let mut s = String::new();
+        if self.http2 {
+            s.push_str("http2 = true\n");
+        }
+        if let Some((cert, key)) = tls {
+            s.push_str(&format!(
+                "[listeners.main.tls]\ncert = {}\nkey = {}\n",
+                quote(&cert.to_string_lossy()),
+                quote(&key.to_string_lossy())
+            ));
+        }
+        s
+    }
+}
+
+fn absolute(p: &std::path::Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 fn quote(s: &str) -> String {
@@ -81,12 +156,13 @@ pub fn toml_string(s: &str) -> String {
 
 /// The `proxy` mode is sugar for a config file: building TOML text keeps one validation path
 /// (and its error messages) for both.
-pub fn proxy_config(a: &ProxyArgs) -> String {
+pub fn proxy_config(a: &ProxyArgs, tls: Option<&(PathBuf, PathBuf)>) -> String {
     let mut s = String::from("[server]\n");
     if let Some(w) = a.workers {
         s.push_str(&format!("workers = {w}\n"));
     }
     s.push_str(&format!("[listeners.main]\naddr = {}\n", quote(&a.listen)));
+    s.push_str(&a.tls.listener_toml(tls));
     s.push_str("[[routes]]\nupstream = \"backends\"\n");
     let servers: Vec<String> = a.to.iter().map(|t| quote(t)).collect();
     s.push_str(&format!(

@@ -7,6 +7,7 @@
 
 mod cli;
 mod demo;
+mod local_ca;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -87,7 +88,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             serve(snapshot, None, &policies)
         }
         Command::Proxy(args) => {
-            let toml = cli::proxy_config(&args);
+            let tls = args.tls.resolve()?;
+            let toml = cli::proxy_config(&args, tls.as_ref());
             let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
             serve(snapshot, None, &policies)
         }

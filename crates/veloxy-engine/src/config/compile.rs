@@ -11,7 +11,10 @@ use super::error::{ConfigError, Source};
 use std::sync::Arc;
 
 use super::file::{FileConfig, HealthSection, OutlierSection, RouteSection};
-use super::{Backend, DurationValue, HashKey, ListenerSpec, Settings, Snapshot, UpstreamGroup};
+use super::{
+    Backend, DurationValue, HashKey, ListenerSpec, Settings, Snapshot, UpstreamGroup,
+    UpstreamProtocol,
+};
 use crate::limits::{parse_rate, ConcurrencyLimit, RateKey, RateLimiter, RouteLimits};
 use crate::router::{HostMatch, Route, Router};
 use crate::upstream::balancer::PolicyRegistry;
@@ -146,16 +149,97 @@ fn compile(
             ));
         }
         let mut backends = Vec::with_capacity(u.servers.get_ref().len());
+        let mut schemes = (0, 0);
         for (i, entry) in u.servers.get_ref().iter().enumerate() {
             let ekey = format!("{key}.servers[{i}]");
             let e = entry.get_ref();
-            let addr = resolve(&e.addr).map_err(|m| src.error(entry.span(), &ekey, m))?;
+            let (https, hostport) =
+                split_scheme(&e.addr).map_err(|m| src.error(entry.span(), &ekey, m))?;
+            let addr = resolve(hostport).map_err(|m| src.error(entry.span(), &ekey, m))?;
             let weight = e.weight.unwrap_or(1);
             if weight == 0 {
                 return Err(src.error(entry.span(), &ekey, "weight must be at least 1"));
             }
-            backends.push(Backend { addr, weight });
+            let tls_name = if https {
+                schemes.0 += 1;
+                let name = match &u.tls_server_name {
+                    Some(n) => n.get_ref().clone(),
+                    None => host_of(hostport).to_string(),
+                };
+                Some(
+                    rustls::pki_types::ServerName::try_from(name.clone()).map_err(|_| {
+                        src.error(
+                            entry.span(),
+                            &ekey,
+                            format!("{name:?} is not a valid TLS server name"),
+                        )
+                    })?,
+                )
+            } else {
+                schemes.1 += 1;
+                None
+            };
+            backends.push(Backend {
+                addr,
+                tls_name,
+                weight,
+            });
         }
+        if schemes.0 > 0 && schemes.1 > 0 {
+            return Err(src.error(
+                u.servers.span(),
+                format!("{key}.servers"),
+                "mixes https:// and plain servers: use one scheme per upstream group",
+            ));
+        }
+        let protocol = match u.protocol.as_ref().map(|p| (p, p.get_ref().as_str())) {
+            None => UpstreamProtocol::Http1,
+            Some((_, "http1")) => UpstreamProtocol::Http1,
+            Some((p, "h2")) if schemes.0 == 0 => {
+                return Err(src.error(
+                    p.span(),
+                    format!("{key}.protocol"),
+                    "\"h2\" needs https:// servers (use \"h2c\" for HTTP/2 without TLS)",
+                ))
+            }
+            Some((_, "h2")) => UpstreamProtocol::H2,
+            Some((p, "h2c")) if schemes.0 > 0 => {
+                return Err(src.error(
+                    p.span(),
+                    format!("{key}.protocol"),
+                    "\"h2c\" is HTTP/2 without TLS: use \"h2\" for https:// servers",
+                ))
+            }
+            Some((_, "h2c")) => UpstreamProtocol::H2c,
+            Some((p, other)) => {
+                return Err(src.error(
+                    p.span(),
+                    format!("{key}.protocol"),
+                    format!("unknown protocol {other:?} (known: http1, h2, h2c)"),
+                ))
+            }
+        };
+        let tls = if schemes.0 > 0 {
+            let ca = u.ca_file.as_ref().map(|c| (c, src.relative(c.get_ref())));
+            let config = crate::tls::client_config(
+                ca.as_ref().map(|(_, p)| p.as_path()),
+                protocol == UpstreamProtocol::H2,
+            )
+            .map_err(|e| {
+                let span = ca.as_ref().map(|(c, _)| c.span()).unwrap_or(section.span());
+                src.error(span, format!("{key}.ca_file"), e.to_string())
+            })?;
+            Some(config)
+        } else {
+            if let Some(c) = &u.ca_file {
+                return Err(src.error(
+                    c.span(),
+                    format!("{key}.ca_file"),
+                    "only applies to https:// servers",
+                ));
+            }
+            None
+        };
         let policy_name = u
             .policy
             .as_ref()
@@ -252,6 +336,8 @@ fn compile(
             health_check,
             outlier,
             health,
+            protocol,
+            tls,
         });
     }
 
@@ -282,15 +368,38 @@ fn compile(
                 ));
             }
         }
+        let l = section.get_ref();
+        let http2_set = l.http2.as_ref().map(|h| *h.get_ref());
+        let http2 = http2_set.unwrap_or(l.tls.is_some());
+        let tls = match &l.tls {
+            None => None,
+            Some(t) => Some(compile_tls(src, &format!("{key}.tls"), t, http2)?),
+        };
+        let streams = l
+            .h2_max_concurrent_streams
+            .as_ref()
+            .map_or(128, |v| *v.get_ref());
+        if streams == 0 {
+            let span = l
+                .h2_max_concurrent_streams
+                .as_ref()
+                .map(|v| v.span())
+                .unwrap_or(0..0);
+            return Err(src.error(
+                span,
+                format!("{key}.h2_max_concurrent_streams"),
+                "must be at least 1",
+            ));
+        }
         listeners.push(ListenerSpec {
             name: name.clone(),
             addr,
             router: Router::default(),
-            max_connections: section
-                .get_ref()
-                .max_connections
-                .as_ref()
-                .map_or(0, |m| *m.get_ref()),
+            max_connections: l.max_connections.as_ref().map_or(0, |m| *m.get_ref()),
+            tls,
+            http2,
+            h2_max_concurrent_streams: streams,
+            upgrade_idle_timeout: dur(&l.upgrade_idle_timeout, Duration::from_secs(600)),
         });
     }
 
@@ -567,4 +676,99 @@ fn compile_access_log(
         format,
         buffer: s.buffer.as_ref().map_or(8192, |b| *b.get_ref()),
     })
+}
+
+/// Splits an optional `http://` or `https://` scheme off a server address.
+fn split_scheme(addr: &str) -> Result<(bool, &str), String> {
+    if let Some(rest) = addr.strip_prefix("https://") {
+        return Ok((true, rest.trim_end_matches('/')));
+    }
+    if let Some(rest) = addr.strip_prefix("http://") {
+        return Ok((false, rest.trim_end_matches('/')));
+    }
+    if addr.contains("://") {
+        return Err(format!(
+            "unsupported scheme in {addr:?} (use http:// or https://)"
+        ));
+    }
+    Ok((false, addr))
+}
+
+/// The host part of `host:port` (brackets removed from an IPv6 literal).
+fn host_of(hostport: &str) -> &str {
+    let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Loads a listener's certificates and builds its rustls config.
+fn compile_tls(
+    src: &Source,
+    key: &str,
+    section: &toml::Spanned<crate::config::file::TlsSection>,
+    http2: bool,
+) -> Result<Arc<rustls::ServerConfig>, ConfigError> {
+    let t = section.get_ref();
+    let mut entries = Vec::new();
+    match (&t.cert, &t.key) {
+        (Some(c), Some(k)) => {
+            let ck = crate::tls::load_certified_key(
+                &src.relative(c.get_ref()),
+                &src.relative(k.get_ref()),
+            )
+            .map_err(|e| src.error(c.span(), format!("{key}.cert"), e.to_string()))?;
+            entries.push(crate::tls::CertEntry {
+                hosts: Vec::new(),
+                key: Arc::new(ck),
+            });
+        }
+        (Some(c), None) => {
+            return Err(src.error(c.span(), format!("{key}.key"), "cert needs a key"))
+        }
+        (None, Some(k)) => {
+            return Err(src.error(k.span(), format!("{key}.cert"), "key needs a cert"))
+        }
+        (None, None) => {}
+    }
+    for (i, c) in t.certs.iter().enumerate() {
+        let ckey = format!("{key}.certs[{i}]");
+        let e = c.get_ref();
+        if e.hosts.get_ref().is_empty() {
+            return Err(src.error(
+                e.hosts.span(),
+                format!("{ckey}.hosts"),
+                "needs at least one host name",
+            ));
+        }
+        for h in e.hosts.get_ref() {
+            let bare = h.strip_prefix("*.").unwrap_or(h);
+            if bare.is_empty()
+                || bare.contains('*')
+                || rustls::pki_types::ServerName::try_from(bare).is_err()
+            {
+                return Err(src.error(
+                    e.hosts.span(),
+                    format!("{ckey}.hosts"),
+                    format!("{h:?} is not a host name (exact, or *.domain)"),
+                ));
+            }
+        }
+        let ck = crate::tls::load_certified_key(
+            &src.relative(e.cert.get_ref()),
+            &src.relative(e.key.get_ref()),
+        )
+        .map_err(|err| src.error(e.cert.span(), format!("{ckey}.cert"), err.to_string()))?;
+        entries.push(crate::tls::CertEntry {
+            hosts: e.hosts.get_ref().clone(),
+            key: Arc::new(ck),
+        });
+    }
+    if entries.is_empty() {
+        return Err(src.error(
+            section.span(),
+            key,
+            "needs cert and key, or [[...tls.certs]] entries",
+        ));
+    }
+    crate::tls::server_config(entries, http2)
+        .map_err(|e| src.error(section.span(), key, e.to_string()))
 }

@@ -32,6 +32,17 @@ pub(crate) struct Source<'a> {
 }
 
 impl Source<'_> {
+    /// A path from the config, relative to the config file's directory.
+    pub fn relative(&self, path: &str) -> std::path::PathBuf {
+        let p = std::path::Path::new(path);
+        match self.file.parent() {
+            Some(dir) if p.is_relative() && !dir.as_os_str().is_empty() && self.file.exists() => {
+                dir.join(p)
+            }
+            _ => p.to_path_buf(),
+        }
+    }
+
     /// An error at `span` about `key`.
     pub fn error(
         &self,

@@ -57,6 +57,34 @@ pub struct AccessLogSection {
 pub struct ListenerSection {
     pub addr: Spanned<String>,
     pub max_connections: Option<Spanned<usize>>,
+    /// HTTP/2: offered by ALPN on TLS listeners (default on), h2c prior knowledge on plain
+    /// ones (default off).
+    pub http2: Option<Spanned<bool>>,
+    pub tls: Option<Spanned<TlsSection>>,
+    /// HTTP/2 limits.
+    pub h2_max_concurrent_streams: Option<Spanned<u32>>,
+    /// Idle limit for upgraded (WebSocket) connections: closed after this long with no byte
+    /// in either direction.
+    pub upgrade_idle_timeout: Option<DurationValue>,
+}
+
+/// `[listeners.NAME.tls]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert: Option<Spanned<String>>,
+    pub key: Option<Spanned<String>>,
+    #[serde(default)]
+    pub certs: Vec<Spanned<CertSection>>,
+}
+
+/// `[[listeners.NAME.tls.certs]]`: a certificate chosen by SNI.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertSection {
+    pub hosts: Spanned<Vec<String>>,
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
 }
 
 /// One `[[routes]]` entry.
@@ -126,6 +154,14 @@ pub struct UpstreamSection {
     pub hash_key: Option<Spanned<String>>,
     pub health: Option<Spanned<HealthSection>>,
     pub outlier: Option<Spanned<OutlierSection>>,
+    /// `"http1"` (default), `"h2"` (HTTP/2 over TLS: `https://` servers) or `"h2c"`.
+    pub protocol: Option<Spanned<String>>,
+    /// CA certificates (PEM) that `https://` servers are verified against; default: the
+    /// system's roots.
+    pub ca_file: Option<Spanned<String>>,
+    /// Name sent as SNI and verified in the server's certificate; default: the host of the
+    /// server's address.
+    pub tls_server_name: Option<Spanned<String>>,
 }
 
 /// A backend in `servers`: either `"host:port"` or `{ addr = "host:port", weight = 2 }`.

@@ -70,6 +70,27 @@ pub struct ListenerSpec {
     /// Open downstream connections allowed (across workers); excess connections are accepted,
     /// answered 503 with Retry-After, and closed. Default 0 = unlimited.
     pub max_connections: usize,
+    /// TLS termination, when `[listeners.NAME.tls]` is set.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// HTTP/2: by ALPN on TLS listeners (default on), h2c prior knowledge on plain ones
+    /// (default off).
+    pub http2: bool,
+    /// Concurrent HTTP/2 streams per connection. Default 128.
+    pub h2_max_concurrent_streams: u32,
+    /// Upgraded (WebSocket) connections close after this long without a byte in either
+    /// direction. Default 10 minutes.
+    pub upgrade_idle_timeout: Duration,
+}
+
+/// The protocol spoken to an upstream group's backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (over TLS for `https://` servers). The default.
+    Http1,
+    /// HTTP/2 over TLS (ALPN h2).
+    H2,
+    /// HTTP/2 over plain TCP (prior knowledge).
+    H2c,
 }
 
 /// What `consistent_hash` (and custom policies, through `PickContext::hash`) hash on.
@@ -89,6 +110,8 @@ pub enum HashKey {
 #[derive(Debug, Clone)]
 pub struct Backend {
     pub addr: SocketAddr,
+    /// For `https://` servers: the name for SNI and certificate verification.
+    pub tls_name: Option<rustls::pki_types::ServerName<'static>>,
     /// Relative share of traffic under weighted policies. Default 1.
     pub weight: u32,
 }
@@ -130,6 +153,9 @@ pub struct UpstreamGroup {
     pub outlier: Outlier,
     /// Shared health state of the backends (kept across reloads for unchanged backends).
     pub health: Arc<GroupHealth>,
+    pub protocol: UpstreamProtocol,
+    /// Client TLS config for `https://` servers (every server of a group uses the same scheme).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for UpstreamGroup {

@@ -37,6 +37,10 @@ pub struct RequestView<'a> {
     /// The client wants the connection kept open after this exchange.
     pub keep_alive: bool,
     pub expect_continue: bool,
+    /// An HTTP/1.1 protocol upgrade (WebSocket): `Connection: upgrade` with an `Upgrade`
+    /// header, on a request without a body. Forwarded with both headers; a 101 answer turns
+    /// the connection into a tunnel.
+    pub upgrade: Option<&'a [u8]>,
 }
 
 impl RequestView<'_> {
@@ -197,6 +201,18 @@ pub fn parse<'a>(
             Some(n) => BodyKind::Length(n),
         }
     };
+    let upgrade = if version == 1
+        && body == BodyKind::None
+        && conn_values.iter().any(|v| has_token(v, "upgrade"))
+    {
+        headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("upgrade"))
+            .map(|h| h.value)
+            .filter(|v| !v.is_empty())
+    } else {
+        None
+    };
     Ok(Some(RequestView {
         method,
         path,
@@ -210,6 +226,7 @@ pub fn parse<'a>(
         body,
         keep_alive,
         expect_continue: expect_continue && body != BodyKind::None,
+        upgrade,
     }))
 }
 
@@ -321,6 +338,11 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
     if let Some(h) = req.host {
         out.extend_from_slice(b"X-Forwarded-Host: ");
         out.extend_from_slice(h);
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(u) = req.upgrade {
+        out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: ");
+        out.extend_from_slice(u);
         out.extend_from_slice(b"\r\n");
     }
 }

@@ -29,6 +29,9 @@ pub enum Parsed {
     Interim(usize),
     /// A final response; its downstream head (without the final blank line) is in `out`.
     Final(ResponseMeta),
+    /// `101 Switching Protocols` to an upgrade request: the complete downstream head is in
+    /// `out`; the connection becomes a tunnel after `head_len` bytes.
+    Switch { head_len: usize },
 }
 
 fn bad(msg: &'static str) -> ProxyError {
@@ -43,6 +46,26 @@ pub fn parse_and_write(
     client_keep_alive: bool,
     out: &mut Vec<u8>,
 ) -> Result<Parsed, ProxyError> {
+    parse_and_write_upgrade(
+        buf,
+        request_is_head,
+        client_version,
+        client_keep_alive,
+        false,
+        out,
+    )
+}
+
+/// [`parse_and_write`] for a request that asked for an upgrade (`upgrade`): a 101 is then the
+/// switch, with its Upgrade and Connection headers kept.
+pub fn parse_and_write_upgrade(
+    buf: &[u8],
+    request_is_head: bool,
+    client_version: u8,
+    client_keep_alive: bool,
+    upgrade: bool,
+    out: &mut Vec<u8>,
+) -> Result<Parsed, ProxyError> {
     let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
     let mut res = httparse::Response::new(&mut headers);
     let head_len = match res.parse(buf) {
@@ -53,7 +76,20 @@ pub fn parse_and_write(
     let status = res.code.unwrap_or(0);
     if (100..200).contains(&status) {
         if status == 101 {
-            return Err(bad("unexpected protocol switch"));
+            if !upgrade {
+                return Err(bad("unexpected protocol switch"));
+            }
+            out.extend_from_slice(b"HTTP/1.1 101 ");
+            out.extend_from_slice(res.reason.unwrap_or("Switching Protocols").as_bytes());
+            out.extend_from_slice(b"\r\n");
+            for h in res.headers.iter() {
+                out.extend_from_slice(h.name.as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(h.value);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"\r\n");
+            return Ok(Parsed::Switch { head_len });
         }
         return Ok(Parsed::Interim(head_len));
     }
@@ -162,6 +198,119 @@ pub fn parse_and_write(
         downstream_keep_alive,
         decode_chunked,
     }))
+}
+
+/// An upstream HTTP/1 response head translated for an HTTP/2 client.
+pub(crate) struct ForeignHead {
+    pub status: u16,
+    pub head_len: usize,
+    pub headers: http::HeaderMap,
+    pub body: BodyKind,
+    pub upstream_reusable: bool,
+}
+
+/// Parses the response head at the start of `buf` for a client that does not speak HTTP/1
+/// (HTTP/2): framing and hop-by-hop headers are dropped, the body framing is returned.
+/// `Ok(None)`: need more bytes. `Err` as for [`parse_and_write`]. Interim (1xx) heads come
+/// back as `Parsed::Interim` through the `Err(Ok(len))` arm.
+pub(crate) fn parse_foreign(
+    buf: &[u8],
+    request_is_head: bool,
+) -> Result<Option<Result<ForeignHead, usize>>, ProxyError> {
+    let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    let head_len = match res.parse(buf) {
+        Ok(Status::Complete(n)) => n,
+        Ok(Status::Partial) => return Ok(None),
+        Err(_) => return Err(bad("malformed response head")),
+    };
+    let status = res.code.unwrap_or(0);
+    if (100..200).contains(&status) {
+        if status == 101 {
+            return Err(bad("unexpected protocol switch"));
+        }
+        return Ok(Some(Err(head_len)));
+    }
+    if !(200..1000).contains(&status) {
+        return Err(bad("invalid status code"));
+    }
+    let version = res.version.unwrap_or(1);
+    let mut content_length = None;
+    let mut chunked = false;
+    let mut transfer_encoding = false;
+    let mut connection: [&[u8]; 8] = [&[]; 8];
+    let mut connection_len = 0;
+    for h in res.headers.iter() {
+        match classify(h.name) {
+            Special::ContentLength => {
+                let n =
+                    parse_content_length(h.value).ok_or_else(|| bad("invalid Content-Length"))?;
+                if content_length.is_some_and(|p| p != n) {
+                    return Err(bad("conflicting Content-Length"));
+                }
+                content_length = Some(n);
+            }
+            Special::TransferEncoding => {
+                if transfer_encoding {
+                    return Err(bad("multiple Transfer-Encoding headers"));
+                }
+                transfer_encoding = true;
+                let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
+                chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                if !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                    // gzip etc. as a transfer-coding: HTTP/2 has no way to carry it.
+                    return Err(bad("transfer-coding an HTTP/2 client cannot decode"));
+                }
+            }
+            Special::Connection if connection_len < connection.len() => {
+                connection[connection_len] = h.value;
+                connection_len += 1;
+            }
+            _ => {}
+        }
+    }
+    if transfer_encoding && content_length.is_some() {
+        return Err(bad("both Content-Length and Transfer-Encoding"));
+    }
+    let conn = &connection[..connection_len];
+    let body = if request_is_head || status == 204 || status == 304 {
+        BodyKind::None
+    } else if chunked {
+        BodyKind::Chunked
+    } else {
+        match content_length {
+            Some(n) => BodyKind::Length(n),
+            None => BodyKind::UntilClose,
+        }
+    };
+    let upstream_reusable = body != BodyKind::UntilClose
+        && if version == 1 {
+            !conn.iter().any(|v| has_token(v, "close"))
+        } else {
+            conn.iter().any(|v| has_token(v, "keep-alive"))
+        };
+    let mut map = http::HeaderMap::with_capacity(res.headers.len());
+    for h in res.headers.iter() {
+        match classify(h.name) {
+            Special::HopByHop | Special::Connection | Special::TransferEncoding => continue,
+            Special::None if !conn.is_empty() && named_by_connection(conn, h.name) => continue,
+            _ => {}
+        }
+        let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(h.name.as_bytes()),
+            http::HeaderValue::from_bytes(h.value),
+        ) else {
+            return Err(bad("invalid header"));
+        };
+        map.append(name, value);
+    }
+    Ok(Some(Ok(ForeignHead {
+        status,
+        head_len,
+        headers: map,
+        body,
+        upstream_reusable,
+    })))
 }
 
 #[cfg(test)]

@@ -15,7 +15,14 @@ pub(crate) struct GroupState {
     pub picker: Box<dyn Picker>,
     pub pool: Pool,
     pub budget: RetryBudget,
+    /// For `h2`/`h2c` groups: one multiplexed connection per backend.
+    pub h2: Vec<Option<H2Sender>>,
 }
+
+/// The sending half of an HTTP/2 upstream connection (its driver runs as a task).
+pub(crate) type H2Sender = hyper::client::conn::http2::SendRequest<
+    http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, hyper::Error>,
+>;
 
 /// Retry budget, per worker and group, over one-second windows: retries may add at most
 /// `ratio` of the window's requests (Envoy's `retry_budget`), but at least
@@ -97,6 +104,7 @@ impl GroupState {
                 group.idle_timeout,
             ),
             budget: RetryBudget::new(group.retry_budget),
+            h2: (0..group.backends.len()).map(|_| None).collect(),
         }
     }
 }

@@ -10,21 +10,65 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+use crate::tls::UpstreamIo;
 
 use super::health::BackendHealth;
 
 /// An open upstream connection, counted in its backend's `open_connections` while it lives.
 pub(crate) struct UpstreamConn {
-    pub stream: TcpStream,
+    pub stream: UpstreamIo,
     backend: Arc<BackendHealth>,
 }
 
 impl UpstreamConn {
     /// Wraps a connection whose slot [`reserve_slot`] already counted.
-    pub fn with_reserved_slot(stream: TcpStream, backend: Arc<BackendHealth>) -> Self {
+    pub fn with_reserved_slot(stream: UpstreamIo, backend: Arc<BackendHealth>) -> Self {
         UpstreamConn { stream, backend }
+    }
+}
+
+// An upstream connection is a byte stream (the HTTP/2 client runs over it, slot and all).
+impl tokio::io::AsyncRead for UpstreamConn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for UpstreamConn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -136,8 +180,19 @@ impl Pool {
 }
 
 /// False when the peer closed (or sent unexpected bytes on) an idle connection.
-fn still_open(stream: &TcpStream) -> bool {
+fn still_open(io: &UpstreamIo) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
+    let stream = io.tcp();
+    if let UpstreamIo::Tls(_) = io {
+        // Bytes on an idle TLS connection may be a late session ticket (TLS 1.3 sends them
+        // after the handshake): peek, never consume, and drop only on a FIN.
+        let mut probe = [0u8; 1];
+        let mut buf = tokio::io::ReadBuf::new(&mut probe);
+        return !matches!(
+            stream.poll_peek(&mut cx, &mut buf),
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_))
+        );
+    }
     match stream.poll_read_ready(&mut cx) {
         Poll::Pending => true,
         Poll::Ready(Err(_)) => false,
@@ -152,6 +207,7 @@ fn still_open(stream: &TcpStream) -> bool {
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
 
     #[tokio::test]
     async fn closed_idle_connections_are_not_reused() {
@@ -161,7 +217,7 @@ mod tests {
         let health = Arc::new(BackendHealth::new(addr));
         let conn = |s| {
             assert!(reserve_slot(&health, 0));
-            UpstreamConn::with_reserved_slot(s, health.clone())
+            UpstreamConn::with_reserved_slot(UpstreamIo::Plain(s), health.clone())
         };
         let a = TcpStream::connect(addr).await.unwrap();
         let (mut server_a, _) = listener.accept().await.unwrap();

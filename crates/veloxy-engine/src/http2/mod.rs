@@ -1,0 +1,593 @@
+//! HTTP/2 to clients: TLS connections that chose `h2` by ALPN, and h2c prior knowledge on
+//! plain listeners with `http2 = true`.
+//!
+//! The HTTP/2 framing, HPACK, flow control and stream state machine are hyper's (over the
+//! `h2` crate), configured with bounded windows and limits: concurrent streams
+//! (`h2_max_concurrent_streams`), header list size (`max_header_bytes`), and the resets a
+//! client may cause (CVE-2023-44487 "rapid reset": pending-accept and locally-caused resets are
+//! capped, beyond which the connection is closed with GOAWAY). CONTINUATION floods are bounded
+//! by the header list size.
+//!
+//! Each stream is one request: routed, limited and hooked like an HTTP/1 request, then sent to
+//! the upstream group in its protocol: HTTP/1.1 through the worker's keep-alive pool
+//! ([`to_h1`]), or HTTP/2 over one multiplexed connection per backend per worker ([`to_h2`]).
+//! Responses stream back without buffering; a [`Finish`] guard carried by the body records
+//! metrics, the access log line and `on_done` when the body ends or the client resets it.
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::{Body, Frame};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+
+use crate::config::UpstreamProtocol;
+use crate::error::{ErrorKind, ProxyError};
+use crate::hooks::{RequestCtx, RequestInfo, RequestSummary};
+use crate::limits::RateKey;
+use crate::upstream::policies::hash_bytes;
+use crate::worker::{Generation, Worker};
+
+mod to_h1;
+mod to_h2;
+
+/// Per-stream receive window: how much request body a client may send ahead of the proxy.
+/// Memory per connection is bounded by the connection window below.
+const STREAM_WINDOW: u32 = 256 * 1024;
+const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Streams a client may reset before they are even accepted (rapid reset).
+const MAX_PENDING_RESETS: usize = 64;
+/// Streams veloxy may reset because of client errors before closing the connection.
+const MAX_LOCAL_RESETS: usize = 256;
+
+/// Runs hyper's tasks (streams, connection drivers) on the worker's own thread.
+#[derive(Clone, Copy)]
+pub(crate) struct LocalExec;
+
+impl<F> hyper::rt::Executor<F> for LocalExec
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::task::spawn_local(fut);
+    }
+}
+
+/// What every stream of one client connection shares.
+pub(crate) struct ConnCtx {
+    worker: Rc<Worker>,
+    peer: SocketAddr,
+    client_ip: String,
+    listener: Arc<crate::server::ListenerState>,
+    listener_index: Cell<(u64, usize)>,
+    tls: bool,
+    /// Streams in progress, and when the last one ended (idle timeout).
+    active: Cell<usize>,
+    last_active: Cell<Instant>,
+}
+
+/// Serves one HTTP/2 connection until the client closes it, it idles out, or veloxy shuts
+/// down (GOAWAY, then in-flight streams finish).
+pub(crate) async fn serve<IO>(
+    worker: Rc<Worker>,
+    io: IO,
+    peer: SocketAddr,
+    listener: Arc<crate::server::ListenerState>,
+    tls: bool,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let (streams, header_bytes, idle_timeout) = {
+        let gen = worker.current();
+        let s = &gen.snapshot;
+        let streams = s
+            .listeners
+            .iter()
+            .find(|l| *l.name == *listener.name)
+            .map_or(128, |l| l.h2_max_concurrent_streams);
+        (
+            streams,
+            s.settings.max_header_bytes,
+            s.settings.keepalive_timeout,
+        )
+    };
+    let ctx = Rc::new(ConnCtx {
+        worker: worker.clone(),
+        peer,
+        client_ip: peer.ip().to_string(),
+        listener,
+        listener_index: Cell::new((0, 0)),
+        tls,
+        active: Cell::new(0),
+        last_active: Cell::new(Instant::now()),
+    });
+    let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(streams)
+        .max_header_list_size(header_bytes.min(u32::MAX as usize) as u32)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_send_buf_size(STREAM_WINDOW as usize)
+        .max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+        .max_local_error_reset_streams(Some(MAX_LOCAL_RESETS));
+    let svc_ctx = ctx.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let c = svc_ctx.clone();
+        async move { Ok::<_, Infallible>(handle(c, req).await) }
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(client = %peer, error = %e, "HTTP/2 connection ended");
+                }
+                break;
+            }
+            _ = tick.tick(), if !closing => {
+                let idle = ctx.active.get() == 0 && ctx.last_active.get().elapsed() >= idle_timeout;
+                if worker.shutting_down() || idle {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+/// Records a stream's end: metrics, access log, hooks. Carried by the response body, so it
+/// runs when the body is complete or the client resets the stream.
+pub(crate) struct Finish {
+    conn: Rc<ConnCtx>,
+    started: Instant,
+    route: Option<usize>,
+    pub status: u16,
+    pub backend: Option<SocketAddr>,
+    pub bytes_sent: u64,
+    upstream: String,
+    log: Option<(String, String)>,
+    pub hook_ctx: Option<Box<RequestCtx>>,
+    pub admission: Option<crate::limits::OwnedAdmission>,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let c = &self.conn;
+        let w = &c.worker;
+        c.active.set(c.active.get() - 1);
+        c.last_active.set(Instant::now());
+        match self.route {
+            Some(r) => w.metrics.request(r, self.status),
+            None => w.metrics.unrouted(self.status),
+        }
+        w.metrics.request_duration.observe(self.started.elapsed());
+        w.metrics.in_flight_done.inc();
+        if let (Some(log), Some((method, target))) = (&w.shared.access_log, &self.log) {
+            let entry = crate::access_log::Entry {
+                client: c.peer,
+                method,
+                target,
+                version: 2,
+                status: self.status,
+                bytes_sent: self.bytes_sent,
+                duration: self.started.elapsed(),
+                referer: b"",
+                user_agent: b"",
+                upstream: &self.upstream,
+                backend: self.backend,
+            };
+            if !log.log(&entry) {
+                w.metrics.access_log_dropped.inc();
+            }
+        }
+        if let (Some(hooks), Some(ctx)) = (&w.shared.hooks, self.hook_ctx.as_deref_mut()) {
+            let summary = RequestSummary {
+                status: self.status,
+                duration: self.started.elapsed(),
+                backend: self.backend,
+            };
+            hooks.on_done(&summary, ctx);
+        }
+    }
+}
+
+/// A response body: veloxy's own short answers, or a stream from the upstream.
+pub(crate) enum ProxyBody {
+    Full(Option<Bytes>, Option<Box<Finish>>),
+    H1(Box<to_h1::H1Body>),
+    H2(Incoming, Option<Box<Finish>>),
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = ProxyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
+        match self.get_mut() {
+            ProxyBody::Full(data, fin) => {
+                let out = data.take().map(|d| Ok(Frame::data(d)));
+                if out.is_none() {
+                    fin.take();
+                }
+                Poll::Ready(out)
+            }
+            ProxyBody::H1(b) => b.poll_frame(cx),
+            ProxyBody::H2(body, fin) => {
+                let r = match Pin::new(body).poll_frame(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(r) => r,
+                };
+                match r {
+                    None => {
+                        fin.take();
+                        Poll::Ready(None)
+                    }
+                    Some(Ok(frame)) => {
+                        if let (Some(d), Some(f)) = (frame.data_ref(), fin.as_deref_mut()) {
+                            f.bytes_sent += d.len() as u64;
+                            f.conn.worker.metrics.bytes_out.add(d.len() as u64);
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                    Some(Err(e)) => Poll::Ready(Some(Err(ProxyError::upstream(ErrorKind::Io(
+                        std::io::Error::other(e),
+                    ))))),
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Full(d, _) => d.is_none(),
+            ProxyBody::H1(b) => b.is_end_stream(),
+            ProxyBody::H2(b, _) => b.is_end_stream(),
+        }
+    }
+}
+
+async fn handle(c: Rc<ConnCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let w = c.worker.clone();
+    w.metrics.h2_streams.inc();
+    w.metrics.in_flight.inc();
+    c.active.set(c.active.get() + 1);
+    let log = w.shared.access_log.as_ref().map(|_| {
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+        (req.method().as_str().to_owned(), target)
+    });
+    let grpc = is_grpc(req.headers());
+    let mut fin = Some(Box::new(Finish {
+        conn: c.clone(),
+        started: Instant::now(),
+        route: None,
+        status: 0,
+        backend: None,
+        bytes_sent: 0,
+        upstream: String::new(),
+        log,
+        hook_ctx: None,
+        admission: None,
+    }));
+    let gen = w.current();
+    match forward(&c, &gen, req, &mut fin).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            w.count_error(&e);
+            match e.side {
+                crate::error::Side::Upstream => {
+                    tracing::warn!(error = %e.kind, "upstream error (HTTP/2 client)")
+                }
+                crate::error::Side::Downstream => {
+                    tracing::debug!(error = %e.kind, "request refused (HTTP/2)")
+                }
+            }
+            let mut fin = fin.unwrap_or_else(|| unreachable!("taken only on success"));
+            fin.status = if grpc { 200 } else { e.status() };
+            error_response(&e, grpc, fin)
+        }
+    }
+}
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// veloxy's own answer to a stream it could not forward. gRPC clients get a trailers-only
+/// response with a gRPC status, as gRPC proxies do, rather than an HTTP error they would
+/// report as a protocol failure.
+fn error_response(e: &ProxyError, grpc: bool, mut fin: Box<Finish>) -> Response<ProxyBody> {
+    let status = e.status();
+    let message = e.kind.to_string();
+    let mut headers = HeaderMap::new();
+    if status == 503 || status == 429 {
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    let body = if grpc {
+        let code = match status {
+            404 => "12",      // UNIMPLEMENTED
+            429 => "8",       // RESOURCE_EXHAUSTED
+            400 | 413 => "3", // INVALID_ARGUMENT
+            504 => "4",       // DEADLINE_EXCEEDED
+            401 | 403 => "7", // PERMISSION_DENIED
+            _ => "14",        // UNAVAILABLE
+        };
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert("grpc-status", HeaderValue::from_static(code));
+        if let Ok(v) = HeaderValue::from_str(&message) {
+            headers.insert("grpc-message", v);
+        }
+        None
+    } else {
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        let text = Bytes::from(format!(
+            "{status} {}: {message}\n",
+            crate::http1::reason(status)
+        ));
+        fin.bytes_sent = text.len() as u64;
+        Some(text)
+    };
+    let mut resp = Response::new(ProxyBody::Full(body, Some(fin)));
+    *resp.status_mut() = http::StatusCode::from_u16(if grpc { 200 } else { status })
+        .unwrap_or(http::StatusCode::BAD_GATEWAY);
+    *resp.headers_mut() = headers;
+    resp
+}
+
+/// The request's host: `:authority`, else the Host header.
+pub(crate) fn authority(req: &Request<Incoming>) -> &str {
+    authority_of_parts(req.uri(), req.headers())
+}
+
+pub(crate) fn authority_of(parts: &http::request::Parts) -> &str {
+    authority_of_parts(&parts.uri, &parts.headers)
+}
+
+fn authority_of_parts<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> &'a str {
+    uri.authority()
+        .map(|a| a.as_str())
+        .or_else(|| {
+            headers
+                .get(http::header::HOST)
+                .and_then(|v| v.to_str().ok())
+        })
+        .unwrap_or("")
+}
+
+/// Routes, limits and hooks one stream, then forwards it by the group's protocol.
+async fn forward(
+    c: &Rc<ConnCtx>,
+    gen: &Rc<Generation>,
+    req: Request<Incoming>,
+    fin: &mut Option<Box<Finish>>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let snapshot = &gen.snapshot;
+    let (cached_gen, cached) = c.listener_index.get();
+    let li = if cached_gen == gen.number {
+        cached
+    } else {
+        let i = snapshot
+            .listeners
+            .iter()
+            .position(|l| *l.name == *c.listener.name)
+            .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
+        c.listener_index.set((gen.number, i));
+        i
+    };
+    let listener = &snapshot.listeners[li];
+    let host = authority(&req);
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let route = listener
+        .router
+        .find(host.as_bytes(), path.as_bytes())
+        .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
+    let group = &snapshot.upstreams[route.upstream];
+    {
+        let f = fin.as_deref_mut().expect("present until success");
+        f.route = Some(route.index);
+        if f.log.is_some() {
+            f.upstream = group.name.clone();
+        }
+    }
+    let header_hash = |name: &str| {
+        let v = req.headers().get(name).map_or(&b""[..], |v| v.as_bytes());
+        hash_bytes(v, 0)
+    };
+    if let Some(rl) = &route.limits.rate {
+        let key = match &rl.key {
+            RateKey::ClientIp => hash_bytes(c.client_ip.as_bytes(), 0),
+            RateKey::Route => 0,
+            RateKey::Header(h) => header_hash(h),
+        };
+        rl.check(key)
+            .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
+    }
+    if let Some(hooks) = &c.worker.shared.hooks {
+        let mut ctx = Box::<RequestCtx>::default();
+        let headers: Vec<httparse::Header> = req
+            .headers()
+            .iter()
+            .map(|(n, v)| httparse::Header {
+                name: n.as_str(),
+                value: v.as_bytes(),
+            })
+            .collect();
+        let info = RequestInfo {
+            method: req.method().as_str(),
+            path,
+            version: 2,
+            client: c.peer,
+            listener: &listener.name,
+            upstream: &group.name,
+            headers: &headers,
+        };
+        hooks.on_request(&info, &mut ctx).map_err(|s| {
+            let s = if (400..=599).contains(&s) { s } else { 500 };
+            ProxyError::downstream(ErrorKind::Rejected(s))
+        })?;
+        fin.as_deref_mut().expect("present").hook_ctx = Some(ctx);
+    }
+    let hash = if group.uses_hash {
+        match &group.hash_key {
+            crate::config::HashKey::ClientIp => hash_bytes(c.client_ip.as_bytes(), 0),
+            crate::config::HashKey::Path => hash_bytes(req.uri().path().as_bytes(), 0),
+            crate::config::HashKey::Header(h) => header_hash(h),
+            crate::config::HashKey::Cookie(name) => {
+                let value = req
+                    .headers()
+                    .get_all(http::header::COOKIE)
+                    .iter()
+                    .flat_map(|v| v.as_bytes().split(|&b| b == b';'))
+                    .find_map(|pair| {
+                        let pair = pair.trim_ascii();
+                        let eq = pair.iter().position(|&b| b == b'=')?;
+                        (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+                    })
+                    .unwrap_or(b"");
+                hash_bytes(value, 0)
+            }
+        }
+    } else {
+        0
+    };
+    if let Some(limit) = &route.limits.concurrency {
+        let admission = limit
+            .admit_owned()
+            .await
+            .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
+        fin.as_deref_mut().expect("present").admission = Some(admission);
+    }
+    let target = Target {
+        upstream: route.upstream,
+        hash,
+    };
+    match group.protocol {
+        UpstreamProtocol::Http1 => to_h1::forward(c, gen, target, req, fin).await,
+        UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
+            to_h2::forward(c, gen, target, req, fin).await
+        }
+    }
+}
+
+/// Where a routed stream goes.
+#[derive(Clone, Copy)]
+pub(crate) struct Target {
+    pub upstream: usize,
+    pub hash: u64,
+}
+
+/// Picks a backend not in `tried`, spending the retry budget when `retry` is set.
+pub(crate) fn pick(
+    c: &ConnCtx,
+    gen: &Generation,
+    t: Target,
+    tried: u64,
+    retry: bool,
+) -> Option<usize> {
+    let group = &gen.snapshot.upstreams[t.upstream];
+    let mut groups = gen.groups.borrow_mut();
+    let state = &mut groups[t.upstream];
+    if retry {
+        if !state.budget.try_spend() {
+            return None;
+        }
+    } else {
+        state.budget.earn();
+    }
+    state.picker.pick(&crate::upstream::balancer::PickContext {
+        client: c.peer,
+        excluded: group.health.down_mask() | tried,
+        hash: t.hash,
+    })
+}
+
+/// Reports an attempt's end to the picker and to passive health.
+pub(crate) fn feedback(gen: &Generation, t: Target, backend: usize, elapsed: Duration, ok: bool) {
+    let group = &gen.snapshot.upstreams[t.upstream];
+    gen.groups.borrow_mut()[t.upstream]
+        .picker
+        .on_end(backend, elapsed, ok);
+    if ok {
+        group.health.record_success(backend);
+    } else {
+        group.health.record_failure(backend, &group.outlier);
+    }
+}
+
+/// Headers the hooks asked to add to the response ("Name: value\r\n" lines).
+pub(crate) fn add_hook_headers(raw: &[u8], headers: &mut HeaderMap) {
+    for line in raw.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(&line[..colon]),
+            HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+        ) {
+            headers.append(n, v);
+        }
+    }
+}
+
+/// The connection-level headers HTTP/2 forbids, and those veloxy rewrites when forwarding.
+pub(crate) fn skip_request_header(name: &http::HeaderName) -> bool {
+    use http::header::*;
+    name == CONNECTION
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || name == HOST
+        || name == CONTENT_LENGTH
+        || name == EXPECT
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+        || name.as_str() == "x-forwarded-for"
+        || name.as_str() == "x-forwarded-proto"
+        || name.as_str() == "x-forwarded-host"
+}
+
+impl ConnCtx {
+    pub(crate) fn worker(&self) -> &Rc<Worker> {
+        &self.worker
+    }
+    pub(crate) fn client_ip(&self) -> &str {
+        &self.client_ip
+    }
+    pub(crate) fn proto(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}

@@ -1,0 +1,585 @@
+//! An HTTP/2 stream forwarded to an HTTP/1.1 upstream through the worker's keep-alive pool.
+//!
+//! The request head is written in HTTP/1.1 form (`:authority` becomes Host, cookies split by
+//! HTTP/2 are joined again, a body of unknown length goes chunked). Small request bodies of
+//! idempotent requests are buffered so the request can be retried on another backend, like
+//! the HTTP/1 path; larger ones stream. The response body streams back through [`H1Body`],
+//! which returns the upstream connection to the pool once the body is complete.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Method, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{timeout, Instant, Sleep};
+
+use super::{feedback, pick, ConnCtx, Finish, ProxyBody, Target};
+use crate::error::{ErrorKind, ProxyError};
+use crate::http1::response::{parse_foreign, ForeignHead};
+use crate::http1::{itoa, BodyKind};
+use crate::proxy::connect_backend;
+use crate::relay::{reserve, BodyState, READ_CHUNK};
+use crate::upstream::pool::UpstreamConn;
+use crate::worker::Generation;
+
+/// Largest upstream response head accepted (as on the HTTP/1 path).
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+enum Fail {
+    /// Nothing reached the backend: any request may go elsewhere.
+    NotSent(ProxyError, bool),
+    /// Sent, but no response: only replayable requests may go elsewhere.
+    NoResponse(ProxyError),
+    /// A status in `retry_on`.
+    RetryStatus(u16),
+    Fatal(ProxyError),
+}
+
+fn up(kind: ErrorKind) -> ProxyError {
+    ProxyError::upstream(kind)
+}
+
+pub(super) async fn forward(
+    c: &Rc<ConnCtx>,
+    gen: &Rc<Generation>,
+    t: Target,
+    req: Request<Incoming>,
+    fin: &mut Option<Box<Finish>>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let group = &gen.snapshot.upstreams[t.upstream];
+    let (parts, mut body) = req.into_parts();
+    let is_head = parts.method == Method::HEAD;
+    let idempotent = matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    );
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let framing = if body.is_end_stream() {
+        BodyKind::Length(declared.unwrap_or(0)).min_none()
+    } else {
+        declared.map_or(BodyKind::Chunked, BodyKind::Length)
+    };
+    let mut wbuf = Vec::with_capacity(1024);
+    write_head(c, &parts, framing, fin, &mut wbuf);
+
+    // Buffer a small body so the request can be replayed.
+    let mut streaming = !body.is_end_stream();
+    if let (true, BodyKind::Length(n)) = (streaming, framing) {
+        if n as usize <= group.retry_body_limit {
+            let mut got = 0u64;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| client_gone(&e))?;
+                if let Ok(data) = frame.into_data() {
+                    got += data.len() as u64;
+                    c.worker().metrics.bytes_in.add(data.len() as u64);
+                    wbuf.extend_from_slice(&data);
+                }
+            }
+            if got != n {
+                return Err(ProxyError::downstream(ErrorKind::BadRequest(
+                    "request body does not match its content-length",
+                )));
+            }
+            streaming = false;
+        }
+    }
+    let replayable = idempotent && !streaming;
+
+    let mut tried = 0u64;
+    let mut retries_left = group.retries;
+    let mut backend =
+        pick(c, gen, t, 0, false).ok_or_else(|| ProxyError::upstream(ErrorKind::NoBackend))?;
+    loop {
+        tried |= 1 << backend;
+        if let Some(f) = fin.as_deref_mut() {
+            f.backend = Some(group.backends[backend].addr);
+        }
+        gen.groups.borrow_mut()[t.upstream].picker.on_start(backend);
+        let t0 = Instant::now();
+        let may_retry_status = replayable && retries_left > 0;
+        let body_ref = if streaming { Some(&mut body) } else { None };
+        let result = attempt(
+            c,
+            gen,
+            t,
+            backend,
+            &wbuf,
+            body_ref,
+            framing,
+            is_head,
+            replayable,
+            may_retry_status,
+        )
+        .await;
+        let elapsed = t0.elapsed();
+        let (error, counts) = match result {
+            Ok((conn, head, rest)) => {
+                let failed = group.outlier.on_5xx && head.status >= 500;
+                feedback(gen, t, backend, elapsed, !failed);
+                c.worker().metrics.upstream_duration.observe(elapsed);
+                return Ok(respond(c, gen, t, backend, conn, head, rest, fin));
+            }
+            Err(Fail::Fatal(e)) => {
+                feedback(
+                    gen,
+                    t,
+                    backend,
+                    elapsed,
+                    e.side != crate::error::Side::Upstream,
+                );
+                return Err(e);
+            }
+            Err(Fail::NotSent(e, health)) => (e, health),
+            Err(Fail::NoResponse(e)) if replayable => (e, true),
+            Err(Fail::NoResponse(e)) => {
+                feedback(gen, t, backend, elapsed, false);
+                return Err(e);
+            }
+            Err(Fail::RetryStatus(s)) => (
+                ProxyError::upstream(ErrorKind::UpstreamStatus(s)),
+                group.outlier.on_5xx && s >= 500,
+            ),
+        };
+        if counts {
+            feedback(gen, t, backend, elapsed, false);
+        } else {
+            gen.groups.borrow_mut()[t.upstream]
+                .picker
+                .on_end(backend, elapsed, true);
+        }
+        let next = (retries_left > 0)
+            .then(|| pick(c, gen, t, tried, true))
+            .flatten();
+        match next {
+            Some(b) => {
+                retries_left -= 1;
+                c.worker().metrics.retries.inc();
+                backend = b;
+            }
+            None => return Err(error),
+        }
+    }
+}
+
+trait MinNone {
+    fn min_none(self) -> Self;
+}
+
+impl MinNone for BodyKind {
+    /// `Length(0)` without a declared length is no body at all.
+    fn min_none(self) -> Self {
+        match self {
+            BodyKind::Length(0) => BodyKind::None,
+            k => k,
+        }
+    }
+}
+
+fn client_gone(e: &hyper::Error) -> ProxyError {
+    ProxyError::downstream(ErrorKind::Io(std::io::Error::other(e.to_string())))
+}
+
+/// Writes the HTTP/1.1 request head for an HTTP/2 request.
+fn write_head(
+    c: &ConnCtx,
+    parts: &http::request::Parts,
+    framing: BodyKind,
+    fin: &Option<Box<Finish>>,
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    let host = parts
+        .uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| {
+            parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|v| v.to_str().ok())
+        })
+        .unwrap_or("");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut cookies = 0;
+    for (name, value) in &parts.headers {
+        if super::skip_request_header(name) {
+            continue;
+        }
+        if name == http::header::TE {
+            // Only "trailers" is allowed in HTTP/2, and an HTTP/1.1 hop has its own.
+            continue;
+        }
+        if name == http::header::COOKIE {
+            cookies += 1;
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if cookies > 0 {
+        // HTTP/2 may split Cookie into several fields; HTTP/1.1 wants one (RFC 9113 8.2.3).
+        out.extend_from_slice(b"cookie: ");
+        for (i, v) in parts
+            .headers
+            .get_all(http::header::COOKIE)
+            .iter()
+            .enumerate()
+        {
+            if i > 0 {
+                out.extend_from_slice(b"; ");
+            }
+            out.extend_from_slice(v.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        BodyKind::Length(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            out.extend_from_slice(itoa(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        BodyKind::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        BodyKind::None | BodyKind::UntilClose => {}
+    }
+    out.extend_from_slice(b"X-Forwarded-For: ");
+    for v in parts.headers.get_all("x-forwarded-for") {
+        let v = v.as_bytes().trim_ascii();
+        if !v.is_empty() {
+            out.extend_from_slice(v);
+            out.extend_from_slice(b", ");
+        }
+    }
+    out.extend_from_slice(c.client_ip().as_bytes());
+    out.extend_from_slice(b"\r\nX-Forwarded-Proto: ");
+    out.extend_from_slice(c.proto().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if !host.is_empty() {
+        out.extend_from_slice(b"X-Forwarded-Host: ");
+        out.extend_from_slice(host.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(ctx) = fin.as_ref().and_then(|f| f.hook_ctx.as_deref()) {
+        out.extend_from_slice(&ctx.upstream_headers);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// One attempt against one backend: returns the connection, the response head and the bytes
+/// read after it.
+#[allow(clippy::too_many_arguments)]
+async fn attempt(
+    c: &ConnCtx,
+    gen: &Generation,
+    t: Target,
+    backend: usize,
+    wbuf: &[u8],
+    mut body: Option<&mut Incoming>,
+    framing: BodyKind,
+    is_head: bool,
+    replayable: bool,
+    may_retry_status: bool,
+) -> Result<(UpstreamConn, ForeignHead, BytesMut), Fail> {
+    let group = &gen.snapshot.upstreams[t.upstream];
+    let worker = c.worker();
+    let pooled = gen.groups.borrow_mut()[t.upstream].pool.take(backend);
+    let connect = || async {
+        connect_backend(worker, group, backend)
+            .await
+            .map_err(|(e, health)| Fail::NotSent(e, health))
+    };
+    let (mut conn, mut reused) = match pooled {
+        Some(conn) => {
+            worker.metrics.pool_hits.inc();
+            (conn, true)
+        }
+        None => (connect().await?, false),
+    };
+    let mut ubuf = BytesMut::with_capacity(READ_CHUNK);
+    'attempt: loop {
+        match timeout(group.write_timeout, conn.stream.write_all(wbuf)).await {
+            Err(_) => return Err(Fail::NoResponse(up(ErrorKind::WriteTimeout))),
+            Ok(Err(_)) if reused && replayable => {
+                conn = connect().await?;
+                reused = false;
+                continue 'attempt;
+            }
+            Ok(Err(e)) => return Err(Fail::NoResponse(up(ErrorKind::Io(e)))),
+            Ok(Ok(())) => {}
+        }
+        if let Some(body) = body.as_deref_mut() {
+            stream_body(c, group.write_timeout, &mut conn, body, framing).await?;
+        }
+        ubuf.clear();
+        loop {
+            if !ubuf.is_empty() {
+                match parse_foreign(&ubuf, is_head) {
+                    Err(e) => return Err(Fail::Fatal(e)),
+                    Ok(None) if ubuf.len() > MAX_RESPONSE_HEAD => {
+                        return Err(Fail::Fatal(up(ErrorKind::BadResponse(
+                            "response head too large",
+                        ))))
+                    }
+                    Ok(None) => {}
+                    Ok(Some(Err(interim))) => {
+                        ubuf.advance(interim);
+                        continue;
+                    }
+                    Ok(Some(Ok(head))) => {
+                        if may_retry_status && group.retry_on.contains(&head.status) {
+                            return Err(Fail::RetryStatus(head.status));
+                        }
+                        ubuf.advance(head.head_len);
+                        return Ok((conn, head, ubuf));
+                    }
+                }
+            }
+            reserve(&mut ubuf, READ_CHUNK);
+            let n = match timeout(group.read_timeout, conn.stream.read_buf(&mut ubuf)).await {
+                Err(_) => return Err(Fail::NoResponse(up(ErrorKind::ReadTimeout))),
+                Ok(Ok(n)) => n,
+                Ok(Err(_)) => 0,
+            };
+            if n == 0 {
+                if ubuf.is_empty() && reused && replayable {
+                    conn = connect().await?;
+                    reused = false;
+                    continue 'attempt;
+                }
+                if ubuf.is_empty() {
+                    return Err(Fail::NoResponse(up(ErrorKind::UpstreamClosed)));
+                }
+                return Err(Fail::Fatal(up(ErrorKind::UpstreamClosed)));
+            }
+        }
+    }
+}
+
+/// Streams the request body from the HTTP/2 stream to the upstream (chunk-encoded when its
+/// length is unknown). Flow control bounds what the client sends ahead.
+async fn stream_body(
+    c: &ConnCtx,
+    write_timeout: Duration,
+    conn: &mut UpstreamConn,
+    body: &mut Incoming,
+    framing: BodyKind,
+) -> Result<(), Fail> {
+    let chunked = framing == BodyKind::Chunked;
+    let mut out = Vec::with_capacity(READ_CHUNK);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Fail::Fatal(client_gone(&e)))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // request trailers: HTTP/1.1 upstreams rarely accept them
+        };
+        if data.is_empty() {
+            continue;
+        }
+        c.worker().metrics.bytes_in.add(data.len() as u64);
+        out.clear();
+        if chunked {
+            out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            out.extend_from_slice(&data);
+            out.extend_from_slice(b"\r\n");
+            write_up(conn, write_timeout, &out).await?;
+        } else {
+            write_up(conn, write_timeout, &data).await?;
+        }
+    }
+    if chunked {
+        write_up(conn, write_timeout, b"0\r\n\r\n").await?;
+    }
+    Ok(())
+}
+
+async fn write_up(conn: &mut UpstreamConn, limit: Duration, data: &[u8]) -> Result<(), Fail> {
+    match timeout(limit, conn.stream.write_all(data)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Fail::Fatal(up(ErrorKind::Io(e)))),
+        Err(_) => Err(Fail::Fatal(up(ErrorKind::WriteTimeout))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn respond(
+    c: &Rc<ConnCtx>,
+    gen: &Rc<Generation>,
+    t: Target,
+    backend: usize,
+    conn: UpstreamConn,
+    head: ForeignHead,
+    rest: BytesMut,
+    fin: &mut Option<Box<Finish>>,
+) -> Response<ProxyBody> {
+    let group = &gen.snapshot.upstreams[t.upstream];
+    let mut fin = fin.take().expect("present until success");
+    fin.status = head.status;
+    let mut headers = head.headers;
+    if let (Some(hooks), Some(ctx)) = (&c.worker().shared.hooks, fin.hook_ctx.as_deref_mut()) {
+        hooks.on_response(head.status, ctx);
+        super::add_hook_headers(&ctx.response_headers, &mut headers);
+    }
+    let body = H1Body {
+        conn: Some(conn),
+        buf: rest,
+        state: BodyState::new(head.body, true),
+        gen: gen.clone(),
+        upstream: t.upstream,
+        backend,
+        reusable: head.upstream_reusable,
+        read_timeout: group.read_timeout,
+        sleep: None,
+        scratch: Vec::new(),
+        fin: Some(fin),
+    };
+    let mut resp = Response::new(ProxyBody::H1(Box::new(body)));
+    *resp.status_mut() =
+        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    *resp.headers_mut() = headers;
+    resp
+}
+
+/// A response body read from an HTTP/1.1 upstream connection.
+pub(crate) struct H1Body {
+    conn: Option<UpstreamConn>,
+    /// Bytes read but not yet passed on.
+    buf: BytesMut,
+    state: BodyState,
+    gen: Rc<Generation>,
+    upstream: usize,
+    backend: usize,
+    reusable: bool,
+    read_timeout: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+    scratch: Vec<u8>,
+    fin: Option<Box<Finish>>,
+}
+
+impl H1Body {
+    /// The body is complete: pool the connection if it is clean, and record the stream.
+    fn finish(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let worker = self.fin.as_ref().map(|f| f.conn.worker.clone());
+            let shutting = worker.as_ref().is_some_and(|w| w.shutting_down());
+            if self.reusable && self.buf.is_empty() && !shutting {
+                self.gen.groups.borrow_mut()[self.upstream]
+                    .pool
+                    .put(self.backend, conn);
+            }
+        }
+        self.fin.take();
+    }
+
+    fn emit(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
+        if let Some(f) = self.fin.as_deref_mut() {
+            f.bytes_sent += data.len() as u64;
+            f.conn.worker.metrics.bytes_out.add(data.len() as u64);
+        }
+        Poll::Ready(Some(Ok(Frame::data(data))))
+    }
+
+    pub(super) fn is_end_stream(&self) -> bool {
+        self.state.is_done()
+    }
+
+    pub(super) fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
+        let bad = |_| ProxyError::upstream(ErrorKind::BadResponse("invalid chunked body"));
+        loop {
+            if self.state.is_done() {
+                self.finish();
+                return Poll::Ready(None);
+            }
+            if !self.buf.is_empty() {
+                if self.state.decodes() {
+                    self.scratch.clear();
+                    let used = match self.state.take_into(&self.buf, &mut self.scratch) {
+                        Ok(n) => n,
+                        Err(e) => return Poll::Ready(Some(Err(bad(e)))),
+                    };
+                    self.buf.advance(used);
+                    if !self.scratch.is_empty() {
+                        let data = Bytes::copy_from_slice(&self.scratch);
+                        return self.emit(data);
+                    }
+                    if used > 0 {
+                        continue;
+                    }
+                } else {
+                    let used = match self.state.take(&self.buf) {
+                        Ok(n) => n,
+                        Err(e) => return Poll::Ready(Some(Err(bad(e)))),
+                    };
+                    if used > 0 {
+                        let data = self.buf.split_to(used).freeze();
+                        return self.emit(data);
+                    }
+                }
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            reserve(&mut self.buf, READ_CHUNK);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut conn.stream), cx, &mut self.buf) {
+                Poll::Ready(Ok(0)) => {
+                    if matches!(self.state, BodyState::UntilClose) {
+                        self.state = BodyState::Done;
+                        self.reusable = false;
+                        continue;
+                    }
+                    self.conn = None;
+                    return Poll::Ready(Some(Err(up(ErrorKind::UpstreamClosed))));
+                }
+                Poll::Ready(Ok(_)) => {
+                    if let Some(s) = self.sleep.as_mut() {
+                        s.as_mut().reset(Instant::now() + self.read_timeout);
+                    }
+                }
+                Poll::Ready(Err(e)) => {
+                    self.conn = None;
+                    return Poll::Ready(Some(Err(up(ErrorKind::Io(e)))));
+                }
+                Poll::Pending => {
+                    let timeout = self.read_timeout;
+                    let sleep = self
+                        .sleep
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                    if sleep.as_mut().poll(cx).is_ready() {
+                        self.conn = None;
+                        return Poll::Ready(Some(Err(up(ErrorKind::ReadTimeout))));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for H1Body {
+    fn drop(&mut self) {
+        if !self.state.is_done() {
+            if let Some(f) = self.fin.as_deref_mut() {
+                // The client reset the stream, or the upstream failed mid-body.
+                tracing::debug!(status = f.status, "HTTP/2 response body cut short");
+            }
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! TLS with rustls: certificate loading and checks, SNI selection, the downstream (server)
+//! and upstream (client) configurations, and the downstream stream type that is either plain
+//! TCP or TLS.
+//!
+//! Certificates are loaded and checked when the config is compiled, so a missing or unreadable
+//! file, a key that does not match its certificate, or an expired certificate refuses the
+//! config (and a reload) with an error that names the file. The crypto provider is aws-lc-rs:
+//! its AES-GCM and P-256/X25519 code is assembly-optimised, like OpenSSL's.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Why a certificate, key or CA file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: cannot read: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path}: no PEM certificate found")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: no PEM private key found (PKCS#8, PKCS#1 or SEC1)")]
+    NoKey { path: PathBuf },
+    #[error("{path}: unsupported private key: {message}")]
+    BadKey { path: PathBuf, message: String },
+    #[error("{key}: the private key does not match the certificate in {cert}")]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
+    #[error("{path}: certificate is not valid: {message}")]
+    BadCertificate { path: PathBuf, message: String },
+    #[error("{path}: certificate expired on {when}")]
+    Expired { path: PathBuf, when: String },
+    #[error("{path}: certificate is not valid before {when}")]
+    NotYetValid { path: PathBuf, when: String },
+    #[error("TLS setup failed: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads every certificate of a PEM file (a chain: leaf first).
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::BadCertificate {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Loads a certificate chain and its key, and checks that they match and that the leaf is
+/// valid now.
+pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+    let certs = load_certs(cert)?;
+    check_validity(cert, &certs[0])?;
+    let key_pem = read(key)?;
+    let der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| TlsError::NoKey {
+        path: key.to_path_buf(),
+    })?;
+    let signing = provider()
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| TlsError::BadKey {
+            path: key.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    let ck = CertifiedKey::new(certs, signing);
+    match ck.keys_match() {
+        Ok(()) => Ok(ck),
+        Err(rustls::Error::InconsistentKeys(_)) => Err(TlsError::KeyMismatch {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+        }),
+        // Keys whose public half cannot be derived cannot be compared; rustls then checks
+        // them at the first handshake.
+        Err(_) => Ok(ck),
+    }
+}
+
+fn check_validity(path: &Path, leaf: &CertificateDer<'_>) -> Result<(), TlsError> {
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(leaf).map_err(|e| TlsError::BadCertificate {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    let validity = parsed.validity();
+    let now = x509_parser::time::ASN1Time::now();
+    if validity.not_after < now {
+        return Err(TlsError::Expired {
+            path: path.to_path_buf(),
+            when: validity.not_after.to_string(),
+        });
+    }
+    if validity.not_before > now {
+        return Err(TlsError::NotYetValid {
+            path: path.to_path_buf(),
+            when: validity.not_before.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// One certificate of a listener, with the host names it is chosen for.
+pub struct CertEntry {
+    /// Exact names (`api.example.com`) or wildcards (`*.example.com`); empty: only as default.
+    pub hosts: Vec<String>,
+    pub key: Arc<CertifiedKey>,
+}
+
+/// Picks the certificate by SNI: exact name, then wildcard (one label), then the default
+/// (the listener's `cert`, or its first `certs` entry). Clients without SNI get the default.
+#[derive(Debug)]
+struct SniResolver {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    default: Arc<CertifiedKey>,
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let Some(name) = hello.server_name() else {
+            return Some(self.default.clone());
+        };
+        let name = name.to_ascii_lowercase();
+        if let Some(k) = self.exact.get(&name) {
+            return Some(k.clone());
+        }
+        if let Some((_, parent)) = name.split_once('.') {
+            if let Some(k) = self.wildcard.get(parent) {
+                return Some(k.clone());
+            }
+        }
+        Some(self.default.clone())
+    }
+}
+
+/// Builds a listener's server config. `certs[0]` is the default certificate.
+pub fn server_config(
+    certs: Vec<CertEntry>,
+    http2: bool,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let mut exact = HashMap::new();
+    let mut wildcard = HashMap::new();
+    let default = certs[0].key.clone();
+    for c in &certs {
+        for h in &c.hosts {
+            let h = h.to_ascii_lowercase();
+            match h.strip_prefix("*.") {
+                Some(parent) => wildcard.insert(parent.to_string(), c.key.clone()),
+                None => exact.insert(h, c.key.clone()),
+            };
+        }
+    }
+    let resolver = SniResolver {
+        exact,
+        wildcard,
+        default,
+    };
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    // Resumption: stateless tickets (TLS 1.2 and 1.3) plus a session-id cache for TLS 1.2
+    // clients without ticket support. One TLS 1.3 ticket per handshake is enough for clients
+    // that reconnect one connection at a time, and halves the ticket work of rustls' default.
+    config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
+    config.send_tls13_tickets = 1;
+    Ok(Arc::new(config))
+}
+
+/// A client config for `https://` upstreams: the system's roots, or only the CA file's.
+pub fn client_config(
+    ca_file: Option<&Path>,
+    alpn_h2: bool,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            for c in load_certs(path)? {
+                roots.add(c).map_err(|e| TlsError::BadCertificate {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        None => {
+            // Unreadable system certificates are skipped, like every TLS client does.
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+        }
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = if alpn_h2 {
+        vec![b"h2".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    Ok(Arc::new(config))
+}
+
+/// A downstream connection's byte stream: plain TCP or TLS over TCP.
+///
+/// An enum rather than a boxed trait object: the plain case, the common one behind a TLS
+/// terminating load balancer, stays a direct call.
+pub enum DownstreamIo {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl DownstreamIo {
+    /// The TCP socket underneath (socket options, linger).
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            DownstreamIo::Plain(s) => s,
+            DownstreamIo::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, DownstreamIo::Tls(_))
+    }
+}
+
+macro_rules! delegate_io {
+    ($t:ident, $($variant:ident),+) => {
+        impl AsyncRead for $t {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($t::$variant(s) => Pin::new(s).poll_read(cx, buf),)+
+                }
+            }
+        }
+
+        impl AsyncWrite for $t {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $($t::$variant(s) => Pin::new(s).poll_write(cx, buf),)+
+                }
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $($t::$variant(s) => Pin::new(s).poll_write_vectored(cx, bufs),)+
+                }
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    $($t::$variant(s) => s.is_write_vectored(),)+
+                }
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($t::$variant(s) => Pin::new(s).poll_flush(cx),)+
+                }
+            }
+
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($t::$variant(s) => Pin::new(s).poll_shutdown(cx),)+
+                }
+            }
+        }
+    };
+}
+
+delegate_io!(DownstreamIo, Plain, Tls);
+
+/// An upstream connection's byte stream: plain TCP or TLS over TCP.
+pub enum UpstreamIo {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl UpstreamIo {
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            UpstreamIo::Plain(s) => s,
+            UpstreamIo::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+delegate_io!(UpstreamIo, Plain, Tls);
+
+/// A stream with bytes already read from it put back in front (an HTTP/2 preface found
+/// while looking for an HTTP/1 request head).
+pub struct Prefixed<S> {
+    prefix: bytes::Bytes,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    pub fn new(prefix: bytes::Bytes, inner: S) -> Self {
+        Prefixed { prefix, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
