@@ -493,7 +493,11 @@ fn prepare(
     let mut head = worker.take_vec();
     let fwd = Forwarded {
         client_ip: &down.client_ip,
-        proto: "http",
+        proto: if down.stream.is_tls() {
+            "https"
+        } else {
+            "http"
+        },
     };
     request::write_upstream_head(req, &fwd, &mut head);
     if req.host.is_none() {

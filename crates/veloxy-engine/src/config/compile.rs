@@ -373,7 +373,13 @@ fn compile(
         let http2 = http2_set.unwrap_or(l.tls.is_some());
         let tls = match &l.tls {
             None => None,
-            Some(t) => Some(compile_tls(src, &format!("{key}.tls"), t, http2)?),
+            Some(t) => Some(compile_tls(
+                src,
+                &format!("{key}.tls"),
+                t,
+                section.span(),
+                http2,
+            )?),
         };
         let streams = l
             .h2_max_concurrent_streams
@@ -704,10 +710,10 @@ fn host_of(hostport: &str) -> &str {
 fn compile_tls(
     src: &Source,
     key: &str,
-    section: &toml::Spanned<crate::config::file::TlsSection>,
+    t: &crate::config::file::TlsSection,
+    span: std::ops::Range<usize>,
     http2: bool,
 ) -> Result<Arc<rustls::ServerConfig>, ConfigError> {
-    let t = section.get_ref();
     let mut entries = Vec::new();
     match (&t.cert, &t.key) {
         (Some(c), Some(k)) => {
@@ -764,11 +770,11 @@ fn compile_tls(
     }
     if entries.is_empty() {
         return Err(src.error(
-            section.span(),
+            span.clone(),
             key,
             "needs cert and key, or [[...tls.certs]] entries",
         ));
     }
     crate::tls::server_config(entries, http2)
-        .map_err(|e| src.error(section.span(), key, e.to_string()))
+        .map_err(|e| src.error(span.clone(), key, e.to_string()))
 }

@@ -60,7 +60,8 @@ pub struct ListenerSection {
     /// HTTP/2: offered by ALPN on TLS listeners (default on), h2c prior knowledge on plain
     /// ones (default off).
     pub http2: Option<Spanned<bool>>,
-    pub tls: Option<Spanned<TlsSection>>,
+    /// Not `Spanned`: toml cannot span a table defined only through `[[...tls.certs]]`.
+    pub tls: Option<TlsSection>,
     /// HTTP/2 limits.
     pub h2_max_concurrent_streams: Option<Spanned<u32>>,
     /// Idle limit for upgraded (WebSocket) connections: closed after this long with no byte

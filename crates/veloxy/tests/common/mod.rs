@@ -452,3 +452,4 @@ pub fn reload_with(v: &Veloxy, config: &str, outcome: &str) {
         v.proc.log_text()
     );
 }
+pub mod tls;
