@@ -100,10 +100,8 @@ fn websocket_over_tls() {
 #[test]
 fn idle_websockets_are_closed_after_the_limit() {
     let backend = ws_echo_server();
-    let config = simple_config(&[backend], "").replace(
-        "[[routes]]",
-        "upgrade_idle_timeout = \"300ms\"\n[[routes]]",
-    );
+    let config = simple_config(&[backend], "")
+        .replace("[[routes]]", "upgrade_idle_timeout = \"300ms\"\n[[routes]]");
     let v = veloxy(&config);
     runtime().block_on(async {
         let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws", v.addr))
@@ -191,7 +189,10 @@ fn reload_keeps_open_websocket_and_http2_connections() {
             if r.header("x-upstream") == Some("second") {
                 break;
             }
-            assert!(Instant::now() < deadline, "reload never reached the connection");
+            assert!(
+                Instant::now() < deadline,
+                "reload never reached the connection"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // The WebSocket opened before the reload still echoes.
