@@ -273,6 +273,11 @@ async fn sniff_preface(down: &mut Downstream, limit: Duration) -> Sniffed {
     loop {
         let n = down.rbuf.len().min(H2_PREFACE.len());
         if down.rbuf[..n] != H2_PREFACE[..n] {
+            // "PRI" is reserved for the preface (RFC 9113 3.4): a broken preface is closed
+            // as HTTP/2 requires, not answered as an HTTP/1 request.
+            if n >= 4 && down.rbuf.starts_with(b"PRI ") {
+                return Sniffed::Gone;
+            }
             return Sniffed::Http1;
         }
         if n == H2_PREFACE.len() {

@@ -139,7 +139,7 @@ fn large_download_memory_stays_bounded() {
             got += chunk.len() as u64;
             let _ = body.flow_control().release_capacity(chunk.len());
             n += 1;
-            if n % 512 == 0 {
+            if n.is_multiple_of(512) {
                 peak = peak.max(v.proc.rss_kib());
             }
         }
