@@ -1,4 +1,4 @@
-//! veloxy's engine: a thread-per-core HTTP/1.1 reverse proxy and load balancer.
+//! veloxy's engine: a thread-per-core HTTP/1.1 and HTTP/2 reverse proxy and load balancer.
 //!
 //! # Layout
 //!
@@ -8,16 +8,20 @@
 //!    kernel spreads connections and no accept lock is shared.
 //! 2. [`server`] starts the workers; each [`worker`] runs a single-threaded tokio runtime that
 //!    owns its sockets, upstream pools and balancer state.
-//! 3. [`connection`] reads request heads from a downstream connection (keep-alive,
-//!    pipelining, header timeout) and parses them with [`http1::request`], which also refuses
-//!    anything that could smuggle a request (conflicting framing, bare LF, obs-fold).
+//! 3. [`connection`] terminates TLS ([`tls`]: rustls, certificates by SNI) and looks at the
+//!    protocol: HTTP/2 (ALPN `h2`, or the h2c preface) goes to the private `http2` module,
+//!    which runs hyper's HTTP/2 server and forwards each stream through the same router,
+//!    limits, balancer and pools. HTTP/1 request heads are read here (keep-alive, pipelining,
+//!    header timeout) and parsed by [`http1::request`], which refuses anything that could
+//!    smuggle a request (conflicting framing, bare LF, obs-fold).
 //! 4. The [`router`] picks a route by host and longest path prefix; [`hooks`] may inspect or
 //!    refuse the request and add headers.
 //! 5. [`upstream::balancer`] picks a backend of the route's upstream group; the upstream head
 //!    is written with hop-by-hop headers removed and `X-Forwarded-*` set.
 //! 6. [`proxy`] takes an idle connection from the worker's [`upstream`] pool (or connects),
 //!    sends head and body, reads the response with [`http1::response`], streams bodies both
-//!    ways through bounded buffers, and returns the connection to the pool.
+//!    ways through bounded buffers, and returns the connection to the pool. A `101` to an
+//!    upgrade request (WebSocket) turns the exchange into a tunnel ([`relay`]).
 //!
 //! Configuration goes file -> [`config::file`] (serde structs) -> [`config::compile`]
 //! (validation) -> [`config::Snapshot`], which workers read through an atomic pointer so a
@@ -32,6 +36,8 @@
 //! * **backend**: one server (address, weight) of an upstream group.
 //! * **worker**: one thread with its own runtime; owns its listener sockets and pools.
 //! * **snapshot**: the immutable compiled config a request runs on.
+//! * **stream**: one request/response exchange on an HTTP/2 connection.
+//! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways.
 
 pub mod access_log;
 pub mod admin;
