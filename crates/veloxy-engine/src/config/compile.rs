@@ -306,6 +306,15 @@ fn compile(
             .as_ref()
             .map(|h| compile_health(src, &format!("{key}.health"), h))
             .transpose()?;
+        if let (Some(h), true) = (&u.health, protocol != UpstreamProtocol::Http1) {
+            if let Some(path) = &h.get_ref().path {
+                return Err(src.error(
+                    path.span(),
+                    format!("{key}.health.path"),
+                    "HTTP checks speak HTTP/1.1: h2/h2c groups use connect checks (omit path)",
+                ));
+            }
+        }
         let outlier = match &u.outlier {
             None => Outlier::default(),
             Some(o) => compile_outlier(src, &format!("{key}.outlier"), o)?,

@@ -264,10 +264,37 @@ pub fn adopt(old: &Snapshot, new: &mut Snapshot) {
     }
 }
 
-/// Runs one probe: TCP connect, or an HTTP GET whose status must fall in `expect_status`.
-pub async fn probe(addr: SocketAddr, check: &HealthCheck) -> bool {
+/// TLS settings for probing `https://` backends: the group's client config and the name.
+pub type ProbeTls = (
+    Arc<rustls::ClientConfig>,
+    rustls::pki_types::ServerName<'static>,
+);
+
+/// Runs one probe: TCP connect (plus the TLS handshake for `https://` backends), or an HTTP GET
+/// whose status must fall in `expect_status`.
+pub async fn probe(addr: SocketAddr, check: &HealthCheck, tls: Option<&ProbeTls>) -> bool {
     let attempt = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+        match tls {
+            None => http_probe(tcp, addr, check).await,
+            Some((config, name)) => {
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                let s = connector.connect(name.clone(), tcp).await.ok()?;
+                http_probe(s, addr, check).await
+            }
+        }
+    };
+    matches!(
+        tokio::time::timeout(check.timeout, attempt).await,
+        Ok(Some(true))
+    )
+}
+
+async fn http_probe<S>(mut s: S, addr: SocketAddr, check: &HealthCheck) -> Option<bool>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    {
         let Some(path) = &check.path else {
             return Some(true);
         };
@@ -289,11 +316,7 @@ pub async fn probe(addr: SocketAddr, check: &HealthCheck) -> bool {
                 Err(_) => return Some(false),
             }
         }
-    };
-    matches!(
-        tokio::time::timeout(check.timeout, attempt).await,
-        Ok(Some(true))
-    )
+    }
 }
 
 /// Starts the process-wide health thread. It follows snapshot changes through `snapshots`.
@@ -327,6 +350,10 @@ pub(crate) fn spawn_thread(
                             for i in 0..group.backends.len() {
                                 let health = group.health.clone();
                                 let check = check.clone();
+                                let tls: Option<ProbeTls> = group
+                                    .tls
+                                    .clone()
+                                    .zip(group.backends[i].tls_name.clone());
                                 tasks.spawn(async move {
                                     let addr = health.backends[i].addr;
                                     let mut tick = tokio::time::interval(check.interval);
@@ -335,7 +362,7 @@ pub(crate) fn spawn_thread(
                                     );
                                     loop {
                                         tick.tick().await;
-                                        let passed = probe(addr, &check).await;
+                                        let passed = probe(addr, &check, tls.as_ref()).await;
                                         health.apply_check(i, passed, &check);
                                     }
                                 });
