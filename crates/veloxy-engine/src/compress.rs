@@ -134,7 +134,11 @@ impl Accepted {
         let mut best: Option<(Encoding, u16)> = None;
         for e in Encoding::ALL {
             let q = self.q(e);
-            if q > 0 && available(e) && best.map_or(true, |(_, bq)| q > bq) {
+            let better = match best {
+                None => true,
+                Some((_, bq)) => q > bq,
+            };
+            if q > 0 && available(e) && better {
                 best = Some((e, q));
             }
         }

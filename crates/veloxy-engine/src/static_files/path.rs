@@ -164,7 +164,11 @@ pub fn open(root: &Path, rel: &str, rules: Rules) -> Result<Opened, OpenError> {
     match canonical.strip_prefix(root) {
         Ok(inside) => {
             let hidden = inside.components().any(|c| match c {
-                Component::Normal(n) => n.to_str().map_or(true, is_hidden),
+                // A name that is not UTF-8 cannot be requested: treat it as hidden.
+                Component::Normal(n) => match n.to_str() {
+                    Some(name) => is_hidden(name),
+                    None => true,
+                },
                 _ => false,
             });
             if hidden && !rules.allow_hidden {
