@@ -406,7 +406,7 @@ fn probe_sidecars(
         }
         let len = smeta.len();
         let source = if len <= max_file {
-            Source::Memory(read_all(file, len)?)
+            Source::Memory(read_all(&file, len)?)
         } else {
             Source::File(Arc::new(file))
         };
@@ -418,7 +418,7 @@ fn probe_sidecars(
     })
 }
 
-fn read_all(mut file: File, len: u64) -> Option<Bytes> {
+fn read_all(mut file: &File, len: u64) -> Option<Bytes> {
     let mut buf = Vec::with_capacity(len as usize);
     file.read_to_end(&mut buf).ok()?;
     Some(Bytes::from(buf))
@@ -441,7 +441,7 @@ fn build_entry(
     let mut len = opened.meta.len();
     let source = if len <= route.cache.max_file() {
         let file = opened.file;
-        match read_all(file.try_clone().expect("dup"), len) {
+        match read_all(&file, len) {
             Some(b) => {
                 len = b.len() as u64;
                 Source::Memory(b)
