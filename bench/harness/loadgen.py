@@ -1,10 +1,12 @@
-"""Load generators: wrk (closed loop, ceiling) and oha (fixed rate, latency-corrected)."""
+"""Load generators: wrk (closed loop, ceiling), oha (fixed rate, latency-corrected) and
+h2load (HTTP/2, several streams per connection)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 from . import procs
@@ -44,11 +46,15 @@ def parse_wrk(stdout: str) -> dict:
 
 
 def wrk(url: str, *, connections: int, duration: float, threads: int, cpus: list[int],
-        method: str = "GET", body_file: Path | None = None, timeout_s: int = 4) -> dict:
+        method: str = "GET", body_file: Path | None = None, timeout_s: int = 4,
+        headers: list[str] | None = None) -> dict:
     threads = max(1, min(threads, connections))
     duration = max(1, math.ceil(duration))  # wrk takes whole seconds only
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration}s",
-           "--timeout", f"{timeout_s}s", "-s", str(WRK_LUA), url]
+           "--timeout", f"{timeout_s}s", "-s", str(WRK_LUA)]
+    for h in headers or []:
+        cmd += ["-H", h]
+    cmd.append(url)
     env = {"WRK_METHOD": method, "WRK_BODY_FILE": str(body_file) if body_file else ""}
     rc, out, err = procs.run_bounded(cmd, timeout=duration + 30, cpus=cpus, env=env)
     if rc != 0:
@@ -120,6 +126,129 @@ def oha(url: str, *, rate: float, connections: int, duration: float, cpus: list[
         return parse_oha(out, offered_rps=rate)
     except (ValueError, KeyError) as e:
         raise LoadError(f"cannot parse oha output ({e}): {out[-400:]}") from e
+
+
+_H2_SIZE = re.compile(r"^([0-9.]+)(us|ms|s)$")
+
+
+def _h2_duration_ms(text: str) -> float | None:
+    m = _H2_SIZE.match(text.strip())
+    if not m:
+        return None
+    return float(m.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)]
+
+
+def percentiles(values: list[float], qs=(50, 75, 90, 99, 99.9)) -> dict:
+    """Nearest-rank percentiles (as wrk and oha report them) of `values`, keyed "p50"..."""
+    if not values:
+        return {f"p{q:g}": None for q in qs}
+    xs = sorted(values)
+    n = len(xs)
+    return {f"p{q:g}": xs[min(n - 1, max(0, math.ceil(q / 100 * n) - 1))] for q in qs}
+
+
+def parse_h2load_log(text: str) -> dict:
+    """h2load --log-file: one line per request, tab-separated: start time (us since the
+    epoch), HTTP status (-1 when the stream failed), request duration (us). Latency
+    percentiles in ms over the completed requests, and the status counts."""
+    lat: list[float] = []
+    statuses: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) < 3:
+            continue
+        try:
+            status, us = int(parts[1]), int(parts[2])
+        except ValueError:
+            continue
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+        if status > 0:
+            lat.append(us / 1000.0)
+    out = percentiles(lat)
+    out["max"] = max(lat) if lat else None
+    out["mean"] = sum(lat) / len(lat) if lat else None
+    return {"latency_ms": out, "logged": len(lat), "log_statuses": statuses}
+
+
+def parse_h2load(stdout: str) -> dict:
+    """h2load's summary: requests/s, request counts and failures, status classes, bytes,
+    the TLS protocol/cipher/ALPN it negotiated and its request-time min/max/mean/sd."""
+    m = re.search(r"^finished in ([0-9.]+)(us|ms|s), ([0-9.]+) req/s", stdout, re.M)
+    req = re.search(r"^requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
+                    r"(\d+) failed, (\d+) errored, (\d+) timeout", stdout, re.M)
+    codes = re.search(r"^status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", stdout, re.M)
+    if not (m and req and codes):
+        raise LoadError("h2load printed no summary:\n" + stdout[-800:])
+    total, started, done, ok, failed, errored, timeout = (int(x) for x in req.groups())
+    c2, c3, c4, c5 = (int(x) for x in codes.groups())
+    traffic = re.search(r"^traffic: \S+ \((\d+)\) total", stdout, re.M)
+    nbytes = int(traffic.group(1)) if traffic else 0
+
+    def field(name: str) -> str | None:
+        f = re.search(rf"^{re.escape(name)}: (.+)$", stdout, re.M)
+        return f.group(1).strip() if f else None
+
+    times = {}
+    for key, label in (("request", "time for request"), ("connect", "time for connect"),
+                       ("ttfb", "time to 1st byte")):
+        t = re.search(rf"^{label}:\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", stdout, re.M)
+        if t:
+            times[key] = dict(zip(("min", "max", "mean", "sd"),
+                                  (_h2_duration_ms(x) for x in t.groups()), strict=True))
+    rps = float(m.group(3))
+    dur = done / rps if rps else 0.0
+    req_t = times.get("request", {})
+    non2xx = c3 + c4 + c5
+    return {
+        "tool": "h2load",
+        "duration_s": dur,
+        "requests": done,
+        "rps": rps,
+        "bytes": nbytes,
+        "transfer_bps": nbytes / dur if dur else 0.0,
+        "non2xx": non2xx,
+        # h2load's "failed" = non-2xx/3xx statuses + "errored" (streams that got no response);
+        # "timeout" counts connections closed by -N. Socket-level errors: errored + timeout.
+        "socket_errors": errored + timeout,
+        "errors": non2xx + errored + timeout,
+        "errors_detail": {"started": started, "failed": failed, "errored": errored,
+                          "timeout": timeout, "total": total},
+        "status_classes": {"2xx": c2, "3xx": c3, "4xx": c4, "5xx": c5},
+        "tls": {"protocol": field("TLS Protocol"), "cipher": field("Cipher"),
+                "key_exchange": field("Server Temp Key"), "alpn": field("Application protocol")},
+        "h2load_times_ms": times,
+        "latency_ms": {"mean": req_t.get("mean"), "max": req_t.get("max")},
+    }
+
+
+def h2load(url: str, *, clients: int, streams: int, duration: float, threads: int,
+           cpus: list[int], log_file: Path | None = None, h1: bool = False,
+           timeout_s: float = 4) -> dict:
+    """h2load for `duration` seconds: `clients` connections, `streams` concurrent requests
+    on each (-m). With `log_file`, the latency percentiles come from its per-request log
+    (h2load itself prints only min/max/mean/sd)."""
+    threads = max(1, min(threads, clients))
+    cmd = ["h2load", "-c", str(clients), "-m", str(streams), "-t", str(threads),
+           "-D", f"{max(1, math.ceil(duration))}", "-N", f"{timeout_s:g}s"]
+    if h1:
+        cmd.append("--h1")
+    if log_file is not None:
+        cmd += ["--log-file", str(log_file)]
+    cmd.append(url)
+    rc, out, err = procs.run_bounded(cmd, timeout=duration + 30, cpus=cpus)
+    if rc != 0:
+        raise LoadError(f"h2load exited {rc}: {(err or out)[-600:]}")
+    res = parse_h2load(out)
+    if log_file is not None and log_file.exists():
+        try:
+            lg = parse_h2load_log(log_file.read_text(errors="replace"))
+        finally:
+            log_file.unlink()
+        res["latency_ms"].update(lg["latency_ms"])
+        res["log_statuses"] = lg["log_statuses"]
+    if not res["requests"]:
+        raise LoadError("h2load completed no request: " + (err or out)[-600:])
+    return res
 
 
 def make_body(cache: Path, size: int) -> Path:

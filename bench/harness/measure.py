@@ -39,14 +39,30 @@ def measured(ctx, run, load: Callable[[], dict]) -> dict:
 
 
 def wrk(ctx, run, path: str = "/", *, connections: int, duration: float, warmup: float = 0,
-        method: str = "GET", body_file=None, timeout_s: int = 4) -> dict:
+        method: str = "GET", body_file=None, timeout_s: int = 4,
+        headers: list[str] | None = None) -> dict:
     url = run.base_url + path
     kw = dict(connections=connections, threads=len(ctx.load_cpus), cpus=ctx.load_cpus,
-              method=method, body_file=body_file, timeout_s=timeout_s)
+              method=method, body_file=body_file, timeout_s=timeout_s, headers=headers)
     if warmup > 0:
         loadgen.wrk(url, duration=warmup, **kw)
     res = measured(ctx, run, lambda: loadgen.wrk(url, duration=duration, **kw))
     res.update({"connections": connections, "path": path, "method": method})
+    return res
+
+
+def h2load(ctx, run, path: str = "/", *, clients: int, streams: int, duration: float,
+           warmup: float = 0, h1: bool = False) -> dict:
+    """h2load (HTTP/2 unless h1) against the running proxy; the warm-up is a separate,
+    unmeasured h2load run so that the CPU accounting covers the measured run only."""
+    url = run.base_url + path
+    kw = dict(clients=clients, streams=streams, threads=len(ctx.load_cpus), cpus=ctx.load_cpus,
+              h1=h1)
+    if warmup > 0:
+        loadgen.h2load(url, duration=warmup, **kw)
+    log = ctx.tmp / f"h2load-{run.name}-{ctx.seq}.tsv"
+    res = measured(ctx, run, lambda: loadgen.h2load(url, duration=duration, log_file=log, **kw))
+    res.update({"connections": clients, "streams": streams, "path": path, "method": "GET"})
     return res
 
 

@@ -77,10 +77,11 @@ class Running:
     note: str = ""
     started_s: float = 0.0
     xff: bool | None = None
+    scheme: str = "http"  # "https" when a scenario's settings serve TLS (tls scenario)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def pids(self) -> list[int]:
         return procs.tree_pids(self.proc.pid)
@@ -147,7 +148,7 @@ def _nginx(ctx, wd: Path, port: int, ups: list[str], extra=None):
     conf = render_file("nginx.conf.tmpl", wd / "nginx.conf", {
         "WORKERS": ctx.workers, "WORKDIR": wd, "PORT": port, "SERVERS": servers,
         "KEEPALIVE": ctx.keepalive * len(ups), "NOFILE": ctx.nofile, "MAXCONN": _maxconn(ctx),
-        "HTTP_EXTRA": "", "LOCATION_EXTRA": ""}, extra)
+        "HTTP_EXTRA": "", "LOCATION_EXTRA": "", "SERVER_EXTRA": "", "LISTEN_OPTS": ""}, extra)
     return [ctx.tools["nginx"], "-p", f"{wd}/", "-e", str(wd / "error.log"), "-c", str(conf)], {}
 
 
@@ -155,7 +156,8 @@ def _haproxy(ctx, wd: Path, port: int, ups: list[str], extra=None):
     servers = "\n".join(f"    server u{i + 1} {a}" for i, a in enumerate(ups))
     conf = render_file("haproxy.cfg.tmpl", wd / "haproxy.cfg", {
         "WORKERS": ctx.workers, "WORKDIR": wd, "PORT": port, "SERVERS": servers,
-        "KEEPALIVE": ctx.keepalive, "MAXCONN": _maxconn(ctx), "BACKEND_EXTRA": ""}, extra)
+        "KEEPALIVE": ctx.keepalive, "MAXCONN": _maxconn(ctx), "BACKEND_EXTRA": "", "BIND_OPTS": ""},
+        extra)
     return [ctx.tools["haproxy"], "-db", "-f", str(conf)], {}
 
 
@@ -180,7 +182,8 @@ def _go_env(ctx, wd: Path) -> dict[str, str]:
 def _caddy(ctx, wd: Path, port: int, ups: list[str], extra=None):
     conf = render_file("Caddyfile.tmpl", wd / "Caddyfile", {
         "PORT": port, "UPSTREAMS": " ".join(ups), "KEEPALIVE": ctx.keepalive,
-        "KEEPALIVE_TOTAL": ctx.keepalive * len(ups), "PROXY_EXTRA": ""}, extra)
+        "KEEPALIVE_TOTAL": ctx.keepalive * len(ups), "PROXY_EXTRA": "", "SCHEME": "http",
+        "GLOBAL_EXTRA": "", "SITE_EXTRA": ""}, extra)
     return [ctx.tools["caddy"], "run", "--config", str(conf), "--adapter", "caddyfile"], \
         _go_env(ctx, wd)
 
@@ -214,7 +217,7 @@ def _veloxy(ctx, wd: Path, port: int, ups: list[str], extra=None):
     conf = render_file("veloxy.toml.tmpl", wd / "veloxy.toml", {
         "WORKERS": ctx.workers, "PORT": port, "KEEPALIVE": ctx.keepalive,
         "SERVERS": ", ".join(f'"{a}"' for a in ups), "ROUTE_EXTRA": "", "UPSTREAM_EXTRA": "",
-        "SERVER_EXTRA": ""},
+        "SERVER_EXTRA": "", "LISTENER_EXTRA": ""},
         extra)
     return [ctx.tools["veloxy"], "run", "--config", str(conf)], {}
 
@@ -230,10 +233,12 @@ BUILDERS = {
 STARTUP_TIMEOUT = {"envoy": 30, "traefik": 30, "caddy": 20}
 
 
-def start(ctx, name: str, extra: dict[str, object] | None = None) -> Running:
+def start(ctx, name: str, extra: dict[str, object] | None = None,
+          scheme: str = "http") -> Running:
     """Start one proxy (or the direct upstream) pinned to the proxy cores, wait until
     GET / through it returns 2xx. `extra` fills a scenario's optional config snippets
-    (placeholders of the proxy's template, see bench/peers/)."""
+    (placeholders of the proxy's template, see bench/peers/); `scheme` = "https" when
+    those settings make it serve TLS (the readiness probes then speak TLS)."""
     ctx.seq += 1
     wd = ctx.tmp / f"{name}-{ctx.seq}"
     wd.mkdir(parents=True)
@@ -246,14 +251,15 @@ def start(ctx, name: str, extra: dict[str, object] | None = None) -> Running:
     log = wd / "output.log"
     t0 = time.monotonic()
     p = procs.REGISTRY.spawn(cmd, cpus=ctx.proxy_cpus, env=env, log=log, cwd=str(wd))
-    run = Running(name, port, p, wd, log)
+    run = Running(name, port, p, wd, log, scheme=scheme)
     try:
         timeout = STARTUP_TIMEOUT.get(name, 15)
         procs.wait_port(port, p, timeout)
         procs.wait_http_ok(run.base_url + "/", p, timeout)
     except StartError as e:
         procs.REGISTRY.stop(p)
-        if name == "veloxy" and not extra and not getattr(ctx, "veloxy_cli", False):
+        if name == "veloxy" and not extra and scheme == "http" \
+                and not getattr(ctx, "veloxy_cli", False):
             # Fall back to the flag form if this veloxy build has no config mode.
             ctx.veloxy_cli = True
             try:
@@ -272,7 +278,8 @@ def check_xff(base_url: str) -> bool | None:
     """Does the proxy add X-Forwarded-For? Uses the test upstream's /echo route, which
     answers with the raw request head it received. None if /echo is not available."""
     try:
-        with urllib.request.urlopen(base_url + "/echo", timeout=3) as r:
+        with urllib.request.urlopen(base_url + "/echo", timeout=3,
+                                    context=procs.url_context(base_url)) as r:
             head = r.read(65536).decode(errors="replace").lower()
     except (OSError, ValueError):
         return None

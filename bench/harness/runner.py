@@ -192,7 +192,11 @@ def select_proxies(ctx: Ctx, requested: list[str]) -> list[str]:
 
 def scenario_targets(ctx: Ctx, cfg: dict, proxies: list[str]) -> list[str]:
     """The proxies a scenario runs on: its profile's "proxies" subset (to keep a profile
-    short) unless the command line named the proxies explicitly."""
+    short) unless the command line named the proxies explicitly; never a proxy outside the
+    profile's "supported" list (the proxies the scenario has settings for, e.g. tls)."""
+    supported = cfg.get("supported")
+    if supported:
+        proxies = [p for p in proxies if p in supported]
     only = cfg.get("proxies")
     if not only or ctx.explicit_proxies:
         return list(proxies)
@@ -229,7 +233,8 @@ def run_scenarios(ctx: Ctx, scenarios: list, proxies: list[str]) -> None:
             ensure_upstreams(ctx, f"before {sc.NAME} / {name}")
             extra = sc.peer_config(ctx, cfg, name) if hasattr(sc, "peer_config") else None
             try:
-                run = peers.start(ctx, name, extra)
+                run = peers.start(ctx, name, extra,
+                                  scheme=getattr(sc, "SCHEME", "http") if name != DIRECT else "http")
             except StartError as e:
                 warn(f"{name} failed to start{' with ' + sc.NAME + ' settings' if extra else ''}: {e}")
                 if extra:  # only this scenario's config is broken: keep the peer for the others

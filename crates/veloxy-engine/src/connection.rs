@@ -142,6 +142,13 @@ impl ReadLimits {
     }
 }
 
+/// What to do with a routed request.
+pub(crate) enum Next {
+    Forward(Prepared),
+    /// A file route's answer, computed while the request head was at hand.
+    Static(Box<crate::static_files::http1::StaticReply>),
+}
+
 /// A routed request, ready to forward.
 pub(crate) struct Prepared {
     pub body: BodyKind,
@@ -165,6 +172,9 @@ pub(crate) struct Prepared {
     pub route: usize,
     /// Access log fields, when the log is on.
     pub log: Option<Box<LogFields>>,
+    /// The route has `compress = true`; `encoding` is the client's best accepted coding.
+    pub compress: bool,
+    pub encoding: Option<crate::compress::Encoding>,
 }
 
 pub(crate) async fn serve(
@@ -334,7 +344,10 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
             }
         };
         worker.metrics.in_flight.inc();
-        let keep = crate::proxy::forward(worker, &gen, down, prepared).await;
+        let keep = match prepared {
+            Next::Forward(p) => crate::proxy::forward(worker, &gen, down, p).await,
+            Next::Static(reply) => crate::static_files::http1::serve(worker, down, *reply).await,
+        };
         worker.metrics.in_flight_done.inc();
         if down.reset {
             // SO_LINGER 0 is set: dropping the socket sends a reset, not a FIN.
@@ -357,7 +370,7 @@ async fn read_request(
     worker: &Worker,
     settings: ReadLimits,
     down: &mut Downstream,
-) -> Result<Option<(Prepared, Rc<Generation>)>, Refusal> {
+) -> Result<Option<(Next, Rc<Generation>)>, Refusal> {
     let limits = settings.limits;
     let mut deadline: Option<Instant> = None;
     loop {
@@ -380,9 +393,12 @@ async fn read_request(
                     // connection (404, 429, ...) the next request must start clean.
                     down.rbuf.advance(head_len);
                     return match prepared {
-                        Ok(mut p) => {
-                            p.log = log;
-                            Ok(Some((p, current)))
+                        Ok(mut next) => {
+                            match &mut next {
+                                Next::Forward(p) => p.log = log,
+                                Next::Static(s) => s.log = log,
+                            }
+                            Ok(Some((next, current)))
                         }
                         Err(error) => Err(Refusal {
                             error,
@@ -428,7 +444,7 @@ fn prepare(
     gen: &Generation,
     down: &Downstream,
     req: &RequestView,
-) -> Result<Prepared, ProxyError> {
+) -> Result<Next, ProxyError> {
     let snapshot = &gen.snapshot;
     let (cached_gen, cached) = down.listener_index.get();
     let index = if cached_gen == gen.number {
@@ -448,7 +464,6 @@ fn prepare(
         .router
         .find(req.host.unwrap_or(b""), req.path.as_bytes())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
-    let group = &snapshot.upstreams[route.upstream];
     if let Some(rl) = &route.limits.rate {
         let key = match &rl.key {
             RateKey::ClientIp => hash_bytes(down.client_ip.as_bytes(), 0),
@@ -458,6 +473,14 @@ fn prepare(
         rl.check(key)
             .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
     }
+    if let Some(files) = &route.files {
+        let reply = crate::static_files::http1::reply(files, req, route.index);
+        return Ok(Next::Static(Box::new(reply)));
+    }
+    let upstream = route
+        .upstream
+        .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
+    let group = &snapshot.upstreams[upstream];
     let ctx = match &worker.shared.hooks {
         None => None,
         Some(hooks) => {
@@ -486,7 +509,7 @@ fn prepare(
     };
     let backend = {
         let mut groups = gen.groups.borrow_mut();
-        let state = &mut groups[route.upstream];
+        let state = &mut groups[upstream];
         state.budget.earn();
         state.picker.pick(&PickContext {
             client: down.peer,
@@ -513,7 +536,10 @@ fn prepare(
         head.extend_from_slice(&c.upstream_headers);
     }
     head.extend_from_slice(b"\r\n");
-    Ok(Prepared {
+    let encoding = (route.compress && req.version == 1 && !req.is_head())
+        .then(|| crate::compress::Accepted::parse(req.header("accept-encoding")).choose(|_| true))
+        .flatten();
+    Ok(Next::Forward(Prepared {
         body: req.body,
         keep_alive: req.keep_alive,
         expect_continue: req.expect_continue,
@@ -521,7 +547,7 @@ fn prepare(
         idempotent: req.is_idempotent(),
         upgrade: req.upgrade.is_some(),
         version: req.version,
-        upstream: route.upstream,
+        upstream,
         backend,
         head,
         ctx,
@@ -529,7 +555,9 @@ fn prepare(
         hash,
         route: route.index,
         log: None,
-    })
+        compress: route.compress,
+        encoding,
+    }))
 }
 
 /// Hashes the part of the request named by the group's `hash_key`.

@@ -21,7 +21,11 @@
 //! 6. [`proxy`] takes an idle connection from the worker's [`upstream`] pool (or connects),
 //!    sends head and body, reads the response with [`http1::response`], streams bodies both
 //!    ways through bounded buffers, and returns the connection to the pool. A `101` to an
-//!    upgrade request (WebSocket) turns the exchange into a tunnel ([`relay`]).
+//!    upgrade request (WebSocket) turns the exchange into a tunnel ([`relay`]). A route with
+//!    `compress = true` runs the response body through a [`compress`] stream encoder.
+//! 7. A route with a `root` is answered by [`static_files`] instead of steps 5 and 6: a
+//!    version-independent decision (path safety, cache, conditionals, ranges, codings) and a
+//!    thin HTTP/1 writer that uses `sendfile`.
 //!
 //! Configuration goes file -> [`config::file`] (serde structs) -> [`config::compile`]
 //! (validation) -> [`config::Snapshot`], which workers read through an atomic pointer so a
@@ -31,7 +35,8 @@
 //!
 //! * **downstream**: the client side of the proxy. **upstream**: the server side.
 //! * **listener**: an address veloxy accepts connections on, with a name.
-//! * **route**: a rule (listener, host, path prefix) that sends requests to an upstream group.
+//! * **route**: a rule (listener, host, path prefix) that sends requests to an upstream group,
+//!   or serves files from a root directory (a **file route**).
 //! * **upstream group**: a named set of backends plus a policy, pool size and timeouts.
 //! * **backend**: one server (address, weight) of an upstream group.
 //! * **worker**: one thread with its own runtime; owns its listener sockets and pools.
@@ -42,6 +47,7 @@
 pub mod access_log;
 pub mod admin;
 pub(crate) mod clock;
+pub mod compress;
 pub mod config;
 pub(crate) mod connection;
 pub mod error;
@@ -55,6 +61,7 @@ pub(crate) mod proxy;
 pub(crate) mod relay;
 pub mod router;
 pub mod server;
+pub mod static_files;
 pub mod tls;
 pub mod upstream;
 pub(crate) mod worker;

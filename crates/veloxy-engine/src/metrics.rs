@@ -207,7 +207,9 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
     );
     for l in &snapshot.listeners {
         for r in l.router.routes() {
-            let up = &snapshot.upstreams[r.upstream].name;
+            let up = r
+                .upstream
+                .map_or("", |u| snapshot.upstreams[u].name.as_str());
             for (class, label) in ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
                 .iter()
                 .enumerate()

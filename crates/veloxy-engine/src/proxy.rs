@@ -22,11 +22,13 @@ use tokio::net::TcpStream;
 use crate::tls::UpstreamIo;
 use tokio::time::{timeout, Instant};
 
+use crate::compress::{self, StreamEncoder};
 use crate::config::UpstreamGroup;
 use crate::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::hooks::{RequestCtx, RequestSummary};
 use crate::http1::response::{self, Parsed, ResponseMeta};
+use crate::http1::BodyKind;
 use crate::relay::{
     relay_request_body, relay_response_body, reserve, write_down, BodyState, DOWNSTREAM_IO_TIMEOUT,
     READ_CHUNK,
@@ -37,6 +39,20 @@ use crate::worker::{Generation, Worker};
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// Encodes `data` and, when the body is complete, ends the coded stream.
+pub(crate) fn compress_step(
+    enc: &mut StreamEncoder,
+    data: &[u8],
+    last: bool,
+) -> Result<Vec<u8>, ProxyError> {
+    let io = |e| ProxyError::downstream(ErrorKind::Io(e));
+    let mut out = enc.encode(data).map_err(io)?.to_vec();
+    if last {
+        out.extend_from_slice(enc.finish().map_err(io)?);
+    }
+    Ok(out)
+}
 
 /// How an exchange failed.
 pub(crate) enum Fail {
@@ -520,12 +536,29 @@ impl Run<'_> {
             hooks.on_response(meta.status, ctx);
             self.obuf.extend_from_slice(&ctx.response_headers);
         }
+        // `compress = true`: maybe rewrite the head and encode the (de-chunked) payload.
+        let mut encoder = if self.p.compress {
+            let has_body = meta.body != BodyKind::None;
+            compress::filter_proxy_head(self.obuf, meta.status, has_body, self.p.encoding)
+        } else {
+            None
+        };
         self.obuf.extend_from_slice(b"\r\n");
         self.ubuf.advance(meta.head_len);
-        let mut resp_body = BodyState::new(meta.body, meta.decode_chunked);
-        let n = resp_body
-            .take_into(self.ubuf, self.obuf)
-            .map_err(|_| up(ErrorKind::BadResponse("invalid chunked body")))?;
+        let decode = meta.decode_chunked || encoder.is_some();
+        let mut resp_body = BodyState::new(meta.body, decode);
+        let bad = |_| up(ErrorKind::BadResponse("invalid chunked body"));
+        let n = match encoder.as_mut() {
+            None => resp_body.take_into(self.ubuf, self.obuf).map_err(bad)?,
+            Some(enc) => {
+                let mut plain = self.worker.take_vec();
+                let n = resp_body.take_into(self.ubuf, &mut plain).map_err(bad)?;
+                let coded = compress_step(enc, &plain, resp_body.is_done());
+                self.worker.give_vec(plain);
+                self.obuf.extend_from_slice(&coded.map_err(Fail::Abort)?);
+                n
+            }
+        };
         self.ubuf.advance(n);
         write_down(down, self.obuf).await.map_err(Fail::Abort)?;
         if !resp_body.is_done() {
@@ -536,6 +569,7 @@ impl Run<'_> {
                 self.ubuf,
                 &mut resp_body,
                 self.obuf,
+                encoder.as_mut(),
             )
             .await?;
         }

@@ -164,6 +164,7 @@ pub(crate) async fn relay_response_body(
     ubuf: &mut BytesMut,
     body: &mut BodyState,
     scratch: &mut Vec<u8>,
+    mut encoder: Option<&mut crate::compress::StreamEncoder>,
 ) -> Result<(), Fail> {
     let abort_up = |kind| Fail::Abort(ProxyError::upstream(kind));
     while !body.is_done() {
@@ -177,12 +178,25 @@ pub(crate) async fn relay_response_body(
         if n == 0 {
             if matches!(body, BodyState::UntilClose) {
                 *body = BodyState::Done;
+                if let Some(enc) = encoder.as_deref_mut() {
+                    let tail = crate::proxy::compress_step(enc, &[], true).map_err(Fail::Abort)?;
+                    write_down(down, &tail).await.map_err(Fail::Abort)?;
+                }
                 break;
             }
             return Err(abort_up(ErrorKind::UpstreamClosed));
         }
         let bad = |_| abort_up(ErrorKind::BadResponse("invalid chunked body"));
-        if body.decodes() {
+        if let Some(enc) = encoder.as_deref_mut() {
+            // Compressing: payload only (the body state decodes chunked framing), encoded
+            // and flushed per read, so nothing accumulates.
+            scratch.clear();
+            let used = body.take_into(ubuf, scratch).map_err(bad)?;
+            ubuf.advance(used);
+            let coded =
+                crate::proxy::compress_step(enc, scratch, body.is_done()).map_err(Fail::Abort)?;
+            write_down(down, &coded).await.map_err(Fail::Abort)?;
+        } else if body.decodes() {
             scratch.clear();
             let used = body.take_into(ubuf, scratch).map_err(bad)?;
             ubuf.advance(used);

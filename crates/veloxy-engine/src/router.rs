@@ -59,8 +59,13 @@ pub struct Route {
     pub index: usize,
     pub host: HostMatch,
     pub path: String,
-    /// Index into [`crate::config::Snapshot::upstreams`].
-    pub upstream: usize,
+    /// Index into [`crate::config::Snapshot::upstreams`]; `None` for a file route.
+    pub upstream: Option<usize>,
+    /// Set on a file route (`root = ...`): requests are answered from the filesystem.
+    pub files: Option<std::sync::Arc<crate::static_files::StaticRoute>>,
+    /// `compress = true` on a proxied route: compress eligible responses for clients that
+    /// accept it (file routes use their own setting in `files`).
+    pub compress: bool,
     /// Concurrency and rate limits, if the route sets any.
     pub limits: crate::limits::RouteLimits,
 }
@@ -203,7 +208,9 @@ mod tests {
                     HostMatch::parse(host).unwrap()
                 },
                 path: path.to_string(),
-                upstream: *up,
+                upstream: Some(*up),
+                files: None,
+                compress: false,
                 limits: Default::default(),
             });
         }
@@ -220,7 +227,7 @@ mod tests {
             ("*.example.com", "/", 3),
             ("", "/api/v2/", 4),
         ]);
-        let up = |h: &str, p: &str| r.find(h.as_bytes(), p.as_bytes()).map(|r| r.upstream);
+        let up = |h: &str, p: &str| r.find(h.as_bytes(), p.as_bytes()).and_then(|r| r.upstream);
         assert_eq!(up("other", "/x"), Some(0));
         assert_eq!(up("other", "/api/x?q=/api/v2/"), Some(1));
         assert_eq!(up("other", "/api/v2/y"), Some(4));
@@ -232,7 +239,7 @@ mod tests {
     #[test]
     fn normalized_paths_cannot_dodge_a_route() {
         let r = router(&[("", "/", 0), ("", "/api/", 1)]);
-        let up = |p: &str| r.find(b"h", p.as_bytes()).map(|r| r.upstream);
+        let up = |p: &str| r.find(b"h", p.as_bytes()).and_then(|r| r.upstream);
         assert_eq!(up("/public/../api/x"), Some(1));
         assert_eq!(up("/%61pi/x"), Some(1));
         assert_eq!(up("/./api/x"), Some(1));
@@ -256,7 +263,10 @@ mod tests {
     fn no_match() {
         let r = router(&[("a.test", "/", 0), ("", "/only/", 1)]);
         assert!(r.find(b"b.test", b"/").is_none());
-        assert_eq!(r.find(b"b.test", b"/only/x").map(|r| r.upstream), Some(1));
+        assert_eq!(
+            r.find(b"b.test", b"/only/x").and_then(|r| r.upstream),
+            Some(1)
+        );
     }
 
     #[test]

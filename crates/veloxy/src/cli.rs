@@ -1,4 +1,4 @@
-//! Command line: `run`, `check` and `proxy`.
+//! Command line: `run`, `check`, `proxy` and `serve`.
 
 use std::path::PathBuf;
 
@@ -41,6 +41,33 @@ pub enum Command {
     },
     /// One-line mode: proxy a listen address to backends, round robin.
     Proxy(ProxyArgs),
+    /// One-line mode: serve the files of a directory.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Directory to serve.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub root: String,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// List directories without an index file.
+    #[arg(long)]
+    pub browse: bool,
+    /// Fall back to this file (relative to the root) for missing paths, e.g. index.html for
+    /// a single-page app.
+    #[arg(long, value_name = "FILE")]
+    pub fallback: Option<String>,
+    /// Cache-Control header value for files.
+    #[arg(long, value_name = "VALUE")]
+    pub cache_control: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 #[derive(Args, Debug)]
@@ -170,5 +197,31 @@ pub fn proxy_config(a: &ProxyArgs, tls: Option<&(PathBuf, PathBuf)>) -> String {
         servers.join(", "),
         a.keepalive
     ));
+    s
+}
+
+/// The `serve` mode, like `proxy`, is sugar for a config file. The root is made absolute
+/// first: generated configs resolve relative paths from the current directory anyway, but an
+/// absolute path keeps log and error messages unambiguous.
+pub fn serve_config(a: &ServeArgs, tls: Option<&(PathBuf, PathBuf)>) -> String {
+    let root = std::path::absolute(&a.root)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| a.root.clone());
+    let mut s = String::from("[server]\n");
+    if let Some(w) = a.workers {
+        s.push_str(&format!("workers = {w}\n"));
+    }
+    s.push_str(&format!("[listeners.main]\naddr = {}\n", quote(&a.listen)));
+    s.push_str(&a.tls.listener_toml(tls));
+    s.push_str(&format!("[[routes]]\nroot = {}\n", quote(&root)));
+    if a.browse {
+        s.push_str("browse = true\n");
+    }
+    if let Some(f) = &a.fallback {
+        s.push_str(&format!("try_files = [{}]\n", quote(f)));
+    }
+    if let Some(cc) = &a.cache_control {
+        s.push_str(&format!("cache_control = {}\n", quote(cc)));
+    }
     s
 }

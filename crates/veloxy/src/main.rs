@@ -4,6 +4,7 @@
 //!   [`demo`]): a listener on 127.0.0.1:8080 balancing over two in-process demo backends.
 //! * `veloxy check --config FILE`: validate and exit (0 ok, 1 with `file:line:column: key: ...`).
 //! * `veloxy proxy --listen ADDR --to ADDR [--to ADDR ...] [--workers N]`: round robin proxy.
+//! * `veloxy serve [--listen ADDR] [--root DIR] [--browse] [--fallback FILE]`: file server.
 
 mod cli;
 mod demo;
@@ -90,6 +91,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Proxy(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::proxy_config(&args, tls.as_ref());
+            let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
+            serve(snapshot, None, &policies)
+        }
+        Command::Serve(args) => {
+            let tls = args.tls.resolve()?;
+            let toml = cli::serve_config(&args, tls.as_ref());
             let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
             serve(snapshot, None, &policies)
         }

@@ -17,6 +17,7 @@ use super::{
 };
 use crate::limits::{parse_rate, ConcurrencyLimit, RateKey, RateLimiter, RouteLimits};
 use crate::router::{HostMatch, Route, Router};
+use crate::static_files::StaticRoute;
 use crate::upstream::balancer::PolicyRegistry;
 use crate::upstream::health::{BackendHealth, GroupHealth, HealthCheck, Outlier, MAX_BACKENDS};
 
@@ -440,18 +441,34 @@ fn compile_route(
 ) -> Result<(), ConfigError> {
     let key = format!("routes[{i}]");
     let r = route.get_ref();
-    let up = &r.upstream;
-    let upstream = *upstream_index.get(up.get_ref()).ok_or_else(|| {
-        src.error(
-            up.span(),
-            format!("{key}.upstream"),
-            format!(
-                "upstream {:?} is not defined (add [upstreams.{}])",
-                up.get_ref(),
-                up.get_ref()
-            ),
-        )
-    })?;
+    let upstream = match (&r.upstream, &r.root) {
+        (Some(_), Some(root)) => {
+            return Err(src.error(
+                root.span(),
+                format!("{key}.root"),
+                "a route has either upstream (proxy) or root (files), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(src.error(
+                route.span(),
+                &key,
+                "needs upstream = \"NAME\" (proxy) or root = \"DIR\" (files)",
+            ))
+        }
+        (Some(up), None) => Some(*upstream_index.get(up.get_ref()).ok_or_else(|| {
+            src.error(
+                up.span(),
+                format!("{key}.upstream"),
+                format!(
+                    "upstream {:?} is not defined (add [upstreams.{}])",
+                    up.get_ref(),
+                    up.get_ref()
+                ),
+            )
+        })?),
+        (None, Some(_)) => None,
+    };
     let host = match &r.host {
         None => HostMatch::Any,
         Some(h) => HostMatch::parse(h.get_ref())
@@ -464,11 +481,20 @@ fn compile_route(
         }
         Some(p) => p.get_ref().clone(),
     };
+    let files = match &r.root {
+        Some(root) => Some(Arc::new(compile_files(src, &key, r, root, &path)?)),
+        None => {
+            file_only_keys(src, &key, r)?;
+            None
+        }
+    };
     let compiled = Route {
         index: i,
         host,
         path,
         upstream,
+        compress: files.is_none() && r.compress.as_ref().is_some_and(|c| *c.get_ref()),
+        files,
         limits: compile_limits(src, &key, r)?,
     };
     match &r.listener {
@@ -506,6 +532,116 @@ fn compile_route(
         }
     }
     Ok(())
+}
+
+/// Default memory for a file route's cache of contents and compressed variants.
+const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Compiles the file-serving keys of a route with `root`. A relative root is taken from the
+/// config file's directory; it must exist and be a directory now.
+fn compile_files(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+    root: &Spanned<String>,
+    prefix: &str,
+) -> Result<StaticRoute, ConfigError> {
+    let configured = root.get_ref();
+    let base = src.file.parent().unwrap_or(Path::new(""));
+    let dir = base.join(configured);
+    let root_err = |m: String| src.error(root.span(), format!("{key}.root"), m);
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(root_err(format!("{configured:?} is not a directory"))),
+        Err(e) => return Err(root_err(format!("{configured:?}: {}", io_reason(&e)))),
+    }
+    let cache_bytes = r
+        .cache_bytes
+        .as_ref()
+        .map_or(DEFAULT_CACHE_BYTES, |c| *c.get_ref());
+    let mut files = StaticRoute::new(prefix, &dir, cache_bytes)
+        .map_err(|e| root_err(format!("{configured:?}: {}", io_reason(&e))))?;
+    let names =
+        |v: &Option<Spanned<Vec<String>>>, k: &str| -> Result<Option<Vec<String>>, ConfigError> {
+            let Some(list) = v else { return Ok(None) };
+            for name in list.get_ref() {
+                if name.is_empty() || name.split('/').any(|s| s == "..") || name.contains('\\') {
+                    return Err(src.error(
+                        list.span(),
+                        format!("{key}.{k}"),
+                        format!("{name:?}: use a relative name without \"..\""),
+                    ));
+                }
+            }
+            Ok(Some(list.get_ref().clone()))
+        };
+    if let Some(index) = names(&r.index, "index")? {
+        if index.iter().any(|n| n.contains('/')) {
+            let span = r.index.as_ref().map_or(0..0, |i| i.span());
+            return Err(src.error(
+                span,
+                format!("{key}.index"),
+                "index names are file names, without '/'",
+            ));
+        }
+        files.index = index;
+    }
+    if let Some(t) = names(&r.try_files, "try_files")? {
+        files.try_files = t;
+    }
+    if let Some(cc) = &r.cache_control {
+        let v = cc.get_ref();
+        if v.is_empty() || v.bytes().any(|b| b < 0x20 || b == 0x7f) {
+            return Err(src.error(
+                cc.span(),
+                format!("{key}.cache_control"),
+                "must be a non-empty header value without control characters",
+            ));
+        }
+        files.cache_control = Some(bytes::Bytes::from(v.clone()));
+    }
+    let flag =
+        |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
+    files.browse = flag(&r.browse, false);
+    files.follow_symlinks = flag(&r.follow_symlinks, false);
+    files.allow_hidden = flag(&r.allow_hidden, false);
+    files.compress = flag(&r.compress, true);
+    files.precompressed = flag(&r.precompressed, true);
+    Ok(files)
+}
+
+/// Refuses file-route keys on a proxied route (they would silently do nothing).
+fn file_only_keys(src: &Source, key: &str, r: &RouteSection) -> Result<(), ConfigError> {
+    let spans = [
+        ("index", r.index.as_ref().map(|v| v.span())),
+        ("try_files", r.try_files.as_ref().map(|v| v.span())),
+        ("cache_control", r.cache_control.as_ref().map(|v| v.span())),
+        ("browse", r.browse.as_ref().map(|v| v.span())),
+        (
+            "follow_symlinks",
+            r.follow_symlinks.as_ref().map(|v| v.span()),
+        ),
+        ("allow_hidden", r.allow_hidden.as_ref().map(|v| v.span())),
+        ("precompressed", r.precompressed.as_ref().map(|v| v.span())),
+        ("cache_bytes", r.cache_bytes.as_ref().map(|v| v.span())),
+    ];
+    match spans.into_iter().find_map(|(k, s)| s.map(|s| (k, s))) {
+        Some((k, span)) => Err(src.error(
+            span,
+            format!("{key}.{k}"),
+            "only applies to a route with root (file serving)",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// An I/O error's reason without the OS error number (stable across systems, for messages).
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such directory".to_owned(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
+        _ => e.to_string(),
+    }
 }
 
 fn parse_hash_key(s: &str) -> Result<HashKey, String> {

@@ -95,7 +95,20 @@ pub struct RouteSection {
     pub listener: Option<Spanned<String>>,
     pub host: Option<Spanned<String>>,
     pub path: Option<Spanned<String>>,
-    pub upstream: Spanned<String>,
+    /// Exactly one of `upstream` (proxy) and `root` (serve files) is required.
+    pub upstream: Option<Spanned<String>>,
+    pub root: Option<Spanned<String>>,
+    pub index: Option<Spanned<Vec<String>>>,
+    pub try_files: Option<Spanned<Vec<String>>>,
+    pub cache_control: Option<Spanned<String>>,
+    pub browse: Option<Spanned<bool>>,
+    pub follow_symlinks: Option<Spanned<bool>>,
+    pub allow_hidden: Option<Spanned<bool>>,
+    pub precompressed: Option<Spanned<bool>>,
+    pub cache_bytes: Option<Spanned<usize>>,
+    /// File routes: compress files on the fly (default on). Proxied routes: compress
+    /// responses (default off).
+    pub compress: Option<Spanned<bool>>,
     pub max_concurrency: Option<Spanned<usize>>,
     pub queue: Option<Spanned<usize>>,
     pub queue_timeout: Option<DurationValue>,

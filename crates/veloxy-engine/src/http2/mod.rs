@@ -213,6 +213,7 @@ pub(crate) enum ProxyBody {
     Full(Option<Bytes>, Option<Box<Finish>>),
     H1(Box<to_h1::H1Body>),
     H2(Incoming, Option<Box<Finish>>),
+    File(Box<FileBody>),
 }
 
 impl Body for ProxyBody {
@@ -232,6 +233,13 @@ impl Body for ProxyBody {
                 Poll::Ready(out)
             }
             ProxyBody::H1(b) => b.poll_frame(cx),
+            ProxyBody::File(b) => match b.next() {
+                Some(r) => Poll::Ready(Some(r.map(Frame::data))),
+                None => {
+                    b.fin.take();
+                    Poll::Ready(None)
+                }
+            },
             ProxyBody::H2(body, fin) => {
                 let r = match Pin::new(body).poll_frame(cx) {
                     Poll::Pending => return Poll::Pending,
@@ -262,6 +270,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(d, _) => d.is_none(),
             ProxyBody::H1(b) => b.is_end_stream(),
             ProxyBody::H2(b, _) => b.is_end_stream(),
+            ProxyBody::File(b) => b.parts.is_empty(),
         }
     }
 }
@@ -411,7 +420,15 @@ async fn forward(
         .router
         .find(host.as_bytes(), path.as_bytes())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
-    let group = &snapshot.upstreams[route.upstream];
+    if let Some(files) = &route.files {
+        let mut f = fin.take().expect("present until success");
+        f.route = Some(route.index);
+        return Ok(serve_file(files, &req, path, f));
+    }
+    let upstream = route
+        .upstream
+        .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
+    let group = &snapshot.upstreams[upstream];
     {
         let f = fin.as_deref_mut().expect("present until success");
         f.route = Some(route.index);
@@ -427,7 +444,7 @@ async fn forward(
         let key = match &rl.key {
             RateKey::ClientIp => hash_bytes(c.client_ip.as_bytes(), 0),
             RateKey::Route => 0,
-            RateKey::Header(h) => header_hash(h),
+            RateKey::Header(h) => header_hash(h.as_str()),
         };
         rl.check(key)
             .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
@@ -461,7 +478,7 @@ async fn forward(
         match &group.hash_key {
             crate::config::HashKey::ClientIp => hash_bytes(c.client_ip.as_bytes(), 0),
             crate::config::HashKey::Path => hash_bytes(req.uri().path().as_bytes(), 0),
-            crate::config::HashKey::Header(h) => header_hash(h),
+            crate::config::HashKey::Header(h) => header_hash(h.as_str()),
             crate::config::HashKey::Cookie(name) => {
                 let value = req
                     .headers()
@@ -487,15 +504,112 @@ async fn forward(
             .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
         fin.as_deref_mut().expect("present").admission = Some(admission);
     }
-    let target = Target {
-        upstream: route.upstream,
-        hash,
-    };
+    let target = Target { upstream, hash };
     match group.protocol {
         UpstreamProtocol::Http1 => to_h1::forward(c, gen, target, req, fin).await,
         UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
             to_h2::forward(c, gen, target, req, fin).await
         }
+    }
+}
+
+/// Request headers of an HTTP/2 stream, as the file server reads them.
+struct H2Headers<'a>(&'a HeaderMap);
+
+impl crate::static_files::Headers for H2Headers<'_> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.get(name).map(|v| v.as_bytes())
+    }
+}
+
+/// Answers a stream from a file route: the same decision as for HTTP/1, the body streamed
+/// from memory or read from the file in chunks.
+fn serve_file(
+    files: &crate::static_files::StaticRoute,
+    req: &Request<Incoming>,
+    target: &str,
+    mut fin: Box<Finish>,
+) -> Response<ProxyBody> {
+    let headers = H2Headers(req.headers());
+    let request = crate::static_files::Request {
+        method: req.method().as_str(),
+        target,
+        headers: &headers,
+    };
+    let r = crate::static_files::respond(files, &request);
+    fin.status = r.status;
+    let mut map = HeaderMap::with_capacity(r.headers.len());
+    for (name, value) in r.headers {
+        if name.eq_ignore_ascii_case("connection") {
+            continue;
+        }
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            map.append(n, v);
+        }
+    }
+    let parts: std::collections::VecDeque<crate::static_files::Part> = match r.body {
+        crate::static_files::Body::Empty => Default::default(),
+        crate::static_files::Body::Bytes(b) => [crate::static_files::Part::Bytes(b)].into(),
+        crate::static_files::Body::File { file, offset, len } => {
+            [crate::static_files::Part::File { file, offset, len }].into()
+        }
+        crate::static_files::Body::Multipart(parts) => parts.into(),
+    };
+    let mut resp = Response::new(ProxyBody::File(Box::new(FileBody {
+        parts,
+        fin: Some(fin),
+    })));
+    *resp.status_mut() =
+        http::StatusCode::from_u16(r.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    *resp.headers_mut() = map;
+    resp
+}
+
+/// A file route's body: parts in memory or file regions read 64 KiB at a time (page-cache
+/// reads on the worker thread, as nginx does without aio).
+pub(crate) struct FileBody {
+    parts: std::collections::VecDeque<crate::static_files::Part>,
+    fin: Option<Box<Finish>>,
+}
+
+impl FileBody {
+    fn next(&mut self) -> Option<Result<Bytes, ProxyError>> {
+        use crate::static_files::Part;
+        use std::os::unix::fs::FileExt;
+        let data = match self.parts.pop_front()? {
+            Part::Bytes(b) => b,
+            Part::File { file, offset, len } => {
+                let want = len.min(64 * 1024) as usize;
+                let mut buf = vec![0u8; want];
+                match file.read_at(&mut buf, offset) {
+                    Ok(0) => {
+                        return Some(Err(ProxyError::downstream(ErrorKind::Io(
+                            std::io::ErrorKind::UnexpectedEof.into(),
+                        ))))
+                    }
+                    Ok(n) => {
+                        buf.truncate(n);
+                        if (n as u64) < len {
+                            self.parts.push_front(Part::File {
+                                file,
+                                offset: offset + n as u64,
+                                len: len - n as u64,
+                            });
+                        }
+                        Bytes::from(buf)
+                    }
+                    Err(e) => return Some(Err(ProxyError::downstream(ErrorKind::Io(e)))),
+                }
+            }
+        };
+        if let Some(f) = self.fin.as_deref_mut() {
+            f.bytes_sent += data.len() as u64;
+            f.conn.worker.metrics.bytes_out.add(data.len() as u64);
+        }
+        Some(Ok(data))
     }
 }
 

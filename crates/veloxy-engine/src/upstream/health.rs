@@ -350,10 +350,8 @@ pub(crate) fn spawn_thread(
                             for i in 0..group.backends.len() {
                                 let health = group.health.clone();
                                 let check = check.clone();
-                                let tls: Option<ProbeTls> = group
-                                    .tls
-                                    .clone()
-                                    .zip(group.backends[i].tls_name.clone());
+                                let tls: Option<ProbeTls> =
+                                    group.tls.clone().zip(group.backends[i].tls_name.clone());
                                 tasks.spawn(async move {
                                     let addr = health.backends[i].addr;
                                     let mut tick = tokio::time::interval(check.interval);

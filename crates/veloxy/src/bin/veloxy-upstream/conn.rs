@@ -265,7 +265,8 @@ impl Conn {
                     self.push_simple(code, TEXT_PLAIN, b"", &body, head, conn_hdr);
                 }
             },
-            Route::Size { len, mode } => {
+            Route::Size { len, mode, text } => {
+                let ctype = if text { TEXT_PLAIN } else { OCTET_STREAM };
                 // HTTP/1.0 clients do not understand chunked framing.
                 let mode = if mode == SizeMode::Chunked && req.http10 {
                     SizeMode::CloseDelimited
@@ -274,14 +275,14 @@ impl Conn {
                 };
                 match mode {
                     SizeMode::Length => {
-                        self.push_head(200, Some(OCTET_STREAM), Some(len));
+                        self.push_head(200, Some(ctype), Some(len));
                         self.finish_head(conn_hdr);
                         if !head {
                             self.push_pattern(len, false).await?;
                         }
                     }
                     SizeMode::Chunked => {
-                        self.push_head(200, Some(OCTET_STREAM), None);
+                        self.push_head(200, Some(ctype), None);
                         self.out
                             .extend_from_slice(b"transfer-encoding: chunked\r\n");
                         self.finish_head(conn_hdr);
@@ -290,7 +291,7 @@ impl Conn {
                         }
                     }
                     SizeMode::CloseDelimited => {
-                        self.push_head(200, Some(OCTET_STREAM), None);
+                        self.push_head(200, Some(ctype), None);
                         self.finish_head(ConnHdr::Close);
                         if !head {
                             self.push_pattern(len, false).await?;

@@ -79,7 +79,8 @@
 //!   back to close-delimited). `?close=1` sends it with neither
 //!   `content-length` nor chunking, with `connection: close`, delimited by
 //!   closing the connection (`close` wins over `chunked`). A non-numeric N
-//!   gets `400` with body `bad path parameter\n` (connection kept).
+//!   gets `400` with body `bad path parameter\n` (connection kept). `?text=1`
+//!   labels it `text/plain` instead (compressible, for compression tests).
 //! * `/delay/MS`: reads the request, waits MS milliseconds, then answers like
 //!   `/`. A non-numeric MS gets `400` as above.
 //! * `/status/CODE`: answers with status CODE (200..=999, otherwise `400` as

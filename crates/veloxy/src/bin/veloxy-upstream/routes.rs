@@ -137,6 +137,8 @@ pub enum Route {
     Size {
         len: u64,
         mode: SizeMode,
+        /// `?text=1`: `content-type: text/plain` instead of octet-stream (compressible).
+        text: bool,
     },
     Delay(u64),
     Status(u16),
@@ -167,6 +169,7 @@ pub fn parse_route(target: &str) -> Route {
                     Ok(len) => Route::Size {
                         len,
                         mode: size_mode(query),
+                        text: query.split('&').any(|p| p == "text=1"),
                     },
                     Err(_) => Route::BadParam,
                 }

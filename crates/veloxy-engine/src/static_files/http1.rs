@@ -1,0 +1,310 @@
+//! Writing a static [`Response`] on an HTTP/1 connection: head serialization, then the body
+//! from memory or with `sendfile(2)` from the file, on a plain `TcpStream`.
+//!
+//! The head goes out with `MSG_MORE` when a file body follows, so head and first file bytes
+//! share a packet although the socket has `TCP_NODELAY`. Small in-memory bodies are appended
+//! to the head and sent in one write.
+
+use std::cell::RefCell;
+use std::os::fd::AsRawFd;
+use std::time::SystemTime;
+
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::time::{timeout, Instant};
+
+use super::{Body, Part, Response, StaticRoute};
+use crate::connection::{Downstream, LogFields};
+use crate::http1::request::RequestView;
+use crate::http1::{itoa, reason, BodyKind};
+use crate::relay::DOWNSTREAM_IO_TIMEOUT;
+use crate::worker::Worker;
+
+/// In-memory bodies up to this size are copied behind the head and sent in one write.
+const COALESCE: usize = 64 * 1024;
+
+/// A static response ready to be written, with what the connection needs to finish it.
+pub(crate) struct StaticReply {
+    pub response: super::Response,
+    /// The route's index in the file (metrics).
+    pub route: usize,
+    pub version: u8,
+    /// The connection stays open afterwards: the client wants it and sent no body (a request
+    /// body is never read on a file route; closing discards it safely).
+    pub keep_alive: bool,
+    pub log: Option<Box<LogFields>>,
+}
+
+/// Answers `req` from a file route (no I/O on the socket yet).
+pub(crate) fn reply(files: &StaticRoute, req: &RequestView, route: usize) -> StaticReply {
+    let request = super::Request {
+        method: req.method,
+        target: req.path,
+        headers: &req.headers,
+    };
+    StaticReply {
+        response: super::respond(files, &request),
+        route,
+        version: req.version,
+        keep_alive: req.keep_alive && req.body == BodyKind::None,
+        log: None,
+    }
+}
+
+/// Writes the reply, counts it, logs it. Returns whether the connection stays open.
+pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, mut reply: StaticReply) -> bool {
+    let started = Instant::now();
+    let mut out = worker.take_vec();
+    write_head(&reply.response, reply.version, reply.keep_alive, &mut out);
+    let status = reply.response.status;
+    let result = match &mut down.stream {
+        crate::tls::DownstreamIo::Plain(tcp) => {
+            write_body(tcp, &mut out, &reply.response.body).await
+        }
+        io => write_body_copied(io, &mut out, &reply.response.body).await,
+    };
+    worker.give_vec(out);
+    let (ok, written) = match result {
+        Ok(n) => (true, n),
+        Err((n, e)) => {
+            tracing::debug!(client = %down.peer, error = %e, "static response cut short");
+            (false, n)
+        }
+    };
+    down.metrics.bytes_out.add(written);
+    down.bytes_sent += written;
+    crate::connection::access_log(worker, down, reply.log.take(), status, "", None);
+    worker.metrics.request(reply.route, status);
+    worker.metrics.request_duration.observe(started.elapsed());
+    ok && reply.keep_alive
+}
+
+thread_local! {
+    /// The formatted `Date` of the current second.
+    static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+}
+
+fn push_date(out: &mut Vec<u8>) {
+    let now = SystemTime::now();
+    let secs = super::conditional::secs(now);
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs {
+            *d = (secs, httpdate::fmt_http_date(now));
+        }
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(d.1.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    });
+}
+
+/// Serializes the status line, the response's headers, `date`, `server` and the connection
+/// headers, and the blank line.
+pub(crate) fn write_head(r: &Response, version: u8, keep_alive: bool, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(itoa(u64::from(r.status)).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(reason(r.status).as_bytes());
+    out.extend_from_slice(b"\r\nserver: veloxy\r\n");
+    push_date(out);
+    for (name, value) in &r.headers {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if version == 0 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+type WriteError = (u64, std::io::Error);
+
+/// Sends `head` (already serialized in `out`) and the body. Returns the bytes written, or the
+/// bytes written before the error.
+async fn write_body(stream: &TcpStream, out: &mut Vec<u8>, body: &Body) -> Result<u64, WriteError> {
+    let mut written = 0u64;
+    match body {
+        Body::Empty => send(stream, out, false, &mut written).await?,
+        Body::Bytes(b) if b.len() <= COALESCE => {
+            out.extend_from_slice(b);
+            send(stream, out, false, &mut written).await?;
+        }
+        Body::Bytes(b) => {
+            send(stream, out, true, &mut written).await?;
+            send(stream, b, false, &mut written).await?;
+        }
+        Body::File { file, offset, len } => {
+            send(stream, out, true, &mut written).await?;
+            sendfile(stream, file, *offset, *len, &mut written).await?;
+        }
+        Body::Multipart(parts) => {
+            for p in parts {
+                match p {
+                    Part::Bytes(b) => out.extend_from_slice(b),
+                    Part::File { file, offset, len } => {
+                        send(stream, out, true, &mut written).await?;
+                        out.clear();
+                        sendfile(stream, file, *offset, *len, &mut written).await?;
+                    }
+                }
+            }
+            send(stream, out, false, &mut written).await?;
+        }
+    }
+    Ok(written)
+}
+
+/// [`write_body`] for streams that cannot take `sendfile` (TLS): file bytes are read in
+/// chunks and written through the stream.
+async fn write_body_copied<S>(
+    stream: &mut S,
+    out: &mut Vec<u8>,
+    body: &Body,
+) -> Result<u64, WriteError>
+where
+    S: tokio::io::AsyncWrite + Unpin,
+{
+    let mut written = 0u64;
+    match body {
+        Body::Empty => copy_out(stream, out, &mut written).await?,
+        Body::Bytes(b) => {
+            out.extend_from_slice(b);
+            copy_out(stream, out, &mut written).await?;
+        }
+        Body::File { file, offset, len } => {
+            copy_out(stream, out, &mut written).await?;
+            copy_file(stream, file, *offset, *len, &mut written).await?;
+        }
+        Body::Multipart(parts) => {
+            for p in parts {
+                match p {
+                    Part::Bytes(b) => out.extend_from_slice(b),
+                    Part::File { file, offset, len } => {
+                        copy_out(stream, out, &mut written).await?;
+                        out.clear();
+                        copy_file(stream, file, *offset, *len, &mut written).await?;
+                    }
+                }
+            }
+            copy_out(stream, out, &mut written).await?;
+        }
+    }
+    Ok(written)
+}
+
+async fn copy_out<S>(stream: &mut S, buf: &[u8], written: &mut u64) -> Result<(), WriteError>
+where
+    S: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    match timeout(DOWNSTREAM_IO_TIMEOUT, stream.write_all(buf)).await {
+        Ok(Ok(())) => {
+            *written += buf.len() as u64;
+            Ok(())
+        }
+        Ok(Err(e)) => Err((*written, e)),
+        Err(_) => Err((*written, std::io::ErrorKind::TimedOut.into())),
+    }
+}
+
+/// Reads `len` bytes of `file` from `offset` in 64 KiB chunks (page-cache reads, as nginx does
+/// without aio) and writes them to `stream`.
+async fn copy_file<S>(
+    stream: &mut S,
+    file: &std::fs::File,
+    offset: u64,
+    len: u64,
+    written: &mut u64,
+) -> Result<(), WriteError>
+where
+    S: tokio::io::AsyncWrite + Unpin,
+{
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut pos, end) = (offset, offset + len);
+    while pos < end {
+        let want = ((end - pos) as usize).min(buf.len());
+        let n = file
+            .read_at(&mut buf[..want], pos)
+            .map_err(|e| (*written, e))?;
+        if n == 0 {
+            return Err((*written, std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        copy_out(stream, &buf[..n], written).await?;
+        pos += n as u64;
+    }
+    Ok(())
+}
+
+/// Writes all of `buf`, with `MSG_MORE` when more data follows at once.
+async fn send(
+    stream: &TcpStream,
+    mut buf: &[u8],
+    more: bool,
+    written: &mut u64,
+) -> Result<(), WriteError> {
+    let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+    let fd = stream.as_raw_fd();
+    while !buf.is_empty() {
+        let io = stream.async_io(Interest::WRITABLE, || {
+            // SAFETY: `buf` is a live slice; `fd` is the stream's open socket.
+            let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags) };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match timeout(DOWNSTREAM_IO_TIMEOUT, io).await {
+            Ok(Ok(n)) => {
+                buf = &buf[n..];
+                *written += n as u64;
+            }
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(Err(e)) => return Err((*written, e)),
+            Err(_) => return Err((*written, std::io::ErrorKind::TimedOut.into())),
+        }
+    }
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from `offset` with `sendfile(2)`, waiting for writability
+/// between partial sends. A file that shrank under us ends the response with an error (the
+/// promised Content-Length cannot be met; the caller closes the connection).
+async fn sendfile(
+    stream: &TcpStream,
+    file: &std::fs::File,
+    offset: u64,
+    len: u64,
+    written: &mut u64,
+) -> Result<(), WriteError> {
+    let (sock, fd) = (stream.as_raw_fd(), file.as_raw_fd());
+    let mut off = offset as libc::off_t;
+    let end = offset + len;
+    while (off as u64) < end {
+        let count = ((end - off as u64).min(1 << 30)) as usize;
+        let io = stream.async_io(Interest::WRITABLE, || {
+            // SAFETY: both descriptors are open for the duration; `off` is a valid pointer.
+            let n = unsafe { libc::sendfile(sock, fd, &mut off, count) };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match timeout(DOWNSTREAM_IO_TIMEOUT, io).await {
+            Ok(Ok(0)) => {
+                return Err((*written, std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            Ok(Ok(n)) => *written += n as u64,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(Err(e)) => return Err((*written, e)),
+            Err(_) => return Err((*written, std::io::ErrorKind::TimedOut.into())),
+        }
+    }
+    Ok(())
+}
