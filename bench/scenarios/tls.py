@@ -204,7 +204,9 @@ def report(ctx, cfg, results):
         "response). Handshakes: wrk with `Connection: close`, "
         f"{cfg['hs_connections']} connections, {cfg['hs_duration']}s (no warm-up): one TLS "
         "connection per request (wrk keeps its OpenSSL session object, so the proxy may resume "
-        "it). CPU/req = the proxy's CPU time over the measured run / requests completed.\n"]
+        "it); when the load core is the busiest (the client's own handshakes), requests/s says "
+        "more about wrk than the proxy: compare CPU/req. "
+        "CPU/req = the proxy's CPU time over the measured run / requests completed.\n"]
     if cfg.get("proxies") and not getattr(ctx, "explicit_proxies", False):
         out.append(f"This profile runs on {', '.join(cfg['proxies'])} only (to keep it short); "
                    f"the full run covers {', '.join(TLS_PEERS)}.\n")
