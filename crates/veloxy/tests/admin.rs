@@ -69,8 +69,14 @@ fn metrics_count_requests_statuses_bytes_and_latency() {
     }
     drop(c);
     // Two workers, one client connection: all on one worker; the scrape sums both anyway.
-    let text = admin(a, "GET", "/metrics").body_str();
+    // A request is counted just after its response is written, so the client can see the last
+    // response a moment before the counter moves: wait for the count, then check the rest.
     let route = "veloxy_requests_total{listener=\"web\",route=\"0\",upstream=\"app\",status=";
+    let mut text = String::new();
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        text = admin(a, "GET", "/metrics").body_str();
+        metric(&text, "veloxy_request_duration_seconds_count") == 10.0
+    }));
     assert_eq!(metric(&text, &format!("{route}\"2xx\"}}")), 7.0);
     assert_eq!(metric(&text, &format!("{route}\"5xx\"}}")), 3.0);
     assert_eq!(metric(&text, "veloxy_request_duration_seconds_count"), 10.0);

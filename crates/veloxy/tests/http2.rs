@@ -388,3 +388,88 @@ fn curl_h2c_prior_knowledge() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "2 200 5000");
 }
+
+#[test]
+fn file_routes_over_http2_and_tls() {
+    use std::io::Read as _;
+    let site = tempfile::tempdir().unwrap();
+    let js: String = (0..20_000)
+        .map(|i| format!("function f{i}(a){{return a*{i};}}\n"))
+        .collect();
+    std::fs::write(site.path().join("app.js"), &js).unwrap();
+    let big: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    std::fs::write(site.path().join("big.bin"), &big).unwrap();
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nroot = \"{}\"\n",
+        cert.display(),
+        key.display(),
+        site.path().display()
+    ));
+    runtime().block_on(async {
+        let config = default_client(&pki.ca_pem, &[b"h2"]);
+        let mut c = h2_connect(v.addr, Some((config, "localhost"))).await;
+        // Compressed JS decodes to the original.
+        let req = http::Request::builder()
+            .uri("https://localhost/app.js")
+            .header("accept-encoding", "gzip, br")
+            .body(())
+            .unwrap();
+        let r = h2_send(&mut c, req, None).await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("content-encoding"), Some("br"));
+        assert!(
+            r.header("vary").unwrap_or("").contains("Accept-Encoding")
+                || r.header("vary").unwrap_or("").contains("accept-encoding")
+        );
+        let mut plain = Vec::new();
+        brotli::Decompressor::new(&r.body[..], 4096)
+            .read_to_end(&mut plain)
+            .unwrap();
+        assert_eq!(plain, js.as_bytes());
+        // A large file streams from disk intact.
+        let r = h2_send(&mut c, h2_get("localhost", "/big.bin", true), None)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+        assert!(r.body[..] == big[..], "3 MB file intact over HTTP/2");
+        // A range.
+        let req = http::Request::builder()
+            .uri("https://localhost/big.bin")
+            .header("range", "bytes=1000-1999")
+            .body(())
+            .unwrap();
+        let r = h2_send(&mut c, req, None).await.unwrap();
+        assert_eq!(r.status, 206);
+        assert_eq!(&r.body[..], &big[1000..2000]);
+        // Traversal is refused here too.
+        let r = h2_send(
+            &mut c,
+            h2_get("localhost", "/%2e%2e/%2e%2e/etc/passwd", true),
+            None,
+        )
+        .await
+        .unwrap();
+        assert!(
+            r.status == 400 || r.status == 404 || r.status == 403,
+            "{}",
+            r.status
+        );
+    });
+    // HTTPS + HTTP/1.1: the file comes through TLS (no sendfile there).
+    let (mut s, _) = tls_connect(
+        v.addr,
+        "localhost",
+        default_client(&pki.ca_pem, &[b"http/1.1"]),
+    )
+    .unwrap();
+    let (status, text) = https1(&mut s, "localhost", "/app.js");
+    assert_eq!(status, 200);
+    assert!(text.ends_with(&js), "whole file over TLS");
+}
