@@ -448,7 +448,12 @@ fn respond(
         scratch: Vec::new(),
         fin: Some(fin),
     };
-    let mut resp = Response::new(ProxyBody::H1(Box::new(body)));
+    let mut body = Box::new(body);
+    if body.state.is_done() && body.buf.is_empty() {
+        // No body (HEAD, 204, 304, empty): hyper will not poll it.
+        body.release();
+    }
+    let mut resp = Response::new(ProxyBody::H1(body));
     *resp.status_mut() =
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     *resp.headers_mut() = headers;
@@ -474,19 +479,30 @@ pub(crate) struct H1Body {
 impl H1Body {
     /// The body is complete: pool the connection if it is clean, and record the stream.
     fn finish(&mut self) {
+        self.release();
+        self.fin.take();
+    }
+
+    /// Pools the connection as soon as the body is complete: hyper may drop a body whose
+    /// `is_end_stream` is true without polling it again.
+    fn release(&mut self) {
         if let Some(conn) = self.conn.take() {
-            let worker = self.fin.as_ref().map(|f| f.conn.worker.clone());
-            let shutting = worker.as_ref().is_some_and(|w| w.shutting_down());
+            let shutting = self
+                .fin
+                .as_ref()
+                .is_some_and(|f| f.conn.worker.shutting_down());
             if self.reusable && self.buf.is_empty() && !shutting {
                 self.gen.groups.borrow_mut()[self.upstream]
                     .pool
                     .put(self.backend, conn);
             }
         }
-        self.fin.take();
     }
 
     fn emit(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
+        if self.state.is_done() {
+            self.release();
+        }
         if let Some(f) = self.fin.as_deref_mut() {
             f.bytes_sent += data.len() as u64;
             f.conn.worker.metrics.bytes_out.add(data.len() as u64);
