@@ -56,6 +56,20 @@ fn h2c_multiplexes_streams_onto_the_http1_pool() {
         .await
         .unwrap();
         assert_eq!(r.body.len(), 70000);
+        // Sequential streams reuse pooled upstream connections (empty bodies too).
+        let mut ids = std::collections::HashSet::new();
+        for path in ["/size/10", "/size/0", "/status/204", "/size/100?chunked=1"]
+            .iter()
+            .cycle()
+            .take(40)
+        {
+            let r = h2_send(&mut c2, h2_get(&authority, path, false), None)
+                .await
+                .unwrap();
+            assert!(r.status == 200 || r.status == 204, "{path}: {}", r.status);
+            ids.insert(r.header("x-conn-id").unwrap_or("?").to_owned());
+        }
+        assert!(ids.len() <= 2, "upstream connections reused: {ids:?}");
         // HTTP/1 clients on the same listener still work.
         assert_eq!(get(v.addr, "/echo").status, 200);
     });
