@@ -3,7 +3,8 @@
 //! * `GET /metrics`: Prometheus text format ([`crate::metrics`]).
 //! * `GET /healthz`: 200 `ok`, or 503 while shutting down.
 //! * `GET /upstreams`: JSON, per upstream group and backend: usable or not, active-check
-//!   state, ejection, open connections, consecutive failures.
+//!   state, ejection, open connections, consecutive failures, and what each worker last
+//!   published (in flight, idle pooled connections, latency EWMA).
 //! * `POST /reload`: asks the process to reload its config file (the same path as SIGHUP);
 //!   answers 200 when the new config is live, 400 with the error when it was refused.
 //!
@@ -175,9 +176,39 @@ fn upstreams_json(shared: &Shared) -> String {
                 .ejected_until_ms
                 .load(Ordering::Relaxed)
                 .saturating_sub(crate::clock::now_ms());
+            // Per-worker views, published by each worker's heartbeat (at most 50 ms old).
+            let mut workers = String::from("[");
+            let (mut in_flight, mut idle, mut ewma_sum, mut ewma_n) = (0u64, 0u64, 0u64, 0u64);
+            for (w, v) in b.workers.iter().enumerate() {
+                let (f, i, e) = (
+                    v.in_flight.load(Ordering::Relaxed),
+                    v.idle.load(Ordering::Relaxed),
+                    v.ewma_us.load(Ordering::Relaxed),
+                );
+                in_flight += u64::from(f);
+                idle += u64::from(i);
+                if e > 0 {
+                    ewma_sum += e;
+                    ewma_n += 1;
+                }
+                if w > 0 {
+                    workers.push(',');
+                }
+                let _ = write!(
+                    workers,
+                    "{{\"in_flight\":{f},\"idle_connections\":{i},\"ewma_latency_ms\":{:.3}}}",
+                    e as f64 / 1000.0
+                );
+            }
+            workers.push(']');
+            let ewma_ms = if ewma_n > 0 {
+                ewma_sum as f64 / ewma_n as f64 / 1000.0
+            } else {
+                0.0
+            };
             let _ = write!(
                 out,
-                "{{\"addr\":\"{}\",\"weight\":{},\"usable\":{},\"active_check_up\":{},\"ejected_for_ms\":{},\"consecutive_failures\":{},\"open_connections\":{},\"checks_passed\":{},\"checks_failed\":{}}}",
+                "{{\"addr\":\"{}\",\"weight\":{},\"usable\":{},\"active_check_up\":{},\"ejected_for_ms\":{},\"consecutive_failures\":{},\"open_connections\":{},\"checks_passed\":{},\"checks_failed\":{},\"in_flight\":{in_flight},\"idle_connections\":{idle},\"ewma_latency_ms\":{ewma_ms:.3},\"workers\":{workers}}}",
                 b.addr,
                 g.backends.get(i).map_or(1, |x| x.weight),
                 down & (1 << i) == 0,

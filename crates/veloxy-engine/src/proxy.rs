@@ -268,9 +268,7 @@ impl Run<'_> {
             *backend = Some(current);
             tried |= 1 << current;
             let t0 = Instant::now();
-            self.gen.groups.borrow_mut()[self.p.upstream]
-                .picker
-                .on_start(current);
+            self.gen.groups.borrow_mut()[self.p.upstream].start(current);
             let others = self.group.health.down_mask() | tried;
             let has_other = (0..group.backends.len()).any(|i| others & (1 << i) == 0);
             let budget_left = self.gen.groups.borrow()[self.p.upstream].budget.available();
@@ -307,9 +305,7 @@ impl Run<'_> {
             if count_failure {
                 self.feedback(current, elapsed, false);
             } else {
-                self.gen.groups.borrow_mut()[self.p.upstream]
-                    .picker
-                    .on_end(current, elapsed, true);
+                self.gen.groups.borrow_mut()[self.p.upstream].end(current, elapsed, true);
             }
             let next = (retries_left > 0)
                 .then(|| self.next_backend(down, tried))
@@ -328,9 +324,7 @@ impl Run<'_> {
 
     /// Reports an attempt's end to the picker and to passive health.
     fn feedback(&self, backend: usize, elapsed: Duration, ok: bool) {
-        self.gen.groups.borrow_mut()[self.p.upstream]
-            .picker
-            .on_end(backend, elapsed, ok);
+        self.gen.groups.borrow_mut()[self.p.upstream].end(backend, elapsed, ok);
         let health = &self.group.health;
         if ok {
             health.record_success(backend);

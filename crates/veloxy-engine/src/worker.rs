@@ -151,6 +151,16 @@ impl Worker {
     }
 
     /// Periodic housekeeping: closes expired idle upstream connections.
+    /// Publishes this worker's per-backend figures (in flight, idle pool, latency EWMA) for
+    /// `/upstreams`: a few relaxed stores per backend, off the request path.
+    pub fn publish(&self) {
+        let gen = self.current();
+        let groups = gen.groups.borrow();
+        for (group, state) in gen.snapshot.upstreams.iter().zip(groups.iter()) {
+            state.publish(group, self.id);
+        }
+    }
+
     pub fn sweep(&self) {
         let gen = self.current();
         for g in gen.groups.borrow_mut().iter_mut() {

@@ -143,6 +143,36 @@ fn healthz_upstreams_and_unknown_paths() {
         "{body}"
     );
     assert!(body.contains("\"usable\":true"), "{body}");
+
+    // Per-worker figures: a pooled connection and a latency EWMA after some traffic, and a
+    // request in flight while a slow one is pending.
+    for _ in 0..5 {
+        assert_eq!(get(v.addr, "/delay/2").status, 200);
+    }
+    let backend = |a| -> serde_json::Value {
+        let r = admin(a, "GET", "/upstreams");
+        let v: serde_json::Value = serde_json::from_str(&r.body_str()).unwrap();
+        v["upstreams"][0]["backends"][0].clone()
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let b = backend(a);
+            b["idle_connections"].as_u64() >= Some(1)
+                && b["ewma_latency_ms"].as_f64().is_some_and(|e| e >= 1.0)
+                && b["in_flight"] == 0
+        }),
+        "{}",
+        backend(a)
+    );
+    let mut slow = Client::connect(v.addr);
+    slow.send(b"GET /delay/3000 HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(
+        eventually(Duration::from_secs(2), || backend(a)["in_flight"] == 1),
+        "{}",
+        backend(a)
+    );
+    assert_eq!(backend(a)["workers"].as_array().map(Vec::len), Some(2));
+    drop(slow);
     assert_eq!(admin(a, "GET", "/nope").status, 404);
     assert_eq!(admin(a, "GET", "/reload").status, 405);
 }

@@ -323,7 +323,7 @@ fn compile(
         let health = Arc::new(GroupHealth::new(
             backends
                 .iter()
-                .map(|b| Arc::new(BackendHealth::new(b.addr)))
+                .map(|b| Arc::new(BackendHealth::with_workers(b.addr, settings.workers)))
                 .collect(),
         ));
         upstream_index.insert(name.clone(), upstreams.len());

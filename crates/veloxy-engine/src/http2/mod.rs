@@ -648,9 +648,7 @@ pub(crate) fn pick(
 /// Reports an attempt's end to the picker and to passive health.
 pub(crate) fn feedback(gen: &Generation, t: Target, backend: usize, elapsed: Duration, ok: bool) {
     let group = &gen.snapshot.upstreams[t.upstream];
-    gen.groups.borrow_mut()[t.upstream]
-        .picker
-        .on_end(backend, elapsed, ok);
+    gen.groups.borrow_mut()[t.upstream].end(backend, elapsed, ok);
     if ok {
         group.health.record_success(backend);
     } else {

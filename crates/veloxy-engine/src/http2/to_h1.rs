@@ -105,7 +105,7 @@ pub(super) async fn forward(
         if let Some(f) = fin.as_deref_mut() {
             f.backend = Some(group.backends[backend].addr);
         }
-        gen.groups.borrow_mut()[t.upstream].picker.on_start(backend);
+        gen.groups.borrow_mut()[t.upstream].start(backend);
         let t0 = Instant::now();
         let may_retry_status = replayable && retries_left > 0;
         let body_ref = if streaming { Some(&mut body) } else { None };
@@ -154,9 +154,7 @@ pub(super) async fn forward(
         if counts {
             feedback(gen, t, backend, elapsed, false);
         } else {
-            gen.groups.borrow_mut()[t.upstream]
-                .picker
-                .on_end(backend, elapsed, true);
+            gen.groups.borrow_mut()[t.upstream].end(backend, elapsed, true);
         }
         let next = (retries_left > 0)
             .then(|| pick(c, gen, t, tried, true))

@@ -114,7 +114,7 @@ pub(super) async fn forward(
     *upstream_req.uri_mut() = uri;
     *upstream_req.headers_mut() = headers;
 
-    gen.groups.borrow_mut()[t.upstream].picker.on_start(backend);
+    gen.groups.borrow_mut()[t.upstream].start(backend);
     let t0 = Instant::now();
     let mut sender = sender;
     let sent = timeout(group.read_timeout, sender.send_request(upstream_req)).await;

@@ -81,10 +81,29 @@ pub struct BackendHealth {
     pub open_connections: AtomicUsize,
     pub checks_passed: AtomicU64,
     pub checks_failed: AtomicU64,
+    /// What each worker last published about this backend (index = worker id); each slot has
+    /// one writer, its worker's heartbeat, so the request path touches none of it.
+    pub workers: Box<[WorkerView]>,
+}
+
+/// One worker's view of a backend, published every heartbeat tick (50 ms) for `/upstreams`.
+#[derive(Debug, Default)]
+pub struct WorkerView {
+    /// Requests this worker has in flight to the backend.
+    pub in_flight: AtomicU32,
+    /// Idle connections in this worker's pool.
+    pub idle: AtomicU32,
+    /// EWMA of this worker's upstream latency to the backend, in microseconds; 0 = no sample.
+    pub ewma_us: AtomicU64,
 }
 
 impl BackendHealth {
     pub fn new(addr: SocketAddr) -> Self {
+        Self::with_workers(addr, 1)
+    }
+
+    /// A backend's record with a published-view slot for each of `workers` workers.
+    pub fn with_workers(addr: SocketAddr, workers: usize) -> Self {
         BackendHealth {
             addr,
             active_up: AtomicBool::new(true),
@@ -95,6 +114,7 @@ impl BackendHealth {
             open_connections: AtomicUsize::new(0),
             checks_passed: AtomicU64::new(0),
             checks_failed: AtomicU64::new(0),
+            workers: (0..workers.max(1)).map(|_| WorkerView::default()).collect(),
         }
     }
 
@@ -257,7 +277,9 @@ pub fn adopt(old: &Snapshot, new: &mut Snapshot) {
                     .iter()
                     .find(|h| h.addr == b.addr)
                     .cloned()
-                    .unwrap_or_else(|| Arc::new(BackendHealth::new(b.addr)))
+                    .unwrap_or_else(|| {
+                        Arc::new(BackendHealth::with_workers(b.addr, new.settings.workers))
+                    })
             })
             .collect();
         g.health = Arc::new(GroupHealth::new(backends));

@@ -17,6 +17,57 @@ pub(crate) struct GroupState {
     pub budget: RetryBudget,
     /// For `h2`/`h2c` groups: one multiplexed connection per backend.
     pub h2: Vec<Option<H2Sender>>,
+    /// This worker's in-flight count and latency EWMA per backend (published by the
+    /// heartbeat for `/upstreams`; the policies keep their own state).
+    pub local: Vec<LocalBackend>,
+}
+
+/// A worker's own running figures for one backend.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LocalBackend {
+    pub in_flight: u32,
+    pub ewma_us: f64,
+}
+
+/// Weight of a new sample in the latency EWMA.
+const EWMA_ALPHA: f64 = 0.1;
+
+impl GroupState {
+    /// An attempt on `backend` starts: tells the picker and counts it.
+    pub fn start(&mut self, backend: usize) {
+        self.picker.on_start(backend);
+        if let Some(l) = self.local.get_mut(backend) {
+            l.in_flight += 1;
+        }
+    }
+
+    /// An attempt on `backend` ended after `latency`.
+    pub fn end(&mut self, backend: usize, latency: std::time::Duration, ok: bool) {
+        self.picker.on_end(backend, latency, ok);
+        if let Some(l) = self.local.get_mut(backend) {
+            l.in_flight = l.in_flight.saturating_sub(1);
+            let x = latency.as_secs_f64() * 1e6;
+            l.ewma_us = if l.ewma_us == 0.0 {
+                x.max(1.0)
+            } else {
+                l.ewma_us + EWMA_ALPHA * (x - l.ewma_us)
+            };
+        }
+    }
+
+    /// Copies this worker's figures for `group` into the shared per-worker slots.
+    pub fn publish(&self, group: &UpstreamGroup, worker: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for (b, h) in group.health.backends.iter().enumerate() {
+            let Some(slot) = h.workers.get(worker) else {
+                continue;
+            };
+            let local = self.local.get(b).copied().unwrap_or_default();
+            slot.in_flight.store(local.in_flight, Relaxed);
+            slot.ewma_us.store(local.ewma_us as u64, Relaxed);
+            slot.idle.store(self.pool.idle_count(b) as u32, Relaxed);
+        }
+    }
 }
 
 /// The sending half of an HTTP/2 upstream connection (its driver runs as a task).
@@ -105,6 +156,7 @@ impl GroupState {
             ),
             budget: RetryBudget::new(group.retry_budget),
             h2: (0..group.backends.len()).map(|_| None).collect(),
+            local: vec![LocalBackend::default(); group.backends.len()],
         }
     }
 }

@@ -173,9 +173,9 @@ impl Pool {
         }
     }
 
-    #[cfg(test)]
+    /// Idle connections kept for `backend`.
     pub fn idle_count(&self, backend: usize) -> usize {
-        self.idle[backend].len()
+        self.idle.get(backend).map_or(0, Vec::len)
     }
 }
 
