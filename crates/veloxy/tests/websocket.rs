@@ -141,7 +141,7 @@ fn upgrade_headers_reach_the_upstream_and_a_refusal_is_a_normal_response() {
 }
 
 #[test]
-fn reload_keeps_open_websocket_and_http2_connections() {
+fn reload_under_load_keeps_open_websocket_and_http2_connections() {
     let backend = ws_echo_server();
     let up = upstream(&["--name", "first"]);
     let up2 = upstream(&["--name", "second"]);
@@ -154,6 +154,31 @@ fn reload_keeps_open_websocket_and_http2_connections() {
     };
     let v = veloxy(&config(up.addr));
     let authority = v.addr.to_string();
+    // Steady HTTP/1.1 load through the reload, bounded in count and time; every request must
+    // succeed.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, addr) = (stop.clone(), v.addr);
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0u32, 0u32);
+            let t0 = Instant::now();
+            let mut c = Client::connect(addr);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && ok + failed < 20_000
+                && t0.elapsed() < Duration::from_secs(20)
+            {
+                c.send(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n");
+                match c.try_read_response(false) {
+                    Some(r) if r.status == 200 => ok += 1,
+                    _ => {
+                        failed += 1;
+                        c = Client::connect(addr);
+                    }
+                }
+            }
+            (ok, failed)
+        })
+    };
     runtime().block_on(async {
         let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws", v.addr))
             .await
@@ -198,5 +223,12 @@ fn reload_keeps_open_websocket_and_http2_connections() {
         // The WebSocket opened before the reload still echoes.
         echo_roundtrip(&mut ws).await;
     });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = load.join().unwrap();
+    assert!(ok > 0);
+    assert_eq!(
+        failed, 0,
+        "requests failed during the reload ({ok} succeeded)"
+    );
     assert!(v.proc.log_text().contains("reloaded"));
 }
