@@ -101,3 +101,32 @@ fn combined_format_and_reopen_on_sigusr1() {
         1
     );
 }
+
+#[test]
+fn http2_streams_are_logged_too() {
+    let up = upstream(&["--name", "a"]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let v = veloxy(&config(up.addr, &log, "json").replace(
+        "addr = \"127.0.0.1:0\"",
+        "addr = \"127.0.0.1:0\"\nhttp2 = true",
+    ));
+    common::tls::runtime().block_on(async {
+        let mut c = common::tls::h2_connect(v.addr, None).await;
+        let req = http::Request::builder()
+            .uri("http://app.test/size/10?h=2")
+            .header("user-agent", "h2-agent")
+            .body(())
+            .unwrap();
+        let r = common::tls::h2_send(&mut c, req, None).await.unwrap();
+        assert_eq!(r.status, 200);
+    });
+    let got = lines(&log, 1);
+    let line: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
+    assert_eq!(line["protocol"], "HTTP/2.0");
+    assert_eq!(line["target"], "/size/10?h=2");
+    assert_eq!(line["user_agent"], "h2-agent");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["bytes_sent"], 10);
+    assert_eq!(line["backend"], up.addr.to_string());
+}

@@ -162,7 +162,8 @@ pub(crate) struct Finish {
     pub backend: Option<SocketAddr>,
     pub bytes_sent: u64,
     upstream: String,
-    log: Option<(String, String)>,
+    /// Access log fields (method, target, referer, user agent), when the log is on.
+    log: Option<Box<(String, String, Vec<u8>, Vec<u8>)>>,
     pub hook_ctx: Option<Box<RequestCtx>>,
     pub admission: Option<crate::limits::OwnedAdmission>,
 }
@@ -179,7 +180,8 @@ impl Drop for Finish {
         }
         w.metrics.request_duration.observe(self.started.elapsed());
         w.metrics.in_flight_done.inc();
-        if let (Some(log), Some((method, target))) = (&w.shared.access_log, &self.log) {
+        if let (Some(log), Some(fields)) = (&w.shared.access_log, &self.log) {
+            let (method, target, referer, user_agent) = &**fields;
             let entry = crate::access_log::Entry {
                 client: c.peer,
                 method,
@@ -188,8 +190,8 @@ impl Drop for Finish {
                 status: self.status,
                 bytes_sent: self.bytes_sent,
                 duration: self.started.elapsed(),
-                referer: b"",
-                user_agent: b"",
+                referer,
+                user_agent,
                 upstream: &self.upstream,
                 backend: self.backend,
             };
@@ -285,7 +287,17 @@ async fn handle(c: Rc<ConnCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
             .uri()
             .path_and_query()
             .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-        (req.method().as_str().to_owned(), target)
+        let header = |n: http::header::HeaderName| {
+            req.headers()
+                .get(n)
+                .map_or_else(Vec::new, |v| v.as_bytes().to_vec())
+        };
+        Box::new((
+            req.method().as_str().to_owned(),
+            target,
+            header(http::header::REFERER),
+            header(http::header::USER_AGENT),
+        ))
     });
     let grpc = is_grpc(req.headers());
     let mut fin = Some(Box::new(Finish {
