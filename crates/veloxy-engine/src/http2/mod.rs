@@ -152,6 +152,9 @@ pub(crate) async fn serve<IO>(
     }
 }
 
+/// Method, target, referer and user agent of a stream, kept for its access log line.
+type LogFields = (String, String, Vec<u8>, Vec<u8>);
+
 /// Records a stream's end: metrics, access log, hooks. Carried by the response body, so it
 /// runs when the body is complete or the client resets the stream.
 pub(crate) struct Finish {
@@ -163,7 +166,7 @@ pub(crate) struct Finish {
     pub bytes_sent: u64,
     upstream: String,
     /// Access log fields (method, target, referer, user agent), when the log is on.
-    log: Option<Box<(String, String, Vec<u8>, Vec<u8>)>>,
+    log: Option<Box<LogFields>>,
     pub hook_ctx: Option<Box<RequestCtx>>,
     pub admission: Option<crate::limits::OwnedAdmission>,
 }
