@@ -75,6 +75,36 @@ fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
 }
 
 #[test]
+fn sigterm_lets_http2_streams_finish_then_exits_zero() {
+    let (addr, arrived) = slow_upstream(Duration::from_millis(300));
+    let mut v = veloxy(&simple_config(&[addr], "").replace(
+        "addr = \"127.0.0.1:0\"",
+        "addr = \"127.0.0.1:0\"\nhttp2 = true",
+    ));
+    let authority = v.addr.to_string();
+    let pid = v.proc.pid();
+    let reply = common::tls::runtime().block_on(async move {
+        let mut c = common::tls::h2_connect(v.addr, None).await;
+        let req = common::tls::h2_get(&authority, "/slow", false);
+        let pending = tokio::spawn(async move { common::tls::h2_send(&mut c, req, None).await });
+        tokio::task::spawn_blocking(move || {
+            arrived
+                .recv_timeout(Duration::from_secs(5))
+                .expect("request reached the upstream");
+            signal(pid, "-TERM");
+        })
+        .await
+        .unwrap();
+        pending.await.unwrap()
+    });
+    let r = reply.expect("the in-flight stream completes");
+    assert_eq!(r.status, 200);
+    assert_eq!(&r.body[..], b"slow");
+    let status = wait_exit(&mut v, Duration::from_secs(5)).expect("veloxy exits after draining");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
 fn sighup_reloads_a_good_config_and_refuses_a_bad_one() {
     let a = upstream(&["--name", "a"]);
     let b = upstream(&["--name", "b"]);

@@ -25,7 +25,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::http1::response::{parse_foreign, ForeignHead};
 use crate::http1::{itoa, BodyKind};
 use crate::proxy::connect_backend;
-use crate::relay::{reserve, BodyState, READ_CHUNK};
+use crate::relay::{reserve, BodyState, DOWNSTREAM_IO_TIMEOUT, READ_CHUNK};
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
 
@@ -78,7 +78,7 @@ pub(super) async fn forward(
     if let (true, BodyKind::Length(n)) = (streaming, framing) {
         if n as usize <= group.retry_body_limit {
             let mut got = 0u64;
-            while let Some(frame) = body.frame().await {
+            while let Some(frame) = next_frame(&mut body).await? {
                 let frame = frame.map_err(|e| client_gone(&e))?;
                 if let Ok(data) = frame.into_data() {
                     got += data.len() as u64;
@@ -182,6 +182,17 @@ impl MinNone for BodyKind {
             k => k,
         }
     }
+}
+
+/// The next frame of a request body, waiting at most [`DOWNSTREAM_IO_TIMEOUT`] for it: a
+/// client that stops sending mid-body must not hold an upstream connection (and a route's
+/// concurrency slot) forever.
+async fn next_frame(
+    body: &mut Incoming,
+) -> Result<Option<Result<Frame<Bytes>, hyper::Error>>, ProxyError> {
+    timeout(DOWNSTREAM_IO_TIMEOUT, body.frame())
+        .await
+        .map_err(|_| ProxyError::downstream(ErrorKind::HeaderTimeout))
 }
 
 fn client_gone(e: &hyper::Error) -> ProxyError {
@@ -381,7 +392,7 @@ async fn stream_body(
 ) -> Result<(), Fail> {
     let chunked = framing == BodyKind::Chunked;
     let mut out = Vec::with_capacity(READ_CHUNK);
-    while let Some(frame) = body.frame().await {
+    while let Some(frame) = next_frame(body).await.map_err(Fail::Fatal)? {
         let frame = frame.map_err(|e| Fail::Fatal(client_gone(&e)))?;
         let Ok(data) = frame.into_data() else {
             continue; // request trailers: HTTP/1.1 upstreams rarely accept them
