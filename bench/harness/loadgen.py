@@ -183,6 +183,11 @@ def parse_h2load(stdout: str) -> dict:
     c2, c3, c4, c5 = (int(x) for x in codes.groups())
     traffic = re.search(r"^traffic: \S+ \((\d+)\) total", stdout, re.M)
     nbytes = int(traffic.group(1)) if traffic else 0
+    # "traffic: T (N) total, H (N) headers (space savings X%), D (N) data": header bytes
+    # (HPACK-encoded) and DATA payload bytes (response bodies as sent: compressed if the
+    # server compressed them; h2load decodes nothing).
+    hb = re.search(r"^traffic: .*?, \S+ \((\d+)\) headers", stdout, re.M)
+    db = re.search(r"^traffic: .*?, \S+ \((\d+)\) data", stdout, re.M)
 
     def field(name: str) -> str | None:
         f = re.search(rf"^{re.escape(name)}: (.+)$", stdout, re.M)
@@ -205,6 +210,8 @@ def parse_h2load(stdout: str) -> dict:
         "requests": done,
         "rps": rps,
         "bytes": nbytes,
+        "header_bytes": int(hb.group(1)) if hb else None,
+        "data_bytes": int(db.group(1)) if db else None,
         "transfer_bps": nbytes / dur if dur else 0.0,
         "non2xx": non2xx,
         # h2load's "failed" = non-2xx/3xx statuses + "errored" (streams that got no response);
@@ -221,12 +228,14 @@ def parse_h2load(stdout: str) -> dict:
     }
 
 
-def h2load(url: str, *, clients: int, streams: int, duration: float, threads: int,
+def h2load(url: str | list[str], *, clients: int, streams: int, duration: float, threads: int,
            cpus: list[int], log_file: Path | None = None, h1: bool = False,
-           timeout_s: float = 4) -> dict:
+           timeout_s: float = 4, headers: list[str] | None = None) -> dict:
     """h2load for `duration` seconds: `clients` connections, `streams` concurrent requests
     on each (-m). With `log_file`, the latency percentiles come from its per-request log
-    (h2load itself prints only min/max/mean/sd)."""
+    (h2load itself prints only min/max/mean/sd). Several URLs (same scheme, host and port):
+    each connection requests them in turn, round robin. `headers`: extra request headers
+    ("name: value", h2load -H)."""
     threads = max(1, min(threads, clients))
     cmd = ["h2load", "-c", str(clients), "-m", str(streams), "-t", str(threads),
            "-D", f"{max(1, math.ceil(duration))}", "-N", f"{timeout_s:g}s"]
@@ -234,7 +243,9 @@ def h2load(url: str, *, clients: int, streams: int, duration: float, threads: in
         cmd.append("--h1")
     if log_file is not None:
         cmd += ["--log-file", str(log_file)]
-    cmd.append(url)
+    for h in headers or []:
+        cmd += ["-H", h]
+    cmd += [url] if isinstance(url, str) else list(url)
     rc, out, err = procs.run_bounded(cmd, timeout=duration + 30, cpus=cpus)
     if rc != 0:
         raise LoadError(f"h2load exited {rc}: {(err or out)[-600:]}")

@@ -51,18 +51,21 @@ def wrk(ctx, run, path: str = "/", *, connections: int, duration: float, warmup:
     return res
 
 
-def h2load(ctx, run, path: str = "/", *, clients: int, streams: int, duration: float,
-           warmup: float = 0, h1: bool = False) -> dict:
+def h2load(ctx, run, path: str | list[str] = "/", *, clients: int, streams: int,
+           duration: float, warmup: float = 0, h1: bool = False,
+           headers: list[str] | None = None) -> dict:
     """h2load (HTTP/2 unless h1) against the running proxy; the warm-up is a separate,
-    unmeasured h2load run so that the CPU accounting covers the measured run only."""
-    url = run.base_url + path
+    unmeasured h2load run so that the CPU accounting covers the measured run only.
+    `path` may be a list: each connection requests the paths in turn."""
+    url = run.base_url + path if isinstance(path, str) else [run.base_url + p for p in path]
     kw = dict(clients=clients, streams=streams, threads=len(ctx.load_cpus), cpus=ctx.load_cpus,
-              h1=h1)
+              h1=h1, headers=headers)
     if warmup > 0:
         loadgen.h2load(url, duration=warmup, **kw)
     log = ctx.tmp / f"h2load-{run.name}-{ctx.seq}.tsv"
     res = measured(ctx, run, lambda: loadgen.h2load(url, duration=duration, log_file=log, **kw))
-    res.update({"connections": clients, "streams": streams, "path": path, "method": "GET"})
+    res.update({"connections": clients, "streams": streams,
+                "path": path if isinstance(path, str) else f"{len(path)} paths", "method": "GET"})
     return res
 
 

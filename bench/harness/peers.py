@@ -143,9 +143,9 @@ def _maxconn(ctx) -> int:
     return max(1024, min(50000, (ctx.nofile - 200) // 2))
 
 
-def _nginx(ctx, wd: Path, port: int, ups: list[str], extra=None):
+def _nginx(ctx, wd: Path, port: int, ups: list[str], extra=None, template=None):
     servers = "\n".join(f"        server {a};" for a in ups)
-    conf = render_file("nginx.conf.tmpl", wd / "nginx.conf", {
+    conf = render_file(template or "nginx.conf.tmpl", wd / "nginx.conf", {
         "WORKERS": ctx.workers, "WORKDIR": wd, "PORT": port, "SERVERS": servers,
         "KEEPALIVE": ctx.keepalive * len(ups), "NOFILE": ctx.nofile, "MAXCONN": _maxconn(ctx),
         "HTTP_EXTRA": "", "LOCATION_EXTRA": "", "SERVER_EXTRA": "", "LISTEN_OPTS": ""}, extra)
@@ -179,8 +179,8 @@ def _go_env(ctx, wd: Path) -> dict[str, str]:
             "XDG_CONFIG_HOME": str(wd / "config")}
 
 
-def _caddy(ctx, wd: Path, port: int, ups: list[str], extra=None):
-    conf = render_file("Caddyfile.tmpl", wd / "Caddyfile", {
+def _caddy(ctx, wd: Path, port: int, ups: list[str], extra=None, template=None):
+    conf = render_file(template or "Caddyfile.tmpl", wd / "Caddyfile", {
         "PORT": port, "UPSTREAMS": " ".join(ups), "KEEPALIVE": ctx.keepalive,
         "KEEPALIVE_TOTAL": ctx.keepalive * len(ups), "PROXY_EXTRA": "", "SCHEME": "http",
         "GLOBAL_EXTRA": "", "SITE_EXTRA": ""}, extra)
@@ -207,14 +207,14 @@ def _pingora(ctx, wd: Path, port: int, ups: list[str], extra=None):
     return cmd, {}
 
 
-def _veloxy(ctx, wd: Path, port: int, ups: list[str], extra=None):
-    if getattr(ctx, "veloxy_cli", False) and not extra:
+def _veloxy(ctx, wd: Path, port: int, ups: list[str], extra=None, template=None):
+    if getattr(ctx, "veloxy_cli", False) and not extra and not template:
         cmd = [ctx.tools["veloxy"], "proxy", "--listen", f"127.0.0.1:{port}",
                "--workers", str(ctx.workers), "--keepalive", str(ctx.keepalive)]
         for a in ups:
             cmd += ["--to", a]
         return cmd, {}
-    conf = render_file("veloxy.toml.tmpl", wd / "veloxy.toml", {
+    conf = render_file(template or "veloxy.toml.tmpl", wd / "veloxy.toml", {
         "WORKERS": ctx.workers, "PORT": port, "KEEPALIVE": ctx.keepalive,
         "SERVERS": ", ".join(f'"{a}"' for a in ups), "ROUTE_EXTRA": "", "UPSTREAM_EXTRA": "",
         "SERVER_EXTRA": "", "LISTENER_EXTRA": ""},
@@ -231,20 +231,27 @@ BUILDERS = {
     "caddy": _caddy, "pingora": _pingora, "traefik": _traefik, DIRECT: _direct,
 }
 STARTUP_TIMEOUT = {"envoy": 30, "traefik": 30, "caddy": 20}
+# Peers whose builder takes another template (a scenario's TEMPLATES, e.g. static files).
+TEMPLATED = ("veloxy", "nginx", "caddy")
 
 
 def start(ctx, name: str, extra: dict[str, object] | None = None,
-          scheme: str = "http") -> Running:
+          scheme: str = "http", template: str | None = None) -> Running:
     """Start one proxy (or the direct upstream) pinned to the proxy cores, wait until
     GET / through it returns 2xx. `extra` fills a scenario's optional config snippets
     (placeholders of the proxy's template, see bench/peers/); `scheme` = "https" when
-    those settings make it serve TLS (the readiness probes then speak TLS)."""
+    those settings make it serve TLS (the readiness probes then speak TLS); `template`
+    replaces the peer's config template (a file in bench/peers/, rendered with the same
+    values plus `extra`), e.g. a web-server config for the static scenario."""
+    if template and name not in TEMPLATED:
+        raise StartError(f"{name} takes no other config template (asked for {template})")
     ctx.seq += 1
     wd = ctx.tmp / f"{name}-{ctx.seq}"
     wd.mkdir(parents=True)
     port = procs.free_port()
     try:
-        cmd, env = BUILDERS[name](ctx, wd, port, ctx.upstreams.addrs, extra)
+        kw = {"template": template} if template else {}
+        cmd, env = BUILDERS[name](ctx, wd, port, ctx.upstreams.addrs, extra, **kw)
     except KeyError as e:
         raise StartError(f"bad scenario settings for {name}: {e}") from e
     (wd / "command.txt").write_text(" ".join(cmd) + "\n")
@@ -258,7 +265,7 @@ def start(ctx, name: str, extra: dict[str, object] | None = None,
         procs.wait_http_ok(run.base_url + "/", p, timeout)
     except StartError as e:
         procs.REGISTRY.stop(p)
-        if name == "veloxy" and not extra and scheme == "http" \
+        if name == "veloxy" and not extra and not template and scheme == "http" \
                 and not getattr(ctx, "veloxy_cli", False):
             # Fall back to the flag form if this veloxy build has no config mode.
             ctx.veloxy_cli = True
@@ -270,7 +277,7 @@ def start(ctx, name: str, extra: dict[str, object] | None = None,
                 ctx.veloxy_cli = False
         raise StartError(f"{e}\n--- {log} ---\n{procs.tail(log)}") from e
     run.started_s = time.monotonic() - t0
-    run.xff = check_xff(run.base_url)
+    run.xff = None if template else check_xff(run.base_url)
     return run
 
 

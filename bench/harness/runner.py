@@ -232,12 +232,15 @@ def run_scenarios(ctx: Ctx, scenarios: list, proxies: list[str]) -> None:
             prog.step(f"{sc.NAME} | {name} | starting", 1.5)
             ensure_upstreams(ctx, f"before {sc.NAME} / {name}")
             extra = sc.peer_config(ctx, cfg, name) if hasattr(sc, "peer_config") else None
+            template = getattr(sc, "TEMPLATES", {}).get(name)
             try:
                 run = peers.start(ctx, name, extra,
-                                  scheme=getattr(sc, "SCHEME", "http") if name != DIRECT else "http")
+                                  scheme=getattr(sc, "SCHEME", "http") if name != DIRECT else "http",
+                                  template=template)
             except StartError as e:
-                warn(f"{name} failed to start{' with ' + sc.NAME + ' settings' if extra else ''}: {e}")
-                if extra:  # only this scenario's config is broken: keep the peer for the others
+                own = bool(extra or template)
+                warn(f"{name} failed to start{' with ' + sc.NAME + ' settings' if own else ''}: {e}")
+                if own:  # only this scenario's config is broken: keep the peer for the others
                     results[name] = [{"error": f"start failed with {sc.NAME} settings: {e}",
                                       "step": "start"}]
                 else:
@@ -248,11 +251,11 @@ def run_scenarios(ctx: Ctx, scenarios: list, proxies: list[str]) -> None:
             prog.finish_step()
             if run.note:
                 ctx.peer_status[name]["reason"] = run.note
-            if name != DIRECT:
+            if name != DIRECT and not template:  # another template: not a proxy config
                 ctx.peer_status[name]["xff"] = run.xff
                 if run.xff is False:
                     warn(f"{name} does not add X-Forwarded-For (checked with GET /echo)")
-            report.save_config(ctx, run, variant=sc.NAME if extra else None)
+            report.save_config(ctx, run, variant=sc.NAME if extra or template else None)
             rs: list = []
             results[name] = rs
             try:
