@@ -246,6 +246,8 @@ pub struct StreamEncoder {
     inner: Option<Inner>,
     /// Framed output of the last call, handed out by reference.
     out: Vec<u8>,
+    /// Emit the coded bytes without HTTP/1.1 chunk framing (HTTP/2 DATA frames).
+    raw: bool,
 }
 
 impl StreamEncoder {
@@ -268,7 +270,15 @@ impl StreamEncoder {
         Ok(StreamEncoder {
             inner: Some(inner),
             out: Vec::new(),
+            raw: false,
         })
+    }
+
+    /// An encoder whose output is the bare coded stream, for HTTP/2 DATA frames.
+    pub fn new_raw(e: Encoding) -> io::Result<StreamEncoder> {
+        let mut enc = Self::new(e)?;
+        enc.raw = true;
+        Ok(enc)
     }
 
     /// Compresses and flushes `data`; returns the chunk(s) to send (maybe empty).
@@ -297,7 +307,11 @@ impl StreamEncoder {
                 std::mem::take(w.get_mut())
             }
         };
-        push_chunk(&mut self.out, &produced);
+        if self.raw {
+            self.out.extend_from_slice(&produced);
+        } else {
+            push_chunk(&mut self.out, &produced);
+        }
         Ok(&self.out)
     }
 
@@ -313,8 +327,12 @@ impl StreamEncoder {
             Inner::Brotli(w) => w.into_inner(),
             Inner::Zstd(w) => w.finish()?,
         };
-        push_chunk(&mut self.out, &tail);
-        self.out.extend_from_slice(b"0\r\n\r\n");
+        if self.raw {
+            self.out.extend_from_slice(&tail);
+        } else {
+            push_chunk(&mut self.out, &tail);
+            self.out.extend_from_slice(b"0\r\n\r\n");
+        }
         Ok(&self.out)
     }
 }
@@ -413,6 +431,59 @@ pub(crate) fn filter_proxy_head(
     out.extend_from_slice(b"\r\nVary: Accept-Encoding\r\nTransfer-Encoding: chunked\r\n");
     *head = out;
     Some(enc)
+}
+
+/// [`filter_proxy_head`] for an HTTP/2 client: the same eligibility rules on a header map.
+/// Returns a raw (unframed) encoder when the body is to be compressed.
+pub(crate) fn filter_proxy_headers(
+    headers: &mut http::HeaderMap,
+    status: u16,
+    has_body: bool,
+    chosen: Option<Encoding>,
+) -> Option<StreamEncoder> {
+    use http::header::{
+        ACCEPT_RANGES, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, ETAG, VARY,
+    };
+    if status != 200 || headers.contains_key(CONTENT_ENCODING) {
+        return None;
+    }
+    if headers
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .any(|v| crate::http1::has_token(v.as_bytes(), "no-transform"))
+    {
+        return None;
+    }
+    if !headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| is_compressible(v.as_bytes()))
+    {
+        return None;
+    }
+    let small = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| crate::http1::parse_content_length(v.as_bytes()))
+        .is_some_and(|n| n < MIN_SIZE);
+    headers.append(VARY, http::HeaderValue::from_static("Accept-Encoding"));
+    let chosen = chosen.filter(|_| has_body && !small)?;
+    let encoder = StreamEncoder::new_raw(chosen).ok()?;
+    headers.remove(CONTENT_LENGTH);
+    headers.remove(ACCEPT_RANGES);
+    if let Some(etag) = headers
+        .get(ETAG)
+        .filter(|v| v.as_bytes().starts_with(b"\""))
+    {
+        let mut weak = b"W/".to_vec();
+        weak.extend_from_slice(etag.as_bytes());
+        if let Ok(v) = http::HeaderValue::from_bytes(&weak) {
+            headers.insert(ETAG, v);
+        }
+    }
+    headers.insert(
+        CONTENT_ENCODING,
+        http::HeaderValue::from_static(chosen.token()),
+    );
+    Some(encoder)
 }
 
 /// The header lines of a head (after the status line), without their CRLF.

@@ -487,3 +487,63 @@ fn file_routes_over_http2_and_tls() {
     assert_eq!(status, 200);
     assert!(text.ends_with(&js), "whole file over TLS");
 }
+
+#[test]
+fn compress_filter_for_http2_clients() {
+    use std::io::Read as _;
+    let up = upstream(&[]);
+    let v = veloxy(&h2c_config(&[up.addr], "", "").replace(
+        "[[routes]]\nupstream = \"app\"",
+        "[[routes]]\nupstream = \"app\"\ncompress = true",
+    ));
+    let authority = v.addr.to_string();
+    runtime().block_on(async {
+        let mut c = h2_connect(v.addr, None).await;
+        for path in ["/size/100000?text=1", "/size/100000?text=1&chunked=1"] {
+            let plain = h2_send(&mut c, h2_get(&authority, path, false), None)
+                .await
+                .unwrap();
+            assert_eq!(plain.header("content-encoding"), None);
+            assert_eq!(plain.body.len(), 100_000);
+            for (coding, decode) in [("gzip", 0u8), ("br", 1), ("zstd", 2)] {
+                let req = http::Request::builder()
+                    .uri(format!("http://{authority}{path}"))
+                    .header("accept-encoding", coding)
+                    .body(())
+                    .unwrap();
+                let r = h2_send(&mut c, req, None).await.unwrap();
+                assert_eq!(r.status, 200);
+                assert_eq!(r.header("content-encoding"), Some(coding), "{path}");
+                assert_eq!(r.header("content-length"), None);
+                assert!(r.body.len() < 100_000);
+                let mut out = Vec::new();
+                match decode {
+                    0 => {
+                        flate2::read::GzDecoder::new(&r.body[..])
+                            .read_to_end(&mut out)
+                            .unwrap();
+                    }
+                    1 => {
+                        brotli::Decompressor::new(&r.body[..], 4096)
+                            .read_to_end(&mut out)
+                            .unwrap();
+                    }
+                    _ => out = zstd::stream::decode_all(&r.body[..]).unwrap(),
+                }
+                assert!(
+                    out == plain.body,
+                    "{coding} of {path} decodes to the original"
+                );
+            }
+        }
+        // Not compressible (octet-stream): untouched.
+        let req = http::Request::builder()
+            .uri(format!("http://{authority}/size/5000"))
+            .header("accept-encoding", "gzip")
+            .body(())
+            .unwrap();
+        let r = h2_send(&mut c, req, None).await.unwrap();
+        assert_eq!(r.header("content-encoding"), None);
+        assert_eq!(r.body.len(), 5000);
+    });
+}

@@ -519,7 +519,22 @@ async fn forward(
             .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
         fin.as_deref_mut().expect("present").admission = Some(admission);
     }
-    let target = Target { upstream, hash };
+    // `compress = true`: the client's preferred coding, applied if the response qualifies.
+    let encoding = (route.compress && req.method() != http::Method::HEAD)
+        .then(|| {
+            let accept = req
+                .headers()
+                .get(http::header::ACCEPT_ENCODING)
+                .map(|v| v.as_bytes());
+            crate::compress::Accepted::parse(accept).choose(|_| true)
+        })
+        .flatten();
+    let target = Target {
+        upstream,
+        hash,
+        compress: route.compress,
+        encoding,
+    };
     match group.protocol {
         UpstreamProtocol::Http1 => to_h1::forward(c, gen, target, req, fin).await,
         UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
@@ -633,6 +648,10 @@ impl FileBody {
 pub(crate) struct Target {
     pub upstream: usize,
     pub hash: u64,
+    /// The route compresses eligible responses (`compress = true`; HTTP/1.1 upstreams).
+    pub compress: bool,
+    /// The coding the client prefers, if any.
+    pub encoding: Option<crate::compress::Encoding>,
 }
 
 /// Picks a backend not in `tried`, spending the retry budget when `retry` is set.

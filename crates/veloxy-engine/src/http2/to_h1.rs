@@ -444,7 +444,14 @@ fn respond(
         hooks.on_response(head.status, ctx);
         super::add_hook_headers(&ctx.response_headers, &mut headers);
     }
+    let has_body = !matches!(head.body, BodyKind::None | BodyKind::Length(0));
+    let encoder = if t.compress {
+        crate::compress::filter_proxy_headers(&mut headers, head.status, has_body, t.encoding)
+    } else {
+        None
+    };
     let body = H1Body {
+        encoder,
         conn: Some(conn),
         buf: rest,
         state: BodyState::new(head.body, true),
@@ -471,6 +478,8 @@ fn respond(
 
 /// A response body read from an HTTP/1.1 upstream connection.
 pub(crate) struct H1Body {
+    /// `compress = true` and the response qualified: payload goes through this encoder.
+    encoder: Option<crate::compress::StreamEncoder>,
     conn: Option<UpstreamConn>,
     /// Bytes read but not yet passed on.
     buf: BytesMut,
@@ -508,10 +517,35 @@ impl H1Body {
         }
     }
 
+    /// Runs payload through the encoder, if any; `None` when there is nothing to send yet.
+    fn encode(&mut self, data: Bytes) -> Option<Result<Bytes, ProxyError>> {
+        let Some(enc) = self.encoder.as_mut() else {
+            return Some(Ok(data));
+        };
+        let coded = (|| {
+            let mut out = enc.encode(&data)?.to_vec();
+            if self.state.is_done() {
+                out.extend_from_slice(enc.finish()?);
+            }
+            Ok::<_, std::io::Error>(out)
+        })();
+        match coded {
+            Ok(out) if out.is_empty() => None,
+            Ok(out) => Some(Ok(Bytes::from(out))),
+            Err(e) => Some(Err(ProxyError::upstream(ErrorKind::Io(e)))),
+        }
+    }
+
     fn emit(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
         if self.state.is_done() {
             self.release();
         }
+        let data = match self.encode(data) {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+            // Nothing coded yet: an empty frame keeps the poll loop simple.
+            None => Bytes::new(),
+        };
         if let Some(f) = self.fin.as_deref_mut() {
             f.bytes_sent += data.len() as u64;
             f.conn.worker.metrics.bytes_out.add(data.len() as u64);
@@ -530,6 +564,18 @@ impl H1Body {
         let bad = |_| ProxyError::upstream(ErrorKind::BadResponse("invalid chunked body"));
         loop {
             if self.state.is_done() {
+                // A close-delimited body ends with no payload left to carry the coded tail.
+                if let Some(mut enc) = self.encoder.take() {
+                    match enc.finish() {
+                        Ok(tail) if !tail.is_empty() => {
+                            let tail = Bytes::copy_from_slice(tail);
+                            self.release();
+                            return Poll::Ready(Some(Ok(Frame::data(tail))));
+                        }
+                        Ok(_) => {}
+                        Err(e) => return Poll::Ready(Some(Err(up(ErrorKind::Io(e))))),
+                    }
+                }
                 self.finish();
                 return Poll::Ready(None);
             }
