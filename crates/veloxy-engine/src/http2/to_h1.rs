@@ -53,6 +53,20 @@ pub(super) async fn forward(
     req: Request<Incoming>,
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let mut wbuf = c.worker().take_vec();
+    let result = forward_with(c, gen, t, req, fin, &mut wbuf).await;
+    c.worker().give_vec(wbuf);
+    result
+}
+
+async fn forward_with(
+    c: &Rc<ConnCtx>,
+    gen: &Rc<Generation>,
+    t: Target,
+    req: Request<Incoming>,
+    fin: &mut Option<Box<Finish>>,
+    wbuf: &mut Vec<u8>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     let group = &gen.snapshot.upstreams[t.upstream];
     let (parts, mut body) = req.into_parts();
     let is_head = parts.method == Method::HEAD;
@@ -70,8 +84,7 @@ pub(super) async fn forward(
     } else {
         declared.map_or(BodyKind::Chunked, BodyKind::Length)
     };
-    let mut wbuf = Vec::with_capacity(1024);
-    write_head(c, &parts, framing, fin, &mut wbuf);
+    write_head(c, &parts, framing, fin, wbuf);
 
     // Buffer a small body so the request can be replayed.
     let mut streaming = !body.is_end_stream();
@@ -114,7 +127,7 @@ pub(super) async fn forward(
             gen,
             t,
             backend,
-            &wbuf,
+            wbuf,
             body_ref,
             framing,
             is_head,
@@ -321,7 +334,9 @@ async fn attempt(
         }
         None => (connect().await?, false),
     };
-    let mut ubuf = BytesMut::with_capacity(READ_CHUNK);
+    // A recycled worker buffer: response bytes are copied out of it into right-sized frames,
+    // so no 16 KiB allocation lives as long as a response body does.
+    let mut ubuf = c.worker().take_bytes();
     'attempt: loop {
         match timeout(group.write_timeout, conn.stream.write_all(wbuf)).await {
             Err(_) => return Err(Fail::NoResponse(up(ErrorKind::WriteTimeout))),
@@ -451,6 +466,7 @@ fn respond(
         None
     };
     let body = H1Body {
+        worker: c.worker().clone(),
         encoder,
         conn: Some(conn),
         buf: rest,
@@ -478,6 +494,8 @@ fn respond(
 
 /// A response body read from an HTTP/1.1 upstream connection.
 pub(crate) struct H1Body {
+    /// The worker, to give the read buffer back when the body is dropped.
+    worker: Rc<crate::worker::Worker>,
     /// `compress = true` and the response qualified: payload goes through this encoder.
     encoder: Option<crate::compress::StreamEncoder>,
     conn: Option<UpstreamConn>,
@@ -600,7 +618,8 @@ impl H1Body {
                         Err(e) => return Poll::Ready(Some(Err(bad(e)))),
                     };
                     if used > 0 {
-                        let data = self.buf.split_to(used).freeze();
+                        let data = Bytes::copy_from_slice(&self.buf[..used]);
+                        self.buf.advance(used);
                         return self.emit(data);
                     }
                 }
@@ -646,6 +665,7 @@ impl H1Body {
 
 impl Drop for H1Body {
     fn drop(&mut self) {
+        self.worker.give_bytes(std::mem::take(&mut self.buf));
         if !self.state.is_done() {
             if let Some(f) = self.fin.as_deref_mut() {
                 // The client reset the stream, or the upstream failed mid-body.
