@@ -11,15 +11,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::config::HashKey;
 use crate::error::{ErrorKind, ProxyError};
 use crate::hooks::{RequestCtx, RequestInfo};
 use crate::http1::request::{self, Forwarded, Limits, RequestView};
 use crate::http1::{write_error_response, BodyKind, MAX_HEADERS};
-use crate::limits::RateKey;
 use crate::tls::DownstreamIo;
 use crate::upstream::balancer::PickContext;
-use crate::upstream::policies::hash_bytes;
+use crate::upstream::RequestKeys;
 use crate::worker::{Generation, Worker};
 
 /// Read buffer for request heads starts this big and grows only for large heads.
@@ -464,12 +462,18 @@ fn prepare(
         .router
         .find(req.host.unwrap_or(b""), req.path.as_bytes())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
+    let keys = || RequestKeys {
+        client_ip: &down.client_ip,
+        path: req.path.split('?').next().unwrap_or(""),
+        header: |h: &str| req.header(h),
+        cookies: req
+            .headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
+            .map(|h| h.value),
+    };
     if let Some(rl) = &route.limits.rate {
-        let key = match &rl.key {
-            RateKey::ClientIp => hash_bytes(down.client_ip.as_bytes(), 0),
-            RateKey::Route => 0,
-            RateKey::Header(h) => hash_bytes(req.header(h).unwrap_or(b""), 0),
-        };
+        let key = keys().rate_key(&rl.key);
         rl.check(key)
             .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
     }
@@ -503,7 +507,7 @@ fn prepare(
         }
     };
     let hash = if group.uses_hash {
-        request_hash(&group.hash_key, req, down)
+        keys().hash(&group.hash_key)
     } else {
         0
     };
@@ -558,29 +562,6 @@ fn prepare(
         compress: route.compress,
         encoding,
     }))
-}
-
-/// Hashes the part of the request named by the group's `hash_key`.
-fn request_hash(key: &HashKey, req: &RequestView, down: &Downstream) -> u64 {
-    match key {
-        HashKey::ClientIp => hash_bytes(down.client_ip.as_bytes(), 0),
-        HashKey::Path => hash_bytes(req.path.split('?').next().unwrap_or("").as_bytes(), 0),
-        HashKey::Header(h) => hash_bytes(req.header(h).unwrap_or(b""), 0),
-        HashKey::Cookie(name) => {
-            let value = req
-                .headers
-                .iter()
-                .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
-                .flat_map(|h| h.value.split(|&b| b == b';'))
-                .find_map(|pair| {
-                    let pair = pair.trim_ascii();
-                    let eq = pair.iter().position(|&b| b == b'=')?;
-                    (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
-                })
-                .unwrap_or(b"");
-            hash_bytes(value, 0)
-        }
-    }
 }
 
 /// Answers a connection over the listener's `max_connections` with 503 and closes it.

@@ -38,6 +38,93 @@ fn bad(msg: &'static str) -> ProxyError {
     ProxyError::upstream(ErrorKind::BadResponse(msg))
 }
 
+/// The framing of a response head: what its headers say about the body and the connection.
+struct Framing<'a> {
+    content_length: Option<u64>,
+    transfer_encoding: bool,
+    /// The last transfer-coding is `chunked`.
+    chunked: bool,
+    te_value: &'a [u8],
+    connection: [&'a [u8]; 8],
+    connection_len: usize,
+}
+
+impl<'a> Framing<'a> {
+    /// Reads the framing headers, refusing conflicting or invalid ones.
+    fn scan(headers: &[httparse::Header<'a>]) -> Result<Self, ProxyError> {
+        let mut f = Framing {
+            content_length: None,
+            transfer_encoding: false,
+            chunked: false,
+            te_value: b"",
+            connection: [&[]; 8],
+            connection_len: 0,
+        };
+        for h in headers {
+            match classify(h.name) {
+                Special::ContentLength => {
+                    let n = parse_content_length(h.value)
+                        .ok_or_else(|| bad("invalid Content-Length"))?;
+                    if f.content_length.is_some_and(|p| p != n) {
+                        return Err(bad("conflicting Content-Length"));
+                    }
+                    f.content_length = Some(n);
+                }
+                Special::TransferEncoding => {
+                    if f.transfer_encoding {
+                        return Err(bad("multiple Transfer-Encoding headers"));
+                    }
+                    f.transfer_encoding = true;
+                    f.te_value = h.value.trim_ascii();
+                    let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
+                    f.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                }
+                Special::Connection if f.connection_len < f.connection.len() => {
+                    f.connection[f.connection_len] = h.value;
+                    f.connection_len += 1;
+                }
+                _ => {}
+            }
+        }
+        if f.transfer_encoding && f.content_length.is_some() {
+            return Err(bad("both Content-Length and Transfer-Encoding"));
+        }
+        Ok(f)
+    }
+
+    fn connection(&self) -> &[&'a [u8]] {
+        &self.connection[..self.connection_len]
+    }
+
+    /// The body's framing for `status` (HEAD, 204 and 304 have none).
+    fn body(&self, request_is_head: bool, status: u16) -> BodyKind {
+        if request_is_head || status == 204 || status == 304 {
+            BodyKind::None
+        } else if self.transfer_encoding {
+            if self.chunked {
+                BodyKind::Chunked
+            } else {
+                BodyKind::UntilClose
+            }
+        } else {
+            match self.content_length {
+                Some(n) => BodyKind::Length(n),
+                None => BodyKind::UntilClose,
+            }
+        }
+    }
+
+    /// The upstream connection can carry another request after this body.
+    fn reusable(&self, body: BodyKind, version: u8) -> bool {
+        body != BodyKind::UntilClose
+            && if version == 1 {
+                !self.connection().iter().any(|v| has_token(v, "close"))
+            } else {
+                self.connection().iter().any(|v| has_token(v, "keep-alive"))
+            }
+    }
+}
+
 /// Parses the response head at the start of `buf` and writes the downstream head into `out`.
 pub fn parse_and_write(
     buf: &[u8],
@@ -97,69 +184,17 @@ pub fn parse_and_write_upgrade(
         return Err(bad("invalid status code"));
     }
     let version = res.version.unwrap_or(1);
-
-    let mut content_length = None;
-    let mut chunked = false;
-    let mut transfer_encoding = false;
-    let mut te_value: &[u8] = b"";
-    let mut connection: [&[u8]; 8] = [&[]; 8];
-    let mut connection_len = 0;
-    for h in res.headers.iter() {
-        match classify(h.name) {
-            Special::ContentLength => {
-                let n =
-                    parse_content_length(h.value).ok_or_else(|| bad("invalid Content-Length"))?;
-                if content_length.is_some_and(|p| p != n) {
-                    return Err(bad("conflicting Content-Length"));
-                }
-                content_length = Some(n);
-            }
-            Special::TransferEncoding => {
-                if transfer_encoding {
-                    return Err(bad("multiple Transfer-Encoding headers"));
-                }
-                transfer_encoding = true;
-                te_value = h.value.trim_ascii();
-                let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
-                chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
-            }
-            Special::Connection if connection_len < connection.len() => {
-                connection[connection_len] = h.value;
-                connection_len += 1;
-            }
-            _ => {}
-        }
-    }
-    if transfer_encoding && content_length.is_some() {
-        return Err(bad("both Content-Length and Transfer-Encoding"));
-    }
+    let framing = Framing::scan(res.headers)?;
+    let (transfer_encoding, te_value) = (framing.transfer_encoding, framing.te_value);
     // Codings other than chunked (gzip, ...) are the client's to decode: forwarded verbatim to
     // HTTP/1.1 clients; an HTTP/1.0 client cannot receive a transfer-coding at all.
     let other_codings = transfer_encoding && !te_value.eq_ignore_ascii_case(b"chunked");
     if other_codings && client_version == 0 {
         return Err(bad("transfer-coding an HTTP/1.0 client cannot decode"));
     }
-    let conn = &connection[..connection_len];
-    let body = if request_is_head || status == 204 || status == 304 {
-        BodyKind::None
-    } else if transfer_encoding {
-        if chunked {
-            BodyKind::Chunked
-        } else {
-            BodyKind::UntilClose
-        }
-    } else {
-        match content_length {
-            Some(n) => BodyKind::Length(n),
-            None => BodyKind::UntilClose,
-        }
-    };
-    let upstream_reusable = body != BodyKind::UntilClose
-        && if version == 1 {
-            !conn.iter().any(|v| has_token(v, "close"))
-        } else {
-            conn.iter().any(|v| has_token(v, "keep-alive"))
-        };
+    let conn = framing.connection();
+    let body = framing.body(request_is_head, status);
+    let upstream_reusable = framing.reusable(body, version);
     let decode_chunked = body == BodyKind::Chunked && client_version == 0;
     let downstream_keep_alive =
         client_keep_alive && body != BodyKind::UntilClose && !decode_chunked;
@@ -235,60 +270,14 @@ pub(crate) fn parse_foreign(
         return Err(bad("invalid status code"));
     }
     let version = res.version.unwrap_or(1);
-    let mut content_length = None;
-    let mut chunked = false;
-    let mut transfer_encoding = false;
-    let mut connection: [&[u8]; 8] = [&[]; 8];
-    let mut connection_len = 0;
-    for h in res.headers.iter() {
-        match classify(h.name) {
-            Special::ContentLength => {
-                let n =
-                    parse_content_length(h.value).ok_or_else(|| bad("invalid Content-Length"))?;
-                if content_length.is_some_and(|p| p != n) {
-                    return Err(bad("conflicting Content-Length"));
-                }
-                content_length = Some(n);
-            }
-            Special::TransferEncoding => {
-                if transfer_encoding {
-                    return Err(bad("multiple Transfer-Encoding headers"));
-                }
-                transfer_encoding = true;
-                let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
-                chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
-                if !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-                    // gzip etc. as a transfer-coding: HTTP/2 has no way to carry it.
-                    return Err(bad("transfer-coding an HTTP/2 client cannot decode"));
-                }
-            }
-            Special::Connection if connection_len < connection.len() => {
-                connection[connection_len] = h.value;
-                connection_len += 1;
-            }
-            _ => {}
-        }
+    let framing = Framing::scan(res.headers)?;
+    if framing.transfer_encoding && !framing.te_value.eq_ignore_ascii_case(b"chunked") {
+        // gzip etc. as a transfer-coding: HTTP/2 has no way to carry it.
+        return Err(bad("transfer-coding an HTTP/2 client cannot decode"));
     }
-    if transfer_encoding && content_length.is_some() {
-        return Err(bad("both Content-Length and Transfer-Encoding"));
-    }
-    let conn = &connection[..connection_len];
-    let body = if request_is_head || status == 204 || status == 304 {
-        BodyKind::None
-    } else if chunked {
-        BodyKind::Chunked
-    } else {
-        match content_length {
-            Some(n) => BodyKind::Length(n),
-            None => BodyKind::UntilClose,
-        }
-    };
-    let upstream_reusable = body != BodyKind::UntilClose
-        && if version == 1 {
-            !conn.iter().any(|v| has_token(v, "close"))
-        } else {
-            conn.iter().any(|v| has_token(v, "keep-alive"))
-        };
+    let conn = framing.connection();
+    let body = framing.body(request_is_head, status);
+    let upstream_reusable = framing.reusable(body, version);
     let mut map = http::HeaderMap::with_capacity(res.headers.len());
     for h in res.headers.iter() {
         match classify(h.name) {

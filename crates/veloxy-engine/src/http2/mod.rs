@@ -35,8 +35,6 @@ use tokio::time::Instant;
 use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
 use crate::hooks::{RequestCtx, RequestInfo, RequestSummary};
-use crate::limits::RateKey;
-use crate::upstream::policies::hash_bytes;
 use crate::worker::{Generation, Worker};
 
 mod to_h1;
@@ -451,17 +449,18 @@ async fn forward(
             f.upstream = group.name.clone();
         }
     }
-    let header_hash = |name: &str| {
-        let v = req.headers().get(name).map_or(&b""[..], |v| v.as_bytes());
-        hash_bytes(v, 0)
+    let keys = || crate::upstream::RequestKeys {
+        client_ip: &c.client_ip,
+        path: req.uri().path(),
+        header: |h: &str| req.headers().get(h).map(|v| v.as_bytes()),
+        cookies: req
+            .headers()
+            .get_all(http::header::COOKIE)
+            .iter()
+            .map(|v| v.as_bytes()),
     };
     if let Some(rl) = &route.limits.rate {
-        let key = match &rl.key {
-            RateKey::ClientIp => hash_bytes(c.client_ip.as_bytes(), 0),
-            RateKey::Route => 0,
-            RateKey::Header(h) => header_hash(h.as_str()),
-        };
-        rl.check(key)
+        rl.check(keys().rate_key(&rl.key))
             .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
     }
     if let Some(hooks) = &c.worker.shared.hooks {
@@ -490,25 +489,7 @@ async fn forward(
         fin.as_deref_mut().expect("present").hook_ctx = Some(ctx);
     }
     let hash = if group.uses_hash {
-        match &group.hash_key {
-            crate::config::HashKey::ClientIp => hash_bytes(c.client_ip.as_bytes(), 0),
-            crate::config::HashKey::Path => hash_bytes(req.uri().path().as_bytes(), 0),
-            crate::config::HashKey::Header(h) => header_hash(h.as_str()),
-            crate::config::HashKey::Cookie(name) => {
-                let value = req
-                    .headers()
-                    .get_all(http::header::COOKIE)
-                    .iter()
-                    .flat_map(|v| v.as_bytes().split(|&b| b == b';'))
-                    .find_map(|pair| {
-                        let pair = pair.trim_ascii();
-                        let eq = pair.iter().position(|&b| b == b'=')?;
-                        (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
-                    })
-                    .unwrap_or(b"");
-                hash_bytes(value, 0)
-            }
-        }
+        keys().hash(&group.hash_key)
     } else {
         0
     };

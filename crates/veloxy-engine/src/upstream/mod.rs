@@ -171,6 +171,57 @@ fn idle_cap(group: &UpstreamGroup, workers: usize) -> usize {
     }
 }
 
+/// What a request offers for hashing and rate-limit keys, whatever its HTTP version.
+pub(crate) struct RequestKeys<'a, H, C> {
+    pub client_ip: &'a str,
+    /// The path without the query.
+    pub path: &'a str,
+    /// First value of a header (lowercase name).
+    pub header: H,
+    /// The values of every Cookie header.
+    pub cookies: C,
+}
+
+impl<'a, H, C> RequestKeys<'a, H, C>
+where
+    H: Fn(&str) -> Option<&'a [u8]>,
+    C: Iterator<Item = &'a [u8]>,
+{
+    /// Hash of the part of the request named by a group's `hash_key`.
+    pub fn hash(self, key: &crate::config::HashKey) -> u64 {
+        use crate::config::HashKey;
+        use policies::hash_bytes;
+        match key {
+            HashKey::ClientIp => hash_bytes(self.client_ip.as_bytes(), 0),
+            HashKey::Path => hash_bytes(self.path.as_bytes(), 0),
+            HashKey::Header(h) => hash_bytes((self.header)(h).unwrap_or(b""), 0),
+            HashKey::Cookie(name) => {
+                let value = self
+                    .cookies
+                    .flat_map(|v| v.split(|&b| b == b';'))
+                    .find_map(|pair| {
+                        let pair = pair.trim_ascii();
+                        let eq = pair.iter().position(|&b| b == b'=')?;
+                        (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+                    })
+                    .unwrap_or(b"");
+                hash_bytes(value, 0)
+            }
+        }
+    }
+
+    /// The bucket key of a route's rate limit.
+    pub fn rate_key(&self, key: &crate::limits::RateKey) -> u64 {
+        use crate::limits::RateKey;
+        use policies::hash_bytes;
+        match key {
+            RateKey::ClientIp => hash_bytes(self.client_ip.as_bytes(), 0),
+            RateKey::Route => 0,
+            RateKey::Header(h) => hash_bytes((self.header)(h).unwrap_or(b""), 0),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
