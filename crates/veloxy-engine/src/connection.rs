@@ -343,6 +343,12 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
         };
         worker.metrics.in_flight.inc();
         let keep = match prepared {
+            Next::Forward(p)
+                if gen.snapshot.upstreams[p.upstream].protocol
+                    != crate::config::UpstreamProtocol::Http1 =>
+            {
+                crate::http2::bridge::forward(worker, &gen, down, p).await
+            }
             Next::Forward(p) => crate::proxy::forward(worker, &gen, down, p).await,
             Next::Static(reply) => crate::static_files::http1::serve(worker, down, *reply).await,
         };

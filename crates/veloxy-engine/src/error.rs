@@ -42,6 +42,8 @@ pub enum ErrorKind {
     Io(io::Error),
     #[error("rejected by a filter with status {0}")]
     Rejected(u16),
+    #[error("request body too large for this route")]
+    BodyTooLarge,
     #[error("overloaded: too many requests in flight on this route")]
     Overloaded,
     #[error("too many connections")]
@@ -93,6 +95,7 @@ impl ProxyError {
                 | ErrorKind::HeaderTimeout
                 | ErrorKind::Io(_)
                 | ErrorKind::Rejected(417 | 501)
+                | ErrorKind::BodyTooLarge
         )
     }
 
@@ -129,6 +132,7 @@ impl ProxyError {
                 Side::Upstream => 502,
             },
             ErrorKind::Rejected(s) => *s,
+            ErrorKind::BodyTooLarge => 413,
         }
     }
 }

@@ -251,3 +251,49 @@ fn grpc_backend_down_is_unavailable() {
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     });
 }
+
+#[test]
+fn http1_clients_reach_h2c_groups_with_trailers() {
+    use std::io::{Read, Write};
+    let server = grpc_server();
+    let v = veloxy(&grpc_config(server));
+    // A gRPC call spelled in HTTP/1.1: veloxy carries it over HTTP/2 and brings the trailers
+    // back in the chunked trailer section.
+    let msg = [0x0a, 0x03, b'a', b'd', b'a'];
+    let mut body = vec![0u8, 0, 0, 0, msg.len() as u8];
+    body.extend_from_slice(&msg);
+    let mut s = std::net::TcpStream::connect(v.addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let head = format!(
+        "POST /hello.Greeter/SayHello HTTP/1.1\r\nHost: grpc.test\r\ncontent-type: application/grpc\r\nte: trailers\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&body).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("transfer-encoding: chunked"), "{text}");
+    assert!(text.contains("hello ada via 127.0.0.1"), "{text}");
+    assert!(
+        text.contains("grpc-status: 0"),
+        "trailers forwarded: {text}"
+    );
+
+    // A body over the group's retry_body_limit is refused with 413, not streamed.
+    let big = vec![0u8; 70_000];
+    let mut s = std::net::TcpStream::connect(v.addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let head = format!(
+        "POST /hello.Greeter/SayHello HTTP/1.1\r\nHost: grpc.test\r\ncontent-type: application/grpc\r\nContent-Length: {}\r\n\r\n",
+        big.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(&big);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 413"));
+}

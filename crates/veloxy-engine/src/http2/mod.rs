@@ -37,6 +37,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::hooks::{RequestCtx, RequestInfo, RequestSummary};
 use crate::worker::{Generation, Worker};
 
+pub(crate) mod bridge;
 mod to_h1;
 mod to_h2;
 

@@ -71,7 +71,7 @@ pub(super) async fn forward(
     let mut backend = pick(c, gen, t, 0, false).ok_or_else(|| up(ErrorKind::NoBackend))?;
     let sender = loop {
         tried |= 1 << backend;
-        match sender(c, gen, t, backend).await {
+        match sender(c.worker(), gen, t.upstream, backend).await {
             Ok(s) => break s,
             Err((e, health)) => {
                 if health {
@@ -154,19 +154,19 @@ pub(super) async fn forward(
 
 /// The worker's connection to `backend`, opened (TCP, TLS, HTTP/2 handshake) if there is
 /// none or it has closed.
-async fn sender(
-    c: &ConnCtx,
+pub(crate) async fn sender(
+    worker: &crate::worker::Worker,
     gen: &Generation,
-    t: Target,
+    upstream: usize,
     backend: usize,
 ) -> Result<H2Sender, (ProxyError, bool)> {
-    if let Some(s) = gen.groups.borrow()[t.upstream].h2[backend].as_ref() {
+    if let Some(s) = gen.groups.borrow()[upstream].h2[backend].as_ref() {
         if !s.is_closed() && s.is_ready() {
             return Ok(s.clone());
         }
     }
-    let group = &gen.snapshot.upstreams[t.upstream];
-    let conn = connect_backend(c.worker(), group, backend).await?;
+    let group = &gen.snapshot.upstreams[upstream];
+    let conn = connect_backend(worker, group, backend).await?;
     let mut builder = hyper::client::conn::http2::Builder::new(LocalExec);
     builder
         .timer(TokioTimer::new())
@@ -189,6 +189,6 @@ async fn sender(
             tracing::debug!(backend = %addr, error = %e, "HTTP/2 upstream connection ended");
         }
     });
-    gen.groups.borrow_mut()[t.upstream].h2[backend] = Some(sender.clone());
+    gen.groups.borrow_mut()[upstream].h2[backend] = Some(sender.clone());
     Ok(sender)
 }

@@ -70,10 +70,11 @@ impl GroupState {
     }
 }
 
+/// The request body type sent to HTTP/2 upstreams.
+pub(crate) type H2Body = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, hyper::Error>;
+
 /// The sending half of an HTTP/2 upstream connection (its driver runs as a task).
-pub(crate) type H2Sender = hyper::client::conn::http2::SendRequest<
-    http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, hyper::Error>,
->;
+pub(crate) type H2Sender = hyper::client::conn::http2::SendRequest<H2Body>;
 
 /// Retry budget, per worker and group, over one-second windows: retries may add at most
 /// `ratio` of the window's requests (Envoy's `retry_budget`), but at least

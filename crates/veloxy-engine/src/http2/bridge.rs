@@ -1,0 +1,298 @@
+//! HTTP/1.1 clients routed to `h2`/`h2c` upstream groups.
+//!
+//! The request is the head veloxy wrote for an HTTP/1 upstream (hop-by-hop headers already
+//! removed, `X-Forwarded-*` set), turned into HTTP/2 fields, with its body buffered up to the
+//! group's `retry_body_limit` (larger bodies get 413: streaming an HTTP/1 body into an HTTP/2
+//! stream would tie the client connection to a second task). It goes over the worker's
+//! multiplexed connection to the backend. The response streams back as HTTP/1.1: with its
+//! `content-length` when it has one, else chunked, with HTTP/2 trailers (gRPC status, ...) in
+//! the chunked trailer section; HTTP/1.0 clients get a close-delimited body.
+
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http_body_util::{BodyExt, Full};
+use tokio::io::AsyncReadExt;
+use tokio::time::{timeout, Instant};
+
+use crate::config::UpstreamProtocol;
+use crate::connection::{linger_close, send_error, Downstream, Prepared};
+use crate::error::{ErrorKind, ProxyError, Side};
+use crate::http1::{itoa, reason, BodyKind, MAX_HEADERS};
+use crate::relay::{reserve, write_down, BodyState, DOWNSTREAM_IO_TIMEOUT, READ_CHUNK};
+use crate::worker::{Generation, Worker};
+
+/// Forwards one HTTP/1 request to an HTTP/2 upstream group; returns whether the client
+/// connection stays open.
+pub(crate) async fn forward(
+    worker: &Worker,
+    gen: &Generation,
+    down: &mut Downstream,
+    mut p: Prepared,
+) -> bool {
+    let group = &gen.snapshot.upstreams[p.upstream];
+    let started = Instant::now();
+    let sent_before = down.bytes_sent;
+    let limit = p.concurrency.clone();
+    let admission = match &limit {
+        None => Ok(None),
+        Some(l) => l.admit().await.map(Some),
+    };
+    let result = match admission {
+        Err(_) => Err(ProxyError::downstream(ErrorKind::Overloaded)),
+        Ok(_admitted) => exchange(worker, gen, down, &p).await,
+    };
+    let backend = Some(group.backends[p.backend].addr);
+    let (keep, status) = match result {
+        Ok((keep, status)) => (keep, status),
+        Err(_) if down.bytes_sent > sent_before => {
+            // The response had started: only a reset is honest now.
+            let _ = socket2::SockRef::from(down.stream.tcp()).set_linger(Some(Duration::ZERO));
+            down.reset = true;
+            (false, 0)
+        }
+        Err(e) => {
+            worker.count_error(&e);
+            if e.side == Side::Upstream {
+                tracing::warn!(upstream = %group.name, error = %e.kind, "upstream error (HTTP/2 upstream)");
+            }
+            let close = e.closes_connection() || !p.keep_alive || p.body != BodyKind::None;
+            let written = send_error(
+                worker,
+                &mut down.stream,
+                e.status(),
+                &e.kind.to_string(),
+                close,
+                p.is_head,
+            )
+            .await;
+            down.bytes_sent += written as u64;
+            if close && written > 0 {
+                linger_close(&mut down.stream).await;
+            }
+            (written > 0 && !close, e.status())
+        }
+    };
+    crate::connection::access_log(worker, down, p.log.take(), status, &group.name, backend);
+    worker.metrics.request(p.route, status);
+    worker.metrics.request_duration.observe(started.elapsed());
+    keep
+}
+
+/// Reads the body, sends the request, relays the response. `Ok((keep_alive, status))`.
+async fn exchange(
+    worker: &Worker,
+    gen: &Generation,
+    down: &mut Downstream,
+    p: &Prepared,
+) -> Result<(bool, u16), ProxyError> {
+    let group = &gen.snapshot.upstreams[p.upstream];
+    if p.expect_continue && down.rbuf.is_empty() {
+        write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+    }
+    let body = read_body(down, p.body, group.retry_body_limit).await?;
+    let req = to_h2_request(&p.head, group.protocol, body)?;
+    let backend = p.backend;
+    let mut sender = crate::http2::to_h2::sender(worker, gen, p.upstream, backend)
+        .await
+        .map_err(|(e, health)| {
+            if health {
+                group.health.record_failure(backend, &group.outlier);
+            }
+            e
+        })?;
+    gen.groups.borrow_mut()[p.upstream].start(backend);
+    let t0 = Instant::now();
+    let sent = timeout(group.read_timeout, sender.send_request(req)).await;
+    let elapsed = t0.elapsed();
+    let ok = matches!(&sent, Ok(Ok(r)) if !(group.outlier.on_5xx && r.status().as_u16() >= 500));
+    gen.groups.borrow_mut()[p.upstream].end(backend, elapsed, ok);
+    if ok {
+        group.health.record_success(backend);
+    } else {
+        group.health.record_failure(backend, &group.outlier);
+    }
+    let resp = match sent {
+        Err(_) => return Err(ProxyError::upstream(ErrorKind::ReadTimeout)),
+        Ok(Err(e)) => {
+            return Err(ProxyError::upstream(ErrorKind::Io(std::io::Error::other(
+                e.to_string(),
+            ))))
+        }
+        Ok(Ok(r)) => r,
+    };
+    worker.metrics.upstream_duration.observe(elapsed);
+    relay_response(worker, down, p, resp).await
+}
+
+/// Reads the request body (decoding chunked framing) into memory, up to `limit` bytes.
+async fn read_body(
+    down: &mut Downstream,
+    kind: BodyKind,
+    limit: usize,
+) -> Result<Bytes, ProxyError> {
+    if let BodyKind::Length(n) = kind {
+        if n as usize > limit {
+            return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
+        }
+    }
+    let mut state = BodyState::new(kind, true);
+    let mut out = Vec::new();
+    let bad = |_| ProxyError::downstream(ErrorKind::BadRequest("invalid chunked body"));
+    loop {
+        if !down.rbuf.is_empty() && !state.is_done() {
+            let used = state.take_into(&down.rbuf, &mut out).map_err(bad)?;
+            down.rbuf.advance(used);
+        }
+        if state.is_done() {
+            return Ok(Bytes::from(out));
+        }
+        if out.len() > limit {
+            return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
+        }
+        reserve(&mut down.rbuf, READ_CHUNK);
+        match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
+            Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
+            _ => {
+                return Err(ProxyError::downstream(ErrorKind::BadRequest(
+                    "request body truncated",
+                )))
+            }
+        }
+    }
+}
+
+/// Builds the HTTP/2 request from the HTTP/1 head veloxy prepared for the upstream.
+fn to_h2_request(
+    head: &[u8],
+    protocol: UpstreamProtocol,
+    body: Bytes,
+) -> Result<http::Request<crate::upstream::H2Body>, ProxyError> {
+    let bad = || ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"));
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut headers);
+    match parsed.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(bad()),
+    }
+    let method = parsed.method.ok_or_else(bad)?;
+    let path = parsed.path.ok_or_else(bad)?;
+    let host = parsed
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("host"))
+        .map(|h| String::from_utf8_lossy(h.value).into_owned())
+        .unwrap_or_default();
+    let scheme = if protocol == UpstreamProtocol::H2 {
+        "https"
+    } else {
+        "http"
+    };
+    let uri: http::Uri = format!("{scheme}://{host}{path}")
+        .parse()
+        .map_err(|_| bad())?;
+    let mut builder = http::Request::builder().method(method).uri(uri);
+    for h in parsed.headers.iter() {
+        let skip = [
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "upgrade",
+        ]
+        .iter()
+        .any(|n| h.name.eq_ignore_ascii_case(n))
+            || (h.name.eq_ignore_ascii_case("te") && !h.value.eq_ignore_ascii_case(b"trailers"));
+        if !skip {
+            builder = builder.header(h.name, h.value);
+        }
+    }
+    let body = Full::new(body)
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    builder.body(body).map_err(|_| bad())
+}
+
+/// Writes the HTTP/1.1 response head and streams the body (and trailers) to the client.
+async fn relay_response(
+    worker: &Worker,
+    down: &mut Downstream,
+    p: &Prepared,
+    resp: http::Response<hyper::body::Incoming>,
+) -> Result<(bool, u16), ProxyError> {
+    let status = resp.status().as_u16();
+    let (parts, mut body) = resp.into_parts();
+    let no_body = p.is_head || status == 204 || status == 304 || (100..200).contains(&status);
+    let length = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let chunked = !no_body && length.is_none() && p.version == 1;
+    let keep = p.keep_alive && (no_body || length.is_some() || chunked);
+    let mut out = worker.take_vec();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(itoa(u64::from(status)).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(reason(status).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        if name == http::header::TRANSFER_ENCODING || name == http::header::CONNECTION {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    if !keep {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if p.version == 0 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    let result = async {
+        write_down(down, &out).await?;
+        if no_body {
+            return Ok(());
+        }
+        let mut trailers = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ProxyError::upstream(ErrorKind::Io(std::io::Error::other(e.to_string())))
+            })?;
+            match frame.into_data() {
+                Ok(data) if data.is_empty() => {}
+                Ok(data) if chunked => {
+                    out.clear();
+                    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    out.extend_from_slice(&data);
+                    out.extend_from_slice(b"\r\n");
+                    write_down(down, &out).await?;
+                }
+                Ok(data) => write_down(down, &data).await?,
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        if chunked {
+            out.clear();
+            out.extend_from_slice(b"0\r\n");
+            for (name, value) in trailers.iter().flatten() {
+                out.extend_from_slice(name.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(value.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"\r\n");
+            write_down(down, &out).await?;
+        }
+        Ok::<_, ProxyError>(())
+    }
+    .await;
+    worker.give_vec(out);
+    result.map(|()| (keep, status))
+}
