@@ -17,7 +17,7 @@ TARGETS = "proxies+direct"
 PROFILES = {
     "smoke": {"connections": [16], "duration": 2, "warmup": 1},
     "quick": {"connections": [64, 256], "duration": 3, "warmup": 1},
-    "full": {"connections": [64, 256], "duration": 15, "warmup": 3},
+    "full": {"connections": [64, 256], "duration": 12, "warmup": 3},
 }
 
 

@@ -16,7 +16,7 @@ PROFILES = {
     "smoke": {"fractions": [0.5], "duration": 2, "connections": 16},
     "quick": {"fractions": [0.5, 1.2], "duration": 3, "connections": 64},
     "full": {"fractions": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2],
-             "duration": 10, "connections": 64},
+             "duration": 8, "connections": 64},
 }
 CALIBRATE_S = 2
 
