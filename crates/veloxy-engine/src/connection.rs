@@ -596,7 +596,7 @@ pub(crate) async fn send_error<S: tokio::io::AsyncWrite + Unpin>(
 ) -> usize {
     let mut out = worker.take_vec();
     write_error_response(&mut out, status, message, close, head_only);
-    let ok = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&out))
+    let ok = tokio::time::timeout(Duration::from_secs(5), crate::tls::send_all(stream, &out))
         .await
         .is_ok_and(|r| r.is_ok());
     let written = if ok { out.len() } else { 0 };

@@ -58,8 +58,17 @@ impl ConcurrencyLimit {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(Refused::Overloaded);
         }
+        // Leaves the queue on every exit, including a caller that is dropped while waiting
+        // (an HTTP/2 stream the client resets): a leaked place would shrink the queue for good.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let waiting = Waiting(&self.waiting);
         let got = tokio::time::timeout(self.queue_timeout, self.permits.acquire()).await;
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        drop(waiting);
         match got {
             Ok(Ok(p)) => Ok(Admission { _permit: p }),
             _ => Err(Refused::Overloaded),

@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use crate::tls::UpstreamIo;
@@ -377,7 +377,12 @@ impl Run<'_> {
         let fatal = |kind| AttemptFail::Fatal(up(kind));
 
         let meta = 'attempt: loop {
-            match timeout(group.write_timeout, conn.stream.write_all(self.wbuf)).await {
+            match timeout(
+                group.write_timeout,
+                crate::tls::send_all(&mut conn.stream, self.wbuf),
+            )
+            .await
+            {
                 Err(_) => {
                     return Err(AttemptFail::NoResponse(ProxyError::upstream(
                         ErrorKind::WriteTimeout,
@@ -494,10 +499,13 @@ impl Run<'_> {
         write_down(down, self.obuf).await.map_err(Fail::Abort)?;
         if !down.rbuf.is_empty() {
             let early = down.rbuf.split();
-            timeout(self.group.write_timeout, conn.stream.write_all(&early))
-                .await
-                .map_err(|_| Fail::Abort(ProxyError::upstream(ErrorKind::WriteTimeout)))?
-                .map_err(|e| Fail::Abort(ProxyError::upstream(ErrorKind::Io(e))))?;
+            timeout(
+                self.group.write_timeout,
+                crate::tls::send_all(&mut conn.stream, &early),
+            )
+            .await
+            .map_err(|_| Fail::Abort(ProxyError::upstream(ErrorKind::WriteTimeout)))?
+            .map_err(|e| Fail::Abort(ProxyError::upstream(ErrorKind::Io(e))))?;
         }
         self.worker.metrics.upgrades.inc();
         let idle = self

@@ -107,7 +107,12 @@ impl BodyState {
 }
 
 pub(crate) async fn write_down(down: &mut Downstream, data: &[u8]) -> Result<(), ProxyError> {
-    match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.write_all(data)).await {
+    match timeout(
+        DOWNSTREAM_IO_TIMEOUT,
+        crate::tls::send_all(&mut down.stream, data),
+    )
+    .await
+    {
         Ok(Ok(())) => {
             down.metrics.bytes_out.add(data.len() as u64);
             down.bytes_sent += data.len() as u64;
@@ -146,7 +151,12 @@ pub(crate) async fn relay_request_body(
                 "invalid chunked body",
             )))
         })?;
-        match timeout(group.write_timeout, conn.write_all(&down.rbuf[..n])).await {
+        match timeout(
+            group.write_timeout,
+            crate::tls::send_all(conn, &down.rbuf[..n]),
+        )
+        .await
+        {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(up(ErrorKind::Io(e))),
             Err(_) => return Err(up(ErrorKind::WriteTimeout)),
@@ -221,24 +231,28 @@ pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Dur
             r = down.stream.read(&mut from_down), if down_open => match r {
                 Ok(n) if n > 0 => {
                     down.metrics.bytes_in.add(n as u64);
-                    if up.write_all(&from_down[..n]).await.is_err() {
+                    // A peer that stops reading must not pin the tunnel: every write and
+                    // shutdown is bounded by the idle limit too.
+                    let sent = timeout(idle, crate::tls::send_all(up, &from_down[..n])).await;
+                    if !matches!(sent, Ok(Ok(()))) {
                         return;
                     }
                 }
                 _ => {
                     down_open = false;
-                    let _ = up.shutdown().await;
+                    let _ = timeout(idle, up.shutdown()).await;
                 }
             },
             r = up.read(&mut from_up), if up_open => match r {
                 Ok(n) if n > 0 => {
-                    if write_down(down, &from_up[..n]).await.is_err() {
+                    let sent = timeout(idle, write_down(down, &from_up[..n])).await;
+                    if !matches!(sent, Ok(Ok(()))) {
                         return;
                     }
                 }
                 _ => {
                     up_open = false;
-                    let _ = down.stream.shutdown().await;
+                    let _ = timeout(idle, down.stream.shutdown()).await;
                 }
             },
             _ = tokio::time::sleep(idle) => return,

@@ -378,7 +378,7 @@ fn run_worker(
         let deadline = tokio::time::Instant::now() + shutdown_timeout;
         // Accepted connections still owe an answer: requests in flight, and connections whose
         // first request has not been read yet.
-        while (worker.in_flight() > 0 || worker.fresh.get() > 0)
+        while (worker.in_flight() > 0 || worker.fresh.get() > 0 || worker.h2_connections.get() > 0)
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -231,6 +231,18 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// Writes all of `data`, then flushes. A TLS stream may still hold encrypted bytes after
+/// `write_all` returns (when the socket was full): only a later write, a flush or a shutdown
+/// sends them, and a read never does. On plain TCP the flush costs nothing.
+pub(crate) async fn send_all<S>(stream: &mut S, data: &[u8]) -> io::Result<()>
+where
+    S: AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    stream.write_all(data).await?;
+    stream.flush().await
+}
+
 /// A downstream connection's byte stream: plain TCP or TLS over TCP.
 ///
 /// An enum rather than a boxed trait object: the plain case, the common one behind a TLS

@@ -76,6 +76,9 @@ pub(crate) struct Worker {
     /// Accepted connections whose first request head has not arrived yet: shutdown waits for
     /// them too, so a connection accepted just before SIGTERM still gets its answer.
     pub fresh: Cell<usize>,
+    /// Open HTTP/2 connections: shutdown waits for them to finish their GOAWAY, so the last
+    /// frames of a response are written before the worker exits.
+    pub h2_connections: Cell<usize>,
     /// This worker's counters (it is their only writer).
     pub metrics: Arc<WorkerMetrics>,
 }
@@ -91,6 +94,7 @@ impl Worker {
             bytes: RefCell::new(Vec::new()),
             vecs: RefCell::new(Vec::new()),
             fresh: Cell::new(0),
+            h2_connections: Cell::new(0),
             metrics,
         }
     }

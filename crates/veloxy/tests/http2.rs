@@ -547,3 +547,66 @@ fn compress_filter_for_http2_clients() {
         assert_eq!(r.body.len(), 5000);
     });
 }
+
+#[test]
+fn host_header_cannot_smuggle_a_path() {
+    let up = upstream(&[]);
+    let v = veloxy(&h2c_config(&[up.addr], "", ""));
+    runtime().block_on(async {
+        let mut c = h2_connect(v.addr, None).await;
+        for host in ["a.com/admin?", "user@a.com", "a.com\\x"] {
+            let req = http::Request::builder()
+                .uri(format!("http://{host_ok}/public", host_ok = "ok.test"))
+                .header("host", host)
+                .body(())
+                .unwrap();
+            // With :authority present the Host header is not used; send it without one.
+            let (mut parts, ()) = req.into_parts();
+            parts.uri = "/public".parse().unwrap();
+            let req = http::Request::from_parts(parts, ());
+            match h2_send(&mut c, req, None).await {
+                Ok(r) => assert_eq!(r.status, 400, "Host {host:?} refused"),
+                Err(e) => panic!("{host:?}: {e}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn cancelled_queued_streams_do_not_shrink_the_queue() {
+    let up = upstream(&[]);
+    let v = veloxy(&h2c_config(&[up.addr], "", "").replace(
+        "[[routes]]\nupstream = \"app\"",
+        "[[routes]]\nupstream = \"app\"\nmax_concurrency = 1\nqueue = 1\nqueue_timeout = \"5s\"",
+    ));
+    let authority = v.addr.to_string();
+    runtime().block_on(async {
+        let c = h2_connect(v.addr, None).await;
+        // A holds the only slot for a while.
+        let mut ca = c.clone();
+        let a_auth = authority.clone();
+        let a = tokio::spawn(async move {
+            h2_send(&mut ca, h2_get(&a_auth, "/delay/600", false), None)
+                .await
+                .unwrap()
+                .status
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // B queues behind it, then the client cancels B.
+        for _ in 0..3 {
+            let mut s = c.clone().ready().await.unwrap();
+            let (resp, _stream) = s
+                .send_request(h2_get(&authority, "/echo", false), true)
+                .unwrap();
+            let _ = tokio::time::timeout(Duration::from_millis(50), resp).await;
+            // Dropping the response future resets the stream.
+        }
+        // C must still find its queue place (and be served once A is done), not a 503.
+        let mut cc = c.clone();
+        let r = h2_send(&mut cc, h2_get(&authority, "/echo", false), None)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "queued, then served");
+        assert_eq!(a.await.unwrap(), 200);
+    });
+}

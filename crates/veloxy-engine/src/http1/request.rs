@@ -244,7 +244,7 @@ pub fn check_partial(buf: &[u8], limits: &Limits) -> Result<(), ProxyError> {
 
 /// A Host value or absolute-form authority: `host[:port]`, a reg-name or IP literal, nothing
 /// that could smuggle a path, userinfo or whitespace to the upstream.
-fn valid_authority(h: &[u8]) -> bool {
+pub(crate) fn valid_authority(h: &[u8]) -> bool {
     !h.is_empty()
         && h.len() <= 255
         && h.iter()

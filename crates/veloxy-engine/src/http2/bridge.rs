@@ -33,6 +33,7 @@ pub(crate) async fn forward(
     let group = &gen.snapshot.upstreams[p.upstream];
     let started = Instant::now();
     let sent_before = down.bytes_sent;
+    let mut ctx = p.ctx.take();
     let limit = p.concurrency.clone();
     let admission = match &limit {
         None => Ok(None),
@@ -40,7 +41,7 @@ pub(crate) async fn forward(
     };
     let result = match admission {
         Err(_) => Err(ProxyError::downstream(ErrorKind::Overloaded)),
-        Ok(_admitted) => exchange(worker, gen, down, &p).await,
+        Ok(_admitted) => exchange(worker, gen, down, &p, &mut ctx).await,
     };
     let backend = Some(group.backends[p.backend].addr);
     let (keep, status) = match result {
@@ -76,6 +77,14 @@ pub(crate) async fn forward(
     crate::connection::access_log(worker, down, p.log.take(), status, &group.name, backend);
     worker.metrics.request(p.route, status);
     worker.metrics.request_duration.observe(started.elapsed());
+    if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
+        let summary = crate::hooks::RequestSummary {
+            status,
+            duration: started.elapsed(),
+            backend,
+        };
+        hooks.on_done(&summary, ctx);
+    }
     keep
 }
 
@@ -85,15 +94,17 @@ async fn exchange(
     gen: &Generation,
     down: &mut Downstream,
     p: &Prepared,
+    ctx: &mut Option<Box<crate::hooks::RequestCtx>>,
 ) -> Result<(bool, u16), ProxyError> {
     let group = &gen.snapshot.upstreams[p.upstream];
-    if p.expect_continue && down.rbuf.is_empty() {
+    let too_large = matches!(p.body, BodyKind::Length(n) if n as usize > group.retry_body_limit);
+    if p.expect_continue && down.rbuf.is_empty() && !too_large {
         write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await?;
     }
     let body = read_body(down, p.body, group.retry_body_limit).await?;
     let req = to_h2_request(&p.head, group.protocol, body)?;
     let backend = p.backend;
-    let mut sender = crate::http2::to_h2::sender(worker, gen, p.upstream, backend)
+    let mut sender = crate::http2::to_h2::sender_for(worker, gen, p.upstream, backend)
         .await
         .map_err(|(e, health)| {
             if health {
@@ -113,16 +124,20 @@ async fn exchange(
         group.health.record_failure(backend, &group.outlier);
     }
     let resp = match sent {
-        Err(_) => return Err(ProxyError::upstream(ErrorKind::ReadTimeout)),
+        Err(_) => {
+            gen.groups.borrow_mut()[p.upstream].h2[backend] = None;
+            return Err(ProxyError::upstream(ErrorKind::ReadTimeout));
+        }
         Ok(Err(e)) => {
+            gen.groups.borrow_mut()[p.upstream].h2[backend] = None;
             return Err(ProxyError::upstream(ErrorKind::Io(std::io::Error::other(
                 e.to_string(),
-            ))))
+            ))));
         }
         Ok(Ok(r)) => r,
     };
     worker.metrics.upstream_duration.observe(elapsed);
-    relay_response(worker, down, p, resp).await
+    relay_response(worker, down, p, ctx, resp, group.read_timeout).await
 }
 
 /// Reads the request body (decoding chunked framing) into memory, up to `limit` bytes.
@@ -219,7 +234,9 @@ async fn relay_response(
     worker: &Worker,
     down: &mut Downstream,
     p: &Prepared,
+    ctx: &mut Option<Box<crate::hooks::RequestCtx>>,
     resp: http::Response<hyper::body::Incoming>,
+    read_timeout: Duration,
 ) -> Result<(bool, u16), ProxyError> {
     let status = resp.status().as_u16();
     let (parts, mut body) = resp.into_parts();
@@ -246,6 +263,10 @@ async fn relay_response(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
+        hooks.on_response(status, ctx);
+        out.extend_from_slice(&ctx.response_headers);
+    }
     if chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
@@ -261,7 +282,12 @@ async fn relay_response(
             return Ok(());
         }
         let mut trailers = None;
-        while let Some(frame) = body.frame().await {
+        loop {
+            // Each frame must come within the group's read_timeout, like an HTTP/1 read.
+            let frame = timeout(read_timeout, body.frame())
+                .await
+                .map_err(|_| ProxyError::upstream(ErrorKind::ReadTimeout))?;
+            let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| {
                 ProxyError::upstream(ErrorKind::Io(std::io::Error::other(e.to_string())))
             })?;

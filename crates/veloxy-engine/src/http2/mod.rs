@@ -102,6 +102,14 @@ pub(crate) async fn serve<IO>(
             s.settings.keepalive_timeout,
         )
     };
+    struct Open<'a>(&'a Worker);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            self.0.h2_connections.set(self.0.h2_connections.get() - 1);
+        }
+    }
+    worker.h2_connections.set(worker.h2_connections.get() + 1);
+    let _open = Open(&worker);
     let ctx = Rc::new(ConnCtx {
         worker: worker.clone(),
         peer,
@@ -121,7 +129,10 @@ pub(crate) async fn serve<IO>(
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_send_buf_size(STREAM_WINDOW as usize)
         .max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
-        .max_local_error_reset_streams(Some(MAX_LOCAL_RESETS));
+        .max_local_error_reset_streams(Some(MAX_LOCAL_RESETS))
+        // Pings find clients that vanished without a FIN.
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20));
     let svc_ctx = ctx.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let c = svc_ctx.clone();
@@ -129,7 +140,7 @@ pub(crate) async fn serve<IO>(
     });
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut closing = false;
     loop {
@@ -429,11 +440,35 @@ async fn forward(
     };
     let listener = &snapshot.listeners[li];
     let host = authority(&req);
+    // The same check as for HTTP/1 Host headers: no userinfo, path or query characters can
+    // ride in on a Host header (or `:authority`) and be spliced into the upstream request.
+    if !host.is_empty() && !crate::http1::request::valid_authority(host.as_bytes()) {
+        return Err(ProxyError::downstream(ErrorKind::BadRequest(
+            "invalid authority",
+        )));
+    }
+    if *req.method() == http::Method::CONNECT {
+        return Err(ProxyError::downstream(ErrorKind::Rejected(501)));
+    }
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let route = listener
         .router
         .find(host.as_bytes(), path.as_bytes())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
+    let keys = || crate::upstream::RequestKeys {
+        client_ip: &c.client_ip,
+        path: req.uri().path(),
+        header: |h: &str| req.headers().get(h).map(|v| v.as_bytes()),
+        cookies: req
+            .headers()
+            .get_all(http::header::COOKIE)
+            .iter()
+            .map(|v| v.as_bytes()),
+    };
+    if let Some(rl) = &route.limits.rate {
+        rl.check(keys().rate_key(&rl.key))
+            .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
+    }
     if let Some(files) = &route.files {
         let mut f = fin.take().expect("present until success");
         f.route = Some(route.index);
@@ -449,20 +484,6 @@ async fn forward(
         if f.log.is_some() {
             f.upstream = group.name.clone();
         }
-    }
-    let keys = || crate::upstream::RequestKeys {
-        client_ip: &c.client_ip,
-        path: req.uri().path(),
-        header: |h: &str| req.headers().get(h).map(|v| v.as_bytes()),
-        cookies: req
-            .headers()
-            .get_all(http::header::COOKIE)
-            .iter()
-            .map(|v| v.as_bytes()),
-    };
-    if let Some(rl) = &route.limits.rate {
-        rl.check(keys().rate_key(&rl.key))
-            .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
     }
     if let Some(hooks) = &c.worker.shared.hooks {
         let mut ctx = Box::<RequestCtx>::default();
@@ -659,6 +680,43 @@ pub(crate) fn pick(
         excluded: group.health.down_mask() | tried,
         hash: t.hash,
     })
+}
+
+/// An attempt in progress on a backend. If the stream is dropped before the attempt ends (the
+/// client reset it), the drop reports the end, so per-backend in-flight counts cannot leak.
+pub(crate) struct AttemptGuard<'a> {
+    gen: &'a Generation,
+    upstream: usize,
+    backend: usize,
+    t0: Instant,
+    armed: bool,
+}
+
+impl<'a> AttemptGuard<'a> {
+    pub(crate) fn start(gen: &'a Generation, upstream: usize, backend: usize) -> Self {
+        gen.groups.borrow_mut()[upstream].start(backend);
+        AttemptGuard {
+            gen,
+            upstream,
+            backend,
+            t0: Instant::now(),
+            armed: true,
+        }
+    }
+
+    /// The attempt completed: its caller reports the end itself.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for AttemptGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // Cancelled by the client: not the backend's fault.
+            self.gen.groups.borrow_mut()[self.upstream].end(self.backend, self.t0.elapsed(), true);
+        }
+    }
 }
 
 /// Reports an attempt's end to the picker and to passive health.

@@ -17,7 +17,7 @@ use http::{Method, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::time::{timeout, Instant, Sleep};
 
 use super::{feedback, pick, ConnCtx, Finish, ProxyBody, Target};
@@ -80,7 +80,13 @@ async fn forward_with(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let framing = if body.is_end_stream() {
-        BodyKind::Length(declared.unwrap_or(0)).min_none()
+        // An empty POST/PUT/PATCH still says so: some servers answer 411 without a length.
+        let empty_with_length = matches!(parts.method, Method::POST | Method::PUT | Method::PATCH);
+        if empty_with_length {
+            BodyKind::Length(0)
+        } else {
+            BodyKind::Length(declared.unwrap_or(0)).min_none()
+        }
     } else {
         declared.map_or(BodyKind::Chunked, BodyKind::Length)
     };
@@ -118,7 +124,7 @@ async fn forward_with(
         if let Some(f) = fin.as_deref_mut() {
             f.backend = Some(group.backends[backend].addr);
         }
-        gen.groups.borrow_mut()[t.upstream].start(backend);
+        let mut guard = super::AttemptGuard::start(gen, t.upstream, backend);
         let t0 = Instant::now();
         let may_retry_status = replayable && retries_left > 0;
         let body_ref = if streaming { Some(&mut body) } else { None };
@@ -135,6 +141,7 @@ async fn forward_with(
             may_retry_status,
         )
         .await;
+        guard.disarm();
         let elapsed = t0.elapsed();
         let (error, counts) = match result {
             Ok((conn, head, rest)) => {
@@ -338,7 +345,12 @@ async fn attempt(
     // so no 16 KiB allocation lives as long as a response body does.
     let mut ubuf = c.worker().take_bytes();
     'attempt: loop {
-        match timeout(group.write_timeout, conn.stream.write_all(wbuf)).await {
+        match timeout(
+            group.write_timeout,
+            crate::tls::send_all(&mut conn.stream, wbuf),
+        )
+        .await
+        {
             Err(_) => return Err(Fail::NoResponse(up(ErrorKind::WriteTimeout))),
             Ok(Err(_)) if reused && replayable => {
                 conn = connect().await?;
@@ -433,7 +445,7 @@ async fn stream_body(
 }
 
 async fn write_up(conn: &mut UpstreamConn, limit: Duration, data: &[u8]) -> Result<(), Fail> {
-    match timeout(limit, conn.stream.write_all(data)).await {
+    match timeout(limit, crate::tls::send_all(&mut conn.stream, data)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(Fail::Fatal(up(ErrorKind::Io(e)))),
         Err(_) => Err(Fail::Fatal(up(ErrorKind::WriteTimeout))),
@@ -557,6 +569,11 @@ impl H1Body {
     fn emit(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
         if self.state.is_done() {
             self.release();
+        }
+        // The read timeout measures the upstream's silence, not time the client took to
+        // want more (hyper polls the body only when the stream has window).
+        if let Some(s) = self.sleep.as_mut() {
+            s.as_mut().reset(Instant::now() + self.read_timeout);
         }
         let data = match self.encode(data) {
             Some(Ok(d)) => d,

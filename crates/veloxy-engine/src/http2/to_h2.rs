@@ -71,7 +71,7 @@ pub(super) async fn forward(
     let mut backend = pick(c, gen, t, 0, false).ok_or_else(|| up(ErrorKind::NoBackend))?;
     let sender = loop {
         tried |= 1 << backend;
-        match sender(c.worker(), gen, t.upstream, backend).await {
+        match sender_for(c.worker(), gen, t.upstream, backend).await {
             Ok(s) => break s,
             Err((e, health)) => {
                 if health {
@@ -114,19 +114,26 @@ pub(super) async fn forward(
     *upstream_req.uri_mut() = uri;
     *upstream_req.headers_mut() = headers;
 
-    gen.groups.borrow_mut()[t.upstream].start(backend);
+    let mut guard = super::AttemptGuard::start(gen, t.upstream, backend);
     let t0 = Instant::now();
-    let mut sender = sender;
-    let sent = timeout(group.read_timeout, sender.send_request(upstream_req)).await;
+    let sent = timeout(
+        group.read_timeout,
+        send_with_one_reconnect(c, gen, t, backend, sender, upstream_req),
+    )
+    .await;
+    guard.disarm();
     let elapsed = t0.elapsed();
     let resp = match sent {
         Err(_) => {
+            // Maybe a connection that died silently: the next request opens a fresh one.
+            gen.groups.borrow_mut()[t.upstream].h2[backend] = None;
             feedback(gen, t, backend, elapsed, false);
             return Err(up(ErrorKind::ReadTimeout));
         }
         Ok(Err(e)) => {
+            gen.groups.borrow_mut()[t.upstream].h2[backend] = None;
             feedback(gen, t, backend, elapsed, false);
-            return Err(up(ErrorKind::Io(std::io::Error::other(e.to_string()))));
+            return Err(e);
         }
         Ok(Ok(r)) => r,
     };
@@ -152,9 +159,35 @@ pub(super) async fn forward(
     Ok(out)
 }
 
+/// Sends on the cached connection; when the request never left (the connection was closing:
+/// GOAWAY, a refused stream, a dead connection), it is sent once more on a fresh connection.
+async fn send_with_one_reconnect(
+    c: &ConnCtx,
+    gen: &Generation,
+    t: Target,
+    backend: usize,
+    mut sender: H2Sender,
+    req: Request<crate::upstream::H2Body>,
+) -> Result<Response<Incoming>, ProxyError> {
+    let io_err = |e: hyper::Error| up(ErrorKind::Io(std::io::Error::other(e.to_string())));
+    match sender.try_send_request(req).await {
+        Ok(r) => Ok(r),
+        Err(mut e) => {
+            let Some(req) = e.take_message() else {
+                return Err(io_err(e.into_error()));
+            };
+            gen.groups.borrow_mut()[t.upstream].h2[backend] = None;
+            let mut fresh = sender_for(c.worker(), gen, t.upstream, backend)
+                .await
+                .map_err(|(e, _)| e)?;
+            fresh.send_request(req).await.map_err(io_err)
+        }
+    }
+}
+
 /// The worker's connection to `backend`, opened (TCP, TLS, HTTP/2 handshake) if there is
 /// none or it has closed.
-pub(crate) async fn sender(
+pub(crate) async fn sender_for(
     worker: &crate::worker::Worker,
     gen: &Generation,
     upstream: usize,
@@ -171,7 +204,12 @@ pub(crate) async fn sender(
     builder
         .timer(TokioTimer::new())
         .initial_stream_window_size(super::STREAM_WINDOW)
-        .initial_connection_window_size(super::CONNECTION_WINDOW);
+        .initial_connection_window_size(super::CONNECTION_WINDOW)
+        // Pings find a connection that died silently (NAT or conntrack expiry) before a
+        // request waits on it.
+        .keep_alive_interval(std::time::Duration::from_secs(30))
+        .keep_alive_timeout(std::time::Duration::from_secs(10))
+        .keep_alive_while_idle(true);
     let (sender, connection) =
         match timeout(group.connect_timeout, builder.handshake(TokioIo::new(conn))).await {
             Ok(Ok(pair)) => pair,

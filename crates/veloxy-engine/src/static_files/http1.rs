@@ -200,8 +200,7 @@ async fn copy_out<S>(stream: &mut S, buf: &[u8], written: &mut u64) -> Result<()
 where
     S: tokio::io::AsyncWrite + Unpin,
 {
-    use tokio::io::AsyncWriteExt;
-    match timeout(DOWNSTREAM_IO_TIMEOUT, stream.write_all(buf)).await {
+    match timeout(DOWNSTREAM_IO_TIMEOUT, crate::tls::send_all(stream, buf)).await {
         Ok(Ok(())) => {
             *written += buf.len() as u64;
             Ok(())

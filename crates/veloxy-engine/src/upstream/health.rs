@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use crate::clock;
 use crate::config::Snapshot;
@@ -322,7 +322,7 @@ where
         };
         let host = check.host.clone().unwrap_or_else(|| addr.to_string());
         let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: veloxy-health\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
+        crate::tls::send_all(&mut s, req.as_bytes()).await.ok()?;
         let mut buf = Vec::with_capacity(1024);
         loop {
             if s.read_buf(&mut buf).await.ok()? == 0 || buf.len() > 64 * 1024 {

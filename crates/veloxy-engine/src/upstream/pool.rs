@@ -120,8 +120,8 @@ impl Pool {
     /// An idle connection to `backend` that still looks usable.
     pub fn take(&mut self, backend: usize) -> Option<UpstreamConn> {
         let list = self.idle.get_mut(backend)?;
-        while let Some(idle) = list.pop() {
-            if idle.since.elapsed() < self.idle_timeout && still_open(&idle.stream.stream) {
+        while let Some(mut idle) = list.pop() {
+            if idle.since.elapsed() < self.idle_timeout && still_open(&mut idle.stream.stream) {
                 return Some(idle.stream);
             }
         }
@@ -180,19 +180,22 @@ impl Pool {
 }
 
 /// False when the peer closed (or sent unexpected bytes on) an idle connection.
-fn still_open(io: &UpstreamIo) -> bool {
+fn still_open(io: &mut UpstreamIo) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
-    let stream = io.tcp();
-    if let UpstreamIo::Tls(_) = io {
-        // Bytes on an idle TLS connection may be a late session ticket (TLS 1.3 sends them
-        // after the handshake): peek, never consume, and drop only on a FIN.
+    if let UpstreamIo::Tls(tls) = io {
+        // Read through TLS: a late session ticket (TLS 1.3 sends them after the handshake) is
+        // consumed by rustls and yields no data (Pending); close_notify or a FIN reads as end
+        // of stream; any application byte on an idle connection means it is out of step.
+        use tokio::io::AsyncRead;
         let mut probe = [0u8; 1];
         let mut buf = tokio::io::ReadBuf::new(&mut probe);
-        return !matches!(
-            stream.poll_peek(&mut cx, &mut buf),
-            Poll::Ready(Ok(0)) | Poll::Ready(Err(_))
-        );
+        return match std::pin::Pin::new(&mut **tls).poll_read(&mut cx, &mut buf) {
+            Poll::Pending => true,
+            Poll::Ready(Ok(())) => false,
+            Poll::Ready(Err(_)) => false,
+        };
     }
+    let stream = io.tcp();
     match stream.poll_read_ready(&mut cx) {
         Poll::Pending => true,
         Poll::Ready(Err(_)) => false,
