@@ -22,7 +22,10 @@
 //!    sends head and body, reads the response with [`http1::response`], streams bodies both
 //!    ways through bounded buffers, and returns the connection to the pool. A `101` to an
 //!    upgrade request (WebSocket) turns the exchange into a tunnel ([`relay`]). A route with
-//!    `compress = true` runs the response body through a [`compress`] stream encoder.
+//!    `compress = true` runs the response body through a [`compress`] stream encoder. Groups
+//!    with `protocol = "h2"`/`"h2c"` are reached over one multiplexed HTTP/2 connection per
+//!    backend per worker instead (the `http2` module: `to_h2` for HTTP/2 clients, `bridge`
+//!    for HTTP/1.1 clients).
 //! 7. A route with a `root` is answered by [`static_files`] instead of steps 5 and 6: a
 //!    version-independent decision (path safety, cache, conditionals, ranges, codings) and a
 //!    thin HTTP/1 writer that uses `sendfile`.
