@@ -129,60 +129,94 @@ pub(crate) async fn forward(
         Ok(meta) => (meta.downstream_keep_alive && p.keep_alive, meta.status),
         Err(Fail::BeforeResponse(e)) => {
             log_error(&e, group, backend);
-            worker.count_error(&e);
             // Keep the client only if its request was fully read and the error is not its fault.
             let close = !req_body.is_done() || e.closes_connection() || !p.keep_alive;
-            let status = e.status();
-            let written = send_error(
-                worker,
-                &mut down.stream,
-                status,
-                &e.kind.to_string(),
-                close,
-                p.is_head,
+            (
+                answer_error(worker, down, &e, close, p.is_head).await,
+                e.status(),
             )
-            .await;
-            down.bytes_sent += written as u64;
-            let sent = written > 0;
-            if close && sent {
-                linger_close(&mut down.stream).await;
-            }
-            (sent && !close, status)
         }
         Err(Fail::Abort(e)) => {
             log_error(&e, group, backend);
             if e.side == Side::Upstream {
-                // The response is cut short: make the client see an error, not an ending.
-                let _ = socket2::SockRef::from(down.stream.tcp()).set_linger(Some(Duration::ZERO));
-                down.reset = true;
+                reset_downstream(down);
             }
             (false, 0)
         }
     };
     let backend_addr = backend.map(|b| group.backends[b].addr);
-    crate::connection::access_log(
+    record_exchange(
         worker,
         down,
-        p.log.take(),
+        &mut p,
+        &mut ctx,
         status,
         &group.name,
         backend_addr,
+        started,
     );
-    let metrics = &worker.metrics;
-    metrics.request(p.route, status);
-    metrics.request_duration.observe(started.elapsed());
-    if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
-        let summary = RequestSummary {
-            status,
-            duration: started.elapsed(),
-            backend: backend.map(|b| group.backends[b].addr),
-        };
-        hooks.on_done(&summary, ctx);
-    }
     worker.give_vec(wbuf);
     worker.give_vec(obuf);
     worker.give_bytes(ubuf);
     keep
+}
+
+/// Answers an error before any response byte went out (counting shed or rate-limited
+/// refusals), closing cleanly if `close`; returns whether the client connection stays open.
+pub(crate) async fn answer_error(
+    worker: &Worker,
+    down: &mut Downstream,
+    e: &ProxyError,
+    close: bool,
+    is_head: bool,
+) -> bool {
+    worker.count_error(e);
+    let written = send_error(
+        worker,
+        &mut down.stream,
+        e.status(),
+        &e.kind.to_string(),
+        close,
+        is_head,
+    )
+    .await;
+    down.bytes_sent += written as u64;
+    let sent = written > 0;
+    if close && sent {
+        linger_close(&mut down.stream).await;
+    }
+    sent && !close
+}
+
+/// The response was cut short: close with a reset so the client sees an error, not an ending.
+pub(crate) fn reset_downstream(down: &mut Downstream) {
+    let _ = socket2::SockRef::from(down.stream.tcp()).set_linger(Some(Duration::ZERO));
+    down.reset = true;
+}
+
+/// Records a finished exchange: access log line, request metrics and the `on_done` hook.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_exchange(
+    worker: &Worker,
+    down: &Downstream,
+    p: &mut Prepared,
+    ctx: &mut Option<Box<RequestCtx>>,
+    status: u16,
+    upstream: &str,
+    backend: Option<std::net::SocketAddr>,
+    started: Instant,
+) {
+    crate::connection::access_log(worker, down, p.log.take(), status, upstream, backend);
+    worker.metrics.request(p.route, status);
+    worker.metrics.request_duration.observe(started.elapsed());
+    if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
+        let summary = RequestSummary {
+            status,
+            duration: started.elapsed(),
+            backend,
+        };
+        hooks.on_done(&summary, ctx);
+    }
 }
 
 fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {

@@ -16,9 +16,10 @@ use tokio::io::AsyncReadExt;
 use tokio::time::{timeout, Instant};
 
 use crate::config::UpstreamProtocol;
-use crate::connection::{linger_close, send_error, Downstream, Prepared};
+use crate::connection::{Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::http1::{itoa, reason, BodyKind, MAX_HEADERS};
+use crate::proxy::{answer_error, record_exchange, reset_downstream};
 use crate::relay::{reserve, write_down, BodyState, DOWNSTREAM_IO_TIMEOUT, READ_CHUNK};
 use crate::worker::{Generation, Worker};
 
@@ -48,43 +49,30 @@ pub(crate) async fn forward(
         Ok((keep, status)) => (keep, status),
         Err(_) if down.bytes_sent > sent_before => {
             // The response had started: only a reset is honest now.
-            let _ = socket2::SockRef::from(down.stream.tcp()).set_linger(Some(Duration::ZERO));
-            down.reset = true;
+            reset_downstream(down);
             (false, 0)
         }
         Err(e) => {
-            worker.count_error(&e);
             if e.side == Side::Upstream {
                 tracing::warn!(upstream = %group.name, error = %e.kind, "upstream error (HTTP/2 upstream)");
             }
             let close = e.closes_connection() || !p.keep_alive || p.body != BodyKind::None;
-            let written = send_error(
-                worker,
-                &mut down.stream,
+            (
+                answer_error(worker, down, &e, close, p.is_head).await,
                 e.status(),
-                &e.kind.to_string(),
-                close,
-                p.is_head,
             )
-            .await;
-            down.bytes_sent += written as u64;
-            if close && written > 0 {
-                linger_close(&mut down.stream).await;
-            }
-            (written > 0 && !close, e.status())
         }
     };
-    crate::connection::access_log(worker, down, p.log.take(), status, &group.name, backend);
-    worker.metrics.request(p.route, status);
-    worker.metrics.request_duration.observe(started.elapsed());
-    if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
-        let summary = crate::hooks::RequestSummary {
-            status,
-            duration: started.elapsed(),
-            backend,
-        };
-        hooks.on_done(&summary, ctx);
-    }
+    record_exchange(
+        worker,
+        down,
+        &mut p,
+        &mut ctx,
+        status,
+        &group.name,
+        backend,
+        started,
+    );
     keep
 }
 
@@ -130,9 +118,7 @@ async fn exchange(
         }
         Ok(Err(e)) => {
             gen.groups.borrow_mut()[p.upstream].h2[backend] = None;
-            return Err(ProxyError::upstream(ErrorKind::Io(std::io::Error::other(
-                e.to_string(),
-            ))));
+            return Err(crate::http2::hyper_error(true, &e));
         }
         Ok(Ok(r)) => r,
     };
@@ -288,9 +274,7 @@ async fn relay_response(
                 .await
                 .map_err(|_| ProxyError::upstream(ErrorKind::ReadTimeout))?;
             let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| {
-                ProxyError::upstream(ErrorKind::Io(std::io::Error::other(e.to_string())))
-            })?;
+            let frame = frame.map_err(|e| crate::http2::hyper_error(true, &e))?;
             match frame.into_data() {
                 Ok(data) if data.is_empty() => {}
                 Ok(data) if chunked => {

@@ -646,6 +646,17 @@ impl FileBody {
     }
 }
 
+/// An HTTP/2 stream or connection failure reported by hyper, as an I/O error of the side it
+/// happened on.
+pub(crate) fn hyper_error(upstream: bool, e: &hyper::Error) -> ProxyError {
+    let kind = ErrorKind::Io(std::io::Error::other(e.to_string()));
+    if upstream {
+        ProxyError::upstream(kind)
+    } else {
+        ProxyError::downstream(kind)
+    }
+}
+
 /// Where a routed stream goes.
 #[derive(Clone, Copy)]
 pub(crate) struct Target {

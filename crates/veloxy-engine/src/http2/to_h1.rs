@@ -216,7 +216,7 @@ async fn next_frame(
 }
 
 fn client_gone(e: &hyper::Error) -> ProxyError {
-    ProxyError::downstream(ErrorKind::Io(std::io::Error::other(e.to_string())))
+    super::hyper_error(false, e)
 }
 
 /// Writes the HTTP/1.1 request head for an HTTP/2 request.

@@ -169,7 +169,7 @@ async fn send_with_one_reconnect(
     mut sender: H2Sender,
     req: Request<crate::upstream::H2Body>,
 ) -> Result<Response<Incoming>, ProxyError> {
-    let io_err = |e: hyper::Error| up(ErrorKind::Io(std::io::Error::other(e.to_string())));
+    let io_err = |e: hyper::Error| super::hyper_error(true, &e);
     match sender.try_send_request(req).await {
         Ok(r) => Ok(r),
         Err(mut e) => {
@@ -213,12 +213,7 @@ pub(crate) async fn sender_for(
     let (sender, connection) =
         match timeout(group.connect_timeout, builder.handshake(TokioIo::new(conn))).await {
             Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                return Err((
-                    up(ErrorKind::Io(std::io::Error::other(e.to_string()))),
-                    true,
-                ))
-            }
+            Ok(Err(e)) => return Err((super::hyper_error(true, &e), true)),
             Err(_) => return Err((up(ErrorKind::ConnectTimeout), true)),
         };
     let addr = group.backends[backend].addr;
