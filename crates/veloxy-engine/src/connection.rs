@@ -41,6 +41,11 @@ pub(crate) struct Downstream {
     pub reset: bool,
     /// h2c prior knowledge is accepted on this (plain) connection.
     pub http2: bool,
+    /// `[server] send_timeout`, `body_timeout` and `request_buffering` of the generation the
+    /// current request runs on.
+    pub send_timeout: Duration,
+    pub body_timeout: Duration,
+    pub request_buffering: crate::config::RequestBuffering,
 }
 
 /// A request refused before forwarding.
@@ -182,7 +187,7 @@ pub(crate) async fn serve(
     listener: std::sync::Arc<crate::server::ListenerState>,
 ) {
     worker.metrics.downstream_connections.inc();
-    let (tls, http2, header_timeout) = {
+    let (tls, http2, header_timeout, settings) = {
         let gen = worker.current();
         let spec = gen
             .snapshot
@@ -193,6 +198,11 @@ pub(crate) async fn serve(
             spec.and_then(|l| l.tls.clone()),
             spec.is_some_and(|l| l.http2),
             gen.snapshot.settings.header_timeout,
+            (
+                gen.snapshot.settings.send_timeout,
+                gen.snapshot.settings.body_timeout,
+                gen.snapshot.settings.request_buffering,
+            ),
         )
     };
     let stream = match tls {
@@ -201,12 +211,16 @@ pub(crate) async fn serve(
             // A client that sends garbage or stalls mid-handshake costs this one connection:
             // the handshake is bounded by the header timeout.
             let acceptor = tokio_rustls::TlsAcceptor::from(config);
-            match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+            let accept = Box::pin(tokio::time::timeout(
+                header_timeout,
+                acceptor.accept(stream),
+            ));
+            match accept.await {
                 Ok(Ok(tls)) => {
                     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                     let io = DownstreamIo::Tls(Box::new(tls));
                     if h2 {
-                        crate::http2::serve(worker, io, peer, listener, true).await;
+                        Box::pin(crate::http2::serve(worker, io, peer, listener, true)).await;
                         return;
                     }
                     io
@@ -234,6 +248,9 @@ pub(crate) async fn serve(
         bytes_sent: 0,
         reset: false,
         http2,
+        send_timeout: settings.0,
+        body_timeout: settings.1,
+        request_buffering: settings.2,
     };
     if down.http2 && !down.stream.is_tls() {
         // h2c prior knowledge: the connection opens with the HTTP/2 preface instead of a
@@ -251,7 +268,7 @@ pub(crate) async fn serve(
                     unreachable!("checked plain above")
                 };
                 let io = crate::tls::Prefixed::new(rbuf.freeze(), tcp);
-                crate::http2::serve(worker, io, peer, listener, false).await;
+                Box::pin(crate::http2::serve(worker, io, peer, listener, false)).await;
                 return;
             }
             Sniffed::Gone => return,
@@ -341,16 +358,24 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 continue;
             }
         };
+        let settings = &gen.snapshot.settings;
+        down.send_timeout = settings.send_timeout;
+        down.body_timeout = settings.body_timeout;
+        down.request_buffering = settings.request_buffering;
         worker.metrics.in_flight.inc();
         let keep = match prepared {
             Next::Forward(p)
                 if gen.snapshot.upstreams[p.upstream].protocol
                     != crate::config::UpstreamProtocol::Http1 =>
             {
-                crate::http2::bridge::forward(worker, &gen, down, p).await
+                Box::pin(crate::http2::bridge::forward(worker, &gen, down, p)).await
             }
-            Next::Forward(p) => crate::proxy::forward(worker, &gen, down, p).await,
-            Next::Static(reply) => crate::static_files::http1::serve(worker, down, *reply).await,
+            // Boxed: the forwarding state machine is ~5 KiB, and inline it would make every
+            // connection's future that big for its whole life, idle keep-alive time included.
+            Next::Forward(p) => Box::pin(crate::proxy::forward(worker, &gen, down, p)).await,
+            Next::Static(reply) => {
+                Box::pin(crate::static_files::http1::serve(worker, down, *reply)).await
+            }
         };
         worker.metrics.in_flight_done.inc();
         if down.reset {
@@ -363,6 +388,55 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
             linger_close(&mut down.stream).await;
             return;
         }
+    }
+}
+
+/// Parses a complete request head already in the read buffer and prepares it; `Ok(None)`
+/// while the head is incomplete. Synchronous on purpose: the header array (4 KiB) then lives
+/// on the stack for the parse, not in every connection's future for its whole life.
+fn parse_buffered(
+    worker: &Worker,
+    limits: &Limits,
+    down: &mut Downstream,
+) -> Result<Option<(Next, Rc<Generation>)>, Refusal> {
+    let mut headers = [MaybeUninit::uninit(); MAX_HEADERS];
+    match request::parse(&down.rbuf, &mut headers, limits) {
+        Ok(Some(req)) => {
+            let head_len = req.head_len;
+            // On error: close if the body is unread or the client did not want more.
+            let must_close = req.body != BodyKind::None || !req.keep_alive;
+            let is_head = req.is_head();
+            let log = worker
+                .shared
+                .access_log
+                .as_ref()
+                .map(|_| LogFields::capture(&req, down));
+            let current = worker.current();
+            let prepared = prepare(worker, &current, down, &req);
+            // Consume the head either way: after an error answered on a kept
+            // connection (404, 429, ...) the next request must start clean.
+            down.rbuf.advance(head_len);
+            match prepared {
+                Ok(mut next) => {
+                    match &mut next {
+                        Next::Forward(p) => p.log = log,
+                        Next::Static(s) => s.log = log,
+                    }
+                    Ok(Some((next, current)))
+                }
+                Err(error) => Err(Refusal {
+                    error,
+                    must_close,
+                    is_head,
+                    log,
+                }),
+            }
+        }
+        Ok(None) => {
+            request::check_partial(&down.rbuf, limits).map_err(Refusal::closing)?;
+            Ok(None)
+        }
+        Err(e) => Err(Refusal::closing(e)),
     }
 }
 
@@ -379,43 +453,8 @@ async fn read_request(
     let mut deadline: Option<Instant> = None;
     loop {
         if !down.rbuf.is_empty() {
-            let mut headers = [MaybeUninit::uninit(); MAX_HEADERS];
-            match request::parse(&down.rbuf, &mut headers, &limits) {
-                Ok(Some(req)) => {
-                    let head_len = req.head_len;
-                    // On error: close if the body is unread or the client did not want more.
-                    let must_close = req.body != BodyKind::None || !req.keep_alive;
-                    let is_head = req.is_head();
-                    let log = worker
-                        .shared
-                        .access_log
-                        .as_ref()
-                        .map(|_| LogFields::capture(&req, down));
-                    let current = worker.current();
-                    let prepared = prepare(worker, &current, down, &req);
-                    // Consume the head either way: after an error answered on a kept
-                    // connection (404, 429, ...) the next request must start clean.
-                    down.rbuf.advance(head_len);
-                    return match prepared {
-                        Ok(mut next) => {
-                            match &mut next {
-                                Next::Forward(p) => p.log = log,
-                                Next::Static(s) => s.log = log,
-                            }
-                            Ok(Some((next, current)))
-                        }
-                        Err(error) => Err(Refusal {
-                            error,
-                            must_close,
-                            is_head,
-                            log,
-                        }),
-                    };
-                }
-                Ok(None) => {
-                    request::check_partial(&down.rbuf, &limits).map_err(Refusal::closing)?
-                }
-                Err(e) => return Err(Refusal::closing(e)),
+            if let Some(request) = parse_buffered(worker, &limits, down)? {
+                return Ok(Some(request));
             }
         }
         let wait = match deadline {
@@ -423,6 +462,19 @@ async fn read_request(
             None if down.rbuf.is_empty() => settings.keepalive_timeout,
             None => settings.header_timeout,
         };
+        if down.rbuf.is_empty() && deadline.is_none() {
+            if let DownstreamIo::Plain(tcp) = &down.stream {
+                // Between requests: an idle connection gives its read buffer back.
+                match read_idle(worker, tcp, &mut down.rbuf, wait).await {
+                    0 => return Ok(None),
+                    n => {
+                        down.metrics.bytes_in.add(n as u64);
+                        deadline = Some(Instant::now() + settings.header_timeout);
+                        continue;
+                    }
+                }
+            }
+        }
         if down.rbuf.capacity() - down.rbuf.len() < 1024 {
             down.rbuf.reserve(HEAD_BUF);
         }
@@ -437,6 +489,45 @@ async fn read_request(
             Ok(Ok(n)) => {
                 down.metrics.bytes_in.add(n as u64);
                 deadline.get_or_insert_with(|| Instant::now() + settings.header_timeout);
+            }
+        }
+    }
+}
+
+/// How long a keep-alive connection keeps its read buffer while it waits for a request.
+const IDLE_BUFFER_KEEP: Duration = Duration::from_secs(1);
+
+/// Waits up to `wait` for the next request's first bytes on a plain connection and reads
+/// them; returns how many (0: closed, failed or idled out). After [`IDLE_BUFFER_KEEP`] the
+/// read buffer is freed, so thousands of idle keep-alive clients cost no buffers (a new one
+/// is taken when bytes arrive). The syscalls are those of a plain read: a read that would
+/// block, the readiness wait, the read.
+async fn read_idle(worker: &Worker, tcp: &TcpStream, rbuf: &mut BytesMut, wait: Duration) -> usize {
+    let until = Instant::now() + wait;
+    let keep_until = (Instant::now() + IDLE_BUFFER_KEEP).min(until);
+    loop {
+        if rbuf.capacity() - rbuf.len() < 1024 {
+            rbuf.reserve(HEAD_BUF);
+        }
+        match tcp.try_read_buf(rbuf) {
+            Ok(n) => return n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return 0,
+        }
+        loop {
+            let limit = if rbuf.capacity() > 0 {
+                keep_until
+            } else {
+                until
+            };
+            match tokio::time::timeout_at(limit, tcp.readable()).await {
+                Ok(Ok(())) => break,
+                Ok(Err(_)) => return 0,
+                Err(_) if rbuf.capacity() == 0 || limit == until => return 0,
+                Err(_) => {
+                    *rbuf = BytesMut::new();
+                    worker.idle_buffer_freed();
+                }
             }
         }
     }
@@ -613,7 +704,8 @@ pub(crate) async fn linger_close<S: tokio::io::AsyncRead + tokio::io::AsyncWrite
     if stream.shutdown().await.is_err() {
         return;
     }
-    let mut sink = [0u8; 4096];
+    // On the heap: an array here would sit in every connection's future for its whole life.
+    let mut sink = vec![0u8; 4096];
     let deadline = Instant::now() + Duration::from_millis(500);
     let mut drained = 0usize;
     while drained < 256 * 1024 {

@@ -22,6 +22,10 @@ pub enum ErrorKind {
     UriTooLong,
     #[error("timed out reading the request head")]
     HeaderTimeout,
+    #[error("timed out reading the request body")]
+    BodyTimeout,
+    #[error("timed out sending the response: the client stopped reading")]
+    SendTimeout,
     #[error("no route for this host and path")]
     NoRoute,
     #[error("no backend available")]
@@ -93,6 +97,8 @@ impl ProxyError {
                 | ErrorKind::HeadTooLarge
                 | ErrorKind::UriTooLong
                 | ErrorKind::HeaderTimeout
+                | ErrorKind::BodyTimeout
+                | ErrorKind::SendTimeout
                 | ErrorKind::Io(_)
                 | ErrorKind::Rejected(417 | 501)
                 | ErrorKind::BodyTooLarge
@@ -117,7 +123,10 @@ impl ProxyError {
             ErrorKind::BadRequest(_) => 400,
             ErrorKind::HeadTooLarge => 431,
             ErrorKind::UriTooLong => 414,
-            ErrorKind::HeaderTimeout => 408,
+            ErrorKind::HeaderTimeout | ErrorKind::BodyTimeout => 408,
+            // Nobody reads an answer to a client that stopped reading; 408 is what the access
+            // log and metrics record.
+            ErrorKind::SendTimeout => 408,
             ErrorKind::NoRoute => 404,
             ErrorKind::NoBackend
             | ErrorKind::Overloaded

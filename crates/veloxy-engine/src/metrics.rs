@@ -108,6 +108,12 @@ pub struct WorkerMetrics {
     pub h2_streams: Counter,
     /// WebSocket (and other HTTP/1.1 Upgrade) tunnels established.
     pub upgrades: Counter,
+    /// Responses cut because the client accepted no bytes for `send_timeout`.
+    pub send_timeouts: Counter,
+    /// Requests refused (408) or cut because their body stalled for `body_timeout`.
+    pub body_timeouts: Counter,
+    /// Times the allocator was asked to return freed memory to the OS after a burst.
+    pub memory_trims: Counter,
     /// Requests refused before routing completed (404, 400, 429, ...), by status class.
     unrouted: [Counter; CLASSES],
 }
@@ -135,6 +141,9 @@ impl Default for WorkerMetrics {
             tls_handshake_errors: Counter::default(),
             h2_streams: Counter::default(),
             upgrades: Counter::default(),
+            send_timeouts: Counter::default(),
+            body_timeouts: Counter::default(),
+            memory_trims: Counter::default(),
             unrouted: std::array::from_fn(|_| Counter::default()),
         }
     }
@@ -377,6 +386,27 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
         "counter",
         "Upgraded (WebSocket) connections established.",
         sum(m, |w| w.upgrades.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_send_timeouts_total",
+        "counter",
+        "Responses cut because the client accepted no bytes for send_timeout.",
+        sum(m, |w| w.send_timeouts.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_body_timeouts_total",
+        "counter",
+        "Requests whose body stalled for body_timeout (408).",
+        sum(m, |w| w.body_timeouts.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_memory_trims_total",
+        "counter",
+        "Times freed memory was returned to the OS after a burst of connections closed.",
+        sum(m, |w| w.memory_trims.get()),
     );
     out
 }

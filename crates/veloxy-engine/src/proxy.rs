@@ -20,18 +20,17 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use crate::tls::UpstreamIo;
-use tokio::time::{timeout, Instant};
+use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::compress::{self, StreamEncoder};
-use crate::config::UpstreamGroup;
+use crate::config::{RequestBuffering, UpstreamGroup};
 use crate::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::hooks::{RequestCtx, RequestSummary};
 use crate::http1::response::{self, Parsed, ResponseMeta};
 use crate::http1::BodyKind;
 use crate::relay::{
-    relay_request_body, relay_response_body, reserve, write_down, BodyState, DOWNSTREAM_IO_TIMEOUT,
-    READ_CHUNK,
+    relay_request_body, relay_response_body, reserve, write_down, BodyState, READ_CHUNK,
 };
 use crate::upstream::balancer::PickContext;
 use crate::upstream::pool::{release_slot, reserve_slot, UpstreamConn};
@@ -96,33 +95,36 @@ pub(crate) async fn forward(
     let mut req_body = BodyState::new(p.body, false);
     let mut backend = Some(p.backend);
 
+    // The body is read before a concurrency slot or an upstream connection is taken: a slow
+    // sender then holds neither (`request_buffering = "auto"`).
     let limit = p.concurrency.clone();
-    let admission = match &limit {
-        None => Ok(None),
-        Some(l) => l.admit().await.map(Some),
-    };
-    let outcome = match admission {
-        Err(_) => Err(Fail::BeforeResponse(ProxyError::downstream(
-            ErrorKind::Overloaded,
-        ))),
-        Ok(_admitted) => match buffer_request_body(group, down, &p, &mut req_body, &mut wbuf).await
-        {
-            Err(f) => Err(f),
-            Ok(()) => {
-                let mut run = Run {
-                    worker,
-                    gen,
-                    group,
-                    p: &p,
-                    ctx: &mut ctx,
-                    req_body: &mut req_body,
-                    wbuf: &wbuf,
-                    ubuf: &mut ubuf,
-                    obuf: &mut obuf,
-                };
-                run.with_retries(down, &mut backend).await
+    let outcome = match buffer_request_body(group, down, &mut p, &mut req_body, &mut wbuf).await {
+        Err(f) => Err(f),
+        Ok(()) => {
+            let admission = match &limit {
+                None => Ok(None),
+                Some(l) => l.admit().await.map(Some),
+            };
+            match admission {
+                Err(_) => Err(Fail::BeforeResponse(ProxyError::downstream(
+                    ErrorKind::Overloaded,
+                ))),
+                Ok(_admitted) => {
+                    let mut run = Run {
+                        worker,
+                        gen,
+                        group,
+                        p: &p,
+                        ctx: &mut ctx,
+                        req_body: &mut req_body,
+                        wbuf: &wbuf,
+                        ubuf: &mut ubuf,
+                        obuf: &mut obuf,
+                    };
+                    run.with_retries(down, &mut backend).await
+                }
             }
-        },
+        }
     };
 
     let (keep, status) = match outcome {
@@ -231,12 +233,15 @@ fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {
     }
 }
 
-/// Moves the request body bytes already read into the upstream write buffer, and for
-/// idempotent requests with a small body, reads the rest too so the request can be replayed.
+/// Moves the request body bytes already read into the upstream write buffer, then reads more
+/// of the body before any upstream is involved: with `request_buffering = "auto"`, a body of
+/// up to `retry_body_limit` bytes (a declared length, or a chunked body that ends within the
+/// limit); with `"off"`, only the body of a retryable request (idempotent, small, retries on).
+/// A body that is read completely can be replayed on another backend.
 async fn buffer_request_body(
     group: &UpstreamGroup,
     down: &mut Downstream,
-    p: &Prepared,
+    p: &mut Prepared,
     body: &mut BodyState,
     wbuf: &mut Vec<u8>,
 ) -> Result<(), Fail> {
@@ -245,20 +250,35 @@ async fn buffer_request_body(
             "invalid chunked body",
         )))
     };
+    let head_len = wbuf.len();
     let n = body.take(&down.rbuf).map_err(|_| bad())?;
     wbuf.extend_from_slice(&down.rbuf[..n]);
     down.rbuf.advance(n);
-    let small = matches!(p.body, crate::http1::BodyKind::Length(len) if len as usize <= group.retry_body_limit);
-    if body.is_done() || !p.idempotent || !small || group.retries == 0 {
+    let limit = group.retry_body_limit;
+    let small = matches!(p.body, BodyKind::Length(len) if len as usize <= limit);
+    let buffer = match down.request_buffering {
+        RequestBuffering::Auto => small || p.body == BodyKind::Chunked,
+        RequestBuffering::Off => p.idempotent && small && group.retries > 0,
+    };
+    if body.is_done() || !buffer || p.upgrade {
         return Ok(());
     }
     if p.expect_continue {
+        // Asked once: the upstream never sees the expectation answered twice.
+        p.expect_continue = false;
         let _ = write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await;
     }
-    while !body.is_done() {
+    // A chunked body of unknown size is read up to the limit; the rest streams.
+    while !body.is_done() && wbuf.len() - head_len <= limit {
         reserve(&mut down.rbuf, READ_CHUNK);
-        match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
+        match timeout(down.body_timeout, down.stream.read_buf(&mut down.rbuf)).await {
             Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
+            Err(_) => {
+                down.metrics.body_timeouts.inc();
+                return Err(Fail::BeforeResponse(ProxyError::downstream(
+                    ErrorKind::BodyTimeout,
+                )));
+            }
             _ => {
                 return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
                     "request body truncated",
@@ -444,6 +464,9 @@ impl Run<'_> {
             }
             // Response head, skipping 1xx interim responses. Bytes already read are parsed
             // before reading more: an interim and the final head often arrive together.
+            // `read_timeout` bounds the whole wait for the final head: interim responses
+            // (`102 Processing` every second) do not extend it.
+            let head_deadline = Instant::now() + group.read_timeout;
             self.ubuf.clear();
             loop {
                 if !self.ubuf.is_empty() {
@@ -476,7 +499,7 @@ impl Run<'_> {
                     }
                 }
                 reserve(self.ubuf, READ_CHUNK);
-                let n = match timeout(group.read_timeout, conn.stream.read_buf(self.ubuf)).await {
+                let n = match timeout_at(head_deadline, conn.stream.read_buf(self.ubuf)).await {
                     Err(_) => {
                         return Err(AttemptFail::NoResponse(ProxyError::upstream(
                             ErrorKind::ReadTimeout,

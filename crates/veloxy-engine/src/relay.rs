@@ -17,8 +17,6 @@ use crate::proxy::{up, Fail};
 
 /// Keep at least this much free space before reading a body chunk.
 pub(crate) const READ_CHUNK: usize = 16 * 1024;
-/// Time allowed for each write to, or read from, the client while a body is transferred.
-pub(crate) const DOWNSTREAM_IO_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub(crate) fn reserve(buf: &mut BytesMut, min: usize) {
     if buf.capacity() - buf.len() < min {
@@ -108,7 +106,7 @@ impl BodyState {
 
 pub(crate) async fn write_down(down: &mut Downstream, data: &[u8]) -> Result<(), ProxyError> {
     match timeout(
-        DOWNSTREAM_IO_TIMEOUT,
+        down.send_timeout,
         crate::tls::send_all(&mut down.stream, data),
     )
     .await
@@ -119,9 +117,10 @@ pub(crate) async fn write_down(down: &mut Downstream, data: &[u8]) -> Result<(),
             Ok(())
         }
         Ok(Err(e)) => Err(ProxyError::downstream(ErrorKind::Io(e))),
-        Err(_) => Err(ProxyError::downstream(ErrorKind::Io(
-            std::io::ErrorKind::TimedOut.into(),
-        ))),
+        Err(_) => {
+            down.metrics.send_timeouts.inc();
+            Err(ProxyError::downstream(ErrorKind::SendTimeout))
+        }
     }
 }
 
@@ -136,8 +135,16 @@ pub(crate) async fn relay_request_body(
     while !body.is_done() {
         if down.rbuf.is_empty() {
             reserve(&mut down.rbuf, READ_CHUNK);
-            match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
+            match timeout(down.body_timeout, down.stream.read_buf(&mut down.rbuf)).await {
                 Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
+                // A client that stalls mid-body gets a 408 (no response has started) and the
+                // upstream connection, holding a partial request, is dropped.
+                Err(_) => {
+                    down.metrics.body_timeouts.inc();
+                    return Err(Fail::BeforeResponse(ProxyError::downstream(
+                        ErrorKind::BodyTimeout,
+                    )));
+                }
                 // The client vanished mid-body: nobody to answer.
                 _ => {
                     return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(

@@ -406,7 +406,7 @@ fn run_worker(
 /// read timeout). With the tick, every request timeout lies beyond the next wake-up.
 ///
 /// Each tick it publishes the worker's per-backend figures for `/upstreams`; every second it
-/// also sweeps expired idle upstream connections.
+/// also sweeps expired idle upstream connections and, after a burst, returns memory.
 async fn heartbeat(worker: Rc<Worker>) {
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -415,6 +415,7 @@ async fn heartbeat(worker: Rc<Worker>) {
         worker.publish();
         if n % 20 == 0 {
             worker.sweep();
+            worker.trim_memory();
         }
     }
 }
@@ -427,10 +428,12 @@ fn spawn_connection(
     state: &Arc<ListenerState>,
 ) {
     state.open.fetch_add(1, Ordering::Relaxed);
+    worker.connection_opened();
     let (w, st) = (worker.clone(), state.clone());
     tokio::task::spawn_local(async move {
-        crate::connection::serve(w, stream, peer, st.clone()).await;
+        crate::connection::serve(w.clone(), stream, peer, st.clone()).await;
         st.open.fetch_sub(1, Ordering::Relaxed);
+        w.connection_closed();
     });
 }
 

@@ -66,6 +66,8 @@ fn carry_idle_connections(old: &Generation, new: &Generation) {
 pub(crate) const SCRATCH: usize = 32 * 1024;
 /// Scratch buffers kept for reuse; more are freed.
 const SCRATCH_KEPT: usize = 256;
+/// Connections closed since the peak that make the heartbeat return memory to the OS.
+const TRIM_AFTER: usize = 512;
 
 pub(crate) struct Worker {
     pub id: usize,
@@ -81,6 +83,12 @@ pub(crate) struct Worker {
     pub h2_connections: Cell<usize>,
     /// This worker's counters (it is their only writer).
     pub metrics: Arc<WorkerMetrics>,
+    /// Open downstream connections on this worker, and their peak since memory was last
+    /// trimmed (see [`Worker::trim_memory`]).
+    pub connections: Cell<usize>,
+    peak_connections: Cell<usize>,
+    /// Read buffers freed by idle keep-alive connections since memory was last trimmed.
+    idle_buffers_freed: Cell<usize>,
 }
 
 impl Worker {
@@ -96,6 +104,9 @@ impl Worker {
             fresh: Cell::new(0),
             h2_connections: Cell::new(0),
             metrics,
+            connections: Cell::new(0),
+            peak_connections: Cell::new(0),
+            idle_buffers_freed: Cell::new(0),
         }
     }
 
@@ -154,7 +165,56 @@ impl Worker {
         }
     }
 
-    /// Periodic housekeeping: closes expired idle upstream connections.
+    /// Counts a downstream connection opened (`+1`) or closed (`-1`).
+    pub fn connection_opened(&self) {
+        let n = self.connections.get() + 1;
+        self.connections.set(n);
+        if n > self.peak_connections.get() {
+            self.peak_connections.set(n);
+        }
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections.set(self.connections.get() - 1);
+    }
+
+    /// An idle keep-alive connection gave its read buffer back.
+    pub fn idle_buffer_freed(&self) {
+        self.idle_buffers_freed
+            .set(self.idle_buffers_freed.get() + 1);
+    }
+
+    /// Gives memory back to the OS after a burst: when at least [`TRIM_AFTER`] connections
+    /// have closed since the peak, or as many idle connections freed their read buffers,
+    /// freed heap pages are returned (glibc keeps them in its arenas otherwise: 20k closed
+    /// connections left 240 MB resident). Called from the heartbeat once a second; costs
+    /// nothing while connection counts are steady.
+    pub fn trim_memory(&self) {
+        let (now, peak) = (self.connections.get(), self.peak_connections.get());
+        if peak.saturating_sub(now) < TRIM_AFTER && self.idle_buffers_freed.get() < TRIM_AFTER {
+            return;
+        }
+        self.peak_connections.set(now);
+        self.idle_buffers_freed.set(0);
+        self.shrink_pools();
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free memory; it is thread-safe (it locks each
+        // arena in turn).
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        self.metrics.memory_trims.inc();
+    }
+
+    /// Frees the scratch buffers kept for reuse beyond what a quiet worker needs.
+    fn shrink_pools(&self) {
+        let keep = 16;
+        self.bytes.borrow_mut().truncate(keep);
+        self.bytes.borrow_mut().shrink_to_fit();
+        self.vecs.borrow_mut().truncate(keep);
+        self.vecs.borrow_mut().shrink_to_fit();
+    }
+
     /// Publishes this worker's per-backend figures (in flight, idle pool, latency EWMA) for
     /// `/upstreams`: a few relaxed stores per backend, off the request path.
     pub fn publish(&self) {

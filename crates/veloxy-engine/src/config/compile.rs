@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use super::file::{FileConfig, HealthSection, OutlierSection, RouteSection};
 use super::{
-    Backend, DurationValue, HashKey, ListenerSpec, Settings, Snapshot, UpstreamGroup,
-    UpstreamProtocol,
+    Backend, DurationValue, HashKey, ListenerSpec, RequestBuffering, Settings, Snapshot,
+    UpstreamGroup, UpstreamProtocol,
 };
 use crate::limits::{parse_rate, ConcurrencyLimit, RateKey, RateLimiter, RouteLimits};
 use crate::router::{HostMatch, Route, Router};
@@ -86,6 +86,22 @@ fn compile(
         max_header_bytes: positive(src, &s.max_header_bytes, "server.max_header_bytes", 65536)?,
         max_uri_bytes: positive(src, &s.max_uri_bytes, "server.max_uri_bytes", 8192)?,
         shutdown_timeout: dur(&s.shutdown_timeout, Duration::from_secs(10)),
+        send_timeout: dur(&s.send_timeout, Duration::from_secs(60)),
+        body_timeout: dur(&s.body_timeout, Duration::from_secs(60)),
+        request_buffering: match &s.request_buffering {
+            None => RequestBuffering::Auto,
+            Some(v) => match v.get_ref().as_str() {
+                "auto" => RequestBuffering::Auto,
+                "off" => RequestBuffering::Off,
+                other => {
+                    return Err(src.error(
+                        v.span(),
+                        "server.request_buffering",
+                        format!("unknown value {other:?}: expected \"auto\" or \"off\""),
+                    ))
+                }
+            },
+        },
         log_level: s
             .log_level
             .as_ref()
@@ -104,6 +120,8 @@ fn compile(
     for (v, k) in [
         (&s.header_timeout, "server.header_timeout"),
         (&s.keepalive_timeout, "server.keepalive_timeout"),
+        (&s.send_timeout, "server.send_timeout"),
+        (&s.body_timeout, "server.body_timeout"),
     ] {
         if v.is_some_and(|d| d.0.is_zero()) {
             return Err(src.whole(format!("{k} must be greater than zero")));

@@ -53,12 +53,32 @@ pub struct Settings {
     pub max_uri_bytes: usize,
     /// How long shutdown waits for in-flight requests. Default 10s.
     pub shutdown_timeout: Duration,
+    /// Longest a response may wait for the client to accept more bytes (a write to an HTTP/1
+    /// client, or an HTTP/2 stream with no flow-control window); then the exchange is cut and
+    /// its upstream connection released. Default 60s, as nginx's `send_timeout`.
+    pub send_timeout: Duration,
+    /// Longest wait between two reads of a request body; then 408 (when no response has
+    /// started) and close. Default 60s, as nginx's `client_body_timeout`.
+    pub body_timeout: Duration,
+    /// Whether request bodies are read before an upstream connection is taken.
+    pub request_buffering: RequestBuffering,
     /// Log filter used when `RUST_LOG` is unset. Default `"info"`.
     pub log_level: String,
     /// Admin endpoint address (`/metrics`, `/healthz`, `/upstreams`, `POST /reload`). Default: off.
     pub admin: Option<SocketAddr>,
     /// Access log. Default: off. Read at start; changing it needs a restart.
     pub access_log: Option<crate::access_log::AccessLogConfig>,
+}
+
+/// `[server] request_buffering`: when a request body is read before the upstream is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestBuffering {
+    /// Bodies up to the group's `retry_body_limit` are read completely first, so a slow sender
+    /// costs no upstream connection (and the request stays retryable); larger ones stream.
+    Auto,
+    /// Only bodies of retryable requests are read first (idempotent, small, `retries > 0`);
+    /// every other body streams to the upstream as it arrives.
+    Off,
 }
 
 /// A compiled listener: a name, an address, and the routes that apply to it.

@@ -20,7 +20,7 @@ use crate::connection::{Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::http1::{itoa, reason, BodyKind, MAX_HEADERS};
 use crate::proxy::{answer_error, record_exchange, reset_downstream};
-use crate::relay::{reserve, write_down, BodyState, DOWNSTREAM_IO_TIMEOUT, READ_CHUNK};
+use crate::relay::{reserve, write_down, BodyState, READ_CHUNK};
 use crate::worker::{Generation, Worker};
 
 /// Forwards one HTTP/1 request to an HTTP/2 upstream group; returns whether the client
@@ -152,8 +152,12 @@ async fn read_body(
             return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
         }
         reserve(&mut down.rbuf, READ_CHUNK);
-        match timeout(DOWNSTREAM_IO_TIMEOUT, down.stream.read_buf(&mut down.rbuf)).await {
+        match timeout(down.body_timeout, down.stream.read_buf(&mut down.rbuf)).await {
             Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
+            Err(_) => {
+                down.metrics.body_timeouts.inc();
+                return Err(ProxyError::downstream(ErrorKind::BodyTimeout));
+            }
             _ => {
                 return Err(ProxyError::downstream(ErrorKind::BadRequest(
                     "request body truncated",

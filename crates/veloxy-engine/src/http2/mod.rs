@@ -38,6 +38,7 @@ use crate::hooks::{RequestCtx, RequestInfo, RequestSummary};
 use crate::worker::{Generation, Worker};
 
 pub(crate) mod bridge;
+mod stall;
 mod to_h1;
 mod to_h2;
 
@@ -75,6 +76,10 @@ pub(crate) struct ConnCtx {
     /// Streams in progress, and when the last one ended (idle timeout).
     active: Cell<usize>,
     last_active: Cell<Instant>,
+    /// `[server] body_timeout` when the connection opened.
+    body_timeout: Duration,
+    /// Streaming responses, for the send-stall deadline (`send_timeout`).
+    stalls: stall::Watch,
 }
 
 /// Serves one HTTP/2 connection until the client closes it, it idles out, or veloxy shuts
@@ -88,7 +93,7 @@ pub(crate) async fn serve<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    let (streams, header_bytes, idle_timeout) = {
+    let (streams, header_bytes, idle_timeout, send_timeout, body_timeout) = {
         let gen = worker.current();
         let s = &gen.snapshot;
         let streams = s
@@ -100,6 +105,8 @@ pub(crate) async fn serve<IO>(
             streams,
             s.settings.max_header_bytes,
             s.settings.keepalive_timeout,
+            s.settings.send_timeout,
+            s.settings.body_timeout,
         )
     };
     struct Open<'a>(&'a Worker);
@@ -119,6 +126,8 @@ pub(crate) async fn serve<IO>(
         tls,
         active: Cell::new(0),
         last_active: Cell::new(Instant::now()),
+        body_timeout,
+        stalls: stall::Watch::default(),
     });
     let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
     builder
@@ -136,13 +145,19 @@ pub(crate) async fn serve<IO>(
     let svc_ctx = ctx.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let c = svc_ctx.clone();
-        async move { Ok::<_, Infallible>(handle(c, req).await) }
+        async move {
+            let resp = handle(c.clone(), req).await;
+            Ok::<_, Infallible>(resp.map(|body| c.stalls.wrap(body)))
+        }
     });
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut closing = false;
+    // Set once a stream was cut for stalling: the client is broken or hostile, so the
+    // connection closes as soon as no live stream is left, even one parked with no window.
+    let mut stalled = false;
     loop {
         tokio::select! {
             r = conn.as_mut() => {
@@ -151,9 +166,19 @@ pub(crate) async fn serve<IO>(
                 }
                 break;
             }
-            _ = tick.tick(), if !closing => {
+            _ = tick.tick() => {
+                let cut = ctx.stalls.sweep(send_timeout);
+                if cut > 0 {
+                    worker.metrics.send_timeouts.add(cut as u64);
+                    tracing::info!(client = %peer, streams = cut, "HTTP/2 send timeout: client opened no window; streams cut");
+                    stalled = true;
+                }
+                if stalled && ctx.active.get() == 0 {
+                    // Only cut streams are left, and hyper would wait for them forever.
+                    break;
+                }
                 let idle = ctx.active.get() == 0 && ctx.last_active.get().elapsed() >= idle_timeout;
-                if worker.shutting_down() || idle {
+                if !closing && (worker.shutting_down() || idle) {
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
@@ -776,6 +801,9 @@ pub(crate) fn skip_request_header(name: &http::HeaderName) -> bool {
 impl ConnCtx {
     pub(crate) fn worker(&self) -> &Rc<Worker> {
         &self.worker
+    }
+    pub(crate) fn body_timeout(&self) -> Duration {
+        self.body_timeout
     }
     pub(crate) fn client_ip(&self) -> &str {
         &self.client_ip

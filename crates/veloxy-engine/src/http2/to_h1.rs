@@ -18,14 +18,14 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::io::AsyncReadExt;
-use tokio::time::{timeout, Instant, Sleep};
+use tokio::time::{timeout, timeout_at, Instant, Sleep};
 
 use super::{feedback, pick, ConnCtx, Finish, ProxyBody, Target};
 use crate::error::{ErrorKind, ProxyError};
 use crate::http1::response::{parse_foreign, ForeignHead};
 use crate::http1::{itoa, BodyKind};
 use crate::proxy::connect_backend;
-use crate::relay::{reserve, BodyState, DOWNSTREAM_IO_TIMEOUT, READ_CHUNK};
+use crate::relay::{reserve, BodyState, READ_CHUNK};
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
 
@@ -97,7 +97,7 @@ async fn forward_with(
     if let (true, BodyKind::Length(n)) = (streaming, framing) {
         if n as usize <= group.retry_body_limit {
             let mut got = 0u64;
-            while let Some(frame) = next_frame(&mut body).await? {
+            while let Some(frame) = next_frame(c, &mut body).await? {
                 let frame = frame.map_err(|e| client_gone(&e))?;
                 if let Ok(data) = frame.into_data() {
                     got += data.len() as u64;
@@ -204,15 +204,17 @@ impl MinNone for BodyKind {
     }
 }
 
-/// The next frame of a request body, waiting at most [`DOWNSTREAM_IO_TIMEOUT`] for it: a
-/// client that stops sending mid-body must not hold an upstream connection (and a route's
-/// concurrency slot) forever.
+/// The next frame of a request body, waiting at most `body_timeout` for it: a client that
+/// stops sending mid-body must not hold an upstream connection (and a route's concurrency
+/// slot) forever.
 async fn next_frame(
+    c: &ConnCtx,
     body: &mut Incoming,
 ) -> Result<Option<Result<Frame<Bytes>, hyper::Error>>, ProxyError> {
-    timeout(DOWNSTREAM_IO_TIMEOUT, body.frame())
-        .await
-        .map_err(|_| ProxyError::downstream(ErrorKind::HeaderTimeout))
+    timeout(c.body_timeout(), body.frame()).await.map_err(|_| {
+        c.worker().metrics.body_timeouts.inc();
+        ProxyError::downstream(ErrorKind::BodyTimeout)
+    })
 }
 
 fn client_gone(e: &hyper::Error) -> ProxyError {
@@ -363,6 +365,8 @@ async fn attempt(
         if let Some(body) = body.as_deref_mut() {
             stream_body(c, group.write_timeout, &mut conn, body, framing).await?;
         }
+        // `read_timeout` bounds the whole wait for the final head, interim responses included.
+        let head_deadline = Instant::now() + group.read_timeout;
         ubuf.clear();
         loop {
             if !ubuf.is_empty() {
@@ -388,7 +392,7 @@ async fn attempt(
                 }
             }
             reserve(&mut ubuf, READ_CHUNK);
-            let n = match timeout(group.read_timeout, conn.stream.read_buf(&mut ubuf)).await {
+            let n = match timeout_at(head_deadline, conn.stream.read_buf(&mut ubuf)).await {
                 Err(_) => return Err(Fail::NoResponse(up(ErrorKind::ReadTimeout))),
                 Ok(Ok(n)) => n,
                 Ok(Err(_)) => 0,
@@ -419,7 +423,7 @@ async fn stream_body(
 ) -> Result<(), Fail> {
     let chunked = framing == BodyKind::Chunked;
     let mut out = Vec::with_capacity(READ_CHUNK);
-    while let Some(frame) = next_frame(body).await.map_err(Fail::Fatal)? {
+    while let Some(frame) = next_frame(c, body).await.map_err(Fail::Fatal)? {
         let frame = frame.map_err(|e| Fail::Fatal(client_gone(&e)))?;
         let Ok(data) = frame.into_data() else {
             continue; // request trailers: HTTP/1.1 upstreams rarely accept them
@@ -467,6 +471,21 @@ fn respond(
     let mut fin = fin.take().expect("present until success");
     fin.status = head.status;
     let mut headers = head.headers;
+    if matches!(head.status, 204 | 304) {
+        // These responses have no content. A Content-Length on a 204 is forbidden, and HTTP/2
+        // clients treat one that promises bytes no DATA frame carries as a malformed response
+        // (a stream reset with no status): answer the status without it.
+        if let Some(len) = headers.remove(http::header::CONTENT_LENGTH) {
+            if len.as_bytes() != b"0" {
+                tracing::warn!(
+                    upstream = %group.name,
+                    status = head.status,
+                    content_length = ?len,
+                    "upstream sent a Content-Length on a response without content; dropped"
+                );
+            }
+        }
+    }
     if let (Some(hooks), Some(ctx)) = (&c.worker().shared.hooks, fin.hook_ctx.as_deref_mut()) {
         hooks.on_response(head.status, ctx);
         super::add_hook_headers(&ctx.response_headers, &mut headers);

@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 use std::os::fd::AsRawFd;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -17,7 +17,6 @@ use super::{Body, Part, Response, StaticRoute};
 use crate::connection::{Downstream, LogFields};
 use crate::http1::request::RequestView;
 use crate::http1::{itoa, reason, BodyKind};
-use crate::relay::DOWNSTREAM_IO_TIMEOUT;
 use crate::worker::Worker;
 
 /// In-memory bodies up to this size are copied behind the head and sent in one write.
@@ -57,11 +56,12 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, mut reply: Sta
     let mut out = worker.take_vec();
     write_head(&reply.response, reply.version, reply.keep_alive, &mut out);
     let status = reply.response.status;
+    let limit = down.send_timeout;
     let result = match &mut down.stream {
         crate::tls::DownstreamIo::Plain(tcp) => {
-            write_body(tcp, &mut out, &reply.response.body).await
+            write_body(tcp, &mut out, &reply.response.body, limit).await
         }
-        io => write_body_copied(io, &mut out, &reply.response.body).await,
+        io => write_body_copied(io, &mut out, &reply.response.body, limit).await,
     };
     worker.give_vec(out);
     let (ok, written) = match result {
@@ -125,34 +125,39 @@ type WriteError = (u64, std::io::Error);
 
 /// Sends `head` (already serialized in `out`) and the body. Returns the bytes written, or the
 /// bytes written before the error.
-async fn write_body(stream: &TcpStream, out: &mut Vec<u8>, body: &Body) -> Result<u64, WriteError> {
+async fn write_body(
+    stream: &TcpStream,
+    out: &mut Vec<u8>,
+    body: &Body,
+    limit: Duration,
+) -> Result<u64, WriteError> {
     let mut written = 0u64;
     match body {
-        Body::Empty => send(stream, out, false, &mut written).await?,
+        Body::Empty => send(stream, out, false, &mut written, limit).await?,
         Body::Bytes(b) if b.len() <= COALESCE => {
             out.extend_from_slice(b);
-            send(stream, out, false, &mut written).await?;
+            send(stream, out, false, &mut written, limit).await?;
         }
         Body::Bytes(b) => {
-            send(stream, out, true, &mut written).await?;
-            send(stream, b, false, &mut written).await?;
+            send(stream, out, true, &mut written, limit).await?;
+            send(stream, b, false, &mut written, limit).await?;
         }
         Body::File { file, offset, len } => {
-            send(stream, out, true, &mut written).await?;
-            sendfile(stream, file, *offset, *len, &mut written).await?;
+            send(stream, out, true, &mut written, limit).await?;
+            sendfile(stream, file, *offset, *len, &mut written, limit).await?;
         }
         Body::Multipart(parts) => {
             for p in parts {
                 match p {
                     Part::Bytes(b) => out.extend_from_slice(b),
                     Part::File { file, offset, len } => {
-                        send(stream, out, true, &mut written).await?;
+                        send(stream, out, true, &mut written, limit).await?;
                         out.clear();
-                        sendfile(stream, file, *offset, *len, &mut written).await?;
+                        sendfile(stream, file, *offset, *len, &mut written, limit).await?;
                     }
                 }
             }
-            send(stream, out, false, &mut written).await?;
+            send(stream, out, false, &mut written, limit).await?;
         }
     }
     Ok(written)
@@ -164,43 +169,49 @@ async fn write_body_copied<S>(
     stream: &mut S,
     out: &mut Vec<u8>,
     body: &Body,
+    limit: Duration,
 ) -> Result<u64, WriteError>
 where
     S: tokio::io::AsyncWrite + Unpin,
 {
     let mut written = 0u64;
     match body {
-        Body::Empty => copy_out(stream, out, &mut written).await?,
+        Body::Empty => copy_out(stream, out, &mut written, limit).await?,
         Body::Bytes(b) => {
             out.extend_from_slice(b);
-            copy_out(stream, out, &mut written).await?;
+            copy_out(stream, out, &mut written, limit).await?;
         }
         Body::File { file, offset, len } => {
-            copy_out(stream, out, &mut written).await?;
-            copy_file(stream, file, *offset, *len, &mut written).await?;
+            copy_out(stream, out, &mut written, limit).await?;
+            copy_file(stream, file, *offset, *len, &mut written, limit).await?;
         }
         Body::Multipart(parts) => {
             for p in parts {
                 match p {
                     Part::Bytes(b) => out.extend_from_slice(b),
                     Part::File { file, offset, len } => {
-                        copy_out(stream, out, &mut written).await?;
+                        copy_out(stream, out, &mut written, limit).await?;
                         out.clear();
-                        copy_file(stream, file, *offset, *len, &mut written).await?;
+                        copy_file(stream, file, *offset, *len, &mut written, limit).await?;
                     }
                 }
             }
-            copy_out(stream, out, &mut written).await?;
+            copy_out(stream, out, &mut written, limit).await?;
         }
     }
     Ok(written)
 }
 
-async fn copy_out<S>(stream: &mut S, buf: &[u8], written: &mut u64) -> Result<(), WriteError>
+async fn copy_out<S>(
+    stream: &mut S,
+    buf: &[u8],
+    written: &mut u64,
+    limit: Duration,
+) -> Result<(), WriteError>
 where
     S: tokio::io::AsyncWrite + Unpin,
 {
-    match timeout(DOWNSTREAM_IO_TIMEOUT, crate::tls::send_all(stream, buf)).await {
+    match timeout(limit, crate::tls::send_all(stream, buf)).await {
         Ok(Ok(())) => {
             *written += buf.len() as u64;
             Ok(())
@@ -218,6 +229,7 @@ async fn copy_file<S>(
     offset: u64,
     len: u64,
     written: &mut u64,
+    limit: Duration,
 ) -> Result<(), WriteError>
 where
     S: tokio::io::AsyncWrite + Unpin,
@@ -233,7 +245,7 @@ where
         if n == 0 {
             return Err((*written, std::io::ErrorKind::UnexpectedEof.into()));
         }
-        copy_out(stream, &buf[..n], written).await?;
+        copy_out(stream, &buf[..n], written, limit).await?;
         pos += n as u64;
     }
     Ok(())
@@ -245,6 +257,7 @@ async fn send(
     mut buf: &[u8],
     more: bool,
     written: &mut u64,
+    limit: Duration,
 ) -> Result<(), WriteError> {
     let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
     let fd = stream.as_raw_fd();
@@ -258,7 +271,7 @@ async fn send(
                 Ok(n as usize)
             }
         });
-        match timeout(DOWNSTREAM_IO_TIMEOUT, io).await {
+        match timeout(limit, io).await {
             Ok(Ok(n)) => {
                 buf = &buf[n..];
                 *written += n as u64;
@@ -280,6 +293,7 @@ async fn sendfile(
     offset: u64,
     len: u64,
     written: &mut u64,
+    limit: Duration,
 ) -> Result<(), WriteError> {
     let (sock, fd) = (stream.as_raw_fd(), file.as_raw_fd());
     let mut off = offset as libc::off_t;
@@ -295,7 +309,7 @@ async fn sendfile(
                 Ok(n as usize)
             }
         });
-        match timeout(DOWNSTREAM_IO_TIMEOUT, io).await {
+        match timeout(limit, io).await {
             Ok(Ok(0)) => {
                 return Err((*written, std::io::ErrorKind::UnexpectedEof.into()));
             }
