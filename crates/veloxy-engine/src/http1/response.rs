@@ -41,12 +41,33 @@ fn bad(msg: &'static str) -> ProxyError {
 /// The framing of a response head: what its headers say about the body and the connection.
 struct Framing<'a> {
     content_length: Option<u64>,
+    /// Transfer-Encoding is present; [`check_codings`] made sure it ends in `chunked`.
     transfer_encoding: bool,
-    /// The last transfer-coding is `chunked`.
-    chunked: bool,
     te_value: &'a [u8],
     connection: [&'a [u8]; 8],
     connection_len: usize,
+}
+
+/// Checks a response's Transfer-Encoding list: it must end in `chunked` (chunked framing).
+///
+/// A list whose last coding is not `chunked` (`gzip`, `identity`, `chunked, gzip`) makes the
+/// body close-delimited and coded in a way veloxy would have to undo: it sends no `TE` upstream,
+/// so the backend was never offered such a coding, HTTP/2 cannot carry it, and stripping the
+/// header would hand clients coded bytes as if they were the content. Such responses are
+/// refused (502) on every path, as nginx does. `chunked` twice is refused too (RFC 9112 6.1:
+/// it is applied at most once).
+fn check_codings(value: &[u8]) -> Result<(), ProxyError> {
+    let mut codings = value.rsplit(|&b| b == b',').map(<[u8]>::trim_ascii);
+    let last_is_chunked = codings
+        .next()
+        .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
+    if !last_is_chunked {
+        return Err(bad("transfer-coding other than chunked"));
+    }
+    if codings.any(|c| c.eq_ignore_ascii_case(b"chunked")) {
+        return Err(bad("chunked transfer-coding applied twice"));
+    }
+    Ok(())
 }
 
 impl<'a> Framing<'a> {
@@ -55,7 +76,6 @@ impl<'a> Framing<'a> {
         let mut f = Framing {
             content_length: None,
             transfer_encoding: false,
-            chunked: false,
             te_value: b"",
             connection: [&[]; 8],
             connection_len: 0,
@@ -76,8 +96,7 @@ impl<'a> Framing<'a> {
                     }
                     f.transfer_encoding = true;
                     f.te_value = h.value.trim_ascii();
-                    let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
-                    f.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                    check_codings(f.te_value)?;
                 }
                 Special::Connection if f.connection_len < f.connection.len() => {
                     f.connection[f.connection_len] = h.value;
@@ -101,11 +120,7 @@ impl<'a> Framing<'a> {
         if request_is_head || status == 204 || status == 304 {
             BodyKind::None
         } else if self.transfer_encoding {
-            if self.chunked {
-                BodyKind::Chunked
-            } else {
-                BodyKind::UntilClose
-            }
+            BodyKind::Chunked
         } else {
             match self.content_length {
                 Some(n) => BodyKind::Length(n),
@@ -186,8 +201,8 @@ pub fn parse_and_write_upgrade(
     let version = res.version.unwrap_or(1);
     let framing = Framing::scan(res.headers)?;
     let (transfer_encoding, te_value) = (framing.transfer_encoding, framing.te_value);
-    // Codings other than chunked (gzip, ...) are the client's to decode: forwarded verbatim to
-    // HTTP/1.1 clients; an HTTP/1.0 client cannot receive a transfer-coding at all.
+    // Codings before the final chunked (`gzip, chunked`) are the client's to decode: forwarded
+    // verbatim to HTTP/1.1 clients; an HTTP/1.0 client cannot receive a transfer-coding at all.
     let other_codings = transfer_encoding && !te_value.eq_ignore_ascii_case(b"chunked");
     if other_codings && client_version == 0 {
         return Err(bad("transfer-coding an HTTP/1.0 client cannot decode"));
@@ -272,7 +287,7 @@ pub(crate) fn parse_foreign(
     let version = res.version.unwrap_or(1);
     let framing = Framing::scan(res.headers)?;
     if framing.transfer_encoding && !framing.te_value.eq_ignore_ascii_case(b"chunked") {
-        // gzip etc. as a transfer-coding: HTTP/2 has no way to carry it.
+        // `gzip, chunked`: the payload is still gzip-coded and HTTP/2 has no way to say so.
         return Err(bad("transfer-coding an HTTP/2 client cannot decode"));
     }
     let conn = framing.connection();
@@ -347,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn other_transfer_codings_pass_through_verbatim() {
+    fn codings_before_chunked_pass_through_verbatim() {
         let (m, s) = run(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
             false,
@@ -355,22 +370,29 @@ mod tests {
         );
         assert_eq!(m.body, BodyKind::Chunked);
         assert_eq!(s, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n");
-        let (m, s) = run(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
-            false,
-            1,
-        );
-        assert_eq!(m.body, BodyKind::UntilClose);
-        assert_eq!(
-            s,
-            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nConnection: close\r\n"
-        );
         let mut out = Vec::new();
         let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
         assert!(
             parse_and_write(raw, false, 0, true, &mut out).is_err(),
             "HTTP/1.0 client"
         );
+        assert!(parse_foreign(raw, false).is_err(), "HTTP/2 client");
+    }
+
+    #[test]
+    fn transfer_coding_not_ending_in_chunked_is_refused() {
+        for te in ["gzip", "identity", "chunked, gzip", "chunked, chunked", ""] {
+            let raw = format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: {te}\r\n\r\nbody");
+            for (v, head) in [(1, false), (0, false), (1, true)] {
+                let mut out = Vec::new();
+                let r = parse_and_write(raw.as_bytes(), head, v, true, &mut out);
+                assert!(r.is_err(), "{te:?} to HTTP/1.{v} (HEAD {head}) accepted");
+            }
+            assert!(
+                parse_foreign(raw.as_bytes(), false).is_err(),
+                "{te:?} to HTTP/2"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,170 @@
+//! Hardening of the HTTP/1 codec (issue #10): response transfer-codings, chunk sizes that do
+//! not fit a signed 64-bit integer, request headers and trailers an upstream could misread,
+//! and upstream responses with hundreds of headers. Exotic upstreams are raw TCP listeners on
+//! 127.0.0.1 that write exact bytes.
+
+mod common;
+use common::tls::*;
+use common::*;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Bound on every wait in this file.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A raw origin: for each connection it reads until `complete` says the request is whole,
+/// reports the bytes read on the returned channel, writes `response` and closes.
+fn raw_origin(
+    response: Vec<u8>,
+    complete: fn(&[u8]) -> bool,
+) -> (SocketAddr, mpsc::Receiver<Vec<u8>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            let (tx, response) = (tx.clone(), response.clone());
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(WAIT)).unwrap();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !complete(&got) {
+                    match s.read(&mut buf) {
+                        Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let _ = tx.send(got);
+                let _ = s.write_all(&response);
+                let _ = s.shutdown(std::net::Shutdown::Write);
+                // Drain until veloxy closes, so the close is a FIN and not a reset.
+                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// The request head is complete (bodies are not read).
+fn head_done(got: &[u8]) -> bool {
+    got.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
+/// Sends `raw` on a fresh connection and reads until the server closes; returns the status,
+/// the head and the bytes after it. Parses up to 1024 headers (the shared client stops at 64).
+fn exchange(addr: SocketAddr, raw: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(raw).unwrap();
+    let mut out = Vec::new();
+    // A reset after a complete answer still leaves that answer readable.
+    let _ = s.read_to_end(&mut out);
+    let mut headers = vec![httparse::EMPTY_HEADER; 1024];
+    let mut r = httparse::Response::new(&mut headers);
+    let n = match r.parse(&out) {
+        Ok(httparse::Status::Complete(n)) => n,
+        other => panic!(
+            "no complete response head ({other:?}): {:?}",
+            String::from_utf8_lossy(&out)
+        ),
+    };
+    let head = String::from_utf8_lossy(&out[..n]).into_owned();
+    (r.code.unwrap(), head, out[n..].to_vec())
+}
+
+fn h2c_config(servers: &[SocketAddr], server_keys: &str) -> String {
+    let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
+    format!(
+        "[server]\nworkers = 1\n{server_keys}\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n[[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [{}]\nretries = 0\n",
+        list.join(", ")
+    )
+}
+
+/// One HTTP/2 (h2c prior knowledge) request to veloxy, within [`WAIT`].
+fn h2c_request(addr: SocketAddr, req: http::Request<()>, body: Option<&'static [u8]>) -> H2Reply {
+    runtime().block_on(async {
+        tokio::time::timeout(WAIT, async {
+            let mut c = h2_connect(addr, None).await;
+            h2_send(&mut c, req, body.map(bytes::Bytes::from_static))
+                .await
+                .expect("HTTP/2 response")
+        })
+        .await
+        .expect("HTTP/2 exchange within the time limit")
+    })
+}
+
+// ---- 7: transfer-codings other than a final chunked --------------------------------------
+
+/// An upstream answering `Transfer-Encoding: gzip` with a close-delimited gzip body. veloxy
+/// cannot decode it, HTTP/2 cannot carry it, and stripping the header would hand the client
+/// gzip bytes as content: 502 for every client, like the HTTP/2 path always did.
+#[test]
+fn transfer_coding_not_ending_in_chunked_is_502_for_every_client() {
+    let mut resp =
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nConnection: close\r\n\r\n".to_vec();
+    resp.extend_from_slice(&[0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03]);
+    let (origin, _) = raw_origin(resp, head_done);
+    let v = veloxy(&h2c_config(&[origin], ""));
+
+    let (status, head, _) = exchange(
+        v.addr,
+        b"GET /x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 502, "HTTP/1.1 client: {head}");
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: gzip"),
+        "{head}"
+    );
+    let (status, head, _) = exchange(v.addr, b"GET /x HTTP/1.0\r\nHost: a.test\r\n\r\n");
+    assert_eq!(status, 502, "HTTP/1.0 client: {head}");
+    let r = h2c_request(v.addr, h2_get(&v.addr.to_string(), "/x", false), None);
+    assert_eq!(r.status, 502, "HTTP/2 client");
+}
+
+/// `gzip, chunked` is chunked framing (RFC 9112 6.1): HTTP/1.1 clients get it verbatim and
+/// the connection stays usable; the body ends where the chunks end, not at the close.
+#[test]
+fn codings_before_a_final_chunked_are_chunked_framing() {
+    let resp = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    let (origin, _) = raw_origin(resp.to_vec(), head_done);
+    let v = veloxy(&h2c_config(&[origin], ""));
+    let mut s = TcpStream::connect(v.addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    for _ in 0..2 {
+        s.write_all(b"GET /x HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            .unwrap();
+        let got = read_until(&mut s, b"\r\n0\r\n\r\n");
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+        assert!(
+            text.contains("\r\nTransfer-Encoding: gzip, chunked\r\n"),
+            "{text}"
+        );
+        assert!(!text.contains("Connection: close"), "kept alive: {text}");
+        assert!(text.ends_with("\r\n\r\n3\r\nabc\r\n0\r\n\r\n"), "{text}");
+    }
+}
+
+/// Reads from `s` until what was read ends with `suffix` (each read bounded by its timeout).
+fn read_until(s: &mut TcpStream, suffix: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(suffix) {
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+            other => panic!(
+                "{other:?} before {:?}; got {:?}",
+                String::from_utf8_lossy(suffix),
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    got
+}
