@@ -60,6 +60,8 @@ fn exchange(addr: SocketAddr, raw: &[u8]) -> (u16, String, Vec<u8>) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     s.write_all(raw).unwrap();
+    // Nothing more is coming: a veloxy waiting for more request bytes fails fast.
+    s.shutdown(std::net::Shutdown::Write).unwrap();
     let mut out = Vec::new();
     // A reset after a complete answer still leaves that answer readable.
     let _ = s.read_to_end(&mut out);
@@ -167,4 +169,44 @@ fn read_until(s: &mut TcpStream, suffix: &[u8]) -> Vec<u8> {
         }
     }
     got
+}
+
+// ---- 8: chunk sizes beyond i64::MAX ------------------------------------------------------
+
+/// A request chunk size of 2^63 or more reads as negative (or wraps) in servers that hold it
+/// in a signed 64-bit integer: refused with 400 rather than forwarded. The origin answers as
+/// soon as it has a head, so a forwarded request would come back 200.
+#[test]
+fn request_chunk_size_beyond_i64_is_400() {
+    let (origin, _) = raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+        head_done,
+    );
+    let v = veloxy(&simple_config(&[origin], "retries = 0"));
+    for size in ["8000000000000000", "ffffffffffffffff"] {
+        let raw = format!(
+            "POST /up HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n{size}\r\nabc"
+        );
+        let (status, head, _) = exchange(v.addr, raw.as_bytes());
+        assert_eq!(status, 400, "chunk size {size}: {head}");
+        assert!(head.contains("Connection: close"), "{head}");
+    }
+    // A well-formed chunked request on the same route still goes through.
+    let raw = "POST /up HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n1\r\na\r\n0\r\n\r\n";
+    assert_eq!(exchange(v.addr, raw.as_bytes()).0, 200);
+}
+
+/// The same limit on response bodies: 502 instead of relaying a size the client may misread.
+#[test]
+fn response_chunk_size_beyond_i64_is_502() {
+    let (origin, _) = raw_origin(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n8000000000000000\r\nabc".to_vec(),
+        head_done,
+    );
+    let v = veloxy(&simple_config(&[origin], "retries = 0"));
+    let (status, head, _) = exchange(
+        v.addr,
+        b"GET /x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 502, "{head}");
 }

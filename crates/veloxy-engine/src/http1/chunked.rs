@@ -1,10 +1,10 @@
 //! A strict, incremental scanner for `Transfer-Encoding: chunked` bodies.
 //!
 //! veloxy forwards chunked bodies verbatim (no decode/re-encode copy) but must know where the
-//! body ends and must refuse anything ambiguous: non-hex sizes, size overflow, bare LF or CR,
-//! missing CRLF after data, over-long extensions or trailers. The scanner reports runs of bytes
-//! as payload or framing, so a caller can also decode (for HTTP/1.0 clients) by writing only
-//! the payload runs.
+//! body ends and must refuse anything ambiguous: non-hex sizes, sizes beyond `i64::MAX`, bare
+//! LF or CR, missing CRLF after data, over-long extensions or trailers. The scanner reports runs
+//! of bytes as payload or framing, so a caller can also decode (for HTTP/1.0 clients) by writing
+//! only the payload runs.
 
 /// Framing error in a chunked body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +33,9 @@ enum State {
     FinalLf,
     Done,
 }
+
+/// Largest chunk size accepted: `i64::MAX`.
+const MAX_CHUNK_SIZE: u64 = i64::MAX as u64;
 
 /// Limit on extension plus trailer bytes in one body; generous for real clients.
 const META_LIMIT: usize = 16 * 1024;
@@ -106,6 +109,12 @@ impl ChunkedScanner {
                         }
                         let v = (b as char).to_digit(16).unwrap_or(0) as u64;
                         self.size = (self.size << 4) | v;
+                        // Most servers hold a chunk size in a signed 64-bit integer: one that
+                        // does not fit reads as negative or wraps there, and the two ends
+                        // would disagree on where the body ends.
+                        if self.size > MAX_CHUNK_SIZE {
+                            return Err(ChunkError::SizeOverflow);
+                        }
                         State::Size { digits: digits + 1 }
                     }
                     b';' if digits > 0 => State::Ext,
@@ -236,6 +245,25 @@ mod tests {
             assert!(
                 scan_all(bad).is_err(),
                 "accepted {:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_must_fit_a_signed_64_bit_integer() {
+        let mut s = ChunkedScanner::new();
+        assert_eq!(s.scan(b"7fffffffffffffff\r\nab").unwrap(), 20);
+        assert!(!s.is_done());
+        for bad in [
+            &b"8000000000000000\r\n"[..],
+            b"ffffffffffffffff\r\n",
+            b"FFFFFFFFFFFFFFFF;x\r\n",
+        ] {
+            assert_eq!(
+                scan_all(bad).unwrap_err(),
+                ChunkError::SizeOverflow,
+                "{:?}",
                 String::from_utf8_lossy(bad)
             );
         }
