@@ -78,12 +78,17 @@ fn exchange(addr: SocketAddr, raw: &[u8]) -> (u16, String, Vec<u8>) {
     (r.code.unwrap(), head, out[n..].to_vec())
 }
 
-fn h2c_config(servers: &[SocketAddr], server_keys: &str) -> String {
+/// One listener (HTTP/1.1 and h2c) and one upstream group, with extra `[server]` and group keys.
+fn config(servers: &[SocketAddr], server_keys: &str, group_keys: &str) -> String {
     let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
     format!(
-        "[server]\nworkers = 1\n{server_keys}\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n[[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [{}]\nretries = 0\n",
+        "[server]\nworkers = 1\n{server_keys}\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n[[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [{}]\nretries = 0\n{group_keys}\n",
         list.join(", ")
     )
+}
+
+fn h2c_config(servers: &[SocketAddr], server_keys: &str) -> String {
+    config(servers, server_keys, "")
 }
 
 /// One HTTP/2 (h2c prior knowledge) request to veloxy, within [`WAIT`].
@@ -209,4 +214,94 @@ fn response_chunk_size_beyond_i64_is_502() {
         b"GET /x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(status, 502, "{head}");
+}
+
+// ---- 9a: request header names with underscores -------------------------------------------
+
+/// An h2c origin that answers every request with the names of the headers it got, one a line.
+fn h2c_header_echo() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        runtime().block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(s).await else {
+                        return;
+                    };
+                    while let Some(Ok((req, mut respond))) = conn.accept().await {
+                        let names: String =
+                            req.headers().keys().map(|k| format!("{k}\n")).collect();
+                        let resp = http::Response::new(());
+                        if let Ok(mut send) = respond.send_response(resp, false) {
+                            let _ = send.send_data(bytes::Bytes::from(names), true);
+                        }
+                    }
+                });
+            }
+        });
+    });
+    addr
+}
+
+/// What the upstream saw of a request carrying `x_user` and `x-ok`, lowercased.
+fn seen_by_upstream(v: &Veloxy, over_h2: bool) -> String {
+    let seen = if over_h2 {
+        let req = http::Request::builder()
+            .uri(format!("http://{}/echo", v.addr))
+            .header("x_user", "root")
+            .header("x-ok", "1")
+            .body(())
+            .unwrap();
+        let r = h2c_request(v.addr, req, None);
+        assert_eq!(r.status, 200);
+        r.body_str()
+    } else {
+        let raw = b"GET /echo HTTP/1.1\r\nHost: a.test\r\nX_User: root\r\nX-Ok: 1\r\nConnection: close\r\n\r\n";
+        let (status, _, body) = exchange(v.addr, raw);
+        assert_eq!(status, 200);
+        String::from_utf8_lossy(&body).into_owned()
+    };
+    seen.to_ascii_lowercase()
+}
+
+/// Names with `_` are dropped before forwarding unless `underscores_in_headers = true`, from
+/// HTTP/1.1 and HTTP/2 clients to HTTP/1.1 upstreams alike.
+#[test]
+fn underscored_request_headers_are_dropped_by_default() {
+    let up = upstream(&[]);
+    for (keys, kept) in [("", false), ("underscores_in_headers = true", true)] {
+        let v = veloxy(&h2c_config(&[up.addr], keys));
+        for over_h2 in [false, true] {
+            let seen = seen_by_upstream(&v, over_h2);
+            assert!(seen.contains("x-ok: 1"), "h2 {over_h2}: {seen}");
+            assert_eq!(
+                seen.contains("x_user: root"),
+                kept,
+                "[server] {keys:?}, h2 {over_h2}: {seen}"
+            );
+        }
+    }
+}
+
+/// The same for `h2c` upstream groups: HTTP/2 clients (the `to_h2` path) and HTTP/1.1 clients
+/// (the bridge).
+#[test]
+fn underscored_request_headers_are_dropped_toward_h2_upstreams() {
+    let origin = h2c_header_echo();
+    for (keys, kept) in [("", false), ("underscores_in_headers = true", true)] {
+        let v = veloxy(&config(&[origin], keys, "protocol = \"h2c\""));
+        for over_h2 in [false, true] {
+            let seen = seen_by_upstream(&v, over_h2);
+            let names: Vec<&str> = seen.lines().collect();
+            assert!(names.contains(&"x-ok"), "h2 {over_h2}: {seen}");
+            assert_eq!(
+                names.contains(&"x_user"),
+                kept,
+                "[server] {keys:?}, h2 {over_h2}: {seen}"
+            );
+        }
+    }
 }

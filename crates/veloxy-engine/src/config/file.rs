@@ -36,6 +36,8 @@ pub struct ServerSection {
     pub keepalive_timeout: Option<DurationValue>,
     pub max_header_bytes: Option<Spanned<usize>>,
     pub max_uri_bytes: Option<Spanned<usize>>,
+    /// Forward request headers whose names contain `_` (default: dropped).
+    pub underscores_in_headers: Option<bool>,
     pub shutdown_timeout: Option<DurationValue>,
     pub log_level: Option<Spanned<String>>,
     pub admin: Option<Spanned<String>>,

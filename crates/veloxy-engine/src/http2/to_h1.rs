@@ -90,7 +90,8 @@ async fn forward_with(
     } else {
         declared.map_or(BodyKind::Chunked, BodyKind::Length)
     };
-    write_head(c, &parts, framing, fin, wbuf);
+    let keep_underscores = gen.snapshot.settings.underscores_in_headers;
+    write_head(c, &parts, framing, keep_underscores, fin, wbuf);
 
     // Buffer a small body so the request can be replayed.
     let mut streaming = !body.is_end_stream();
@@ -219,11 +220,13 @@ fn client_gone(e: &hyper::Error) -> ProxyError {
     super::hyper_error(false, e)
 }
 
-/// Writes the HTTP/1.1 request head for an HTTP/2 request.
+/// Writes the HTTP/1.1 request head for an HTTP/2 request (names with `_` dropped unless
+/// `keep_underscores`, as on the HTTP/1 path).
 fn write_head(
     c: &ConnCtx,
     parts: &http::request::Parts,
     framing: BodyKind,
+    keep_underscores: bool,
     fin: &Option<Box<Finish>>,
     out: &mut Vec<u8>,
 ) {
@@ -247,7 +250,7 @@ fn write_head(
     out.extend_from_slice(b"\r\n");
     let mut cookies = 0;
     for (name, value) in &parts.headers {
-        if super::skip_request_header(name) {
+        if super::skip_request_header(name) || super::dropped_underscore(name, keep_underscores) {
             continue;
         }
         if name == http::header::TE {
