@@ -93,7 +93,7 @@ pub(crate) async fn forward(
     let mut ctx = p.ctx.take();
     let mut ubuf = worker.take_bytes();
     let mut obuf = worker.take_vec();
-    let mut req_body = BodyState::new(p.body, false);
+    let mut req_body = BodyState::request(p.body);
     let mut backend = Some(p.backend);
 
     let limit = p.concurrency.clone();
@@ -245,8 +245,9 @@ async fn buffer_request_body(
             "invalid chunked body",
         )))
     };
-    let n = body.take(&down.rbuf).map_err(|_| bad())?;
-    wbuf.extend_from_slice(&down.rbuf[..n]);
+    let n = body
+        .take_request_into(&down.rbuf, wbuf)
+        .map_err(|_| bad())?;
     down.rbuf.advance(n);
     let small = matches!(p.body, crate::http1::BodyKind::Length(len) if len as usize <= group.retry_body_limit);
     if body.is_done() || !p.idempotent || !small || group.retries == 0 {
@@ -265,8 +266,9 @@ async fn buffer_request_body(
                 ))))
             }
         }
-        let n = body.take(&down.rbuf).map_err(|_| bad())?;
-        wbuf.extend_from_slice(&down.rbuf[..n]);
+        let n = body
+            .take_request_into(&down.rbuf, wbuf)
+            .map_err(|_| bad())?;
         down.rbuf.advance(n);
     }
     Ok(())

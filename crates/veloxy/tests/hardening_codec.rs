@@ -16,7 +16,8 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(10);
 
 /// A raw origin: for each connection it reads until `complete` says the request is whole,
-/// reports the bytes read on the returned channel, writes `response` and closes.
+/// reporting the bytes read so far on the returned channel after every read, then writes
+/// `response` and closes.
 fn raw_origin(
     response: Vec<u8>,
     complete: fn(&[u8]) -> bool,
@@ -37,8 +38,8 @@ fn raw_origin(
                         Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
                         _ => return,
                     }
+                    let _ = tx.send(got.clone());
                 }
-                let _ = tx.send(got);
                 let _ = s.write_all(&response);
                 let _ = s.shutdown(std::net::Shutdown::Write);
                 // Drain until veloxy closes, so the close is a FIN and not a reset.
@@ -52,6 +53,16 @@ fn raw_origin(
 /// The request head is complete (bodies are not read).
 fn head_done(got: &[u8]) -> bool {
     got.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
+/// A chunked request body is complete: the last chunk and the trailer section have arrived.
+fn chunked_done(got: &[u8]) -> bool {
+    let Some(i) = got.windows(5).position(|w| w == b"\r\n0\r\n") else {
+        return false;
+    };
+    // After the last-chunk line: an empty trailer section, or fields up to a blank line.
+    let rest = &got[i + 5..];
+    rest.starts_with(b"\r\n") || rest.windows(4).any(|w| w == b"\r\n\r\n")
 }
 
 /// Sends `raw` on a fresh connection and reads until the server closes; returns the status,
@@ -304,4 +315,73 @@ fn underscored_request_headers_are_dropped_toward_h2_upstreams() {
             );
         }
     }
+}
+
+// ---- 9b: request trailers ----------------------------------------------------------------
+
+/// Waits until the origin has read bytes that satisfy `pred`; returns them.
+fn origin_saw(rx: &mpsc::Receiver<Vec<u8>>, pred: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let got = rx
+            .recv_timeout(left)
+            .expect("origin read within the time limit");
+        if pred(&got) {
+            return got;
+        }
+    }
+}
+
+const TRAILERS: &str = "Content-Length: 100\r\nTransfer-Encoding: chunked\r\nHost: evil.test\r\nConnection: keep-alive\r\nTE: trailers\r\nTrailer: X-Sum\r\nUpgrade: websocket\r\nX-Sum: 42\r\nno colon here\r\n\r\n";
+
+/// Trailer fields that an upstream merging trailers into the head could take for framing or
+/// routing are dropped; others pass. The whole request in one write (veloxy's first read).
+#[test]
+fn request_trailers_lose_framing_and_routing_fields() {
+    let (origin, rx) = raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+        chunked_done,
+    );
+    let v = veloxy(&simple_config(&[origin], "retries = 0"));
+    let raw = format!(
+        "POST /t HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n{TRAILERS}"
+    );
+    let (status, head, _) = exchange(v.addr, raw.as_bytes());
+    assert_eq!(status, 200, "{head}");
+    let got = origin_saw(&rx, chunked_done);
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.ends_with("\r\n\r\n3\r\nabc\r\n0\r\nX-Sum: 42\r\n\r\n"),
+        "upstream got {text:?}"
+    );
+}
+
+/// The same when the body streams: the trailer section arrives over several reads, after the
+/// head and first chunk were already forwarded.
+#[test]
+fn request_trailers_are_filtered_when_the_body_streams() {
+    let (origin, rx) = raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+        chunked_done,
+    );
+    let v = veloxy(&simple_config(&[origin], "retries = 0"));
+    let mut s = TcpStream::connect(v.addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(b"POST /t HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n")
+        .unwrap();
+    origin_saw(&rx, |got| got.ends_with(b"3\r\nabc\r\n"));
+    let (first, second) = TRAILERS.split_at(30);
+    // Two writes: the section usually reaches veloxy in two reads (the unit tests in relay.rs
+    // split it at every byte).
+    s.write_all(format!("0\r\n{first}").as_bytes()).unwrap();
+    s.write_all(second.as_bytes()).unwrap();
+    let got = origin_saw(&rx, chunked_done);
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.ends_with("\r\n\r\n3\r\nabc\r\n0\r\nX-Sum: 42\r\n\r\n"),
+        "upstream got {text:?}"
+    );
+    let got = read_until(&mut s, b"ok");
+    assert!(got.starts_with(b"HTTP/1.1 200 "), "{got:?}");
 }

@@ -46,6 +46,9 @@ pub struct Step {
     pub consumed: usize,
     /// The run is chunk payload (as opposed to sizes, CRLFs, extensions and trailers).
     pub payload: bool,
+    /// The run is part of the trailer section: the fields after the last chunk, and the final
+    /// CRLF. A run never mixes it with what comes before, so a caller can hold it back.
+    pub trailer: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -95,8 +98,13 @@ impl ChunkedScanner {
             return Ok(Step {
                 consumed: n,
                 payload: true,
+                trailer: false,
             });
         }
+        let trailer = matches!(
+            self.state,
+            State::TrailerStart | State::TrailerLine | State::TrailerLf | State::FinalLf
+        );
         let mut i = 0;
         while i < data.len() {
             let b = data[i];
@@ -134,12 +142,21 @@ impl ChunkedScanner {
                     }
                 },
                 State::SizeLf => match b {
-                    b'\n' if self.size == 0 => State::TrailerStart,
+                    b'\n' if self.size == 0 => {
+                        // The trailer section starts a run of its own.
+                        self.state = State::TrailerStart;
+                        return Ok(Step {
+                            consumed: i,
+                            payload: false,
+                            trailer: false,
+                        });
+                    }
                     b'\n' => {
                         self.state = State::Data;
                         return Ok(Step {
                             consumed: i,
                             payload: false,
+                            trailer: false,
                         });
                     }
                     _ => return Err(ChunkError::BadLineEnding),
@@ -158,7 +175,14 @@ impl ChunkedScanner {
                 State::TrailerStart => match b {
                     b'\r' => State::FinalLf,
                     b'\n' => return Err(ChunkError::BadLineEnding),
-                    _ => State::TrailerLine,
+                    _ => {
+                        // Counted too: request trailers are held in memory until they end.
+                        self.meta += 1;
+                        if self.meta > META_LIMIT {
+                            return Err(ChunkError::TooLong);
+                        }
+                        State::TrailerLine
+                    }
                 },
                 State::TrailerLine => {
                     self.meta += 1;
@@ -181,6 +205,7 @@ impl ChunkedScanner {
                         return Ok(Step {
                             consumed: i,
                             payload: false,
+                            trailer,
                         });
                     }
                     _ => return Err(ChunkError::BadLineEnding),
@@ -191,6 +216,7 @@ impl ChunkedScanner {
         Ok(Step {
             consumed: i,
             payload: false,
+            trailer,
         })
     }
 }
@@ -267,6 +293,24 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn trailer_section_is_a_run_of_its_own() {
+        let body = b"3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n";
+        let mut s = ChunkedScanner::new();
+        let (mut off, mut trailer_from) = (0, None);
+        while !s.is_done() {
+            let st = s.step(&body[off..]).unwrap();
+            match (st.trailer, trailer_from) {
+                (true, None) => trailer_from = Some(off),
+                (false, Some(_)) => panic!("framing after the trailer section"),
+                _ => {}
+            }
+            off += st.consumed;
+        }
+        assert_eq!(off, body.len());
+        assert_eq!(&body[trailer_from.unwrap()..], b"X-T: 1\r\n\r\n");
     }
 
     #[test]

@@ -356,6 +356,41 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
     }
 }
 
+/// Writes the trailer section of a chunked request body (its field lines and the final CRLF,
+/// as the scanner validated them) into `out` without the fields an upstream could take for
+/// framing or routing, or for veloxy's own: every name [`classify`] knows (Content-Length,
+/// Transfer-Encoding, Host, Connection and the other hop-by-hop names, Expect,
+/// X-Forwarded-*), and lines that are not `name: value` (a continuation line would extend the
+/// field before it). Returns whether anything was dropped.
+pub(crate) fn filter_trailer_section(section: &[u8], out: &mut Vec<u8>) -> bool {
+    let mut dropped = false;
+    let mut rest = section;
+    while let Some(end) = memchr::memmem::find(rest, b"\r\n") {
+        let (line, next) = (&rest[..end + 2], &rest[end + 2..]);
+        rest = next;
+        if end == 0 {
+            out.extend_from_slice(line);
+            continue;
+        }
+        let name = line[..end].split(|&b| b == b':').next().unwrap_or(b"");
+        let forwarded = line[..end].contains(&b':')
+            && !name.is_empty()
+            && name.iter().all(|&b| is_tchar(b))
+            && std::str::from_utf8(name).is_ok_and(|n| classify(n) == Special::None);
+        if forwarded {
+            out.extend_from_slice(line);
+        } else {
+            dropped = true;
+        }
+    }
+    dropped
+}
+
+/// A token character (RFC 9110 5.6.2): what a field name is made of.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +494,21 @@ mod tests {
             assert_eq!(s.contains("X_User: root"), keep, "{s}");
             assert_eq!(s.contains("\r\n_: 1\r\n"), keep, "{s}");
         }
+    }
+
+    #[test]
+    fn trailer_fields_for_framing_and_routing_are_dropped() {
+        let section = b"Content-Length: 5\r\nX-Sum: 42\r\ntransfer-encoding: chunked\r\nHost: evil\r\nConnection: close\r\nTE: x\r\nTrailer: x\r\nUpgrade: x\r\nX-Forwarded-For: 1.1.1.1\r\n folded\r\nno colon\r\nBad Name: 1\r\nX-B:2\r\n\r\n";
+        let mut out = Vec::new();
+        assert!(filter_trailer_section(section, &mut out));
+        assert_eq!(out, b"X-Sum: 42\r\nX-B:2\r\n\r\n");
+        let clean = b"X-Sum: 42\r\n\r\n";
+        out.clear();
+        assert!(!filter_trailer_section(clean, &mut out));
+        assert_eq!(out, clean);
+        out.clear();
+        assert!(!filter_trailer_section(b"\r\n", &mut out));
+        assert_eq!(out, b"\r\n");
     }
 
     #[test]
