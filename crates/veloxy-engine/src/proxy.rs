@@ -27,7 +27,7 @@ use crate::config::UpstreamGroup;
 use crate::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::hooks::{RequestCtx, RequestSummary};
-use crate::http1::response::{self, Parsed, ResponseMeta};
+use crate::http1::response::{self, Parsed, ResponseMeta, MAX_RESPONSE_HEAD};
 use crate::http1::BodyKind;
 use crate::relay::{
     relay_request_body, relay_response_body, reserve, write_down, BodyState, DOWNSTREAM_IO_TIMEOUT,
@@ -36,9 +36,6 @@ use crate::relay::{
 use crate::upstream::balancer::PickContext;
 use crate::upstream::pool::{release_slot, reserve_slot, UpstreamConn};
 use crate::worker::{Generation, Worker};
-
-/// Largest upstream response head accepted.
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// Encodes `data` and, when the body is complete, ends the coded stream.
 pub(crate) fn compress_step(

@@ -385,3 +385,39 @@ fn request_trailers_are_filtered_when_the_body_streams() {
     let got = read_until(&mut s, b"ok");
     assert!(got.starts_with(b"HTTP/1.1 200 "), "{got:?}");
 }
+
+// ---- 13: responses with hundreds of headers ------------------------------------------------
+
+/// An upstream answering with 300 Set-Cookie headers (12 KB of head, well within the 64 KiB
+/// limit): every cookie reaches HTTP/1.1 and HTTP/2 clients, instead of a 502 at 128 headers.
+#[test]
+fn three_hundred_set_cookie_headers_reach_http1_and_http2_clients() {
+    let mut resp = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n".to_vec();
+    for i in 0..300 {
+        resp.extend_from_slice(format!("Set-Cookie: c{i}=value{i}; Path=/\r\n").as_bytes());
+    }
+    resp.extend_from_slice(b"\r\nok");
+    let (origin, _) = raw_origin(resp, head_done);
+    let v = veloxy(&h2c_config(&[origin], ""));
+
+    let (status, head, body) = exchange(
+        v.addr,
+        b"GET /c HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(head.matches("Set-Cookie: ").count(), 300);
+    assert!(head.contains("Set-Cookie: c299=value299; Path=/\r\n"));
+    assert_eq!(body, b"ok");
+
+    let r = h2c_request(v.addr, h2_get(&v.addr.to_string(), "/c", false), None);
+    assert_eq!(r.status, 200);
+    let cookies: Vec<&str> = r
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|c| c.to_str().unwrap())
+        .collect();
+    assert_eq!(cookies.len(), 300);
+    assert_eq!(cookies[299], "c299=value299; Path=/");
+    assert_eq!(r.body_str(), "ok");
+}

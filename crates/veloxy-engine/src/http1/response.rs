@@ -34,6 +34,9 @@ pub enum Parsed {
     Switch { head_len: usize },
 }
 
+/// Largest upstream response head accepted (HTTP/1 and HTTP/2 clients alike); larger is 502.
+pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
 fn bad(msg: &'static str) -> ProxyError {
     ProxyError::upstream(ErrorKind::BadResponse(msg))
 }
@@ -168,13 +171,73 @@ pub fn parse_and_write_upgrade(
     upgrade: bool,
     out: &mut Vec<u8>,
 ) -> Result<Parsed, ProxyError> {
-    let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut headers);
-    let head_len = match res.parse(buf) {
-        Ok(Status::Complete(n)) => n,
-        Ok(Status::Partial) => return Ok(Parsed::Partial),
-        Err(_) => return Err(bad("malformed response head")),
+    let client = Client {
+        request_is_head,
+        version: client_version,
+        keep_alive: client_keep_alive,
+        upgrade,
     };
+    let parsed = with_head(buf, |res, head_len| write_head(res, head_len, client, out))?;
+    Ok(parsed.unwrap_or(Parsed::Partial))
+}
+
+/// The downstream side of an exchange, as far as the response head is concerned.
+#[derive(Clone, Copy)]
+struct Client {
+    request_is_head: bool,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    version: u8,
+    keep_alive: bool,
+    /// The request asked for a protocol upgrade.
+    upgrade: bool,
+}
+
+/// Parses the response head at the start of `buf` and hands it, with its length, to `f`.
+/// `Ok(None)`: the head is not complete yet.
+///
+/// The headers go in a stack array of [`MAX_HEADERS`](super::MAX_HEADERS); a head with more
+/// (sites send Set-Cookie by the hundred) is parsed again into a heap array with room for one
+/// header per line of the head, so only [`MAX_RESPONSE_HEAD`] bounds the number of headers.
+fn with_head<'b, R>(
+    buf: &'b [u8],
+    f: impl FnOnce(&httparse::Response<'_, 'b>, usize) -> Result<R, ProxyError>,
+) -> Result<Option<R>, ProxyError> {
+    let mut stack = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut stack);
+    match res.parse(buf) {
+        Ok(Status::Complete(n)) => return f(&res, n).map(Some),
+        Ok(Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {}
+        Err(_) => return Err(bad("malformed response head")),
+    }
+    // Every header takes a line of at least 3 bytes (`a:` and LF): the count of line ends
+    // within the largest head accepted is enough, and bounded.
+    let window = &buf[..buf.len().min(MAX_RESPONSE_HEAD)];
+    let lines = memchr::memchr_iter(b'\n', window).count();
+    let mut heap = vec![httparse::EMPTY_HEADER; lines.min(MAX_RESPONSE_HEAD / 3)];
+    let mut res = httparse::Response::new(&mut heap);
+    match res.parse(buf) {
+        Ok(Status::Complete(n)) => f(&res, n).map(Some),
+        Ok(Status::Partial) => Ok(None),
+        // Only a head longer than the window can have more headers than lines in it.
+        Err(httparse::Error::TooManyHeaders) => Err(bad("response head too large")),
+        Err(_) => Err(bad("malformed response head")),
+    }
+}
+
+/// Writes the downstream head for a parsed upstream head (see [`parse_and_write_upgrade`]).
+fn write_head(
+    res: &httparse::Response<'_, '_>,
+    head_len: usize,
+    client: Client,
+    out: &mut Vec<u8>,
+) -> Result<Parsed, ProxyError> {
+    let Client {
+        request_is_head,
+        version: client_version,
+        keep_alive: client_keep_alive,
+        upgrade,
+    } = client;
     let status = res.code.unwrap_or(0);
     if (100..200).contains(&status) {
         if status == 101 {
@@ -267,19 +330,23 @@ pub(crate) fn parse_foreign(
     buf: &[u8],
     request_is_head: bool,
 ) -> Result<Option<Result<ForeignHead, usize>>, ProxyError> {
-    let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut headers);
-    let head_len = match res.parse(buf) {
-        Ok(Status::Complete(n)) => n,
-        Ok(Status::Partial) => return Ok(None),
-        Err(_) => return Err(bad("malformed response head")),
-    };
+    with_head(buf, |res, head_len| {
+        foreign_head(res, head_len, request_is_head)
+    })
+}
+
+/// [`parse_foreign`] for a parsed head: `Err(len)` for an interim (1xx) head.
+fn foreign_head(
+    res: &httparse::Response<'_, '_>,
+    head_len: usize,
+    request_is_head: bool,
+) -> Result<Result<ForeignHead, usize>, ProxyError> {
     let status = res.code.unwrap_or(0);
     if (100..200).contains(&status) {
         if status == 101 {
             return Err(bad("unexpected protocol switch"));
         }
-        return Ok(Some(Err(head_len)));
+        return Ok(Err(head_len));
     }
     if !(200..1000).contains(&status) {
         return Err(bad("invalid status code"));
@@ -308,13 +375,13 @@ pub(crate) fn parse_foreign(
         };
         map.append(name, value);
     }
-    Ok(Some(Ok(ForeignHead {
+    Ok(Ok(ForeignHead {
         status,
         head_len,
         headers: map,
         body,
         upstream_reusable,
-    })))
+    }))
 }
 
 #[cfg(test)]
@@ -393,6 +460,29 @@ mod tests {
                 "{te:?} to HTTP/2"
             );
         }
+    }
+
+    #[test]
+    fn hundreds_of_headers_are_parsed_on_the_heap() {
+        let mut raw = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n".to_vec();
+        for i in 0..300 {
+            raw.extend_from_slice(format!("Set-Cookie: c{i}=v; Path=/\r\n").as_bytes());
+        }
+        let (m, s) = run(&[&raw[..], b"\r\nok"].concat(), false, 1);
+        assert_eq!(m.body, BodyKind::Length(2));
+        assert_eq!(s.matches("Set-Cookie: ").count(), 300);
+        assert!(s.ends_with("Set-Cookie: c299=v; Path=/\r\n"), "{s}");
+        let Ok(Some(Ok(h))) = parse_foreign(&[&raw[..], b"\r\n"].concat(), false) else {
+            panic!("HTTP/2 client: not parsed");
+        };
+        assert_eq!(h.headers.get_all("set-cookie").iter().count(), 300);
+        // Incomplete with more than 128 headers so far: read more.
+        let mut out = Vec::new();
+        assert!(matches!(
+            parse_and_write(&raw, false, 1, true, &mut out).unwrap(),
+            Parsed::Partial
+        ));
+        assert!(matches!(parse_foreign(&raw, false), Ok(None)));
     }
 
     #[test]

@@ -22,15 +22,12 @@ use tokio::time::{timeout, Instant, Sleep};
 
 use super::{feedback, pick, ConnCtx, Finish, ProxyBody, Target};
 use crate::error::{ErrorKind, ProxyError};
-use crate::http1::response::{parse_foreign, ForeignHead};
+use crate::http1::response::{parse_foreign, ForeignHead, MAX_RESPONSE_HEAD};
 use crate::http1::{itoa, BodyKind};
 use crate::proxy::connect_backend;
 use crate::relay::{reserve, BodyState, DOWNSTREAM_IO_TIMEOUT, READ_CHUNK};
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
-
-/// Largest upstream response head accepted (as on the HTTP/1 path).
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 enum Fail {
     /// Nothing reached the backend: any request may go elsewhere.
