@@ -627,6 +627,7 @@ fn prepare(
         } else {
             "http"
         },
+        keep_underscores: snapshot.settings.underscores_in_headers,
     };
     request::write_upstream_head(req, &fwd, &mut head);
     if req.host.is_none() {

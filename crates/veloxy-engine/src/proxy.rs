@@ -27,7 +27,7 @@ use crate::config::{RequestBuffering, UpstreamGroup};
 use crate::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::hooks::{RequestCtx, RequestSummary};
-use crate::http1::response::{self, Parsed, ResponseMeta};
+use crate::http1::response::{self, Parsed, ResponseMeta, MAX_RESPONSE_HEAD};
 use crate::http1::BodyKind;
 use crate::relay::{
     relay_request_body, relay_response_body, reserve, write_down, BodyState, READ_CHUNK,
@@ -35,9 +35,6 @@ use crate::relay::{
 use crate::upstream::balancer::PickContext;
 use crate::upstream::pool::{release_slot, reserve_slot, UpstreamConn};
 use crate::worker::{Generation, Worker};
-
-/// Largest upstream response head accepted.
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// Encodes `data` and, when the body is complete, ends the coded stream.
 pub(crate) fn compress_step(
@@ -92,7 +89,7 @@ pub(crate) async fn forward(
     let mut ctx = p.ctx.take();
     let mut ubuf = worker.take_bytes();
     let mut obuf = worker.take_vec();
-    let mut req_body = BodyState::new(p.body, false);
+    let mut req_body = BodyState::request(p.body);
     let mut backend = Some(p.backend);
 
     // The body is read before a concurrency slot or an upstream connection is taken: a slow
@@ -251,8 +248,9 @@ async fn buffer_request_body(
         )))
     };
     let head_len = wbuf.len();
-    let n = body.take(&down.rbuf).map_err(|_| bad())?;
-    wbuf.extend_from_slice(&down.rbuf[..n]);
+    let n = body
+        .take_request_into(&down.rbuf, wbuf)
+        .map_err(|_| bad())?;
     down.rbuf.advance(n);
     let limit = group.retry_body_limit;
     let small = matches!(p.body, BodyKind::Length(len) if len as usize <= limit);
@@ -285,8 +283,9 @@ async fn buffer_request_body(
                 ))))
             }
         }
-        let n = body.take(&down.rbuf).map_err(|_| bad())?;
-        wbuf.extend_from_slice(&down.rbuf[..n]);
+        let n = body
+            .take_request_into(&down.rbuf, wbuf)
+            .map_err(|_| bad())?;
         down.rbuf.advance(n);
     }
     Ok(())

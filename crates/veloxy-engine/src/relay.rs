@@ -31,6 +31,9 @@ pub(crate) enum BodyState {
     Chunked {
         scanner: ChunkedScanner,
         decode: bool,
+        /// Request bodies: the trailer section, held until it ends so it can be forwarded
+        /// filtered (see [`BodyState::take_request`]). `None`: forwarded as it comes.
+        held: Option<Vec<u8>>,
     },
     UntilClose,
 }
@@ -43,8 +46,22 @@ impl BodyState {
             BodyKind::Chunked => BodyState::Chunked {
                 scanner: ChunkedScanner::new(),
                 decode,
+                held: None,
             },
             BodyKind::UntilClose => BodyState::UntilClose,
+        }
+    }
+
+    /// A request body on its way upstream: verbatim, except that a chunked body's trailer
+    /// section loses the fields an upstream could take for framing or routing.
+    pub fn request(kind: BodyKind) -> Self {
+        match BodyState::new(kind, false) {
+            BodyState::Chunked { scanner, .. } => BodyState::Chunked {
+                scanner,
+                decode: false,
+                held: Some(Vec::new()),
+            },
+            other => other,
         }
     }
 
@@ -83,6 +100,7 @@ impl BodyState {
         if let BodyState::Chunked {
             scanner,
             decode: true,
+            ..
         } = self
         {
             let mut off = 0;
@@ -100,6 +118,61 @@ impl BodyState {
         }
         let n = self.take(data)?;
         out.extend_from_slice(&data[..n]);
+        Ok(n)
+    }
+
+    /// [`take`](Self::take) for a body made with [`request`](Self::request). Returns the bytes
+    /// consumed and how many of them, from the start of `data`, to forward as they are. The
+    /// trailer section is not among those: it is held (bounded by the scanner's limit) and,
+    /// once complete, appended to `extra` filtered. When nothing is filtered out of a section
+    /// that arrived whole in `data`, it is forwarded in place instead (no copy, `extra` empty).
+    pub fn take_request(
+        &mut self,
+        data: &[u8],
+        extra: &mut Vec<u8>,
+    ) -> Result<(usize, usize), ChunkError> {
+        let BodyState::Chunked {
+            scanner,
+            held: Some(held),
+            ..
+        } = self
+        else {
+            let n = self.take(data)?;
+            return Ok((n, n));
+        };
+        let (mut off, mut verbatim) = (0, 0);
+        let held_before = held.len();
+        while off < data.len() && !scanner.is_done() {
+            let step = scanner.step(&data[off..])?;
+            if step.trailer {
+                held.extend_from_slice(&data[off..off + step.consumed]);
+            } else {
+                verbatim = off + step.consumed;
+            }
+            off += step.consumed;
+        }
+        if scanner.is_done() {
+            let start = extra.len();
+            let dropped = crate::http1::request::filter_trailer_section(held, extra);
+            if !dropped && held_before == 0 {
+                extra.truncate(start);
+                verbatim = off;
+            }
+            *self = BodyState::Done;
+        }
+        Ok((off, verbatim))
+    }
+
+    /// [`take_request`](Self::take_request), appending the bytes to forward to `out`.
+    pub fn take_request_into(
+        &mut self,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<usize, ChunkError> {
+        let mut extra = Vec::new();
+        let (n, verbatim) = self.take_request(data, &mut extra)?;
+        out.extend_from_slice(&data[..verbatim]);
+        out.extend_from_slice(&extra);
         Ok(n)
     }
 }
@@ -132,6 +205,7 @@ pub(crate) async fn relay_request_body(
     conn: &mut UpstreamIo,
     body: &mut BodyState,
 ) -> Result<(), Fail> {
+    let mut extra = Vec::new();
     while !body.is_done() {
         if down.rbuf.is_empty() {
             reserve(&mut down.rbuf, READ_CHUNK);
@@ -153,17 +227,23 @@ pub(crate) async fn relay_request_body(
                 }
             }
         }
-        let n = body.take(&down.rbuf).map_err(|_| {
+        extra.clear();
+        let (n, verbatim) = body.take_request(&down.rbuf, &mut extra).map_err(|_| {
             Fail::BeforeResponse(ProxyError::downstream(ErrorKind::BadRequest(
                 "invalid chunked body",
             )))
         })?;
-        match timeout(
-            group.write_timeout,
-            crate::tls::send_all(conn, &down.rbuf[..n]),
-        )
-        .await
-        {
+        // A filtered trailer section goes in the same write as what precedes it (once per
+        // body: everything else is sent from the read buffer as it is).
+        if !extra.is_empty() {
+            extra.splice(0..0, down.rbuf[..verbatim].iter().copied());
+        }
+        let out = if extra.is_empty() {
+            &down.rbuf[..verbatim]
+        } else {
+            &extra[..]
+        };
+        match timeout(group.write_timeout, crate::tls::send_all(conn, out)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(up(ErrorKind::Io(e))),
             Err(_) => return Err(up(ErrorKind::WriteTimeout)),
@@ -264,5 +344,42 @@ pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Dur
             },
             _ = tokio::time::sleep(idle) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `body` to a request body state in pieces of `step` bytes; returns what would be
+    /// forwarded and whether it was forwarded in place (no filtered copy) throughout.
+    fn forward(body: &[u8], step: usize) -> (Vec<u8>, bool) {
+        let mut state = BodyState::request(BodyKind::Chunked);
+        let (mut out, mut in_place, mut off) = (Vec::new(), true, 0);
+        while !state.is_done() {
+            let end = (off + step).min(body.len());
+            let mut extra = Vec::new();
+            let (n, verbatim) = state.take_request(&body[off..end], &mut extra).unwrap();
+            out.extend_from_slice(&body[off..off + verbatim]);
+            out.extend_from_slice(&extra);
+            in_place &= extra.is_empty();
+            off += n;
+        }
+        assert_eq!(off, body.len());
+        (out, in_place)
+    }
+
+    #[test]
+    fn request_trailers_are_filtered_whatever_the_reads() {
+        let body = b"3\r\nabc\r\n0\r\nContent-Length: 9\r\nX-Sum: 1\r\nHost: evil\r\n\r\n";
+        for step in [1, 2, 7, body.len()] {
+            let (out, _) = forward(body, step);
+            assert_eq!(out, b"3\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\n", "reads of {step}");
+        }
+        // Nothing to drop, all in one read: forwarded in place.
+        let clean = b"3\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\n";
+        assert_eq!(forward(clean, clean.len()), (clean.to_vec(), true));
+        assert_eq!(forward(b"0\r\n\r\n", 5), (b"0\r\n\r\n".to_vec(), true));
+        assert_eq!(forward(clean, 3).0, clean);
     }
 }

@@ -85,6 +85,7 @@ fn compile(
         keepalive_timeout: dur(&s.keepalive_timeout, Duration::from_secs(60)),
         max_header_bytes: positive(src, &s.max_header_bytes, "server.max_header_bytes", 65536)?,
         max_uri_bytes: positive(src, &s.max_uri_bytes, "server.max_uri_bytes", 8192)?,
+        underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
         shutdown_timeout: dur(&s.shutdown_timeout, Duration::from_secs(10)),
         send_timeout: dur(&s.send_timeout, Duration::from_secs(60)),
         body_timeout: dur(&s.body_timeout, Duration::from_secs(60)),

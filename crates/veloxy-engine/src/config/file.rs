@@ -36,6 +36,8 @@ pub struct ServerSection {
     pub keepalive_timeout: Option<DurationValue>,
     pub max_header_bytes: Option<Spanned<usize>>,
     pub max_uri_bytes: Option<Spanned<usize>>,
+    /// Forward request headers whose names contain `_` (default: dropped).
+    pub underscores_in_headers: Option<bool>,
     pub shutdown_timeout: Option<DurationValue>,
     pub send_timeout: Option<DurationValue>,
     pub body_timeout: Option<DurationValue>,

@@ -51,6 +51,11 @@ pub struct Settings {
     pub max_header_bytes: usize,
     /// Longest request target accepted; longer is a 414. Default 8192.
     pub max_uri_bytes: usize,
+    /// Forward request headers whose names contain `_`. Default false: they are dropped
+    /// before forwarding (HTTP/1 and HTTP/2 clients alike), as nginx does, because CGI-style
+    /// backends map `-` and `_` to the same variable name, so `X_User` could pass for `X-User`
+    /// a front end checked or set.
+    pub underscores_in_headers: bool,
     /// How long shutdown waits for in-flight requests. Default 10s.
     pub shutdown_timeout: Duration,
     /// Longest a response may wait for the client to accept more bytes (a write to an HTTP/1

@@ -1,10 +1,10 @@
 //! A strict, incremental scanner for `Transfer-Encoding: chunked` bodies.
 //!
 //! veloxy forwards chunked bodies verbatim (no decode/re-encode copy) but must know where the
-//! body ends and must refuse anything ambiguous: non-hex sizes, size overflow, bare LF or CR,
-//! missing CRLF after data, over-long extensions or trailers. The scanner reports runs of bytes
-//! as payload or framing, so a caller can also decode (for HTTP/1.0 clients) by writing only
-//! the payload runs.
+//! body ends and must refuse anything ambiguous: non-hex sizes, sizes beyond `i64::MAX`, bare
+//! LF or CR, missing CRLF after data, over-long extensions or trailers. The scanner reports runs
+//! of bytes as payload or framing, so a caller can also decode (for HTTP/1.0 clients) by writing
+//! only the payload runs.
 
 /// Framing error in a chunked body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -34,6 +34,9 @@ enum State {
     Done,
 }
 
+/// Largest chunk size accepted: `i64::MAX`.
+const MAX_CHUNK_SIZE: u64 = i64::MAX as u64;
+
 /// Limit on extension plus trailer bytes in one body; generous for real clients.
 const META_LIMIT: usize = 16 * 1024;
 
@@ -43,6 +46,9 @@ pub struct Step {
     pub consumed: usize,
     /// The run is chunk payload (as opposed to sizes, CRLFs, extensions and trailers).
     pub payload: bool,
+    /// The run is part of the trailer section: the fields after the last chunk, and the final
+    /// CRLF. A run never mixes it with what comes before, so a caller can hold it back.
+    pub trailer: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -92,8 +98,13 @@ impl ChunkedScanner {
             return Ok(Step {
                 consumed: n,
                 payload: true,
+                trailer: false,
             });
         }
+        let trailer = matches!(
+            self.state,
+            State::TrailerStart | State::TrailerLine | State::TrailerLf | State::FinalLf
+        );
         let mut i = 0;
         while i < data.len() {
             let b = data[i];
@@ -106,6 +117,12 @@ impl ChunkedScanner {
                         }
                         let v = (b as char).to_digit(16).unwrap_or(0) as u64;
                         self.size = (self.size << 4) | v;
+                        // Most servers hold a chunk size in a signed 64-bit integer: one that
+                        // does not fit reads as negative or wraps there, and the two ends
+                        // would disagree on where the body ends.
+                        if self.size > MAX_CHUNK_SIZE {
+                            return Err(ChunkError::SizeOverflow);
+                        }
                         State::Size { digits: digits + 1 }
                     }
                     b';' if digits > 0 => State::Ext,
@@ -125,12 +142,21 @@ impl ChunkedScanner {
                     }
                 },
                 State::SizeLf => match b {
-                    b'\n' if self.size == 0 => State::TrailerStart,
+                    b'\n' if self.size == 0 => {
+                        // The trailer section starts a run of its own.
+                        self.state = State::TrailerStart;
+                        return Ok(Step {
+                            consumed: i,
+                            payload: false,
+                            trailer: false,
+                        });
+                    }
                     b'\n' => {
                         self.state = State::Data;
                         return Ok(Step {
                             consumed: i,
                             payload: false,
+                            trailer: false,
                         });
                     }
                     _ => return Err(ChunkError::BadLineEnding),
@@ -149,7 +175,14 @@ impl ChunkedScanner {
                 State::TrailerStart => match b {
                     b'\r' => State::FinalLf,
                     b'\n' => return Err(ChunkError::BadLineEnding),
-                    _ => State::TrailerLine,
+                    _ => {
+                        // Counted too: request trailers are held in memory until they end.
+                        self.meta += 1;
+                        if self.meta > META_LIMIT {
+                            return Err(ChunkError::TooLong);
+                        }
+                        State::TrailerLine
+                    }
                 },
                 State::TrailerLine => {
                     self.meta += 1;
@@ -172,6 +205,7 @@ impl ChunkedScanner {
                         return Ok(Step {
                             consumed: i,
                             payload: false,
+                            trailer,
                         });
                     }
                     _ => return Err(ChunkError::BadLineEnding),
@@ -182,6 +216,7 @@ impl ChunkedScanner {
         Ok(Step {
             consumed: i,
             payload: false,
+            trailer,
         })
     }
 }
@@ -239,6 +274,43 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn chunk_sizes_must_fit_a_signed_64_bit_integer() {
+        let mut s = ChunkedScanner::new();
+        assert_eq!(s.scan(b"7fffffffffffffff\r\nab").unwrap(), 20);
+        assert!(!s.is_done());
+        for bad in [
+            &b"8000000000000000\r\n"[..],
+            b"ffffffffffffffff\r\n",
+            b"FFFFFFFFFFFFFFFF;x\r\n",
+        ] {
+            assert_eq!(
+                scan_all(bad).unwrap_err(),
+                ChunkError::SizeOverflow,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn trailer_section_is_a_run_of_its_own() {
+        let body = b"3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n";
+        let mut s = ChunkedScanner::new();
+        let (mut off, mut trailer_from) = (0, None);
+        while !s.is_done() {
+            let st = s.step(&body[off..]).unwrap();
+            match (st.trailer, trailer_from) {
+                (true, None) => trailer_from = Some(off),
+                (false, Some(_)) => panic!("framing after the trailer section"),
+                _ => {}
+            }
+            off += st.consumed;
+        }
+        assert_eq!(off, body.len());
+        assert_eq!(&body[trailer_from.unwrap()..], b"X-T: 1\r\n\r\n");
     }
 
     #[test]

@@ -20,7 +20,8 @@ pub enum BodyKind {
     UntilClose,
 }
 
-/// Maximum headers accepted in one message.
+/// Headers parsed into a stack array: a request with more is refused (431); an upstream
+/// response with more is parsed again into a heap array (bounded by the head's byte limit).
 pub const MAX_HEADERS: usize = 128;
 
 /// Hop-by-hop headers (RFC 9110 section 7.6.1) plus the ones veloxy rewrites itself.

@@ -263,17 +263,21 @@ fn split_absolute(target: &str) -> Option<(&str, &str)> {
     Some((authority, if path.is_empty() { "/" } else { path }))
 }
 
-/// What veloxy adds about the client (the `X-Forwarded-*` family).
+/// What veloxy adds about the client (the `X-Forwarded-*` family), and which of the client's
+/// headers it keeps.
 pub struct Forwarded<'a> {
     /// The client's IP address, formatted.
     pub client_ip: &'a str,
     /// `http` or `https`.
     pub proto: &'a str,
+    /// Keep headers whose names contain `_` (`[server] underscores_in_headers`).
+    pub keep_underscores: bool,
 }
 
 /// Writes the upstream request head into `out`, without the final blank line (the caller may
-/// still add headers). Hop-by-hop headers and the ones named by Connection are dropped, Host is
-/// kept, framing is normalized, and X-Forwarded-For/-Proto/-Host are set.
+/// still add headers). Hop-by-hop headers and the ones named by Connection are dropped, so are
+/// names with `_` unless `fwd.keep_underscores`; Host is kept, framing is normalized, and
+/// X-Forwarded-For/-Proto/-Host are set.
 pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>) {
     out.extend_from_slice(req.method.as_bytes());
     out.push(b' ');
@@ -292,6 +296,11 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
         match classify(h.name) {
             Special::None => {
                 if !conn.is_empty() && named_by_connection(conn, h.name) {
+                    continue;
+                }
+                // CGI-style backends read `X_User` and `X-User` as one variable: a client
+                // could pass off the one a front end did not check or set.
+                if !fwd.keep_underscores && h.name.as_bytes().contains(&b'_') {
                     continue;
                 }
             }
@@ -345,6 +354,41 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
         out.extend_from_slice(u);
         out.extend_from_slice(b"\r\n");
     }
+}
+
+/// Writes the trailer section of a chunked request body (its field lines and the final CRLF,
+/// as the scanner validated them) into `out` without the fields an upstream could take for
+/// framing or routing, or for veloxy's own: every name [`classify`] knows (Content-Length,
+/// Transfer-Encoding, Host, Connection and the other hop-by-hop names, Expect,
+/// X-Forwarded-*), and lines that are not `name: value` (a continuation line would extend the
+/// field before it). Returns whether anything was dropped.
+pub(crate) fn filter_trailer_section(section: &[u8], out: &mut Vec<u8>) -> bool {
+    let mut dropped = false;
+    let mut rest = section;
+    while let Some(end) = memchr::memmem::find(rest, b"\r\n") {
+        let (line, next) = (&rest[..end + 2], &rest[end + 2..]);
+        rest = next;
+        if end == 0 {
+            out.extend_from_slice(line);
+            continue;
+        }
+        let name = line[..end].split(|&b| b == b':').next().unwrap_or(b"");
+        let forwarded = line[..end].contains(&b':')
+            && !name.is_empty()
+            && name.iter().all(|&b| is_tchar(b))
+            && std::str::from_utf8(name).is_ok_and(|n| classify(n) == Special::None);
+        if forwarded {
+            out.extend_from_slice(line);
+        } else {
+            dropped = true;
+        }
+    }
+    dropped
+}
+
+/// A token character (RFC 9110 5.6.2): what a field name is made of.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 #[cfg(test)]
@@ -421,6 +465,7 @@ mod tests {
             &Forwarded {
                 client_ip: "10.0.0.9",
                 proto: "http",
+                keep_underscores: false,
             },
             &mut out,
         );
@@ -429,6 +474,41 @@ mod tests {
             s,
             "GET /x?y HTTP/1.1\r\nHost: h.test\r\nAccept: */*\r\nX-Forwarded-For: 1.2.3.4, 10.0.0.9\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: h.test\r\n"
         );
+    }
+
+    #[test]
+    fn underscored_names_are_dropped_unless_kept() {
+        let raw = b"GET / HTTP/1.1\r\nHost: h\r\nX_User: root\r\nX-User: bob\r\n_: 1\r\n\r\n";
+        let mut headers = [MaybeUninit::uninit(); 64];
+        let v = parse(raw, &mut headers, &LIMITS).unwrap().unwrap();
+        for keep in [false, true] {
+            let mut out = Vec::new();
+            let fwd = Forwarded {
+                client_ip: "10.0.0.9",
+                proto: "http",
+                keep_underscores: keep,
+            };
+            write_upstream_head(&v, &fwd, &mut out);
+            let s = String::from_utf8(out).unwrap();
+            assert!(s.contains("\r\nX-User: bob\r\n"), "{s}");
+            assert_eq!(s.contains("X_User: root"), keep, "{s}");
+            assert_eq!(s.contains("\r\n_: 1\r\n"), keep, "{s}");
+        }
+    }
+
+    #[test]
+    fn trailer_fields_for_framing_and_routing_are_dropped() {
+        let section = b"Content-Length: 5\r\nX-Sum: 42\r\ntransfer-encoding: chunked\r\nHost: evil\r\nConnection: close\r\nTE: x\r\nTrailer: x\r\nUpgrade: x\r\nX-Forwarded-For: 1.1.1.1\r\n folded\r\nno colon\r\nBad Name: 1\r\nX-B:2\r\n\r\n";
+        let mut out = Vec::new();
+        assert!(filter_trailer_section(section, &mut out));
+        assert_eq!(out, b"X-Sum: 42\r\nX-B:2\r\n\r\n");
+        let clean = b"X-Sum: 42\r\n\r\n";
+        out.clear();
+        assert!(!filter_trailer_section(clean, &mut out));
+        assert_eq!(out, clean);
+        out.clear();
+        assert!(!filter_trailer_section(b"\r\n", &mut out));
+        assert_eq!(out, b"\r\n");
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub enum Parsed {
     Switch { head_len: usize },
 }
 
+/// Largest upstream response head accepted (HTTP/1 and HTTP/2 clients alike); larger is 502.
+pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
 fn bad(msg: &'static str) -> ProxyError {
     ProxyError::upstream(ErrorKind::BadResponse(msg))
 }
@@ -41,12 +44,33 @@ fn bad(msg: &'static str) -> ProxyError {
 /// The framing of a response head: what its headers say about the body and the connection.
 struct Framing<'a> {
     content_length: Option<u64>,
+    /// Transfer-Encoding is present; [`check_codings`] made sure it ends in `chunked`.
     transfer_encoding: bool,
-    /// The last transfer-coding is `chunked`.
-    chunked: bool,
     te_value: &'a [u8],
     connection: [&'a [u8]; 8],
     connection_len: usize,
+}
+
+/// Checks a response's Transfer-Encoding list: it must end in `chunked` (chunked framing).
+///
+/// A list whose last coding is not `chunked` (`gzip`, `identity`, `chunked, gzip`) makes the
+/// body close-delimited and coded in a way veloxy would have to undo: it sends no `TE` upstream,
+/// so the backend was never offered such a coding, HTTP/2 cannot carry it, and stripping the
+/// header would hand clients coded bytes as if they were the content. Such responses are
+/// refused (502) on every path, as nginx does. `chunked` twice is refused too (RFC 9112 6.1:
+/// it is applied at most once).
+fn check_codings(value: &[u8]) -> Result<(), ProxyError> {
+    let mut codings = value.rsplit(|&b| b == b',').map(<[u8]>::trim_ascii);
+    let last_is_chunked = codings
+        .next()
+        .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
+    if !last_is_chunked {
+        return Err(bad("transfer-coding other than chunked"));
+    }
+    if codings.any(|c| c.eq_ignore_ascii_case(b"chunked")) {
+        return Err(bad("chunked transfer-coding applied twice"));
+    }
+    Ok(())
 }
 
 impl<'a> Framing<'a> {
@@ -55,7 +79,6 @@ impl<'a> Framing<'a> {
         let mut f = Framing {
             content_length: None,
             transfer_encoding: false,
-            chunked: false,
             te_value: b"",
             connection: [&[]; 8],
             connection_len: 0,
@@ -76,8 +99,7 @@ impl<'a> Framing<'a> {
                     }
                     f.transfer_encoding = true;
                     f.te_value = h.value.trim_ascii();
-                    let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
-                    f.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                    check_codings(f.te_value)?;
                 }
                 Special::Connection if f.connection_len < f.connection.len() => {
                     f.connection[f.connection_len] = h.value;
@@ -101,11 +123,7 @@ impl<'a> Framing<'a> {
         if request_is_head || status == 204 || status == 304 {
             BodyKind::None
         } else if self.transfer_encoding {
-            if self.chunked {
-                BodyKind::Chunked
-            } else {
-                BodyKind::UntilClose
-            }
+            BodyKind::Chunked
         } else {
             match self.content_length {
                 Some(n) => BodyKind::Length(n),
@@ -153,13 +171,73 @@ pub fn parse_and_write_upgrade(
     upgrade: bool,
     out: &mut Vec<u8>,
 ) -> Result<Parsed, ProxyError> {
-    let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut headers);
-    let head_len = match res.parse(buf) {
-        Ok(Status::Complete(n)) => n,
-        Ok(Status::Partial) => return Ok(Parsed::Partial),
-        Err(_) => return Err(bad("malformed response head")),
+    let client = Client {
+        request_is_head,
+        version: client_version,
+        keep_alive: client_keep_alive,
+        upgrade,
     };
+    let parsed = with_head(buf, |res, head_len| write_head(res, head_len, client, out))?;
+    Ok(parsed.unwrap_or(Parsed::Partial))
+}
+
+/// The downstream side of an exchange, as far as the response head is concerned.
+#[derive(Clone, Copy)]
+struct Client {
+    request_is_head: bool,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    version: u8,
+    keep_alive: bool,
+    /// The request asked for a protocol upgrade.
+    upgrade: bool,
+}
+
+/// Parses the response head at the start of `buf` and hands it, with its length, to `f`.
+/// `Ok(None)`: the head is not complete yet.
+///
+/// The headers go in a stack array of [`MAX_HEADERS`](super::MAX_HEADERS); a head with more
+/// (sites send Set-Cookie by the hundred) is parsed again into a heap array with room for one
+/// header per line of the head, so only [`MAX_RESPONSE_HEAD`] bounds the number of headers.
+fn with_head<'b, R>(
+    buf: &'b [u8],
+    f: impl FnOnce(&httparse::Response<'_, 'b>, usize) -> Result<R, ProxyError>,
+) -> Result<Option<R>, ProxyError> {
+    let mut stack = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut stack);
+    match res.parse(buf) {
+        Ok(Status::Complete(n)) => return f(&res, n).map(Some),
+        Ok(Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {}
+        Err(_) => return Err(bad("malformed response head")),
+    }
+    // Every header takes a line of at least 3 bytes (`a:` and LF): the count of line ends
+    // within the largest head accepted is enough, and bounded.
+    let window = &buf[..buf.len().min(MAX_RESPONSE_HEAD)];
+    let lines = memchr::memchr_iter(b'\n', window).count();
+    let mut heap = vec![httparse::EMPTY_HEADER; lines.min(MAX_RESPONSE_HEAD / 3)];
+    let mut res = httparse::Response::new(&mut heap);
+    match res.parse(buf) {
+        Ok(Status::Complete(n)) => f(&res, n).map(Some),
+        Ok(Status::Partial) => Ok(None),
+        // Only a head longer than the window can have more headers than lines in it.
+        Err(httparse::Error::TooManyHeaders) => Err(bad("response head too large")),
+        Err(_) => Err(bad("malformed response head")),
+    }
+}
+
+/// Writes the downstream head for a parsed upstream head (see [`parse_and_write_upgrade`]).
+fn write_head(
+    res: &httparse::Response<'_, '_>,
+    head_len: usize,
+    client: Client,
+    out: &mut Vec<u8>,
+) -> Result<Parsed, ProxyError> {
+    let Client {
+        request_is_head,
+        version: client_version,
+        keep_alive: client_keep_alive,
+        upgrade,
+    } = client;
     let status = res.code.unwrap_or(0);
     if (100..200).contains(&status) {
         if status == 101 {
@@ -186,8 +264,8 @@ pub fn parse_and_write_upgrade(
     let version = res.version.unwrap_or(1);
     let framing = Framing::scan(res.headers)?;
     let (transfer_encoding, te_value) = (framing.transfer_encoding, framing.te_value);
-    // Codings other than chunked (gzip, ...) are the client's to decode: forwarded verbatim to
-    // HTTP/1.1 clients; an HTTP/1.0 client cannot receive a transfer-coding at all.
+    // Codings before the final chunked (`gzip, chunked`) are the client's to decode: forwarded
+    // verbatim to HTTP/1.1 clients; an HTTP/1.0 client cannot receive a transfer-coding at all.
     let other_codings = transfer_encoding && !te_value.eq_ignore_ascii_case(b"chunked");
     if other_codings && client_version == 0 {
         return Err(bad("transfer-coding an HTTP/1.0 client cannot decode"));
@@ -252,19 +330,23 @@ pub(crate) fn parse_foreign(
     buf: &[u8],
     request_is_head: bool,
 ) -> Result<Option<Result<ForeignHead, usize>>, ProxyError> {
-    let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut headers);
-    let head_len = match res.parse(buf) {
-        Ok(Status::Complete(n)) => n,
-        Ok(Status::Partial) => return Ok(None),
-        Err(_) => return Err(bad("malformed response head")),
-    };
+    with_head(buf, |res, head_len| {
+        foreign_head(res, head_len, request_is_head)
+    })
+}
+
+/// [`parse_foreign`] for a parsed head: `Err(len)` for an interim (1xx) head.
+fn foreign_head(
+    res: &httparse::Response<'_, '_>,
+    head_len: usize,
+    request_is_head: bool,
+) -> Result<Result<ForeignHead, usize>, ProxyError> {
     let status = res.code.unwrap_or(0);
     if (100..200).contains(&status) {
         if status == 101 {
             return Err(bad("unexpected protocol switch"));
         }
-        return Ok(Some(Err(head_len)));
+        return Ok(Err(head_len));
     }
     if !(200..1000).contains(&status) {
         return Err(bad("invalid status code"));
@@ -272,7 +354,7 @@ pub(crate) fn parse_foreign(
     let version = res.version.unwrap_or(1);
     let framing = Framing::scan(res.headers)?;
     if framing.transfer_encoding && !framing.te_value.eq_ignore_ascii_case(b"chunked") {
-        // gzip etc. as a transfer-coding: HTTP/2 has no way to carry it.
+        // `gzip, chunked`: the payload is still gzip-coded and HTTP/2 has no way to say so.
         return Err(bad("transfer-coding an HTTP/2 client cannot decode"));
     }
     let conn = framing.connection();
@@ -293,13 +375,13 @@ pub(crate) fn parse_foreign(
         };
         map.append(name, value);
     }
-    Ok(Some(Ok(ForeignHead {
+    Ok(Ok(ForeignHead {
         status,
         head_len,
         headers: map,
         body,
         upstream_reusable,
-    })))
+    }))
 }
 
 #[cfg(test)]
@@ -347,7 +429,7 @@ mod tests {
     }
 
     #[test]
-    fn other_transfer_codings_pass_through_verbatim() {
+    fn codings_before_chunked_pass_through_verbatim() {
         let (m, s) = run(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
             false,
@@ -355,22 +437,52 @@ mod tests {
         );
         assert_eq!(m.body, BodyKind::Chunked);
         assert_eq!(s, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n");
-        let (m, s) = run(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
-            false,
-            1,
-        );
-        assert_eq!(m.body, BodyKind::UntilClose);
-        assert_eq!(
-            s,
-            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nConnection: close\r\n"
-        );
         let mut out = Vec::new();
         let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
         assert!(
             parse_and_write(raw, false, 0, true, &mut out).is_err(),
             "HTTP/1.0 client"
         );
+        assert!(parse_foreign(raw, false).is_err(), "HTTP/2 client");
+    }
+
+    #[test]
+    fn transfer_coding_not_ending_in_chunked_is_refused() {
+        for te in ["gzip", "identity", "chunked, gzip", "chunked, chunked", ""] {
+            let raw = format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: {te}\r\n\r\nbody");
+            for (v, head) in [(1, false), (0, false), (1, true)] {
+                let mut out = Vec::new();
+                let r = parse_and_write(raw.as_bytes(), head, v, true, &mut out);
+                assert!(r.is_err(), "{te:?} to HTTP/1.{v} (HEAD {head}) accepted");
+            }
+            assert!(
+                parse_foreign(raw.as_bytes(), false).is_err(),
+                "{te:?} to HTTP/2"
+            );
+        }
+    }
+
+    #[test]
+    fn hundreds_of_headers_are_parsed_on_the_heap() {
+        let mut raw = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n".to_vec();
+        for i in 0..300 {
+            raw.extend_from_slice(format!("Set-Cookie: c{i}=v; Path=/\r\n").as_bytes());
+        }
+        let (m, s) = run(&[&raw[..], b"\r\nok"].concat(), false, 1);
+        assert_eq!(m.body, BodyKind::Length(2));
+        assert_eq!(s.matches("Set-Cookie: ").count(), 300);
+        assert!(s.ends_with("Set-Cookie: c299=v; Path=/\r\n"), "{s}");
+        let Ok(Some(Ok(h))) = parse_foreign(&[&raw[..], b"\r\n"].concat(), false) else {
+            panic!("HTTP/2 client: not parsed");
+        };
+        assert_eq!(h.headers.get_all("set-cookie").iter().count(), 300);
+        // Incomplete with more than 128 headers so far: read more.
+        let mut out = Vec::new();
+        assert!(matches!(
+            parse_and_write(&raw, false, 1, true, &mut out).unwrap(),
+            Parsed::Partial
+        ));
+        assert!(matches!(parse_foreign(&raw, false), Ok(None)));
     }
 
     #[test]

@@ -798,6 +798,12 @@ pub(crate) fn skip_request_header(name: &http::HeaderName) -> bool {
         || name.as_str() == "x-forwarded-host"
 }
 
+/// A name with `_` that `[server] underscores_in_headers` does not keep: dropped before
+/// forwarding, as on the HTTP/1 path (backends may read `X_User` as `X-User`).
+pub(crate) fn dropped_underscore(name: &http::HeaderName, keep_underscores: bool) -> bool {
+    !keep_underscores && name.as_str().contains('_')
+}
+
 impl ConnCtx {
     pub(crate) fn worker(&self) -> &Rc<Worker> {
         &self.worker

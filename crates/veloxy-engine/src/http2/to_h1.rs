@@ -22,15 +22,12 @@ use tokio::time::{timeout, timeout_at, Instant, Sleep};
 
 use super::{feedback, pick, ConnCtx, Finish, ProxyBody, Target};
 use crate::error::{ErrorKind, ProxyError};
-use crate::http1::response::{parse_foreign, ForeignHead};
+use crate::http1::response::{parse_foreign, ForeignHead, MAX_RESPONSE_HEAD};
 use crate::http1::{itoa, BodyKind};
 use crate::proxy::connect_backend;
 use crate::relay::{reserve, BodyState, READ_CHUNK};
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
-
-/// Largest upstream response head accepted (as on the HTTP/1 path).
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 enum Fail {
     /// Nothing reached the backend: any request may go elsewhere.
@@ -90,7 +87,8 @@ async fn forward_with(
     } else {
         declared.map_or(BodyKind::Chunked, BodyKind::Length)
     };
-    write_head(c, &parts, framing, fin, wbuf);
+    let keep_underscores = gen.snapshot.settings.underscores_in_headers;
+    write_head(c, &parts, framing, keep_underscores, fin, wbuf);
 
     // Buffer a small body so the request can be replayed.
     let mut streaming = !body.is_end_stream();
@@ -221,11 +219,13 @@ fn client_gone(e: &hyper::Error) -> ProxyError {
     super::hyper_error(false, e)
 }
 
-/// Writes the HTTP/1.1 request head for an HTTP/2 request.
+/// Writes the HTTP/1.1 request head for an HTTP/2 request (names with `_` dropped unless
+/// `keep_underscores`, as on the HTTP/1 path).
 fn write_head(
     c: &ConnCtx,
     parts: &http::request::Parts,
     framing: BodyKind,
+    keep_underscores: bool,
     fin: &Option<Box<Finish>>,
     out: &mut Vec<u8>,
 ) {
@@ -249,7 +249,7 @@ fn write_head(
     out.extend_from_slice(b"\r\n");
     let mut cookies = 0;
     for (name, value) in &parts.headers {
-        if super::skip_request_header(name) {
+        if super::skip_request_header(name) || super::dropped_underscore(name, keep_underscores) {
             continue;
         }
         if name == http::header::TE {

@@ -35,8 +35,9 @@ pub(super) async fn forward(
 
     // Connection-level headers are already absent in HTTP/2; veloxy's own are rewritten.
     let mut headers = HeaderMap::with_capacity(parts.headers.len() + 3);
+    let keep_underscores = gen.snapshot.settings.underscores_in_headers;
     for (name, value) in &parts.headers {
-        if super::skip_request_header(name) {
+        if super::skip_request_header(name) || super::dropped_underscore(name, keep_underscores) {
             continue;
         }
         if name == http::header::TE && value.as_bytes() != b"trailers" {
