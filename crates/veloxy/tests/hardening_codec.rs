@@ -365,7 +365,10 @@ fn request_trailers_are_filtered_when_the_body_streams() {
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
         chunked_done,
     );
-    let v = veloxy(&simple_config(&[origin], "retries = 0"));
+    // request_buffering = "off": the body streams to the upstream as it arrives.
+    let config = simple_config(&[origin], "retries = 0")
+        .replace("[server]\n", "[server]\nrequest_buffering = \"off\"\n");
+    let v = veloxy(&config);
     let mut s = TcpStream::connect(v.addr).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     s.write_all(b"POST /t HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n")
