@@ -1,0 +1,179 @@
+//! Hardening at the edges (issue #10): running out of file descriptors, local connect
+//! failures, an admin endpoint on a public address, and ports held by another process.
+//!
+//! Descriptor exhaustion is provoked cheaply: veloxy runs with RLIMIT_NOFILE lowered to
+//! [`NOFILE`] (set between fork and exec), and the test fills its table with idle client
+//! connections, counting veloxy's open descriptors in /proc to know exactly when it is full.
+
+mod common;
+use common::*;
+
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// veloxy's descriptor limit in these tests: room for its own descriptors (about 20 with one
+/// worker and the admin endpoint) plus a few dozen connections.
+const NOFILE: usize = 64;
+
+/// Runs veloxy on `config` with RLIMIT_NOFILE = [`NOFILE`].
+fn veloxy_limited(config: &str) -> Veloxy {
+    let mut cmd = Command::new(VELOXY);
+    // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: NOFILE as libc::rlim_t,
+                rlim_max: NOFILE as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    veloxy_with(cmd, config, &[])
+}
+
+/// Descriptors `pid` has open below [`NOFILE`]: the slots the limit allows. (Descriptors
+/// inherited with higher numbers, e.g. from the test harness, show in /proc but take no slot.)
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<usize>().ok())
+                .filter(|&fd| fd < NOFILE)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Polls `f` every millisecond until it holds or `limit` passes.
+fn within(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    f()
+}
+
+/// veloxy's descriptor count once it has held still for 100 ms: a connection the test just
+/// finished with may take a moment to close on veloxy's side.
+fn settled_fds(pid: u32) -> usize {
+    let start = Instant::now();
+    let (mut last, mut since) = (open_fds(pid), Instant::now());
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "fd count never settled"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        let n = open_fds(pid);
+        if n != last {
+            (last, since) = (n, Instant::now());
+        } else if since.elapsed() >= Duration::from_millis(100) {
+            return n;
+        }
+    }
+}
+
+/// Opens idle connections to `v` until veloxy has `target` descriptors open, waiting for each
+/// to be accepted; returns them (dropping them gives the descriptors back).
+fn hold_fds(v: &Veloxy, target: usize) -> Vec<TcpStream> {
+    let pid = v.proc.pid();
+    let base = settled_fds(pid);
+    let mut held = Vec::new();
+    while base + held.len() < target {
+        held.push(TcpStream::connect(v.addr).expect("connect (kernel backlog)"));
+        let want = base + held.len();
+        assert!(
+            within(Duration::from_secs(5), || open_fds(pid) >= want),
+            "connection {} never accepted: veloxy has {} fds, {want} expected",
+            held.len(),
+            open_fds(pid)
+        );
+    }
+    held
+}
+
+/// Fills veloxy's descriptor table, then queues `backlog` more connections it cannot accept:
+/// from then on every accept fails with EMFILE.
+fn exhaust_fds(v: &Veloxy, backlog: usize) -> Vec<TcpStream> {
+    let mut held = hold_fds(v, NOFILE);
+    for _ in 0..backlog {
+        held.push(TcpStream::connect(v.addr).expect("connect (kernel backlog)"));
+    }
+    held
+}
+
+/// One admin request, or `None` if it cannot connect or gets no answer within `wait`.
+fn try_admin(addr: SocketAddr, method: &str, path: &str, wait: Duration) -> Option<Response> {
+    let mut c = Client::try_connect(addr).ok()?;
+    c.stream.set_read_timeout(Some(wait)).unwrap();
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    std::io::Write::write_all(&mut c.stream, req.as_bytes()).ok()?;
+    c.try_read_response(false)
+}
+
+fn admin_get(addr: SocketAddr, path: &str) -> Response {
+    try_admin(addr, "GET", path, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("admin {path} did not answer"))
+}
+
+/// The admin endpoint's address, from its readiness line.
+fn admin_addr(v: &Veloxy) -> SocketAddr {
+    assert!(eventually(Duration::from_secs(5), || v
+        .proc
+        .log_text()
+        .contains("admin endpoint ready")));
+    let log = v.proc.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("admin endpoint ready"))
+        .unwrap();
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// One worker, the admin endpoint on an ephemeral loopback port, one group over `servers`.
+fn limited_config(servers: &[SocketAddr], group_keys: &str) -> String {
+    group_config(servers, group_keys, "")
+        .replace("workers = 1", "workers = 1\nadmin = \"127.0.0.1:0\"")
+}
+
+/// Issue #10, 1: an accept error (here EMFILE) used to end the admin thread for good.
+#[test]
+fn admin_endpoint_survives_running_out_of_fds() {
+    let up = upstream(&[]);
+    let v = veloxy_limited(&limited_config(&[up.addr], ""));
+    let admin = admin_addr(&v);
+    assert_eq!(admin_get(admin, "/healthz").status, 200);
+
+    let flood = exhaust_fds(&v, 4);
+    // The admin connection waits in the kernel backlog; accepting it fails with EMFILE.
+    let starved = try_admin(admin, "GET", "/healthz", Duration::from_secs(1));
+    assert!(
+        starved.is_none(),
+        "admin answered with no descriptor to spare"
+    );
+    drop(flood);
+
+    assert!(
+        eventually(Duration::from_secs(5), || try_admin(
+            admin,
+            "GET",
+            "/healthz",
+            Duration::from_secs(1)
+        )
+        .is_some_and(|r| r.status == 200)),
+        "admin /healthz never answered again after the descriptors came back: {}",
+        v.proc.log_text()
+    );
+    assert_eq!(admin_get(admin, "/upstreams").status, 200);
+}
