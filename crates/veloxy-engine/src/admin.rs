@@ -75,6 +75,7 @@ async fn accept_loop(
                 });
             }
             Err(e) => {
+                shared.metrics.admin_accept_errors.inc();
                 if let Some(suppressed) = log.allow(std::time::Instant::now()) {
                     tracing::warn!(listener = "admin", error = %e, suppressed, "accept failed");
                 }

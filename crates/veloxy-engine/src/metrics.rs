@@ -110,6 +110,8 @@ pub struct WorkerMetrics {
     pub upgrades: Counter,
     /// Requests refused before routing completed (404, 400, 429, ...), by status class.
     unrouted: [Counter; CLASSES],
+    /// Failed accepts on the listeners (out of descriptors, mostly).
+    pub accept_errors: Counter,
 }
 
 impl Default for WorkerMetrics {
@@ -136,6 +138,7 @@ impl Default for WorkerMetrics {
             h2_streams: Counter::default(),
             upgrades: Counter::default(),
             unrouted: std::array::from_fn(|_| Counter::default()),
+            accept_errors: Counter::default(),
         }
     }
 }
@@ -158,6 +161,8 @@ impl WorkerMetrics {
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub workers: Vec<Arc<WorkerMetrics>>,
+    /// Failed accepts on the admin endpoint (its thread is the only writer).
+    pub admin_accept_errors: Counter,
 }
 
 fn sum(m: &Metrics, f: impl Fn(&WorkerMetrics) -> u64) -> u64 {
@@ -370,6 +375,13 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
         "counter",
         "HTTP/2 streams opened by clients.",
         sum(m, |w| w.h2_streams.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_accept_errors_total",
+        "counter",
+        "Failed accepts (listeners and admin endpoint): out of descriptors or memory, mostly.",
+        sum(m, |w| w.accept_errors.get()) + m.admin_accept_errors.get(),
     );
     counter(
         &mut out,

@@ -149,6 +149,7 @@ impl Server {
             health_tx,
             metrics: crate::metrics::Metrics {
                 workers: worker_metrics.clone(),
+                admin_accept_errors: Default::default(),
             },
             access_log,
         });
@@ -480,9 +481,14 @@ async fn accept_loop(
                     spawn_connection(&worker, stream, peer, &state);
                 }
                 Err(e) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(worker = worker.id, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    // EMFILE and friends: back off briefly instead of spinning, and log the
+                    // condition, not every retry (it used to be 100 lines a second per worker).
+                    worker.metrics.accept_errors.inc();
+                    let logged = worker.accept_log.borrow_mut().allow(std::time::Instant::now());
+                    if let Some(suppressed) = logged {
+                        tracing::warn!(worker = worker.id, listener = %state.name, error = %e, suppressed, "accept failed");
+                    }
+                    tokio::time::sleep(crate::accept::BACKOFF).await;
                 }
             }
         }

@@ -81,6 +81,9 @@ pub(crate) struct Worker {
     pub h2_connections: Cell<usize>,
     /// This worker's counters (it is their only writer).
     pub metrics: Arc<WorkerMetrics>,
+    /// Shared by the worker's accept loops: out of descriptors, every listener fails at once,
+    /// and one line a second per worker says so.
+    pub accept_log: RefCell<crate::accept::LogLimiter>,
 }
 
 impl Worker {
@@ -96,6 +99,7 @@ impl Worker {
             fresh: Cell::new(0),
             h2_connections: Cell::new(0),
             metrics,
+            accept_log: RefCell::new(crate::accept::LogLimiter::new(crate::accept::LOG_INTERVAL)),
         }
     }
 

@@ -177,3 +177,62 @@ fn admin_endpoint_survives_running_out_of_fds() {
     );
     assert_eq!(admin_get(admin, "/upstreams").status, 200);
 }
+
+/// The value of the first metric line starting with `prefix`, if any.
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Issue #10, 5: out of descriptors, each worker used to log "accept failed" every 10 ms and
+/// no metric showed it. Now: at most one line a second per worker, and a counter.
+#[test]
+fn accept_errors_are_logged_once_a_second_and_counted() {
+    let up = upstream(&[]);
+    let v = veloxy_limited(&limited_config(&[up.addr], ""));
+    let admin = admin_addr(&v);
+    let lines = |v: &Veloxy| v.proc.log_text().matches("accept failed").count();
+    assert_eq!(lines(&v), 0);
+
+    let flood = exhaust_fds(&v, 4);
+    // The measurement window: accept keeps failing for this long.
+    let window = Duration::from_secs(2);
+    std::thread::sleep(window);
+    let logged = lines(&v);
+    drop(flood);
+    eprintln!("{logged} \"accept failed\" lines in {window:?} with one worker out of descriptors");
+    assert!(
+        logged >= 1,
+        "the condition is logged: {}",
+        v.proc.log_text()
+    );
+    // One at the start, then at most one per second (one more for timing slack).
+    assert!(
+        logged <= 4,
+        "{logged} \"accept failed\" lines in {window:?}"
+    );
+
+    let mut text = String::new();
+    assert!(eventually(Duration::from_secs(5), || {
+        text = try_admin(admin, "GET", "/metrics", Duration::from_secs(1))
+            .map(|r| r.body_str())
+            .unwrap_or_default();
+        !text.is_empty()
+    }));
+    let counted = metric(&text, "veloxy_accept_errors_total ").unwrap_or(0.0);
+    eprintln!("veloxy_accept_errors_total = {counted}");
+    assert!(
+        counted >= 10.0,
+        "accept errors counted: {counted}, metrics:\n{text}"
+    );
+    let log = v.proc.log_text();
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("accept failed"))
+            .skip(1)
+            .all(|l| l.contains("suppressed=")),
+        "later lines say how many were not logged:\n{log}"
+    );
+}
