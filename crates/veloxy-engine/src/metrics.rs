@@ -112,6 +112,8 @@ pub struct WorkerMetrics {
     unrouted: [Counter; CLASSES],
     /// Failed accepts on the listeners (out of descriptors, mostly).
     pub accept_errors: Counter,
+    /// Upstream connects that failed for want of local resources (descriptors, ports, memory).
+    pub upstream_local_errors: Counter,
 }
 
 impl Default for WorkerMetrics {
@@ -139,6 +141,7 @@ impl Default for WorkerMetrics {
             upgrades: Counter::default(),
             unrouted: std::array::from_fn(|_| Counter::default()),
             accept_errors: Counter::default(),
+            upstream_local_errors: Counter::default(),
         }
     }
 }
@@ -382,6 +385,13 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
         "counter",
         "Failed accepts (listeners and admin endpoint): out of descriptors or memory, mostly.",
         sum(m, |w| w.accept_errors.get()) + m.admin_accept_errors.get(),
+    );
+    counter(
+        &mut out,
+        "veloxy_upstream_local_errors_total",
+        "counter",
+        "Upstream connects that failed for want of local descriptors, ports or memory (answered 503, not counted against the backend).",
+        sum(m, |w| w.upstream_local_errors.get()),
     );
     counter(
         &mut out,

@@ -236,3 +236,126 @@ fn accept_errors_are_logged_once_a_second_and_counted() {
         "later lines say how many were not logged:\n{log}"
     );
 }
+
+/// A backend as `/upstreams` shows it.
+#[derive(Debug)]
+struct BackendView {
+    // Read through Debug, in assertion messages.
+    #[allow(dead_code)]
+    addr: String,
+    usable: bool,
+    consecutive_failures: u64,
+    checks_passed: u64,
+    checks_failed: u64,
+}
+
+/// The backends of the first group, from `/upstreams`.
+fn backends(admin: SocketAddr) -> Vec<BackendView> {
+    let body = admin_get(admin, "/upstreams").body_str();
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    json["upstreams"][0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| BackendView {
+            addr: b["addr"].as_str().unwrap().to_owned(),
+            usable: b["usable"].as_bool().unwrap(),
+            consecutive_failures: b["consecutive_failures"].as_u64().unwrap(),
+            checks_passed: b["checks_passed"].as_u64().unwrap(),
+            checks_failed: b["checks_failed"].as_u64().unwrap(),
+        })
+        .collect()
+}
+
+/// Every backend usable, with no failure on record.
+fn assert_spared(admin: SocketAddr) {
+    for b in backends(admin) {
+        assert!(b.usable, "backend taken out of rotation: {b:?}");
+        assert_eq!(b.consecutive_failures, 0, "failures counted: {b:?}");
+        assert_eq!(b.checks_failed, 0, "failed checks counted: {b:?}");
+    }
+}
+
+/// Holds all but one of veloxy's descriptors, so each request takes the last one and its
+/// upstream connect fails with EMFILE; checks the answers (503 with Retry-After), that
+/// nothing counted against the backends, and that the local errors were counted. Returns
+/// the held connections.
+fn requests_without_a_descriptor_to_connect_with(v: &Veloxy, admin: SocketAddr) -> Vec<TcpStream> {
+    let pid = v.proc.pid();
+    let held = hold_fds(v, NOFILE - 1);
+    for _ in 0..4 {
+        let r = get(v.addr, "/");
+        assert_eq!(r.status, 503, "local EMFILE answers 503: {}", r.body_str());
+        assert_eq!(r.header("retry-after"), Some("1"));
+        // The request's descriptor is back before the next request is sent.
+        assert!(within(Duration::from_secs(5), || open_fds(pid) < NOFILE));
+    }
+    assert_spared(admin);
+    let text = admin_get(admin, "/metrics").body_str();
+    let local = metric(&text, "veloxy_upstream_local_errors_total ").unwrap_or(0.0);
+    assert!(
+        local >= 4.0,
+        "local connect errors counted: {local}\n{text}"
+    );
+    held
+}
+
+/// Issue #10, 4: a local EMFILE on connect used to count as a backend failure (ejecting a
+/// healthy backend) and answer 502.
+#[test]
+fn local_fd_exhaustion_answers_503_and_spares_the_backends() {
+    let (a, b) = (upstream(&["--name", "a"]), upstream(&["--name", "b"]));
+    // One failure would eject a backend if local errors still counted.
+    let keys = "[upstreams.app.outlier]\nconsecutive_failures = 1\n";
+    let v = veloxy_limited(&limited_config(&[a.addr, b.addr], keys));
+    let admin = admin_addr(&v);
+    let held = requests_without_a_descriptor_to_connect_with(&v, admin);
+    drop(held);
+    // Nothing was ejected, so requests work again at once, on both backends.
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = get(v.addr, "/");
+        assert_eq!(r.status, 200, "{}", r.body_str());
+        seen.push(r.header("x-upstream").unwrap().to_owned());
+    }
+    assert!(seen.contains(&"a".to_owned()) && seen.contains(&"b".to_owned()));
+}
+
+/// The same through the HTTP/1 -> HTTP/2 bridge (`protocol = "h2c"`), whose connect path must
+/// classify local errors the same way. The backends are never reached.
+#[test]
+fn local_fd_exhaustion_on_an_h2c_upstream_answers_503_and_spares_the_backends() {
+    let (a, b) = (upstream(&[]), upstream(&[]));
+    let keys = "protocol = \"h2c\"\n[upstreams.app.outlier]\nconsecutive_failures = 1\n";
+    let v = veloxy_limited(&limited_config(&[a.addr, b.addr], keys));
+    let admin = admin_addr(&v);
+    drop(requests_without_a_descriptor_to_connect_with(&v, admin));
+}
+
+/// Active health checks run in the same process: a probe that cannot even open a socket says
+/// nothing about the backend and must not mark it down.
+#[test]
+fn active_checks_skip_probes_that_fail_locally() {
+    let up = upstream(&[]);
+    // A check every 50 ms; one failure marks a backend down and it takes 1000 passes to
+    // come back, so a single wrongly counted probe shows.
+    let keys = "[upstreams.app.health]\ninterval = \"50ms\"\nunhealthy = 1\nhealthy = 1000\n";
+    let v = veloxy_limited(&limited_config(&[up.addr], keys));
+    let admin = admin_addr(&v);
+    assert!(eventually(Duration::from_secs(5), || backends(admin)[0]
+        .checks_passed
+        >= 2));
+    let flood = exhaust_fds(&v, 2);
+    // Several check intervals with no descriptor to probe with.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(flood);
+    assert!(eventually(Duration::from_secs(5), || try_admin(
+        admin,
+        "GET",
+        "/healthz",
+        Duration::from_secs(1)
+    )
+    .is_some_and(|r| r.status == 200)));
+    assert_spared(admin);
+    assert_eq!(get(v.addr, "/").status, 200);
+}
