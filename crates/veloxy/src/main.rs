@@ -49,6 +49,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Check { config } => {
             match veloxy_engine::config::load_file_with(&config, &policies) {
                 Ok(s) => {
+                    for w in &s.warnings {
+                        eprintln!("{w}");
+                    }
                     println!(
                         "{}: ok ({} listeners, {} routes, {} upstream groups)",
                         config.display(),
@@ -106,6 +109,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// Starts the server and blocks until SIGTERM/SIGINT; SIGHUP reloads `config` when there is one.
 fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -> Result<ExitCode> {
     init_logging(&snapshot.settings.log_level);
+    for w in &snapshot.warnings {
+        tracing::warn!("{w}");
+    }
     let workers = snapshot.settings.workers;
     let running = Server::new(snapshot).start()?;
     for (name, addr) in running.local_addrs() {
@@ -119,6 +125,9 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
     let reload = |path: &Path| -> Result<String, String> {
         let snapshot =
             veloxy_engine::config::load_file_with(path, policies).map_err(|e| e.to_string())?;
+        for w in &snapshot.warnings {
+            tracing::warn!("{w}");
+        }
         running.reload(snapshot).map_err(|e| e.to_string())?;
         Ok(format!("reloaded {}", path.display()))
     };

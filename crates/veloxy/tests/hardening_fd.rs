@@ -359,3 +359,48 @@ fn active_checks_skip_probes_that_fail_locally() {
     assert_spared(admin);
     assert_eq!(get(v.addr, "/").status, 200);
 }
+
+/// Issue #10, 12: an admin endpoint on a non-loopback address (no authentication, backend
+/// addresses, `POST /reload`) used to pass `veloxy check` silently.
+#[test]
+fn admin_on_a_public_address_is_warned_about_by_check_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("veloxy.toml");
+    let public = simple_config(&["127.0.0.1:9".parse().unwrap()], "")
+        .replace("workers = 1", "workers = 1\nadmin = \"0.0.0.0:0\"");
+    std::fs::write(&path, &public).unwrap();
+    let out = Command::new(VELOXY)
+        .args(["check", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "still valid: {stderr}");
+    assert!(
+        stderr.contains("warning")
+            && stderr.contains("server.admin")
+            && stderr.contains("0.0.0.0:0 is not a loopback address"),
+        "check warns: {stderr}"
+    );
+
+    let v = veloxy(&public);
+    assert!(
+        eventually(Duration::from_secs(5), || v
+            .proc
+            .log_text()
+            .contains("is not a loopback address")),
+        "run logs the warning: {}",
+        v.proc.log_text()
+    );
+
+    let private = public.replace("0.0.0.0:0", "127.0.0.1:0");
+    std::fs::write(&path, &private).unwrap();
+    let out = Command::new(VELOXY)
+        .args(["check", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "no warning on loopback"
+    );
+}

@@ -425,11 +425,38 @@ fn compile(
     for l in &mut listeners {
         l.router.finish();
     }
+    let warnings = admin_warnings(src, s, &settings);
     Ok(Snapshot {
         settings,
         listeners,
         upstreams,
+        warnings,
     })
+}
+
+/// The admin endpoint has no authentication: on anything but loopback it shows backend
+/// addresses and metrics to whoever can reach it, and lets them trigger reloads. Valid (a
+/// firewalled private address can be deliberate), but worth saying.
+fn admin_warnings(
+    src: &Source,
+    s: &super::file::ServerSection,
+    settings: &Settings,
+) -> Vec<String> {
+    let (Some(addr), Some(spanned)) = (settings.admin, &s.admin) else {
+        return Vec::new();
+    };
+    if addr.ip().to_canonical().is_loopback() {
+        return Vec::new();
+    }
+    vec![src.warning(
+        spanned.span(),
+        "server.admin",
+        &format!(
+            "{addr} is not a loopback address: the admin endpoint has no authentication, \
+             and anyone who can reach it sees backend addresses and metrics and can POST \
+             /reload; bind it to 127.0.0.1 (or ::1), or make sure a firewall keeps others out"
+        ),
+    )]
 }
 
 fn compile_route(
