@@ -404,3 +404,148 @@ fn admin_on_a_public_address_is_warned_about_by_check_and_run() {
         "no warning on loopback"
     );
 }
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `veloxy ARGS` until it exits (returns its status and stderr) or prints "listening"
+/// (it started: killed, `None`), within 20 s.
+fn run_until_exit_or_listening(args: &[&str]) -> Option<(std::process::ExitStatus, String)> {
+    use std::io::BufRead;
+    let mut child = Command::new(VELOXY)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut text = String::new();
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("listening") => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            Ok(line) => {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            // Stderr closed: the process is exiting.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Some((child.wait().unwrap(), text))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("veloxy neither exited nor listened within 20 s: {text}");
+            }
+        }
+    }
+}
+
+/// New-user friction: a second veloxy used to join a port held by another one (SO_REUSEPORT)
+/// and silently split its traffic. Now it is refused unless `--upgrade` says it is meant.
+#[test]
+fn second_veloxy_on_a_held_port_is_refused_unless_upgrading() {
+    let up = upstream(&[]);
+    let port = free_port();
+    let config = simple_config(&[up.addr], "").replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    let first = veloxy(&config);
+    let path = first.dir.path().join("veloxy.toml");
+    let path = path.to_str().unwrap();
+
+    let (status, stderr) = run_until_exit_or_listening(&["run", "--config", path])
+        .expect("the second veloxy must not start on a held port");
+    assert!(!status.success());
+    let want = format!(
+        "listener \"web\": 127.0.0.1:{port} is already in use by another process (another veloxy? use --upgrade for a zero-downtime binary upgrade)"
+    );
+    assert!(stderr.contains(&want), "clear error: {stderr}");
+
+    let second = veloxy_with(Command::new(VELOXY), &config, &["--upgrade"]);
+    assert_eq!(second.addr, first.addr, "--upgrade joins the port");
+    assert_eq!(get(first.addr, "/").status, 200);
+}
+
+/// The admin endpoint follows the same rule, and shares its port under `--upgrade` (it used
+/// to be bound without SO_REUSEPORT: the documented upgrade failed with "Address already in
+/// use" whenever `admin` was set).
+#[test]
+fn admin_port_is_refused_when_held_and_shared_when_upgrading() {
+    let up = upstream(&[]);
+    let port = free_port();
+    let config = simple_config(&[up.addr], "").replace(
+        "workers = 1",
+        &format!("workers = 1\nadmin = \"127.0.0.1:{port}\""),
+    );
+    let first = veloxy(&config);
+    let admin = admin_addr(&first);
+    let path = first.dir.path().join("veloxy.toml");
+
+    let (status, stderr) =
+        run_until_exit_or_listening(&["run", "--config", path.to_str().unwrap()])
+            .expect("the second veloxy must not start on a held admin port");
+    assert!(!status.success());
+    assert!(
+        stderr.contains(&format!(
+            "admin endpoint: 127.0.0.1:{port} is already in use by another process"
+        )),
+        "clear error: {stderr}"
+    );
+
+    let second = veloxy_with(Command::new(VELOXY), &config, &["--upgrade"]);
+    assert_eq!(admin_addr(&second), admin);
+    drop(first);
+    assert_eq!(
+        admin_get(admin, "/healthz").status,
+        200,
+        "the new process answers"
+    );
+}
+
+/// A reload that adds a listener probes its port the same way.
+#[test]
+fn reload_refuses_a_new_listener_on_a_port_held_by_another_process() {
+    let up = upstream(&[]);
+    let v = veloxy(&simple_config(&[up.addr], ""));
+    // Another process's socket, with SO_REUSEPORT: a reuseport bind would silently join it.
+    let other = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    other.set_reuse_port(true).unwrap();
+    other
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    other.listen(16).unwrap();
+    let held = other.local_addr().unwrap().as_socket().unwrap();
+
+    let config = format!(
+        "{}[listeners.extra]\naddr = \"{held}\"\n",
+        simple_config(&[up.addr], "").replace("127.0.0.1:0", &v.addr.to_string())
+    );
+    reload_with(&v, &config, "reload refused");
+    assert!(
+        v.proc.log_text().contains(&format!(
+            "listener \"extra\": {held} is already in use by another process"
+        )),
+        "{}",
+        v.proc.log_text()
+    );
+    assert_eq!(get(v.addr, "/").status, 200, "the old config keeps serving");
+}

@@ -419,6 +419,17 @@ fn compile(
         });
     }
 
+    // The admin socket uses SO_REUSEPORT too (for upgrades), so on a listener's address it
+    // would silently share that listener's port instead of failing to bind.
+    if let (Some(admin), Some(spanned)) = (settings.admin, &s.admin) {
+        if let Some(other) = seen_addrs.get(&admin) {
+            return Err(src.error(
+                spanned.span(),
+                "server.admin",
+                format!("address {admin} is already used by listener {other:?}"),
+            ));
+        }
+    }
     for (i, route) in file.routes.iter().enumerate() {
         compile_route(src, i, route, &upstream_index, &mut listeners)?;
     }
