@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::accept::{self, LogLimiter};
 use crate::server::Shared;
 
 /// A reload asked for through the admin endpoint; the owner of the config file answers.
@@ -46,19 +47,42 @@ pub(crate) fn spawn(
                     Ok(l) => l,
                     Err(e) => return tracing::error!(error = %e, "admin: cannot listen"),
                 };
-                while let Ok((stream, _)) = listener.accept().await {
-                    let (shared, reloads) = (shared.clone(), reloads.clone());
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(
-                            Duration::from_secs(30),
-                            handle(stream, shared, reloads),
-                        )
-                        .await;
-                    });
-                }
+                accept_loop(listener, shared, reloads).await;
             });
         })?;
     Ok(())
+}
+
+/// Accepts admin connections for as long as the process runs. A failed accept (out of
+/// descriptors, say) is waited out, never the end of the endpoint: `/healthz` and
+/// `/metrics` matter most while something is wrong.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    reloads: mpsc::Sender<ReloadRequest>,
+) {
+    let mut log = LogLimiter::new(accept::LOG_INTERVAL);
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let (shared, reloads) = (shared.clone(), reloads.clone());
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(30),
+                        handle(stream, shared, reloads),
+                    )
+                    .await;
+                });
+            }
+            Err(e) => {
+                shared.metrics.admin_accept_errors.inc();
+                if let Some(suppressed) = log.allow(std::time::Instant::now()) {
+                    tracing::warn!(listener = "admin", error = %e, suppressed, "accept failed");
+                }
+                tokio::time::sleep(accept::BACKOFF).await;
+            }
+        }
+    }
 }
 
 async fn handle(

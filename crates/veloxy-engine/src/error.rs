@@ -2,6 +2,17 @@
 
 use std::io;
 
+/// True for a failure to open a connection that is this host's doing, not the peer's: out of
+/// file descriptors (EMFILE, ENFILE), socket buffers (ENOBUFS), memory (ENOMEM), or local
+/// ports (EADDRNOTAVAIL on connect). Such a failure says nothing about the backend, so it must
+/// not count against its health.
+pub fn is_local_resource_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
+    )
+}
+
 /// Which side of the proxy an error came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -32,6 +43,10 @@ pub enum ErrorKind {
     NoBackend,
     #[error("connect failed: {0}")]
     Connect(io::Error),
+    /// Connecting failed for want of something of this host's, not the backend's: file
+    /// descriptors, socket buffers, memory, local ports (see [`is_local_resource_error`]).
+    #[error("cannot connect upstream, out of local resources: {0}")]
+    LocalResources(io::Error),
     #[error("connect timed out")]
     ConnectTimeout,
     #[error("timed out waiting for the upstream")]
@@ -128,10 +143,12 @@ impl ProxyError {
             // log and metrics record.
             ErrorKind::SendTimeout => 408,
             ErrorKind::NoRoute => 404,
+            // Like the other 503s, a temporary condition of this proxy: Retry-After says so.
             ErrorKind::NoBackend
             | ErrorKind::Overloaded
             | ErrorKind::TooManyConnections
-            | ErrorKind::BackendFull => 503,
+            | ErrorKind::BackendFull
+            | ErrorKind::LocalResources(_) => 503,
             ErrorKind::RateLimited => 429,
             ErrorKind::UpstreamStatus(s) => *s,
             ErrorKind::Connect(_) | ErrorKind::UpstreamClosed | ErrorKind::BadResponse(_) => 502,

@@ -47,6 +47,7 @@
 //! * **stream**: one request/response exchange on an HTTP/2 connection.
 //! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways.
 
+pub(crate) mod accept;
 pub mod access_log;
 pub mod admin;
 pub(crate) mod clock;

@@ -1,5 +1,10 @@
 //! Listener sockets: one SO_REUSEPORT socket per listener per worker, so the kernel spreads
 //! connections across workers and no accept lock is shared between threads.
+//!
+//! SO_REUSEPORT also lets any other process of the same user join a port, which is how a
+//! zero-downtime binary upgrade works, and how a second veloxy started by mistake would
+//! silently take half of the first one's traffic. [`probe_free`] tells the two apart before
+//! binding: it is skipped only when an upgrade is meant.
 
 use std::net::{SocketAddr, TcpListener};
 
@@ -7,6 +12,16 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 /// Accept backlog per socket.
 const BACKLOG: i32 = 4096;
+
+/// Fails with [`std::io::ErrorKind::AddrInUse`] when another socket holds `addr`'s port on an
+/// overlapping address. The probe binds without SO_REUSEPORT, which no holder can share,
+/// whether or not it set SO_REUSEPORT itself; the socket is closed again at once.
+pub fn probe_free(addr: SocketAddr) -> std::io::Result<()> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    // As on the real sockets: connections an earlier process left in TIME_WAIT do not count.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())
+}
 
 /// Binds `count` sockets on `addr`. With port 0 the first socket picks the port and the others
 /// join it, so every worker listens on the same ephemeral port.

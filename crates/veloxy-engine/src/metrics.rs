@@ -116,6 +116,10 @@ pub struct WorkerMetrics {
     pub memory_trims: Counter,
     /// Requests refused before routing completed (404, 400, 429, ...), by status class.
     unrouted: [Counter; CLASSES],
+    /// Failed accepts on the listeners (out of descriptors, mostly).
+    pub accept_errors: Counter,
+    /// Upstream connects that failed for want of local resources (descriptors, ports, memory).
+    pub upstream_local_errors: Counter,
 }
 
 impl Default for WorkerMetrics {
@@ -145,6 +149,8 @@ impl Default for WorkerMetrics {
             body_timeouts: Counter::default(),
             memory_trims: Counter::default(),
             unrouted: std::array::from_fn(|_| Counter::default()),
+            accept_errors: Counter::default(),
+            upstream_local_errors: Counter::default(),
         }
     }
 }
@@ -167,6 +173,8 @@ impl WorkerMetrics {
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub workers: Vec<Arc<WorkerMetrics>>,
+    /// Failed accepts on the admin endpoint (its thread is the only writer).
+    pub admin_accept_errors: Counter,
 }
 
 fn sum(m: &Metrics, f: impl Fn(&WorkerMetrics) -> u64) -> u64 {
@@ -379,6 +387,20 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
         "counter",
         "HTTP/2 streams opened by clients.",
         sum(m, |w| w.h2_streams.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_accept_errors_total",
+        "counter",
+        "Failed accepts (listeners and admin endpoint): out of descriptors or memory, mostly.",
+        sum(m, |w| w.accept_errors.get()) + m.admin_accept_errors.get(),
+    );
+    counter(
+        &mut out,
+        "veloxy_upstream_local_errors_total",
+        "counter",
+        "Upstream connects that failed for want of local descriptors, ports or memory (answered 503, not counted against the backend).",
+        sum(m, |w| w.upstream_local_errors.get()),
     );
     counter(
         &mut out,

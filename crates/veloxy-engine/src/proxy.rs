@@ -668,7 +668,8 @@ pub(crate) async fn connect_io(
 
 /// Opens a new connection to `backend`, within its `max_connections` and the group's connect
 /// timeout. On failure: the error, and whether it counts against the backend's health (a
-/// backend at its connection limit is busy, not broken).
+/// backend at its connection limit is busy, not broken; a host out of descriptors or ports
+/// has said nothing about the backend). Every upstream protocol connects through here.
 pub(crate) async fn connect_backend(
     worker: &Worker,
     group: &UpstreamGroup,
@@ -685,12 +686,16 @@ pub(crate) async fn connect_backend(
         }
         failed => {
             release_slot(health);
-            let kind = match failed {
-                Err(_) => ErrorKind::ConnectTimeout,
-                Ok(Err(e)) => ErrorKind::Connect(e),
+            let (kind, counts) = match failed {
+                Err(_) => (ErrorKind::ConnectTimeout, true),
+                Ok(Err(e)) if crate::error::is_local_resource_error(&e) => {
+                    worker.metrics.upstream_local_errors.inc();
+                    (ErrorKind::LocalResources(e), false)
+                }
+                Ok(Err(e)) => (ErrorKind::Connect(e), true),
                 Ok(Ok(_)) => unreachable!("handled above"),
             };
-            Err((ProxyError::upstream(kind), true))
+            Err((ProxyError::upstream(kind), counts))
         }
     }
 }

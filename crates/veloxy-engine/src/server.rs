@@ -25,6 +25,10 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// Someone else holds the port and this is not an upgrade: joining it with SO_REUSEPORT
+    /// would silently split its traffic between two processes (and two configs).
+    #[error("{what}: {addr} is already in use by another process (another veloxy? use --upgrade for a zero-downtime binary upgrade)")]
+    InUse { what: String, addr: SocketAddr },
     #[error("access log {path:?}: {source}")]
     AccessLog {
         path: std::path::PathBuf,
@@ -75,6 +79,7 @@ enum WorkerCommand {
 pub struct Server {
     snapshot: Snapshot,
     hooks: Option<Arc<dyn Hooks>>,
+    upgrade: bool,
 }
 
 impl Server {
@@ -82,7 +87,16 @@ impl Server {
         Server {
             snapshot,
             hooks: None,
+            upgrade: false,
         }
+    }
+
+    /// A zero-downtime binary upgrade: join ports another process (the old veloxy) holds,
+    /// instead of refusing them with [`ServerError::InUse`]. Applies to `start` only; a reload
+    /// always refuses a new listener on a port held elsewhere.
+    pub fn upgrade(mut self, upgrade: bool) -> Self {
+        self.upgrade = upgrade;
+        self
     }
 
     /// Installs request/response hooks (see [`crate::hooks`]).
@@ -101,8 +115,9 @@ impl Server {
             (0..workers).map(|_| Vec::new()).collect();
         let mut bound = Vec::new();
         let mut states = Vec::new();
+        let probe = !self.upgrade;
         for spec in &self.snapshot.listeners {
-            let (addr, sockets) = bind(&spec.name, spec.addr, workers)?;
+            let (addr, sockets) = bind(&spec.name, spec.addr, workers, probe)?;
             let state = Arc::new(ListenerState {
                 name: spec.name.as_str().into(),
                 open: AtomicUsize::new(0),
@@ -115,15 +130,7 @@ impl Server {
         }
         let admin_listener = match self.snapshot.settings.admin {
             None => None,
-            Some(addr) => {
-                Some(
-                    std::net::TcpListener::bind(addr).map_err(|source| ServerError::Bind {
-                        name: "admin".into(),
-                        addr,
-                        source,
-                    })?,
-                )
-            }
+            Some(addr) => Some(bind_admin(addr, probe)?),
         };
         let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
         let worker_metrics: Vec<Arc<crate::metrics::WorkerMetrics>> =
@@ -149,6 +156,7 @@ impl Server {
             health_tx,
             metrics: crate::metrics::Metrics {
                 workers: worker_metrics.clone(),
+                admin_accept_errors: Default::default(),
             },
             access_log,
         });
@@ -186,12 +194,50 @@ impl Server {
     }
 }
 
-/// Binds a listener's per-worker sockets; returns the address they are bound to.
+/// Refuses `addr` if another process holds its port (see [`crate::listener::probe_free`]).
+/// Port 0 is always free: the kernel picks an unused port.
+fn check_free(addr: SocketAddr, what: impl FnOnce() -> String) -> Result<(), ServerError> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    match crate::listener::probe_free(addr) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            Err(ServerError::InUse { what: what(), addr })
+        }
+        // Anything else (no permission, address not local) the real bind reports too.
+        Err(_) => Ok(()),
+    }
+}
+
+/// Binds the admin endpoint's socket. SO_REUSEPORT and the probe as for listeners: in an
+/// upgrade, the old process holds the admin port too.
+fn bind_admin(addr: SocketAddr, probe: bool) -> Result<std::net::TcpListener, ServerError> {
+    if probe {
+        check_free(addr, || "admin endpoint".to_owned())?;
+    }
+    let failed = |source| ServerError::Bind {
+        name: "admin".into(),
+        addr,
+        source,
+    };
+    let mut sockets = crate::listener::bind_reuseport(addr, 1).map_err(failed)?;
+    sockets
+        .pop()
+        .ok_or_else(|| failed(std::io::ErrorKind::AddrNotAvailable.into()))
+}
+
+/// Binds a listener's per-worker sockets, first checking that no other process holds the
+/// port when `probe` is set; returns the address they are bound to.
 fn bind(
     name: &str,
     addr: SocketAddr,
     workers: usize,
+    probe: bool,
 ) -> Result<(SocketAddr, Vec<std::net::TcpListener>), ServerError> {
+    if probe {
+        check_free(addr, || format!("listener {name:?}"))?;
+    }
     let sockets =
         crate::listener::bind_reuseport(addr, workers).map_err(|source| ServerError::Bind {
             name: name.to_owned(),
@@ -274,7 +320,10 @@ impl Running {
             .iter()
             .filter(|n| !keeps(&n.name, n.addr))
         {
-            let (addr, sockets) = bind(&spec.name, spec.addr, workers)?;
+            // A port this process holds itself (a listener renamed, or moving to an address
+            // another one leaves) is no other process's: no probe, or it would refuse us.
+            let ours = bound.iter().any(|(_, at)| *at == spec.addr);
+            let (addr, sockets) = bind(&spec.name, spec.addr, workers, !ours)?;
             added.push((spec.name.clone(), addr, sockets));
         }
 
@@ -483,9 +532,14 @@ async fn accept_loop(
                     spawn_connection(&worker, stream, peer, &state);
                 }
                 Err(e) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(worker = worker.id, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    // EMFILE and friends: back off briefly instead of spinning, and log the
+                    // condition, not every retry (it used to be 100 lines a second per worker).
+                    worker.metrics.accept_errors.inc();
+                    let logged = worker.accept_log.borrow_mut().allow(std::time::Instant::now());
+                    if let Some(suppressed) = logged {
+                        tracing::warn!(worker = worker.id, listener = %state.name, error = %e, suppressed, "accept failed");
+                    }
+                    tokio::time::sleep(crate::accept::BACKOFF).await;
                 }
             }
         }

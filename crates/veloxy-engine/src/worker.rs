@@ -89,6 +89,9 @@ pub(crate) struct Worker {
     peak_connections: Cell<usize>,
     /// Read buffers freed by idle keep-alive connections since memory was last trimmed.
     idle_buffers_freed: Cell<usize>,
+    /// Shared by the worker's accept loops: out of descriptors, every listener fails at once,
+    /// and one line a second per worker says so.
+    pub accept_log: RefCell<crate::accept::LogLimiter>,
 }
 
 impl Worker {
@@ -107,6 +110,7 @@ impl Worker {
             connections: Cell::new(0),
             peak_connections: Cell::new(0),
             idle_buffers_freed: Cell::new(0),
+            accept_log: RefCell::new(crate::accept::LogLimiter::new(crate::accept::LOG_INTERVAL)),
         }
     }
 

@@ -33,6 +33,8 @@ pub enum Command {
     Run {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        upgrade: UpgradeArg,
     },
     /// Validate a config file: exit 0, or print `file:line:column: key: error` and exit 1.
     Check {
@@ -43,6 +45,15 @@ pub enum Command {
     Proxy(ProxyArgs),
     /// One-line mode: serve the files of a directory.
     Serve(ServeArgs),
+}
+
+/// `--upgrade`, for every mode that listens.
+#[derive(Args, Debug, Default, Clone, Copy)]
+pub struct UpgradeArg {
+    /// Zero-downtime binary upgrade: share the listener and admin ports another process (the
+    /// old veloxy) holds, instead of refusing to start. Then SIGTERM the old process.
+    #[arg(long)]
+    pub upgrade: bool,
 }
 
 #[derive(Args, Debug)]
@@ -68,6 +79,8 @@ pub struct ServeArgs {
     pub cache_control: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub upgrade: UpgradeArg,
 }
 
 #[derive(Args, Debug)]
@@ -86,6 +99,8 @@ pub struct ProxyArgs {
     pub keepalive: usize,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub upgrade: UpgradeArg,
 }
 
 /// TLS for the one-line modes.

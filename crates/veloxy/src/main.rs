@@ -2,6 +2,8 @@
 //!
 //! * `veloxy run [--config FILE]`: run from a file; without one, the built-in demo (see
 //!   [`demo`]): a listener on 127.0.0.1:8080 balancing over two in-process demo backends.
+//!   A port another process holds is refused unless `--upgrade` (also on `proxy` and `serve`)
+//!   says this is a zero-downtime binary upgrade.
 //! * `veloxy check --config FILE`: validate and exit (0 ok, 1 with `file:line:column: key: ...`).
 //! * `veloxy proxy --listen ADDR --to ADDR [--to ADDR ...] [--workers N]`: round robin proxy.
 //! * `veloxy serve [--listen ADDR] [--root DIR] [--browse] [--fallback FILE]`: file server.
@@ -49,6 +51,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Check { config } => {
             match veloxy_engine::config::load_file_with(&config, &policies) {
                 Ok(s) => {
+                    for w in &s.warnings {
+                        eprintln!("{w}");
+                    }
                     println!(
                         "{}: ok ({} listeners, {} routes, {} upstream groups)",
                         config.display(),
@@ -67,11 +72,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
         }
-        Command::Run { config: Some(path) } => {
+        Command::Run {
+            config: Some(path),
+            upgrade,
+        } => {
             let snapshot = veloxy_engine::config::load_file_with(&path, &policies)?;
-            serve(snapshot, Some(&path), &policies)
+            serve(snapshot, Some(&path), &policies, upgrade)
         }
-        Command::Run { config: None } => {
+        Command::Run {
+            config: None,
+            upgrade,
+        } => {
             let backends =
                 demo::start_backends(2).context("starting the built-in demo backends")?;
             let toml = demo::default_config(&backends);
@@ -86,28 +97,37 @@ fn run(cli: Cli) -> Result<ExitCode> {
             eprintln!(
                 "  try: curl -i http://127.0.0.1:8080/   (twice, and watch x-upstream change)"
             );
-            serve(snapshot, None, &policies)
+            serve(snapshot, None, &policies, upgrade)
         }
         Command::Proxy(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::proxy_config(&args, tls.as_ref());
             let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
-            serve(snapshot, None, &policies)
+            serve(snapshot, None, &policies, args.upgrade)
         }
         Command::Serve(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::serve_config(&args, tls.as_ref());
             let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
-            serve(snapshot, None, &policies)
+            serve(snapshot, None, &policies, args.upgrade)
         }
     }
 }
 
 /// Starts the server and blocks until SIGTERM/SIGINT; SIGHUP reloads `config` when there is one.
-fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -> Result<ExitCode> {
+/// Ports another process holds are refused unless `upgrade` (`--upgrade`) says it is meant.
+fn serve(
+    snapshot: Snapshot,
+    config: Option<&Path>,
+    policies: &PolicyRegistry,
+    upgrade: cli::UpgradeArg,
+) -> Result<ExitCode> {
     init_logging(&snapshot.settings.log_level);
+    for w in &snapshot.warnings {
+        tracing::warn!("{w}");
+    }
     let workers = snapshot.settings.workers;
-    let running = Server::new(snapshot).start()?;
+    let running = Server::new(snapshot).upgrade(upgrade.upgrade).start()?;
     for (name, addr) in running.local_addrs() {
         tracing::info!(listener = %name, %addr, workers, "listening");
     }
@@ -119,6 +139,9 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
     let reload = |path: &Path| -> Result<String, String> {
         let snapshot =
             veloxy_engine::config::load_file_with(path, policies).map_err(|e| e.to_string())?;
+        for w in &snapshot.warnings {
+            tracing::warn!("{w}");
+        }
         running.reload(snapshot).map_err(|e| e.to_string())?;
         Ok(format!("reloaded {}", path.display()))
     };

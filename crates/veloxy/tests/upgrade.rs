@@ -1,5 +1,6 @@
-//! Zero-downtime binary upgrade: start the new process on the same addresses (SO_REUSEPORT),
-//! then SIGTERM the old one. No connection may be refused or reset, no request may fail.
+//! Zero-downtime binary upgrade: start the new process with `--upgrade` on the same addresses
+//! (SO_REUSEPORT), then SIGTERM the old one. No connection may be refused or reset, no request
+//! may fail. The admin endpoint is set too: its port is shared the same way.
 //!
 //! Needs `net.ipv4.tcp_migrate_req = 1` so connections still in the old socket's handshake
 //! queue move to the new process when the old socket closes. The test sets it when it can
@@ -28,16 +29,23 @@ fn reuseport_handover_refuses_no_connection() {
         return;
     }
     let up = upstream(&[]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (port, admin_port) = (free_port(), free_port());
     let config = simple_config(&[up.addr], "")
-        .replace("workers = 1", "workers = 2")
+        .replace(
+            "workers = 1",
+            &format!("workers = 2\nadmin = \"127.0.0.1:{admin_port}\""),
+        )
         .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
     let mut old = veloxy(&config);
     let addr = old.addr;
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicUsize::new(0));
@@ -78,9 +86,16 @@ fn reuseport_handover_refuses_no_connection() {
         .load(Ordering::Relaxed)
         > 200));
 
-    // The new process binds the same port while the old one still serves.
-    let new = veloxy(&config);
+    // The new process binds the same ports while the old one still serves.
+    let new = veloxy_with(std::process::Command::new(VELOXY), &config, &["--upgrade"]);
     assert_eq!(new.addr, addr);
+    assert!(
+        eventually(Duration::from_secs(5), || new.proc.log_text().lines().any(
+            |l| l.contains("admin endpoint ready") && l.contains(&format!("addr={admin}"))
+        )),
+        "the new process shares the admin port: {}",
+        new.proc.log_text()
+    );
     let before = served.load(Ordering::Relaxed);
     assert!(std::process::Command::new("kill")
         .args(["-TERM", &old.proc.pid().to_string()])
@@ -104,6 +119,11 @@ fn reuseport_handover_refuses_no_connection() {
     for c in clients {
         c.join().unwrap();
     }
+    let health = get(admin, "/healthz");
+    assert_eq!(
+        health.status, 200,
+        "the new process answers on the admin port"
+    );
     let failures = failures.lock().unwrap();
     assert!(
         failures.is_empty(),

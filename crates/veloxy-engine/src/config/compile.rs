@@ -438,17 +438,55 @@ fn compile(
         });
     }
 
+    // The admin socket uses SO_REUSEPORT too (for upgrades), so on a listener's address it
+    // would silently share that listener's port instead of failing to bind.
+    if let (Some(admin), Some(spanned)) = (settings.admin, &s.admin) {
+        if let Some(other) = seen_addrs.get(&admin) {
+            return Err(src.error(
+                spanned.span(),
+                "server.admin",
+                format!("address {admin} is already used by listener {other:?}"),
+            ));
+        }
+    }
     for (i, route) in file.routes.iter().enumerate() {
         compile_route(src, i, route, &upstream_index, &mut listeners)?;
     }
     for l in &mut listeners {
         l.router.finish();
     }
+    let warnings = admin_warnings(src, s, &settings);
     Ok(Snapshot {
         settings,
         listeners,
         upstreams,
+        warnings,
     })
+}
+
+/// The admin endpoint has no authentication: on anything but loopback it shows backend
+/// addresses and metrics to whoever can reach it, and lets them trigger reloads. Valid (a
+/// firewalled private address can be deliberate), but worth saying.
+fn admin_warnings(
+    src: &Source,
+    s: &super::file::ServerSection,
+    settings: &Settings,
+) -> Vec<String> {
+    let (Some(addr), Some(spanned)) = (settings.admin, &s.admin) else {
+        return Vec::new();
+    };
+    if addr.ip().to_canonical().is_loopback() {
+        return Vec::new();
+    }
+    vec![src.warning(
+        spanned.span(),
+        "server.admin",
+        &format!(
+            "{addr} is not a loopback address: the admin endpoint has no authentication, \
+             and anyone who can reach it sees backend addresses and metrics and can POST \
+             /reload; bind it to 127.0.0.1 (or ::1), or make sure a firewall keeps others out"
+        ),
+    )]
 }
 
 fn compile_route(

@@ -60,6 +60,16 @@ impl Source<'_> {
         }
     }
 
+    /// A warning: the config is valid but probably not what was meant. Same
+    /// `file:line:column: key:` prefix as errors, then `warning:`.
+    pub fn warning(&self, span: Range<usize>, key: &str, message: &str) -> String {
+        let (line, column) = self.line_col(span.start);
+        format!(
+            "{}:{line}:{column}: {key}: warning: {message}",
+            self.file.display()
+        )
+    }
+
     /// An error about the whole file (no single place to point at).
     pub fn whole(&self, message: impl Into<String>) -> ConfigError {
         ConfigError::Whole {

@@ -213,4 +213,7 @@ pub struct Snapshot {
     pub settings: Settings,
     pub listeners: Vec<ListenerSpec>,
     pub upstreams: Vec<UpstreamGroup>,
+    /// Things that are valid but probably unintended, as `file:line:column: key: warning: ...`
+    /// lines: `veloxy check` prints them, `veloxy run` logs them at start and on reload.
+    pub warnings: Vec<String>,
 }

@@ -293,23 +293,36 @@ pub type ProbeTls = (
 );
 
 /// Runs one probe: TCP connect (plus the TLS handshake for `https://` backends), or an HTTP GET
-/// whose status must fall in `expect_status`.
-pub async fn probe(addr: SocketAddr, check: &HealthCheck, tls: Option<&ProbeTls>) -> bool {
+/// whose status must fall in `expect_status`. `None` when the probe could not even open its
+/// socket because this process is out of descriptors, ports or memory: that says nothing
+/// about the backend, so it is no result at all.
+pub async fn probe(addr: SocketAddr, check: &HealthCheck, tls: Option<&ProbeTls>) -> Option<bool> {
     let attempt = async {
-        let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
-        match tls {
+        let tcp = match tokio::net::TcpStream::connect(addr).await {
+            Ok(tcp) => tcp,
+            Err(e) if crate::error::is_local_resource_error(&e) => return Err(e),
+            Err(_) => return Ok(false),
+        };
+        let passed = match tls {
             None => http_probe(tcp, addr, check).await,
             Some((config, name)) => {
                 let connector = tokio_rustls::TlsConnector::from(config.clone());
-                let s = connector.connect(name.clone(), tcp).await.ok()?;
-                http_probe(s, addr, check).await
+                match connector.connect(name.clone(), tcp).await {
+                    Ok(s) => http_probe(s, addr, check).await,
+                    Err(_) => None,
+                }
             }
-        }
+        };
+        Ok(passed == Some(true))
     };
-    matches!(
-        tokio::time::timeout(check.timeout, attempt).await,
-        Ok(Some(true))
-    )
+    match tokio::time::timeout(check.timeout, attempt).await {
+        Err(_) => Some(false),
+        Ok(Ok(passed)) => Some(passed),
+        Ok(Err(e)) => {
+            tracing::debug!(backend = %addr, error = %e, "health check skipped: out of local resources");
+            None
+        }
+    }
 }
 
 async fn http_probe<S>(mut s: S, addr: SocketAddr, check: &HealthCheck) -> Option<bool>
@@ -382,8 +395,11 @@ pub(crate) fn spawn_thread(
                                     );
                                     loop {
                                         tick.tick().await;
-                                        let passed = probe(addr, &check, tls.as_ref()).await;
-                                        health.apply_check(i, passed, &check);
+                                        if let Some(passed) =
+                                            probe(addr, &check, tls.as_ref()).await
+                                        {
+                                            health.apply_check(i, passed, &check);
+                                        }
                                     }
                                 });
                             }

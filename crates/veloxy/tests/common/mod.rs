@@ -107,11 +107,18 @@ pub struct Veloxy {
 /// Writes `config` to a temp file and runs `veloxy run --config` on it. Listener addresses in
 /// the config should use port 0; the bound port is read from the "listening" log line.
 pub fn veloxy(config: &str) -> Veloxy {
+    veloxy_with(Command::new(VELOXY), config, &[])
+}
+
+/// Like [`veloxy`], from a prepared command (e.g. with a lowered descriptor limit) and with
+/// extra `run` arguments (e.g. `--upgrade`).
+pub fn veloxy_with(cmd: Command, config: &str, extra: &[&str]) -> Veloxy {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("veloxy.toml");
     std::fs::write(&path, config).unwrap();
-    let cmd = Command::new(VELOXY);
-    veloxy_cmd(cmd, &["run", "--config", path.to_str().unwrap()], dir)
+    let mut args = vec!["run", "--config", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    veloxy_cmd(cmd, &args, dir)
 }
 
 pub fn veloxy_cmd(mut cmd: Command, args: &[&str], dir: tempfile::TempDir) -> Veloxy {
