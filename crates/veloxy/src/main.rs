@@ -49,16 +49,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Check { config } => {
             match veloxy_engine::config::load_file_with(&config, &policies) {
                 Ok(s) => {
-                    println!(
-                        "{}: ok ({} listeners, {} routes, {} upstream groups)",
-                        config.display(),
-                        s.listeners.len(),
-                        s.listeners
-                            .iter()
-                            .map(|l| l.router.routes().len())
-                            .sum::<usize>(),
-                        s.upstreams.len()
-                    );
+                    println!("{}: ok ({})", config.display(), summary(&s));
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
@@ -101,6 +92,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
             serve(snapshot, None, &policies)
         }
     }
+}
+
+/// `1 listener, 3 routes, 1 upstream group`: what `check` found, counted as written in the
+/// file. A route without `listener` is compiled into every listener's router, so routes are
+/// counted by their position in the file, not by router entries.
+fn summary(s: &Snapshot) -> String {
+    let routes: std::collections::BTreeSet<usize> = s
+        .listeners
+        .iter()
+        .flat_map(|l| l.router.routes().iter().map(|r| r.index))
+        .collect();
+    let count =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    format!(
+        "{}, {}, {}",
+        count(s.listeners.len(), "listener", "listeners"),
+        count(routes.len(), "route", "routes"),
+        count(s.upstreams.len(), "upstream group", "upstream groups")
+    )
 }
 
 /// Starts the server and blocks until SIGTERM/SIGINT; SIGHUP reloads `config` when there is one.

@@ -1,0 +1,94 @@
+//! What a new user sees first: `check`'s summary, where config errors point, error and log
+//! text, signals, `--help`, the one-line modes' TLS options and their start-up hints.
+
+mod common;
+use common::*;
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `cmd` to completion within 20 s (killed and reported otherwise), collecting its output.
+/// Output is read on threads so a chatty child cannot block on a full pipe.
+fn run_bounded(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not exit within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+fn veloxy_output(args: &[&str]) -> Output {
+    let mut cmd = Command::new(VELOXY);
+    cmd.args(args);
+    run_bounded(cmd)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `veloxy check` on `config` written to a temp file: (exit success, stdout + stderr, path).
+fn check(config: &str) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("veloxy.toml");
+    std::fs::write(&path, config).unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    let out = veloxy_output(&["check", "--config", &path]);
+    let all = text(&out.stdout) + &text(&out.stderr);
+    (out.status.success(), all, path)
+}
+
+#[test]
+fn check_counts_routes_as_written_and_pluralizes() {
+    // Two routes without `listener` apply to both listeners; they still count once each.
+    let (ok, out, path) = check(
+        "[listeners.a]\naddr = \"127.0.0.1:8080\"\n[listeners.b]\naddr = \"127.0.0.1:8081\"\n\
+         [[routes]]\npath = \"/x/\"\nupstream = \"app\"\n\
+         [[routes]]\npath = \"/y/\"\nupstream = \"app\"\n\
+         [[routes]]\nlistener = \"b\"\nupstream = \"app\"\n\
+         [upstreams.app]\nservers = [\"127.0.0.1:9001\"]\n",
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        out.trim(),
+        format!("{path}: ok (2 listeners, 3 routes, 1 upstream group)")
+    );
+
+    let (ok, out, path) = check(
+        "[listeners.web]\naddr = \"127.0.0.1:8080\"\n[[routes]]\nupstream = \"app\"\n\
+         [upstreams.app]\nservers = [\"127.0.0.1:9001\"]\n",
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        out.trim(),
+        format!("{path}: ok (1 listener, 1 route, 1 upstream group)")
+    );
+}
