@@ -2,9 +2,11 @@
 //! text, signals, `--help`, the one-line modes' TLS options and their start-up hints.
 
 mod common;
+use common::tls::*;
 use common::*;
 
 use std::io::Read;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -66,6 +68,10 @@ fn check(config: &str) -> (bool, String, String) {
     (out.status.success(), all, path)
 }
 
+fn p(path: &Path) -> String {
+    path.display().to_string()
+}
+
 #[test]
 fn check_counts_routes_as_written_and_pluralizes() {
     // Two routes without `listener` apply to both listeners; they still count once each.
@@ -90,5 +96,44 @@ fn check_counts_routes_as_written_and_pluralizes() {
     assert_eq!(
         out.trim(),
         format!("{path}: ok (1 listener, 1 route, 1 upstream group)")
+    );
+}
+
+#[test]
+fn tls_key_mismatch_is_reported_at_the_key_line() {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (a_cert, _) = pki.leaf("a", &["a.test"], KeyKind::Ecdsa);
+    let (b_cert, b_key) = pki.leaf("b", &["b.test"], KeyKind::Ecdsa);
+    let (_, c_key) = pki.leaf("c", &["c.test"], KeyKind::Ecdsa);
+    // Line 4: key of the default certificate; line 9: key of the [[certs]] entry.
+    let config = format!(
+        "[listeners.web]\naddr = \"127.0.0.1:8080\"\n[listeners.web.tls]\nkey = \"{}\"\ncert = \"{}\"\n\
+         [[listeners.web.tls.certs]]\nhosts = [\"c.test\"]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"127.0.0.1:9001\"]\n",
+        p(&b_key),
+        p(&a_cert),
+        p(&b_cert),
+        p(&c_key),
+    );
+    let (ok, out, path) = check(&config);
+    assert!(!ok);
+    assert!(
+        out.starts_with(&format!(
+            "{path}:4:7: listeners.web.tls.key: {}: the private key does not match",
+            p(&b_key)
+        )),
+        "{out}"
+    );
+
+    // With a matching default pair, the [[certs]] entry's key is the one reported.
+    let (ok, out, path) = check(&config.replace(&p(&a_cert), &p(&b_cert)));
+    assert!(!ok);
+    assert!(
+        out.starts_with(&format!(
+            "{path}:9:7: listeners.web.tls.certs[0].key: {}: the private key does not match",
+            p(&c_key)
+        )),
+        "{out}"
     );
 }
