@@ -26,10 +26,29 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("veloxy: error: {e:#}");
+            eprintln!("veloxy: error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `context: cause: cause`, like anyhow's `{:#}`, but each cause once. The engine's errors
+/// put their cause in their own message (so `to_string()`, used in logs and `POST /reload`
+/// answers, is complete) and also return it from `source()`; `{:#}` would print it twice
+/// (`Address already in use (os error 98): Address already in use (os error 98)`).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn init_logging(default_level: &str) {

@@ -6,6 +6,7 @@ use common::tls::*;
 use common::*;
 
 use std::io::Read;
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -136,4 +137,24 @@ fn tls_key_mismatch_is_reported_at_the_key_line() {
         )),
         "{out}"
     );
+}
+
+#[test]
+fn a_busy_port_names_its_cause_once() {
+    // A plain listener (no SO_REUSEPORT), so veloxy's bind on the same port fails.
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = held.local_addr().unwrap().to_string();
+    let out = veloxy_output(&["proxy", "--listen", &listen, "--to", "127.0.0.1:9"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
+    assert!(err.contains(&format!("cannot listen on {listen}")), "{err}");
+}
+
+#[test]
+fn a_missing_config_names_its_cause_once() {
+    let out = veloxy_output(&["run", "--config", "/nonexistent/veloxy.toml"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
