@@ -163,7 +163,9 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
         let mut hup = signal(SignalKind::hangup())?;
         let mut usr1 = signal(SignalKind::user_defined1())?;
         let report = |result: &Result<String, String>| match result {
-            Ok(msg) => tracing::info!(config = ?config.map(Path::display).map(|d| d.to_string()), "{msg}"),
+            // A reload only succeeds with a config file, so `config` is set here; a `None`
+            // would leave the field out rather than print `Some(...)`.
+            Ok(msg) => tracing::info!(config = config.map(|p| tracing::field::display(p.display())), "{msg}"),
             Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
         };
         loop {

@@ -158,3 +158,25 @@ fn a_missing_config_names_its_cause_once() {
     let err = text(&out.stderr);
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
+
+#[test]
+fn upstream_errors_log_the_backend_address_not_an_option() {
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let v = veloxy(&simple_config(&[dead], "retries = 0"));
+    assert_eq!(get(v.addr, "/").status, 502);
+    assert!(
+        eventually(Duration::from_secs(5), || v
+            .proc
+            .log_text()
+            .contains("upstream error")),
+        "no upstream error logged: {}",
+        v.proc.log_text()
+    );
+    let log = v.proc.log_text();
+    let line = log.lines().find(|l| l.contains("upstream error")).unwrap();
+    assert!(line.contains(&format!("backend={dead}")), "{line}");
+    assert!(!line.contains("Some("), "{line}");
+}
