@@ -136,6 +136,9 @@ fn summary(s: &Snapshot) -> String {
 fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -> Result<ExitCode> {
     init_logging(&snapshot.settings.log_level);
     let workers = snapshot.settings.workers;
+    // The access log is set up at start only (a reload cannot add one), so this holds for the
+    // life of the process.
+    let has_access_log = snapshot.settings.access_log.is_some();
     let running = Server::new(snapshot).start()?;
     for (name, addr) in running.local_addrs() {
         tracing::info!(listener = %name, %addr, workers, "listening");
@@ -173,8 +176,12 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
                 _ = term.recv() => break,
                 _ = int.recv() => break,
                 _ = usr1.recv() => {
-                    running.reopen_access_log();
-                    tracing::info!("access log reopened");
+                    if has_access_log {
+                        running.reopen_access_log();
+                        tracing::info!("access log reopened");
+                    } else {
+                        tracing::info!("SIGUSR1 ignored: no access log configured");
+                    }
                 }
                 _ = hup.recv() => match config {
                     None => tracing::warn!("SIGHUP ignored: no config file to reload"),

@@ -180,3 +180,25 @@ fn upstream_errors_log_the_backend_address_not_an_option() {
     assert!(line.contains(&format!("backend={dead}")), "{line}");
     assert!(!line.contains("Some("), "{line}");
 }
+
+#[test]
+fn sigusr1_without_an_access_log_reopens_nothing() {
+    let up = upstream(&[]);
+    let v = veloxy(&simple_config(&[up.addr], ""));
+    let status = Command::new("kill")
+        .args(["-USR1", &v.proc.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        eventually(Duration::from_secs(5), || v
+            .proc
+            .log_text()
+            .contains("SIGUSR1 ignored: no access log configured")),
+        "{}",
+        v.proc.log_text()
+    );
+    assert!(!v.proc.log_text().contains("reopened"));
+    // Still serving.
+    assert_eq!(get(v.addr, "/").status, 200);
+}
