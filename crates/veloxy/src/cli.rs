@@ -31,11 +31,13 @@ pub struct Cli {
 pub enum Command {
     /// Run from a config file; without --config, run the built-in demo on 127.0.0.1:8080.
     Run {
+        /// The TOML config file; SIGHUP reloads it. Without it: the built-in demo.
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
     /// Validate a config file: exit 0, or print `file:line:column: key: error` and exit 1.
     Check {
+        /// The TOML config file to validate.
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
@@ -75,9 +77,13 @@ pub struct ProxyArgs {
     /// Address to listen on, e.g. 127.0.0.1:8080.
     #[arg(long, value_name = "ADDR")]
     pub listen: String,
-    /// A backend address; repeat for more.
+    /// A backend: host:port, or https://host:port for a TLS backend (verified against the
+    /// system roots, or --ca-file); repeat for more (one scheme for all).
     #[arg(long = "to", value_name = "ADDR", required = true)]
     pub to: Vec<String>,
+    /// CA certificates (PEM) to verify https:// backends with, instead of the system roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Worker threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
@@ -197,6 +203,12 @@ pub fn proxy_config(a: &ProxyArgs, tls: Option<&(PathBuf, PathBuf)>) -> String {
         servers.join(", "),
         a.keepalive
     ));
+    if let Some(ca) = &a.ca_file {
+        s.push_str(&format!(
+            "ca_file = {}\n",
+            quote(&absolute(ca).to_string_lossy())
+        ));
+    }
     s
 }
 

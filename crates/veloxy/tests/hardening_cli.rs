@@ -202,3 +202,53 @@ fn sigusr1_without_an_access_log_reopens_nothing() {
     // Still serving.
     assert_eq!(get(v.addr, "/").status, 200);
 }
+
+#[test]
+fn help_explains_config_https_backends_and_ca_file() {
+    for cmd in ["run", "check"] {
+        let out = veloxy_output(&[cmd, "--help"]);
+        assert!(out.status.success());
+        let help = text(&out.stdout);
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with("-c, --config <FILE>"))
+            .unwrap_or_else(|| panic!("{help}"));
+        assert!(line.contains("The TOML config file"), "{cmd}: {help}");
+    }
+    let help = text(&veloxy_output(&["proxy", "--help"]).stdout);
+    assert!(help.contains("https://host:port"), "{help}");
+    assert!(help.contains("--ca-file <FILE>"), "{help}");
+}
+
+#[test]
+fn proxy_ca_file_verifies_https_backends() {
+    // A TLS backend: a second veloxy terminating TLS in front of the test upstream, with a
+    // certificate for 127.0.0.1 from a CA the system does not trust.
+    let app = upstream(&["--name", "inner"]);
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("backend", &["127.0.0.1"], KeyKind::Ecdsa);
+    let inner = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{}\"]\n",
+        p(&cert),
+        p(&key),
+        app.addr
+    ));
+    let to = format!("https://{}", inner.addr);
+    let front = |extra: &[&str]| {
+        let mut args = vec!["proxy", "--listen", "127.0.0.1:0", "--to", &to];
+        args.extend_from_slice(&["--workers", "1"]);
+        args.extend_from_slice(extra);
+        veloxy_cmd(Command::new(VELOXY), &args, tempfile::tempdir().unwrap())
+    };
+    let ca = p(&pki.ca_pem);
+    let trusted = front(&["--ca-file", &ca]);
+    let r = get(trusted.addr, "/echo");
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert_eq!(r.header("x-upstream"), Some("inner"));
+    // Without it the system roots are used, which do not know the test CA: 502.
+    let untrusted = front(&[]);
+    assert_eq!(get(untrusted.addr, "/echo").status, 502);
+}
