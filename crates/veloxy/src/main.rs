@@ -79,7 +79,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Run { config: Some(path) } => {
             let snapshot = veloxy_engine::config::load_file_with(&path, &policies)?;
-            serve(snapshot, Some(&path), &policies)
+            serve(snapshot, Some(&path), &policies, None)
         }
         Command::Run { config: None } => {
             let backends =
@@ -96,19 +96,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
             eprintln!(
                 "  try: curl -i http://127.0.0.1:8080/   (twice, and watch x-upstream change)"
             );
-            serve(snapshot, None, &policies)
+            serve(snapshot, None, &policies, None)
         }
         Command::Proxy(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::proxy_config(&args, tls.as_ref());
             let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
-            serve(snapshot, None, &policies)
+            let local_ca = tls.as_ref().and_then(|t| t.local_ca.as_deref());
+            serve(snapshot, None, &policies, local_ca)
         }
         Command::Serve(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::serve_config(&args, tls.as_ref());
             let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
-            serve(snapshot, None, &policies)
+            let local_ca = tls.as_ref().and_then(|t| t.local_ca.as_deref());
+            serve(snapshot, None, &policies, local_ca)
         }
     }
 }
@@ -133,7 +135,13 @@ fn summary(s: &Snapshot) -> String {
 }
 
 /// Starts the server and blocks until SIGTERM/SIGINT; SIGHUP reloads `config` when there is one.
-fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -> Result<ExitCode> {
+/// `local_ca`: the CA of `--tls-self-signed`, for a `curl --cacert` hint with the bound port.
+fn serve(
+    snapshot: Snapshot,
+    config: Option<&Path>,
+    policies: &PolicyRegistry,
+    local_ca: Option<&Path>,
+) -> Result<ExitCode> {
     init_logging(&snapshot.settings.log_level);
     let workers = snapshot.settings.workers;
     // The access log is set up at start only (a reload cannot add one), so this holds for the
@@ -142,6 +150,15 @@ fn serve(snapshot: Snapshot, config: Option<&Path>, policies: &PolicyRegistry) -
     let running = Server::new(snapshot).start()?;
     for (name, addr) in running.local_addrs() {
         tracing::info!(listener = %name, %addr, workers, "listening");
+        if let Some(ca) = local_ca {
+            // The certificate names localhost, 127.0.0.1 and ::1; the port is the bound one
+            // (`--listen 127.0.0.1:0` picks it only now).
+            eprintln!(
+                "  trust it with e.g.: curl --cacert {} https://localhost:{}/",
+                ca.display(),
+                addr.port()
+            );
+        }
     }
     if let Some(addr) = running.admin_addr() {
         tracing::info!(%addr, "admin endpoint ready (/metrics, /healthz, /upstreams, POST /reload)");

@@ -252,3 +252,37 @@ fn proxy_ca_file_verifies_https_backends() {
     let untrusted = front(&[]);
     assert_eq!(get(untrusted.addr, "/echo").status, 502);
 }
+
+#[test]
+fn self_signed_hint_prints_the_bound_port() {
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("index.html"), "hi").unwrap();
+    let pki = tempfile::tempdir().unwrap();
+    let v = veloxy_cmd(
+        Command::new(VELOXY),
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--root",
+            site.path().to_str().unwrap(),
+            "--tls-self-signed",
+            "--tls-dir",
+            pki.path().to_str().unwrap(),
+            "--workers",
+            "1",
+        ],
+        tempfile::tempdir().unwrap(),
+    );
+    let want = format!(
+        "curl --cacert {} https://localhost:{}/",
+        p(&pki.path().join("ca.pem")),
+        v.addr.port()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || v.proc.log_text().contains(&want)),
+        "no {want:?} in:\n{}",
+        v.proc.log_text()
+    );
+    assert!(!v.proc.log_text().contains(":PORT/"));
+}
