@@ -286,3 +286,20 @@ fn self_signed_hint_prints_the_bound_port() {
     );
     assert!(!v.proc.log_text().contains(":PORT/"));
 }
+
+#[test]
+fn toml_syntax_errors_keep_file_line_column_and_add_a_hint() {
+    let (ok, out, path) =
+        check("[listeners.web]\naddr = \"127.0.0.1:8080\"\n[[routes]]\nroot = \"C:\\\"\n");
+    assert!(!ok);
+    assert!(
+        out.starts_with(&format!(
+            "{path}:4:13: routes[0].root: invalid basic string; hint: "
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("use single quotes for Windows paths or regexes"),
+        "{out}"
+    );
+}
