@@ -95,12 +95,21 @@ def raise_nofile(want: int = 65536) -> int:
     return soft
 
 
+def default_results_dir(profile: str) -> Path:
+    """bench/results keeps the runs worth committing; a smoke run only checks the harness
+    (CI runs it on every clone), so its output goes to the gitignored target/ instead of
+    leaving untracked files behind."""
+    if profile == "smoke":
+        return BENCH.parent / "target" / "bench-smoke"
+    return BENCH / "results"
+
+
 def make_ctx(args, profile: str) -> Ctx:
     cache = Path(os.environ.get("VELOXY_BENCH_CACHE") or BENCH / ".cache").resolve()
     cache.mkdir(parents=True, exist_ok=True)
     proxy_cpus, load_cpus = parse_cores(args.cores)
     name = args.name or f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}"
-    outdir = Path(args.results_dir or BENCH / "results") / name
+    outdir = Path(args.results_dir or default_results_dir(profile)) / name
     outdir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="veloxy-bench-"))
     return Ctx(profile=profile, cache=cache, outdir=outdir, tmp=tmp, proxy_cpus=proxy_cpus,
@@ -126,7 +135,8 @@ def install_tools(ctx: Ctx, wanted: list[str], *, allow: bool, builds: bool, bui
             info[n] = getattr(inst, n)()
             inst.allow = saved
             if not info[n].ok:
-                info[n].reason = "not built yet (smoke mode builds nothing; run --quick once)"
+                info[n].reason = ("not built yet (smoke mode builds no peers, only the veloxy "
+                                  "workspace if needed; run --quick once)")
     ctx.tool_info = info
     ctx.tools = {k: t.path for k, t in info.items() if t.ok}
     ctx.versions = versions(info)

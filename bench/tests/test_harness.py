@@ -98,6 +98,13 @@ def test_render_rejects_unknown_placeholder():
         peers.render("x {{NOPE}}", {})
 
 
+def test_smoke_results_stay_out_of_the_tree():
+    # CI runs --smoke on every clone: its output must land in the gitignored target/.
+    smoke = runner.default_results_dir("smoke")
+    assert smoke.parts[-2:] == ("target", "bench-smoke")
+    assert runner.default_results_dir("quick") == runner.BENCH / "results"
+
+
 def test_parse_cores():
     proxy, load = runner.parse_cores(None)
     assert proxy and load

@@ -222,7 +222,8 @@ fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {
     match e.side {
         Side::Upstream => tracing::warn!(
             upstream = %group.name,
-            backend = ?backend.map(|b| group.backends[b].addr),
+            // Left out when no backend was picked, rather than logged as `Some(...)`/`None`.
+            backend = backend.map(|b| tracing::field::display(group.backends[b].addr)),
             error = %e.kind,
             "upstream error"
         ),

@@ -44,6 +44,22 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
 }
 
+impl TlsError {
+    /// True when the error is about the private key rather than the certificate, so a config
+    /// error can point at the line naming the key. A key that does not match its certificate
+    /// counts as the key's problem: the certificate was read and checked before the
+    /// comparison. `key` tells a failed read of the key file from one of the certificate.
+    pub fn is_about_key(&self, cert: &Path, key: &Path) -> bool {
+        match self {
+            TlsError::NoKey { .. } | TlsError::BadKey { .. } | TlsError::KeyMismatch { .. } => true,
+            // The certificate is read first: a read error naming a file that is both
+            // (a combined PEM) came from reading it as the certificate.
+            TlsError::Read { path, .. } => path == key && path != cert,
+            _ => false,
+        }
+    }
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }

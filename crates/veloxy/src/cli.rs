@@ -31,6 +31,7 @@ pub struct Cli {
 pub enum Command {
     /// Run from a config file; without --config, run the built-in demo on 127.0.0.1:8080.
     Run {
+        /// The TOML config file; SIGHUP reloads it. Without it: the built-in demo.
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
         #[command(flatten)]
@@ -38,6 +39,7 @@ pub enum Command {
     },
     /// Validate a config file: exit 0, or print `file:line:column: key: error` and exit 1.
     Check {
+        /// The TOML config file to validate.
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
@@ -88,9 +90,13 @@ pub struct ProxyArgs {
     /// Address to listen on, e.g. 127.0.0.1:8080.
     #[arg(long, value_name = "ADDR")]
     pub listen: String,
-    /// A backend address; repeat for more.
+    /// A backend: host:port, or https://host:port for a TLS backend (verified against the
+    /// system roots, or --ca-file); repeat for more (one scheme for all).
     #[arg(long = "to", value_name = "ADDR", required = true)]
     pub to: Vec<String>,
+    /// CA certificates (PEM) to verify https:// backends with, instead of the system roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Worker threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
@@ -130,9 +136,18 @@ pub struct TlsArgs {
     pub http2: bool,
 }
 
+/// The certificate and key a one-line mode serves.
+pub struct Tls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// With --tls-self-signed: the local CA's certificate, for the `curl --cacert` hint that
+    /// is printed once the listener is bound (its port is not known before with port 0).
+    pub local_ca: Option<PathBuf>,
+}
+
 impl TlsArgs {
     /// The certificate and key to serve, issuing a self-signed one if asked.
-    pub fn resolve(&self) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+    pub fn resolve(&self) -> anyhow::Result<Option<Tls>> {
         if self.tls_self_signed {
             let dir = self
                 .tls_dir
@@ -143,25 +158,29 @@ impl TlsArgs {
                 "veloxy: serving a certificate for localhost from the local CA {}",
                 issued.ca.display()
             );
-            eprintln!(
-                "  trust it with e.g.: curl --cacert {} https://localhost:PORT/",
-                issued.ca.display()
-            );
-            return Ok(Some((issued.cert, issued.key)));
+            return Ok(Some(Tls {
+                cert: issued.cert,
+                key: issued.key,
+                local_ca: Some(issued.ca),
+            }));
         }
         match (&self.tls_cert, &self.tls_key) {
-            (Some(c), Some(k)) => Ok(Some((absolute(c), absolute(k)))),
+            (Some(c), Some(k)) => Ok(Some(Tls {
+                cert: absolute(c),
+                key: absolute(k),
+                local_ca: None,
+            })),
             _ => Ok(None),
         }
     }
 
     /// TOML lines for the listener `main`.
-    pub fn listener_toml(&self, tls: Option<&(PathBuf, PathBuf)>) -> String {
+    pub fn listener_toml(&self, tls: Option<&Tls>) -> String {
         let mut s = String::new();
         if self.http2 {
             s.push_str("http2 = true\n");
         }
-        if let Some((cert, key)) = tls {
+        if let Some(Tls { cert, key, .. }) = tls {
             s.push_str(&format!(
                 "[listeners.main.tls]\ncert = {}\nkey = {}\n",
                 quote(&cert.to_string_lossy()),
@@ -198,7 +217,7 @@ pub fn toml_string(s: &str) -> String {
 
 /// The `proxy` mode is sugar for a config file: building TOML text keeps one validation path
 /// (and its error messages) for both.
-pub fn proxy_config(a: &ProxyArgs, tls: Option<&(PathBuf, PathBuf)>) -> String {
+pub fn proxy_config(a: &ProxyArgs, tls: Option<&Tls>) -> String {
     let mut s = String::from("[server]\n");
     if let Some(w) = a.workers {
         s.push_str(&format!("workers = {w}\n"));
@@ -212,13 +231,19 @@ pub fn proxy_config(a: &ProxyArgs, tls: Option<&(PathBuf, PathBuf)>) -> String {
         servers.join(", "),
         a.keepalive
     ));
+    if let Some(ca) = &a.ca_file {
+        s.push_str(&format!(
+            "ca_file = {}\n",
+            quote(&absolute(ca).to_string_lossy())
+        ));
+    }
     s
 }
 
 /// The `serve` mode, like `proxy`, is sugar for a config file. The root is made absolute
 /// first: generated configs resolve relative paths from the current directory anyway, but an
 /// absolute path keeps log and error messages unambiguous.
-pub fn serve_config(a: &ServeArgs, tls: Option<&(PathBuf, PathBuf)>) -> String {
+pub fn serve_config(a: &ServeArgs, tls: Option<&Tls>) -> String {
     let root = std::path::absolute(&a.root)
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| a.root.clone());

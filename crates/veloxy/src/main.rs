@@ -28,10 +28,29 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("veloxy: error: {e:#}");
+            eprintln!("veloxy: error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `context: cause: cause`, like anyhow's `{:#}`, but each cause once. The engine's errors
+/// put their cause in their own message (so `to_string()`, used in logs and `POST /reload`
+/// answers, is complete) and also return it from `source()`; `{:#}` would print it twice
+/// (`Address already in use (os error 98): Address already in use (os error 98)`).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn init_logging(default_level: &str) {
@@ -54,16 +73,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     for w in &s.warnings {
                         eprintln!("{w}");
                     }
-                    println!(
-                        "{}: ok ({} listeners, {} routes, {} upstream groups)",
-                        config.display(),
-                        s.listeners.len(),
-                        s.listeners
-                            .iter()
-                            .map(|l| l.router.routes().len())
-                            .sum::<usize>(),
-                        s.upstreams.len()
-                    );
+                    println!("{}: ok ({})", config.display(), summary(&s));
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
@@ -77,7 +87,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             upgrade,
         } => {
             let snapshot = veloxy_engine::config::load_file_with(&path, &policies)?;
-            serve(snapshot, Some(&path), &policies, upgrade)
+            serve(snapshot, Some(&path), &policies, upgrade, None)
         }
         Command::Run {
             config: None,
@@ -97,39 +107,74 @@ fn run(cli: Cli) -> Result<ExitCode> {
             eprintln!(
                 "  try: curl -i http://127.0.0.1:8080/   (twice, and watch x-upstream change)"
             );
-            serve(snapshot, None, &policies, upgrade)
+            serve(snapshot, None, &policies, upgrade, None)
         }
         Command::Proxy(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::proxy_config(&args, tls.as_ref());
             let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
-            serve(snapshot, None, &policies, args.upgrade)
+            let local_ca = tls.as_ref().and_then(|t| t.local_ca.as_deref());
+            serve(snapshot, None, &policies, args.upgrade, local_ca)
         }
         Command::Serve(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::serve_config(&args, tls.as_ref());
             let snapshot = compile_str(Path::new("<command line>"), &toml, &policies)?;
-            serve(snapshot, None, &policies, args.upgrade)
+            let local_ca = tls.as_ref().and_then(|t| t.local_ca.as_deref());
+            serve(snapshot, None, &policies, args.upgrade, local_ca)
         }
     }
 }
 
+/// `1 listener, 3 routes, 1 upstream group`: what `check` found, counted as written in the
+/// file. A route without `listener` is compiled into every listener's router, so routes are
+/// counted by their position in the file, not by router entries.
+fn summary(s: &Snapshot) -> String {
+    let routes: std::collections::BTreeSet<usize> = s
+        .listeners
+        .iter()
+        .flat_map(|l| l.router.routes().iter().map(|r| r.index))
+        .collect();
+    let count =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    format!(
+        "{}, {}, {}",
+        count(s.listeners.len(), "listener", "listeners"),
+        count(routes.len(), "route", "routes"),
+        count(s.upstreams.len(), "upstream group", "upstream groups")
+    )
+}
+
 /// Starts the server and blocks until SIGTERM/SIGINT; SIGHUP reloads `config` when there is one.
 /// Ports another process holds are refused unless `upgrade` (`--upgrade`) says it is meant.
+/// `local_ca`: the CA of `--tls-self-signed`, for a `curl --cacert` hint with the bound port.
 fn serve(
     snapshot: Snapshot,
     config: Option<&Path>,
     policies: &PolicyRegistry,
     upgrade: cli::UpgradeArg,
+    local_ca: Option<&Path>,
 ) -> Result<ExitCode> {
     init_logging(&snapshot.settings.log_level);
     for w in &snapshot.warnings {
         tracing::warn!("{w}");
     }
     let workers = snapshot.settings.workers;
+    // The access log is set up at start only (a reload cannot add one), so this holds for the
+    // life of the process.
+    let has_access_log = snapshot.settings.access_log.is_some();
     let running = Server::new(snapshot).upgrade(upgrade.upgrade).start()?;
     for (name, addr) in running.local_addrs() {
         tracing::info!(listener = %name, %addr, workers, "listening");
+        if let Some(ca) = local_ca {
+            // The certificate names localhost, 127.0.0.1 and ::1; the port is the bound one
+            // (`--listen 127.0.0.1:0` picks it only now).
+            eprintln!(
+                "  trust it with e.g.: curl --cacert {} https://localhost:{}/",
+                ca.display(),
+                addr.port()
+            );
+        }
     }
     if let Some(addr) = running.admin_addr() {
         tracing::info!(%addr, "admin endpoint ready (/metrics, /healthz, /upstreams, POST /reload)");
@@ -157,7 +202,9 @@ fn serve(
         let mut hup = signal(SignalKind::hangup())?;
         let mut usr1 = signal(SignalKind::user_defined1())?;
         let report = |result: &Result<String, String>| match result {
-            Ok(msg) => tracing::info!(config = ?config.map(Path::display).map(|d| d.to_string()), "{msg}"),
+            // A reload only succeeds with a config file, so `config` is set here; a `None`
+            // would leave the field out rather than print `Some(...)`.
+            Ok(msg) => tracing::info!(config = config.map(|p| tracing::field::display(p.display())), "{msg}"),
             Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
         };
         loop {
@@ -165,8 +212,12 @@ fn serve(
                 _ = term.recv() => break,
                 _ = int.recv() => break,
                 _ = usr1.recv() => {
-                    running.reopen_access_log();
-                    tracing::info!("access log reopened");
+                    if has_access_log {
+                        running.reopen_access_log();
+                        tracing::info!("access log reopened");
+                    } else {
+                        tracing::info!("SIGUSR1 ignored: no access log configured");
+                    }
                 }
                 _ = hup.recv() => match config {
                     None => tracing::warn!("SIGHUP ignored: no config file to reload"),

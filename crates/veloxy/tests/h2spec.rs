@@ -61,8 +61,9 @@ fn h2spec_conformance() {
             std::env::var_os("VELOXY_REQUIRE_H2SPEC").is_none(),
             "VELOXY_REQUIRE_H2SPEC is set but h2spec was not found"
         );
-        eprintln!("skipped: h2spec not installed (go install github.com/summerwind/h2spec/cmd/h2spec@latest)");
-        return;
+        return skip(
+            "h2spec not installed (go install github.com/summerwind/h2spec/cmd/h2spec@latest)",
+        );
     };
     let up = upstream(&[]);
     let pki = tempfile::tempdir().unwrap();

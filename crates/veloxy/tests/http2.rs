@@ -389,8 +389,7 @@ fn curl_h2c_prior_knowledge() {
         .output()
         .is_err()
     {
-        eprintln!("skipped: curl not installed");
-        return;
+        return skip("curl not installed");
     }
     let up = upstream(&[]);
     let v = veloxy(&h2c_config(&[up.addr], "", ""));

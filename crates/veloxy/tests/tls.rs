@@ -285,8 +285,7 @@ fn self_signed_quick_mode_keeps_its_ca() {
 #[test]
 fn curl_http2_over_tls() {
     if Command::new("curl").arg("--version").output().is_err() {
-        eprintln!("skipped: curl not installed");
-        return;
+        return skip("curl not installed");
     }
     let up = upstream(&["--name", "u1"]);
     let certs = tempfile::tempdir().unwrap();

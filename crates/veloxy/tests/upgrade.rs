@@ -25,8 +25,7 @@ fn migrate_req_enabled() -> bool {
 #[test]
 fn reuseport_handover_refuses_no_connection() {
     if !migrate_req_enabled() {
-        eprintln!("skipped: net.ipv4.tcp_migrate_req is not 1 and cannot be set here");
-        return;
+        return skip("net.ipv4.tcp_migrate_req is not 1 and cannot be set here");
     }
     let up = upstream(&[]);
     let free_port = || {

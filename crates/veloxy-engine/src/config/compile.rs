@@ -909,6 +909,24 @@ fn host_of(hostport: &str) -> &str {
 }
 
 /// Loads a listener's certificates and builds its rustls config.
+/// Loads `cert` and `key` of the table `table`. An error points at the line of the file it
+/// is about: a missing, unreadable or mismatched key at `key = `, anything else at `cert = `.
+fn load_pair(
+    src: &Source,
+    table: &str,
+    cert: &Spanned<String>,
+    key: &Spanned<String>,
+) -> Result<rustls::sign::CertifiedKey, ConfigError> {
+    let (cert_path, key_path) = (src.relative(cert.get_ref()), src.relative(key.get_ref()));
+    crate::tls::load_certified_key(&cert_path, &key_path).map_err(|e| {
+        if e.is_about_key(&cert_path, &key_path) {
+            src.error(key.span(), format!("{table}.key"), e.to_string())
+        } else {
+            src.error(cert.span(), format!("{table}.cert"), e.to_string())
+        }
+    })
+}
+
 fn compile_tls(
     src: &Source,
     key: &str,
@@ -919,11 +937,7 @@ fn compile_tls(
     let mut entries = Vec::new();
     match (&t.cert, &t.key) {
         (Some(c), Some(k)) => {
-            let ck = crate::tls::load_certified_key(
-                &src.relative(c.get_ref()),
-                &src.relative(k.get_ref()),
-            )
-            .map_err(|e| src.error(c.span(), format!("{key}.cert"), e.to_string()))?;
+            let ck = load_pair(src, key, c, k)?;
             entries.push(crate::tls::CertEntry {
                 hosts: Vec::new(),
                 key: Arc::new(ck),
@@ -960,11 +974,7 @@ fn compile_tls(
                 ));
             }
         }
-        let ck = crate::tls::load_certified_key(
-            &src.relative(e.cert.get_ref()),
-            &src.relative(e.key.get_ref()),
-        )
-        .map_err(|err| src.error(e.cert.span(), format!("{ckey}.cert"), err.to_string()))?;
+        let ck = load_pair(src, &ckey, &e.cert, &e.key)?;
         entries.push(crate::tls::CertEntry {
             hosts: e.hosts.get_ref().clone(),
             key: Arc::new(ck),

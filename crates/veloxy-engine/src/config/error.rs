@@ -25,6 +25,59 @@ pub enum ConfigError {
     Whole { file: PathBuf, message: String },
 }
 
+/// A hint for the TOML syntax errors people run into most, whose parser messages say what
+/// was wrong for the grammar but not what to write instead. Matched on the `toml` crate's
+/// message text; the unit tests below pin each one so a `toml` upgrade that rewords them is
+/// noticed. Type and validation errors already say what is expected and get none.
+fn syntax_hint(message: &str) -> Option<&'static str> {
+    const BACKSLASH: &str =
+        "in double quotes a backslash starts an escape (\\n, \\t, \\\\): use single \
+                             quotes for Windows paths and regexes ('C:\\site', '\\d+'), or double \
+                             each backslash";
+    let hints: [(&str, &str); 9] = [
+        ("invalid escape sequence", BACKSLASH),
+        (
+            "invalid basic string",
+            "strings are in double quotes and end on the same line (\"\"\"...\"\"\" for several \
+             lines); a backslash starts an escape: use single quotes for Windows paths or \
+             regexes ('C:\\site\\', '\\d+')",
+        ),
+        (
+            "invalid literal string",
+            "a string in single quotes ends at the next ' on the same line",
+        ),
+        (
+            "invalid string: expected",
+            "text values need quotes: key = \"value\" (numbers, true and false do not)",
+        ),
+        (
+            "invalid table header: duplicate key",
+            "each [table] appears once: merge the two, or give one another name; lists of \
+             tables use [[double brackets]], like [[routes]]",
+        ),
+        (
+            "duplicate key",
+            "a key appears once per table: remove or merge the repeated one",
+        ),
+        (
+            "expected newline, `#`",
+            "one key = value per line, and only a # comment after the value",
+        ),
+        (
+            "invalid array",
+            "a list is [a, b, c]: items separated by commas, closed by ]",
+        ),
+        (
+            "invalid inline table",
+            "an inline table is { key = value, key = value }, on one line",
+        ),
+    ];
+    hints
+        .iter()
+        .find(|(pattern, _)| message.contains(pattern))
+        .map(|(_, hint)| *hint)
+}
+
 /// Source text plus file name: turns byte spans into `file:line:column`.
 pub(crate) struct Source<'a> {
     pub file: &'a std::path::Path,
@@ -80,7 +133,10 @@ impl Source<'_> {
 
     /// Converts a TOML parse or type error, recovering the key from the text around its span.
     pub fn toml_error(&self, err: &toml::de::Error) -> ConfigError {
-        let message = err.message().trim().replace('\n', ": ");
+        let mut message = err.message().trim().replace('\n', ": ");
+        if let Some(hint) = syntax_hint(&message) {
+            message = format!("{message}; hint: {hint}");
+        }
         match err.span() {
             Some(span) => {
                 let key = self.key_at(span.start);
@@ -138,5 +194,47 @@ impl Source<'_> {
             (false, Some(k)) => format!("{table}.{k}"),
             (false, None) => table,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hint each common mistake gets, through the real parser: a `toml` upgrade that
+    /// rewords its messages fails here instead of silently dropping the hints.
+    #[test]
+    fn common_toml_mistakes_get_a_hint() {
+        let cases = [
+            (r#"root = "C:\site""#, "backslash starts an escape"),
+            ("root = \"C:\\\"\n", "use single quotes for Windows paths"),
+            ("a = \"x\nb = 1\n", "end on the same line"),
+            ("a = 'x\n", "single quotes ends"),
+            ("a = x\n", "need quotes"),
+            ("a = 1\na = 2\n", "a key appears once"),
+            ("[a]\n[a]\n", "each [table] appears once"),
+            ("a = 1 b = 2\n", "one key = value per line"),
+            ("a = [1, 2\n", "a list is [a, b, c]"),
+            ("a = { b = 1\n", "an inline table is"),
+        ];
+        for (text, want) in cases {
+            let src = Source {
+                file: std::path::Path::new("t.toml"),
+                text,
+            };
+            let err = toml::from_str::<toml::Table>(text).unwrap_err();
+            let shown = src.toml_error(&err).to_string();
+            assert!(shown.starts_with("t.toml:"), "{text:?}: {shown}");
+            assert!(shown.contains("; hint: "), "{text:?}: {shown}");
+            assert!(shown.contains(want), "{text:?}: want {want:?} in {shown}");
+        }
+    }
+
+    #[test]
+    fn type_errors_get_no_hint() {
+        assert_eq!(
+            syntax_hint("invalid type: string \"two\", expected usize"),
+            None
+        );
     }
 }
