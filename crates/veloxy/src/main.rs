@@ -163,6 +163,24 @@ fn serve(
     // The access log is set up at start only (a reload cannot add one), so this holds for the
     // life of the process.
     let has_access_log = snapshot.settings.access_log.is_some();
+    // Signal handlers go in before anything is bound: SIGHUP, SIGUSR1 and SIGTERM terminate a
+    // process by default, so one sent as soon as `listening` is logged (by a supervisor, a
+    // logrotate run, a test) must already find them.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the signal runtime")?;
+    let (mut term, mut int, mut hup, mut usr1) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _runtime = rt.enter();
+        let listen = |kind| signal(kind).context("installing signal handlers");
+        (
+            listen(SignalKind::terminate())?,
+            listen(SignalKind::interrupt())?,
+            listen(SignalKind::hangup())?,
+            listen(SignalKind::user_defined1())?,
+        )
+    };
     let running = Server::new(snapshot).upgrade(upgrade.upgrade).start()?;
     for (name, addr) in running.local_addrs() {
         tracing::info!(listener = %name, %addr, workers, "listening");
@@ -191,16 +209,7 @@ fn serve(
         Ok(format!("reloaded {}", path.display()))
     };
     let mut admin_reloads = running.take_reload_requests();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the signal runtime")?;
     rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut hup = signal(SignalKind::hangup())?;
-        let mut usr1 = signal(SignalKind::user_defined1())?;
         let report = |result: &Result<String, String>| match result {
             // A reload only succeeds with a config file, so `config` is set here; a `None`
             // would leave the field out rather than print `Some(...)`.
@@ -233,9 +242,7 @@ fn serve(
                 }
             }
         }
-        Ok::<_, std::io::Error>(())
-    })
-    .context("waiting for signals")?;
+    });
     tracing::info!("shutting down: finishing in-flight requests");
     running.shutdown();
     tracing::info!("stopped");
