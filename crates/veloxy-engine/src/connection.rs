@@ -12,12 +12,10 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, ProxyError};
-use crate::hooks::{RequestCtx, RequestInfo};
+use crate::exchange::{self, Admitted, Fields, Head, Peer, ProxyTarget, Record};
 use crate::http1::request::{self, Forwarded, Limits, RequestView};
 use crate::http1::{write_error_response, BodyKind, MAX_HEADERS};
 use crate::tls::DownstreamIo;
-use crate::upstream::balancer::PickContext;
-use crate::upstream::RequestKeys;
 use crate::worker::{Generation, Worker};
 
 /// Read buffer for request heads starts this big and grows only for large heads.
@@ -54,7 +52,8 @@ pub(crate) struct Refusal {
     /// Close after answering: the body is unread or the client asked to.
     must_close: bool,
     is_head: bool,
-    log: Option<Box<LogFields>>,
+    /// Boxed: refusals are rare, and the `Result` carrying one stays small.
+    record: Box<Record>,
 }
 
 impl Refusal {
@@ -63,65 +62,31 @@ impl Refusal {
             error,
             must_close: true,
             is_head: false,
-            log: None,
+            record: Box::new(Record::unlogged()),
         }
     }
 }
 
-/// What the access log needs from a request, copied only when the log is on.
-pub(crate) struct LogFields {
-    method: String,
-    target: String,
-    version: u8,
-    referer: Vec<u8>,
-    user_agent: Vec<u8>,
-    /// The connection's bytes-sent counter before this response.
-    bytes_before: u64,
-    started: Instant,
+/// Starts an HTTP/1 request's record (its log fields copied only when the log is on).
+fn start_record(worker: &Worker, req: &RequestView, down: &Downstream) -> Record {
+    let mut record = Record::start(worker, || {
+        (
+            req.method.to_owned(),
+            req.path.to_owned(),
+            req.version,
+            req.header("referer").unwrap_or(b"").to_vec(),
+            req.header("user-agent").unwrap_or(b"").to_vec(),
+        )
+    });
+    record.bytes_before = down.bytes_sent;
+    record
 }
 
-impl LogFields {
-    fn capture(req: &RequestView, down: &Downstream) -> Box<LogFields> {
-        Box::new(LogFields {
-            method: req.method.to_owned(),
-            target: req.path.to_owned(),
-            version: req.version,
-            referer: req.header("referer").unwrap_or(b"").to_vec(),
-            user_agent: req.header("user-agent").unwrap_or(b"").to_vec(),
-            bytes_before: down.bytes_sent,
-            started: Instant::now(),
-        })
-    }
-}
-
-/// Writes one access log line (if the log is on and `fields` were captured).
-pub(crate) fn access_log(
-    worker: &Worker,
-    down: &Downstream,
-    fields: Option<Box<LogFields>>,
-    status: u16,
-    upstream: &str,
-    backend: Option<SocketAddr>,
-) {
-    let (Some(log), Some(f)) = (&worker.shared.access_log, fields) else {
-        return;
-    };
-    let entry = crate::access_log::Entry {
-        client: down.peer,
-        method: &f.method,
-        target: &f.target,
-        version: f.version,
-        status,
-        bytes_sent: down.bytes_sent - f.bytes_before,
-        duration: f.started.elapsed(),
-        referer: &f.referer,
-        user_agent: &f.user_agent,
-        upstream,
-        backend,
-    };
-    if !log.log(&entry) {
-        worker.metrics.access_log_dropped.inc();
-    }
+/// Ends an HTTP/1 exchange's record: the bytes sent are what the connection sent since it
+/// began.
+pub(crate) fn finish_record(worker: &Worker, down: &Downstream, record: &mut Record, status: u16) {
+    let sent = down.bytes_sent - record.bytes_before;
+    record.finish(worker, down.peer, status, sent);
 }
 
 /// The settings a connection needs while it waits for a request head.
@@ -162,22 +127,11 @@ pub(crate) struct Prepared {
     /// The client asked for a protocol upgrade (WebSocket).
     pub upgrade: bool,
     pub version: u8,
-    pub upstream: usize,
-    pub backend: usize,
+    /// Where admission sent it.
+    pub target: ProxyTarget,
     /// The upstream request head, complete with its blank line.
     pub head: Vec<u8>,
-    pub ctx: Option<Box<RequestCtx>>,
-    /// The route's concurrency limit, if any (admission happens in the proxy).
-    pub concurrency: Option<std::sync::Arc<crate::limits::ConcurrencyLimit>>,
-    /// Hash of the group's `hash_key` for this request.
-    pub hash: u64,
-    /// The route's index in the file (metrics).
-    pub route: usize,
-    /// Access log fields, when the log is on.
-    pub log: Option<Box<LogFields>>,
-    /// The route has `compress = true`; `encoding` is the client's best accepted coding.
-    pub compress: bool,
-    pub encoding: Option<crate::compress::Encoding>,
+    pub record: Record,
 }
 
 pub(crate) async fn serve(
@@ -331,13 +285,12 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 error: e,
                 must_close,
                 is_head,
-                log,
+                mut record,
             }) => {
                 // Errors found before forwarding: answer, then close if the body (or the rest of
                 // a malformed stream) is still unread, or the client asked to.
                 let close = must_close || e.closes_connection();
                 worker.count_error(&e);
-                worker.metrics.unrouted(e.status());
                 tracing::debug!(client = %down.peer, error = %e, "request refused");
                 let written = send_error(
                     worker,
@@ -349,7 +302,7 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 )
                 .await;
                 down.bytes_sent += written as u64;
-                access_log(worker, down, log, e.status(), "", None);
+                finish_record(worker, down, &mut record, e.status());
                 let ok = written > 0;
                 if close || !ok {
                     linger_close(&mut down.stream).await;
@@ -365,7 +318,7 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
         worker.metrics.in_flight.inc();
         let keep = match prepared {
             Next::Forward(p)
-                if gen.snapshot.upstreams[p.upstream].protocol
+                if gen.snapshot.upstreams[p.target.upstream].protocol
                     != crate::config::UpstreamProtocol::Http1 =>
             {
                 Box::pin(crate::http2::bridge::forward(worker, &gen, down, p)).await
@@ -406,30 +359,23 @@ fn parse_buffered(
             // On error: close if the body is unread or the client did not want more.
             let must_close = req.body != BodyKind::None || !req.keep_alive;
             let is_head = req.is_head();
-            let log = worker
-                .shared
-                .access_log
-                .as_ref()
-                .map(|_| LogFields::capture(&req, down));
+            let record = start_record(worker, &req, down);
             let current = worker.current();
-            let prepared = prepare(worker, &current, down, &req);
+            let prepared = prepare(worker, &current, down, &req, record);
             // Consume the head either way: after an error answered on a kept
             // connection (404, 429, ...) the next request must start clean.
             down.rbuf.advance(head_len);
             match prepared {
-                Ok(mut next) => {
-                    match &mut next {
-                        Next::Forward(p) => p.log = log,
-                        Next::Static(s) => s.log = log,
-                    }
-                    Ok(Some((next, current)))
+                Ok(next) => Ok(Some((next, current))),
+                Err(refused) => {
+                    let (error, record) = *refused;
+                    Err(Refusal {
+                        error,
+                        must_close,
+                        is_head,
+                        record: Box::new(record),
+                    })
                 }
-                Err(error) => Err(Refusal {
-                    error,
-                    must_close,
-                    is_head,
-                    log,
-                }),
             }
         }
         Ok(None) => {
@@ -533,92 +479,37 @@ async fn read_idle(worker: &Worker, tcp: &TcpStream, rbuf: &mut BytesMut, wait: 
     }
 }
 
-/// Routes the request, runs hooks, picks a backend and writes the upstream head.
+/// Admits the request through the exchange core, then, for a proxied route, writes the
+/// upstream head; a file route's answer is computed while the head is at hand.
 fn prepare(
     worker: &Worker,
     gen: &Generation,
     down: &Downstream,
     req: &RequestView,
-) -> Result<Next, ProxyError> {
-    let snapshot = &gen.snapshot;
-    let (cached_gen, cached) = down.listener_index.get();
-    let index = if cached_gen == gen.number {
-        cached
-    } else {
-        // A reload removed this listener: its routes are gone with it.
-        let i = snapshot
-            .listeners
-            .iter()
-            .position(|l| *l.name == *down.listener.name)
-            .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
-        down.listener_index.set((gen.number, i));
-        i
+    mut record: Record,
+) -> Result<Next, Box<(ProxyError, Record)>> {
+    let head = Head {
+        method: req.method,
+        target: req.path,
+        host: req.host.unwrap_or(b""),
+        version: req.version,
+        fields: Fields::H1(req.headers),
     };
-    let listener = &snapshot.listeners[index];
-    let route = listener
-        .router
-        .find(req.host.unwrap_or(b""), req.path.as_bytes())
-        .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
-    let keys = || RequestKeys {
+    let peer = Peer {
+        addr: down.peer,
         client_ip: &down.client_ip,
-        path: req.path.split('?').next().unwrap_or(""),
-        header: |h: &str| req.header(h),
-        cookies: req
-            .headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
-            .map(|h| h.value),
+        listener: &down.listener.name,
+        listener_index: &down.listener_index,
     };
-    if let Some(rl) = &route.limits.rate {
-        let key = keys().rate_key(&rl.key);
-        rl.check(key)
-            .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
-    }
-    if let Some(files) = &route.files {
-        let reply = crate::static_files::http1::reply(files, req, route.index);
-        return Ok(Next::Static(Box::new(reply)));
-    }
-    let upstream = route
-        .upstream
-        .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
-    let group = &snapshot.upstreams[upstream];
-    let ctx = match &worker.shared.hooks {
-        None => None,
-        Some(hooks) => {
-            let mut ctx = Box::<RequestCtx>::default();
-            let info = RequestInfo {
-                method: req.method,
-                path: req.path,
-                version: req.version,
-                client: down.peer,
-                listener: &listener.name,
-                upstream: &group.name,
-                headers: req.headers,
-            };
-            hooks.on_request(&info, &mut ctx).map_err(|s| {
-                // Only error statuses can be answered without a body of the hook's own.
-                let s = if (400..=599).contains(&s) { s } else { 500 };
-                ProxyError::downstream(ErrorKind::Rejected(s))
-            })?;
-            Some(ctx)
+    let target = match exchange::admit(worker, gen, &peer, &head, &mut record) {
+        Err(e) => return Err(Box::new((e, record))),
+        Ok(Admitted::Files(files)) => {
+            let reply = crate::static_files::http1::reply(worker, &files, req, record);
+            return Ok(Next::Static(Box::new(reply)));
         }
+        Ok(Admitted::Proxy(t)) => t,
     };
-    let hash = if group.uses_hash {
-        keys().hash(&group.hash_key)
-    } else {
-        0
-    };
-    let backend = {
-        let mut groups = gen.groups.borrow_mut();
-        let state = &mut groups[upstream];
-        state.budget.earn();
-        state.picker.pick(&PickContext {
-            client: down.peer,
-            excluded: group.health.down_mask(),
-            hash,
-        })
-    }
-    .ok_or_else(|| ProxyError::upstream(ErrorKind::NoBackend))?;
+    let group = &gen.snapshot.upstreams[target.upstream];
     let mut head = worker.take_vec();
     let fwd = Forwarded {
         client_ip: &down.client_ip,
@@ -627,20 +518,18 @@ fn prepare(
         } else {
             "http"
         },
-        keep_underscores: snapshot.settings.underscores_in_headers,
+        keep_underscores: gen.snapshot.settings.underscores_in_headers,
     };
     request::write_upstream_head(req, &fwd, &mut head);
     if req.host.is_none() {
         // An HTTP/1.0 request without Host: HTTP/1.1 upstreams require one.
-        head.extend_from_slice(format!("Host: {}\r\n", group.backends[backend].addr).as_bytes());
+        let addr = group.backends[target.backend].addr;
+        head.extend_from_slice(format!("Host: {addr}\r\n").as_bytes());
     }
-    if let Some(c) = &ctx {
+    if let Some(c) = &record.ctx {
         head.extend_from_slice(&c.upstream_headers);
     }
     head.extend_from_slice(b"\r\n");
-    let encoding = (route.compress && req.version == 1 && !req.is_head())
-        .then(|| crate::compress::Accepted::parse(req.header("accept-encoding")).choose(|_| true))
-        .flatten();
     Ok(Next::Forward(Prepared {
         body: req.body,
         keep_alive: req.keep_alive,
@@ -649,16 +538,9 @@ fn prepare(
         idempotent: req.is_idempotent(),
         upgrade: req.upgrade.is_some(),
         version: req.version,
-        upstream,
-        backend,
+        target,
         head,
-        ctx,
-        concurrency: route.limits.concurrency.clone(),
-        hash,
-        route: route.index,
-        log: None,
-        compress: route.compress,
-        encoding,
+        record,
     }))
 }
 

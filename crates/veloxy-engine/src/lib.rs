@@ -55,6 +55,7 @@ pub mod compress;
 pub mod config;
 pub(crate) mod connection;
 pub mod error;
+pub(crate) mod exchange;
 pub mod hooks;
 pub mod http1;
 mod http2;

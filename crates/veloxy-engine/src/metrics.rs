@@ -225,7 +225,7 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
     for l in &snapshot.listeners {
         for r in l.router.routes() {
             let up = r
-                .upstream
+                .proxied()
                 .map_or("", |u| snapshot.upstreams[u].name.as_str());
             for (class, label) in ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
                 .iter()

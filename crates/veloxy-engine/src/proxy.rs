@@ -17,23 +17,22 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
 
-use crate::tls::UpstreamIo;
 use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::compress::{self, StreamEncoder};
 use crate::config::{RequestBuffering, UpstreamGroup};
 use crate::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
-use crate::hooks::{RequestCtx, RequestSummary};
+use crate::exchange::attempt::{self, ExchangeError, Plan};
+use crate::exchange::{self, Record};
 use crate::http1::response::{self, Parsed, ResponseMeta, MAX_RESPONSE_HEAD};
 use crate::http1::BodyKind;
 use crate::relay::{
     relay_request_body, relay_response_body, reserve, write_down, BodyState, READ_CHUNK,
 };
-use crate::upstream::balancer::PickContext;
-use crate::upstream::pool::{release_slot, reserve_slot, UpstreamConn};
+use crate::upstream::connect::connect_backend;
+use crate::upstream::pool::UpstreamConn;
 use crate::worker::{Generation, Worker};
 
 /// Encodes `data` and, when the body is complete, ends the coded stream.
@@ -62,19 +61,18 @@ pub(crate) fn up(kind: ErrorKind) -> Fail {
     Fail::BeforeResponse(ProxyError::upstream(kind))
 }
 
-/// How one attempt against one backend ended, when it did not deliver a response.
-enum AttemptFail {
-    /// Nothing reached the backend (connect failed, or the backend is at its connection limit):
-    /// any request may go to another backend. `health` says whether it counts against the
-    /// backend's health.
-    NotSent { error: ProxyError, health: bool },
-    /// The backend got the request but gave no usable response: replayable requests may retry.
-    NoResponse(ProxyError),
-    /// The backend answered a status in `retry_on`; the response was discarded.
-    RetryStatus(u16),
-    /// Not retryable.
-    Fatal(Fail),
+impl ExchangeError for Fail {
+    fn from_error(e: ProxyError) -> Self {
+        Fail::BeforeResponse(e)
+    }
+    fn side(&self) -> Side {
+        match self {
+            Fail::BeforeResponse(e) | Fail::Abort(e) => e.side,
+        }
+    }
 }
+
+type AttemptFail = attempt::AttemptFail<Fail>;
 
 /// Forwards one prepared request; returns whether the downstream connection stays open.
 pub(crate) async fn forward(
@@ -83,18 +81,17 @@ pub(crate) async fn forward(
     down: &mut Downstream,
     mut p: Prepared,
 ) -> bool {
-    let group = &gen.snapshot.upstreams[p.upstream];
-    let started = Instant::now();
+    let group = &gen.snapshot.upstreams[p.target.upstream];
     let mut wbuf = std::mem::take(&mut p.head);
-    let mut ctx = p.ctx.take();
+    let mut record = std::mem::replace(&mut p.record, Record::unlogged());
     let mut ubuf = worker.take_bytes();
     let mut obuf = worker.take_vec();
     let mut req_body = BodyState::request(p.body);
-    let mut backend = Some(p.backend);
+    let mut backend = None;
 
     // The body is read before a concurrency slot or an upstream connection is taken: a slow
     // sender then holds neither (`request_buffering = "auto"`).
-    let limit = p.concurrency.clone();
+    let limit = p.target.concurrency.clone();
     let outcome = match buffer_request_body(group, down, &mut p, &mut req_body, &mut wbuf).await {
         Err(f) => Err(f),
         Ok(()) => {
@@ -107,18 +104,32 @@ pub(crate) async fn forward(
                     ErrorKind::Overloaded,
                 ))),
                 Ok(_admitted) => {
+                    let plan = Plan {
+                        worker,
+                        gen,
+                        upstream: p.target.upstream,
+                        client: down.peer,
+                        hash: p.target.hash,
+                        replayable: p.idempotent && req_body.is_done(),
+                    };
                     let mut run = Run {
                         worker,
                         gen,
                         group,
                         p: &p,
-                        ctx: &mut ctx,
+                        record: &mut record,
                         req_body: &mut req_body,
                         wbuf: &wbuf,
                         ubuf: &mut ubuf,
                         obuf: &mut obuf,
                     };
-                    run.with_retries(down, &mut backend).await
+                    let first = p.target.backend;
+                    attempt::run(&plan, first, &mut backend, async |b, may_retry_status| {
+                        let meta = run.attempt(down, b, may_retry_status).await?;
+                        let status = meta.status;
+                        Ok((meta, status))
+                    })
+                    .await
                 }
             }
         }
@@ -143,17 +154,8 @@ pub(crate) async fn forward(
             (false, 0)
         }
     };
-    let backend_addr = backend.map(|b| group.backends[b].addr);
-    record_exchange(
-        worker,
-        down,
-        &mut p,
-        &mut ctx,
-        status,
-        &group.name,
-        backend_addr,
-        started,
-    );
+    record.backend = backend.map(|b| group.backends[b].addr);
+    crate::connection::finish_record(worker, down, &mut record, status);
     worker.give_vec(wbuf);
     worker.give_vec(obuf);
     worker.give_bytes(ubuf);
@@ -191,31 +193,6 @@ pub(crate) async fn answer_error(
 pub(crate) fn reset_downstream(down: &mut Downstream) {
     let _ = socket2::SockRef::from(down.stream.tcp()).set_linger(Some(Duration::ZERO));
     down.reset = true;
-}
-
-/// Records a finished exchange: access log line, request metrics and the `on_done` hook.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn record_exchange(
-    worker: &Worker,
-    down: &Downstream,
-    p: &mut Prepared,
-    ctx: &mut Option<Box<RequestCtx>>,
-    status: u16,
-    upstream: &str,
-    backend: Option<std::net::SocketAddr>,
-    started: Instant,
-) {
-    crate::connection::access_log(worker, down, p.log.take(), status, upstream, backend);
-    worker.metrics.request(p.route, status);
-    worker.metrics.request_duration.observe(started.elapsed());
-    if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
-        let summary = RequestSummary {
-            status,
-            duration: started.elapsed(),
-            backend,
-        };
-        hooks.on_done(&summary, ctx);
-    }
 }
 
 fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {
@@ -298,7 +275,7 @@ struct Run<'a> {
     gen: &'a Generation,
     group: &'a UpstreamGroup,
     p: &'a Prepared,
-    ctx: &'a mut Option<Box<RequestCtx>>,
+    record: &'a mut Record,
     req_body: &'a mut BodyState,
     wbuf: &'a [u8],
     ubuf: &'a mut BytesMut,
@@ -306,103 +283,6 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// Tries backends until one delivers a response or retries run out. `backend` ends as the
-    /// last backend tried.
-    async fn with_retries(
-        &mut self,
-        down: &mut Downstream,
-        backend: &mut Option<usize>,
-    ) -> Result<ResponseMeta, Fail> {
-        let group = self.group;
-        let mut tried = 0u64;
-        let mut retries_left = group.retries;
-        let replayable = self.p.idempotent && self.req_body.is_done();
-        let mut current = self.p.backend;
-        loop {
-            *backend = Some(current);
-            tried |= 1 << current;
-            let t0 = Instant::now();
-            self.gen.groups.borrow_mut()[self.p.upstream].start(current);
-            let others = self.group.health.down_mask() | tried;
-            let has_other = (0..group.backends.len()).any(|i| others & (1 << i) == 0);
-            let budget_left = self.gen.groups.borrow()[self.p.upstream].budget.available();
-            let result = self
-                .attempt(
-                    down,
-                    current,
-                    retries_left > 0 && replayable && has_other && budget_left,
-                )
-                .await;
-            let elapsed = t0.elapsed();
-            let (error, count_failure) = match result {
-                Ok(meta) => {
-                    let failed = group.outlier.on_5xx && meta.status >= 500;
-                    self.feedback(current, elapsed, !failed);
-                    return Ok(meta);
-                }
-                Err(AttemptFail::Fatal(f)) => {
-                    let upstream_side = matches!(&f, Fail::BeforeResponse(e) | Fail::Abort(e) if e.side == Side::Upstream);
-                    self.feedback(current, elapsed, !upstream_side);
-                    return Err(f);
-                }
-                Err(AttemptFail::NotSent { error, health }) => (error, health),
-                Err(AttemptFail::NoResponse(e)) if replayable => (e, true),
-                Err(AttemptFail::NoResponse(e)) => {
-                    self.feedback(current, elapsed, false);
-                    return Err(Fail::BeforeResponse(e));
-                }
-                Err(AttemptFail::RetryStatus(s)) => (
-                    ProxyError::upstream(ErrorKind::UpstreamStatus(s)),
-                    group.outlier.on_5xx && s >= 500,
-                ),
-            };
-            if count_failure {
-                self.feedback(current, elapsed, false);
-            } else {
-                self.gen.groups.borrow_mut()[self.p.upstream].end(current, elapsed, true);
-            }
-            let next = (retries_left > 0)
-                .then(|| self.next_backend(down, tried))
-                .flatten();
-            match next {
-                Some(b) => {
-                    retries_left -= 1;
-                    self.worker.metrics.retries.inc();
-                    tracing::debug!(from = %group.backends[current].addr, to = %group.backends[b].addr, error = %error.kind, "retrying");
-                    current = b;
-                }
-                None => return Err(Fail::BeforeResponse(error)),
-            }
-        }
-    }
-
-    /// Reports an attempt's end to the picker and to passive health.
-    fn feedback(&self, backend: usize, elapsed: Duration, ok: bool) {
-        self.gen.groups.borrow_mut()[self.p.upstream].end(backend, elapsed, ok);
-        let health = &self.group.health;
-        if ok {
-            health.record_success(backend);
-        } else {
-            health.record_failure(backend, &self.group.outlier);
-        }
-    }
-
-    /// Another backend for a retry, if the budget allows one.
-    fn next_backend(&self, down: &Downstream, tried: u64) -> Option<usize> {
-        let mut groups = self.gen.groups.borrow_mut();
-        let state = &mut groups[self.p.upstream];
-        if !state.budget.try_spend() {
-            tracing::debug!(upstream = %self.group.name, "retry budget exhausted");
-            return None;
-        }
-        let ctx = PickContext {
-            client: down.peer,
-            excluded: self.group.health.down_mask() | tried,
-            hash: self.p.hash,
-        };
-        state.picker.pick(&ctx)
-    }
-
     async fn connect(&self, backend: usize) -> Result<UpstreamConn, AttemptFail> {
         connect_backend(self.worker, self.group, backend)
             .await
@@ -420,7 +300,9 @@ impl Run<'_> {
         let p = self.p;
         let replayable = p.idempotent && self.req_body.is_done();
         let t0 = Instant::now();
-        let pooled = self.gen.groups.borrow_mut()[p.upstream].pool.take(backend);
+        let pooled = self.gen.groups.borrow_mut()[p.target.upstream]
+            .pool
+            .take(backend);
         let (mut conn, mut reused) = match pooled {
             Some(c) => {
                 self.worker.metrics.pool_hits.inc();
@@ -591,14 +473,13 @@ impl Run<'_> {
         backend: usize,
         mut meta: ResponseMeta,
     ) -> Result<ResponseMeta, Fail> {
-        if let (Some(hooks), Some(ctx)) = (&self.worker.shared.hooks, self.ctx.as_deref_mut()) {
-            hooks.on_response(meta.status, ctx);
-            self.obuf.extend_from_slice(&ctx.response_headers);
+        if let Some(lines) = exchange::on_response(self.worker, self.record, meta.status) {
+            self.obuf.extend_from_slice(lines);
         }
         // `compress = true`: maybe rewrite the head and encode the (de-chunked) payload.
-        let mut encoder = if self.p.compress {
+        let mut encoder = if self.p.target.compress {
             let has_body = meta.body != BodyKind::None;
-            compress::filter_proxy_head(self.obuf, meta.status, has_body, self.p.encoding)
+            compress::filter_proxy_head(self.obuf, meta.status, has_body, self.p.target.encoding)
         } else {
             None
         };
@@ -637,66 +518,12 @@ impl Run<'_> {
             && self.ubuf.is_empty()
             && self.req_body.is_done();
         if clean && !self.worker.shutting_down() {
-            self.gen.groups.borrow_mut()[self.p.upstream]
+            self.gen.groups.borrow_mut()[self.p.target.upstream]
                 .pool
                 .put(backend, conn);
         } else if !resp_body.is_done() {
             meta.downstream_keep_alive = false;
         }
         Ok(meta)
-    }
-}
-
-/// Opens a connection to `backend`: TCP, then TLS for `https://` servers (ALPN per the
-/// group's protocol). The caller bounds the whole by the connect timeout.
-pub(crate) async fn connect_io(
-    group: &UpstreamGroup,
-    backend: usize,
-) -> std::io::Result<UpstreamIo> {
-    let b = &group.backends[backend];
-    let s = TcpStream::connect(b.addr).await?;
-    // Once per upstream connection, never per request.
-    let _ = s.set_nodelay(true);
-    match (&group.tls, &b.tls_name) {
-        (Some(config), Some(name)) => {
-            let connector = tokio_rustls::TlsConnector::from(config.clone());
-            let tls = connector.connect(name.clone(), s).await?;
-            Ok(UpstreamIo::Tls(Box::new(tls)))
-        }
-        _ => Ok(UpstreamIo::Plain(s)),
-    }
-}
-
-/// Opens a new connection to `backend`, within its `max_connections` and the group's connect
-/// timeout. On failure: the error, and whether it counts against the backend's health (a
-/// backend at its connection limit is busy, not broken; a host out of descriptors or ports
-/// has said nothing about the backend). Every upstream protocol connects through here.
-pub(crate) async fn connect_backend(
-    worker: &Worker,
-    group: &UpstreamGroup,
-    backend: usize,
-) -> Result<UpstreamConn, (ProxyError, bool)> {
-    let health = &group.health.backends[backend];
-    if !reserve_slot(health, group.max_connections) {
-        return Err((ProxyError::upstream(ErrorKind::BackendFull), false));
-    }
-    match timeout(group.connect_timeout, connect_io(group, backend)).await {
-        Ok(Ok(s)) => {
-            worker.metrics.upstream_connects.inc();
-            Ok(UpstreamConn::with_reserved_slot(s, health.clone()))
-        }
-        failed => {
-            release_slot(health);
-            let (kind, counts) = match failed {
-                Err(_) => (ErrorKind::ConnectTimeout, true),
-                Ok(Err(e)) if crate::error::is_local_resource_error(&e) => {
-                    worker.metrics.upstream_local_errors.inc();
-                    (ErrorKind::LocalResources(e), false)
-                }
-                Ok(Err(e)) => (ErrorKind::Connect(e), true),
-                Ok(Ok(_)) => unreachable!("handled above"),
-            };
-            Err((ProxyError::upstream(kind), counts))
-        }
     }
 }

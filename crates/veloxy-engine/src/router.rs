@@ -59,15 +59,34 @@ pub struct Route {
     pub index: usize,
     pub host: HostMatch,
     pub path: String,
-    /// Index into [`crate::config::Snapshot::upstreams`]; `None` for a file route.
-    pub upstream: Option<usize>,
-    /// Set on a file route (`root = ...`): requests are answered from the filesystem.
-    pub files: Option<std::sync::Arc<crate::static_files::StaticRoute>>,
-    /// `compress = true` on a proxied route: compress eligible responses for clients that
-    /// accept it (file routes use their own setting in `files`).
-    pub compress: bool,
+    /// What answers the route's requests.
+    pub target: RouteTarget,
     /// Concurrency and rate limits, if the route sets any.
     pub limits: crate::limits::RouteLimits,
+}
+
+/// What answers a route's requests. (Redirects and fixed responses will be further kinds.)
+#[derive(Debug, Clone)]
+pub enum RouteTarget {
+    /// Forwarded to an upstream group.
+    Proxy {
+        /// Index into [`crate::config::Snapshot::upstreams`].
+        upstream: usize,
+        /// `compress = true`: compress eligible responses for clients that accept it.
+        compress: bool,
+    },
+    /// A file route (`root = ...`): answered from the filesystem (its own `compress` setting).
+    Files(std::sync::Arc<crate::static_files::StaticRoute>),
+}
+
+impl Route {
+    /// The upstream group of a proxied route.
+    pub fn proxied(&self) -> Option<usize> {
+        match self.target {
+            RouteTarget::Proxy { upstream, .. } => Some(upstream),
+            RouteTarget::Files(_) => None,
+        }
+    }
 }
 
 /// The routes of one listener, sorted for first-match lookup.
@@ -208,9 +227,10 @@ mod tests {
                     HostMatch::parse(host).unwrap()
                 },
                 path: path.to_string(),
-                upstream: Some(*up),
-                files: None,
-                compress: false,
+                target: RouteTarget::Proxy {
+                    upstream: *up,
+                    compress: false,
+                },
                 limits: Default::default(),
             });
         }
@@ -227,7 +247,7 @@ mod tests {
             ("*.example.com", "/", 3),
             ("", "/api/v2/", 4),
         ]);
-        let up = |h: &str, p: &str| r.find(h.as_bytes(), p.as_bytes()).and_then(|r| r.upstream);
+        let up = |h: &str, p: &str| r.find(h.as_bytes(), p.as_bytes()).and_then(|r| r.proxied());
         assert_eq!(up("other", "/x"), Some(0));
         assert_eq!(up("other", "/api/x?q=/api/v2/"), Some(1));
         assert_eq!(up("other", "/api/v2/y"), Some(4));
@@ -239,7 +259,7 @@ mod tests {
     #[test]
     fn normalized_paths_cannot_dodge_a_route() {
         let r = router(&[("", "/", 0), ("", "/api/", 1)]);
-        let up = |p: &str| r.find(b"h", p.as_bytes()).and_then(|r| r.upstream);
+        let up = |p: &str| r.find(b"h", p.as_bytes()).and_then(|r| r.proxied());
         assert_eq!(up("/public/../api/x"), Some(1));
         assert_eq!(up("/%61pi/x"), Some(1));
         assert_eq!(up("/./api/x"), Some(1));
@@ -264,7 +284,7 @@ mod tests {
         let r = router(&[("a.test", "/", 0), ("", "/only/", 1)]);
         assert!(r.find(b"b.test", b"/").is_none());
         assert_eq!(
-            r.find(b"b.test", b"/only/x").and_then(|r| r.upstream),
+            r.find(b"b.test", b"/only/x").and_then(|r| r.proxied()),
             Some(1)
         );
     }

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use crate::router::RouteTarget;
+
 use super::error::{ConfigError, Source};
 use std::sync::Arc;
 
@@ -549,9 +551,14 @@ fn compile_route(
         index: i,
         host,
         path,
-        upstream,
-        compress: files.is_none() && r.compress.as_ref().is_some_and(|c| *c.get_ref()),
-        files,
+        target: match (files, upstream) {
+            (Some(files), _) => RouteTarget::Files(files),
+            (None, Some(upstream)) => RouteTarget::Proxy {
+                upstream,
+                compress: r.compress.as_ref().is_some_and(|c| *c.get_ref()),
+            },
+            (None, None) => unreachable!("checked above: a route has a root or an upstream"),
+        },
         limits: compile_limits(src, &key, r)?,
     };
     match &r.listener {

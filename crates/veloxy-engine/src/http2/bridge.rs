@@ -18,8 +18,9 @@ use tokio::time::{timeout, Instant};
 use crate::config::UpstreamProtocol;
 use crate::connection::{Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
+use crate::exchange::Record;
 use crate::http1::{itoa, reason, BodyKind, MAX_HEADERS};
-use crate::proxy::{answer_error, record_exchange, reset_downstream};
+use crate::proxy::{answer_error, reset_downstream};
 use crate::relay::{reserve, write_down, BodyState, READ_CHUNK};
 use crate::worker::{Generation, Worker};
 
@@ -31,20 +32,19 @@ pub(crate) async fn forward(
     down: &mut Downstream,
     mut p: Prepared,
 ) -> bool {
-    let group = &gen.snapshot.upstreams[p.upstream];
-    let started = Instant::now();
+    let group = &gen.snapshot.upstreams[p.target.upstream];
     let sent_before = down.bytes_sent;
-    let mut ctx = p.ctx.take();
-    let limit = p.concurrency.clone();
+    let mut record = std::mem::replace(&mut p.record, Record::unlogged());
+    let limit = p.target.concurrency.clone();
     let admission = match &limit {
         None => Ok(None),
         Some(l) => l.admit().await.map(Some),
     };
     let result = match admission {
         Err(_) => Err(ProxyError::downstream(ErrorKind::Overloaded)),
-        Ok(_admitted) => exchange(worker, gen, down, &p, &mut ctx).await,
+        Ok(_admitted) => exchange(worker, gen, down, &p, &mut record).await,
     };
-    let backend = Some(group.backends[p.backend].addr);
+    record.backend = Some(group.backends[p.target.backend].addr);
     let (keep, status) = match result {
         Ok((keep, status)) => (keep, status),
         Err(_) if down.bytes_sent > sent_before => {
@@ -63,16 +63,7 @@ pub(crate) async fn forward(
             )
         }
     };
-    record_exchange(
-        worker,
-        down,
-        &mut p,
-        &mut ctx,
-        status,
-        &group.name,
-        backend,
-        started,
-    );
+    crate::connection::finish_record(worker, down, &mut record, status);
     keep
 }
 
@@ -82,17 +73,17 @@ async fn exchange(
     gen: &Generation,
     down: &mut Downstream,
     p: &Prepared,
-    ctx: &mut Option<Box<crate::hooks::RequestCtx>>,
+    record: &mut Record,
 ) -> Result<(bool, u16), ProxyError> {
-    let group = &gen.snapshot.upstreams[p.upstream];
+    let group = &gen.snapshot.upstreams[p.target.upstream];
     let too_large = matches!(p.body, BodyKind::Length(n) if n as usize > group.retry_body_limit);
     if p.expect_continue && down.rbuf.is_empty() && !too_large {
         write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await?;
     }
     let body = read_body(down, p.body, group.retry_body_limit).await?;
     let req = to_h2_request(&p.head, group.protocol, body)?;
-    let backend = p.backend;
-    let mut sender = crate::http2::to_h2::sender_for(worker, gen, p.upstream, backend)
+    let backend = p.target.backend;
+    let mut sender = crate::http2::to_h2::sender_for(worker, gen, p.target.upstream, backend)
         .await
         .map_err(|(e, health)| {
             if health {
@@ -100,12 +91,12 @@ async fn exchange(
             }
             e
         })?;
-    gen.groups.borrow_mut()[p.upstream].start(backend);
+    gen.groups.borrow_mut()[p.target.upstream].start(backend);
     let t0 = Instant::now();
     let sent = timeout(group.read_timeout, sender.send_request(req)).await;
     let elapsed = t0.elapsed();
     let ok = matches!(&sent, Ok(Ok(r)) if !(group.outlier.on_5xx && r.status().as_u16() >= 500));
-    gen.groups.borrow_mut()[p.upstream].end(backend, elapsed, ok);
+    gen.groups.borrow_mut()[p.target.upstream].end(backend, elapsed, ok);
     if ok {
         group.health.record_success(backend);
     } else {
@@ -113,17 +104,17 @@ async fn exchange(
     }
     let resp = match sent {
         Err(_) => {
-            gen.groups.borrow_mut()[p.upstream].h2[backend] = None;
+            gen.groups.borrow_mut()[p.target.upstream].h2[backend] = None;
             return Err(ProxyError::upstream(ErrorKind::ReadTimeout));
         }
         Ok(Err(e)) => {
-            gen.groups.borrow_mut()[p.upstream].h2[backend] = None;
+            gen.groups.borrow_mut()[p.target.upstream].h2[backend] = None;
             return Err(crate::http2::hyper_error(true, &e));
         }
         Ok(Ok(r)) => r,
     };
     worker.metrics.upstream_duration.observe(elapsed);
-    relay_response(worker, down, p, ctx, resp, group.read_timeout).await
+    relay_response(worker, down, p, record, resp, group.read_timeout).await
 }
 
 /// Reads the request body (decoding chunked framing) into memory, up to `limit` bytes.
@@ -224,7 +215,7 @@ async fn relay_response(
     worker: &Worker,
     down: &mut Downstream,
     p: &Prepared,
-    ctx: &mut Option<Box<crate::hooks::RequestCtx>>,
+    record: &mut Record,
     resp: http::Response<hyper::body::Incoming>,
     read_timeout: Duration,
 ) -> Result<(bool, u16), ProxyError> {
@@ -253,9 +244,8 @@ async fn relay_response(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, ctx.as_deref_mut()) {
-        hooks.on_response(status, ctx);
-        out.extend_from_slice(&ctx.response_headers);
+    if let Some(lines) = crate::exchange::on_response(worker, record, status) {
+        out.extend_from_slice(lines);
     }
     if chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
-use crate::hooks::{RequestCtx, RequestInfo, RequestSummary};
+use crate::exchange::{self, Admitted, Fields, Head, Peer, Record};
 use crate::worker::{Generation, Worker};
 
 pub(crate) mod bridge;
@@ -187,64 +187,25 @@ pub(crate) async fn serve<IO>(
     }
 }
 
-/// Method, target, referer and user agent of a stream, kept for its access log line.
-type LogFields = (String, String, Vec<u8>, Vec<u8>);
-
-/// Records a stream's end: metrics, access log, hooks. Carried by the response body, so it
-/// runs when the body is complete or the client resets the stream.
+/// Ends a stream's exchange: its record (metrics, access log, `on_done`) and the connection's
+/// stream count. Carried by the response body, so it runs when the body is complete or the
+/// client resets the stream.
 pub(crate) struct Finish {
     conn: Rc<ConnCtx>,
-    started: Instant,
-    route: Option<usize>,
+    pub record: Record,
     pub status: u16,
-    pub backend: Option<SocketAddr>,
     pub bytes_sent: u64,
-    upstream: String,
-    /// Access log fields (method, target, referer, user agent), when the log is on.
-    log: Option<Box<LogFields>>,
-    pub hook_ctx: Option<Box<RequestCtx>>,
     pub admission: Option<crate::limits::OwnedAdmission>,
 }
 
 impl Drop for Finish {
     fn drop(&mut self) {
         let c = &self.conn;
-        let w = &c.worker;
         c.active.set(c.active.get() - 1);
         c.last_active.set(Instant::now());
-        match self.route {
-            Some(r) => w.metrics.request(r, self.status),
-            None => w.metrics.unrouted(self.status),
-        }
-        w.metrics.request_duration.observe(self.started.elapsed());
-        w.metrics.in_flight_done.inc();
-        if let (Some(log), Some(fields)) = (&w.shared.access_log, &self.log) {
-            let (method, target, referer, user_agent) = &**fields;
-            let entry = crate::access_log::Entry {
-                client: c.peer,
-                method,
-                target,
-                version: 2,
-                status: self.status,
-                bytes_sent: self.bytes_sent,
-                duration: self.started.elapsed(),
-                referer,
-                user_agent,
-                upstream: &self.upstream,
-                backend: self.backend,
-            };
-            if !log.log(&entry) {
-                w.metrics.access_log_dropped.inc();
-            }
-        }
-        if let (Some(hooks), Some(ctx)) = (&w.shared.hooks, self.hook_ctx.as_deref_mut()) {
-            let summary = RequestSummary {
-                status: self.status,
-                duration: self.started.elapsed(),
-                backend: self.backend,
-            };
-            hooks.on_done(&summary, ctx);
-        }
+        c.worker.metrics.in_flight_done.inc();
+        self.record
+            .finish(&c.worker, c.peer, self.status, self.bytes_sent);
     }
 }
 
@@ -320,7 +281,7 @@ async fn handle(c: Rc<ConnCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
     w.metrics.h2_streams.inc();
     w.metrics.in_flight.inc();
     c.active.set(c.active.get() + 1);
-    let log = w.shared.access_log.as_ref().map(|_| {
+    let record = Record::start(&w, || {
         let target = req
             .uri()
             .path_and_query()
@@ -330,24 +291,20 @@ async fn handle(c: Rc<ConnCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
                 .get(n)
                 .map_or_else(Vec::new, |v| v.as_bytes().to_vec())
         };
-        Box::new((
+        (
             req.method().as_str().to_owned(),
             target,
+            2,
             header(http::header::REFERER),
             header(http::header::USER_AGENT),
-        ))
+        )
     });
     let grpc = is_grpc(req.headers());
     let mut fin = Some(Box::new(Finish {
         conn: c.clone(),
-        started: Instant::now(),
-        route: None,
+        record,
         status: 0,
-        backend: None,
         bytes_sent: 0,
-        upstream: String::new(),
-        log,
-        hook_ctx: None,
         admission: None,
     }));
     let gen = w.current();
@@ -443,27 +400,14 @@ fn authority_of_parts<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> &'a str
         .unwrap_or("")
 }
 
-/// Routes, limits and hooks one stream, then forwards it by the group's protocol.
+/// Admits one stream through the exchange core, then serves the file or forwards it by the
+/// group's protocol.
 async fn forward(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
     req: Request<Incoming>,
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let snapshot = &gen.snapshot;
-    let (cached_gen, cached) = c.listener_index.get();
-    let li = if cached_gen == gen.number {
-        cached
-    } else {
-        let i = snapshot
-            .listeners
-            .iter()
-            .position(|l| *l.name == *c.listener.name)
-            .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
-        c.listener_index.set((gen.number, i));
-        i
-    };
-    let listener = &snapshot.listeners[li];
     let host = authority(&req);
     // The same check as for HTTP/1 Host headers: no userinfo, path or query characters can
     // ride in on a Host header (or `:authority`) and be spliced into the upstream request.
@@ -476,97 +420,38 @@ async fn forward(
         return Err(ProxyError::downstream(ErrorKind::Rejected(501)));
     }
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let route = listener
-        .router
-        .find(host.as_bytes(), path.as_bytes())
-        .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
-    let keys = || crate::upstream::RequestKeys {
+    let head = Head {
+        method: req.method().as_str(),
+        target: path,
+        host: host.as_bytes(),
+        version: 2,
+        fields: Fields::H2(req.headers()),
+    };
+    let peer = Peer {
+        addr: c.peer,
         client_ip: &c.client_ip,
-        path: req.uri().path(),
-        header: |h: &str| req.headers().get(h).map(|v| v.as_bytes()),
-        cookies: req
-            .headers()
-            .get_all(http::header::COOKIE)
-            .iter()
-            .map(|v| v.as_bytes()),
+        listener: &c.listener.name,
+        listener_index: &c.listener_index,
     };
-    if let Some(rl) = &route.limits.rate {
-        rl.check(keys().rate_key(&rl.key))
-            .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
-    }
-    if let Some(files) = &route.files {
-        let mut f = fin.take().expect("present until success");
-        f.route = Some(route.index);
-        return Ok(serve_file(files, &req, path, f));
-    }
-    let upstream = route
-        .upstream
-        .ok_or_else(|| ProxyError::downstream(ErrorKind::NoRoute))?;
-    let group = &snapshot.upstreams[upstream];
-    {
-        let f = fin.as_deref_mut().expect("present until success");
-        f.route = Some(route.index);
-        if f.log.is_some() {
-            f.upstream = group.name.clone();
+    let f = fin.as_deref_mut().expect("present until success");
+    let target = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record)? {
+        Admitted::Files(files) => {
+            let f = fin.take().expect("present until success");
+            return Ok(serve_file(&c.worker, &files, &req, path, f));
         }
-    }
-    if let Some(hooks) = &c.worker.shared.hooks {
-        let mut ctx = Box::<RequestCtx>::default();
-        let headers: Vec<httparse::Header> = req
-            .headers()
-            .iter()
-            .map(|(n, v)| httparse::Header {
-                name: n.as_str(),
-                value: v.as_bytes(),
-            })
-            .collect();
-        let info = RequestInfo {
-            method: req.method().as_str(),
-            path,
-            version: 2,
-            client: c.peer,
-            listener: &listener.name,
-            upstream: &group.name,
-            headers: &headers,
-        };
-        hooks.on_request(&info, &mut ctx).map_err(|s| {
-            let s = if (400..=599).contains(&s) { s } else { 500 };
-            ProxyError::downstream(ErrorKind::Rejected(s))
-        })?;
-        fin.as_deref_mut().expect("present").hook_ctx = Some(ctx);
-    }
-    let hash = if group.uses_hash {
-        keys().hash(&group.hash_key)
-    } else {
-        0
+        Admitted::Proxy(t) => t,
     };
-    if let Some(limit) = &route.limits.concurrency {
+    if let Some(limit) = &target.concurrency {
         let admission = limit
             .admit_owned()
             .await
             .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
         fin.as_deref_mut().expect("present").admission = Some(admission);
     }
-    // `compress = true`: the client's preferred coding, applied if the response qualifies.
-    let encoding = (route.compress && req.method() != http::Method::HEAD)
-        .then(|| {
-            let accept = req
-                .headers()
-                .get(http::header::ACCEPT_ENCODING)
-                .map(|v| v.as_bytes());
-            crate::compress::Accepted::parse(accept).choose(|_| true)
-        })
-        .flatten();
-    let target = Target {
-        upstream,
-        hash,
-        compress: route.compress,
-        encoding,
-    };
-    match group.protocol {
-        UpstreamProtocol::Http1 => to_h1::forward(c, gen, target, req, fin).await,
+    match gen.snapshot.upstreams[target.upstream].protocol {
+        UpstreamProtocol::Http1 => to_h1::forward(c, gen, &target, req, fin).await,
         UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
-            to_h2::forward(c, gen, target, req, fin).await
+            to_h2::forward(c, gen, &target, req, fin).await
         }
     }
 }
@@ -583,6 +468,7 @@ impl crate::static_files::Headers for H2Headers<'_> {
 /// Answers a stream from a file route: the same decision as for HTTP/1, the body streamed
 /// from memory or read from the file in chunks.
 fn serve_file(
+    worker: &Worker,
     files: &crate::static_files::StaticRoute,
     req: &Request<Incoming>,
     target: &str,
@@ -596,6 +482,7 @@ fn serve_file(
     };
     let r = crate::static_files::respond(files, &request);
     fin.status = r.status;
+    let hook_lines = exchange::on_response(worker, &mut fin.record, r.status).map(<[u8]>::to_vec);
     let mut map = HeaderMap::with_capacity(r.headers.len());
     for (name, value) in r.headers {
         if name.eq_ignore_ascii_case("connection") {
@@ -622,6 +509,9 @@ fn serve_file(
     })));
     *resp.status_mut() =
         http::StatusCode::from_u16(r.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    if let Some(lines) = hook_lines {
+        add_hook_headers(&lines, &mut map);
+    }
     *resp.headers_mut() = map;
     resp
 }
@@ -679,90 +569,6 @@ pub(crate) fn hyper_error(upstream: bool, e: &hyper::Error) -> ProxyError {
         ProxyError::upstream(kind)
     } else {
         ProxyError::downstream(kind)
-    }
-}
-
-/// Where a routed stream goes.
-#[derive(Clone, Copy)]
-pub(crate) struct Target {
-    pub upstream: usize,
-    pub hash: u64,
-    /// The route compresses eligible responses (`compress = true`; HTTP/1.1 upstreams).
-    pub compress: bool,
-    /// The coding the client prefers, if any.
-    pub encoding: Option<crate::compress::Encoding>,
-}
-
-/// Picks a backend not in `tried`, spending the retry budget when `retry` is set.
-pub(crate) fn pick(
-    c: &ConnCtx,
-    gen: &Generation,
-    t: Target,
-    tried: u64,
-    retry: bool,
-) -> Option<usize> {
-    let group = &gen.snapshot.upstreams[t.upstream];
-    let mut groups = gen.groups.borrow_mut();
-    let state = &mut groups[t.upstream];
-    if retry {
-        if !state.budget.try_spend() {
-            return None;
-        }
-    } else {
-        state.budget.earn();
-    }
-    state.picker.pick(&crate::upstream::balancer::PickContext {
-        client: c.peer,
-        excluded: group.health.down_mask() | tried,
-        hash: t.hash,
-    })
-}
-
-/// An attempt in progress on a backend. If the stream is dropped before the attempt ends (the
-/// client reset it), the drop reports the end, so per-backend in-flight counts cannot leak.
-pub(crate) struct AttemptGuard<'a> {
-    gen: &'a Generation,
-    upstream: usize,
-    backend: usize,
-    t0: Instant,
-    armed: bool,
-}
-
-impl<'a> AttemptGuard<'a> {
-    pub(crate) fn start(gen: &'a Generation, upstream: usize, backend: usize) -> Self {
-        gen.groups.borrow_mut()[upstream].start(backend);
-        AttemptGuard {
-            gen,
-            upstream,
-            backend,
-            t0: Instant::now(),
-            armed: true,
-        }
-    }
-
-    /// The attempt completed: its caller reports the end itself.
-    pub(crate) fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for AttemptGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            // Cancelled by the client: not the backend's fault.
-            self.gen.groups.borrow_mut()[self.upstream].end(self.backend, self.t0.elapsed(), true);
-        }
-    }
-}
-
-/// Reports an attempt's end to the picker and to passive health.
-pub(crate) fn feedback(gen: &Generation, t: Target, backend: usize, elapsed: Duration, ok: bool) {
-    let group = &gen.snapshot.upstreams[t.upstream];
-    gen.groups.borrow_mut()[t.upstream].end(backend, elapsed, ok);
-    if ok {
-        group.health.record_success(backend);
-    } else {
-        group.health.record_failure(backend, &group.outlier);
     }
 }
 

@@ -20,24 +20,18 @@ use hyper::body::Incoming;
 use tokio::io::AsyncReadExt;
 use tokio::time::{timeout, timeout_at, Instant, Sleep};
 
-use super::{feedback, pick, ConnCtx, Finish, ProxyBody, Target};
+use super::{ConnCtx, Finish, ProxyBody};
 use crate::error::{ErrorKind, ProxyError};
+use crate::exchange::attempt::{self, Plan};
+use crate::exchange::ProxyTarget;
 use crate::http1::response::{parse_foreign, ForeignHead, MAX_RESPONSE_HEAD};
 use crate::http1::{itoa, BodyKind};
-use crate::proxy::connect_backend;
 use crate::relay::{reserve, BodyState, READ_CHUNK};
+use crate::upstream::connect::connect_backend;
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
 
-enum Fail {
-    /// Nothing reached the backend: any request may go elsewhere.
-    NotSent(ProxyError, bool),
-    /// Sent, but no response: only replayable requests may go elsewhere.
-    NoResponse(ProxyError),
-    /// A status in `retry_on`.
-    RetryStatus(u16),
-    Fatal(ProxyError),
-}
+type Fail = attempt::AttemptFail<ProxyError>;
 
 fn up(kind: ErrorKind) -> ProxyError {
     ProxyError::upstream(kind)
@@ -46,7 +40,7 @@ fn up(kind: ErrorKind) -> ProxyError {
 pub(super) async fn forward(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
-    t: Target,
+    t: &ProxyTarget,
     req: Request<Incoming>,
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -59,7 +53,7 @@ pub(super) async fn forward(
 async fn forward_with(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
-    t: Target,
+    t: &ProxyTarget,
     req: Request<Incoming>,
     fin: &mut Option<Box<Finish>>,
     wbuf: &mut Vec<u8>,
@@ -113,79 +107,46 @@ async fn forward_with(
     }
     let replayable = idempotent && !streaming;
 
-    let mut tried = 0u64;
-    let mut retries_left = group.retries;
-    let mut backend =
-        pick(c, gen, t, 0, false).ok_or_else(|| ProxyError::upstream(ErrorKind::NoBackend))?;
-    loop {
-        tried |= 1 << backend;
-        if let Some(f) = fin.as_deref_mut() {
-            f.backend = Some(group.backends[backend].addr);
-        }
-        let mut guard = super::AttemptGuard::start(gen, t.upstream, backend);
-        let t0 = Instant::now();
-        let may_retry_status = replayable && retries_left > 0;
-        let body_ref = if streaming { Some(&mut body) } else { None };
-        let result = attempt(
-            c,
-            gen,
-            t,
-            backend,
-            wbuf,
-            body_ref,
-            framing,
-            is_head,
-            replayable,
-            may_retry_status,
-        )
-        .await;
-        guard.disarm();
-        let elapsed = t0.elapsed();
-        let (error, counts) = match result {
-            Ok((conn, head, rest)) => {
-                let failed = group.outlier.on_5xx && head.status >= 500;
-                feedback(gen, t, backend, elapsed, !failed);
-                c.worker().metrics.upstream_duration.observe(elapsed);
-                return Ok(respond(c, gen, t, backend, conn, head, rest, fin));
-            }
-            Err(Fail::Fatal(e)) => {
-                feedback(
-                    gen,
-                    t,
-                    backend,
-                    elapsed,
-                    e.side != crate::error::Side::Upstream,
-                );
-                return Err(e);
-            }
-            Err(Fail::NotSent(e, health)) => (e, health),
-            Err(Fail::NoResponse(e)) if replayable => (e, true),
-            Err(Fail::NoResponse(e)) => {
-                feedback(gen, t, backend, elapsed, false);
-                return Err(e);
-            }
-            Err(Fail::RetryStatus(s)) => (
-                ProxyError::upstream(ErrorKind::UpstreamStatus(s)),
-                group.outlier.on_5xx && s >= 500,
-            ),
-        };
-        if counts {
-            feedback(gen, t, backend, elapsed, false);
-        } else {
-            gen.groups.borrow_mut()[t.upstream].end(backend, elapsed, true);
-        }
-        let next = (retries_left > 0)
-            .then(|| pick(c, gen, t, tried, true))
-            .flatten();
-        match next {
-            Some(b) => {
-                retries_left -= 1;
-                c.worker().metrics.retries.inc();
-                backend = b;
-            }
-            None => return Err(error),
-        }
+    let plan = Plan {
+        worker: c.worker(),
+        gen,
+        upstream: t.upstream,
+        client: c.peer,
+        hash: t.hash,
+        replayable,
+    };
+    let mut last = None;
+    let result = attempt::run(
+        &plan,
+        t.backend,
+        &mut last,
+        async |backend, may_retry_status| {
+            let body_ref = if streaming { Some(&mut body) } else { None };
+            let t0 = Instant::now();
+            let (conn, head, rest) = attempt(
+                c,
+                gen,
+                t,
+                backend,
+                wbuf,
+                body_ref,
+                framing,
+                is_head,
+                replayable,
+                may_retry_status,
+            )
+            .await?;
+            c.worker().metrics.upstream_duration.observe(t0.elapsed());
+            let status = head.status;
+            Ok(((backend, conn, head, rest), status))
+        },
+    )
+    .await;
+    if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
+        f.record.backend = Some(group.backends[b].addr);
     }
+    let (backend, conn, head, rest) = result?;
+    Ok(respond(c, gen, t, backend, conn, head, rest, fin))
 }
 
 trait MinNone {
@@ -307,7 +268,7 @@ fn write_head(
         out.extend_from_slice(host.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if let Some(ctx) = fin.as_ref().and_then(|f| f.hook_ctx.as_deref()) {
+    if let Some(ctx) = fin.as_ref().and_then(|f| f.record.ctx.as_deref()) {
         out.extend_from_slice(&ctx.upstream_headers);
     }
     out.extend_from_slice(b"\r\n");
@@ -319,7 +280,7 @@ fn write_head(
 async fn attempt(
     c: &ConnCtx,
     gen: &Generation,
-    t: Target,
+    t: &ProxyTarget,
     backend: usize,
     wbuf: &[u8],
     mut body: Option<&mut Incoming>,
@@ -334,7 +295,7 @@ async fn attempt(
     let connect = || async {
         connect_backend(worker, group, backend)
             .await
-            .map_err(|(e, health)| Fail::NotSent(e, health))
+            .map_err(|(e, health)| Fail::NotSent { error: e, health })
     };
     let (mut conn, mut reused) = match pooled {
         Some(conn) => {
@@ -460,7 +421,7 @@ async fn write_up(conn: &mut UpstreamConn, limit: Duration, data: &[u8]) -> Resu
 fn respond(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
-    t: Target,
+    t: &ProxyTarget,
     backend: usize,
     conn: UpstreamConn,
     head: ForeignHead,
@@ -486,9 +447,8 @@ fn respond(
             }
         }
     }
-    if let (Some(hooks), Some(ctx)) = (&c.worker().shared.hooks, fin.hook_ctx.as_deref_mut()) {
-        hooks.on_response(head.status, ctx);
-        super::add_hook_headers(&ctx.response_headers, &mut headers);
+    if let Some(lines) = crate::exchange::on_response(c.worker(), &mut fin.record, head.status) {
+        super::add_hook_headers(lines, &mut headers);
     }
     let has_body = !matches!(head.body, BodyKind::None | BodyKind::Length(0));
     let encoder = if t.compress {

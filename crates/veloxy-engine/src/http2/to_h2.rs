@@ -11,10 +11,12 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::time::{timeout, Instant};
 
-use super::{feedback, pick, ConnCtx, Finish, LocalExec, ProxyBody, Target};
+use super::{ConnCtx, Finish, LocalExec, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
-use crate::proxy::connect_backend;
+use crate::exchange::attempt::{self, AttemptFail, Plan};
+use crate::exchange::ProxyTarget;
+use crate::upstream::connect::connect_backend;
 use crate::upstream::H2Sender;
 use crate::worker::Generation;
 
@@ -25,7 +27,7 @@ fn up(kind: ErrorKind) -> ProxyError {
 pub(super) async fn forward(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
-    t: Target,
+    t: &ProxyTarget,
     req: Request<Incoming>,
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -61,98 +63,60 @@ pub(super) async fn forward(
     if let Ok(v) = HeaderValue::from_str(&host) {
         headers.insert("x-forwarded-host", v);
     }
-    if let Some(ctx) = fin.as_ref().and_then(|f| f.hook_ctx.as_deref()) {
+    if let Some(ctx) = fin.as_ref().and_then(|f| f.record.ctx.as_deref()) {
         super::add_hook_headers(&ctx.upstream_headers, &mut headers);
     }
 
-    // Find a backend with a live connection; nothing is sent before that, so a failed
-    // connect moves on to another backend whatever the method.
-    let mut tried = 0u64;
-    let mut retries_left = group.retries;
-    let mut backend = pick(c, gen, t, 0, false).ok_or_else(|| up(ErrorKind::NoBackend))?;
-    let sender = loop {
-        tried |= 1 << backend;
-        match sender_for(c.worker(), gen, t.upstream, backend).await {
-            Ok(s) => break s,
-            Err((e, health)) => {
-                if health {
-                    feedback(gen, t, backend, std::time::Duration::ZERO, false);
-                }
-                let next = (retries_left > 0)
-                    .then(|| pick(c, gen, t, tried, true))
-                    .flatten();
-                match next {
-                    Some(b) => {
-                        retries_left -= 1;
-                        c.worker().metrics.retries.inc();
-                        backend = b;
-                    }
-                    None => return Err(e),
-                }
-            }
-        }
-    };
-    let addr = group.backends[backend].addr;
-    if let Some(f) = fin.as_deref_mut() {
-        f.backend = Some(addr);
-    }
-    let scheme = if group.protocol == UpstreamProtocol::H2 {
-        "https"
-    } else {
-        "http"
-    };
-    let authority = if host.is_empty() {
-        addr.to_string()
-    } else {
-        host
-    };
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri: Uri = format!("{scheme}://{authority}{path}")
-        .parse()
-        .map_err(|_| ProxyError::downstream(ErrorKind::BadRequest("invalid request target")))?;
-    let mut upstream_req = Request::new(body.boxed_unsync());
-    *upstream_req.method_mut() = parts.method;
-    *upstream_req.uri_mut() = uri;
-    *upstream_req.headers_mut() = headers;
-
-    let mut guard = super::AttemptGuard::start(gen, t.upstream, backend);
-    let t0 = Instant::now();
-    let sent = timeout(
-        group.read_timeout,
-        send_with_one_reconnect(c, gen, t, backend, sender, upstream_req),
-    )
-    .await;
-    guard.disarm();
-    let elapsed = t0.elapsed();
-    let resp = match sent {
-        Err(_) => {
-            // Maybe a connection that died silently: the next request opens a fresh one.
-            gen.groups.borrow_mut()[t.upstream].h2[backend] = None;
-            feedback(gen, t, backend, elapsed, false);
-            return Err(up(ErrorKind::ReadTimeout));
-        }
-        Ok(Err(e)) => {
-            gen.groups.borrow_mut()[t.upstream].h2[backend] = None;
-            feedback(gen, t, backend, elapsed, false);
-            return Err(e);
-        }
-        Ok(Ok(r)) => r,
-    };
-    let status = resp.status().as_u16();
-    feedback(
+    // Nothing is sent before a backend has a live connection, so a failed connect moves on
+    // to another backend whatever the method; once sent, the request is not retried (its
+    // body streams through and cannot be replayed).
+    let plan = Plan {
+        worker: c.worker(),
         gen,
-        t,
-        backend,
-        elapsed,
-        !(group.outlier.on_5xx && status >= 500),
-    );
-    c.worker().metrics.upstream_duration.observe(elapsed);
+        upstream: t.upstream,
+        client: c.peer,
+        hash: t.hash,
+        replayable: false,
+    };
+    let mut pending = Some((parts.method, parts.uri, headers, body));
+    let mut last = None;
+    let result = attempt::run(&plan, t.backend, &mut last, async |backend, _| {
+        let sender = sender_for(c.worker(), gen, t.upstream, backend)
+            .await
+            .map_err(|(error, health)| AttemptFail::NotSent { error, health })?;
+        let (method, uri, headers, body) = pending.take().expect("sent at most once");
+        let req = upstream_request(group, backend, &host, method, &uri, headers, body)
+            .map_err(AttemptFail::Fatal)?;
+        let t0 = Instant::now();
+        let sent = timeout(
+            group.read_timeout,
+            send_with_one_reconnect(c, gen, t, backend, sender, req),
+        )
+        .await;
+        let failed = match sent {
+            Ok(Ok(r)) => {
+                c.worker().metrics.upstream_duration.observe(t0.elapsed());
+                let status = r.status().as_u16();
+                return Ok((r, status));
+            }
+            Ok(Err(e)) => e,
+            Err(_) => up(ErrorKind::ReadTimeout),
+        };
+        // Maybe a connection that died silently: the next request opens a fresh one.
+        gen.groups.borrow_mut()[t.upstream].h2[backend] = None;
+        Err(AttemptFail::Fatal(failed))
+    })
+    .await;
+    if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
+        f.record.backend = Some(group.backends[b].addr);
+    }
+    let resp = result?;
+    let status = resp.status().as_u16();
     let (mut rparts, rbody) = resp.into_parts();
     let mut fin = fin.take().expect("present until success");
     fin.status = status;
-    if let (Some(hooks), Some(ctx)) = (&c.worker().shared.hooks, fin.hook_ctx.as_deref_mut()) {
-        hooks.on_response(status, ctx);
-        super::add_hook_headers(&ctx.response_headers, &mut rparts.headers);
+    if let Some(lines) = crate::exchange::on_response(c.worker(), &mut fin.record, status) {
+        super::add_hook_headers(lines, &mut rparts.headers);
     }
     let mut out = Response::new(ProxyBody::H2(rbody, Some(fin)));
     *out.status_mut() = rparts.status;
@@ -160,12 +124,41 @@ pub(super) async fn forward(
     Ok(out)
 }
 
+/// The upstream request: the client's, with the group's scheme and the client's authority
+/// (the backend's address when the client sent none).
+fn upstream_request(
+    group: &crate::config::UpstreamGroup,
+    backend: usize,
+    host: &str,
+    method: http::Method,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: Incoming,
+) -> Result<Request<crate::upstream::H2Body>, ProxyError> {
+    let scheme = if group.protocol == UpstreamProtocol::H2 {
+        "https"
+    } else {
+        "http"
+    };
+    let addr = group.backends[backend].addr.to_string();
+    let authority = if host.is_empty() { &addr } else { host };
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri: Uri = format!("{scheme}://{authority}{path}")
+        .parse()
+        .map_err(|_| ProxyError::downstream(ErrorKind::BadRequest("invalid request target")))?;
+    let mut req = Request::new(body.boxed_unsync());
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
 /// Sends on the cached connection; when the request never left (the connection was closing:
 /// GOAWAY, a refused stream, a dead connection), it is sent once more on a fresh connection.
 async fn send_with_one_reconnect(
     c: &ConnCtx,
     gen: &Generation,
-    t: Target,
+    t: &ProxyTarget,
     backend: usize,
     mut sender: H2Sender,
     req: Request<crate::upstream::H2Body>,

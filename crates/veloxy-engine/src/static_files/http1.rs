@@ -11,10 +11,11 @@ use std::time::{Duration, SystemTime};
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::time::{timeout, Instant};
+use tokio::time::timeout;
 
 use super::{Body, Part, Response, StaticRoute};
-use crate::connection::{Downstream, LogFields};
+use crate::connection::Downstream;
+use crate::exchange::Record;
 use crate::http1::request::RequestView;
 use crate::http1::{itoa, reason, BodyKind};
 use crate::worker::Worker;
@@ -25,36 +26,50 @@ const COALESCE: usize = 64 * 1024;
 /// A static response ready to be written, with what the connection needs to finish it.
 pub(crate) struct StaticReply {
     pub response: super::Response,
-    /// The route's index in the file (metrics).
-    pub route: usize,
     pub version: u8,
     /// The connection stays open afterwards: the client wants it and sent no body (a request
     /// body is never read on a file route; closing discards it safely).
     pub keep_alive: bool,
-    pub log: Option<Box<LogFields>>,
+    /// Header lines the `on_response` hooks added.
+    pub hook_headers: Vec<u8>,
+    pub record: Record,
 }
 
 /// Answers `req` from a file route (no I/O on the socket yet).
-pub(crate) fn reply(files: &StaticRoute, req: &RequestView, route: usize) -> StaticReply {
+pub(crate) fn reply(
+    worker: &Worker,
+    files: &StaticRoute,
+    req: &RequestView,
+    mut record: Record,
+) -> StaticReply {
     let request = super::Request {
         method: req.method,
         target: req.path,
         headers: &req.headers,
     };
+    let response = super::respond(files, &request);
+    let hook_headers = crate::exchange::on_response(worker, &mut record, response.status)
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
     StaticReply {
-        response: super::respond(files, &request),
-        route,
+        response,
         version: req.version,
         keep_alive: req.keep_alive && req.body == BodyKind::None,
-        log: None,
+        hook_headers,
+        record,
     }
 }
 
 /// Writes the reply, counts it, logs it. Returns whether the connection stays open.
 pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, mut reply: StaticReply) -> bool {
-    let started = Instant::now();
     let mut out = worker.take_vec();
     write_head(&reply.response, reply.version, reply.keep_alive, &mut out);
+    if !reply.hook_headers.is_empty() {
+        // Before the blank line that ends the head.
+        out.truncate(out.len() - 2);
+        out.extend_from_slice(&reply.hook_headers);
+        out.extend_from_slice(b"\r\n");
+    }
     let status = reply.response.status;
     let limit = down.send_timeout;
     let result = match &mut down.stream {
@@ -73,9 +88,7 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, mut reply: Sta
     };
     down.metrics.bytes_out.add(written);
     down.bytes_sent += written;
-    crate::connection::access_log(worker, down, reply.log.take(), status, "", None);
-    worker.metrics.request(reply.route, status);
-    worker.metrics.request_duration.observe(started.elapsed());
+    crate::connection::finish_record(worker, down, &mut reply.record, status);
     ok && reply.keep_alive
 }
 

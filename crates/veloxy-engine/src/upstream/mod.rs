@@ -1,6 +1,7 @@
 //! Upstream side: balancing policies, per-worker group state and connection pools.
 
 pub mod balancer;
+pub(crate) mod connect;
 pub mod health;
 pub mod policies;
 pub(crate) mod pool;

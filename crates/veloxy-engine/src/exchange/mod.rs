@@ -1,0 +1,275 @@
+//! The exchange core: what happens to a request between the downstream codec that parsed it
+//! and the upstream client that forwards it, written once for every protocol.
+//!
+//! A downstream codec (HTTP/1 in [`crate::connection`], HTTP/2 in the `http2` module, HTTP/3
+//! later) turns its request into a protocol-neutral [`Head`] and calls [`admit`]: listener
+//! lookup, route match, rate limit, the `on_request` hook (file routes included), and for a
+//! proxied route the first backend choice. The codec then either serves the file or runs the
+//! [`attempt`] loop (attempts on backends, retries, outlier feedback), and ends with
+//! [`Record::finish`] (access log, metrics, `on_done`). Each of those exists in one place.
+
+pub(crate) mod attempt;
+pub(crate) mod record;
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub(crate) use record::Record;
+
+use crate::error::{ErrorKind, ProxyError};
+use crate::hooks::{RequestCtx, RequestInfo};
+use crate::limits::ConcurrencyLimit;
+use crate::router::RouteTarget;
+use crate::static_files::StaticRoute;
+use crate::upstream::balancer::PickContext;
+use crate::upstream::RequestKeys;
+use crate::worker::{Generation, Worker};
+
+/// A request's header fields, as its protocol delivered them.
+#[derive(Clone, Copy)]
+pub(crate) enum Fields<'a> {
+    H1(&'a [httparse::Header<'a>]),
+    H2(&'a http::HeaderMap),
+}
+
+impl<'a> Fields<'a> {
+    /// The first value of `name` (lowercase).
+    pub fn get(&self, name: &str) -> Option<&'a [u8]> {
+        match *self {
+            Fields::H1(h) => h
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case(name))
+                .map(|h| h.value),
+            Fields::H2(h) => h.get(name).map(|v| v.as_bytes()),
+        }
+    }
+
+    /// The values of every Cookie field.
+    pub fn cookies(&self) -> Cookies<'a> {
+        match *self {
+            Fields::H1(h) => Cookies::H1(h.iter()),
+            Fields::H2(h) => Cookies::H2(h.get_all(http::header::COOKIE).iter()),
+        }
+    }
+}
+
+/// Iterator over Cookie field values.
+pub(crate) enum Cookies<'a> {
+    H1(std::slice::Iter<'a, httparse::Header<'a>>),
+    H2(http::header::ValueIter<'a, http::HeaderValue>),
+}
+
+impl<'a> Iterator for Cookies<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        match self {
+            Cookies::H1(it) => it
+                .find(|h| h.name.eq_ignore_ascii_case("cookie"))
+                .map(|h| h.value),
+            Cookies::H2(it) => it.next().map(|v| v.as_bytes()),
+        }
+    }
+}
+
+/// A protocol-neutral view of a request head: all that admission looks at.
+pub(crate) struct Head<'a> {
+    pub method: &'a str,
+    /// The request target: path and query.
+    pub target: &'a str,
+    /// Host header or `:authority`, as sent (port included).
+    pub host: &'a [u8],
+    /// 0: HTTP/1.0, 1: HTTP/1.1, 2: HTTP/2.
+    pub version: u8,
+    pub fields: Fields<'a>,
+}
+
+impl Head<'_> {
+    /// The path without the query.
+    pub fn path(&self) -> &str {
+        self.target.split('?').next().unwrap_or("")
+    }
+}
+
+/// The downstream connection a request came on.
+pub(crate) struct Peer<'a> {
+    pub addr: SocketAddr,
+    /// `addr`'s IP, formatted once per connection.
+    pub client_ip: &'a str,
+    pub listener: &'a str,
+    /// The listener's index in the current config, cached per generation.
+    pub listener_index: &'a Cell<(u64, usize)>,
+}
+
+/// Where an admitted request goes.
+pub(crate) enum Admitted {
+    /// A file route: the codec answers from the filesystem.
+    Files(Arc<StaticRoute>),
+    Proxy(ProxyTarget),
+}
+
+/// A proxied request's destination and the limits it runs under.
+#[derive(Clone)]
+pub(crate) struct ProxyTarget {
+    pub upstream: usize,
+    /// The first backend to try.
+    pub backend: usize,
+    /// Hash of the group's `hash_key` for this request (0 when the group does not hash).
+    pub hash: u64,
+    /// The route's concurrency limit; admission to it waits in the codec's task.
+    pub concurrency: Option<Arc<ConcurrencyLimit>>,
+    /// The route compresses eligible responses, in `encoding` when the client accepts one.
+    pub compress: bool,
+    pub encoding: Option<crate::compress::Encoding>,
+}
+
+/// The listener's index in `gen`; `None` when a reload removed it (its routes are gone).
+fn listener_index(gen: &Generation, peer: &Peer) -> Option<usize> {
+    let (cached_gen, cached) = peer.listener_index.get();
+    if cached_gen == gen.number {
+        return Some(cached);
+    }
+    let i = gen
+        .snapshot
+        .listeners
+        .iter()
+        .position(|l| l.name == peer.listener)?;
+    peer.listener_index.set((gen.number, i));
+    Some(i)
+}
+
+/// Admission: route match, rate limit, `on_request`, and for a proxied route the first
+/// backend. Fills `record.route`, `record.ctx` and `record.upstream`.
+pub(crate) fn admit(
+    worker: &Worker,
+    gen: &Generation,
+    peer: &Peer,
+    head: &Head,
+    record: &mut Record,
+) -> Result<Admitted, ProxyError> {
+    let no_route = || ProxyError::downstream(ErrorKind::NoRoute);
+    let snapshot = &gen.snapshot;
+    let listener = &snapshot.listeners[listener_index(gen, peer).ok_or_else(no_route)?];
+    let route = listener
+        .router
+        .find(head.host, head.target.as_bytes())
+        .ok_or_else(no_route)?;
+    let keys = || RequestKeys {
+        client_ip: peer.client_ip,
+        path: head.path(),
+        header: |h: &str| head.fields.get(h),
+        cookies: head.fields.cookies(),
+    };
+    if let Some(rl) = &route.limits.rate {
+        rl.check(keys().rate_key(&rl.key))
+            .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
+    }
+    // Counted under the route from here on; refusals before this (no route, rate limited)
+    // are counted as unrouted.
+    record.route = Some(route.index);
+    let group = match &route.target {
+        RouteTarget::Proxy { upstream, .. } => Some(&snapshot.upstreams[*upstream]),
+        RouteTarget::Files(_) => None,
+    };
+    if let Some(g) = group {
+        if record.logs() {
+            record.upstream.clone_from(&g.name);
+        }
+    }
+    if let Some(hooks) = &worker.shared.hooks {
+        record.ctx = Some(run_on_request(
+            hooks.as_ref(),
+            peer,
+            head,
+            &listener.name,
+            group,
+        )?);
+    }
+    let (upstream, compress) = match &route.target {
+        RouteTarget::Files(files) => return Ok(Admitted::Files(files.clone())),
+        RouteTarget::Proxy { upstream, compress } => (*upstream, *compress),
+    };
+    let group = &snapshot.upstreams[upstream];
+    let hash = if group.uses_hash {
+        keys().hash(&group.hash_key)
+    } else {
+        0
+    };
+    let backend = {
+        let mut groups = gen.groups.borrow_mut();
+        let state = &mut groups[upstream];
+        state.budget.earn();
+        state.picker.pick(&PickContext {
+            client: peer.addr,
+            excluded: group.health.down_mask(),
+            hash,
+        })
+    }
+    .ok_or_else(|| ProxyError::upstream(ErrorKind::NoBackend))?;
+    // HTTP/1.0 clients cannot take the chunked stream a coder produces.
+    let encoding = (compress && head.version >= 1 && head.method != "HEAD")
+        .then(|| {
+            crate::compress::Accepted::parse(head.fields.get("accept-encoding")).choose(|_| true)
+        })
+        .flatten();
+    Ok(Admitted::Proxy(ProxyTarget {
+        upstream,
+        backend,
+        hash,
+        concurrency: route.limits.concurrency.clone(),
+        compress,
+        encoding,
+    }))
+}
+
+/// The `on_request` phase. Only error statuses can be answered without a body of the hook's
+/// own, so anything else becomes a 500.
+fn run_on_request(
+    hooks: &dyn crate::hooks::Hooks,
+    peer: &Peer,
+    head: &Head,
+    listener: &str,
+    group: Option<&crate::config::UpstreamGroup>,
+) -> Result<Box<RequestCtx>, ProxyError> {
+    let mut ctx = Box::<RequestCtx>::default();
+    let owned: Vec<httparse::Header>;
+    let headers = match head.fields {
+        Fields::H1(h) => h,
+        Fields::H2(map) => {
+            owned = map
+                .iter()
+                .map(|(n, v)| httparse::Header {
+                    name: n.as_str(),
+                    value: v.as_bytes(),
+                })
+                .collect();
+            &owned
+        }
+    };
+    let info = RequestInfo {
+        method: head.method,
+        path: head.target,
+        version: head.version,
+        client: peer.addr,
+        listener,
+        upstream: group.map_or("", |g| g.name.as_str()),
+        headers,
+    };
+    hooks.on_request(&info, &mut ctx).map_err(|s| {
+        let s = if (400..=599).contains(&s) { s } else { 500 };
+        ProxyError::downstream(ErrorKind::Rejected(s))
+    })?;
+    Ok(ctx)
+}
+
+/// The `on_response` phase: headers the hooks add to a response with `status`, as
+/// "Name: value\r\n" lines (empty without hooks).
+pub(crate) fn on_response<'c>(
+    worker: &Worker,
+    record: &'c mut Record,
+    status: u16,
+) -> Option<&'c [u8]> {
+    let (hooks, ctx) = (worker.shared.hooks.as_ref()?, record.ctx.as_deref_mut()?);
+    hooks.on_response(status, ctx);
+    Some(&ctx.response_headers)
+}

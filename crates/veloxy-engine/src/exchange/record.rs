@@ -1,0 +1,119 @@
+//! Recording a finished exchange, the same way for every protocol: the access log line, the
+//! request metrics and the `on_done` hook. Nothing else writes them.
+
+use std::net::SocketAddr;
+
+use tokio::time::Instant;
+
+use crate::hooks::{RequestCtx, RequestSummary};
+use crate::worker::Worker;
+
+/// What the access log needs from a request, copied only when the log is on.
+pub(crate) struct LogFields {
+    method: String,
+    target: String,
+    /// 0: HTTP/1.0, 1: HTTP/1.1, 2: HTTP/2.
+    version: u8,
+    referer: Vec<u8>,
+    user_agent: Vec<u8>,
+}
+
+/// One exchange's record, carried from admission to its end.
+pub(crate) struct Record {
+    pub started: Instant,
+    /// The route's index in the file; `None` when the request was refused before routing.
+    pub route: Option<usize>,
+    log: Option<Box<LogFields>>,
+    /// The hooks' per-request state, when hooks are installed and the request got that far.
+    pub ctx: Option<Box<RequestCtx>>,
+    /// The upstream group, for the access log.
+    pub upstream: String,
+    /// The backend of the last attempt.
+    pub backend: Option<SocketAddr>,
+    /// The downstream connection's bytes-sent counter when the exchange began (HTTP/1, where
+    /// the counter spans the connection).
+    pub bytes_before: u64,
+}
+
+impl Record {
+    /// Starts a record; the access log fields are copied only when the log is on.
+    pub fn start(
+        worker: &Worker,
+        fields: impl FnOnce() -> (String, String, u8, Vec<u8>, Vec<u8>),
+    ) -> Record {
+        let log = worker.shared.access_log.as_ref().map(|_| {
+            let (method, target, version, referer, user_agent) = fields();
+            Box::new(LogFields {
+                method,
+                target,
+                version,
+                referer,
+                user_agent,
+            })
+        });
+        Record {
+            started: Instant::now(),
+            route: None,
+            log,
+            ctx: None,
+            upstream: String::new(),
+            backend: None,
+            bytes_before: 0,
+        }
+    }
+
+    /// A record for a request too malformed to log (counted, not logged).
+    pub fn unlogged() -> Record {
+        Record {
+            started: Instant::now(),
+            route: None,
+            log: None,
+            ctx: None,
+            upstream: String::new(),
+            backend: None,
+            bytes_before: 0,
+        }
+    }
+
+    /// True when the access log is on (so the upstream's name is worth copying).
+    pub fn logs(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Writes the access log line, counts the request and runs `on_done`. Call once, at the
+    /// end of the exchange (`status` 0: nothing could be answered).
+    pub fn finish(&mut self, worker: &Worker, client: SocketAddr, status: u16, bytes_sent: u64) {
+        let duration = self.started.elapsed();
+        match self.route {
+            Some(r) => worker.metrics.request(r, status),
+            None => worker.metrics.unrouted(status),
+        }
+        worker.metrics.request_duration.observe(duration);
+        if let (Some(log), Some(f)) = (&worker.shared.access_log, self.log.take()) {
+            let entry = crate::access_log::Entry {
+                client,
+                method: &f.method,
+                target: &f.target,
+                version: f.version,
+                status,
+                bytes_sent,
+                duration,
+                referer: &f.referer,
+                user_agent: &f.user_agent,
+                upstream: &self.upstream,
+                backend: self.backend,
+            };
+            if !log.log(&entry) {
+                worker.metrics.access_log_dropped.inc();
+            }
+        }
+        if let (Some(hooks), Some(ctx)) = (&worker.shared.hooks, self.ctx.as_deref_mut()) {
+            let summary = RequestSummary {
+                status,
+                duration,
+                backend: self.backend,
+            };
+            hooks.on_done(&summary, ctx);
+        }
+    }
+}
