@@ -130,3 +130,68 @@ fn hooks_and_custom_policy() {
     assert_eq!(done.load(Ordering::SeqCst), 1);
     running.shutdown();
 }
+
+/// Counts phases and refuses requests without a key, on any route.
+struct FileGate {
+    phases: Arc<AtomicUsize>,
+}
+
+impl Hooks for FileGate {
+    fn on_request(&self, req: &RequestInfo, _ctx: &mut RequestCtx) -> Result<(), u16> {
+        self.phases.fetch_add(1, Ordering::SeqCst);
+        if req.header("x-api-key") != Some(b"secret") {
+            return Err(403);
+        }
+        Ok(())
+    }
+    fn on_response(&self, status: u16, ctx: &mut RequestCtx) {
+        self.phases.fetch_add(10, Ordering::SeqCst);
+        ctx.add_response_header("x-hooked", &status.to_string());
+    }
+    fn on_done(&self, summary: &RequestSummary, _ctx: &mut RequestCtx) {
+        assert!(summary.backend.is_none(), "a file route has no backend");
+        self.phases.fetch_add(100, Ordering::SeqCst);
+    }
+}
+
+/// Hooks run on file routes too: the exchange core admits every route the same way.
+#[test]
+fn hooks_run_on_file_routes() {
+    let dir = std::env::temp_dir().join(format!("veloxy-hooks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.txt"), "hello").unwrap();
+    let toml = format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n[[routes]]\npath = \"/static/\"\nroot = {:?}\n",
+        dir.to_str().unwrap()
+    );
+    let snapshot = compile_str(
+        Path::new("test.toml"),
+        &toml,
+        &PolicyRegistry::with_builtins(),
+    )
+    .unwrap();
+    let phases = Arc::new(AtomicUsize::new(0));
+    let running = Server::new(snapshot)
+        .with_hooks(Arc::new(FileGate {
+            phases: phases.clone(),
+        }))
+        .start()
+        .unwrap();
+    let addr = running.local_addrs()[0].1;
+    let denied = roundtrip(
+        addr,
+        "GET /static/a.txt HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    let ok = roundtrip(
+        addr,
+        "GET /static/a.txt HTTP/1.1\r\nHost: a\r\nX-Api-Key: secret\r\nConnection: close\r\n\r\n",
+    );
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    assert!(ok.contains("x-hooked: 200\r\n"), "{ok}");
+    assert!(ok.ends_with("hello"), "{ok}");
+    // Two on_request, one on_response, one on_done.
+    assert_eq!(phases.load(Ordering::SeqCst), 112);
+    running.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
