@@ -189,17 +189,16 @@ fn to_h2_request(
         .map_err(|_| bad())?;
     let mut builder = http::Request::builder().method(method).uri(uri);
     for h in parsed.headers.iter() {
-        let skip = [
-            "host",
-            "content-length",
-            "transfer-encoding",
-            "connection",
-            "keep-alive",
-            "upgrade",
-        ]
-        .iter()
-        .any(|n| h.name.eq_ignore_ascii_case(n))
-            || (h.name.eq_ignore_ascii_case("te") && !h.value.eq_ignore_ascii_case(b"trailers"));
+        // The head is veloxy's own: its X-Forwarded-* fields are the ones to send. The rest of
+        // the one hop-by-hop list goes, except `te: trailers` (gRPC needs it).
+        use crate::http1::{classify, Special};
+        let skip = match classify(h.name) {
+            Special::None | Special::XForwardedFor | Special::XForwardedOther => false,
+            Special::HopByHop if h.name.eq_ignore_ascii_case("te") => {
+                !h.value.eq_ignore_ascii_case(b"trailers")
+            }
+            _ => true,
+        };
         if !skip {
             builder = builder.header(h.name, h.value);
         }

@@ -588,20 +588,10 @@ pub(crate) fn add_hook_headers(raw: &[u8], headers: &mut HeaderMap) {
     }
 }
 
-/// The connection-level headers HTTP/2 forbids, and those veloxy rewrites when forwarding.
+/// The request fields not forwarded as they are: the one list in [`crate::http1::classify`]
+/// (hop-by-hop fields, framing, Host, Expect, and the X-Forwarded-* fields veloxy rewrites).
 pub(crate) fn skip_request_header(name: &http::HeaderName) -> bool {
-    use http::header::*;
-    name == CONNECTION
-        || name == TRANSFER_ENCODING
-        || name == UPGRADE
-        || name == HOST
-        || name == CONTENT_LENGTH
-        || name == EXPECT
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
-        || name.as_str() == "x-forwarded-for"
-        || name.as_str() == "x-forwarded-proto"
-        || name.as_str() == "x-forwarded-host"
+    crate::http1::classify(name.as_str()) != crate::http1::Special::None
 }
 
 /// A name with `_` that `[server] underscores_in_headers` does not keep: dropped before

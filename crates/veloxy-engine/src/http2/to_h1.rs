@@ -210,11 +210,8 @@ fn write_head(
     out.extend_from_slice(b"\r\n");
     let mut cookies = 0;
     for (name, value) in &parts.headers {
+        // TE included: HTTP/2 allows only "trailers", and an HTTP/1.1 hop has its own.
         if super::skip_request_header(name) || super::dropped_underscore(name, keep_underscores) {
-            continue;
-        }
-        if name == http::header::TE {
-            // Only "trailers" is allowed in HTTP/2, and an HTTP/1.1 hop has its own.
             continue;
         }
         if name == http::header::COOKIE {

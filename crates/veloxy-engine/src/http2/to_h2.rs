@@ -39,10 +39,14 @@ pub(super) async fn forward(
     let mut headers = HeaderMap::with_capacity(parts.headers.len() + 3);
     let keep_underscores = gen.snapshot.settings.underscores_in_headers;
     for (name, value) in &parts.headers {
-        if super::skip_request_header(name) || super::dropped_underscore(name, keep_underscores) {
+        if name == http::header::TE {
+            // The only TE HTTP/2 allows; gRPC needs it end to end.
+            if value.as_bytes() == b"trailers" {
+                headers.append(name.clone(), value.clone());
+            }
             continue;
         }
-        if name == http::header::TE && value.as_bytes() != b"trailers" {
+        if super::skip_request_header(name) || super::dropped_underscore(name, keep_underscores) {
             continue;
         }
         headers.append(name.clone(), value.clone());
