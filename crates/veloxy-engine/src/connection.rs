@@ -1,5 +1,8 @@
-//! A downstream connection: read request heads (keep-alive, pipelining), route and prepare
-//! each request, hand it to [`crate::proxy`], and close cleanly on errors.
+//! The HTTP/1 downstream codec: a client connection. TLS is terminated here and HTTP/2 (ALPN
+//! `h2` or the h2c preface) handed to the `http2` module; HTTP/1 request heads are read
+//! (keep-alive, pipelining, header timeout, idle buffers freed), admitted through the
+//! [`crate::exchange`] core, and forwarded by [`crate::proxy`] (or the HTTP/1 -> h2 bridge) or
+//! answered from files; errors get an answer and a clean (lingering) close.
 
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
@@ -388,8 +391,9 @@ fn parse_buffered(
 
 /// Reads and prepares the next request. `Ok(None)`: the client closed or idled out.
 ///
-/// Waiting uses the limits of `gen`; the request itself is routed on the generation current
-/// when its head is complete (returned with it), so a reload reaches idle keep-alive clients.
+/// Waiting uses `settings` (taken from the config current when the wait began); the request
+/// itself is admitted on the generation current when its head is complete (returned with it),
+/// so a reload reaches idle keep-alive clients.
 async fn read_request(
     worker: &Worker,
     settings: ReadLimits,

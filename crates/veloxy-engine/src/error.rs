@@ -75,15 +75,13 @@ pub enum ErrorKind {
     UpstreamStatus(u16),
 }
 
-/// A failed request: what happened, on which side, and whether the request may be retried.
+/// A failed request: what happened and on which side. Whether a retry is safe is decided
+/// from how an attempt failed, in one place: `exchange::attempt`.
 #[derive(Debug, thiserror::Error)]
 #[error("{side:?} error: {kind}")]
 pub struct ProxyError {
     pub side: Side,
     pub kind: ErrorKind,
-    /// True when nothing of the request reached the backend's application, or the request is
-    /// idempotent and fully replayable: a retry on a fresh connection cannot double an effect.
-    pub retry_safe: bool,
 }
 
 impl ProxyError {
@@ -91,7 +89,6 @@ impl ProxyError {
         ProxyError {
             side: Side::Downstream,
             kind,
-            retry_safe: false,
         }
     }
 
@@ -99,7 +96,6 @@ impl ProxyError {
         ProxyError {
             side: Side::Upstream,
             kind,
-            retry_safe: false,
         }
     }
 
@@ -131,8 +127,8 @@ impl ProxyError {
         )
     }
 
-    /// The status answered to the client, or `None` when nothing can be answered (the client
-    /// is gone, or a response is already half sent).
+    /// The status answered to the client for this error (when an answer can still be sent:
+    /// not once the client is gone or a response is half sent).
     pub fn status(&self) -> u16 {
         match &self.kind {
             ErrorKind::BadRequest(_) => 400,

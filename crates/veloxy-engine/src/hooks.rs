@@ -31,7 +31,7 @@ use std::time::Duration;
 pub struct RequestInfo<'a> {
     pub method: &'a str,
     pub path: &'a str,
-    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1, 2 for HTTP/2.
     pub version: u8,
     pub client: SocketAddr,
     pub listener: &'a str,

@@ -37,10 +37,6 @@ pub enum ServerError {
     },
     #[error("cannot start worker thread: {0}")]
     Thread(#[source] std::io::Error),
-    #[error(
-        "reload cannot change listeners yet (had {had:?}, new config has {new:?}); restart instead"
-    )]
-    ListenersChanged { had: Vec<String>, new: Vec<String> },
 }
 
 /// State shared by all workers: read-mostly.

@@ -229,6 +229,7 @@ impl Worker {
         }
     }
 
+    /// Closes expired idle upstream connections (every second, from the heartbeat).
     pub fn sweep(&self) {
         let gen = self.current();
         for g in gen.groups.borrow_mut().iter_mut() {
