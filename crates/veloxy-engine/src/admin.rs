@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::accept::{self, LogLimiter};
-use crate::server::Shared;
+use crate::runtime::Shared;
 
 /// A reload asked for through the admin endpoint; the owner of the config file answers.
 pub struct ReloadRequest {

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::config::Snapshot;
 use crate::hooks::Hooks;
+use crate::runtime::{ListenerState, Shared};
 use crate::worker::Worker;
 
 /// Failures starting or changing a running server.
@@ -37,30 +38,6 @@ pub enum ServerError {
     },
     #[error("cannot start worker thread: {0}")]
     Thread(#[source] std::io::Error),
-}
-
-/// State shared by all workers: read-mostly.
-pub(crate) struct Shared {
-    pub snapshot: ArcSwap<Snapshot>,
-    /// Bumped after each snapshot swap; workers compare it to their cached generation.
-    pub generation: AtomicU64,
-    pub shutdown: AtomicBool,
-    pub hooks: Option<Arc<dyn Hooks>>,
-    /// Every bound listener's state (name, open connections), for the admin endpoint.
-    pub listeners: std::sync::Mutex<Vec<Arc<ListenerState>>>,
-    /// Feeds the health thread the snapshot to check.
-    health_tx: watch::Sender<Arc<Snapshot>>,
-    /// Every worker's counters, summed by the admin endpoint.
-    pub metrics: crate::metrics::Metrics,
-    pub access_log: Option<crate::access_log::AccessLog>,
-}
-
-/// One listener as the workers see it: its name (routes and limits are looked up by name in
-/// the current config) and its open connections across workers.
-#[derive(Debug)]
-pub(crate) struct ListenerState {
-    pub name: Arc<str>,
-    pub open: AtomicUsize,
 }
 
 /// Orders sent to a worker when a reload adds or removes listeners.
@@ -476,7 +453,7 @@ fn spawn_connection(
     worker.connection_opened();
     let (w, st) = (worker.clone(), state.clone());
     tokio::task::spawn_local(async move {
-        crate::connection::serve(w.clone(), stream, peer, st.clone()).await;
+        crate::downstream::connection::serve(w.clone(), stream, peer, st.clone()).await;
         st.open.fetch_sub(1, Ordering::Relaxed);
         w.connection_closed();
     });
@@ -522,7 +499,7 @@ async fn accept_loop(
                         .map_or((0, false), |l| (l.max_connections, l.tls.is_some()));
                     if max > 0 && state.open.load(Ordering::Relaxed) >= max {
                         // Accepted and answered rather than left to time out in the backlog.
-                        tokio::task::spawn_local(crate::connection::refuse(worker.clone(), stream, tls));
+                        tokio::task::spawn_local(crate::downstream::connection::refuse(worker.clone(), stream, tls));
                         continue;
                     }
                     spawn_connection(&worker, stream, peer, &state);

@@ -12,7 +12,7 @@ use bytes::BytesMut;
 use crate::config::Snapshot;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::WorkerMetrics;
-use crate::server::Shared;
+use crate::runtime::Shared;
 use crate::upstream::GroupState;
 
 /// The config generation a worker is running: the snapshot plus the worker's state built for

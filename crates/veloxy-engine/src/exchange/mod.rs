@@ -1,7 +1,7 @@
 //! The exchange core: what happens to a request between the downstream codec that parsed it
 //! and the upstream client that forwards it, written once for every protocol.
 //!
-//! A downstream codec (HTTP/1 in [`crate::connection`], HTTP/2 in the `http2` module, HTTP/3
+//! A downstream codec (HTTP/1 in [`crate::downstream::connection`], HTTP/2 in the `http2` module, HTTP/3
 //! later) turns its request into a protocol-neutral [`Head`] and calls [`admit`]: listener
 //! lookup, route match, rate limit, the `on_request` hook (file routes included), and for a
 //! proxied route the first backend choice. The codec then either serves the file or runs the

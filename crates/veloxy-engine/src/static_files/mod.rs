@@ -17,7 +17,6 @@
 
 pub mod cache;
 pub mod conditional;
-pub(crate) mod http1;
 pub mod listing;
 pub mod mime;
 pub mod path;

@@ -8,7 +8,7 @@ use crate::config::UpstreamGroup;
 use crate::error::{ErrorKind, ProxyError};
 use crate::tls::UpstreamIo;
 use crate::upstream::pool::{release_slot, reserve_slot, UpstreamConn};
-use crate::worker::Worker;
+use crate::metrics::WorkerMetrics;
 
 /// Opens a connection to `backend`: TCP, then TLS for `https://` servers (ALPN per the
 /// group's protocol). The caller bounds the whole by the connect timeout.
@@ -35,7 +35,7 @@ pub(crate) async fn connect_io(
 /// backend at its connection limit is busy, not broken; a host out of descriptors or ports
 /// has said nothing about the backend). Every upstream protocol connects through here.
 pub(crate) async fn connect_backend(
-    worker: &Worker,
+    metrics: &WorkerMetrics,
     group: &UpstreamGroup,
     backend: usize,
 ) -> Result<UpstreamConn, (ProxyError, bool)> {
@@ -45,7 +45,7 @@ pub(crate) async fn connect_backend(
     }
     match timeout(group.connect_timeout, connect_io(group, backend)).await {
         Ok(Ok(s)) => {
-            worker.metrics.upstream_connects.inc();
+            metrics.upstream_connects.inc();
             Ok(UpstreamConn::with_reserved_slot(s, health.clone()))
         }
         failed => {
@@ -53,7 +53,7 @@ pub(crate) async fn connect_backend(
             let (kind, counts) = match failed {
                 Err(_) => (ErrorKind::ConnectTimeout, true),
                 Ok(Err(e)) if crate::error::is_local_resource_error(&e) => {
-                    worker.metrics.upstream_local_errors.inc();
+                    metrics.upstream_local_errors.inc();
                     (ErrorKind::LocalResources(e), false)
                 }
                 Ok(Err(e)) => (ErrorKind::Connect(e), true),

@@ -22,13 +22,13 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::compress::{self, StreamEncoder};
 use crate::config::{RequestBuffering, UpstreamGroup};
-use crate::connection::{linger_close, send_error, Downstream, Prepared};
+use crate::downstream::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::attempt::{self, ExchangeError, Plan};
 use crate::exchange::{self, Record};
 use crate::http1::response::{self, Parsed, ResponseMeta, MAX_RESPONSE_HEAD};
 use crate::http1::BodyKind;
-use crate::relay::{
+use crate::downstream::relay::{
     relay_request_body, relay_response_body, reserve, write_down, BodyState, READ_CHUNK,
 };
 use crate::upstream::connect::connect_backend;
@@ -155,7 +155,7 @@ pub(crate) async fn forward(
         }
     };
     record.backend = backend.map(|b| group.backends[b].addr);
-    crate::connection::finish_record(worker, down, &mut record, status);
+    crate::downstream::connection::finish_record(worker, down, &mut record, status);
     worker.give_vec(wbuf);
     worker.give_vec(obuf);
     worker.give_bytes(ubuf);
@@ -284,7 +284,7 @@ struct Run<'a> {
 
 impl Run<'_> {
     async fn connect(&self, backend: usize) -> Result<UpstreamConn, AttemptFail> {
-        connect_backend(self.worker, self.group, backend)
+        connect_backend(&self.worker.metrics, self.group, backend)
             .await
             .map_err(|(error, health)| AttemptFail::NotSent { error, health })
     }
@@ -453,7 +453,7 @@ impl Run<'_> {
             .listeners
             .get(down.listener_index.get().1)
             .map_or(Duration::from_secs(600), |l| l.upgrade_idle_timeout);
-        crate::relay::tunnel(down, &mut conn.stream, idle).await;
+        crate::downstream::relay::tunnel(down, &mut conn.stream, idle).await;
         Ok(ResponseMeta {
             status: 101,
             head_len,

@@ -1,7 +1,7 @@
 //! The HTTP/1 downstream codec: a client connection. TLS is terminated here and HTTP/2 (ALPN
 //! `h2` or the h2c preface) handed to the `http2` module; HTTP/1 request heads are read
 //! (keep-alive, pipelining, header timeout, idle buffers freed), admitted through the
-//! [`crate::exchange`] core, and forwarded by [`crate::proxy`] (or the HTTP/1 -> h2 bridge) or
+//! [`crate::exchange`] core, and forwarded by [`crate::downstream::proxy`] (or the HTTP/1 -> h2 bridge) or
 //! answered from files; errors get an answer and a clean (lingering) close.
 
 use std::mem::MaybeUninit;
@@ -32,7 +32,7 @@ pub(crate) struct Downstream {
     pub rbuf: BytesMut,
     /// The listener this connection came in on; routes are looked up by its name in the
     /// current config, with the index cached per config generation.
-    pub listener: std::sync::Arc<crate::server::ListenerState>,
+    pub listener: std::sync::Arc<crate::runtime::ListenerState>,
     pub listener_index: std::cell::Cell<(u64, usize)>,
     pub metrics: std::sync::Arc<crate::metrics::WorkerMetrics>,
     /// Bytes written to this client so far (access log byte counts).
@@ -117,7 +117,7 @@ impl ReadLimits {
 pub(crate) enum Next {
     Forward(Prepared),
     /// A file route's answer, computed while the request head was at hand.
-    Static(Box<crate::static_files::http1::StaticReply>),
+    Static(Box<crate::downstream::files::StaticReply>),
 }
 
 /// A routed request, ready to forward.
@@ -141,7 +141,7 @@ pub(crate) async fn serve(
     worker: Rc<Worker>,
     stream: TcpStream,
     peer: SocketAddr,
-    listener: std::sync::Arc<crate::server::ListenerState>,
+    listener: std::sync::Arc<crate::runtime::ListenerState>,
 ) {
     worker.metrics.downstream_connections.inc();
     let (tls, http2, header_timeout, settings) = {
@@ -177,7 +177,7 @@ pub(crate) async fn serve(
                     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                     let io = DownstreamIo::Tls(Box::new(tls));
                     if h2 {
-                        Box::pin(crate::http2::serve(worker, io, peer, listener, true)).await;
+                        Box::pin(crate::downstream::http2::serve(worker, io, peer, listener, true)).await;
                         return;
                     }
                     io
@@ -225,7 +225,7 @@ pub(crate) async fn serve(
                     unreachable!("checked plain above")
                 };
                 let io = crate::tls::Prefixed::new(rbuf.freeze(), tcp);
-                Box::pin(crate::http2::serve(worker, io, peer, listener, false)).await;
+                Box::pin(crate::downstream::http2::serve(worker, io, peer, listener, false)).await;
                 return;
             }
             Sniffed::Gone => return,
@@ -324,13 +324,13 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 if gen.snapshot.upstreams[p.target.upstream].protocol
                     != crate::config::UpstreamProtocol::Http1 =>
             {
-                Box::pin(crate::http2::bridge::forward(worker, &gen, down, p)).await
+                Box::pin(crate::downstream::http2::bridge::forward(worker, &gen, down, p)).await
             }
             // Boxed: the forwarding state machine is ~5 KiB, and inline it would make every
             // connection's future that big for its whole life, idle keep-alive time included.
-            Next::Forward(p) => Box::pin(crate::proxy::forward(worker, &gen, down, p)).await,
+            Next::Forward(p) => Box::pin(crate::downstream::proxy::forward(worker, &gen, down, p)).await,
             Next::Static(reply) => {
-                Box::pin(crate::static_files::http1::serve(worker, down, *reply)).await
+                Box::pin(crate::downstream::files::serve(worker, down, *reply)).await
             }
         };
         worker.metrics.in_flight_done.inc();
@@ -508,7 +508,7 @@ fn prepare(
     let target = match exchange::admit(worker, gen, &peer, &head, &mut record) {
         Err(e) => return Err(Box::new((e, record))),
         Ok(Admitted::Files(files)) => {
-            let reply = crate::static_files::http1::reply(worker, &files, req, record);
+            let reply = crate::downstream::files::reply(worker, &files, req, record);
             return Ok(Next::Static(Box::new(reply)));
         }
         Ok(Admitted::Proxy(t)) => t,

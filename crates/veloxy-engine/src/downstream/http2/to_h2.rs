@@ -197,7 +197,7 @@ pub(crate) async fn sender_for(
         }
     }
     let group = &gen.snapshot.upstreams[upstream];
-    let conn = connect_backend(worker, group, backend).await?;
+    let conn = connect_backend(&worker.metrics, group, backend).await?;
     let mut builder = hyper::client::conn::http2::Builder::new(LocalExec);
     builder
         .timer(TokioTimer::new())

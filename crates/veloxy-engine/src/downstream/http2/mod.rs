@@ -70,7 +70,7 @@ pub(crate) struct ConnCtx {
     worker: Rc<Worker>,
     peer: SocketAddr,
     client_ip: String,
-    listener: Arc<crate::server::ListenerState>,
+    listener: Arc<crate::runtime::ListenerState>,
     listener_index: Cell<(u64, usize)>,
     tls: bool,
     /// Streams in progress, and when the last one ended (idle timeout).
@@ -88,7 +88,7 @@ pub(crate) async fn serve<IO>(
     worker: Rc<Worker>,
     io: IO,
     peer: SocketAddr,
-    listener: Arc<crate::server::ListenerState>,
+    listener: Arc<crate::runtime::ListenerState>,
     tls: bool,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + 'static,

@@ -16,12 +16,12 @@ use tokio::io::AsyncReadExt;
 use tokio::time::{timeout, Instant};
 
 use crate::config::UpstreamProtocol;
-use crate::connection::{Downstream, Prepared};
+use crate::downstream::connection::{Downstream, Prepared};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::Record;
 use crate::http1::{itoa, reason, BodyKind, MAX_HEADERS};
-use crate::proxy::{answer_error, reset_downstream};
-use crate::relay::{reserve, write_down, BodyState, READ_CHUNK};
+use crate::downstream::proxy::{answer_error, reset_downstream};
+use crate::downstream::relay::{reserve, write_down, BodyState, READ_CHUNK};
 use crate::worker::{Generation, Worker};
 
 /// Forwards one HTTP/1 request to an HTTP/2 upstream group; returns whether the client
@@ -63,7 +63,7 @@ pub(crate) async fn forward(
             )
         }
     };
-    crate::connection::finish_record(worker, down, &mut record, status);
+    crate::downstream::connection::finish_record(worker, down, &mut record, status);
     keep
 }
 
@@ -83,7 +83,7 @@ async fn exchange(
     let body = read_body(down, p.body, group.retry_body_limit).await?;
     let req = to_h2_request(&p.head, group.protocol, body)?;
     let backend = p.target.backend;
-    let mut sender = crate::http2::to_h2::sender_for(worker, gen, p.target.upstream, backend)
+    let mut sender = crate::downstream::http2::to_h2::sender_for(worker, gen, p.target.upstream, backend)
         .await
         .map_err(|(e, health)| {
             if health {
@@ -109,7 +109,7 @@ async fn exchange(
         }
         Ok(Err(e)) => {
             gen.groups.borrow_mut()[p.target.upstream].h2[backend] = None;
-            return Err(crate::http2::hyper_error(true, &e));
+            return Err(crate::downstream::http2::hyper_error(true, &e));
         }
         Ok(Ok(r)) => r,
     };
@@ -267,7 +267,7 @@ async fn relay_response(
                 .await
                 .map_err(|_| ProxyError::upstream(ErrorKind::ReadTimeout))?;
             let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| crate::http2::hyper_error(true, &e))?;
+            let frame = frame.map_err(|e| crate::downstream::http2::hyper_error(true, &e))?;
             match frame.into_data() {
                 Ok(data) if data.is_empty() => {}
                 Ok(data) if chunked => {

@@ -13,8 +13,8 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use super::{Body, Part, Response, StaticRoute};
-use crate::connection::Downstream;
+use crate::static_files::{Body, Part, Response, StaticRoute};
+use crate::downstream::connection::Downstream;
 use crate::exchange::Record;
 use crate::http1::request::RequestView;
 use crate::http1::{itoa, reason, BodyKind};
@@ -25,7 +25,7 @@ const COALESCE: usize = 64 * 1024;
 
 /// A static response ready to be written, with what the connection needs to finish it.
 pub(crate) struct StaticReply {
-    pub response: super::Response,
+    pub response: crate::static_files::Response,
     pub version: u8,
     /// The connection stays open afterwards: the client wants it and sent no body (a request
     /// body is never read on a file route; closing discards it safely).
@@ -42,12 +42,12 @@ pub(crate) fn reply(
     req: &RequestView,
     mut record: Record,
 ) -> StaticReply {
-    let request = super::Request {
+    let request = crate::static_files::Request {
         method: req.method,
         target: req.path,
         headers: &req.headers,
     };
-    let response = super::respond(files, &request);
+    let response = crate::static_files::respond(files, &request);
     let hook_headers = crate::exchange::on_response(worker, &mut record, response.status)
         .map(<[u8]>::to_vec)
         .unwrap_or_default();
@@ -88,7 +88,7 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, mut reply: Sta
     };
     down.metrics.bytes_out.add(written);
     down.bytes_sent += written;
-    crate::connection::finish_record(worker, down, &mut reply.record, status);
+    crate::downstream::connection::finish_record(worker, down, &mut reply.record, status);
     ok && reply.keep_alive
 }
 
@@ -99,7 +99,7 @@ thread_local! {
 
 fn push_date(out: &mut Vec<u8>) {
     let now = SystemTime::now();
-    let secs = super::conditional::secs(now);
+    let secs = crate::static_files::conditional::secs(now);
     DATE.with(|d| {
         let mut d = d.borrow_mut();
         if d.0 != secs {

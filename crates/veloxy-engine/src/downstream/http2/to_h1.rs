@@ -26,7 +26,7 @@ use crate::exchange::attempt::{self, Plan};
 use crate::exchange::ProxyTarget;
 use crate::http1::response::{parse_foreign, ForeignHead, MAX_RESPONSE_HEAD};
 use crate::http1::{itoa, BodyKind};
-use crate::relay::{reserve, BodyState, READ_CHUNK};
+use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::upstream::connect::connect_backend;
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
@@ -290,7 +290,7 @@ async fn attempt(
     let worker = c.worker();
     let pooled = gen.groups.borrow_mut()[t.upstream].pool.take(backend);
     let connect = || async {
-        connect_backend(worker, group, backend)
+        connect_backend(&worker.metrics, group, backend)
             .await
             .map_err(|(e, health)| Fail::NotSent { error: e, health })
     };

@@ -1,0 +1,17 @@
+//! Downstream codecs: the client side of the proxy, one per protocol.
+//!
+//! * [`connection`]: a client connection; TLS termination, protocol detection, and the HTTP/1
+//!   codec (request heads, keep-alive, pipelining).
+//! * [`proxy`] and [`relay`]: forwarding an admitted HTTP/1 request to an HTTP/1 upstream and
+//!   streaming bodies both ways; [`files`]: writing a file route's answer to an HTTP/1 client
+//!   (with `sendfile`).
+//! * [`http2`]: HTTP/2 clients (hyper's server), each stream admitted through the same core.
+//!
+//! Every codec admits requests through [`crate::exchange`] and records them there; they call
+//! downward only (exchange, upstream, the HTTP/1 codec, IO).
+
+pub(crate) mod connection;
+pub(crate) mod files;
+pub(crate) mod http2;
+pub(crate) mod proxy;
+pub(crate) mod relay;
