@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::{dur, resolve, valid_name};
+use super::{absolute, dur, resolve, valid_name};
 use crate::config::error::{ConfigError, Source};
 use crate::config::file::{ListenerSection, ServerSection, TlsSection};
-use crate::config::{ListenerSpec, Settings};
+use crate::config::{ListenerSpec, Settings, TlsFiles};
 use crate::router::Router;
 
 /// Compiles every listener, with empty routers (routes are added afterwards). Returns the
@@ -63,15 +63,13 @@ fn compile_listener(
     let l = section.get_ref();
     let http2_set = l.http2.as_ref().map(|h| *h.get_ref());
     let http2 = http2_set.unwrap_or(l.tls.is_some());
-    let tls = match &l.tls {
-        None => None,
-        Some(t) => Some(compile_tls(
-            src,
-            &format!("{key}.tls"),
-            t,
-            section.span(),
-            http2,
-        )?),
+    let (tls, tls_files) = match &l.tls {
+        None => (None, Vec::new()),
+        Some(t) => {
+            let (config, files) =
+                compile_tls(src, &format!("{key}.tls"), t, section.span(), http2)?;
+            (Some(config), files)
+        }
     };
     let streams = l
         .h2_max_concurrent_streams
@@ -95,6 +93,7 @@ fn compile_listener(
         router: Router::default(),
         max_connections: l.max_connections.as_ref().map_or(0, |m| *m.get_ref()),
         tls,
+        tls_files,
         http2,
         h2_max_concurrent_streams: streams,
         upgrade_idle_timeout: dur(&l.upgrade_idle_timeout, Duration::from_secs(600)),
@@ -121,40 +120,51 @@ pub(super) fn check_admin_addr(
     Ok(())
 }
 
-/// Loads `cert` and `key` of the table `table`. An error points at the line of the file it
-/// is about: a missing, unreadable or mismatched key at `key = `, anything else at `cert = `.
+/// Loads `cert` and `key` of the table `table`, for the SNI names `hosts`. An error points at
+/// the line of the file it is about: a missing, unreadable or mismatched key at `key = `,
+/// anything else at `cert = `.
 fn load_pair(
     src: &Source,
     table: &str,
+    hosts: &[String],
     cert: &Spanned<String>,
     key: &Spanned<String>,
-) -> Result<rustls::sign::CertifiedKey, ConfigError> {
+) -> Result<(crate::tls::CertEntry, TlsFiles), ConfigError> {
     let (cert_path, key_path) = (src.relative(cert.get_ref()), src.relative(key.get_ref()));
-    crate::tls::load_certified_key(&cert_path, &key_path).map_err(|e| {
+    let certified = crate::tls::load_certified_key(&cert_path, &key_path).map_err(|e| {
         if e.is_about_key(&cert_path, &key_path) {
             src.error(key.span(), format!("{table}.key"), e.to_string())
         } else {
             src.error(cert.span(), format!("{table}.cert"), e.to_string())
         }
-    })
+    })?;
+    let entry = crate::tls::CertEntry {
+        hosts: hosts.to_vec(),
+        key: Arc::new(certified),
+    };
+    let files = TlsFiles {
+        hosts: hosts.to_vec(),
+        cert: absolute(&cert_path),
+        key: absolute(&key_path),
+    };
+    Ok((entry, files))
 }
 
-/// Loads a listener's certificates and builds its rustls config.
+/// Loads a listener's certificates and builds its rustls config; also returns the files.
 fn compile_tls(
     src: &Source,
     key: &str,
     t: &TlsSection,
     span: Range<usize>,
     http2: bool,
-) -> Result<Arc<rustls::ServerConfig>, ConfigError> {
+) -> Result<(Arc<rustls::ServerConfig>, Vec<TlsFiles>), ConfigError> {
     let mut entries = Vec::new();
+    let mut files = Vec::new();
     match (&t.cert, &t.key) {
         (Some(c), Some(k)) => {
-            let ck = load_pair(src, key, c, k)?;
-            entries.push(crate::tls::CertEntry {
-                hosts: Vec::new(),
-                key: Arc::new(ck),
-            });
+            let (entry, f) = load_pair(src, key, &[], c, k)?;
+            entries.push(entry);
+            files.push(f);
         }
         (Some(c), None) => {
             return Err(src.error(c.span(), format!("{key}.key"), "cert needs a key"))
@@ -187,11 +197,9 @@ fn compile_tls(
                 ));
             }
         }
-        let ck = load_pair(src, &ckey, &e.cert, &e.key)?;
-        entries.push(crate::tls::CertEntry {
-            hosts: e.hosts.get_ref().clone(),
-            key: Arc::new(ck),
-        });
+        let (entry, f) = load_pair(src, &ckey, e.hosts.get_ref(), &e.cert, &e.key)?;
+        entries.push(entry);
+        files.push(f);
     }
     if entries.is_empty() {
         return Err(src.error(
@@ -200,6 +208,7 @@ fn compile_tls(
             "needs cert and key, or [[...tls.certs]] entries",
         ));
     }
-    crate::tls::server_config(entries, http2)
-        .map_err(|e| src.error(span.clone(), key, e.to_string()))
+    let config = crate::tls::server_config(entries, http2)
+        .map_err(|e| src.error(span.clone(), key, e.to_string()))?;
+    Ok((config, files))
 }

@@ -12,7 +12,7 @@ mod server;
 mod upstreams;
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use toml::Spanned;
@@ -85,6 +85,14 @@ fn resolve(addr: &str) -> Result<SocketAddr, String> {
             .ok_or_else(|| format!("address {addr:?} resolved to nothing")),
         Err(e) => Err(format!("invalid address {addr:?}: {e}")),
     }
+}
+
+/// `path` made absolute from the current directory (relative config paths have already been
+/// joined to the config file's directory by [`Source::relative`]). Not canonicalized: a
+/// symlink such as `/etc/letsencrypt/live/NAME/cert.pem` must stay one, or a renewal that
+/// moves its target would be missed.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 fn valid_name(name: &str) -> bool {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::{dur, resolve, valid_name};
+use super::{absolute, dur, resolve, valid_name};
 use crate::config::error::{ConfigError, Source};
 use crate::config::file::{HealthSection, OutlierSection, UpstreamSection};
 use crate::config::{Backend, HashKey, UpstreamGroup, UpstreamProtocol};
@@ -53,6 +53,11 @@ fn compile_group(
     let https = backends.iter().any(|b| b.tls_name.is_some());
     let protocol = compile_protocol(src, &key, u, https)?;
     let tls = client_tls(src, &key, u, section.span(), https, protocol)?;
+    // `client_tls` refused a ca_file on plain servers, so one here belongs to `tls`.
+    let ca_file = u
+        .ca_file
+        .as_ref()
+        .map(|c| absolute(&src.relative(c.get_ref())));
     let (policy_name, policy) = compile_policy(src, &key, u, policies)?;
     let connect_timeout = dur(&u.connect_timeout, Duration::from_secs(2));
     let read_timeout = dur(&u.read_timeout, Duration::from_secs(30));
@@ -108,6 +113,7 @@ fn compile_group(
         health,
         protocol,
         tls,
+        ca_file,
     })
 }
 
@@ -164,6 +170,7 @@ fn compile_backends(
         };
         backends.push(Backend {
             addr,
+            server: hostport.to_owned(),
             tls_name,
             weight,
         });
