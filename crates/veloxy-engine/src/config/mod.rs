@@ -4,6 +4,7 @@
 //! * [`compile`] validates them (names, references, addresses, durations, limits) and builds the
 //!   typed snapshot the workers read. Nothing is bound or started here, so a bad file is refused
 //!   before anything is swapped in.
+//! * [`print`] writes a compiled snapshot back as TOML (`veloxy check --print`).
 //!
 //! Every option's default is documented on the compiled field that holds it, and in the README.
 
@@ -11,6 +12,7 @@ pub mod compile;
 mod duration;
 mod error;
 pub mod file;
+pub mod print;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
