@@ -125,6 +125,8 @@ pub struct RateLimiter {
     pub per_second: f64,
     pub burst: f64,
     pub key: RateKey,
+    /// The configured `max_keys`, which `max_keys_per_shard` rounds.
+    max_keys: usize,
     /// Keys kept per shard before idle (full) buckets are evicted.
     max_keys_per_shard: usize,
     shards: Vec<Mutex<HashMap<u64, Bucket>>>,
@@ -136,6 +138,7 @@ impl RateLimiter {
             per_second,
             burst: f64::from(burst.max(1)),
             key,
+            max_keys,
             max_keys_per_shard: (max_keys / SHARDS).max(16),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
         }
@@ -165,6 +168,11 @@ impl RateLimiter {
                 ((1.0 - b.tokens) / self.per_second).min(3600.0),
             ))
         }
+    }
+
+    /// The `max_keys` it was made with (memory is bounded per shard, from this).
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
     }
 
     pub fn keys(&self) -> usize {

@@ -35,4 +35,3 @@ pub(crate) struct ListenerState {
     pub name: Arc<str>,
     pub open: AtomicUsize,
 }
-

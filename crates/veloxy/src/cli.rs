@@ -42,6 +42,10 @@ pub enum Command {
         /// The TOML config file to validate.
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
+        /// Print the compiled config as TOML, every default filled in and paths absolute,
+        /// instead of the summary line (veloxy accepts the output as a config file).
+        #[arg(long)]
+        print: bool,
     },
     /// One-line mode: proxy a listen address to backends, round robin.
     Proxy(ProxyArgs),

@@ -4,7 +4,8 @@
 //!   [`demo`]): a listener on 127.0.0.1:8080 balancing over two in-process demo backends.
 //!   A port another process holds is refused unless `--upgrade` (also on `proxy` and `serve`)
 //!   says this is a zero-downtime binary upgrade.
-//! * `veloxy check --config FILE`: validate and exit (0 ok, 1 with `file:line:column: key: ...`).
+//! * `veloxy check --config FILE [--print]`: validate and exit (0 ok, 1 with
+//!   `file:line:column: key: ...`); `--print` writes the compiled config as TOML.
 //! * `veloxy proxy --listen ADDR --to ADDR [--to ADDR ...] [--workers N]`: round robin proxy.
 //! * `veloxy serve [--listen ADDR] [--root DIR] [--browse] [--fallback FILE]`: file server.
 
@@ -67,13 +68,19 @@ fn init_logging(default_level: &str) {
 fn run(cli: Cli) -> Result<ExitCode> {
     let policies = PolicyRegistry::with_builtins();
     match cli.command {
-        Command::Check { config } => {
+        Command::Check { config, print } => {
             match veloxy_engine::config::load_file_with(&config, &policies) {
                 Ok(s) => {
                     for w in &s.warnings {
                         eprintln!("{w}");
                     }
-                    println!("{}: ok ({})", config.display(), summary(&s));
+                    // With --print, stdout is only the config, so it can be redirected to a
+                    // file and used as one.
+                    if print {
+                        print!("{}", veloxy_engine::config::print::render(&s));
+                    } else {
+                        println!("{}: ok ({})", config.display(), summary(&s));
+                    }
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {

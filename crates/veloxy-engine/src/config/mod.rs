@@ -4,6 +4,7 @@
 //! * [`compile`] validates them (names, references, addresses, durations, limits) and builds the
 //!   typed snapshot the workers read. Nothing is bound or started here, so a bad file is refused
 //!   before anything is swapped in.
+//! * [`print`] writes a compiled snapshot back as TOML (`veloxy check --print`).
 //!
 //! Every option's default is documented on the compiled field that holds it, and in the README.
 
@@ -11,9 +12,10 @@ pub mod compile;
 mod duration;
 mod error;
 pub mod file;
+pub mod print;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,6 +99,10 @@ pub struct ListenerSpec {
     pub max_connections: usize,
     /// TLS termination, when `[listeners.NAME.tls]` is set.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The certificate files `tls` was loaded from, in the file's order (the default pair
+    /// first, then the SNI entries). The rustls config keeps only parsed keys; these paths
+    /// are kept for `veloxy check --print`.
+    pub tls_files: Vec<TlsFiles>,
     /// HTTP/2: by ALPN on TLS listeners (default on), h2c prior knowledge on plain ones
     /// (default off).
     pub http2: bool,
@@ -105,6 +111,17 @@ pub struct ListenerSpec {
     /// Upgraded (WebSocket) connections close after this long without a byte in either
     /// direction. Default 10 minutes.
     pub upgrade_idle_timeout: Duration,
+}
+
+/// A certificate chain and key of a TLS listener, as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// SNI names it is chosen for (exact or `*.domain`); empty for the default certificate.
+    pub hosts: Vec<String>,
+    /// Absolute path of the PEM chain.
+    pub cert: PathBuf,
+    /// Absolute path of the PEM key.
+    pub key: PathBuf,
 }
 
 /// The protocol spoken to an upstream group's backends.
@@ -135,6 +152,10 @@ pub enum HashKey {
 #[derive(Debug, Clone)]
 pub struct Backend {
     pub addr: SocketAddr,
+    /// The server as written, without its scheme (`host:port`); `addr` is what it resolved to
+    /// at load time. Kept because a name means more than one address: it is resolved again
+    /// on each load, and it is the default TLS name.
+    pub server: String,
     /// For `https://` servers: the name for SNI and certificate verification.
     pub tls_name: Option<rustls::pki_types::ServerName<'static>>,
     /// Relative share of traffic under weighted policies. Default 1.
@@ -181,6 +202,8 @@ pub struct UpstreamGroup {
     pub protocol: UpstreamProtocol,
     /// Client TLS config for `https://` servers (every server of a group uses the same scheme).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Absolute path of the `ca_file` that `tls` trusts; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for UpstreamGroup {
@@ -202,6 +225,7 @@ impl std::fmt::Debug for UpstreamGroup {
             .field("hash_key", &self.hash_key)
             .field("health_check", &self.health_check)
             .field("outlier", &self.outlier)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }

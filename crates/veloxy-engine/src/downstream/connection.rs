@@ -177,7 +177,10 @@ pub(crate) async fn serve(
                     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                     let io = DownstreamIo::Tls(Box::new(tls));
                     if h2 {
-                        Box::pin(crate::downstream::http2::serve(worker, io, peer, listener, true)).await;
+                        Box::pin(crate::downstream::http2::serve(
+                            worker, io, peer, listener, true,
+                        ))
+                        .await;
                         return;
                     }
                     io
@@ -225,7 +228,10 @@ pub(crate) async fn serve(
                     unreachable!("checked plain above")
                 };
                 let io = crate::tls::Prefixed::new(rbuf.freeze(), tcp);
-                Box::pin(crate::downstream::http2::serve(worker, io, peer, listener, false)).await;
+                Box::pin(crate::downstream::http2::serve(
+                    worker, io, peer, listener, false,
+                ))
+                .await;
                 return;
             }
             Sniffed::Gone => return,
@@ -324,11 +330,16 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 if gen.snapshot.upstreams[p.target.upstream].protocol
                     != crate::config::UpstreamProtocol::Http1 =>
             {
-                Box::pin(crate::downstream::http2::bridge::forward(worker, &gen, down, p)).await
+                Box::pin(crate::downstream::http2::bridge::forward(
+                    worker, &gen, down, p,
+                ))
+                .await
             }
             // Boxed: the forwarding state machine is ~5 KiB, and inline it would make every
             // connection's future that big for its whole life, idle keep-alive time included.
-            Next::Forward(p) => Box::pin(crate::downstream::proxy::forward(worker, &gen, down, p)).await,
+            Next::Forward(p) => {
+                Box::pin(crate::downstream::proxy::forward(worker, &gen, down, p)).await
+            }
             Next::Static(reply) => {
                 Box::pin(crate::downstream::files::serve(worker, down, *reply)).await
             }

@@ -13,11 +13,11 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use crate::static_files::{Body, Part, Response, StaticRoute};
 use crate::downstream::connection::Downstream;
 use crate::exchange::Record;
 use crate::http1::request::RequestView;
 use crate::http1::{itoa, reason, BodyKind};
+use crate::static_files::{Body, Part, Response, StaticRoute};
 use crate::worker::Worker;
 
 /// In-memory bodies up to this size are copied behind the head and sent in one write.

@@ -23,14 +23,14 @@ use tokio::time::{timeout, timeout_at, Instant};
 use crate::compress::{self, StreamEncoder};
 use crate::config::{RequestBuffering, UpstreamGroup};
 use crate::downstream::connection::{linger_close, send_error, Downstream, Prepared};
+use crate::downstream::relay::{
+    relay_request_body, relay_response_body, reserve, write_down, BodyState, READ_CHUNK,
+};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::attempt::{self, ExchangeError, Plan};
 use crate::exchange::{self, Record};
 use crate::http1::response::{self, Parsed, ResponseMeta, MAX_RESPONSE_HEAD};
 use crate::http1::BodyKind;
-use crate::downstream::relay::{
-    relay_request_body, relay_response_body, reserve, write_down, BodyState, READ_CHUNK,
-};
 use crate::upstream::connect::connect_backend;
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::{Generation, Worker};

@@ -10,10 +10,10 @@ use tokio::time::timeout;
 
 use crate::config::UpstreamGroup;
 use crate::downstream::connection::Downstream;
+use crate::downstream::proxy::{up, Fail};
 use crate::error::{ErrorKind, ProxyError};
 use crate::http1::chunked::{ChunkError, ChunkedScanner};
 use crate::http1::BodyKind;
-use crate::downstream::proxy::{up, Fail};
 
 /// Keep at least this much free space before reading a body chunk.
 pub(crate) const READ_CHUNK: usize = 16 * 1024;
@@ -276,7 +276,8 @@ pub(crate) async fn relay_response_body(
             if matches!(body, BodyState::UntilClose) {
                 *body = BodyState::Done;
                 if let Some(enc) = encoder.as_deref_mut() {
-                    let tail = crate::downstream::proxy::compress_step(enc, &[], true).map_err(Fail::Abort)?;
+                    let tail = crate::downstream::proxy::compress_step(enc, &[], true)
+                        .map_err(Fail::Abort)?;
                     write_down(down, &tail).await.map_err(Fail::Abort)?;
                 }
                 break;
@@ -290,8 +291,8 @@ pub(crate) async fn relay_response_body(
             scratch.clear();
             let used = body.take_into(ubuf, scratch).map_err(bad)?;
             ubuf.advance(used);
-            let coded =
-                crate::downstream::proxy::compress_step(enc, scratch, body.is_done()).map_err(Fail::Abort)?;
+            let coded = crate::downstream::proxy::compress_step(enc, scratch, body.is_done())
+                .map_err(Fail::Abort)?;
             write_down(down, &coded).await.map_err(Fail::Abort)?;
         } else if body.decodes() {
             scratch.clear();

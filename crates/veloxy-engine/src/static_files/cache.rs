@@ -171,6 +171,8 @@ pub struct FileCache {
     shards: Box<[Mutex<Shard>]>,
     /// Bytes of content per shard; 0 disables keeping content in memory.
     shard_bytes: usize,
+    /// The configured budget (`cache_bytes`), which `shard_bytes` rounds down.
+    max_bytes: usize,
     hasher: RandomState,
     tick: AtomicU64,
 }
@@ -190,9 +192,15 @@ impl FileCache {
         FileCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             shard_bytes: max_bytes / SHARDS,
+            max_bytes,
             hasher: RandomState::new(),
             tick: AtomicU64::new(1),
         }
+    }
+
+    /// The memory budget it was made with (`cache_bytes`).
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
     }
 
     /// The largest file whose content may be kept in memory.

@@ -6,9 +6,9 @@ use tokio::time::timeout;
 
 use crate::config::UpstreamGroup;
 use crate::error::{ErrorKind, ProxyError};
+use crate::metrics::WorkerMetrics;
 use crate::tls::UpstreamIo;
 use crate::upstream::pool::{release_slot, reserve_slot, UpstreamConn};
-use crate::metrics::WorkerMetrics;
 
 /// Opens a connection to `backend`: TCP, then TLS for `https://` servers (ALPN per the
 /// group's protocol). The caller bounds the whole by the connect timeout.

@@ -17,11 +17,11 @@ use tokio::time::{timeout, Instant};
 
 use crate::config::UpstreamProtocol;
 use crate::downstream::connection::{Downstream, Prepared};
+use crate::downstream::proxy::{answer_error, reset_downstream};
+use crate::downstream::relay::{reserve, write_down, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::Record;
 use crate::http1::{itoa, reason, BodyKind, MAX_HEADERS};
-use crate::downstream::proxy::{answer_error, reset_downstream};
-use crate::downstream::relay::{reserve, write_down, BodyState, READ_CHUNK};
 use crate::worker::{Generation, Worker};
 
 /// Forwards one HTTP/1 request to an HTTP/2 upstream group; returns whether the client
@@ -83,14 +83,15 @@ async fn exchange(
     let body = read_body(down, p.body, group.retry_body_limit).await?;
     let req = to_h2_request(&p.head, group.protocol, body)?;
     let backend = p.target.backend;
-    let mut sender = crate::downstream::http2::to_h2::sender_for(worker, gen, p.target.upstream, backend)
-        .await
-        .map_err(|(e, health)| {
-            if health {
-                group.health.record_failure(backend, &group.outlier);
-            }
-            e
-        })?;
+    let mut sender =
+        crate::downstream::http2::to_h2::sender_for(worker, gen, p.target.upstream, backend)
+            .await
+            .map_err(|(e, health)| {
+                if health {
+                    group.health.record_failure(backend, &group.outlier);
+                }
+                e
+            })?;
     gen.groups.borrow_mut()[p.target.upstream].start(backend);
     let t0 = Instant::now();
     let sent = timeout(group.read_timeout, sender.send_request(req)).await;

@@ -21,12 +21,12 @@ use tokio::io::AsyncReadExt;
 use tokio::time::{timeout, timeout_at, Instant, Sleep};
 
 use super::{ConnCtx, Finish, ProxyBody};
+use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, Plan};
 use crate::exchange::ProxyTarget;
 use crate::http1::response::{parse_foreign, ForeignHead, MAX_RESPONSE_HEAD};
 use crate::http1::{itoa, BodyKind};
-use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::upstream::connect::connect_backend;
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;

@@ -1,0 +1,214 @@
+//! `[listeners.NAME]`: addresses, HTTP/2 settings and TLS termination with SNI certificates.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::{absolute, dur, resolve, valid_name};
+use crate::config::error::{ConfigError, Source};
+use crate::config::file::{ListenerSection, ServerSection, TlsSection};
+use crate::config::{ListenerSpec, Settings, TlsFiles};
+use crate::router::Router;
+
+/// Compiles every listener, with empty routers (routes are added afterwards). Returns the
+/// addresses taken, by listener name, for the admin address check.
+pub(super) fn compile_listeners<'a>(
+    src: &Source,
+    sections: &'a BTreeMap<String, Spanned<ListenerSection>>,
+) -> Result<(Vec<ListenerSpec>, HashMap<SocketAddr, &'a str>), ConfigError> {
+    if sections.is_empty() {
+        return Err(src.whole("no listeners: add a [listeners.NAME] table with an addr"));
+    }
+    let mut listeners = Vec::with_capacity(sections.len());
+    let mut seen_addrs: HashMap<SocketAddr, &str> = HashMap::new();
+    for (name, section) in sections {
+        let key = format!("listeners.{name}");
+        if !valid_name(name) {
+            return Err(src.error(
+                section.span(),
+                &key,
+                "names use letters, digits, '_', '-' and '.'",
+            ));
+        }
+        let a = &section.get_ref().addr;
+        let addr =
+            resolve(a.get_ref()).map_err(|m| src.error(a.span(), format!("{key}.addr"), m))?;
+        // Port 0 asks the system for a free port, so two of them never clash.
+        if addr.port() != 0 {
+            if let Some(other) = seen_addrs.insert(addr, name) {
+                return Err(src.error(
+                    a.span(),
+                    format!("{key}.addr"),
+                    format!("address {addr} is already used by listener {other:?}"),
+                ));
+            }
+        }
+        listeners.push(compile_listener(src, &key, name, addr, section)?);
+    }
+    Ok((listeners, seen_addrs))
+}
+
+/// One listener's settings past its address.
+fn compile_listener(
+    src: &Source,
+    key: &str,
+    name: &str,
+    addr: SocketAddr,
+    section: &Spanned<ListenerSection>,
+) -> Result<ListenerSpec, ConfigError> {
+    let l = section.get_ref();
+    let http2_set = l.http2.as_ref().map(|h| *h.get_ref());
+    let http2 = http2_set.unwrap_or(l.tls.is_some());
+    let (tls, tls_files) = match &l.tls {
+        None => (None, Vec::new()),
+        Some(t) => {
+            let (config, files) =
+                compile_tls(src, &format!("{key}.tls"), t, section.span(), http2)?;
+            (Some(config), files)
+        }
+    };
+    let streams = l
+        .h2_max_concurrent_streams
+        .as_ref()
+        .map_or(128, |v| *v.get_ref());
+    if streams == 0 {
+        let span = l
+            .h2_max_concurrent_streams
+            .as_ref()
+            .map(|v| v.span())
+            .unwrap_or(0..0);
+        return Err(src.error(
+            span,
+            format!("{key}.h2_max_concurrent_streams"),
+            "must be at least 1",
+        ));
+    }
+    Ok(ListenerSpec {
+        name: name.to_owned(),
+        addr,
+        router: Router::default(),
+        max_connections: l.max_connections.as_ref().map_or(0, |m| *m.get_ref()),
+        tls,
+        tls_files,
+        http2,
+        h2_max_concurrent_streams: streams,
+        upgrade_idle_timeout: dur(&l.upgrade_idle_timeout, Duration::from_secs(600)),
+    })
+}
+
+/// The admin socket uses SO_REUSEPORT too (for upgrades), so on a listener's address it
+/// would silently share that listener's port instead of failing to bind.
+pub(super) fn check_admin_addr(
+    src: &Source,
+    s: &ServerSection,
+    settings: &Settings,
+    seen_addrs: &HashMap<SocketAddr, &str>,
+) -> Result<(), ConfigError> {
+    if let (Some(admin), Some(spanned)) = (settings.admin, &s.admin) {
+        if let Some(other) = seen_addrs.get(&admin) {
+            return Err(src.error(
+                spanned.span(),
+                "server.admin",
+                format!("address {admin} is already used by listener {other:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Loads `cert` and `key` of the table `table`, for the SNI names `hosts`. An error points at
+/// the line of the file it is about: a missing, unreadable or mismatched key at `key = `,
+/// anything else at `cert = `.
+fn load_pair(
+    src: &Source,
+    table: &str,
+    hosts: &[String],
+    cert: &Spanned<String>,
+    key: &Spanned<String>,
+) -> Result<(crate::tls::CertEntry, TlsFiles), ConfigError> {
+    let (cert_path, key_path) = (src.relative(cert.get_ref()), src.relative(key.get_ref()));
+    let certified = crate::tls::load_certified_key(&cert_path, &key_path).map_err(|e| {
+        if e.is_about_key(&cert_path, &key_path) {
+            src.error(key.span(), format!("{table}.key"), e.to_string())
+        } else {
+            src.error(cert.span(), format!("{table}.cert"), e.to_string())
+        }
+    })?;
+    let entry = crate::tls::CertEntry {
+        hosts: hosts.to_vec(),
+        key: Arc::new(certified),
+    };
+    let files = TlsFiles {
+        hosts: hosts.to_vec(),
+        cert: absolute(&cert_path),
+        key: absolute(&key_path),
+    };
+    Ok((entry, files))
+}
+
+/// Loads a listener's certificates and builds its rustls config; also returns the files.
+fn compile_tls(
+    src: &Source,
+    key: &str,
+    t: &TlsSection,
+    span: Range<usize>,
+    http2: bool,
+) -> Result<(Arc<rustls::ServerConfig>, Vec<TlsFiles>), ConfigError> {
+    let mut entries = Vec::new();
+    let mut files = Vec::new();
+    match (&t.cert, &t.key) {
+        (Some(c), Some(k)) => {
+            let (entry, f) = load_pair(src, key, &[], c, k)?;
+            entries.push(entry);
+            files.push(f);
+        }
+        (Some(c), None) => {
+            return Err(src.error(c.span(), format!("{key}.key"), "cert needs a key"))
+        }
+        (None, Some(k)) => {
+            return Err(src.error(k.span(), format!("{key}.cert"), "key needs a cert"))
+        }
+        (None, None) => {}
+    }
+    for (i, c) in t.certs.iter().enumerate() {
+        let ckey = format!("{key}.certs[{i}]");
+        let e = c.get_ref();
+        if e.hosts.get_ref().is_empty() {
+            return Err(src.error(
+                e.hosts.span(),
+                format!("{ckey}.hosts"),
+                "needs at least one host name",
+            ));
+        }
+        for h in e.hosts.get_ref() {
+            let bare = h.strip_prefix("*.").unwrap_or(h);
+            if bare.is_empty()
+                || bare.contains('*')
+                || rustls::pki_types::ServerName::try_from(bare).is_err()
+            {
+                return Err(src.error(
+                    e.hosts.span(),
+                    format!("{ckey}.hosts"),
+                    format!("{h:?} is not a host name (exact, or *.domain)"),
+                ));
+            }
+        }
+        let (entry, f) = load_pair(src, &ckey, e.hosts.get_ref(), &e.cert, &e.key)?;
+        entries.push(entry);
+        files.push(f);
+    }
+    if entries.is_empty() {
+        return Err(src.error(
+            span.clone(),
+            key,
+            "needs cert and key, or [[...tls.certs]] entries",
+        ));
+    }
+    let config = crate::tls::server_config(entries, http2)
+        .map_err(|e| src.error(span.clone(), key, e.to_string()))?;
+    Ok((config, files))
+}

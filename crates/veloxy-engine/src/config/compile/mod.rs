@@ -1,0 +1,103 @@
+//! Validation and compilation of [`super::file::FileConfig`] into a [`Snapshot`].
+//!
+//! One submodule per section of the file: `server` (`[server]`), `upstreams`
+//! (`[upstreams.NAME]`), `listeners` (`[listeners.NAME]` and TLS) and `routes`
+//! (`[[routes]]`). Sections are compiled in that order because later ones refer to earlier
+//! ones: backends' health state is sized by the worker count, routes name upstream groups
+//! and listeners.
+
+mod listeners;
+mod routes;
+mod server;
+mod upstreams;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::error::{ConfigError, Source};
+use super::file::FileConfig;
+use super::{DurationValue, Snapshot};
+use crate::upstream::balancer::PolicyRegistry;
+
+/// Parses and compiles TOML text; `file` is only used to name the source in errors.
+pub fn compile_str(
+    file: &Path,
+    text: &str,
+    policies: &PolicyRegistry,
+) -> Result<Snapshot, ConfigError> {
+    let src = Source { file, text };
+    let parsed: FileConfig = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
+    compile(&src, parsed, policies)
+}
+
+fn compile(
+    src: &Source,
+    file: FileConfig,
+    policies: &PolicyRegistry,
+) -> Result<Snapshot, ConfigError> {
+    let s = &file.server;
+    let settings = server::compile_settings(src, s)?;
+    let (upstreams, upstream_index) =
+        upstreams::compile_upstreams(src, &file.upstreams, policies, settings.workers)?;
+    let (mut listeners, seen_addrs) = listeners::compile_listeners(src, &file.listeners)?;
+    listeners::check_admin_addr(src, s, &settings, &seen_addrs)?;
+    routes::compile_routes(src, &file.routes, &upstream_index, &mut listeners)?;
+    let warnings = server::admin_warnings(src, s, &settings);
+    Ok(Snapshot {
+        settings,
+        listeners,
+        upstreams,
+        warnings,
+    })
+}
+
+fn dur(v: &Option<DurationValue>, default: Duration) -> Duration {
+    v.map_or(default, |d| d.0)
+}
+
+fn positive(
+    src: &Source,
+    v: &Option<Spanned<usize>>,
+    key: &str,
+    default: usize,
+) -> Result<usize, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(s) if *s.get_ref() == 0 => Err(src.error(s.span(), key, "must be at least 1")),
+        Some(s) => Ok(*s.get_ref()),
+    }
+}
+
+/// Resolves `host:port` (an IP literal, or a name resolved once at load time).
+fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if !addr.contains(':') {
+        return Err(format!("invalid address {addr:?}: expected host:port"));
+    }
+    match addr.to_socket_addrs() {
+        Ok(mut it) => it
+            .next()
+            .ok_or_else(|| format!("address {addr:?} resolved to nothing")),
+        Err(e) => Err(format!("invalid address {addr:?}: {e}")),
+    }
+}
+
+/// `path` made absolute from the current directory (relative config paths have already been
+/// joined to the config file's directory by [`Source::relative`]). Not canonicalized: a
+/// symlink such as `/etc/letsencrypt/live/NAME/cert.pem` must stay one, or a renewal that
+/// moves its target would be missed.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}

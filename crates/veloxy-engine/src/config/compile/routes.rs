@@ -1,0 +1,322 @@
+//! `[[routes]]`: matching (listener, host, path), the target (an upstream group or a
+//! directory of files) and the route's limits, compiled into each listener's router.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::dur;
+use crate::config::error::{ConfigError, Source};
+use crate::config::file::RouteSection;
+use crate::config::ListenerSpec;
+use crate::limits::{parse_rate, ConcurrencyLimit, RateKey, RateLimiter, RouteLimits};
+use crate::router::{HostMatch, Route, RouteTarget};
+use crate::static_files::StaticRoute;
+
+/// Default memory for a file route's cache of contents and compressed variants.
+const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Adds every route to the routers of its listeners, then sorts the routers.
+pub(super) fn compile_routes(
+    src: &Source,
+    routes: &[Spanned<RouteSection>],
+    upstream_index: &HashMap<String, usize>,
+    listeners: &mut [ListenerSpec],
+) -> Result<(), ConfigError> {
+    for (i, route) in routes.iter().enumerate() {
+        compile_route(src, i, route, upstream_index, listeners)?;
+    }
+    for l in listeners {
+        l.router.finish();
+    }
+    Ok(())
+}
+
+fn compile_route(
+    src: &Source,
+    i: usize,
+    route: &Spanned<RouteSection>,
+    upstream_index: &HashMap<String, usize>,
+    listeners: &mut [ListenerSpec],
+) -> Result<(), ConfigError> {
+    let key = format!("routes[{i}]");
+    let r = route.get_ref();
+    let upstream = route_upstream(src, &key, route, upstream_index)?;
+    let host = match &r.host {
+        None => HostMatch::Any,
+        Some(h) => HostMatch::parse(h.get_ref())
+            .map_err(|m| src.error(h.span(), format!("{key}.host"), m))?,
+    };
+    let path = match &r.path {
+        None => "/".to_owned(),
+        Some(p) if !p.get_ref().starts_with('/') => {
+            return Err(src.error(p.span(), format!("{key}.path"), "must start with '/'"));
+        }
+        Some(p) => p.get_ref().clone(),
+    };
+    let files = match &r.root {
+        Some(root) => Some(Arc::new(compile_files(src, &key, r, root, &path)?)),
+        None => {
+            file_only_keys(src, &key, r)?;
+            None
+        }
+    };
+    let compiled = Route {
+        index: i,
+        host,
+        path,
+        target: match (files, upstream) {
+            (Some(files), _) => RouteTarget::Files(files),
+            (None, Some(upstream)) => RouteTarget::Proxy {
+                upstream,
+                compress: r.compress.as_ref().is_some_and(|c| *c.get_ref()),
+            },
+            (None, None) => unreachable!("checked above: a route has a root or an upstream"),
+        },
+        limits: compile_limits(src, &key, r)?,
+    };
+    attach(src, &key, route, compiled, listeners)
+}
+
+/// The route's upstream group index; `None` for a file route. Exactly one of `upstream` and
+/// `root` must be set.
+fn route_upstream(
+    src: &Source,
+    key: &str,
+    route: &Spanned<RouteSection>,
+    upstream_index: &HashMap<String, usize>,
+) -> Result<Option<usize>, ConfigError> {
+    let r = route.get_ref();
+    match (&r.upstream, &r.root) {
+        (Some(_), Some(root)) => Err(src.error(
+            root.span(),
+            format!("{key}.root"),
+            "a route has either upstream (proxy) or root (files), not both",
+        )),
+        (None, None) => Err(src.error(
+            route.span(),
+            key,
+            "needs upstream = \"NAME\" (proxy) or root = \"DIR\" (files)",
+        )),
+        (Some(up), None) => match upstream_index.get(up.get_ref()) {
+            Some(&index) => Ok(Some(index)),
+            None => Err(src.error(
+                up.span(),
+                format!("{key}.upstream"),
+                format!(
+                    "upstream {:?} is not defined (add [upstreams.{}])",
+                    up.get_ref(),
+                    up.get_ref()
+                ),
+            )),
+        },
+        (None, Some(_)) => Ok(None),
+    }
+}
+
+/// Adds the route to its listener's router, or to every router without `listener`, refusing
+/// a second route with the same host and path on one listener.
+fn attach(
+    src: &Source,
+    key: &str,
+    route: &Spanned<RouteSection>,
+    compiled: Route,
+    listeners: &mut [ListenerSpec],
+) -> Result<(), ConfigError> {
+    match &route.get_ref().listener {
+        None => {
+            if listeners.iter().any(|l| l.router.has(&compiled)) {
+                return Err(src.error(
+                    route.span(),
+                    key,
+                    "duplicate route: same host and path as an earlier route",
+                ));
+            }
+            listeners
+                .iter_mut()
+                .for_each(|l| l.router.add(compiled.clone()));
+        }
+        Some(name) => {
+            let l = listeners
+                .iter_mut()
+                .find(|l| &l.name == name.get_ref())
+                .ok_or_else(|| {
+                    src.error(
+                        name.span(),
+                        format!("{key}.listener"),
+                        format!("listener {:?} is not defined", name.get_ref()),
+                    )
+                })?;
+            if l.router.has(&compiled) {
+                return Err(src.error(
+                    route.span(),
+                    key,
+                    "duplicate route: same listener, host and path as an earlier route",
+                ));
+            }
+            l.router.add(compiled);
+        }
+    }
+    Ok(())
+}
+/// Compiles the file-serving keys of a route with `root`. A relative root is taken from the
+/// config file's directory; it must exist and be a directory now.
+fn compile_files(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+    root: &Spanned<String>,
+    prefix: &str,
+) -> Result<StaticRoute, ConfigError> {
+    let configured = root.get_ref();
+    let base = src.file.parent().unwrap_or(Path::new(""));
+    let dir = base.join(configured);
+    let root_err = |m: String| src.error(root.span(), format!("{key}.root"), m);
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(root_err(format!("{configured:?} is not a directory"))),
+        Err(e) => return Err(root_err(format!("{configured:?}: {}", io_reason(&e)))),
+    }
+    let cache_bytes = r
+        .cache_bytes
+        .as_ref()
+        .map_or(DEFAULT_CACHE_BYTES, |c| *c.get_ref());
+    let mut files = StaticRoute::new(prefix, &dir, cache_bytes)
+        .map_err(|e| root_err(format!("{configured:?}: {}", io_reason(&e))))?;
+    let names =
+        |v: &Option<Spanned<Vec<String>>>, k: &str| -> Result<Option<Vec<String>>, ConfigError> {
+            let Some(list) = v else { return Ok(None) };
+            for name in list.get_ref() {
+                if name.is_empty() || name.split('/').any(|s| s == "..") || name.contains('\\') {
+                    return Err(src.error(
+                        list.span(),
+                        format!("{key}.{k}"),
+                        format!("{name:?}: use a relative name without \"..\""),
+                    ));
+                }
+            }
+            Ok(Some(list.get_ref().clone()))
+        };
+    if let Some(index) = names(&r.index, "index")? {
+        if index.iter().any(|n| n.contains('/')) {
+            let span = r.index.as_ref().map_or(0..0, |i| i.span());
+            return Err(src.error(
+                span,
+                format!("{key}.index"),
+                "index names are file names, without '/'",
+            ));
+        }
+        files.index = index;
+    }
+    if let Some(t) = names(&r.try_files, "try_files")? {
+        files.try_files = t;
+    }
+    if let Some(cc) = &r.cache_control {
+        let v = cc.get_ref();
+        if v.is_empty() || v.bytes().any(|b| b < 0x20 || b == 0x7f) {
+            return Err(src.error(
+                cc.span(),
+                format!("{key}.cache_control"),
+                "must be a non-empty header value without control characters",
+            ));
+        }
+        files.cache_control = Some(bytes::Bytes::from(v.clone()));
+    }
+    let flag =
+        |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
+    files.browse = flag(&r.browse, false);
+    files.follow_symlinks = flag(&r.follow_symlinks, false);
+    files.allow_hidden = flag(&r.allow_hidden, false);
+    files.compress = flag(&r.compress, true);
+    files.precompressed = flag(&r.precompressed, true);
+    Ok(files)
+}
+
+/// Refuses file-route keys on a proxied route (they would silently do nothing).
+fn file_only_keys(src: &Source, key: &str, r: &RouteSection) -> Result<(), ConfigError> {
+    let spans = [
+        ("index", r.index.as_ref().map(|v| v.span())),
+        ("try_files", r.try_files.as_ref().map(|v| v.span())),
+        ("cache_control", r.cache_control.as_ref().map(|v| v.span())),
+        ("browse", r.browse.as_ref().map(|v| v.span())),
+        (
+            "follow_symlinks",
+            r.follow_symlinks.as_ref().map(|v| v.span()),
+        ),
+        ("allow_hidden", r.allow_hidden.as_ref().map(|v| v.span())),
+        ("precompressed", r.precompressed.as_ref().map(|v| v.span())),
+        ("cache_bytes", r.cache_bytes.as_ref().map(|v| v.span())),
+    ];
+    match spans.into_iter().find_map(|(k, s)| s.map(|s| (k, s))) {
+        Some((k, span)) => Err(src.error(
+            span,
+            format!("{key}.{k}"),
+            "only applies to a route with root (file serving)",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// An I/O error's reason without the OS error number (stable across systems, for messages).
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such directory".to_owned(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
+        _ => e.to_string(),
+    }
+}
+
+fn compile_limits(src: &Source, key: &str, r: &RouteSection) -> Result<RouteLimits, ConfigError> {
+    let mut limits = RouteLimits::default();
+    if let Some(max) = &r.max_concurrency {
+        if *max.get_ref() == 0 || *max.get_ref() > 1 << 30 {
+            return Err(src.error(
+                max.span(),
+                format!("{key}.max_concurrency"),
+                "must be between 1 and 2^30",
+            ));
+        }
+        let queue = r.queue.as_ref().map_or(0, |q| *q.get_ref());
+        let timeout = dur(&r.queue_timeout, Duration::from_secs(1));
+        limits.concurrency = Some(Arc::new(ConcurrencyLimit::new(
+            *max.get_ref(),
+            queue,
+            timeout,
+        )));
+    } else if let Some(q) = &r.queue {
+        return Err(src.error(q.span(), format!("{key}.queue"), "needs max_concurrency"));
+    }
+    if let Some(rl) = &r.rate_limit {
+        let s = rl.get_ref();
+        let per_second = parse_rate(s.rate.get_ref())
+            .map_err(|m| src.error(s.rate.span(), format!("{key}.rate_limit.rate"), m))?;
+        let rate_key = match s.key.as_ref().map(|k| (k.get_ref().as_str(), k.span())) {
+            None | Some(("client_ip", _)) => RateKey::ClientIp,
+            Some(("route", _)) => RateKey::Route,
+            Some((k, span)) => match k.strip_prefix("header:") {
+                Some(h) if !h.is_empty() => RateKey::Header(h.to_ascii_lowercase()),
+                _ => {
+                    return Err(src.error(
+                        span,
+                        format!("{key}.rate_limit.key"),
+                        format!(
+                            "invalid key {k:?}: use \"client_ip\", \"route\" or \"header:NAME\""
+                        ),
+                    ))
+                }
+            },
+        };
+        let burst = s
+            .burst
+            .as_ref()
+            .map_or_else(|| per_second.ceil().max(1.0) as u32, |b| *b.get_ref());
+        let max_keys = s.max_keys.as_ref().map_or(100_000, |m| *m.get_ref());
+        limits.rate = Some(Arc::new(RateLimiter::new(
+            per_second, burst, rate_key, max_keys,
+        )));
+    }
+    Ok(limits)
+}

@@ -1,0 +1,140 @@
+//! `[server]`: process-wide [`Settings`], the access log, and the admin endpoint's warning.
+
+use std::time::Duration;
+
+use super::{dur, positive, resolve};
+use crate::access_log::{AccessLogConfig, Format};
+use crate::config::error::{ConfigError, Source};
+use crate::config::file::{AccessLogSection, ServerSection};
+use crate::config::{RequestBuffering, Settings};
+use toml::Spanned;
+
+/// Compiles `[server]`, filling in the defaults documented on [`Settings`].
+pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settings, ConfigError> {
+    let default_workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let settings = Settings {
+        workers: positive(src, &s.workers, "server.workers", default_workers)?,
+        header_timeout: dur(&s.header_timeout, Duration::from_secs(10)),
+        keepalive_timeout: dur(&s.keepalive_timeout, Duration::from_secs(60)),
+        max_header_bytes: positive(src, &s.max_header_bytes, "server.max_header_bytes", 65536)?,
+        max_uri_bytes: positive(src, &s.max_uri_bytes, "server.max_uri_bytes", 8192)?,
+        underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
+        shutdown_timeout: dur(&s.shutdown_timeout, Duration::from_secs(10)),
+        send_timeout: dur(&s.send_timeout, Duration::from_secs(60)),
+        body_timeout: dur(&s.body_timeout, Duration::from_secs(60)),
+        request_buffering: request_buffering(src, &s.request_buffering)?,
+        log_level: s
+            .log_level
+            .as_ref()
+            .map_or_else(|| "info".to_owned(), |l| l.get_ref().clone()),
+        access_log: match &s.access_log {
+            None => None,
+            Some(a) => Some(compile_access_log(src, a)?),
+        },
+        admin: match &s.admin {
+            None => None,
+            Some(a) => {
+                Some(resolve(a.get_ref()).map_err(|m| src.error(a.span(), "server.admin", m))?)
+            }
+        },
+    };
+    check_limits(src, s, &settings)?;
+    Ok(settings)
+}
+
+fn request_buffering(
+    src: &Source,
+    v: &Option<Spanned<String>>,
+) -> Result<RequestBuffering, ConfigError> {
+    let Some(v) = v else {
+        return Ok(RequestBuffering::Auto);
+    };
+    match v.get_ref().as_str() {
+        "auto" => Ok(RequestBuffering::Auto),
+        "off" => Ok(RequestBuffering::Off),
+        other => Err(src.error(
+            v.span(),
+            "server.request_buffering",
+            format!("unknown value {other:?}: expected \"auto\" or \"off\""),
+        )),
+    }
+}
+
+/// Range checks that need the compiled values (zero timeouts, the smallest head, most workers).
+fn check_limits(src: &Source, s: &ServerSection, settings: &Settings) -> Result<(), ConfigError> {
+    for (v, k) in [
+        (&s.header_timeout, "server.header_timeout"),
+        (&s.keepalive_timeout, "server.keepalive_timeout"),
+        (&s.send_timeout, "server.send_timeout"),
+        (&s.body_timeout, "server.body_timeout"),
+    ] {
+        if v.is_some_and(|d| d.0.is_zero()) {
+            return Err(src.whole(format!("{k} must be greater than zero")));
+        }
+    }
+    if settings.max_header_bytes < 256 {
+        let span = s
+            .max_header_bytes
+            .as_ref()
+            .map(|v| v.span())
+            .unwrap_or(0..0);
+        return Err(src.error(span, "server.max_header_bytes", "must be at least 256"));
+    }
+    if settings.workers > 1024 {
+        let span = s.workers.as_ref().map(|v| v.span()).unwrap_or(0..0);
+        return Err(src.error(span, "server.workers", "must be at most 1024"));
+    }
+    Ok(())
+}
+
+fn compile_access_log(
+    src: &Source,
+    a: &Spanned<AccessLogSection>,
+) -> Result<AccessLogConfig, ConfigError> {
+    let s = a.get_ref();
+    let format = match s.format.as_ref().map(|f| (f.get_ref().as_str(), f.span())) {
+        None | Some(("combined", _)) => Format::Combined,
+        Some(("json", _)) => Format::Json,
+        Some((f, span)) => {
+            return Err(src.error(
+                span,
+                "server.access_log.format",
+                format!("unknown format {f:?}: use \"combined\" or \"json\""),
+            ))
+        }
+    };
+    let path = s.path.get_ref();
+    if path.is_empty() {
+        return Err(src.error(
+            s.path.span(),
+            "server.access_log.path",
+            "must not be empty (or use \"stdout\")",
+        ));
+    }
+    Ok(AccessLogConfig {
+        path: (path != "stdout").then(|| path.into()),
+        format,
+        buffer: s.buffer.as_ref().map_or(8192, |b| *b.get_ref()),
+    })
+}
+
+/// The admin endpoint has no authentication: on anything but loopback it shows backend
+/// addresses and metrics to whoever can reach it, and lets them trigger reloads. Valid (a
+/// firewalled private address can be deliberate), but worth saying.
+pub(super) fn admin_warnings(src: &Source, s: &ServerSection, settings: &Settings) -> Vec<String> {
+    let (Some(addr), Some(spanned)) = (settings.admin, &s.admin) else {
+        return Vec::new();
+    };
+    if addr.ip().to_canonical().is_loopback() {
+        return Vec::new();
+    }
+    vec![src.warning(
+        spanned.span(),
+        "server.admin",
+        &format!(
+            "{addr} is not a loopback address: the admin endpoint has no authentication, \
+             and anyone who can reach it sees backend addresses and metrics and can POST \
+             /reload; bind it to 127.0.0.1 (or ::1), or make sure a firewall keeps others out"
+        ),
+    )]
+}

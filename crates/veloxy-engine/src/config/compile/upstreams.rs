@@ -1,0 +1,451 @@
+//! `[upstreams.NAME]`: upstream groups with their backends, client TLS, retries, active health
+//! checks and outlier ejection.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::{absolute, dur, resolve, valid_name};
+use crate::config::error::{ConfigError, Source};
+use crate::config::file::{HealthSection, OutlierSection, UpstreamSection};
+use crate::config::{Backend, HashKey, UpstreamGroup, UpstreamProtocol};
+use crate::upstream::balancer::{Policy, PolicyRegistry};
+use crate::upstream::health::{BackendHealth, GroupHealth, HealthCheck, Outlier, MAX_BACKENDS};
+
+/// Compiles every group, in name order (the file's BTreeMap), with the index each name has at
+/// run time: routes address their group by index.
+pub(super) fn compile_upstreams(
+    src: &Source,
+    sections: &BTreeMap<String, Spanned<UpstreamSection>>,
+    policies: &PolicyRegistry,
+    workers: usize,
+) -> Result<(Vec<UpstreamGroup>, HashMap<String, usize>), ConfigError> {
+    let mut upstreams = Vec::with_capacity(sections.len());
+    let mut upstream_index = HashMap::new();
+    for (name, section) in sections {
+        let group = compile_group(src, name, section, policies, workers)?;
+        upstream_index.insert(name.clone(), upstreams.len());
+        upstreams.push(group);
+    }
+    Ok((upstreams, upstream_index))
+}
+
+fn compile_group(
+    src: &Source,
+    name: &str,
+    section: &Spanned<UpstreamSection>,
+    policies: &PolicyRegistry,
+    workers: usize,
+) -> Result<UpstreamGroup, ConfigError> {
+    let key = format!("upstreams.{name}");
+    if !valid_name(name) {
+        return Err(src.error(
+            section.span(),
+            &key,
+            "names use letters, digits, '_', '-' and '.'",
+        ));
+    }
+    let u = section.get_ref();
+    let backends = compile_backends(src, &key, u)?;
+    let https = backends.iter().any(|b| b.tls_name.is_some());
+    let protocol = compile_protocol(src, &key, u, https)?;
+    let tls = client_tls(src, &key, u, section.span(), https, protocol)?;
+    // `client_tls` refused a ca_file on plain servers, so one here belongs to `tls`.
+    let ca_file = u
+        .ca_file
+        .as_ref()
+        .map(|c| absolute(&src.relative(c.get_ref())));
+    let (policy_name, policy) = compile_policy(src, &key, u, policies)?;
+    let connect_timeout = dur(&u.connect_timeout, Duration::from_secs(2));
+    let read_timeout = dur(&u.read_timeout, Duration::from_secs(30));
+    let write_timeout = dur(&u.write_timeout, Duration::from_secs(30));
+    for (v, k) in [
+        (connect_timeout, "connect_timeout"),
+        (read_timeout, "read_timeout"),
+        (write_timeout, "write_timeout"),
+    ] {
+        if v.is_zero() {
+            return Err(src.error(
+                section.span(),
+                format!("{key}.{k}"),
+                "must be greater than zero",
+            ));
+        }
+    }
+    let (retry_budget, retry_on) = compile_retry(src, &key, u)?;
+    let hash_key = match &u.hash_key {
+        None => HashKey::ClientIp,
+        Some(k) => parse_hash_key(k.get_ref())
+            .map_err(|m| src.error(k.span(), format!("{key}.hash_key"), m))?,
+    };
+    let health_check = compile_active_health(src, &key, u, protocol)?;
+    let outlier = match &u.outlier {
+        None => Outlier::default(),
+        Some(o) => compile_outlier(src, &format!("{key}.outlier"), o)?,
+    };
+    let health = Arc::new(GroupHealth::new(
+        backends
+            .iter()
+            .map(|b| Arc::new(BackendHealth::with_workers(b.addr, workers)))
+            .collect(),
+    ));
+    Ok(UpstreamGroup {
+        name: name.to_owned(),
+        backends,
+        policy,
+        keepalive: u.keepalive.as_ref().map_or(128, |k| *k.get_ref()),
+        connect_timeout,
+        read_timeout,
+        write_timeout,
+        idle_timeout: dur(&u.idle_timeout, Duration::from_secs(60)),
+        retries: u.retries.as_ref().map_or(2, |r| *r.get_ref()),
+        retry_on,
+        retry_budget,
+        retry_body_limit: u.retry_body_limit.as_ref().map_or(65536, |r| *r.get_ref()),
+        max_connections: u.max_connections.as_ref().map_or(0, |r| *r.get_ref()),
+        uses_hash: u.hash_key.is_some() || policy_name == "consistent_hash",
+        hash_key,
+        health_check,
+        outlier,
+        health,
+        protocol,
+        tls,
+        ca_file,
+    })
+}
+
+/// The group's `servers`: addresses resolved, weights checked, one scheme for all.
+fn compile_backends(
+    src: &Source,
+    key: &str,
+    u: &UpstreamSection,
+) -> Result<Vec<Backend>, ConfigError> {
+    if u.servers.get_ref().is_empty() {
+        return Err(src.error(
+            u.servers.span(),
+            format!("{key}.servers"),
+            "needs at least one server",
+        ));
+    }
+    if u.servers.get_ref().len() > MAX_BACKENDS {
+        return Err(src.error(
+            u.servers.span(),
+            format!("{key}.servers"),
+            format!("at most {MAX_BACKENDS} servers per upstream group"),
+        ));
+    }
+    let mut backends = Vec::with_capacity(u.servers.get_ref().len());
+    let mut schemes = (0, 0);
+    for (i, entry) in u.servers.get_ref().iter().enumerate() {
+        let ekey = format!("{key}.servers[{i}]");
+        let e = entry.get_ref();
+        let (https, hostport) =
+            split_scheme(&e.addr).map_err(|m| src.error(entry.span(), &ekey, m))?;
+        let addr = resolve(hostport).map_err(|m| src.error(entry.span(), &ekey, m))?;
+        let weight = e.weight.unwrap_or(1);
+        if weight == 0 {
+            return Err(src.error(entry.span(), &ekey, "weight must be at least 1"));
+        }
+        let tls_name = if https {
+            schemes.0 += 1;
+            let name = match &u.tls_server_name {
+                Some(n) => n.get_ref().clone(),
+                None => host_of(hostport).to_string(),
+            };
+            Some(
+                rustls::pki_types::ServerName::try_from(name.clone()).map_err(|_| {
+                    src.error(
+                        entry.span(),
+                        &ekey,
+                        format!("{name:?} is not a valid TLS server name"),
+                    )
+                })?,
+            )
+        } else {
+            schemes.1 += 1;
+            None
+        };
+        backends.push(Backend {
+            addr,
+            server: hostport.to_owned(),
+            tls_name,
+            weight,
+        });
+    }
+    if schemes.0 > 0 && schemes.1 > 0 {
+        return Err(src.error(
+            u.servers.span(),
+            format!("{key}.servers"),
+            "mixes https:// and plain servers: use one scheme per upstream group",
+        ));
+    }
+    Ok(backends)
+}
+
+fn compile_protocol(
+    src: &Source,
+    key: &str,
+    u: &UpstreamSection,
+    https: bool,
+) -> Result<UpstreamProtocol, ConfigError> {
+    match u.protocol.as_ref().map(|p| (p, p.get_ref().as_str())) {
+        None => Ok(UpstreamProtocol::Http1),
+        Some((_, "http1")) => Ok(UpstreamProtocol::Http1),
+        Some((p, "h2")) if !https => Err(src.error(
+            p.span(),
+            format!("{key}.protocol"),
+            "\"h2\" needs https:// servers (use \"h2c\" for HTTP/2 without TLS)",
+        )),
+        Some((_, "h2")) => Ok(UpstreamProtocol::H2),
+        Some((p, "h2c")) if https => Err(src.error(
+            p.span(),
+            format!("{key}.protocol"),
+            "\"h2c\" is HTTP/2 without TLS: use \"h2\" for https:// servers",
+        )),
+        Some((_, "h2c")) => Ok(UpstreamProtocol::H2c),
+        Some((p, other)) => Err(src.error(
+            p.span(),
+            format!("{key}.protocol"),
+            format!("unknown protocol {other:?} (known: http1, h2, h2c)"),
+        )),
+    }
+}
+
+/// The client TLS config of a group of `https://` servers (`ca_file`, or the system roots).
+fn client_tls(
+    src: &Source,
+    key: &str,
+    u: &UpstreamSection,
+    section_span: Range<usize>,
+    https: bool,
+    protocol: UpstreamProtocol,
+) -> Result<Option<Arc<rustls::ClientConfig>>, ConfigError> {
+    if !https {
+        if let Some(c) = &u.ca_file {
+            return Err(src.error(
+                c.span(),
+                format!("{key}.ca_file"),
+                "only applies to https:// servers",
+            ));
+        }
+        return Ok(None);
+    }
+    let ca = u.ca_file.as_ref().map(|c| (c, src.relative(c.get_ref())));
+    let config = crate::tls::client_config(
+        ca.as_ref().map(|(_, p)| p.as_path()),
+        protocol == UpstreamProtocol::H2,
+    )
+    .map_err(|e| {
+        let span = ca.as_ref().map(|(c, _)| c.span()).unwrap_or(section_span);
+        src.error(span, format!("{key}.ca_file"), e.to_string())
+    })?;
+    Ok(Some(config))
+}
+
+/// The balancing policy by name, and that name (`consistent_hash` turns hashing on).
+fn compile_policy<'a>(
+    src: &Source,
+    key: &str,
+    u: &'a UpstreamSection,
+    policies: &PolicyRegistry,
+) -> Result<(&'a str, Arc<dyn Policy>), ConfigError> {
+    let policy_name = u
+        .policy
+        .as_ref()
+        .map_or("round_robin", |p| p.get_ref().as_str());
+    let policy = policies.get(policy_name).ok_or_else(|| {
+        let span = u.policy.as_ref().map(|p| p.span()).unwrap_or(0..0);
+        src.error(
+            span,
+            format!("{key}.policy"),
+            format!(
+                "unknown policy {policy_name:?} (known: {})",
+                policies.names().join(", ")
+            ),
+        )
+    })?;
+    Ok((policy_name, policy))
+}
+
+/// `retry_budget` and `retry_on`.
+fn compile_retry(
+    src: &Source,
+    key: &str,
+    u: &UpstreamSection,
+) -> Result<(f64, Vec<u16>), ConfigError> {
+    let retry_budget = match &u.retry_budget {
+        None => 0.2,
+        Some(b) if !(0.0..=10.0).contains(b.get_ref()) => {
+            return Err(src.error(
+                b.span(),
+                format!("{key}.retry_budget"),
+                "must be between 0 and 10",
+            ))
+        }
+        Some(b) => *b.get_ref(),
+    };
+    let retry_on = match &u.retry_on {
+        None => vec![502, 503, 504],
+        Some(list) => {
+            if let Some(bad) = list.get_ref().iter().find(|s| !(400..=599).contains(*s)) {
+                return Err(src.error(
+                    list.span(),
+                    format!("{key}.retry_on"),
+                    format!("{bad}: only error statuses (400-599) can be retried"),
+                ));
+            }
+            list.get_ref().clone()
+        }
+    };
+    Ok((retry_budget, retry_on))
+}
+
+/// `[upstreams.NAME.health]`, refusing HTTP checks (a `path`) on HTTP/2 groups.
+fn compile_active_health(
+    src: &Source,
+    key: &str,
+    u: &UpstreamSection,
+    protocol: UpstreamProtocol,
+) -> Result<Option<HealthCheck>, ConfigError> {
+    let health_check = u
+        .health
+        .as_ref()
+        .map(|h| compile_health(src, &format!("{key}.health"), h))
+        .transpose()?;
+    if let (Some(h), true) = (&u.health, protocol != UpstreamProtocol::Http1) {
+        if let Some(path) = &h.get_ref().path {
+            return Err(src.error(
+                path.span(),
+                format!("{key}.health.path"),
+                "HTTP checks speak HTTP/1.1: h2/h2c groups use connect checks (omit path)",
+            ));
+        }
+    }
+    Ok(health_check)
+}
+
+fn parse_hash_key(s: &str) -> Result<HashKey, String> {
+    match s {
+        "client_ip" => Ok(HashKey::ClientIp),
+        "path" => Ok(HashKey::Path),
+        _ => match s.split_once(':') {
+            Some(("header", h)) if !h.is_empty() => Ok(HashKey::Header(h.to_ascii_lowercase())),
+            Some(("cookie", c)) if !c.is_empty() => Ok(HashKey::Cookie(c.to_owned())),
+            _ => Err(format!(
+                "invalid hash_key {s:?}: use \"client_ip\", \"path\", \"header:NAME\" or \"cookie:NAME\""
+            )),
+        },
+    }
+}
+
+fn compile_health(
+    src: &Source,
+    key: &str,
+    h: &Spanned<HealthSection>,
+) -> Result<HealthCheck, ConfigError> {
+    let s = h.get_ref();
+    let path = match &s.path {
+        Some(p) if !p.get_ref().starts_with('/') => {
+            return Err(src.error(p.span(), format!("{key}.path"), "must start with '/'"));
+        }
+        p => p.as_ref().map(|p| p.get_ref().clone()),
+    };
+    let expect_status = match &s.expect_status {
+        None => 200..=399,
+        Some(e) => {
+            let text = e.get_ref().trim();
+            let (lo, hi) = text.split_once('-').unwrap_or((text, text));
+            match (lo.trim().parse::<u16>(), hi.trim().parse::<u16>()) {
+                (Ok(lo), Ok(hi)) if (100..=599).contains(&lo) && lo <= hi && hi <= 599 => lo..=hi,
+                _ => {
+                    return Err(src.error(
+                        e.span(),
+                        format!("{key}.expect_status"),
+                        format!("invalid status range {text:?}: use \"200\" or \"200-399\""),
+                    ))
+                }
+            }
+        }
+    };
+    let count = |v: &Option<Spanned<u32>>, k: &str| -> Result<u32, ConfigError> {
+        match v {
+            None => Ok(2),
+            Some(c) if *c.get_ref() == 0 => {
+                Err(src.error(c.span(), format!("{key}.{k}"), "must be at least 1"))
+            }
+            Some(c) => Ok(*c.get_ref()),
+        }
+    };
+    let interval = dur(&s.interval, Duration::from_secs(1));
+    let timeout = dur(&s.timeout, Duration::from_millis(500));
+    if interval.is_zero() || timeout.is_zero() {
+        return Err(src.error(
+            h.span(),
+            key,
+            "interval and timeout must be greater than zero",
+        ));
+    }
+    Ok(HealthCheck {
+        path,
+        host: s.host.as_ref().map(|h| h.get_ref().clone()),
+        interval,
+        timeout,
+        healthy: count(&s.healthy, "healthy")?,
+        unhealthy: count(&s.unhealthy, "unhealthy")?,
+        expect_status,
+    })
+}
+
+fn compile_outlier(
+    src: &Source,
+    key: &str,
+    o: &Spanned<OutlierSection>,
+) -> Result<Outlier, ConfigError> {
+    let s = o.get_ref();
+    let d = Outlier::default();
+    let pct = match &s.max_ejected_percent {
+        Some(p) if *p.get_ref() > 100 => {
+            return Err(src.error(
+                p.span(),
+                format!("{key}.max_ejected_percent"),
+                "must be at most 100",
+            ));
+        }
+        p => p.as_ref().map_or(d.max_ejected_percent, |p| *p.get_ref()),
+    };
+    Ok(Outlier {
+        consecutive_failures: s
+            .consecutive_failures
+            .as_ref()
+            .map_or(d.consecutive_failures, |c| *c.get_ref()),
+        base_ejection: dur(&s.base_ejection, d.base_ejection),
+        max_ejection: dur(&s.max_ejection, d.max_ejection),
+        max_ejected_percent: pct,
+        on_5xx: s.on_5xx.unwrap_or(d.on_5xx),
+    })
+}
+
+/// Splits an optional `http://` or `https://` scheme off a server address.
+fn split_scheme(addr: &str) -> Result<(bool, &str), String> {
+    if let Some(rest) = addr.strip_prefix("https://") {
+        return Ok((true, rest.trim_end_matches('/')));
+    }
+    if let Some(rest) = addr.strip_prefix("http://") {
+        return Ok((false, rest.trim_end_matches('/')));
+    }
+    if addr.contains("://") {
+        return Err(format!(
+            "unsupported scheme in {addr:?} (use http:// or https://)"
+        ));
+    }
+    Ok((false, addr))
+}
+
+/// The host part of `host:port` (brackets removed from an IPv6 literal).
+fn host_of(hostport: &str) -> &str {
+    let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}

@@ -1,0 +1,487 @@
+//! `veloxy check --print`: a compiled [`Snapshot`] written back as TOML that veloxy accepts.
+//!
+//! The text is normalized: every key that has a default is written with its value (so the
+//! output shows what veloxy actually runs with), sections come in a fixed order (server,
+//! listeners, routes, upstream groups), durations use their shortest exact unit (`"1m"`, not
+//! `"60s"`), and paths are absolute. Compiling the output again and printing it gives the same
+//! text (pinned by the `config_print` golden tests).
+//!
+//! Written from the compiled values, not from the file, so it shows what was understood. A
+//! few keys are left out on purpose, where writing a value would change the meaning:
+//! `host` of a route that matches any host, `listener` of a route on every listener, `admin`
+//! and `access_log` when off, `ca_file` of a group using the system's roots, `tls_server_name`
+//! when each server's own host is used, `hash_key` when nothing is hashed (writing it turns
+//! hashing on for custom policies), and health `path`/`host` when not set.
+//!
+//! Nothing secret is printed: the config holds no secrets today, only paths to key files.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use super::{
+    HashKey, ListenerSpec, RequestBuffering, Settings, Snapshot, UpstreamGroup, UpstreamProtocol,
+};
+use crate::access_log::Format;
+use crate::limits::{RateKey, RouteLimits};
+use crate::router::RouteTarget;
+use crate::router::{HostMatch, Route};
+use crate::static_files::StaticRoute;
+use crate::upstream::health::{HealthCheck, Outlier};
+
+/// Renders `snapshot` as a config file.
+pub fn render(snapshot: &Snapshot) -> String {
+    let mut out = Toml::default();
+    out.comment("The compiled configuration, every default filled in (veloxy check --print).");
+    settings(&mut out, &snapshot.settings);
+    for l in &snapshot.listeners {
+        listener(&mut out, l);
+    }
+    routes(&mut out, snapshot);
+    for u in &snapshot.upstreams {
+        upstream(&mut out, u);
+    }
+    out.text
+}
+
+fn settings(out: &mut Toml, s: &Settings) {
+    out.table("[server]");
+    out.int("workers", s.workers);
+    out.duration("header_timeout", s.header_timeout);
+    out.duration("keepalive_timeout", s.keepalive_timeout);
+    out.int("max_header_bytes", s.max_header_bytes);
+    out.int("max_uri_bytes", s.max_uri_bytes);
+    out.bool("underscores_in_headers", s.underscores_in_headers);
+    out.duration("shutdown_timeout", s.shutdown_timeout);
+    out.duration("send_timeout", s.send_timeout);
+    out.duration("body_timeout", s.body_timeout);
+    let buffering = match s.request_buffering {
+        RequestBuffering::Auto => "auto",
+        RequestBuffering::Off => "off",
+    };
+    out.str("request_buffering", buffering);
+    out.str("log_level", &s.log_level);
+    if let Some(admin) = s.admin {
+        out.str("admin", &admin.to_string());
+    }
+    if let Some(a) = &s.access_log {
+        out.table("[server.access_log]");
+        match &a.path {
+            // The access log is opened from the current directory (not the config file's),
+            // so that is where a relative path is made absolute.
+            Some(p) => out.path(
+                "path",
+                &std::path::absolute(p).unwrap_or_else(|_| p.clone()),
+            ),
+            None => out.str("path", "stdout"),
+        }
+        let format = match a.format {
+            Format::Combined => "combined",
+            Format::Json => "json",
+        };
+        out.str("format", format);
+        out.int("buffer", a.buffer);
+    }
+}
+
+fn listener(out: &mut Toml, l: &ListenerSpec) {
+    let name = key(&l.name);
+    out.table(&format!("[listeners.{name}]"));
+    out.str("addr", &l.addr.to_string());
+    out.int("max_connections", l.max_connections);
+    out.bool("http2", l.http2);
+    out.int("h2_max_concurrent_streams", l.h2_max_concurrent_streams);
+    out.duration("upgrade_idle_timeout", l.upgrade_idle_timeout);
+    if l.tls.is_none() {
+        return;
+    }
+    // Written even when empty (only SNI entries): it says at a glance that this is a TLS
+    // listener, and an empty table is valid.
+    out.table(&format!("[listeners.{name}.tls]"));
+    for f in l.tls_files.iter().filter(|f| f.hosts.is_empty()) {
+        out.path("cert", &f.cert);
+        out.path("key", &f.key);
+    }
+    for f in l.tls_files.iter().filter(|f| !f.hosts.is_empty()) {
+        out.table(&format!("[[listeners.{name}.tls.certs]]"));
+        out.raw("hosts", &str_list(&f.hosts));
+        out.path("cert", &f.cert);
+        out.path("key", &f.key);
+    }
+}
+
+/// The `[[routes]]` entries in file order. A route without `listener` was compiled into every
+/// listener's router, so each route is written once, with `listener` only when it is on one
+/// listener of several.
+fn routes(out: &mut Toml, snapshot: &Snapshot) {
+    let mut by_index: BTreeMap<usize, (&Route, Vec<&str>)> = BTreeMap::new();
+    for l in &snapshot.listeners {
+        for r in l.router.routes() {
+            by_index
+                .entry(r.index)
+                .or_insert((r, Vec::new()))
+                .1
+                .push(&l.name);
+        }
+    }
+    for (r, on) in by_index.values() {
+        out.table("[[routes]]");
+        if on.len() < snapshot.listeners.len() {
+            out.str("listener", on[0]);
+        }
+        match &r.host {
+            HostMatch::Any => {}
+            HostMatch::Exact(h) => out.str("host", h),
+            HostMatch::Suffix(s) => out.str("host", &format!("*{s}")),
+        }
+        out.str("path", &r.path);
+        match &r.target {
+            RouteTarget::Files(files) => file_route(out, files),
+            RouteTarget::Proxy { upstream, compress } => {
+                out.str("upstream", &snapshot.upstreams[*upstream].name);
+                out.bool("compress", *compress);
+            }
+        }
+        limits(out, &r.limits);
+    }
+}
+
+fn file_route(out: &mut Toml, f: &StaticRoute) {
+    out.path("root", &f.root);
+    out.raw("index", &str_list(&f.index));
+    out.raw("try_files", &str_list(&f.try_files));
+    if let Some(cc) = &f.cache_control {
+        // Checked at load: a non-empty header value from a TOML string, so valid UTF-8.
+        out.str("cache_control", &String::from_utf8_lossy(cc));
+    }
+    out.bool("browse", f.browse);
+    out.bool("follow_symlinks", f.follow_symlinks);
+    out.bool("allow_hidden", f.allow_hidden);
+    out.bool("compress", f.compress);
+    out.bool("precompressed", f.precompressed);
+    out.int("cache_bytes", f.cache.max_bytes());
+}
+
+fn limits(out: &mut Toml, l: &RouteLimits) {
+    if let Some(c) = &l.concurrency {
+        out.int("max_concurrency", c.max);
+        out.int("queue", c.queue);
+        out.duration("queue_timeout", c.queue_timeout);
+    }
+    if let Some(r) = &l.rate {
+        let key = match &r.key {
+            RateKey::ClientIp => "client_ip".to_owned(),
+            RateKey::Route => "route".to_owned(),
+            RateKey::Header(h) => format!("header:{h}"),
+        };
+        // `burst` is stored as f64 but was compiled from a u32, so the cast is exact.
+        let table = format!(
+            "{{ rate = {}, burst = {}, key = {}, max_keys = {} }}",
+            string(&rate(r.per_second)),
+            r.burst as u64,
+            string(&key),
+            r.max_keys()
+        );
+        out.raw("rate_limit", &table);
+    }
+}
+
+fn upstream(out: &mut Toml, u: &UpstreamGroup) {
+    let name = key(&u.name);
+    out.table(&format!("[upstreams.{name}]"));
+    let servers = servers(u);
+    out.raw("servers", &servers.list);
+    out.str("policy", u.policy.name());
+    out.int("keepalive", u.keepalive);
+    out.duration("connect_timeout", u.connect_timeout);
+    out.duration("read_timeout", u.read_timeout);
+    out.duration("write_timeout", u.write_timeout);
+    out.duration("idle_timeout", u.idle_timeout);
+    out.int("retries", u.retries);
+    out.raw("retry_on", &format!("{:?}", u.retry_on));
+    // Debug keeps a `.0` on whole numbers, so the value stays a TOML float.
+    out.raw("retry_budget", &format!("{:?}", u.retry_budget));
+    out.int("retry_body_limit", u.retry_body_limit);
+    out.int("max_connections", u.max_connections);
+    if u.uses_hash {
+        let hash_key = match &u.hash_key {
+            HashKey::ClientIp => "client_ip".to_owned(),
+            HashKey::Path => "path".to_owned(),
+            HashKey::Header(h) => format!("header:{h}"),
+            HashKey::Cookie(c) => format!("cookie:{c}"),
+        };
+        out.str("hash_key", &hash_key);
+    }
+    let protocol = match u.protocol {
+        UpstreamProtocol::Http1 => "http1",
+        UpstreamProtocol::H2 => "h2",
+        UpstreamProtocol::H2c => "h2c",
+    };
+    out.str("protocol", protocol);
+    if let Some(ca) = &u.ca_file {
+        out.path("ca_file", ca);
+    }
+    if let Some(name) = servers.tls_server_name {
+        out.str("tls_server_name", &name);
+    }
+    if let Some(h) = &u.health_check {
+        out.table(&format!("[upstreams.{name}.health]"));
+        health(out, h);
+    }
+    out.table(&format!("[upstreams.{name}.outlier]"));
+    outlier(out, &u.outlier);
+}
+
+/// A group's `servers` value, and the `tls_server_name` its TLS names need.
+struct Servers {
+    list: String,
+    tls_server_name: Option<String>,
+}
+
+/// IP literals are written as parsed (normalized); names as written, since they are resolved
+/// again on every load and are the default TLS name. Plain strings when every weight is 1.
+fn servers(u: &UpstreamGroup) -> Servers {
+    let mut tls_server_name = None;
+    let entries: Vec<String> = u
+        .backends
+        .iter()
+        .map(|b| {
+            let hostport = match b.server.parse::<std::net::SocketAddr>() {
+                Ok(_) => b.addr.to_string(),
+                Err(_) => b.server.clone(),
+            };
+            if let Some(name) = &b.tls_name {
+                // Every server's name is its own host unless `tls_server_name` set one name
+                // for all; compared with the host as printed, so printing is a fixed point.
+                let name = name.to_str();
+                if name != host_of(&hostport) {
+                    tls_server_name = Some(name.into_owned());
+                }
+                format!("https://{hostport}")
+            } else {
+                hostport
+            }
+        })
+        .collect();
+    let list = if u.backends.iter().all(|b| b.weight == 1) {
+        str_list(&entries)
+    } else {
+        // One server a line: inline tables make long lines.
+        let tables: String = entries
+            .iter()
+            .zip(&u.backends)
+            .map(|(e, b)| format!("    {{ addr = {}, weight = {} }},\n", string(e), b.weight))
+            .collect();
+        format!("[\n{tables}]")
+    };
+    Servers {
+        list,
+        tls_server_name,
+    }
+}
+
+/// The host part of `host:port` (brackets removed from an IPv6 literal), as the compiler
+/// takes it for the default TLS name.
+fn host_of(hostport: &str) -> &str {
+    let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+fn health(out: &mut Toml, h: &HealthCheck) {
+    if let Some(path) = &h.path {
+        out.str("path", path);
+    }
+    out.duration("interval", h.interval);
+    out.duration("timeout", h.timeout);
+    out.int("healthy", h.healthy);
+    out.int("unhealthy", h.unhealthy);
+    let (lo, hi) = (h.expect_status.start(), h.expect_status.end());
+    let status = if lo == hi {
+        lo.to_string()
+    } else {
+        format!("{lo}-{hi}")
+    };
+    out.str("expect_status", &status);
+    if let Some(host) = &h.host {
+        out.str("host", host);
+    }
+}
+
+fn outlier(out: &mut Toml, o: &Outlier) {
+    out.int("consecutive_failures", o.consecutive_failures);
+    out.duration("base_ejection", o.base_ejection);
+    out.duration("max_ejection", o.max_ejection);
+    out.int("max_ejected_percent", o.max_ejected_percent);
+    out.bool("on_5xx", o.on_5xx);
+}
+
+/// TOML text being written: tables separated by a blank line, one `key = value` per line.
+#[derive(Default)]
+struct Toml {
+    text: String,
+}
+
+impl Toml {
+    fn comment(&mut self, text: &str) {
+        let _ = writeln!(self.text, "# {text}");
+    }
+
+    fn table(&mut self, header: &str) {
+        if !self.text.is_empty() {
+            self.text.push('\n');
+        }
+        self.text.push_str(header);
+        self.text.push('\n');
+    }
+
+    fn raw(&mut self, key: &str, value: &str) {
+        let _ = writeln!(self.text, "{key} = {value}");
+    }
+
+    fn str(&mut self, key: &str, value: &str) {
+        self.raw(key, &string(value));
+    }
+
+    /// For integers (usize, u32, ...), which print as TOML integers.
+    fn int(&mut self, key: &str, value: impl std::fmt::Display) {
+        self.raw(key, &value.to_string());
+    }
+
+    fn bool(&mut self, key: &str, value: bool) {
+        self.raw(key, if value { "true" } else { "false" });
+    }
+
+    fn duration(&mut self, key: &str, value: Duration) {
+        self.str(key, &duration(value));
+    }
+
+    /// Paths that are not UTF-8 are written lossily: TOML strings are UTF-8.
+    fn path(&mut self, key: &str, value: &Path) {
+        self.str(key, &value.to_string_lossy());
+    }
+}
+
+/// A TOML basic string, with the escapes it needs.
+fn string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn str_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| string(s)).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// A listener or upstream name as a table key: names may contain `.`, which a bare key would
+/// read as nesting, so those are quoted.
+fn key(name: &str) -> String {
+    if !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        name.to_owned()
+    } else {
+        string(name)
+    }
+}
+
+/// The largest unit that holds the duration exactly: `"1m"`, `"10s"`, `"500ms"`, `"250us"`.
+/// Below a microsecond (only reachable with fractions such as `"0.0001ms"`) it is fractional
+/// microseconds, which parse back to the same nanoseconds.
+fn duration(d: Duration) -> String {
+    const UNITS: [(&str, u128); 5] = [
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ];
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_owned();
+    }
+    for (unit, size) in UNITS {
+        if nanos.is_multiple_of(size) {
+            return format!("{}{unit}", nanos / size);
+        }
+    }
+    let fraction = format!("{:03}", nanos % 1000);
+    format!("{}.{}us", nanos / 1000, fraction.trim_end_matches('0'))
+}
+
+/// A rate as `N/s`, `N/m` or `N/h` with a whole N when one exists (`"6000/m"` was compiled to
+/// 100 per second and prints as `"100/s"`), else the exact per-second value.
+fn rate(per_second: f64) -> String {
+    for (unit, per) in [("s", 1.0), ("m", 60.0), ("h", 3600.0)] {
+        let n = per_second * per;
+        if n.fract() == 0.0 && n < 9e15 && n / per == per_second {
+            return format!("{n}/{unit}");
+        }
+    }
+    format!("{per_second}/s")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_duration;
+    use crate::limits::parse_rate;
+
+    #[test]
+    fn durations_use_the_largest_exact_unit_and_parse_back() {
+        for (d, text) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_secs(10), "10s"),
+            (Duration::from_secs(60), "1m"),
+            (Duration::from_secs(600), "10m"),
+            (Duration::from_secs(7200), "2h"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_micros(250), "250us"),
+            (Duration::from_nanos(100), "0.1us"),
+            (Duration::from_nanos(1_000_250), "1000.25us"),
+        ] {
+            assert_eq!(duration(d), text);
+            assert_eq!(parse_duration(text).unwrap(), d, "{text}");
+        }
+    }
+
+    #[test]
+    fn rates_print_whole_numbers_and_parse_back() {
+        for (written, text) in [
+            ("100/s", "100/s"),
+            ("6000/m", "100/s"),
+            ("1/m", "1/m"),
+            ("90/m", "90/m"),
+            ("1/h", "1/h"),
+            ("7/h", "7/h"),
+            ("0.5/s", "30/m"),
+        ] {
+            let per_second = parse_rate(written).unwrap();
+            assert_eq!(rate(per_second), text, "{written}");
+            assert_eq!(parse_rate(text).unwrap(), per_second, "{written}");
+        }
+    }
+
+    #[test]
+    fn strings_and_keys_are_quoted_when_needed() {
+        assert_eq!(string("a\"b\\c\nd"), "\"a\\\"b\\\\c\\u000ad\"");
+        assert_eq!(key("web-1_a"), "web-1_a");
+        assert_eq!(key("api.v2"), "\"api.v2\"");
+    }
+}
