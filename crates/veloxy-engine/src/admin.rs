@@ -85,6 +85,54 @@ async fn accept_loop(
     }
 }
 
+/// The config-side labels of `/metrics`: routes, listeners, backends with their live figures.
+fn metric_labels<'a>(
+    snapshot: &'a crate::config::Snapshot,
+    conns: &[u64],
+) -> crate::metrics::Labels<'a> {
+    let routes = snapshot
+        .listeners
+        .iter()
+        .flat_map(|l| {
+            l.router.routes().iter().map(|r| {
+                let up = r
+                    .proxied()
+                    .map_or("", |u| snapshot.upstreams[u].name.as_str());
+                (l.name.as_str(), r.index, up)
+            })
+        })
+        .collect();
+    let listeners = snapshot
+        .listeners
+        .iter()
+        .zip(conns)
+        .map(|(l, n)| (l.name.as_str(), *n))
+        .collect();
+    let backends =
+        snapshot
+            .upstreams
+            .iter()
+            .flat_map(|g| {
+                let down = g.health.down_mask();
+                g.health.backends.iter().enumerate().map(move |(i, b)| {
+                    crate::metrics::BackendLabels {
+                        upstream: &g.name,
+                        addr: b.addr,
+                        open_connections: b.open_connections.load(Ordering::Relaxed) as u64,
+                        up: down & (1 << i) == 0,
+                        checks_passed: b.checks_passed.load(Ordering::Relaxed),
+                        checks_failed: b.checks_failed.load(Ordering::Relaxed),
+                    }
+                })
+            })
+            .collect();
+    crate::metrics::Labels {
+        routes,
+        listeners,
+        backends,
+    }
+}
+
 async fn handle(
     mut s: tokio::net::TcpStream,
     shared: Arc<Shared>,
@@ -125,7 +173,7 @@ async fn handle(
                     })
                     .collect()
             };
-            let body = crate::metrics::render(&shared.metrics, &snapshot, &conns);
+            let body = crate::metrics::render(&shared.metrics, &metric_labels(&snapshot, &conns));
             respond(&mut s, 200, "text/plain; version=0.0.4", &body).await
         }
         ("GET", "/healthz") if shared.shutdown.load(Ordering::Relaxed) => {

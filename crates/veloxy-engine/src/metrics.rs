@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::Snapshot;
-
 /// Routes tracked separately; later routes share the last slot.
 pub const MAX_ROUTES: usize = 256;
 
@@ -216,29 +214,44 @@ fn counter(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
 }
 
 /// Renders everything in Prometheus text exposition format.
-pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) -> String {
+/// The config-side labels `/metrics` needs, gathered by the admin endpoint (this module knows
+/// counters only, nothing of the config).
+pub struct Labels<'a> {
+    /// (listener, route index, upstream group or "" for a file route), per route per listener.
+    pub routes: Vec<(&'a str, usize, &'a str)>,
+    /// (listener, open connections).
+    pub listeners: Vec<(&'a str, u64)>,
+    pub backends: Vec<BackendLabels<'a>>,
+}
+
+/// One backend's live figures.
+pub struct BackendLabels<'a> {
+    pub upstream: &'a str,
+    pub addr: std::net::SocketAddr,
+    pub open_connections: u64,
+    pub up: bool,
+    pub checks_passed: u64,
+    pub checks_failed: u64,
+}
+
+/// Renders every counter in the Prometheus text format.
+pub fn render(m: &Metrics, labels: &Labels) -> String {
     let mut out = String::with_capacity(16 * 1024);
     let _ = writeln!(
         out,
         "# HELP veloxy_requests_total Requests answered, by listener, route, upstream group and status class.\n# TYPE veloxy_requests_total counter"
     );
-    for l in &snapshot.listeners {
-        for r in l.router.routes() {
-            let up = r
-                .proxied()
-                .map_or("", |u| snapshot.upstreams[u].name.as_str());
-            for (class, label) in ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
-                .iter()
-                .enumerate()
-            {
-                let n = sum(m, |w| w.requests[r.index.min(MAX_ROUTES - 1)][class].get());
-                if n > 0 || class == 2 {
-                    let _ = writeln!(
-                        out,
-                        "veloxy_requests_total{{listener=\"{}\",route=\"{}\",upstream=\"{up}\",status=\"{label}\"}} {n}",
-                        l.name, r.index
-                    );
-                }
+    for &(listener, route, up) in &labels.routes {
+        for (class, label) in ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
+            .iter()
+            .enumerate()
+        {
+            let n = sum(m, |w| w.requests[route.min(MAX_ROUTES - 1)][class].get());
+            if n > 0 || class == 2 {
+                let _ = writeln!(
+                    out,
+                    "veloxy_requests_total{{listener=\"{listener}\",route=\"{route}\",upstream=\"{up}\",status=\"{label}\"}} {n}",
+                );
             }
         }
     }
@@ -275,12 +288,8 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
         in_flight,
     );
     let _ = writeln!(out, "# HELP veloxy_downstream_connections Open client connections per listener.\n# TYPE veloxy_downstream_connections gauge");
-    for (l, n) in snapshot.listeners.iter().zip(listener_connections) {
-        let _ = writeln!(
-            out,
-            "veloxy_downstream_connections{{listener=\"{}\"}} {n}",
-            l.name
-        );
+    for (l, n) in &labels.listeners {
+        let _ = writeln!(out, "veloxy_downstream_connections{{listener=\"{l}\"}} {n}");
     }
     counter(
         &mut out,
@@ -292,31 +301,24 @@ pub fn render(m: &Metrics, snapshot: &Snapshot, listener_connections: &[u64]) ->
     let _ = writeln!(out, "# HELP veloxy_upstream_connections Open upstream connections per backend.\n# TYPE veloxy_upstream_connections gauge");
     let _ = writeln!(out, "# HELP veloxy_backend_up Backend usable (1) or down/ejected (0).\n# TYPE veloxy_backend_up gauge");
     let _ = writeln!(out, "# HELP veloxy_health_checks_total Active health check results.\n# TYPE veloxy_health_checks_total counter");
-    for g in &snapshot.upstreams {
-        let down = g.health.down_mask();
-        for (i, b) in g.health.backends.iter().enumerate() {
-            let labels = format!("upstream=\"{}\",backend=\"{}\"", g.name, b.addr);
-            let _ = writeln!(
-                out,
-                "veloxy_upstream_connections{{{labels}}} {}",
-                b.open_connections.load(Ordering::Relaxed)
-            );
-            let _ = writeln!(
-                out,
-                "veloxy_backend_up{{{labels}}} {}",
-                u8::from(down & (1 << i) == 0)
-            );
-            let _ = writeln!(
-                out,
-                "veloxy_health_checks_total{{{labels},result=\"pass\"}} {}",
-                b.checks_passed.load(Ordering::Relaxed)
-            );
-            let _ = writeln!(
-                out,
-                "veloxy_health_checks_total{{{labels},result=\"fail\"}} {}",
-                b.checks_failed.load(Ordering::Relaxed)
-            );
-        }
+    for b in &labels.backends {
+        let l = format!("upstream=\"{}\",backend=\"{}\"", b.upstream, b.addr);
+        let _ = writeln!(
+            out,
+            "veloxy_upstream_connections{{{l}}} {}",
+            b.open_connections
+        );
+        let _ = writeln!(out, "veloxy_backend_up{{{l}}} {}", u8::from(b.up));
+        let _ = writeln!(
+            out,
+            "veloxy_health_checks_total{{{l},result=\"pass\"}} {}",
+            b.checks_passed
+        );
+        let _ = writeln!(
+            out,
+            "veloxy_health_checks_total{{{l},result=\"fail\"}} {}",
+            b.checks_failed
+        );
     }
     counter(
         &mut out,

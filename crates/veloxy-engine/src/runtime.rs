@@ -22,7 +22,7 @@ pub(crate) struct Shared {
     /// Every bound listener's state (name, open connections), for the admin endpoint.
     pub listeners: std::sync::Mutex<Vec<Arc<ListenerState>>>,
     /// Feeds the health thread the snapshot to check.
-    pub health_tx: watch::Sender<Arc<Snapshot>>,
+    pub health_tx: watch::Sender<Arc<[crate::config::UpstreamGroup]>>,
     /// Every worker's counters, summed by the admin endpoint.
     pub metrics: crate::metrics::Metrics,
     pub access_log: Option<crate::access_log::AccessLog>,

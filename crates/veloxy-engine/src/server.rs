@@ -118,7 +118,7 @@ impl Server {
             })?),
         };
         let snapshot = Arc::new(self.snapshot);
-        let (health_tx, health_rx) = watch::channel(snapshot.clone());
+        let (health_tx, health_rx) = watch::channel(snapshot.upstreams.clone().into());
         crate::upstream::health::spawn_thread(health_rx).map_err(ServerError::Thread)?;
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::new(snapshot),
@@ -300,11 +300,15 @@ impl Running {
             added.push((spec.name.clone(), addr, sockets));
         }
 
-        crate::upstream::health::adopt(&current, &mut snapshot);
+        let workers = snapshot.settings.workers;
+        crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
         let snapshot = Arc::new(snapshot);
         self.shared.snapshot.store(snapshot.clone());
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
-        let _ = self.shared.health_tx.send(snapshot);
+        let _ = self
+            .shared
+            .health_tx
+            .send(snapshot.upstreams.clone().into());
 
         let mut states = self
             .shared

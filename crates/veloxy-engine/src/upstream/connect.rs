@@ -4,10 +4,10 @@
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use crate::config::UpstreamGroup;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::WorkerMetrics;
 use crate::tls::UpstreamIo;
+use crate::upstream::group::UpstreamGroup;
 use crate::upstream::pool::{release_slot, reserve_slot, UpstreamConn};
 
 /// Opens a connection to `backend`: TCP, then TLS for `https://` servers (ALPN per the

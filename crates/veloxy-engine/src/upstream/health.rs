@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 use crate::clock;
-use crate::config::Snapshot;
+use crate::upstream::group::UpstreamGroup;
 
 /// At most this many backends per group (one bit each in the masks).
 pub const MAX_BACKENDS: usize = 64;
@@ -263,9 +263,10 @@ impl GroupHealth {
 }
 
 /// Carries health state over a reload: backends of the same group and address keep theirs.
-pub fn adopt(old: &Snapshot, new: &mut Snapshot) {
-    for g in &mut new.upstreams {
-        let Some(prev) = old.upstreams.iter().find(|o| o.name == g.name) else {
+/// `workers`: the new config's worker count.
+pub fn adopt(old: &[UpstreamGroup], new: &mut [UpstreamGroup], workers: usize) {
+    for g in new {
+        let Some(prev) = old.iter().find(|o| o.name == g.name) else {
             continue;
         };
         let backends: Vec<Arc<BackendHealth>> = g
@@ -277,9 +278,7 @@ pub fn adopt(old: &Snapshot, new: &mut Snapshot) {
                     .iter()
                     .find(|h| h.addr == b.addr)
                     .cloned()
-                    .unwrap_or_else(|| {
-                        Arc::new(BackendHealth::with_workers(b.addr, new.settings.workers))
-                    })
+                    .unwrap_or_else(|| Arc::new(BackendHealth::with_workers(b.addr, workers)))
             })
             .collect();
         g.health = Arc::new(GroupHealth::new(backends));
@@ -354,9 +353,10 @@ where
     }
 }
 
-/// Starts the process-wide health thread. It follows snapshot changes through `snapshots`.
+/// Starts the process-wide health thread. It follows config changes through `snapshots`
+/// (the upstream groups of each new config).
 pub(crate) fn spawn_thread(
-    mut snapshots: tokio::sync::watch::Receiver<Arc<Snapshot>>,
+    mut snapshots: tokio::sync::watch::Receiver<Arc<[UpstreamGroup]>>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("veloxy-health".into())
@@ -372,7 +372,7 @@ pub(crate) fn spawn_thread(
                 loop {
                     let snapshot = snapshots.borrow_and_update().clone();
                     let mut tasks = tokio::task::JoinSet::new();
-                    for group in &snapshot.upstreams {
+                    for group in snapshot.iter() {
                         let health = group.health.clone();
                         tasks.spawn(async move {
                             let mut tick = tokio::time::interval(Duration::from_millis(100));

@@ -2,6 +2,7 @@
 
 pub mod balancer;
 pub(crate) mod connect;
+pub mod group;
 pub mod health;
 pub mod policies;
 pub(crate) mod pool;
@@ -9,7 +10,7 @@ pub(crate) mod pool;
 use balancer::{BackendInfo, Picker};
 use pool::Pool;
 
-use crate::config::UpstreamGroup;
+use crate::upstream::group::UpstreamGroup;
 
 /// One worker's state for one upstream group: its picker and its idle connections.
 pub(crate) struct GroupState {
@@ -190,8 +191,8 @@ where
     C: Iterator<Item = &'a [u8]>,
 {
     /// Hash of the part of the request named by a group's `hash_key`.
-    pub fn hash(self, key: &crate::config::HashKey) -> u64 {
-        use crate::config::HashKey;
+    pub fn hash(self, key: &crate::upstream::group::HashKey) -> u64 {
+        use crate::upstream::group::HashKey;
         use policies::hash_bytes;
         match key {
             HashKey::ClientIp => hash_bytes(self.client_ip.as_bytes(), 0),

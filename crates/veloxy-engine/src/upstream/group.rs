@@ -1,0 +1,116 @@
+//! Compiled upstream groups: the plain data the config compiler builds for each
+//! `[upstreams.NAME]` (re-exported by [`crate::config`]), with the group's shared health state.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::upstream::balancer::Policy;
+use crate::upstream::health::{GroupHealth, HealthCheck, Outlier};
+
+/// The protocol spoken to an upstream group's backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (over TLS for `https://` servers). The default.
+    Http1,
+    /// HTTP/2 over TLS (ALPN h2).
+    H2,
+    /// HTTP/2 over plain TCP (prior knowledge).
+    H2c,
+}
+
+/// What `consistent_hash` (and custom policies, through `PickContext::hash`) hash on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client's IP address (default).
+    ClientIp,
+    /// `header:NAME`: a request header's value.
+    Header(String),
+    /// `cookie:NAME`: a cookie's value.
+    Cookie(String),
+    /// `path`: the request path without query.
+    Path,
+}
+
+/// A backend: one server of an upstream group.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub addr: SocketAddr,
+    /// The server as written, without its scheme (`host:port`); `addr` is what it resolved to
+    /// at load time. Kept because a name means more than one address: it is resolved again
+    /// on each load, and it is the default TLS name.
+    pub server: String,
+    /// For `https://` servers: the name for SNI and certificate verification.
+    pub tls_name: Option<rustls::pki_types::ServerName<'static>>,
+    /// Relative share of traffic under weighted policies. Default 1.
+    pub weight: u32,
+}
+
+/// A compiled upstream group.
+#[derive(Clone)]
+pub struct UpstreamGroup {
+    pub name: String,
+    pub backends: Vec<Backend>,
+    pub policy: Arc<dyn Policy>,
+    /// Idle upstream connections kept per worker and per backend. Default 128; 0 disables pooling.
+    pub keepalive: usize,
+    /// Time allowed to establish a TCP connection to a backend; then 504. Default 2s.
+    pub connect_timeout: Duration,
+    /// Time allowed between two reads from a backend (head or body); then 504. Default 30s.
+    pub read_timeout: Duration,
+    /// Time allowed for a write to a backend to make progress. Default 30s.
+    pub write_timeout: Duration,
+    /// Pooled connections idle longer than this are closed instead of reused. Default 60s.
+    pub idle_timeout: Duration,
+    /// Extra attempts on another backend after a failure. Default 2.
+    pub retries: u32,
+    /// Response statuses retried (idempotent, replayable requests only). Default [502, 503, 504].
+    pub retry_on: Vec<u16>,
+    /// Retries allowed as a share of requests, per worker (Envoy's retry budget). Default 0.2.
+    pub retry_budget: f64,
+    /// Request bodies up to this size are buffered so the request can be retried. Default 65536.
+    pub retry_body_limit: usize,
+    /// Open connections per backend across workers; at the limit a backend gets no new
+    /// connections (pooled ones still serve). Default 0 = unlimited.
+    pub max_connections: usize,
+    /// Key for `consistent_hash`. Default client IP.
+    pub hash_key: HashKey,
+    /// Compute the hash per request: the policy is `consistent_hash` or `hash_key` was set.
+    pub uses_hash: bool,
+    /// Active health checks, if configured.
+    pub health_check: Option<HealthCheck>,
+    /// Passive health checks (outlier ejection); on by default.
+    pub outlier: Outlier,
+    /// Shared health state of the backends (kept across reloads for unchanged backends).
+    pub health: Arc<GroupHealth>,
+    pub protocol: UpstreamProtocol,
+    /// Client TLS config for `https://` servers (every server of a group uses the same scheme).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Absolute path of the `ca_file` that `tls` trusts; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for UpstreamGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamGroup")
+            .field("name", &self.name)
+            .field("backends", &self.backends)
+            .field("policy", &self.policy.name())
+            .field("keepalive", &self.keepalive)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("read_timeout", &self.read_timeout)
+            .field("write_timeout", &self.write_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("retries", &self.retries)
+            .field("retry_on", &self.retry_on)
+            .field("retry_budget", &self.retry_budget)
+            .field("retry_body_limit", &self.retry_body_limit)
+            .field("max_connections", &self.max_connections)
+            .field("hash_key", &self.hash_key)
+            .field("health_check", &self.health_check)
+            .field("outlier", &self.outlier)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
