@@ -149,6 +149,7 @@ impl Accepted {
     }
 
     /// True when some coding at all is acceptable (the response varies with the header).
+    #[cfg(test)]
     pub fn any(&self) -> bool {
         self.codings.iter().any(|&q| q > 0)
     }

@@ -47,25 +47,27 @@
 //! * **stream**: one request/response exchange on an HTTP/2 connection.
 //! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways.
 
+#![allow(missing_docs)] // to be turned to warn once every public item is documented
+
 pub(crate) mod accept;
-pub mod access_log;
-pub mod admin;
+pub(crate) mod access_log;
+pub(crate) mod admin;
 pub(crate) mod clock;
-pub mod compress;
+pub(crate) mod compress;
 pub mod config;
 pub(crate) mod downstream;
 pub mod error;
 pub(crate) mod exchange;
 pub mod hooks;
-pub mod http1;
-pub mod limits;
-pub mod listener;
-pub mod metrics;
-pub mod router;
+pub(crate) mod http1;
+pub(crate) mod limits;
+pub(crate) mod listener;
+pub(crate) mod metrics;
+pub(crate) mod router;
 pub(crate) mod runtime;
 pub mod server;
-pub mod static_files;
-pub mod tls;
+pub(crate) mod static_files;
+pub(crate) mod tls;
 pub mod upstream;
 pub(crate) mod worker;
 

@@ -11,7 +11,7 @@
 pub mod compile;
 mod duration;
 mod error;
-pub mod file;
+pub(crate) mod file;
 pub mod print;
 
 use std::net::SocketAddr;

@@ -143,7 +143,9 @@ impl<'a> Framing<'a> {
     }
 }
 
-/// Parses the response head at the start of `buf` and writes the downstream head into `out`.
+/// Parses the response head at the start of `buf` and writes the downstream head into `out`
+/// (the upgrade-aware [`parse_and_write_upgrade`] is what the proxy calls).
+#[cfg(test)]
 pub fn parse_and_write(
     buf: &[u8],
     request_is_head: bool,

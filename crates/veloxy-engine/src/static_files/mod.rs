@@ -75,10 +75,6 @@ impl Part {
             Part::File { len, .. } => *len,
         }
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// A response body.
@@ -107,6 +103,7 @@ pub struct Response {
 }
 
 impl Response {
+    #[cfg(test)]
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
