@@ -1,7 +1,6 @@
 //! The access log: lines parsed back in both formats, and reopening for logrotate.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::time::Duration;
 
@@ -111,14 +110,14 @@ fn http2_streams_are_logged_too() {
         "addr = \"127.0.0.1:0\"",
         "addr = \"127.0.0.1:0\"\nhttp2 = true",
     ));
-    common::tls::runtime().block_on(async {
-        let mut c = common::tls::h2_connect(v.addr, None).await;
+    veloxy_testkit::runtime().block_on(async {
+        let mut c = veloxy_testkit::h2_connect(v.addr, None).await;
         let req = http::Request::builder()
             .uri("http://app.test/size/10?h=2")
             .header("user-agent", "h2-agent")
             .body(())
             .unwrap();
-        let r = common::tls::h2_send(&mut c, req, None).await.unwrap();
+        let r = veloxy_testkit::h2_send(&mut c, req, None).await.unwrap();
         assert_eq!(r.status, 200);
     });
     let got = lines(&log, 1);

@@ -1,8 +1,7 @@
 //! The admin endpoint: metrics checked against a known number of requests, health, upstream
 //! state, and reload through POST /reload.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,8 +2,6 @@
 //! with `golden/NAME.out` (`$FILE` stands for the config's path). Set `VELOXY_BLESS=1` to
 //! rewrite the expected files after an intended change, then review the diff.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
@@ -20,7 +18,7 @@ fn check_output_matches_golden_files() {
     assert!(cases.len() >= 10);
     let mut failures = Vec::new();
     for case in cases {
-        let out = Command::new(common::VELOXY)
+        let out = Command::new(veloxy_testkit::VELOXY)
             .args(["check", "--config"])
             .arg(&case)
             .output()
@@ -57,7 +55,7 @@ fn run_refuses_a_bad_config_before_listening() {
         "[listeners.web]\naddr = \"127.0.0.1:0\"\n[[routes]]\nupstream = \"x\"\n",
     )
     .unwrap();
-    let out = Command::new(common::VELOXY)
+    let out = Command::new(veloxy_testkit::VELOXY)
         .args(["run", "--config"])
         .arg(&path)
         .output()

@@ -1,7 +1,6 @@
 //! Errors never hang: every failure gets a fast, honest status and a clean connection state.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::Read;
 use std::net::TcpListener;

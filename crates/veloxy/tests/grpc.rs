@@ -5,9 +5,7 @@
 //! The service is written by hand (what `tonic-build` would generate) so the tests need no
 //! `protoc`.
 
-mod common;
-use common::tls::runtime;
-use common::*;
+use veloxy_testkit::*;
 
 use std::net::SocketAddr;
 use std::pin::Pin;

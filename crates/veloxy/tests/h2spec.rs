@@ -8,8 +8,7 @@
 //! answers it `400` and closes (h2spec wants the close alone). A broken preface that starts
 //! with `PRI ` is closed without an answer.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::path::PathBuf;
 use std::process::Command;

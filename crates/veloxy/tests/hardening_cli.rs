@@ -1,9 +1,7 @@
 //! What a new user sees first: `check`'s summary, where config errors point, error and log
 //! text, signals, `--help`, the one-line modes' TLS options and their start-up hints.
 
-mod common;
-use common::tls::*;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::Read;
 use std::net::TcpListener;

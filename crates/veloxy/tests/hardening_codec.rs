@@ -3,9 +3,7 @@
 //! and upstream responses with hundreds of headers. Exotic upstreams are raw TCP listeners on
 //! 127.0.0.1 that write exact bytes.
 
-mod common;
-use common::tls::*;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -5,8 +5,7 @@
 //! [`NOFILE`] (set between fork and exec), and the test fills its table with idle client
 //! connections, counting veloxy's open descriptors in /proc to know exactly when it is full.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;

@@ -3,9 +3,7 @@
 //! forever or a Content-Length on a 204, and memory after a burst of idle connections.
 //! Each test fails without the fix it covers (issue 10, defects 2, 3, 6, 10 and 11).
 
-mod common;
-use common::tls::*;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -3,9 +3,7 @@
 //! attacks a public HTTP/2 endpoint must survive (rapid reset, CONTINUATION flood, oversized
 //! headers).
 
-mod common;
-use common::tls::*;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;

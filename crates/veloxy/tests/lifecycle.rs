@@ -1,7 +1,6 @@
 //! Process lifecycle: graceful shutdown, reload on SIGHUP, and the built-in default.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -83,10 +82,10 @@ fn sigterm_lets_http2_streams_finish_then_exits_zero() {
     ));
     let authority = v.addr.to_string();
     let pid = v.proc.pid();
-    let reply = common::tls::runtime().block_on(async move {
-        let mut c = common::tls::h2_connect(v.addr, None).await;
-        let req = common::tls::h2_get(&authority, "/slow", false);
-        let pending = tokio::spawn(async move { common::tls::h2_send(&mut c, req, None).await });
+    let reply = veloxy_testkit::runtime().block_on(async move {
+        let mut c = veloxy_testkit::h2_connect(v.addr, None).await;
+        let req = veloxy_testkit::h2_get(&authority, "/slow", false);
+        let pending = tokio::spawn(async move { veloxy_testkit::h2_send(&mut c, req, None).await });
         tokio::task::spawn_blocking(move || {
             arrived
                 .recv_timeout(Duration::from_secs(5))

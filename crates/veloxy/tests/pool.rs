@@ -1,7 +1,6 @@
 //! Upstream keep-alive pool edge cases, against hand-driven upstream sockets.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

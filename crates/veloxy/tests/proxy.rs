@@ -1,7 +1,6 @@
 //! Proxying behaviour over real processes: headers, framing, keep-alive and pooling.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 fn setup() -> (Upstream, Veloxy) {
     let up = upstream(&["--name", "u1"]);

@@ -1,8 +1,7 @@
 //! Resilience under real faults: killed, hanging and failing backends, overload, rate limits,
 //! and balancing policies steering traffic.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

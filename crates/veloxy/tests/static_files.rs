@@ -2,8 +2,7 @@
 //! conditionals, ranges), content codings and sidecars, the cache, listings, `try_files`,
 //! `compress = true` on a proxied route, and `veloxy serve`.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::Read;
 use std::path::PathBuf;

@@ -1,7 +1,6 @@
 //! Bodies stream through bounded buffers: 1 GiB each way without the proxy's RSS growing.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::{Read, Write};
 

@@ -2,9 +2,7 @@
 //! resumption, ECDSA and RSA keys, load-time certificate errors, hostile handshakes, the
 //! `--tls-self-signed` quick mode, and `https://` upstreams.
 
-mod common;
-use common::tls::*;
-use common::*;
+use veloxy_testkit::*;
 
 use std::io::Write;
 use std::path::Path;

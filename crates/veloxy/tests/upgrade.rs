@@ -6,8 +6,7 @@
 //! queue move to the new process when the old socket closes. The test sets it when it can
 //! (CI runs as root) and skips with a message when it cannot.
 
-mod common;
-use common::*;
+use veloxy_testkit::*;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,9 +1,7 @@
 //! WebSocket (HTTP/1.1 Upgrade) through veloxy: echo both ways, plain and over TLS, the idle
 //! limit, a refused upgrade, and reloads that keep open WebSocket and HTTP/2 connections.
 
-mod common;
-use common::tls::*;
-use common::*;
+use veloxy_testkit::*;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -1,0 +1,85 @@
+//! # veloxy-testkit: what veloxy's integration tests run against
+//!
+//! Not part of the product (`publish = false`; `cargo install --path crates/veloxy` does not
+//! install anything from here). It holds:
+//!
+//! * the **`veloxy-upstream` binary** (`src/bin/veloxy-upstream/`): the fast HTTP/1.1 origin
+//!   server used by the integration tests and by the benchmarks (`bench/` runs
+//!   `target/release/veloxy-upstream`, which a plain `cargo build --release` at the workspace
+//!   root builds). Its command line, routes and protocol behaviour are documented at the top of
+//!   its `main.rs`.
+//! * the **test helpers**, this library, used by every file in `crates/veloxy/tests/` with
+//!   `use veloxy_testkit::*;` (everything is re-exported at the root):
+//!   * [`bins`]: [`VELOXY`] and [`UPSTREAM`], the two executables, and how they are found
+//!     (read this before running the helpers from another package);
+//!   * [`proc`]: [`veloxy`] / [`upstream`] start real processes on 127.0.0.1 ephemeral
+//!     ports and wait for their `listening` line; [`Proc`] kills the child on drop;
+//!     [`reload_with`] rewrites the config and sends SIGHUP;
+//!   * [`config`]: [`simple_config`] and [`group_config`], one listener and one upstream group;
+//!   * [`client`]: [`Client`], a raw HTTP/1.1 client (exact bytes on the wire), and the
+//!     one-shot [`request`] / [`get`];
+//!   * [`origin`](mod@origin): [`origin`](origin()), a threaded origin scripted per request;
+//!   * [`tls`]: [`Pki`], a throwaway CA issuing leaf certificates, rustls client configs and
+//!     [`tls_connect`] / [`https1`];
+//!   * [`http2`]: an HTTP/2 client ([`h2_connect`], [`h2_send`], [`h2_get`]) over TLS or h2c
+//!     on a current-thread [`runtime`];
+//!   * [`skip`] (report a test that cannot run here) and [`eventually`] (poll a condition).
+//!
+//! ## How the binaries are located and built
+//!
+//! No set-up call is needed. [`VELOXY`] is `$CARGO_BIN_EXE_veloxy` (which cargo sets when it
+//! runs the integration tests of the `veloxy` package, after building that binary), or else
+//! `veloxy` next to the running test's `deps/` directory (`target/<profile>/`). [`UPSTREAM`]
+//! is built on first use in each test process with `$CARGO build -p veloxy-testkit --bin
+//! veloxy-upstream` in the test's profile (a no-op when it is fresh), because cargo never
+//! builds a dependency's binaries for a test; `VELOXY_TEST_UPSTREAM_BIN` overrides it. See
+//! [`bins`] for the details.
+//!
+//! ## Converting a test file that still uses `mod common`
+//!
+//! Replace `mod common; use common::*;` and `use common::tls::*;` with `use veloxy_testkit::*;`,
+//! and paths such as `common::tls::h2_connect` / `common::VELOXY` with
+//! `veloxy_testkit::h2_connect` / `veloxy_testkit::VELOXY`.
+
+use std::time::{Duration, Instant};
+
+pub mod bins;
+pub mod client;
+pub mod config;
+pub mod http2;
+pub mod origin;
+pub mod proc;
+pub mod tls;
+
+pub use bins::*;
+pub use client::*;
+pub use config::*;
+pub use http2::*;
+pub use origin::*;
+pub use proc::*;
+pub use tls::*;
+
+/// Reports the running test as skipped; the caller returns right after (`return skip(...)`).
+///
+/// libtest has no runtime skip, so a test that cannot run here still shows as `ok`. The line
+/// `SKIPPED: <test>: <reason>` is written through `std::io::stderr()` rather than `eprintln!`
+/// because libtest captures only the print macros: this way it shows in `cargo test` output
+/// even though the test passes, and `.ci/run` lists every such line at the end of its run.
+pub fn skip(reason: &str) {
+    use std::io::Write;
+    let current = std::thread::current();
+    let test = current.name().unwrap_or("(unnamed test)");
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {reason}");
+}
+
+/// Polls `f` until it returns true or `limit` passes.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
