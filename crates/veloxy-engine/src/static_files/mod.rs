@@ -103,14 +103,6 @@ pub struct Response {
 }
 
 impl Response {
-    #[cfg(test)]
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_ref())
-    }
-
     fn push(&mut self, name: &'static str, value: impl Into<Bytes>) {
         self.headers.push((name, value.into()));
     }
