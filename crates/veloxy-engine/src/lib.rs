@@ -1,49 +1,55 @@
-//! veloxy's engine: a thread-per-core HTTP/1.1 and HTTP/2 reverse proxy and load balancer.
+//! veloxy's engine: a thread-per-core HTTP/1.1 and HTTP/2 reverse proxy, load balancer and
+//! static file server.
 //!
 //! # Layout
 //!
-//! One request's path through the crate, each step a module:
+//! One request's path through the crate, each step a module; layers call downward only
+//! (`python3 dev/modgraph.py` prints the module graph and checks it has no cycle):
 //!
-//! 1. [`listener`]: every worker binds its own `SO_REUSEPORT` socket per listener, so the
-//!    kernel spreads connections and no accept lock is shared.
-//! 2. [`server`] starts the workers; each [`worker`] runs a single-threaded tokio runtime that
-//!    owns its sockets, upstream pools and balancer state.
-//! 3. [`connection`] terminates TLS ([`tls`]: rustls, certificates by SNI) and looks at the
-//!    protocol: HTTP/2 (ALPN `h2`, or the h2c preface) goes to the private `http2` module,
-//!    which runs hyper's HTTP/2 server and forwards each stream through the same router,
-//!    limits, balancer and pools. HTTP/1 request heads are read here (keep-alive, pipelining,
-//!    header timeout) and parsed by [`http1::request`], which refuses anything that could
-//!    smuggle a request (conflicting framing, bare LF, obs-fold).
-//! 4. The [`router`] picks a route by host and longest path prefix; [`hooks`] may inspect or
-//!    refuse the request and add headers.
-//! 5. [`upstream::balancer`] picks a backend of the route's upstream group; the upstream head
-//!    is written with hop-by-hop headers removed and `X-Forwarded-*` set.
-//! 6. [`proxy`] takes an idle connection from the worker's [`upstream`] pool (or connects),
-//!    sends head and body, reads the response with [`http1::response`], streams bodies both
-//!    ways through bounded buffers, and returns the connection to the pool. A `101` to an
-//!    upgrade request (WebSocket) turns the exchange into a tunnel ([`relay`]). A route with
-//!    `compress = true` runs the response body through a [`compress`] stream encoder. Groups
-//!    with `protocol = "h2"`/`"h2c"` are reached over one multiplexed HTTP/2 connection per
-//!    backend per worker instead (the `http2` module: `to_h2` for HTTP/2 clients, `bridge`
-//!    for HTTP/1.1 clients).
-//! 7. A route with a `root` is answered by [`static_files`] instead of steps 5 and 6: a
-//!    version-independent decision (path safety, cache, conditionals, ranges, codings) and a
-//!    thin HTTP/1 writer that uses `sendfile`.
+//! 1. **listener** (`listener`, `accept`): every worker binds its own `SO_REUSEPORT` socket
+//!    per listener, so the kernel spreads connections and no accept lock is shared. The
+//!    [`server`] starts the workers and reloads; each **worker** (`worker`) runs a
+//!    single-threaded tokio runtime that owns its sockets, upstream pools and pickers, and
+//!    reads the config **generation** it runs on. `runtime` holds what all workers share.
+//! 2. **downstream codecs** (`downstream`): `connection` terminates TLS, detects HTTP/2 (ALPN
+//!    `h2` or the h2c preface) and reads HTTP/1 request heads, parsed by `http1::request`
+//!    (nothing that could smuggle a request gets through); `downstream::http2` serves HTTP/2
+//!    with hyper. Each codec turns its request into a protocol-neutral view.
+//! 3. **exchange** (`exchange`): admission, once for every protocol: route match (`router`),
+//!    rate limit (`limits`), the `on_request` hook ([`hooks`]), the first backend choice. A
+//!    file route is answered from `static_files` (written by `downstream::files` with
+//!    `sendfile` for HTTP/1). A proxied request runs `exchange::attempt`: attempts on backends
+//!    with retries under the retry budget, outlier feedback; every exchange ends in
+//!    `exchange::record` (access log, metrics, `on_done`).
+//! 4. **upstream** ([`upstream`]): `connect` (TCP, TLS, `max_connections`), the per-worker
+//!    keep-alive `pool`, the `balancer` (a policy's picker per worker), active and passive
+//!    `health`, and the h2 sender per backend. The HTTP/1 attempt itself (`downstream::proxy`
+//!    and `relay`) writes the head, streams bodies both ways through bounded buffers and
+//!    parses the response with `http1::response`; `compress` encodes on the fly.
 //!
-//! Configuration goes file -> [`config::file`] (serde structs) -> [`config::compile`]
-//! (validation) -> [`config::Snapshot`], which workers read through an atomic pointer so a
-//! reload swaps it without pausing traffic.
+//! Configuration goes file -> `config::file` (serde structs, `deny_unknown_fields`) ->
+//! `config::compile` (validation, one file per section) -> [`config::Snapshot`], plain data
+//! read through an atomic pointer, so a reload swaps it without pausing traffic; live state
+//! (backend health, limiters, file caches, idle connections) is carried over by name.
+//! `config::print` renders a snapshot back as TOML (`veloxy check --print`).
 //!
 //! # Lexicon
 //!
 //! * **downstream**: the client side of the proxy. **upstream**: the server side.
 //! * **listener**: an address veloxy accepts connections on, with a name.
-//! * **route**: a rule (listener, host, path prefix) that sends requests to an upstream group,
-//!   or serves files from a root directory (a **file route**).
+//! * **route**: a rule (listener, host, path prefix) and its target: an upstream group, or a
+//!   root directory (a **file route**).
 //! * **upstream group**: a named set of backends plus a policy, pool size and timeouts.
 //! * **backend**: one server (address, weight) of an upstream group.
+//! * **exchange**: one request and its response, from admission to the record of its end.
+//! * **attempt**: one try of an exchange on one backend; a **retry** is a further attempt on
+//!   another backend, allowed by the group's **retry budget** (retries per request, Envoy's).
+//! * **policy**: a balancing algorithm (round robin, least connections, p2c EWMA, consistent
+//!   hash, or a library user's); its **picker** is the per-worker state that picks backends.
+//! * **outlier**: a backend ejected by passive health checks after consecutive failures.
 //! * **worker**: one thread with its own runtime; owns its listener sockets and pools.
-//! * **snapshot**: the immutable compiled config a request runs on.
+//! * **snapshot**: the immutable compiled config; a **generation** is a worker's state built
+//!   for one snapshot (pickers, pools), replaced on reload.
 //! * **stream**: one request/response exchange on an HTTP/2 connection.
 //! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways.
 
