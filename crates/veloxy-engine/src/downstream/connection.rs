@@ -299,22 +299,11 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 // Errors found before forwarding: answer, then close if the body (or the rest of
                 // a malformed stream) is still unread, or the client asked to.
                 let close = must_close || e.closes_connection();
-                worker.count_error(&e);
                 tracing::debug!(client = %down.peer, error = %e, "request refused");
-                let written = send_error(
-                    worker,
-                    &mut down.stream,
-                    e.status(),
-                    &e.kind.to_string(),
-                    close,
-                    is_head,
-                )
-                .await;
-                down.bytes_sent += written as u64;
+                let keep =
+                    crate::downstream::proxy::answer_error(worker, down, &e, close, is_head).await;
                 finish_record(worker, down, &mut record, e.status());
-                let ok = written > 0;
-                if close || !ok {
-                    linger_close(&mut down.stream).await;
+                if !keep {
                     return;
                 }
                 continue;

@@ -24,7 +24,8 @@ use crate::compress::{self, StreamEncoder};
 use crate::config::{RequestBuffering, UpstreamGroup};
 use crate::downstream::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::downstream::relay::{
-    relay_request_body, relay_response_body, reserve, write_down, BodyState, READ_CHUNK,
+    read_body_more, relay_request_body, relay_response_body, reserve, write_down, BodyState,
+    READ_CHUNK,
 };
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::attempt::{self, ExchangeError, Plan};
@@ -94,45 +95,37 @@ pub(crate) async fn forward(
     let limit = p.target.concurrency.clone();
     let outcome = match buffer_request_body(group, down, &mut p, &mut req_body, &mut wbuf).await {
         Err(f) => Err(f),
-        Ok(()) => {
-            let admission = match &limit {
-                None => Ok(None),
-                Some(l) => l.admit().await.map(Some),
-            };
-            match admission {
-                Err(_) => Err(Fail::BeforeResponse(ProxyError::downstream(
-                    ErrorKind::Overloaded,
-                ))),
-                Ok(_admitted) => {
-                    let plan = Plan {
-                        worker,
-                        gen,
-                        upstream: p.target.upstream,
-                        client: down.peer,
-                        hash: p.target.hash,
-                        replayable: p.idempotent && req_body.is_done(),
-                    };
-                    let mut run = Run {
-                        worker,
-                        gen,
-                        group,
-                        p: &p,
-                        record: &mut record,
-                        req_body: &mut req_body,
-                        wbuf: &wbuf,
-                        ubuf: &mut ubuf,
-                        obuf: &mut obuf,
-                    };
-                    let first = p.target.backend;
-                    attempt::run(&plan, first, &mut backend, async |b, may_retry_status| {
-                        let meta = run.attempt(down, b, may_retry_status).await?;
-                        let status = meta.status;
-                        Ok((meta, status))
-                    })
-                    .await
-                }
+        Ok(()) => match exchange::admit_concurrency(&limit).await {
+            Err(e) => Err(Fail::BeforeResponse(e)),
+            Ok(_admitted) => {
+                let plan = Plan {
+                    worker,
+                    gen,
+                    upstream: p.target.upstream,
+                    client: down.peer,
+                    hash: p.target.hash,
+                    replayable: p.idempotent && req_body.is_done(),
+                };
+                let mut run = Run {
+                    worker,
+                    gen,
+                    group,
+                    p: &p,
+                    record: &mut record,
+                    req_body: &mut req_body,
+                    wbuf: &wbuf,
+                    ubuf: &mut ubuf,
+                    obuf: &mut obuf,
+                };
+                let first = p.target.backend;
+                attempt::run(&plan, first, &mut backend, async |b, may_retry_status| {
+                    let meta = run.attempt(down, b, may_retry_status).await?;
+                    let status = meta.status;
+                    Ok((meta, status))
+                })
+                .await
             }
-        }
+        },
     };
 
     let (keep, status) = match outcome {
@@ -246,21 +239,7 @@ async fn buffer_request_body(
     }
     // A chunked body of unknown size is read up to the limit; the rest streams.
     while !body.is_done() && wbuf.len() - head_len <= limit {
-        reserve(&mut down.rbuf, READ_CHUNK);
-        match timeout(down.body_timeout, down.stream.read_buf(&mut down.rbuf)).await {
-            Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
-            Err(_) => {
-                down.metrics.body_timeouts.inc();
-                return Err(Fail::BeforeResponse(ProxyError::downstream(
-                    ErrorKind::BodyTimeout,
-                )));
-            }
-            _ => {
-                return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
-                    "request body truncated",
-                ))))
-            }
-        }
+        read_body_more(down).await?;
         let n = body
             .take_request_into(&down.rbuf, wbuf)
             .map_err(|_| bad())?;

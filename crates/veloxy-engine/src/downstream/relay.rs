@@ -197,6 +197,28 @@ pub(crate) async fn write_down(down: &mut Downstream, data: &[u8]) -> Result<(),
     }
 }
 
+/// Reads more of a request body into the client's read buffer, within `body_timeout`. A
+/// stall gets a 408 (no response has started; an upstream connection holding a partial
+/// request is dropped); a client that vanished mid-body leaves nobody to answer.
+pub(crate) async fn read_body_more(down: &mut Downstream) -> Result<(), Fail> {
+    reserve(&mut down.rbuf, READ_CHUNK);
+    match timeout(down.body_timeout, down.stream.read_buf(&mut down.rbuf)).await {
+        Ok(Ok(n)) if n > 0 => {
+            down.metrics.bytes_in.add(n as u64);
+            Ok(())
+        }
+        Err(_) => {
+            down.metrics.body_timeouts.inc();
+            Err(Fail::BeforeResponse(ProxyError::downstream(
+                ErrorKind::BodyTimeout,
+            )))
+        }
+        _ => Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
+            "request body truncated",
+        )))),
+    }
+}
+
 /// Streams the rest of the request body from the client to the upstream, through the client's
 /// read buffer (bounded: each read is forwarded before the next).
 pub(crate) async fn relay_request_body(
@@ -208,24 +230,7 @@ pub(crate) async fn relay_request_body(
     let mut extra = Vec::new();
     while !body.is_done() {
         if down.rbuf.is_empty() {
-            reserve(&mut down.rbuf, READ_CHUNK);
-            match timeout(down.body_timeout, down.stream.read_buf(&mut down.rbuf)).await {
-                Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
-                // A client that stalls mid-body gets a 408 (no response has started) and the
-                // upstream connection, holding a partial request, is dropped.
-                Err(_) => {
-                    down.metrics.body_timeouts.inc();
-                    return Err(Fail::BeforeResponse(ProxyError::downstream(
-                        ErrorKind::BodyTimeout,
-                    )));
-                }
-                // The client vanished mid-body: nobody to answer.
-                _ => {
-                    return Err(Fail::Abort(ProxyError::downstream(ErrorKind::BadRequest(
-                        "request body truncated",
-                    ))))
-                }
-            }
+            read_body_more(down).await?;
         }
         extra.clear();
         let (n, verbatim) = body.take_request(&down.rbuf, &mut extra).map_err(|_| {

@@ -222,6 +222,21 @@ pub(crate) fn admit(
     }))
 }
 
+/// Waits for a slot of the route's concurrency limit (if it has one): 503 when the queue is
+/// full or `queue_timeout` passes. The slot is held until the returned guard drops.
+pub(crate) async fn admit_concurrency(
+    limit: &Option<Arc<ConcurrencyLimit>>,
+) -> Result<Option<crate::limits::Admission<'_>>, ProxyError> {
+    match limit {
+        None => Ok(None),
+        Some(l) => l
+            .admit()
+            .await
+            .map(Some)
+            .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded)),
+    }
+}
+
 /// The `on_request` phase. Only error statuses can be answered without a body of the hook's
 /// own, so anything else becomes a 500.
 fn run_on_request(

@@ -61,6 +61,20 @@ pub(crate) fn classify(name: &str) -> Special {
     }
 }
 
+/// Writes the framing header of an upstream request head for `body`: its Content-Length, or
+/// chunked Transfer-Encoding; nothing for a request without a body.
+pub(crate) fn write_framing(body: BodyKind, out: &mut Vec<u8>) {
+    match body {
+        BodyKind::Length(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            out.extend_from_slice(itoa(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        BodyKind::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        BodyKind::None | BodyKind::UntilClose => {}
+    }
+}
+
 /// True when `value` (a Connection header) lists `token`, case-insensitively.
 pub(crate) fn has_token(value: &[u8], token: &str) -> bool {
     value

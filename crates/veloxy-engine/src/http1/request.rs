@@ -4,9 +4,7 @@ use std::mem::MaybeUninit;
 
 use httparse::{Header, Status};
 
-use super::{
-    classify, has_token, itoa, named_by_connection, parse_content_length, BodyKind, Special,
-};
+use super::{classify, has_token, named_by_connection, parse_content_length, BodyKind, Special};
 use crate::error::{ErrorKind, ProxyError};
 
 /// Limits on a request head, from `[server]`.
@@ -317,15 +315,7 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
         out.extend_from_slice(h.value);
         out.extend_from_slice(b"\r\n");
     }
-    match req.body {
-        BodyKind::Length(n) => {
-            out.extend_from_slice(b"Content-Length: ");
-            out.extend_from_slice(itoa(n).as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        BodyKind::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
-        BodyKind::None | BodyKind::UntilClose => {}
-    }
+    super::write_framing(req.body, out);
     out.extend_from_slice(b"X-Forwarded-For: ");
     if xff_seen {
         for h in req

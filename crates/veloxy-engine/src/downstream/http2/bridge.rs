@@ -20,7 +20,7 @@ use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::proxy::{answer_error, reset_downstream};
 use crate::downstream::relay::{reserve, write_down, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError, Side};
-use crate::exchange::Record;
+use crate::exchange::{self, Record};
 use crate::http1::{itoa, reason, BodyKind, MAX_HEADERS};
 use crate::worker::{Generation, Worker};
 
@@ -36,12 +36,8 @@ pub(crate) async fn forward(
     let sent_before = down.bytes_sent;
     let mut record = std::mem::replace(&mut p.record, Record::unlogged());
     let limit = p.target.concurrency.clone();
-    let admission = match &limit {
-        None => Ok(None),
-        Some(l) => l.admit().await.map(Some),
-    };
-    let result = match admission {
-        Err(_) => Err(ProxyError::downstream(ErrorKind::Overloaded)),
+    let result = match exchange::admit_concurrency(&limit).await {
+        Err(e) => Err(e),
         Ok(_admitted) => exchange(worker, gen, down, &p, &mut record).await,
     };
     record.backend = Some(group.backends[p.target.backend].addr);

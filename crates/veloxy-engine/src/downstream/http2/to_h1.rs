@@ -26,7 +26,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, Plan};
 use crate::exchange::ProxyTarget;
 use crate::http1::response::{parse_foreign, ForeignHead, MAX_RESPONSE_HEAD};
-use crate::http1::{itoa, BodyKind};
+use crate::http1::BodyKind;
 use crate::upstream::connect::connect_backend;
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
@@ -239,15 +239,7 @@ fn write_head(
         }
         out.extend_from_slice(b"\r\n");
     }
-    match framing {
-        BodyKind::Length(n) => {
-            out.extend_from_slice(b"Content-Length: ");
-            out.extend_from_slice(itoa(n).as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        BodyKind::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
-        BodyKind::None | BodyKind::UntilClose => {}
-    }
+    crate::http1::write_framing(framing, out);
     out.extend_from_slice(b"X-Forwarded-For: ");
     for v in parts.headers.get_all("x-forwarded-for") {
         let v = v.as_bytes().trim_ascii();
