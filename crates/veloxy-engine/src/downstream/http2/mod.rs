@@ -38,6 +38,8 @@ use crate::exchange::{self, Admitted, Fields, Head, Peer, Record};
 use crate::worker::{Generation, Worker};
 
 pub(crate) mod bridge;
+mod files;
+mod h1_body;
 mod stall;
 mod to_h1;
 mod to_h2;
@@ -212,9 +214,9 @@ impl Drop for Finish {
 /// A response body: veloxy's own short answers, or a stream from the upstream.
 pub(crate) enum ProxyBody {
     Full(Option<Bytes>, Option<Box<Finish>>),
-    H1(Box<to_h1::H1Body>),
+    H1(Box<h1_body::H1Body>),
     H2(Incoming, Option<Box<Finish>>),
-    File(Box<FileBody>),
+    File(Box<files::FileBody>),
 }
 
 impl Body for ProxyBody {
@@ -437,7 +439,7 @@ async fn forward(
     let target = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record)? {
         Admitted::Files(files) => {
             let f = fin.take().expect("present until success");
-            return Ok(serve_file(&c.worker, &files, &req, path, f));
+            return Ok(files::serve_file(&c.worker, &files, &req, path, f));
         }
         Admitted::Proxy(t) => t,
     };
@@ -453,111 +455,6 @@ async fn forward(
         UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
             to_h2::forward(c, gen, &target, req, fin).await
         }
-    }
-}
-
-/// Request headers of an HTTP/2 stream, as the file server reads them.
-struct H2Headers<'a>(&'a HeaderMap);
-
-impl crate::static_files::Headers for H2Headers<'_> {
-    fn get(&self, name: &str) -> Option<&[u8]> {
-        self.0.get(name).map(|v| v.as_bytes())
-    }
-}
-
-/// Answers a stream from a file route: the same decision as for HTTP/1, the body streamed
-/// from memory or read from the file in chunks.
-fn serve_file(
-    worker: &Worker,
-    files: &crate::static_files::StaticRoute,
-    req: &Request<Incoming>,
-    target: &str,
-    mut fin: Box<Finish>,
-) -> Response<ProxyBody> {
-    let headers = H2Headers(req.headers());
-    let request = crate::static_files::Request {
-        method: req.method().as_str(),
-        target,
-        headers: &headers,
-    };
-    let r = crate::static_files::respond(files, &request);
-    fin.status = r.status;
-    let hook_lines = exchange::on_response(worker, &mut fin.record, r.status).map(<[u8]>::to_vec);
-    let mut map = HeaderMap::with_capacity(r.headers.len());
-    for (name, value) in r.headers {
-        if name.eq_ignore_ascii_case("connection") {
-            continue;
-        }
-        if let (Ok(n), Ok(v)) = (
-            http::HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_maybe_shared(value),
-        ) {
-            map.append(n, v);
-        }
-    }
-    let parts: std::collections::VecDeque<crate::static_files::Part> = match r.body {
-        crate::static_files::Body::Empty => Default::default(),
-        crate::static_files::Body::Bytes(b) => [crate::static_files::Part::Bytes(b)].into(),
-        crate::static_files::Body::File { file, offset, len } => {
-            [crate::static_files::Part::File { file, offset, len }].into()
-        }
-        crate::static_files::Body::Multipart(parts) => parts.into(),
-    };
-    let mut resp = Response::new(ProxyBody::File(Box::new(FileBody {
-        parts,
-        fin: Some(fin),
-    })));
-    *resp.status_mut() =
-        http::StatusCode::from_u16(r.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-    if let Some(lines) = hook_lines {
-        add_hook_headers(&lines, &mut map);
-    }
-    *resp.headers_mut() = map;
-    resp
-}
-
-/// A file route's body: parts in memory or file regions read 64 KiB at a time (page-cache
-/// reads on the worker thread, as nginx does without aio).
-pub(crate) struct FileBody {
-    parts: std::collections::VecDeque<crate::static_files::Part>,
-    fin: Option<Box<Finish>>,
-}
-
-impl FileBody {
-    fn next(&mut self) -> Option<Result<Bytes, ProxyError>> {
-        use crate::static_files::Part;
-        use std::os::unix::fs::FileExt;
-        let data = match self.parts.pop_front()? {
-            Part::Bytes(b) => b,
-            Part::File { file, offset, len } => {
-                let want = len.min(64 * 1024) as usize;
-                let mut buf = vec![0u8; want];
-                match file.read_at(&mut buf, offset) {
-                    Ok(0) => {
-                        return Some(Err(ProxyError::downstream(ErrorKind::Io(
-                            std::io::ErrorKind::UnexpectedEof.into(),
-                        ))))
-                    }
-                    Ok(n) => {
-                        buf.truncate(n);
-                        if (n as u64) < len {
-                            self.parts.push_front(Part::File {
-                                file,
-                                offset: offset + n as u64,
-                                len: len - n as u64,
-                            });
-                        }
-                        Bytes::from(buf)
-                    }
-                    Err(e) => return Some(Err(ProxyError::downstream(ErrorKind::Io(e)))),
-                }
-            }
-        };
-        if let Some(f) = self.fin.as_deref_mut() {
-            f.bytes_sent += data.len() as u64;
-            f.conn.worker.metrics.bytes_out.add(data.len() as u64);
-        }
-        Some(Ok(data))
     }
 }
 

@@ -6,10 +6,7 @@
 //! the HTTP/1 path; larger ones stream. The response body streams back through [`H1Body`],
 //! which returns the upstream connection to the pool once the body is complete.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -18,8 +15,9 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::io::AsyncReadExt;
-use tokio::time::{timeout, timeout_at, Instant, Sleep};
+use tokio::time::{timeout, timeout_at, Instant};
 
+use super::h1_body::H1Body;
 use super::{ConnCtx, Finish, ProxyBody};
 use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
@@ -470,192 +468,4 @@ fn respond(
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     *resp.headers_mut() = headers;
     resp
-}
-
-/// A response body read from an HTTP/1.1 upstream connection.
-pub(crate) struct H1Body {
-    /// The worker, to give the read buffer back when the body is dropped.
-    worker: Rc<crate::worker::Worker>,
-    /// `compress = true` and the response qualified: payload goes through this encoder.
-    encoder: Option<crate::compress::StreamEncoder>,
-    conn: Option<UpstreamConn>,
-    /// Bytes read but not yet passed on.
-    buf: BytesMut,
-    state: BodyState,
-    gen: Rc<Generation>,
-    upstream: usize,
-    backend: usize,
-    reusable: bool,
-    read_timeout: Duration,
-    sleep: Option<Pin<Box<Sleep>>>,
-    scratch: Vec<u8>,
-    fin: Option<Box<Finish>>,
-}
-
-impl H1Body {
-    /// The body is complete: pool the connection if it is clean, and record the stream.
-    fn finish(&mut self) {
-        self.release();
-        self.fin.take();
-    }
-
-    /// Pools the connection as soon as the body is complete: hyper may drop a body whose
-    /// `is_end_stream` is true without polling it again.
-    fn release(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            let shutting = self
-                .fin
-                .as_ref()
-                .is_some_and(|f| f.conn.worker.shutting_down());
-            if self.reusable && self.buf.is_empty() && !shutting {
-                self.gen.groups.borrow_mut()[self.upstream]
-                    .pool
-                    .put(self.backend, conn);
-            }
-        }
-    }
-
-    /// Runs payload through the encoder, if any; `None` when there is nothing to send yet.
-    fn encode(&mut self, data: Bytes) -> Option<Result<Bytes, ProxyError>> {
-        let Some(enc) = self.encoder.as_mut() else {
-            return Some(Ok(data));
-        };
-        let coded = (|| {
-            let mut out = enc.encode(&data)?.to_vec();
-            if self.state.is_done() {
-                out.extend_from_slice(enc.finish()?);
-            }
-            Ok::<_, std::io::Error>(out)
-        })();
-        match coded {
-            Ok(out) if out.is_empty() => None,
-            Ok(out) => Some(Ok(Bytes::from(out))),
-            Err(e) => Some(Err(ProxyError::upstream(ErrorKind::Io(e)))),
-        }
-    }
-
-    fn emit(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
-        if self.state.is_done() {
-            self.release();
-        }
-        // The read timeout measures the upstream's silence, not time the client took to
-        // want more (hyper polls the body only when the stream has window).
-        if let Some(s) = self.sleep.as_mut() {
-            s.as_mut().reset(Instant::now() + self.read_timeout);
-        }
-        let data = match self.encode(data) {
-            Some(Ok(d)) => d,
-            Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-            // Nothing coded yet: an empty frame keeps the poll loop simple.
-            None => Bytes::new(),
-        };
-        if let Some(f) = self.fin.as_deref_mut() {
-            f.bytes_sent += data.len() as u64;
-            f.conn.worker.metrics.bytes_out.add(data.len() as u64);
-        }
-        Poll::Ready(Some(Ok(Frame::data(data))))
-    }
-
-    pub(super) fn is_end_stream(&self) -> bool {
-        self.state.is_done()
-    }
-
-    pub(super) fn poll_frame(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
-        let bad = |_| ProxyError::upstream(ErrorKind::BadResponse("invalid chunked body"));
-        loop {
-            if self.state.is_done() {
-                // A close-delimited body ends with no payload left to carry the coded tail.
-                if let Some(mut enc) = self.encoder.take() {
-                    match enc.finish() {
-                        Ok(tail) if !tail.is_empty() => {
-                            let tail = Bytes::copy_from_slice(tail);
-                            self.release();
-                            return Poll::Ready(Some(Ok(Frame::data(tail))));
-                        }
-                        Ok(_) => {}
-                        Err(e) => return Poll::Ready(Some(Err(up(ErrorKind::Io(e))))),
-                    }
-                }
-                self.finish();
-                return Poll::Ready(None);
-            }
-            if !self.buf.is_empty() {
-                if self.state.decodes() {
-                    self.scratch.clear();
-                    let used = match self.state.take_into(&self.buf, &mut self.scratch) {
-                        Ok(n) => n,
-                        Err(e) => return Poll::Ready(Some(Err(bad(e)))),
-                    };
-                    self.buf.advance(used);
-                    if !self.scratch.is_empty() {
-                        let data = Bytes::copy_from_slice(&self.scratch);
-                        return self.emit(data);
-                    }
-                    if used > 0 {
-                        continue;
-                    }
-                } else {
-                    let used = match self.state.take(&self.buf) {
-                        Ok(n) => n,
-                        Err(e) => return Poll::Ready(Some(Err(bad(e)))),
-                    };
-                    if used > 0 {
-                        let data = Bytes::copy_from_slice(&self.buf[..used]);
-                        self.buf.advance(used);
-                        return self.emit(data);
-                    }
-                }
-            }
-            let Some(conn) = self.conn.as_mut() else {
-                return Poll::Ready(None);
-            };
-            reserve(&mut self.buf, READ_CHUNK);
-            match tokio_util::io::poll_read_buf(Pin::new(&mut conn.stream), cx, &mut self.buf) {
-                Poll::Ready(Ok(0)) => {
-                    if matches!(self.state, BodyState::UntilClose) {
-                        self.state = BodyState::Done;
-                        self.reusable = false;
-                        continue;
-                    }
-                    self.conn = None;
-                    return Poll::Ready(Some(Err(up(ErrorKind::UpstreamClosed))));
-                }
-                Poll::Ready(Ok(_)) => {
-                    if let Some(s) = self.sleep.as_mut() {
-                        s.as_mut().reset(Instant::now() + self.read_timeout);
-                    }
-                }
-                Poll::Ready(Err(e)) => {
-                    self.conn = None;
-                    return Poll::Ready(Some(Err(up(ErrorKind::Io(e)))));
-                }
-                Poll::Pending => {
-                    let timeout = self.read_timeout;
-                    let sleep = self
-                        .sleep
-                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                    if sleep.as_mut().poll(cx).is_ready() {
-                        self.conn = None;
-                        return Poll::Ready(Some(Err(up(ErrorKind::ReadTimeout))));
-                    }
-                    return Poll::Pending;
-                }
-            }
-        }
-    }
-}
-
-impl Drop for H1Body {
-    fn drop(&mut self) {
-        self.worker.give_bytes(std::mem::take(&mut self.buf));
-        if !self.state.is_done() {
-            if let Some(f) = self.fin.as_deref_mut() {
-                // The client reset the stream, or the upstream failed mid-body.
-                tracing::debug!(status = f.status, "HTTP/2 response body cut short");
-            }
-        }
-    }
 }
