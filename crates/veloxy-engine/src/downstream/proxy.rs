@@ -248,6 +248,15 @@ async fn buffer_request_body(
     Ok(())
 }
 
+/// How reading a response head ended, when it did not fail.
+enum Head {
+    Final(ResponseMeta),
+    /// `101 Switching Protocols` to an upgrade request; the head is this long.
+    Switch(usize),
+    /// The upstream closed a reused connection before sending a byte.
+    Stale,
+}
+
 /// The state of one request across attempts.
 struct Run<'a> {
     worker: &'a Worker,
@@ -289,7 +298,6 @@ impl Run<'_> {
             }
             None => (self.connect(backend).await?, false),
         };
-        let fatal = |kind| AttemptFail::Fatal(up(kind));
 
         let meta = 'attempt: loop {
             match timeout(
@@ -323,72 +331,20 @@ impl Run<'_> {
                     .await
                     .map_err(AttemptFail::Fatal)?;
             }
-            // Response head, skipping 1xx interim responses. Bytes already read are parsed
-            // before reading more: an interim and the final head often arrive together.
-            // `read_timeout` bounds the whole wait for the final head: interim responses
-            // (`102 Processing` every second) do not extend it.
-            let head_deadline = Instant::now() + group.read_timeout;
-            self.ubuf.clear();
-            loop {
-                if !self.ubuf.is_empty() {
-                    self.obuf.clear();
-                    match response::parse_and_write_upgrade(
-                        self.ubuf,
-                        p.is_head,
-                        p.version,
-                        p.keep_alive,
-                        p.upgrade,
-                        self.obuf,
-                    ) {
-                        Ok(Parsed::Switch { head_len }) => {
-                            self.worker.metrics.upstream_duration.observe(t0.elapsed());
-                            return self
-                                .switch(down, conn, head_len)
-                                .await
-                                .map_err(AttemptFail::Fatal);
-                        }
-                        Err(e) => return Err(AttemptFail::Fatal(Fail::BeforeResponse(e))),
-                        Ok(Parsed::Partial) if self.ubuf.len() > MAX_RESPONSE_HEAD => {
-                            return Err(fatal(ErrorKind::BadResponse("response head too large")))
-                        }
-                        Ok(Parsed::Partial) => {}
-                        Ok(Parsed::Interim(len)) => {
-                            self.ubuf.advance(len);
-                            continue;
-                        }
-                        Ok(Parsed::Final(meta)) => break 'attempt meta,
-                    }
+            match self.read_head(&mut conn, reused && replayable).await? {
+                Head::Final(meta) => break 'attempt meta,
+                Head::Switch(head_len) => {
+                    self.worker.metrics.upstream_duration.observe(t0.elapsed());
+                    return self
+                        .switch(down, conn, head_len)
+                        .await
+                        .map_err(AttemptFail::Fatal);
                 }
-                reserve(self.ubuf, READ_CHUNK);
-                let n = match timeout_at(head_deadline, conn.stream.read_buf(self.ubuf)).await {
-                    Err(_) => {
-                        return Err(AttemptFail::NoResponse(ProxyError::upstream(
-                            ErrorKind::ReadTimeout,
-                        )))
-                    }
-                    Ok(Ok(n)) => n,
-                    Ok(Err(e))
-                        if self.ubuf.is_empty()
-                            && e.kind() != std::io::ErrorKind::ConnectionReset =>
-                    {
-                        return Err(AttemptFail::NoResponse(ProxyError::upstream(
-                            ErrorKind::Io(e),
-                        )))
-                    }
-                    Ok(Err(_)) => 0,
-                };
-                if n == 0 {
-                    if self.ubuf.is_empty() && reused && replayable {
-                        conn = self.connect(backend).await?;
-                        reused = false;
-                        continue 'attempt;
-                    }
-                    if self.ubuf.is_empty() {
-                        return Err(AttemptFail::NoResponse(ProxyError::upstream(
-                            ErrorKind::UpstreamClosed,
-                        )));
-                    }
-                    return Err(fatal(ErrorKind::UpstreamClosed));
+                Head::Stale => {
+                    // A pooled connection the upstream had closed: replay on a fresh one.
+                    conn = self.connect(backend).await?;
+                    reused = false;
+                    continue 'attempt;
                 }
             }
         };
@@ -400,6 +356,67 @@ impl Run<'_> {
         self.deliver(down, conn, backend, meta)
             .await
             .map_err(AttemptFail::Fatal)
+    }
+
+    /// Reads the response head, skipping 1xx interim responses. Bytes already read are parsed
+    /// before reading more: an interim and the final head often arrive together.
+    /// `read_timeout` bounds the whole wait for the final head: interim responses (`102
+    /// Processing` every second) do not extend it. `may_replay`: a close before any byte
+    /// means a stale pooled connection, to be replayed.
+    async fn read_head(
+        &mut self,
+        conn: &mut UpstreamConn,
+        may_replay: bool,
+    ) -> Result<Head, AttemptFail> {
+        let p = self.p;
+        let no_response = |kind| AttemptFail::NoResponse(ProxyError::upstream(kind));
+        let head_deadline = Instant::now() + self.group.read_timeout;
+        self.ubuf.clear();
+        loop {
+            if !self.ubuf.is_empty() {
+                self.obuf.clear();
+                let parsed = response::parse_and_write_upgrade(
+                    self.ubuf,
+                    p.is_head,
+                    p.version,
+                    p.keep_alive,
+                    p.upgrade,
+                    self.obuf,
+                );
+                match parsed {
+                    Ok(Parsed::Switch { head_len }) => return Ok(Head::Switch(head_len)),
+                    Err(e) => return Err(AttemptFail::Fatal(Fail::BeforeResponse(e))),
+                    Ok(Parsed::Partial) if self.ubuf.len() > MAX_RESPONSE_HEAD => {
+                        let e = ErrorKind::BadResponse("response head too large");
+                        return Err(AttemptFail::Fatal(up(e)));
+                    }
+                    Ok(Parsed::Partial) => {}
+                    Ok(Parsed::Interim(len)) => {
+                        self.ubuf.advance(len);
+                        continue;
+                    }
+                    Ok(Parsed::Final(meta)) => return Ok(Head::Final(meta)),
+                }
+            }
+            reserve(self.ubuf, READ_CHUNK);
+            let n = match timeout_at(head_deadline, conn.stream.read_buf(self.ubuf)).await {
+                Err(_) => return Err(no_response(ErrorKind::ReadTimeout)),
+                Ok(Ok(n)) => n,
+                Ok(Err(e))
+                    if self.ubuf.is_empty() && e.kind() != std::io::ErrorKind::ConnectionReset =>
+                {
+                    return Err(no_response(ErrorKind::Io(e)))
+                }
+                Ok(Err(_)) => 0,
+            };
+            if n == 0 {
+                return match (self.ubuf.is_empty(), may_replay) {
+                    (true, true) => Ok(Head::Stale),
+                    (true, false) => Err(no_response(ErrorKind::UpstreamClosed)),
+                    (false, _) => Err(AttemptFail::Fatal(up(ErrorKind::UpstreamClosed))),
+                };
+            }
+        }
     }
 
     /// The upstream accepted an upgrade: send its 101 downstream, then relay bytes both ways
