@@ -133,6 +133,14 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
+    /// Same rate, burst, key and size: the buckets of one can serve the other.
+    pub(crate) fn same_settings(&self, other: &RateLimiter) -> bool {
+        self.per_second == other.per_second
+            && self.burst == other.burst
+            && self.key == other.key
+            && self.max_keys == other.max_keys
+    }
+
     pub fn new(per_second: f64, burst: u32, key: RateKey, max_keys: usize) -> Self {
         RateLimiter {
             per_second,

@@ -121,6 +121,10 @@ impl Router {
         &self.routes
     }
 
+    pub(crate) fn routes_mut(&mut self) -> &mut [Route] {
+        &mut self.routes
+    }
+
     /// Finds the route for a request. `host` is the raw Host value (any case, maybe with a port);
     /// `path` the request path, query included or not.
     pub fn find(&self, host: &[u8], path: &[u8]) -> Option<&Route> {

@@ -35,3 +35,42 @@ pub(crate) struct ListenerState {
     pub name: Arc<str>,
     pub open: AtomicUsize,
 }
+
+/// Carries the live state of unchanged routes over a reload: a route with the same listener,
+/// host and path keeps its rate-limit buckets, its concurrency limit (so requests still in
+/// flight on the old config count against the same limit) and its file cache, as long as
+/// their settings did not change. Anything changed starts fresh.
+pub(crate) fn carry_over(old: &Snapshot, new: &mut Snapshot) {
+    use crate::router::RouteTarget;
+    for listener in &mut new.listeners {
+        let Some(prev) = old.listeners.iter().find(|l| l.name == listener.name) else {
+            continue;
+        };
+        for route in listener.router.routes_mut() {
+            let Some(was) = prev
+                .router
+                .routes()
+                .iter()
+                .find(|r| r.host == route.host && r.path == route.path)
+            else {
+                continue;
+            };
+            if let (Some(a), Some(b)) = (&mut route.limits.rate, &was.limits.rate) {
+                if a.same_settings(b) {
+                    *a = b.clone();
+                }
+            }
+            if let (Some(a), Some(b)) = (&mut route.limits.concurrency, &was.limits.concurrency) {
+                if (a.max, a.queue, a.queue_timeout) == (b.max, b.queue, b.queue_timeout) {
+                    *a = b.clone();
+                }
+            }
+            if let (RouteTarget::Files(a), RouteTarget::Files(b)) = (&mut route.target, &was.target)
+            {
+                if a.same_settings(b) {
+                    *a = b.clone();
+                }
+            }
+        }
+    }
+}

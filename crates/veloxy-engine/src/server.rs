@@ -302,6 +302,7 @@ impl Running {
 
         let workers = snapshot.settings.workers;
         crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
+        crate::runtime::carry_over(&current, &mut snapshot);
         let snapshot = Arc::new(snapshot);
         self.shared.snapshot.store(snapshot.clone());
         self.shared.generation.fetch_add(1, Ordering::AcqRel);

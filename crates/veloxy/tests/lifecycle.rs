@@ -290,3 +290,29 @@ fn reload_keeps_idle_upstream_connections_of_unchanged_backends() {
         "the idle upstream connection was reused across the reload"
     );
 }
+
+/// A reload that leaves a route unchanged leaves its live state too: the rate-limit buckets
+/// (and the concurrency limit, and file caches) carry over, so a reload cannot be used to
+/// reset a limit.
+#[test]
+fn reload_keeps_the_rate_limit_state_of_unchanged_routes() {
+    let up = upstream(&[]);
+    let config = simple_config(&[up.addr], "").replace(
+        "upstream = \"app\"\n",
+        "upstream = \"app\"\nrate_limit = { rate = \"1/m\", burst = 2, key = \"route\" }\n",
+    );
+    let v = veloxy(&config);
+    assert_eq!(get(v.addr, "/").status, 200);
+    assert_eq!(get(v.addr, "/").status, 200);
+    assert_eq!(get(v.addr, "/").status, 429);
+    // The same file again, with an unrelated change.
+    reload_with(
+        &v,
+        &config.replace("workers = 1", "workers = 1\nshutdown_timeout = \"5s\""),
+        "reloaded",
+    );
+    assert_eq!(get(v.addr, "/").status, 429, "the reload reset the bucket");
+    // A changed limit starts fresh.
+    reload_with(&v, &config.replace("burst = 2", "burst = 3"), "reloaded");
+    assert_eq!(get(v.addr, "/").status, 200);
+}

@@ -136,6 +136,21 @@ pub struct StaticRoute {
 }
 
 impl StaticRoute {
+    /// Same files, same answers: the cache of one is valid for the other.
+    pub(crate) fn same_settings(&self, other: &StaticRoute) -> bool {
+        self.prefix == other.prefix
+            && self.root == other.root
+            && self.index == other.index
+            && self.try_files == other.try_files
+            && self.cache_control == other.cache_control
+            && self.browse == other.browse
+            && self.follow_symlinks == other.follow_symlinks
+            && self.allow_hidden == other.allow_hidden
+            && self.compress == other.compress
+            && self.precompressed == other.precompressed
+            && self.cache.max_bytes() == other.cache.max_bytes()
+    }
+
     /// A route serving `root` (canonicalized here) with default settings.
     pub fn new(prefix: &str, root: &Path, cache_bytes: usize) -> std::io::Result<StaticRoute> {
         Ok(StaticRoute {
