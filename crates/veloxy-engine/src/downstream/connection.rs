@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::{self, Admitted, Fields, Head, Peer, ProxyTarget, Record};
 use crate::http1::request::{self, Forwarded, Limits, RequestView};
@@ -132,8 +133,10 @@ pub(crate) struct Prepared {
     pub version: u8,
     /// Where admission sent it.
     pub target: ProxyTarget,
-    /// The upstream request head, complete with its blank line.
+    /// The upstream request head, complete with its blank line (HTTP/1 upstream groups).
     pub head: Vec<u8>,
+    /// The upstream request head for an `h2`/`h2c` group, built from the parsed request.
+    pub h2_head: Option<Box<crate::downstream::http2::bridge::H2Head>>,
     pub record: Record,
 }
 
@@ -514,26 +517,51 @@ fn prepare(
         Ok(Admitted::Proxy(t)) => t,
     };
     let group = &gen.snapshot.upstreams[target.upstream];
-    let mut head = worker.take_vec();
-    let fwd = Forwarded {
-        client_ip: &down.client_ip,
-        proto: if down.stream.is_tls() {
-            "https"
-        } else {
-            "http"
-        },
-        keep_underscores: gen.snapshot.settings.underscores_in_headers,
+    let proto = if down.stream.is_tls() {
+        "https"
+    } else {
+        "http"
     };
-    request::write_upstream_head(req, &fwd, &mut head);
-    if req.host.is_none() {
-        // An HTTP/1.0 request without Host: HTTP/1.1 upstreams require one.
-        let addr = group.backends[target.backend].addr;
-        head.extend_from_slice(format!("Host: {addr}\r\n").as_bytes());
+    let keep_underscores = gen.snapshot.settings.underscores_in_headers;
+    let mut head = Vec::new();
+    let mut h2_head = None;
+    if group.protocol == UpstreamProtocol::Http1 {
+        head = worker.take_vec();
+        let fwd = Forwarded {
+            client_ip: &down.client_ip,
+            proto,
+            keep_underscores,
+        };
+        request::write_upstream_head(req, &fwd, &mut head);
+        if req.host.is_none() {
+            // An HTTP/1.0 request without Host: HTTP/1.1 upstreams require one.
+            let addr = group.backends[target.backend].addr;
+            head.extend_from_slice(format!("Host: {addr}\r\n").as_bytes());
+        }
+        if let Some(c) = &record.ctx {
+            head.extend_from_slice(&c.upstream_headers);
+        }
+        head.extend_from_slice(b"\r\n");
+    } else {
+        let host = std::str::from_utf8(req.host.unwrap_or(b"")).unwrap_or("");
+        let fwd = crate::downstream::http2::to_h2::Forwarding {
+            client_ip: &down.client_ip,
+            proto,
+            host,
+            keep_underscores,
+        };
+        let lines = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
+        match crate::downstream::http2::bridge::H2Head::build(
+            req,
+            &fwd,
+            group,
+            target.backend,
+            lines,
+        ) {
+            Ok(h) => h2_head = Some(Box::new(h)),
+            Err(e) => return Err(Box::new((e, record))),
+        }
     }
-    if let Some(c) = &record.ctx {
-        head.extend_from_slice(&c.upstream_headers);
-    }
-    head.extend_from_slice(b"\r\n");
     Ok(Next::Forward(Prepared {
         body: req.body,
         keep_alive: req.keep_alive,
@@ -544,6 +572,7 @@ fn prepare(
         version: req.version,
         target,
         head,
+        h2_head,
         record,
     }))
 }

@@ -54,6 +54,32 @@ impl<'a> Fields<'a> {
     }
 }
 
+impl<'a> Fields<'a> {
+    /// Every field, in order, as (name, value).
+    pub fn iter(&self) -> FieldsIter<'a> {
+        match *self {
+            Fields::H1(h) => FieldsIter::H1(h.iter()),
+            Fields::H2(h) => FieldsIter::H2(h.iter()),
+        }
+    }
+}
+
+/// Iterator over a request's fields.
+pub(crate) enum FieldsIter<'a> {
+    H1(std::slice::Iter<'a, httparse::Header<'a>>),
+    H2(http::header::Iter<'a, http::HeaderValue>),
+}
+
+impl<'a> Iterator for FieldsIter<'a> {
+    type Item = (&'a str, &'a [u8]);
+    fn next(&mut self) -> Option<(&'a str, &'a [u8])> {
+        match self {
+            FieldsIter::H1(it) => it.next().map(|h| (h.name, h.value)),
+            FieldsIter::H2(it) => it.next().map(|(n, v)| (n.as_str(), v.as_bytes())),
+        }
+    }
+}
+
 /// Iterator over Cookie field values.
 pub(crate) enum Cookies<'a> {
     H1(std::slice::Iter<'a, httparse::Header<'a>>),

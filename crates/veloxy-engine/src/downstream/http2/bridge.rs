@@ -1,7 +1,7 @@
 //! HTTP/1.1 clients routed to `h2`/`h2c` upstream groups.
 //!
-//! The request is the head veloxy wrote for an HTTP/1 upstream (hop-by-hop headers already
-//! removed, `X-Forwarded-*` set), turned into HTTP/2 fields, with its body buffered up to the
+//! The HTTP/2 request is built from the parsed HTTP/1 request at admission ([`H2Head`]: the
+//! same field filtering and `X-Forwarded-*` as for HTTP/2 clients), with its body buffered up to the
 //! group's `retry_body_limit` (larger bodies get 413: streaming an HTTP/1 body into an HTTP/2
 //! stream would tie the client connection to a second task). It goes over the worker's
 //! multiplexed connection to the backend. The response streams back as HTTP/1.1: with its
@@ -21,7 +21,7 @@ use crate::downstream::proxy::{answer_error, reset_downstream};
 use crate::downstream::relay::{reserve, write_down, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::{self, Record};
-use crate::http1::{itoa, reason, BodyKind, MAX_HEADERS};
+use crate::http1::{itoa, reason, BodyKind};
 use crate::worker::{Generation, Worker};
 
 /// Forwards one HTTP/1 request to an HTTP/2 upstream group; returns whether the client
@@ -77,7 +77,10 @@ async fn exchange(
         write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await?;
     }
     let body = read_body(down, p.body, group.retry_body_limit).await?;
-    let req = to_h2_request(&p.head, group.protocol, body)?;
+    let head = p.h2_head.as_deref().ok_or_else(|| {
+        ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"))
+    })?;
+    let req = to_h2_request(head, body)?;
     let backend = p.target.backend;
     let mut sender =
         crate::downstream::http2::to_h2::sender_for(worker, gen, p.target.upstream, backend)
@@ -155,55 +158,64 @@ async fn read_body(
     }
 }
 
-/// Builds the HTTP/2 request from the HTTP/1 head veloxy prepared for the upstream.
+/// The HTTP/2 request head for an HTTP/1 request, built from the parsed request (no HTTP/1
+/// head is written and parsed back): `:authority` from Host (the backend's address when the
+/// client sent none), the fields filtered and X-Forwarded-* set as for HTTP/2 clients, and
+/// the hooks' fields.
+pub(crate) struct H2Head {
+    method: http::Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+}
+
+impl H2Head {
+    pub(crate) fn build(
+        req: &crate::http1::request::RequestView,
+        fwd: &crate::downstream::http2::to_h2::Forwarding,
+        group: &crate::config::UpstreamGroup,
+        backend: usize,
+        hook_lines: Option<&[u8]>,
+    ) -> Result<H2Head, ProxyError> {
+        let bad =
+            || ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"));
+        let method = http::Method::from_bytes(req.method.as_bytes()).map_err(|_| bad())?;
+        let scheme = if group.protocol == UpstreamProtocol::H2 {
+            "https"
+        } else {
+            "http"
+        };
+        let addr = group.backends[backend].addr.to_string();
+        let authority = if fwd.host.is_empty() { &addr } else { fwd.host };
+        let uri: http::Uri = format!("{scheme}://{authority}{}", req.path)
+            .parse()
+            .map_err(|_| bad())?;
+        let fields = crate::exchange::Fields::H1(req.headers);
+        let mut headers = crate::downstream::http2::to_h2::upstream_headers(fields, fwd);
+        if let Some(lines) = hook_lines {
+            crate::downstream::http2::add_hook_headers(lines, &mut headers);
+        }
+        Ok(H2Head {
+            method,
+            uri,
+            headers,
+        })
+    }
+}
+
+/// The HTTP/2 request: the prepared head and the buffered body.
 fn to_h2_request(
-    head: &[u8],
-    protocol: UpstreamProtocol,
+    head: &H2Head,
     body: Bytes,
 ) -> Result<http::Request<crate::upstream::H2Body>, ProxyError> {
-    let bad = || ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"));
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut headers);
-    match parsed.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err(bad()),
-    }
-    let method = parsed.method.ok_or_else(bad)?;
-    let path = parsed.path.ok_or_else(bad)?;
-    let host = parsed
-        .headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("host"))
-        .map(|h| String::from_utf8_lossy(h.value).into_owned())
-        .unwrap_or_default();
-    let scheme = if protocol == UpstreamProtocol::H2 {
-        "https"
-    } else {
-        "http"
-    };
-    let uri: http::Uri = format!("{scheme}://{host}{path}")
-        .parse()
-        .map_err(|_| bad())?;
-    let mut builder = http::Request::builder().method(method).uri(uri);
-    for h in parsed.headers.iter() {
-        // The head is veloxy's own: its X-Forwarded-* fields are the ones to send. The rest of
-        // the one hop-by-hop list goes, except `te: trailers` (gRPC needs it).
-        use crate::http1::{classify, Special};
-        let skip = match classify(h.name) {
-            Special::None | Special::XForwardedFor | Special::XForwardedOther => false,
-            Special::HopByHop if h.name.eq_ignore_ascii_case("te") => {
-                !h.value.eq_ignore_ascii_case(b"trailers")
-            }
-            _ => true,
-        };
-        if !skip {
-            builder = builder.header(h.name, h.value);
-        }
-    }
-    let body = Full::new(body)
-        .map_err(|never| match never {})
-        .boxed_unsync();
-    builder.body(body).map_err(|_| bad())
+    let mut req = http::Request::new(
+        Full::new(body)
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *req.method_mut() = head.method.clone();
+    *req.uri_mut() = head.uri.clone();
+    *req.headers_mut() = head.headers.clone();
+    Ok(req)
 }
 
 /// Writes the HTTP/1.1 response head and streams the body (and trailers) to the client.

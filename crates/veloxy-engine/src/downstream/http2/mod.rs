@@ -42,7 +42,7 @@ mod files;
 mod h1_body;
 mod stall;
 mod to_h1;
-mod to_h2;
+pub(crate) mod to_h2;
 
 /// Per-stream receive window: how much request body a client may send ahead of the proxy.
 /// Memory per connection is bounded by the connection window below.

@@ -15,7 +15,7 @@ use super::{ConnCtx, Finish, LocalExec, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, AttemptFail, Plan};
-use crate::exchange::ProxyTarget;
+use crate::exchange::{Fields, ProxyTarget};
 use crate::upstream::connect::connect_backend;
 use crate::upstream::H2Sender;
 use crate::worker::Generation;
@@ -35,38 +35,13 @@ pub(super) async fn forward(
     let (parts, body) = req.into_parts();
     let host = super::authority_of(&parts).to_owned();
 
-    // Connection-level headers are already absent in HTTP/2; veloxy's own are rewritten.
-    let mut headers = HeaderMap::with_capacity(parts.headers.len() + 3);
-    let keep_underscores = gen.snapshot.settings.underscores_in_headers;
-    for (name, value) in &parts.headers {
-        if name == http::header::TE {
-            // The only TE HTTP/2 allows; gRPC needs it end to end.
-            if value.as_bytes() == b"trailers" {
-                headers.append(name.clone(), value.clone());
-            }
-            continue;
-        }
-        if super::skip_request_header(name) || super::dropped_underscore(name, keep_underscores) {
-            continue;
-        }
-        headers.append(name.clone(), value.clone());
-    }
-    let mut xff = Vec::new();
-    for v in parts.headers.get_all("x-forwarded-for") {
-        let v = v.as_bytes().trim_ascii();
-        if !v.is_empty() {
-            xff.extend_from_slice(v);
-            xff.extend_from_slice(b", ");
-        }
-    }
-    xff.extend_from_slice(c.client_ip().as_bytes());
-    if let Ok(v) = HeaderValue::from_bytes(&xff) {
-        headers.insert("x-forwarded-for", v);
-    }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(c.proto()));
-    if let Ok(v) = HeaderValue::from_str(&host) {
-        headers.insert("x-forwarded-host", v);
-    }
+    let fwd = Forwarding {
+        client_ip: c.client_ip(),
+        proto: c.proto(),
+        host: &host,
+        keep_underscores: gen.snapshot.settings.underscores_in_headers,
+    };
+    let mut headers = upstream_headers(Fields::H2(&parts.headers), &fwd);
     if let Some(ctx) = fin.as_ref().and_then(|f| f.record.ctx.as_deref()) {
         super::add_hook_headers(&ctx.upstream_headers, &mut headers);
     }
@@ -126,6 +101,71 @@ pub(super) async fn forward(
     *out.status_mut() = rparts.status;
     *out.headers_mut() = rparts.headers;
     Ok(out)
+}
+
+/// What the forwarded fields say about the client.
+pub(crate) struct Forwarding<'a> {
+    pub client_ip: &'a str,
+    /// "http" or "https": the client's scheme.
+    pub proto: &'static str,
+    /// The client's Host / `:authority` ("" when it sent none).
+    pub host: &'a str,
+    pub keep_underscores: bool,
+}
+
+/// The fields of a request forwarded to an HTTP/2 upstream, from an HTTP/1 or an HTTP/2
+/// client alike: the one hop-by-hop list ([`crate::http1::classify`]) and any field a
+/// Connection header names are dropped (`te: trailers` is kept: gRPC needs it), so are
+/// names with `_` unless kept; X-Forwarded-For, -Proto and -Host are set.
+pub(crate) fn upstream_headers(fields: Fields, fwd: &Forwarding) -> HeaderMap {
+    use crate::http1::{classify, has_token, Special};
+    let connection: Vec<&[u8]> = fields
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
+        .map(|(_, v)| v)
+        .collect();
+    let mut headers = HeaderMap::new();
+    let mut xff = Vec::new();
+    for (name, value) in fields.iter() {
+        match classify(name) {
+            Special::XForwardedFor => {
+                let v = value.trim_ascii();
+                if !v.is_empty() {
+                    xff.extend_from_slice(v);
+                    xff.extend_from_slice(b", ");
+                }
+                continue;
+            }
+            Special::HopByHop if name.eq_ignore_ascii_case("te") => {
+                if !value.eq_ignore_ascii_case(b"trailers") {
+                    continue;
+                }
+            }
+            Special::None => {}
+            _ => continue,
+        }
+        let underscore = !fwd.keep_underscores && name.contains('_');
+        if underscore || connection.iter().any(|c| has_token(c, name)) {
+            continue;
+        }
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    xff.extend_from_slice(fwd.client_ip.as_bytes());
+    if let Ok(v) = HeaderValue::from_bytes(&xff) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(fwd.proto));
+    if let Ok(v) = HeaderValue::from_str(fwd.host) {
+        if !fwd.host.is_empty() {
+            headers.insert("x-forwarded-host", v);
+        }
+    }
+    headers
 }
 
 /// The upstream request: the client's, with the group's scheme and the client's authority
