@@ -25,52 +25,74 @@ pub enum Side {
 /// What went wrong, precise enough to choose the status code.
 #[derive(Debug, thiserror::Error)]
 pub enum ErrorKind {
+    /// A request the codec refuses (framing, syntax, authority, chunked body): 400.
     #[error("malformed request: {0}")]
     BadRequest(&'static str),
+    /// The request head exceeds `max_header_bytes`: 431.
     #[error("request head too large")]
     HeadTooLarge,
+    /// The request target exceeds `max_uri_bytes`: 414.
     #[error("request URI too long")]
     UriTooLong,
+    /// The request head did not complete within `header_timeout`: 408.
     #[error("timed out reading the request head")]
     HeaderTimeout,
+    /// No request body bytes for `body_timeout`: 408.
     #[error("timed out reading the request body")]
     BodyTimeout,
+    /// The client accepted no response bytes for `send_timeout` (recorded as 408).
     #[error("timed out sending the response: the client stopped reading")]
     SendTimeout,
+    /// No route matches the host and path (or the listener is gone after a reload): 404.
     #[error("no route for this host and path")]
     NoRoute,
+    /// Every backend of the group is down or ejected: 503.
     #[error("no backend available")]
     NoBackend,
+    /// The backend refused or reset the connection attempt: 502.
     #[error("connect failed: {0}")]
     Connect(io::Error),
     /// Connecting failed for want of something of this host's, not the backend's: file
     /// descriptors, socket buffers, memory, local ports (see [`is_local_resource_error`]).
     #[error("cannot connect upstream, out of local resources: {0}")]
     LocalResources(io::Error),
+    /// The connection to the backend took longer than `connect_timeout`: 504.
     #[error("connect timed out")]
     ConnectTimeout,
+    /// The backend sent nothing for `read_timeout` (or no final head within it): 504.
     #[error("timed out waiting for the upstream")]
     ReadTimeout,
+    /// A write to the backend made no progress for `write_timeout`: 504.
     #[error("timed out writing to the upstream")]
     WriteTimeout,
+    /// The backend closed the connection before a complete response: 502.
     #[error("upstream closed the connection before responding")]
     UpstreamClosed,
+    /// The backend's response could not be parsed or relayed safely: 502.
     #[error("invalid response from upstream: {0}")]
     BadResponse(&'static str),
+    /// An I/O error on either side: 400 downstream, 502 upstream.
     #[error("i/o error: {0}")]
     Io(io::Error),
+    /// Refused with this status by a hook or a protocol rule (CONNECT over HTTP/2: 501).
     #[error("rejected by a filter with status {0}")]
     Rejected(u16),
+    /// The request body is larger than the route or bridge accepts: 413.
     #[error("request body too large for this route")]
     BodyTooLarge,
+    /// The route's `max_concurrency` is reached and its queue is full or timed out: 503.
     #[error("overloaded: too many requests in flight on this route")]
     Overloaded,
+    /// The listener is at `max_connections`: 503.
     #[error("too many connections")]
     TooManyConnections,
+    /// The route's rate limit is exceeded: 429.
     #[error("rate limit exceeded")]
     RateLimited,
+    /// The backend is at its `max_connections` and no other could take the request: 503.
     #[error("backend at its connection limit")]
     BackendFull,
+    /// The backend answered a status in `retry_on` and no retry was possible: that status.
     #[error("upstream answered {0} and no other backend could take the retry")]
     UpstreamStatus(u16),
 }
@@ -80,11 +102,14 @@ pub enum ErrorKind {
 #[derive(Debug, thiserror::Error)]
 #[error("{side:?} error: {kind}")]
 pub struct ProxyError {
+    /// The side that failed.
     pub side: Side,
+    /// What failed.
     pub kind: ErrorKind,
 }
 
 impl ProxyError {
+    /// An error of the client side.
     pub fn downstream(kind: ErrorKind) -> Self {
         ProxyError {
             side: Side::Downstream,
@@ -92,6 +117,7 @@ impl ProxyError {
         }
     }
 
+    /// An error of the backend side.
     pub fn upstream(kind: ErrorKind) -> Self {
         ProxyError {
             side: Side::Upstream,

@@ -29,13 +29,17 @@ use std::time::Duration;
 
 /// Read-only view of a downstream request, given to [`Hooks::on_request`].
 pub struct RequestInfo<'a> {
+    /// The request method.
     pub method: &'a str,
+    /// The request target: path and query.
     pub path: &'a str,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1, 2 for HTTP/2.
     pub version: u8,
+    /// The client's address.
     pub client: SocketAddr,
+    /// The name of the listener the request came in on.
     pub listener: &'a str,
-    /// Name of the upstream group the router chose.
+    /// Name of the upstream group the router chose ("" on a file route).
     pub upstream: &'a str,
     pub(crate) headers: &'a [httparse::Header<'a>],
 }
@@ -97,7 +101,9 @@ fn push_header(out: &mut Vec<u8>, name: &str, value: &str) {
 pub struct RequestSummary {
     /// Status sent downstream (0 if none could be sent).
     pub status: u16,
+    /// From the request head to the end of the exchange.
     pub duration: Duration,
+    /// The backend of the last attempt (`None` for file routes and refusals).
     pub backend: Option<SocketAddr>,
 }
 

@@ -53,7 +53,7 @@
 //! * **stream**: one request/response exchange on an HTTP/2 connection.
 //! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways.
 
-#![allow(missing_docs)] // to be turned to warn once every public item is documented
+#![warn(missing_docs)]
 
 pub(crate) mod accept;
 pub(crate) mod access_log;

@@ -19,23 +19,36 @@ use crate::worker::Worker;
 /// Failures starting or changing a running server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    /// A listener (or the admin endpoint) could not bind its address.
     #[error("listener {name:?}: cannot listen on {addr}: {source}")]
     Bind {
+        /// The listener's name (`admin` for the admin endpoint).
         name: String,
+        /// The address it asked for.
         addr: SocketAddr,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
     /// Someone else holds the port and this is not an upgrade: joining it with SO_REUSEPORT
     /// would silently split its traffic between two processes (and two configs).
     #[error("{what}: {addr} is already in use by another process (another veloxy? use --upgrade for a zero-downtime binary upgrade)")]
-    InUse { what: String, addr: SocketAddr },
+    InUse {
+        /// What wanted the port (`listener "web"`, `admin`).
+        what: String,
+        /// The address held by the other process.
+        addr: SocketAddr,
+    },
+    /// The access log file could not be opened.
     #[error("access log {path:?}: {source}")]
     AccessLog {
+        /// The configured path.
         path: std::path::PathBuf,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
+    /// A worker, admin or health thread could not be started.
     #[error("cannot start worker thread: {0}")]
     Thread(#[source] std::io::Error),
 }
@@ -56,6 +69,7 @@ pub struct Server {
 }
 
 impl Server {
+    /// A server for this compiled config, with no hooks.
     pub fn new(snapshot: Snapshot) -> Self {
         Server {
             snapshot,

@@ -6,23 +6,37 @@ use std::path::PathBuf;
 /// Why a config could not be loaded. Every variant names its source file.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file could not be read.
     #[error("{file}: cannot read config: {source}")]
     Read {
+        /// The config file.
         file: PathBuf,
+        /// Why it could not be read.
         #[source]
         source: std::io::Error,
     },
+    /// A syntax, type or validation error at a place in the file.
     #[error("{file}:{line}:{column}: {key}: {message}")]
     Invalid {
+        /// The file the error is in (the config, or a file it names).
         file: PathBuf,
+        /// 1-based line of the offending value.
         line: usize,
+        /// 1-based column of the offending value.
         column: usize,
         /// Dotted path of the offending key, e.g. `upstreams.api.servers[1]`.
         key: String,
+        /// What is wrong, and what to write instead when that is known.
         message: String,
     },
+    /// An error about the file as a whole (no listener, ...).
     #[error("{file}: {message}")]
-    Whole { file: PathBuf, message: String },
+    Whole {
+        /// The config file.
+        file: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// A hint for the TOML syntax errors people run into most, whose parser messages say what

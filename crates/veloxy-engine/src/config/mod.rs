@@ -4,7 +4,7 @@
 //! * [`compile`] validates them (names, references, addresses, durations, limits) and builds the
 //!   typed snapshot the workers read. Nothing is bound or started here, so a bad file is refused
 //!   before anything is swapped in.
-//! * [`print`] writes a compiled snapshot back as TOML (`veloxy check --print`).
+//! * [`print`](mod@print) writes a compiled snapshot back as TOML (`veloxy check --print`).
 //!
 //! Every option's default is documented on the compiled field that holds it, and in the README.
 
@@ -90,8 +90,11 @@ pub enum RequestBuffering {
 /// A compiled listener: a name, an address, and the routes that apply to it.
 #[derive(Debug, Clone)]
 pub struct ListenerSpec {
+    /// `[listeners.NAME]`: routes and logs refer to it.
     pub name: String,
+    /// The address to bind (port 0: an ephemeral port, reported by `Running::local_addrs`).
     pub addr: SocketAddr,
+    /// The routes that apply to this listener, sorted for lookup.
     pub router: Router,
     /// Open downstream connections allowed (across workers); excess connections are accepted,
     /// answered 503 with Retry-After, and closed. Default 0 = unlimited.
@@ -129,8 +132,11 @@ pub use crate::upstream::group::{Backend, HashKey, UpstreamGroup, UpstreamProtoc
 /// swaps the pointer; in-flight requests finish on the snapshot they started with.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
+    /// `[server]`.
     pub settings: Settings,
+    /// `[listeners.NAME]`, in name order.
     pub listeners: Vec<ListenerSpec>,
+    /// `[upstreams.NAME]`, in name order; routes refer to them by index.
     pub upstreams: Vec<UpstreamGroup>,
     /// Things that are valid but probably unintended, as `file:line:column: key: warning: ...`
     /// lines: `veloxy check` prints them, `veloxy run` logs them at start and on reload.

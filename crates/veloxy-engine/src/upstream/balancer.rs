@@ -33,7 +33,9 @@ use std::sync::Arc;
 /// What a policy knows about a backend when it builds a picker.
 #[derive(Debug, Clone)]
 pub struct BackendInfo {
+    /// The backend's address.
     pub addr: SocketAddr,
+    /// Its `weight` (default 1).
     pub weight: u32,
 }
 
@@ -50,6 +52,7 @@ pub struct PickContext {
 }
 
 impl PickContext {
+    /// True when backend `i` must not be picked.
     pub fn is_excluded(&self, i: usize) -> bool {
         i < 64 && self.excluded & (1 << i) != 0
     }
@@ -81,6 +84,8 @@ pub struct PolicyRegistry {
 }
 
 impl PolicyRegistry {
+    /// A registry with the built-in policies: `round_robin`, `least_conn`, `p2c_ewma`,
+    /// `consistent_hash` and `random`.
     pub fn with_builtins() -> Self {
         let mut r = PolicyRegistry {
             policies: BTreeMap::new(),
@@ -98,10 +103,12 @@ impl PolicyRegistry {
         self.policies.insert(policy.name().to_owned(), policy);
     }
 
+    /// The policy registered under `name`.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Policy>> {
         self.policies.get(name).cloned()
     }
 
+    /// Every registered name, sorted.
     pub fn names(&self) -> Vec<&str> {
         self.policies.keys().map(String::as_str).collect()
     }

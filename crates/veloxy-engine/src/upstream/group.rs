@@ -36,6 +36,7 @@ pub enum HashKey {
 /// A backend: one server of an upstream group.
 #[derive(Debug, Clone)]
 pub struct Backend {
+    /// The address connected to (resolved at load time).
     pub addr: SocketAddr,
     /// The server as written, without its scheme (`host:port`); `addr` is what it resolved to
     /// at load time. Kept because a name means more than one address: it is resolved again
@@ -50,8 +51,11 @@ pub struct Backend {
 /// A compiled upstream group.
 #[derive(Clone)]
 pub struct UpstreamGroup {
+    /// `[upstreams.NAME]`.
     pub name: String,
+    /// Its servers, at most 64.
     pub backends: Vec<Backend>,
+    /// The balancing policy (`policy = ...`, default round robin).
     pub policy: Arc<dyn Policy>,
     /// Idle upstream connections kept per worker and per backend. Default 128; 0 disables pooling.
     pub keepalive: usize,
@@ -84,6 +88,7 @@ pub struct UpstreamGroup {
     pub outlier: Outlier,
     /// Shared health state of the backends (kept across reloads for unchanged backends).
     pub health: Arc<GroupHealth>,
+    /// The protocol spoken to the backends.
     pub protocol: UpstreamProtocol,
     /// Client TLS config for `https://` servers (every server of a group uses the same scheme).
     pub tls: Option<Arc<rustls::ClientConfig>>,

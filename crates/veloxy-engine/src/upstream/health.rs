@@ -26,12 +26,15 @@ pub struct HealthCheck {
     pub path: Option<String>,
     /// Host header for HTTP checks; default the backend address.
     pub host: Option<String>,
+    /// Time between two checks of a backend.
     pub interval: Duration,
+    /// Time a check may take; longer is a failure.
     pub timeout: Duration,
     /// Consecutive passes to mark a down backend up.
     pub healthy: u32,
     /// Consecutive failures to mark an up backend down.
     pub unhealthy: u32,
+    /// Statuses that pass an HTTP check.
     pub expect_status: RangeInclusive<u16>,
 }
 
@@ -67,19 +70,23 @@ impl Default for Outlier {
 /// One backend's shared state.
 #[derive(Debug)]
 pub struct BackendHealth {
+    /// The backend's address.
     pub addr: SocketAddr,
     /// Result of active checks (true until a check says otherwise).
     pub active_up: AtomicBool,
     /// Consecutive active-check results against the current state.
     check_streak: AtomicU32,
-    /// Passive: ms timestamp ([`clock::now_ms`]) the ejection ends; 0 = not ejected.
+    /// Passive: ms timestamp (the process's coarse clock) the ejection ends; 0 = not ejected.
     pub ejected_until_ms: AtomicU64,
+    /// Failures in a row (passive checks).
     pub consecutive_failures: AtomicU32,
     /// Ejections in a row without a success in between (drives the back-off).
     ejections: AtomicU32,
     /// Open upstream connections to this backend, across workers.
     pub open_connections: AtomicUsize,
+    /// Active checks passed.
     pub checks_passed: AtomicU64,
+    /// Active checks failed.
     pub checks_failed: AtomicU64,
     /// What each worker last published about this backend (index = worker id); each slot has
     /// one writer, its worker's heartbeat, so the request path touches none of it.
@@ -98,6 +105,7 @@ pub struct WorkerView {
 }
 
 impl BackendHealth {
+    /// Health state for a backend served by one worker.
     pub fn new(addr: SocketAddr) -> Self {
         Self::with_workers(addr, 1)
     }
@@ -127,11 +135,13 @@ impl BackendHealth {
 /// A group's backends and its `down_mask` (bit i set: backend i must not get new requests).
 #[derive(Debug)]
 pub struct GroupHealth {
+    /// Each backend's state, by index in the group.
     pub backends: Vec<Arc<BackendHealth>>,
     down_mask: AtomicU64,
 }
 
 impl GroupHealth {
+    /// A group of these backends, all usable.
     pub fn new(backends: Vec<Arc<BackendHealth>>) -> Self {
         let g = GroupHealth {
             backends,

@@ -1,4 +1,4 @@
-//! Validation and compilation of [`super::file::FileConfig`] into a [`Snapshot`].
+//! Validation and compilation of the serde structs of `config::file` into a [`Snapshot`].
 //!
 //! One submodule per section of the file: `server` (`[server]`), `upstreams`
 //! (`[upstreams.NAME]`), `listeners` (`[listeners.NAME]` and TLS) and `routes`
