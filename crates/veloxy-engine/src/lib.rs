@@ -73,6 +73,7 @@ pub(crate) mod router;
 pub(crate) mod runtime;
 pub mod server;
 pub(crate) mod static_files;
+pub(crate) mod template;
 pub(crate) mod tls;
 pub mod upstream;
 pub(crate) mod worker;

@@ -59,6 +59,8 @@ pub struct Route {
     pub index: usize,
     pub host: HostMatch,
     pub path: String,
+    /// `path_exact`: the path must equal `path` (query excluded), not just start with it.
+    pub exact: bool,
     /// What answers the route's requests.
     pub target: RouteTarget,
     /// Concurrency and rate limits, if the route sets any.
@@ -77,6 +79,22 @@ pub enum RouteTarget {
     },
     /// A file route (`root = ...`): answered from the filesystem (its own `compress` setting).
     Files(std::sync::Arc<crate::static_files::StaticRoute>),
+    /// `redirect = { to, status }`: a redirect to the rendered template.
+    Redirect {
+        /// The `Location`, rendered per request.
+        to: crate::template::Template,
+        /// 301, 302, 303, 307 or 308.
+        status: u16,
+    },
+    /// `respond = { status, body, content_type }`: a fixed answer.
+    Respond {
+        /// The status.
+        status: u16,
+        /// The body.
+        body: bytes::Bytes,
+        /// Its Content-Type.
+        content_type: String,
+    },
 }
 
 impl Route {
@@ -84,7 +102,7 @@ impl Route {
     pub fn proxied(&self) -> Option<usize> {
         match self.target {
             RouteTarget::Proxy { upstream, .. } => Some(upstream),
-            RouteTarget::Files(_) => None,
+            _ => None,
         }
     }
 }
@@ -103,15 +121,18 @@ impl Router {
     pub(crate) fn has(&self, r: &Route) -> bool {
         self.routes
             .iter()
-            .any(|x| x.host == r.host && x.path == r.path)
+            .any(|x| x.host == r.host && x.path == r.path && x.exact == r.exact)
     }
 
-    /// Sorts by host specificity, then path length, both descending; file order breaks ties.
+    /// Sorts by host specificity, then exact paths before prefixes, then path length, all
+    /// descending; file order breaks ties. That is the precedence: host first, then an exact
+    /// path, then the longest prefix.
     pub(crate) fn finish(&mut self) {
         self.routes.sort_by(|a, b| {
             b.host
                 .rank()
                 .cmp(&a.host.rank())
+                .then(b.exact.cmp(&a.exact))
                 .then(b.path.len().cmp(&a.path.len()))
                 .then(a.index.cmp(&b.index))
         });
@@ -135,9 +156,14 @@ impl Router {
             None => path,
         };
         let path = routing_path(path);
-        self.routes
-            .iter()
-            .find(|r| r.host.matches(host) && path.starts_with(r.path.as_bytes()))
+        self.routes.iter().find(|r| {
+            r.host.matches(host)
+                && if r.exact {
+                    path == r.path.as_bytes()
+                } else {
+                    path.starts_with(r.path.as_bytes())
+                }
+        })
     }
 }
 
@@ -231,6 +257,7 @@ mod tests {
                     HostMatch::parse(host).unwrap()
                 },
                 path: path.to_string(),
+                exact: false,
                 target: RouteTarget::Proxy {
                     upstream: *up,
                     compress: false,

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
 pub(crate) struct ListenerState {
     pub name: Arc<str>,
     pub open: AtomicUsize,
+    /// The port it is bound to.
+    pub port: u16,
 }
 
 /// Carries the live state of unchanged routes over a reload: a route with the same listener,

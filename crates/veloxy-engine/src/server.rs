@@ -108,6 +108,7 @@ impl Server {
             let state = Arc::new(ListenerState {
                 name: spec.name.as_str().into(),
                 open: AtomicUsize::new(0),
+                port: addr.port(),
             });
             bound.push((spec.name.clone(), addr));
             states.push(state.clone());
@@ -343,6 +344,7 @@ impl Running {
             let state = Arc::new(ListenerState {
                 name: name.as_str().into(),
                 open: AtomicUsize::new(0),
+                port: addr.port(),
             });
             for (tx, socket) in self.commands.iter().zip(sockets) {
                 let _ = tx.send(WorkerCommand::Listen(state.clone(), socket));

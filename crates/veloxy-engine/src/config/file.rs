@@ -72,6 +72,10 @@ pub struct ListenerSection {
     /// Idle limit for upgraded (WebSocket) connections: closed after this long with no byte
     /// in either direction.
     pub upgrade_idle_timeout: Option<DurationValue>,
+    /// Every request gets a 308 to `https://{host}{uri}` (plain listeners).
+    pub redirect_https: Option<Spanned<bool>>,
+    /// The HTTPS port put in those redirects (443, the default, is omitted).
+    pub https_port: Option<Spanned<u16>>,
 }
 
 /// `[listeners.NAME.tls]`.
@@ -100,8 +104,12 @@ pub struct RouteSection {
     pub listener: Option<Spanned<String>>,
     pub host: Option<Spanned<String>>,
     pub path: Option<Spanned<String>>,
-    /// Exactly one of `upstream` (proxy) and `root` (serve files) is required.
+    /// An exact path instead of a prefix (at most one of `path` and `path_exact`).
+    pub path_exact: Option<Spanned<String>>,
+    /// Exactly one of `upstream` (proxy), `root` (serve files), `redirect` and `respond`.
     pub upstream: Option<Spanned<String>>,
+    pub redirect: Option<Spanned<RedirectSection>>,
+    pub respond: Option<Spanned<RespondSection>>,
     pub root: Option<Spanned<String>>,
     pub index: Option<Spanned<Vec<String>>>,
     pub try_files: Option<Spanned<Vec<String>>>,
@@ -118,6 +126,23 @@ pub struct RouteSection {
     pub queue: Option<Spanned<usize>>,
     pub queue_timeout: Option<DurationValue>,
     pub rate_limit: Option<Spanned<RateLimitSection>>,
+}
+
+/// `redirect = { to = "https://{host}{uri}", status = 308 }` on a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedirectSection {
+    pub to: Spanned<String>,
+    pub status: Option<Spanned<u16>>,
+}
+
+/// `respond = { status = 200, body = "ok\n", content_type = "text/plain" }` on a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RespondSection {
+    pub status: Option<Spanned<u16>>,
+    pub body: Option<Spanned<String>>,
+    pub content_type: Option<Spanned<String>>,
 }
 
 /// `rate_limit = { rate = "100/s", burst = 50, key = "client_ip" }` on a route.

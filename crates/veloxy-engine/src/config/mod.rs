@@ -96,6 +96,8 @@ pub struct ListenerSpec {
     pub addr: SocketAddr,
     /// The routes that apply to this listener, sorted for lookup.
     pub router: Router,
+    /// `redirect_https = true`: every request is answered with a 308 to HTTPS on this port.
+    pub redirect_https: Option<u16>,
     /// Open downstream connections allowed (across workers); excess connections are accepted,
     /// answered 503 with Retry-After, and closed. Default 0 = unlimited.
     pub max_connections: usize,

@@ -93,6 +93,10 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
     out.bool("http2", l.http2);
     out.int("h2_max_concurrent_streams", l.h2_max_concurrent_streams);
     out.duration("upgrade_idle_timeout", l.upgrade_idle_timeout);
+    if let Some(port) = l.redirect_https {
+        out.bool("redirect_https", true);
+        out.int("https_port", port);
+    }
     if l.tls.is_none() {
         return;
     }
@@ -135,8 +139,24 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
             HostMatch::Exact(h) => out.str("host", h),
             HostMatch::Suffix(s) => out.str("host", &format!("*{s}")),
         }
-        out.str("path", &r.path);
+        out.str(if r.exact { "path_exact" } else { "path" }, &r.path);
         match &r.target {
+            RouteTarget::Redirect { to, status } => out.raw(
+                "redirect",
+                &format!("{{ to = {}, status = {status} }}", string(&to.to_string())),
+            ),
+            RouteTarget::Respond {
+                status,
+                body,
+                content_type,
+            } => out.raw(
+                "respond",
+                &format!(
+                    "{{ status = {status}, body = {}, content_type = {} }}",
+                    string(&String::from_utf8_lossy(body)),
+                    string(content_type)
+                ),
+            ),
             RouteTarget::Files(files) => file_route(out, files),
             RouteTarget::Proxy { upstream, compress } => {
                 out.str("upstream", &snapshot.upstreams[*upstream].name);

@@ -507,11 +507,17 @@ fn prepare(
         client_ip: &down.client_ip,
         listener: &down.listener.name,
         listener_index: &down.listener_index,
+        tls: down.stream.is_tls(),
+        server_port: down.listener.port,
     };
     let target = match exchange::admit(worker, gen, &peer, &head, &mut record) {
         Err(e) => return Err(Box::new((e, record))),
         Ok(Admitted::Files(files)) => {
             let reply = crate::downstream::files::reply(worker, &files, req, record);
+            return Ok(Next::Static(Box::new(reply)));
+        }
+        Ok(Admitted::Answer(answer)) => {
+            let reply = crate::downstream::files::answer(worker, answer, req, record);
             return Ok(Next::Static(Box::new(reply)));
         }
         Ok(Admitted::Proxy(t)) => t,

@@ -8,6 +8,7 @@
 //! [`attempt`] loop (attempts on backends, retries, outlier feedback), and ends with
 //! [`Record::finish`] (access log, metrics, `on_done`). Each of those exists in one place.
 
+pub(crate) mod answer;
 pub(crate) mod attempt;
 pub(crate) mod record;
 
@@ -15,6 +16,7 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+pub(crate) use answer::Answer;
 pub(crate) use record::Record;
 
 use crate::error::{ErrorKind, ProxyError};
@@ -125,12 +127,18 @@ pub(crate) struct Peer<'a> {
     pub listener: &'a str,
     /// The listener's index in the current config, cached per generation.
     pub listener_index: &'a Cell<(u64, usize)>,
+    /// The connection is TLS (`{scheme}` is https).
+    pub tls: bool,
+    /// The port the listener is bound to (`{server_port}`).
+    pub server_port: u16,
 }
 
 /// Where an admitted request goes.
 pub(crate) enum Admitted {
     /// A file route: the codec answers from the filesystem.
     Files(Arc<StaticRoute>),
+    /// veloxy's own answer: a redirect or a fixed response.
+    Answer(Answer),
     Proxy(ProxyTarget),
 }
 
@@ -176,6 +184,9 @@ pub(crate) fn admit(
     let no_route = || ProxyError::downstream(ErrorKind::NoRoute);
     let snapshot = &gen.snapshot;
     let listener = &snapshot.listeners[listener_index(gen, peer).ok_or_else(no_route)?];
+    if let Some(port) = listener.redirect_https {
+        return Ok(Admitted::Answer(Answer::to_https(head, port)));
+    }
     let route = listener
         .router
         .find(head.host, head.target.as_bytes())
@@ -195,7 +206,7 @@ pub(crate) fn admit(
     record.route = Some(route.index);
     let group = match &route.target {
         RouteTarget::Proxy { upstream, .. } => Some(&snapshot.upstreams[*upstream]),
-        RouteTarget::Files(_) => None,
+        _ => None,
     };
     if let Some(g) = group {
         if record.logs() {
@@ -213,6 +224,15 @@ pub(crate) fn admit(
     }
     let (upstream, compress) = match &route.target {
         RouteTarget::Files(files) => return Ok(Admitted::Files(files.clone())),
+        RouteTarget::Redirect { to, status } => {
+            let location = to.render(&answer::RequestVars { head, peer });
+            return Ok(Admitted::Answer(Answer::redirect(*status, location)));
+        }
+        RouteTarget::Respond {
+            status,
+            body,
+            content_type,
+        } => return Ok(Admitted::Answer(Answer::fixed(*status, body, content_type))),
         RouteTarget::Proxy { upstream, compress } => (*upstream, *compress),
     };
     let group = &snapshot.upstreams[upstream];

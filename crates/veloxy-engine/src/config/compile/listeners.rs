@@ -87,10 +87,22 @@ fn compile_listener(
             "must be at least 1",
         ));
     }
+    let redirect_https = match (&l.redirect_https, &l.https_port) {
+        (Some(r), _) if *r.get_ref() && l.tls.is_some() => {
+            return Err(src.error(
+                r.span(),
+                format!("{key}.redirect_https"),
+                "is for plain listeners: this one already serves HTTPS",
+            ))
+        }
+        (Some(r), port) if *r.get_ref() => Some(port.as_ref().map_or(443, |p| *p.get_ref())),
+        _ => None,
+    };
     Ok(ListenerSpec {
         name: name.to_owned(),
         addr,
         router: Router::default(),
+        redirect_https,
         max_connections: l.max_connections.as_ref().map_or(0, |m| *m.get_ref()),
         tls,
         tls_files,

@@ -15,6 +15,7 @@ use crate::config::ListenerSpec;
 use crate::limits::{parse_rate, ConcurrencyLimit, RateKey, RateLimiter, RouteLimits};
 use crate::router::{HostMatch, Route, RouteTarget};
 use crate::static_files::StaticRoute;
+use crate::template::Template;
 
 /// Default memory for a file route's cache of contents and compressed variants.
 const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
@@ -50,12 +51,26 @@ fn compile_route(
         Some(h) => HostMatch::parse(h.get_ref())
             .map_err(|m| src.error(h.span(), format!("{key}.host"), m))?,
     };
-    let path = match &r.path {
-        None => "/".to_owned(),
-        Some(p) if !p.get_ref().starts_with('/') => {
-            return Err(src.error(p.span(), format!("{key}.path"), "must start with '/'"));
+    let (path, exact) = match (&r.path, &r.path_exact) {
+        (Some(_), Some(e)) => {
+            return Err(src.error(
+                e.span(),
+                format!("{key}.path_exact"),
+                "a route has one of path (prefix) and path_exact, not both",
+            ))
         }
-        Some(p) => p.get_ref().clone(),
+        (None, None) => ("/".to_owned(), false),
+        (Some(p), None) | (None, Some(p)) => {
+            let name = if r.path.is_some() {
+                "path"
+            } else {
+                "path_exact"
+            };
+            if !p.get_ref().starts_with('/') {
+                return Err(src.error(p.span(), format!("{key}.{name}"), "must start with '/'"));
+            }
+            (p.get_ref().clone(), r.path_exact.is_some())
+        }
     };
     let files = match &r.root {
         Some(root) => Some(Arc::new(compile_files(src, &key, r, root, &path)?)),
@@ -64,25 +79,80 @@ fn compile_route(
             None
         }
     };
+    let target = match (files, upstream) {
+        (Some(files), _) => RouteTarget::Files(files),
+        (None, Some(upstream)) => RouteTarget::Proxy {
+            upstream,
+            compress: r.compress.as_ref().is_some_and(|c| *c.get_ref()),
+        },
+        (None, None) => answer_target(src, &key, r)?,
+    };
     let compiled = Route {
         index: i,
         host,
         path,
-        target: match (files, upstream) {
-            (Some(files), _) => RouteTarget::Files(files),
-            (None, Some(upstream)) => RouteTarget::Proxy {
-                upstream,
-                compress: r.compress.as_ref().is_some_and(|c| *c.get_ref()),
-            },
-            (None, None) => unreachable!("checked above: a route has a root or an upstream"),
-        },
+        exact,
+        target,
         limits: compile_limits(src, &key, r)?,
     };
     attach(src, &key, route, compiled, listeners)
 }
 
-/// The route's upstream group index; `None` for a file route. Exactly one of `upstream` and
-/// `root` must be set.
+/// The target of a route with neither `upstream` nor `root`: its `redirect` or `respond`.
+fn answer_target(src: &Source, key: &str, r: &RouteSection) -> Result<RouteTarget, ConfigError> {
+    if let Some(rd) = &r.redirect {
+        let rd = rd.get_ref();
+        let status = rd.status.as_ref().map_or(308, |s| *s.get_ref());
+        if ![301, 302, 303, 307, 308].contains(&status) {
+            let span = rd.status.as_ref().map(|s| s.span()).unwrap_or(0..0);
+            return Err(src.error(
+                span,
+                format!("{key}.redirect.status"),
+                format!("{status} is not a redirect status: use 301, 302, 303, 307 or 308"),
+            ));
+        }
+        let to = Template::parse(rd.to.get_ref())
+            .map_err(|m| src.error(rd.to.span(), format!("{key}.redirect.to"), m))?;
+        return Ok(RouteTarget::Redirect { to, status });
+    }
+    let rs = r
+        .respond
+        .as_ref()
+        .expect("route_upstream checked that one target is set")
+        .get_ref();
+    let status = rs.status.as_ref().map_or(200, |s| *s.get_ref());
+    if !(200..=599).contains(&status) {
+        let span = rs.status.as_ref().map(|s| s.span()).unwrap_or(0..0);
+        return Err(src.error(
+            span,
+            format!("{key}.respond.status"),
+            "must be a final status, 200 to 599",
+        ));
+    }
+    let content_type = rs
+        .content_type
+        .as_ref()
+        .map_or("text/plain; charset=utf-8", |c| c.get_ref().as_str());
+    if content_type.contains(['\r', '\n', '\0']) || content_type.is_empty() {
+        let span = rs.content_type.as_ref().map(|s| s.span()).unwrap_or(0..0);
+        return Err(src.error(
+            span,
+            format!("{key}.respond.content_type"),
+            "must be a non-empty header value",
+        ));
+    }
+    Ok(RouteTarget::Respond {
+        status,
+        body: rs
+            .body
+            .as_ref()
+            .map_or_else(Default::default, |b| b.get_ref().clone().into()),
+        content_type: content_type.to_owned(),
+    })
+}
+
+/// The route's upstream group index; `None` for a file route or an answer. Exactly one of
+/// `upstream`, `root`, `redirect` and `respond` must be set.
 fn route_upstream(
     src: &Source,
     key: &str,
@@ -90,16 +160,26 @@ fn route_upstream(
     upstream_index: &HashMap<String, usize>,
 ) -> Result<Option<usize>, ConfigError> {
     let r = route.get_ref();
+    let answers = usize::from(r.redirect.is_some()) + usize::from(r.respond.is_some());
+    let targets = answers + usize::from(r.upstream.is_some()) + usize::from(r.root.is_some());
+    if targets > 1 && answers > 0 {
+        return Err(src.error(
+            route.span(),
+            key,
+            "a route has one of upstream (proxy), root (files), redirect and respond",
+        ));
+    }
     match (&r.upstream, &r.root) {
         (Some(_), Some(root)) => Err(src.error(
             root.span(),
             format!("{key}.root"),
             "a route has either upstream (proxy) or root (files), not both",
         )),
+        (None, None) if answers == 1 => Ok(None),
         (None, None) => Err(src.error(
             route.span(),
             key,
-            "needs upstream = \"NAME\" (proxy) or root = \"DIR\" (files)",
+            "needs upstream = \"NAME\" (proxy), root = \"DIR\" (files), redirect or respond",
         )),
         (Some(up), None) => match upstream_index.get(up.get_ref()) {
             Some(&index) => Ok(Some(index)),

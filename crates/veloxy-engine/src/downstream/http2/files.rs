@@ -114,3 +114,30 @@ impl FileBody {
         Some(Ok(data))
     }
 }
+
+/// An answer of veloxy's own (redirect, fixed response) to an HTTP/2 stream.
+pub(super) fn serve_answer(
+    worker: &Worker,
+    answer: exchange::Answer,
+    is_head: bool,
+    mut fin: Box<Finish>,
+) -> Response<ProxyBody> {
+    fin.status = answer.status;
+    let mut map = HeaderMap::with_capacity(answer.headers.len() + 1);
+    for (name, value) in answer.headers {
+        if let Ok(v) = HeaderValue::from_maybe_shared(value) {
+            map.append(name, v);
+        }
+    }
+    map.insert(http::header::CONTENT_LENGTH, answer.body.len().into());
+    if let Some(lines) = exchange::on_response(worker, &mut fin.record, answer.status) {
+        add_hook_headers(lines, &mut map);
+    }
+    let body = (!is_head && !answer.body.is_empty()).then_some(answer.body);
+    fin.bytes_sent = body.as_ref().map_or(0, |b| b.len() as u64);
+    let mut resp = Response::new(ProxyBody::Full(body, Some(fin)));
+    *resp.status_mut() = http::StatusCode::from_u16(answer.status)
+        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    *resp.headers_mut() = map;
+    resp
+}

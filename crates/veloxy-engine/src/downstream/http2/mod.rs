@@ -434,12 +434,19 @@ async fn forward(
         client_ip: &c.client_ip,
         listener: &c.listener.name,
         listener_index: &c.listener_index,
+        tls: c.tls,
+        server_port: c.listener.port,
     };
     let f = fin.as_deref_mut().expect("present until success");
     let target = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record)? {
         Admitted::Files(files) => {
             let f = fin.take().expect("present until success");
             return Ok(files::serve_file(&c.worker, &files, &req, path, f));
+        }
+        Admitted::Answer(answer) => {
+            let f = fin.take().expect("present until success");
+            let is_head = req.method() == http::Method::HEAD;
+            return Ok(files::serve_answer(&c.worker, answer, is_head, f));
         }
         Admitted::Proxy(t) => t,
     };

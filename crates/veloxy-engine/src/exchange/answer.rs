@@ -1,0 +1,114 @@
+//! veloxy's own answers, decided at admission: redirects (`redirect`, `redirect_https`) and
+//! fixed responses (`respond`). Each codec writes them in its protocol.
+
+use bytes::Bytes;
+
+use super::{Head, Peer};
+use crate::template::{Var, Vars};
+
+/// A complete answer: status, header fields and body.
+pub(crate) struct Answer {
+    pub status: u16,
+    pub headers: Vec<(&'static str, Bytes)>,
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// A redirect to `location` (already rendered: no CR, LF or NUL).
+    pub fn redirect(status: u16, location: String) -> Answer {
+        let body = Bytes::from(format!("{status} {}\n", crate::http1::reason(status)));
+        Answer {
+            status,
+            headers: vec![
+                ("location", Bytes::from(location)),
+                (
+                    "content-type",
+                    Bytes::from_static(b"text/plain; charset=utf-8"),
+                ),
+            ],
+            body,
+        }
+    }
+
+    /// `redirect_https`: a 308 to the same host and URI over HTTPS on `port`.
+    pub fn to_https(head: &Head, port: u16) -> Answer {
+        let host = host_without_port(head.host);
+        let port = if port == 443 {
+            String::new()
+        } else {
+            format!(":{port}")
+        };
+        let host = String::from_utf8_lossy(host);
+        Answer::redirect(308, format!("https://{host}{port}{}", head.target))
+    }
+
+    /// `respond = { ... }`.
+    pub fn fixed(status: u16, body: &Bytes, content_type: &str) -> Answer {
+        Answer {
+            status,
+            headers: vec![(
+                "content-type",
+                Bytes::copy_from_slice(content_type.as_bytes()),
+            )],
+            body: body.clone(),
+        }
+    }
+}
+
+/// The host of a Host header or `:authority`, without its port (`[::1]:8080` -> `[::1]`).
+fn host_without_port(host: &[u8]) -> &[u8] {
+    if host.starts_with(b"[") {
+        return match host.iter().position(|&b| b == b']') {
+            Some(i) => &host[..=i],
+            None => host,
+        };
+    }
+    match host.iter().rposition(|&b| b == b':') {
+        Some(i) => &host[..i],
+        None => host,
+    }
+}
+
+/// A request's template variables.
+pub(crate) struct RequestVars<'a, 'h> {
+    pub head: &'a Head<'h>,
+    pub peer: &'a Peer<'a>,
+}
+
+impl Vars for RequestVars<'_, '_> {
+    fn value(&self, var: &Var, out: &mut String) {
+        let lossy = |b: &[u8], out: &mut String| out.push_str(&String::from_utf8_lossy(b));
+        let query = self.head.target.split_once('?').map_or("", |(_, q)| q);
+        match var {
+            Var::Host => lossy(host_without_port(self.head.host), out),
+            Var::Uri => out.push_str(self.head.target),
+            Var::Path => out.push_str(self.head.path()),
+            Var::Query => out.push_str(query),
+            Var::Scheme => out.push_str(if self.peer.tls { "https" } else { "http" }),
+            Var::ClientIp => out.push_str(self.peer.client_ip),
+            Var::ClientPort => out.push_str(&self.peer.addr.port().to_string()),
+            Var::ServerPort => out.push_str(&self.peer.server_port.to_string()),
+            Var::Header(name) => lossy(self.head.fields.get(name).unwrap_or(b""), out),
+            Var::Cookie(name) => {
+                let value = self
+                    .head
+                    .fields
+                    .cookies()
+                    .flat_map(|v| v.split(|&b| b == b';'))
+                    .find_map(|pair| {
+                        let pair = pair.trim_ascii();
+                        let eq = pair.iter().position(|&b| b == b'=')?;
+                        (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+                    });
+                lossy(value.unwrap_or(b""), out);
+            }
+            Var::QueryArg(name) => {
+                let value = query.split('&').find_map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                    (k == name).then_some(v)
+                });
+                out.push_str(value.unwrap_or(""));
+            }
+        }
+    }
+}

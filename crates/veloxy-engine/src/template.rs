@@ -1,0 +1,183 @@
+//! Templates in config values (`redirect = { to = "https://{host}{uri}" }`): compiled once at
+//! load time into literal parts and variables, rendered per request without parsing.
+
+use std::fmt;
+
+/// One variable a template can use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Var {
+    /// The request's host, without its port.
+    Host,
+    /// Path and query as received.
+    Uri,
+    /// The path, without the query.
+    Path,
+    /// The query, without `?` ("" when none).
+    Query,
+    /// `http` or `https`: the client's scheme.
+    Scheme,
+    /// The client's IP address.
+    ClientIp,
+    /// The client's port.
+    ClientPort,
+    /// The port the request came in on.
+    ServerPort,
+    /// `{header.NAME}`: a request header's first value ("" when absent).
+    Header(String),
+    /// `{cookie.NAME}`: a cookie's value.
+    Cookie(String),
+    /// `{query.NAME}`: a query parameter's first value, as sent.
+    QueryArg(String),
+}
+
+/// A compiled template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    parts: Vec<Part>,
+    /// The source text, for `veloxy check --print`.
+    source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Lit(String),
+    Var(Var),
+}
+
+/// What a template is rendered against.
+pub(crate) trait Vars {
+    /// The value of `var` for this request.
+    fn value(&self, var: &Var, out: &mut String);
+}
+
+impl Template {
+    /// Compiles `text`; `{name}` is a variable, `{{` and `}}` are literal braces. An unknown
+    /// variable or an unclosed brace is an error naming it.
+    pub fn parse(text: &str) -> Result<Template, String> {
+        let mut parts = Vec::new();
+        let mut lit = String::new();
+        let mut rest = text;
+        while let Some(i) = rest.find(['{', '}']) {
+            lit.push_str(&rest[..i]);
+            let (c, after) = (rest.as_bytes()[i], &rest[i + 1..]);
+            if after.as_bytes().first() == Some(&c) {
+                lit.push(c as char);
+                rest = &after[1..];
+                continue;
+            }
+            if c == b'}' {
+                return Err(format!(
+                    "unmatched '}}' in {text:?} (write '}}}}' for a brace)"
+                ));
+            }
+            let end = after
+                .find('}')
+                .ok_or_else(|| format!("unclosed '{{' in {text:?}"))?;
+            if !lit.is_empty() {
+                parts.push(Part::Lit(std::mem::take(&mut lit)));
+            }
+            parts.push(Part::Var(var(&after[..end])?));
+            rest = &after[end + 1..];
+        }
+        lit.push_str(rest);
+        if !lit.is_empty() {
+            parts.push(Part::Lit(lit));
+        }
+        Ok(Template {
+            parts,
+            source: text.to_owned(),
+        })
+    }
+
+    /// Renders against `vars`. CR, LF and NUL never reach the output: values carrying them
+    /// lose them (a template feeds header values).
+    pub(crate) fn render(&self, vars: &dyn Vars) -> String {
+        let mut out = String::new();
+        for p in &self.parts {
+            match p {
+                Part::Lit(s) => out.push_str(s),
+                Part::Var(v) => {
+                    let start = out.len();
+                    vars.value(v, &mut out);
+                    if out[start..].contains(['\r', '\n', '\0']) {
+                        let clean: String = out[start..]
+                            .chars()
+                            .filter(|c| !matches!(c, '\r' | '\n' | '\0'))
+                            .collect();
+                        out.truncate(start);
+                        out.push_str(&clean);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+fn var(name: &str) -> Result<Var, String> {
+    let named = |prefix: &str| {
+        name.strip_prefix(prefix)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+    };
+    Ok(match name {
+        "host" => Var::Host,
+        "uri" => Var::Uri,
+        "path" => Var::Path,
+        "query" => Var::Query,
+        "scheme" => Var::Scheme,
+        "client_ip" => Var::ClientIp,
+        "client_port" => Var::ClientPort,
+        "server_port" => Var::ServerPort,
+        _ => {
+            if let Some(h) = named("header.") {
+                Var::Header(h.to_ascii_lowercase())
+            } else if let Some(c) = named("cookie.") {
+                Var::Cookie(c)
+            } else if let Some(q) = named("query.") {
+                Var::QueryArg(q)
+            } else {
+                return Err(format!(
+                    "unknown template variable {{{name}}}: use host, uri, path, query, scheme, \
+                     client_ip, client_port, server_port, header.NAME, cookie.NAME or query.NAME"
+                ));
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed;
+    impl Vars for Fixed {
+        fn value(&self, var: &Var, out: &mut String) {
+            out.push_str(match var {
+                Var::Host => "example.com",
+                Var::Uri => "/a?b=1",
+                Var::Header(_) => "x\r\ny",
+                _ => "?",
+            });
+        }
+    }
+
+    #[test]
+    fn parse_and_render() {
+        let t = Template::parse("https://{host}{uri}").unwrap();
+        assert_eq!(t.render(&Fixed), "https://example.com/a?b=1");
+        let t = Template::parse("{{literal}} {header.X-A}").unwrap();
+        assert_eq!(t.render(&Fixed), "{literal} xy");
+        assert!(Template::parse("{nope}")
+            .unwrap_err()
+            .contains("unknown template variable {nope}"));
+        assert!(Template::parse("{host").is_err());
+        assert!(Template::parse("a}b").is_err());
+    }
+}

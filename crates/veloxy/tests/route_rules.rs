@@ -1,0 +1,206 @@
+//! Route rules (issue 12, first part): `respond`, `redirect` with templates, a listener's
+//! `redirect_https`, and `path_exact` precedence, over HTTP/1.1 and over HTTP/2 with TLS.
+
+use veloxy_testkit::*;
+
+use std::path::Path;
+
+/// A TLS listener `web` (h2 and HTTP/1.1 by ALPN) plus a plain listener `plain` with
+/// `plain_keys`, both serving `routes`; one upstream group `app`.
+struct Site {
+    v: Veloxy,
+    pki: Pki,
+    _certs: tempfile::TempDir,
+}
+
+fn site(up: std::net::SocketAddr, plain_keys: &str, routes: &str) -> Site {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let p = |p: &Path| p.display().to_string();
+    let config = format!(
+        "[server]\nworkers = 1\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [listeners.plain]\naddr = \"127.0.0.1:0\"\n{plain_keys}\n\
+         {routes}\n[upstreams.app]\nservers = [\"{up}\"]\n",
+        p(&cert),
+        p(&key)
+    );
+    Site {
+        v: veloxy(&config),
+        pki,
+        _certs: certs,
+    }
+}
+
+impl Site {
+    fn addr(&self, listener: &str) -> std::net::SocketAddr {
+        // Listeners log "listening" one after the other: wait for this one's line.
+        let marker = format!("listener={listener}");
+        eventually(std::time::Duration::from_secs(5), || {
+            self.v.proc.log_text().contains(&marker)
+        });
+        let log = self.v.proc.log_text();
+        let line = log
+            .lines()
+            .find(|l| l.contains("listening") && l.contains(&format!("listener={listener}")))
+            .unwrap_or_else(|| panic!("no listening line for {listener}: {log}"));
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("addr="))
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// GET `path` over HTTPS + HTTP/1.1: (status, raw response).
+    fn h1(&self, path: &str) -> (u16, String) {
+        let client = default_client(&self.pki.ca_pem, &[b"http/1.1"]);
+        let (mut s, _) = tls_connect(self.addr("web"), "localhost", client).unwrap();
+        https1(&mut s, "localhost", path)
+    }
+
+    /// GET `path` over HTTPS + HTTP/2.
+    fn h2(&self, path: &str) -> H2Reply {
+        let addr = self.addr("web");
+        let config = default_client(&self.pki.ca_pem, &[b"h2"]);
+        runtime().block_on(async {
+            let mut c = h2_connect(addr, Some((config, "localhost"))).await;
+            h2_send(&mut c, h2_get("localhost", path, true), None)
+                .await
+                .unwrap()
+        })
+    }
+}
+
+fn header<'a>(raw: &'a str, name: &str) -> Option<&'a str> {
+    raw.split("\r\n\r\n").next()?.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[test]
+fn respond_answers_without_an_upstream() {
+    let up = upstream(&[]);
+    let s = site(
+        up.addr,
+        "",
+        "[[routes]]\npath_exact = \"/healthz\"\nrespond = { status = 200, body = \"ok\\n\" }\n\
+         [[routes]]\npath = \"/gone/\"\nrespond = { status = 410, body = \"gone\", content_type = \"text/html\" }\n\
+         [[routes]]\nupstream = \"app\"\n",
+    );
+    let (status, raw) = s.h1("/healthz");
+    assert_eq!(status, 200, "{raw}");
+    assert!(raw.ends_with("\r\n\r\nok\n"), "{raw}");
+    assert_eq!(
+        header(&raw, "content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    assert_eq!(header(&raw, "content-length"), Some("3"));
+    let r = s.h2("/healthz");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "ok\n"));
+    let r = s.h2("/gone/x");
+    assert_eq!((r.status, r.body_str().as_str()), (410, "gone"));
+    assert_eq!(r.header("content-type"), Some("text/html"));
+    // path_exact matches only the exact path: /healthz/x goes to the proxy route.
+    let (status, raw) = s.h1("/healthz/x");
+    assert_eq!(status, 200);
+    assert!(header(&raw, "x-upstream").is_some(), "{raw}");
+}
+
+#[test]
+fn redirect_renders_its_template() {
+    let up = upstream(&[]);
+    let s = site(
+        up.addr,
+        "",
+        "[[routes]]\npath = \"/old/\"\nredirect = { to = \"https://{host}/new{path}?from={query.id}&ua={header.user-agent}\", status = 301 }\n\
+         [[routes]]\nhost = \"localhost\"\npath = \"/moved\"\nredirect = { to = \"{scheme}://example.org{uri}\" }\n\
+         [[routes]]\nupstream = \"app\"\n",
+    );
+    let (status, raw) = s.h1("/old/a?id=7");
+    assert_eq!(status, 301, "{raw}");
+    assert_eq!(
+        header(&raw, "location"),
+        Some("https://localhost/new/old/a?from=7&ua=")
+    );
+    let r = s.h2("/moved?x=1");
+    assert_eq!(r.status, 308, "default status");
+    assert_eq!(r.header("location"), Some("https://example.org/moved?x=1"));
+}
+
+#[test]
+fn redirect_https_listener_sends_every_request_to_https() {
+    let up = upstream(&[]);
+    let s = site(
+        up.addr,
+        "redirect_https = true\nhttps_port = 8443",
+        "[[routes]]\nupstream = \"app\"\n",
+    );
+    let plain = s.addr("plain");
+    let r = request(
+        plain,
+        "GET /a/b?c=d HTTP/1.1\r\nHost: example.com:8080\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 308);
+    assert_eq!(
+        r.header("location"),
+        Some("https://example.com:8443/a/b?c=d")
+    );
+    // HEAD gets the head only; keep-alive is kept.
+    let mut c = Client::connect(plain);
+    c.send(b"HEAD / HTTP/1.1\r\nHost: example.com\r\n\r\n");
+    let r = c.read_response(true);
+    assert_eq!(r.status, 308);
+    assert!(r.body.is_empty());
+    c.send(b"GET /x HTTP/1.1\r\nHost: example.com\r\n\r\n");
+    assert_eq!(
+        c.read_response(false).header("location"),
+        Some("https://example.com:8443/x")
+    );
+    // The TLS listener itself still proxies.
+    assert_eq!(s.h1("/").0, 200);
+}
+
+#[test]
+fn bad_rules_are_refused_with_file_line_and_key() {
+    let cases = [
+        (
+            "[[routes]]\nredirect = { to = \"/x\", status = 200 }\n",
+            "routes[0].redirect.status: 200 is not a redirect status",
+        ),
+        (
+            "[[routes]]\nredirect = { to = \"https://{hots}/\" }\n",
+            "routes[0].redirect.to: unknown template variable {hots}",
+        ),
+        (
+            "[[routes]]\npath = \"/a\"\npath_exact = \"/a\"\nrespond = {}\n",
+            "routes[0].path_exact: a route has one of path (prefix) and path_exact",
+        ),
+        (
+            "[[routes]]\nupstream = \"app\"\nrespond = {}\n",
+            "routes[0]: a route has one of upstream (proxy), root (files), redirect and respond",
+        ),
+    ];
+    for (routes, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[listeners.web]\naddr = \"127.0.0.1:0\"\n{routes}[upstreams.app]\nservers = [\"127.0.0.1:9\"]\n"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(VELOXY)
+            .args(["check", "--config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{routes}: {text}");
+        assert!(text.contains(want), "{routes}: want {want:?} in {text}");
+        assert!(text.contains(&format!("{}:", path.display())), "{text}");
+    }
+}
