@@ -167,38 +167,17 @@ pub(crate) async fn serve(
     };
     let stream = match tls {
         None => DownstreamIo::Plain(stream),
-        Some(config) => {
-            // A client that sends garbage or stalls mid-handshake costs this one connection:
-            // the handshake is bounded by the header timeout.
-            let acceptor = tokio_rustls::TlsAcceptor::from(config);
-            let accept = Box::pin(tokio::time::timeout(
-                header_timeout,
-                acceptor.accept(stream),
-            ));
-            match accept.await {
-                Ok(Ok(tls)) => {
-                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                    let io = DownstreamIo::Tls(Box::new(tls));
-                    if h2 {
-                        Box::pin(crate::downstream::http2::serve(
-                            worker, io, peer, listener, true,
-                        ))
-                        .await;
-                        return;
-                    }
-                    io
-                }
-                Ok(Err(e)) => {
-                    worker.metrics.tls_handshake_errors.inc();
-                    tracing::debug!(client = %peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    worker.metrics.tls_handshake_errors.inc();
-                    return;
-                }
+        Some(config) => match handshake(&worker, config, stream, peer, header_timeout).await {
+            None => return,
+            Some((io, true)) => {
+                Box::pin(crate::downstream::http2::serve(
+                    worker, io, peer, listener, true,
+                ))
+                .await;
+                return;
             }
-        }
+            Some((io, false)) => io,
+        },
     };
     let mut down = Downstream {
         stream,
@@ -246,6 +225,37 @@ pub(crate) async fn serve(
     serve_requests(&worker, &mut down, &mut fresh).await;
     if fresh {
         worker.fresh.set(worker.fresh.get() - 1);
+    }
+}
+
+/// The TLS handshake, bounded by the header timeout: a client that sends garbage or stalls
+/// mid-handshake costs this one connection. Returns the stream and whether ALPN chose h2;
+/// `None` when the handshake failed (counted).
+async fn handshake(
+    worker: &Worker,
+    config: std::sync::Arc<rustls::ServerConfig>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    limit: Duration,
+) -> Option<(DownstreamIo, bool)> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    // Boxed: the handshake state is large and would otherwise sit in every connection's
+    // future for its whole life.
+    let accept = Box::pin(tokio::time::timeout(limit, acceptor.accept(stream)));
+    match accept.await {
+        Ok(Ok(tls)) => {
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            Some((DownstreamIo::Tls(Box::new(tls)), h2))
+        }
+        Ok(Err(e)) => {
+            worker.metrics.tls_handshake_errors.inc();
+            tracing::debug!(client = %peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            worker.metrics.tls_handshake_errors.inc();
+            None
+        }
     }
 }
 
@@ -303,10 +313,13 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 // a malformed stream) is still unread, or the client asked to.
                 let close = must_close || e.closes_connection();
                 tracing::debug!(client = %down.peer, error = %e, "request refused");
-                let keep =
+                let a =
                     crate::downstream::proxy::answer_error(worker, down, &e, close, is_head).await;
                 finish_record(worker, down, &mut record, e.status());
-                if !keep {
+                if a.linger {
+                    linger_close(&mut down.stream).await;
+                }
+                if !a.keep {
                     return;
                 }
                 continue;

@@ -128,42 +128,57 @@ pub(crate) async fn forward(
         },
     };
 
-    let (keep, status) = match outcome {
-        Ok(meta) => (meta.downstream_keep_alive && p.keep_alive, meta.status),
+    let (keep, status, linger) = match outcome {
+        Ok(meta) => (
+            meta.downstream_keep_alive && p.keep_alive,
+            meta.status,
+            false,
+        ),
         Err(Fail::BeforeResponse(e)) => {
             log_error(&e, group, backend);
             // Keep the client only if its request was fully read and the error is not its fault.
             let close = !req_body.is_done() || e.closes_connection() || !p.keep_alive;
-            (
-                answer_error(worker, down, &e, close, p.is_head).await,
-                e.status(),
-            )
+            let a = answer_error(worker, down, &e, close, p.is_head).await;
+            (a.keep, e.status(), a.linger)
         }
         Err(Fail::Abort(e)) => {
             log_error(&e, group, backend);
             if e.side == Side::Upstream {
                 reset_downstream(down);
             }
-            (false, 0)
+            (false, 0, false)
         }
     };
     record.backend = backend.map(|b| group.backends[b].addr);
     crate::downstream::connection::finish_record(worker, down, &mut record, status);
+    if linger {
+        linger_close(&mut down.stream).await;
+    }
     worker.give_vec(wbuf);
     worker.give_vec(obuf);
     worker.give_bytes(ubuf);
     keep
 }
 
+/// How an error answer went.
+#[derive(Clone, Copy)]
+pub(crate) struct Answered {
+    /// The client connection stays open.
+    pub keep: bool,
+    /// The answer was sent and the connection must close: linger first (after recording the
+    /// exchange, so the record does not wait on the client).
+    pub linger: bool,
+}
+
 /// Answers an error before any response byte went out (counting shed or rate-limited
-/// refusals), closing cleanly if `close`; returns whether the client connection stays open.
+/// refusals). The caller records the exchange, then lingers if [`Answered::linger`].
 pub(crate) async fn answer_error(
     worker: &Worker,
     down: &mut Downstream,
     e: &ProxyError,
     close: bool,
     is_head: bool,
-) -> bool {
+) -> Answered {
     worker.count_error(e);
     let written = send_error(
         worker,
@@ -176,10 +191,10 @@ pub(crate) async fn answer_error(
     .await;
     down.bytes_sent += written as u64;
     let sent = written > 0;
-    if close && sent {
-        linger_close(&mut down.stream).await;
+    Answered {
+        keep: sent && !close,
+        linger: sent && close,
     }
-    sent && !close
 }
 
 /// The response was cut short: close with a reset so the client sees an error, not an ending.

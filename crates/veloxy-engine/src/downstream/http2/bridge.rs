@@ -41,25 +41,26 @@ pub(crate) async fn forward(
         Ok(_admitted) => exchange(worker, gen, down, &p, &mut record).await,
     };
     record.backend = Some(group.backends[p.target.backend].addr);
-    let (keep, status) = match result {
-        Ok((keep, status)) => (keep, status),
+    let (keep, status, linger) = match result {
+        Ok((keep, status)) => (keep, status, false),
         Err(_) if down.bytes_sent > sent_before => {
             // The response had started: only a reset is honest now.
             reset_downstream(down);
-            (false, 0)
+            (false, 0, false)
         }
         Err(e) => {
             if e.side == Side::Upstream {
                 tracing::warn!(upstream = %group.name, error = %e.kind, "upstream error (HTTP/2 upstream)");
             }
             let close = e.closes_connection() || !p.keep_alive || p.body != BodyKind::None;
-            (
-                answer_error(worker, down, &e, close, p.is_head).await,
-                e.status(),
-            )
+            let a = answer_error(worker, down, &e, close, p.is_head).await;
+            (a.keep, e.status(), a.linger)
         }
     };
     crate::downstream::connection::finish_record(worker, down, &mut record, status);
+    if linger {
+        crate::downstream::connection::linger_close(&mut down.stream).await;
+    }
     keep
 }
 

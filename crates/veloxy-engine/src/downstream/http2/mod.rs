@@ -131,19 +131,7 @@ pub(crate) async fn serve<IO>(
         body_timeout,
         stalls: stall::Watch::default(),
     });
-    let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
-    builder
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(streams)
-        .max_header_list_size(header_bytes.min(u32::MAX as usize) as u32)
-        .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_send_buf_size(STREAM_WINDOW as usize)
-        .max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
-        .max_local_error_reset_streams(Some(MAX_LOCAL_RESETS))
-        // Pings find clients that vanished without a FIN.
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .keep_alive_timeout(Duration::from_secs(20));
+    let builder = server_builder(streams, header_bytes);
     let svc_ctx = ctx.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let c = svc_ctx.clone();
@@ -187,6 +175,28 @@ pub(crate) async fn serve<IO>(
             }
         }
     }
+}
+
+/// hyper's HTTP/2 server with veloxy's bounds: streams, header list size, windows, and the
+/// resets a client may cause.
+fn server_builder(
+    streams: u32,
+    header_bytes: usize,
+) -> hyper::server::conn::http2::Builder<LocalExec> {
+    let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(streams)
+        .max_header_list_size(header_bytes.min(u32::MAX as usize) as u32)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_send_buf_size(STREAM_WINDOW as usize)
+        .max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+        .max_local_error_reset_streams(Some(MAX_LOCAL_RESETS))
+        // Pings find clients that vanished without a FIN.
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20));
+    builder
 }
 
 /// Ends a stream's exchange: its record (metrics, access log, `on_done`) and the connection's
