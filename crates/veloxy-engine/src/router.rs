@@ -76,6 +76,8 @@ pub enum RouteTarget {
         upstream: usize,
         /// `compress = true`: compress eligible responses for clients that accept it.
         compress: bool,
+        /// `strip_prefix = true` / `rewrite = "..."`: the upstream request's target.
+        target: Option<std::sync::Arc<crate::template::PathRule>>,
     },
     /// A file route (`root = ...`): answered from the filesystem (its own `compress` setting).
     Files(std::sync::Arc<crate::static_files::StaticRoute>),
@@ -261,6 +263,7 @@ mod tests {
                 target: RouteTarget::Proxy {
                     upstream: *up,
                     compress: false,
+                    target: None,
                 },
                 limits: Default::default(),
             });

@@ -44,6 +44,46 @@ enum Part {
     Var(Var),
 }
 
+/// How a proxied route changes the request target sent upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathRule {
+    /// `strip_prefix = true`: the route's `path` prefix is removed (the path keeps at least
+    /// `/`); the query is kept.
+    StripPrefix(String),
+    /// `rewrite = "/v2{path}"`: the path is replaced by the rendered template; the query is
+    /// kept unless the template has a `?`.
+    Rewrite(Template),
+}
+
+impl PathRule {
+    /// The new request target (path and query) for `target`, the client's.
+    pub(crate) fn apply(&self, target: &str, vars: &dyn Vars) -> String {
+        let (path, query) = match target.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (target, None),
+        };
+        let mut out = match self {
+            PathRule::StripPrefix(prefix) => {
+                let rest = path.strip_prefix(prefix.as_str()).unwrap_or(path);
+                let rest = rest.trim_start_matches('/');
+                format!("/{rest}")
+            }
+            PathRule::Rewrite(t) => {
+                let new = t.render(vars);
+                if new.contains('?') {
+                    return new;
+                }
+                new
+            }
+        };
+        if let Some(q) = query {
+            out.push('?');
+            out.push_str(q);
+        }
+        out
+    }
+}
+
 /// What a template is rendered against.
 pub(crate) trait Vars {
     /// The value of `var` for this request.

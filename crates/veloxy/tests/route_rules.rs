@@ -204,3 +204,44 @@ fn bad_rules_are_refused_with_file_line_and_key() {
         assert!(text.contains(&format!("{}:", path.display())), "{text}");
     }
 }
+
+/// The request line the echo upstream saw.
+fn request_line(echo_body: &str) -> &str {
+    // A raw HTTP/1.1 response: the body follows the response head.
+    let body = match echo_body.starts_with("HTTP/") {
+        true => echo_body.split_once("\r\n\r\n").map_or("", |(_, b)| b),
+        false => echo_body,
+    };
+    body.lines().next().unwrap_or("")
+}
+
+#[test]
+fn strip_prefix_and_rewrite_change_the_upstream_target() {
+    let up = upstream(&[]);
+    let s = site(
+        up.addr,
+        "",
+        "[[routes]]\npath = \"/api/\"\nupstream = \"app\"\nstrip_prefix = true\n\
+         [[routes]]\npath_exact = \"/v1/echo\"\nupstream = \"app\"\nrewrite = \"/echo?from={path}&{query}\"\n\
+         [[routes]]\npath = \"/old/\"\nupstream = \"app\"\nrewrite = \"/echo\"\n\
+         [[routes]]\nupstream = \"app\"\n",
+    );
+    // HTTP/1.1 over TLS: the prefix goes, the query stays.
+    let (status, raw) = s.h1("/api/echo?x=1");
+    assert_eq!(status, 200, "{raw}");
+    assert_eq!(request_line(&raw), "GET /echo?x=1 HTTP/1.1");
+    // The path keeps at least "/".
+    let (_, raw) = s.h1("/api/");
+    assert!(raw.contains("x-upstream"), "{raw}");
+    // HTTP/2: the same rules.
+    let r = s.h2("/api/echo?y=2");
+    assert_eq!(request_line(&r.body_str()), "GET /echo?y=2 HTTP/1.1");
+    // A rewrite with its own query replaces the client's; without one, the query is kept.
+    let r = s.h2("/v1/echo?a=b");
+    assert_eq!(
+        request_line(&r.body_str()),
+        "GET /echo?from=/v1/echo&a=b HTTP/1.1"
+    );
+    let (_, raw) = s.h1("/old/anything?k=v");
+    assert_eq!(request_line(&raw), "GET /echo?k=v HTTP/1.1");
+}

@@ -109,6 +109,10 @@ pub struct RouteSection {
     /// Exactly one of `upstream` (proxy), `root` (serve files), `redirect` and `respond`.
     pub upstream: Option<Spanned<String>>,
     pub redirect: Option<Spanned<RedirectSection>>,
+    /// Proxied routes: remove the matched `path` prefix from the upstream request.
+    pub strip_prefix: Option<Spanned<bool>>,
+    /// Proxied routes: replace the upstream request's path with this template.
+    pub rewrite: Option<Spanned<String>>,
     pub respond: Option<Spanned<RespondSection>>,
     pub root: Option<Spanned<String>>,
     pub index: Option<Spanned<Vec<String>>>,

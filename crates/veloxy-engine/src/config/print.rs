@@ -158,9 +158,22 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
                 ),
             ),
             RouteTarget::Files(files) => file_route(out, files),
-            RouteTarget::Proxy { upstream, compress } => {
+            RouteTarget::Proxy {
+                upstream,
+                compress,
+                target,
+            } => {
                 out.str("upstream", &snapshot.upstreams[*upstream].name);
                 out.bool("compress", *compress);
+                match target.as_deref() {
+                    Some(crate::template::PathRule::StripPrefix(_)) => {
+                        out.bool("strip_prefix", true)
+                    }
+                    Some(crate::template::PathRule::Rewrite(t)) => {
+                        out.str("rewrite", &t.to_string())
+                    }
+                    None => {}
+                }
             }
         }
         limits(out, &r.limits);

@@ -155,6 +155,9 @@ pub(crate) struct ProxyTarget {
     /// The route compresses eligible responses, in `encoding` when the client accepts one.
     pub compress: bool,
     pub encoding: Option<crate::compress::Encoding>,
+    /// The request target to send upstream when the route rewrites it (`strip_prefix`,
+    /// `rewrite`); `None`: the client's.
+    pub path: Option<String>,
 }
 
 /// The listener's index in `gen`; `None` when a reload removed it (its routes are gone).
@@ -222,6 +225,7 @@ pub(crate) fn admit(
             group,
         )?);
     }
+    let path;
     let (upstream, compress) = match &route.target {
         RouteTarget::Files(files) => return Ok(Admitted::Files(files.clone())),
         RouteTarget::Redirect { to, status } => {
@@ -233,7 +237,15 @@ pub(crate) fn admit(
             body,
             content_type,
         } => return Ok(Admitted::Answer(Answer::fixed(*status, body, content_type))),
-        RouteTarget::Proxy { upstream, compress } => (*upstream, *compress),
+        RouteTarget::Proxy {
+            upstream,
+            compress,
+            target,
+        } => {
+            let vars = answer::RequestVars { head, peer };
+            path = target.as_ref().map(|rule| rule.apply(head.target, &vars));
+            (*upstream, *compress)
+        }
     };
     let group = &snapshot.upstreams[upstream];
     let hash = if group.uses_hash {
@@ -265,6 +277,7 @@ pub(crate) fn admit(
         concurrency: route.limits.concurrency.clone(),
         compress,
         encoding,
+        path,
     }))
 }
 

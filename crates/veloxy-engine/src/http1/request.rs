@@ -270,6 +270,8 @@ pub struct Forwarded<'a> {
     pub proto: &'a str,
     /// Keep headers whose names contain `_` (`[server] underscores_in_headers`).
     pub keep_underscores: bool,
+    /// The request target to send instead of the client's (a route's `rewrite`).
+    pub target: Option<&'a str>,
 }
 
 /// Writes the upstream request head into `out`, without the final blank line (the caller may
@@ -279,7 +281,7 @@ pub struct Forwarded<'a> {
 pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>) {
     out.extend_from_slice(req.method.as_bytes());
     out.push(b' ');
-    out.extend_from_slice(req.path.as_bytes());
+    out.extend_from_slice(fwd.target.unwrap_or(req.path).as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     if req.host_from_target {
         if let Some(h) = req.host {
@@ -456,6 +458,7 @@ mod tests {
                 client_ip: "10.0.0.9",
                 proto: "http",
                 keep_underscores: false,
+                target: None,
             },
             &mut out,
         );
@@ -477,6 +480,7 @@ mod tests {
                 client_ip: "10.0.0.9",
                 proto: "http",
                 keep_underscores: keep,
+                target: None,
             };
             write_upstream_head(&v, &fwd, &mut out);
             let s = String::from_utf8(out).unwrap();

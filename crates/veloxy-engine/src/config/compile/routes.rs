@@ -15,7 +15,7 @@ use crate::config::ListenerSpec;
 use crate::limits::{parse_rate, ConcurrencyLimit, RateKey, RateLimiter, RouteLimits};
 use crate::router::{HostMatch, Route, RouteTarget};
 use crate::static_files::StaticRoute;
-use crate::template::Template;
+use crate::template::{PathRule, Template};
 
 /// Default memory for a file route's cache of contents and compressed variants.
 const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
@@ -84,6 +84,7 @@ fn compile_route(
         (None, Some(upstream)) => RouteTarget::Proxy {
             upstream,
             compress: r.compress.as_ref().is_some_and(|c| *c.get_ref()),
+            target: path_rule(src, &key, r, &path, exact)?,
         },
         (None, None) => answer_target(src, &key, r)?,
     };
@@ -96,6 +97,43 @@ fn compile_route(
         limits: compile_limits(src, &key, r)?,
     };
     attach(src, &key, route, compiled, listeners)
+}
+
+/// `strip_prefix` / `rewrite` of a proxied route (at most one of them).
+fn path_rule(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+    path: &str,
+    exact: bool,
+) -> Result<Option<Arc<PathRule>>, ConfigError> {
+    let strip = r.strip_prefix.as_ref().filter(|s| *s.get_ref());
+    match (strip, &r.rewrite) {
+        (Some(s), Some(_)) => Err(src.error(
+            s.span(),
+            format!("{key}.strip_prefix"),
+            "a route has one of strip_prefix and rewrite, not both",
+        )),
+        (Some(s), None) if exact => Err(src.error(
+            s.span(),
+            format!("{key}.strip_prefix"),
+            "strips a `path` prefix: use rewrite on a path_exact route",
+        )),
+        (Some(_), None) => Ok(Some(Arc::new(PathRule::StripPrefix(path.to_owned())))),
+        (None, Some(t)) => {
+            let template = Template::parse(t.get_ref())
+                .map_err(|m| src.error(t.span(), format!("{key}.rewrite"), m))?;
+            if !t.get_ref().starts_with(['/', '{']) {
+                return Err(src.error(
+                    t.span(),
+                    format!("{key}.rewrite"),
+                    "must start with '/' (or a variable)",
+                ));
+            }
+            Ok(Some(Arc::new(PathRule::Rewrite(template))))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 /// The target of a route with neither `upstream` nor `root`: its `redirect` or `respond`.

@@ -172,6 +172,7 @@ pub(crate) struct H2Head {
 impl H2Head {
     pub(crate) fn build(
         req: &crate::http1::request::RequestView,
+        path: &str,
         fwd: &crate::downstream::http2::to_h2::Forwarding,
         group: &crate::config::UpstreamGroup,
         backend: usize,
@@ -187,7 +188,7 @@ impl H2Head {
         };
         let addr = group.backends[backend].addr.to_string();
         let authority = if fwd.host.is_empty() { &addr } else { fwd.host };
-        let uri: http::Uri = format!("{scheme}://{authority}{}", req.path)
+        let uri: http::Uri = format!("{scheme}://{authority}{path}")
             .parse()
             .map_err(|_| bad())?;
         let fields = crate::exchange::Fields::H1(req.headers);

@@ -80,7 +80,15 @@ async fn forward_with(
         declared.map_or(BodyKind::Chunked, BodyKind::Length)
     };
     let keep_underscores = gen.snapshot.settings.underscores_in_headers;
-    write_head(c, &parts, framing, keep_underscores, fin, wbuf);
+    write_head(
+        c,
+        &parts,
+        t.path.as_deref(),
+        framing,
+        keep_underscores,
+        fin,
+        wbuf,
+    );
 
     // Buffer a small body so the request can be replayed.
     let mut streaming = !body.is_end_stream();
@@ -183,6 +191,7 @@ fn client_gone(e: &hyper::Error) -> ProxyError {
 fn write_head(
     c: &ConnCtx,
     parts: &http::request::Parts,
+    target: Option<&str>,
     framing: BodyKind,
     keep_underscores: bool,
     fin: &Option<Box<Finish>>,
@@ -191,7 +200,7 @@ fn write_head(
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(target.unwrap_or(path).as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     let host = parts
         .uri

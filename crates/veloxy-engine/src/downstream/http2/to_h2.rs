@@ -64,7 +64,8 @@ pub(super) async fn forward(
             .await
             .map_err(|(error, health)| AttemptFail::NotSent { error, health })?;
         let (method, uri, headers, body) = pending.take().expect("sent at most once");
-        let req = upstream_request(group, backend, &host, method, &uri, headers, body)
+        let path = t.path.as_deref();
+        let req = upstream_request(group, backend, &host, method, (&uri, path), headers, body)
             .map_err(AttemptFail::Fatal)?;
         let t0 = Instant::now();
         let sent = timeout(
@@ -175,7 +176,7 @@ fn upstream_request(
     backend: usize,
     host: &str,
     method: http::Method,
-    uri: &Uri,
+    (uri, target): (&Uri, Option<&str>),
     headers: HeaderMap,
     body: Incoming,
 ) -> Result<Request<crate::upstream::H2Body>, ProxyError> {
@@ -186,7 +187,7 @@ fn upstream_request(
     };
     let addr = group.backends[backend].addr.to_string();
     let authority = if host.is_empty() { &addr } else { host };
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let path = target.unwrap_or_else(|| uri.path_and_query().map_or("/", |p| p.as_str()));
     let uri: Uri = format!("{scheme}://{authority}{path}")
         .parse()
         .map_err(|_| ProxyError::downstream(ErrorKind::BadRequest("invalid request target")))?;
