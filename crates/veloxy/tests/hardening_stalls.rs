@@ -308,3 +308,58 @@ fn memory_is_returned_after_a_burst_of_idle_connections() {
         "RSS stayed at {after} KiB after the burst (base {base} KiB)"
     );
 }
+
+/// An HTTP/2 POST to /sink that sends 10 bytes of its body, then stalls. Returns the POST's
+/// status and whether the stalled POST held the only upstream connection meanwhile.
+fn http2_stalled_post(server_keys: &str, content_length: Option<u64>) -> (u16, bool) {
+    let up = upstream(&[]);
+    let v = veloxy(&one_connection_config(up.addr, server_keys));
+    let (addr, authority) = (v.addr, v.addr.to_string());
+    runtime().block_on(async {
+        let c = h2_connect(addr, None).await;
+        let mut req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{authority}/sink"));
+        if let Some(n) = content_length {
+            req = req.header("content-length", n);
+        }
+        let mut ready = c.clone().ready().await.unwrap();
+        let (resp, mut body) = ready.send_request(req.body(()).unwrap(), false).unwrap();
+        body.send_data(bytes::Bytes::from_static(b"0123456789"), false)
+            .unwrap();
+        // A request on the same connection after the POST's frames: once it is answered,
+        // veloxy has read the POST's head and its bytes.
+        let mut c2 = c.clone();
+        let r = h2_send(&mut c2, h2_get(&authority, "/", false), None).await;
+        let followed = r.map(|r| r.status).unwrap_or(0);
+        // Holding the upstream shows at once (503s); not holding it must last while the POST
+        // stalls: both are checked against a fresh client.
+        let held = tokio::task::spawn_blocking(move || {
+            eventually(Duration::from_millis(500), || get(addr, "/").status == 503)
+        })
+        .await
+        .unwrap();
+        assert!(followed == 200 || held, "GET after the POST: {followed}");
+        let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+            .await
+            .expect("an answer within body_timeout")
+            .unwrap();
+        (resp.status().as_u16(), held)
+    })
+}
+
+#[test]
+fn http2_stalled_body_gets_408_and_costs_no_upstream_connection() {
+    let keys = "body_timeout = \"1s\"\nrequest_buffering = \"auto\"";
+    // A declared length within retry_body_limit, and a body of unknown length: both are read
+    // before an upstream connection is taken, as for HTTP/1.
+    assert_eq!(http2_stalled_post(keys, Some(1000)), (408, false));
+    assert_eq!(http2_stalled_post(keys, None), (408, false));
+}
+
+#[test]
+fn http2_request_buffering_off_streams_bodies() {
+    let keys = "body_timeout = \"1s\"\nrequest_buffering = \"off\"";
+    // A POST is not retryable, so with "off" its body streams: the upstream is taken.
+    assert_eq!(http2_stalled_post(keys, Some(1000)), (408, true));
+}

@@ -21,7 +21,7 @@ use tokio::io::AsyncReadExt;
 use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::compress::{self, StreamEncoder};
-use crate::config::{RequestBuffering, UpstreamGroup};
+use crate::config::UpstreamGroup;
 use crate::downstream::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::downstream::relay::{
     read_body_more, relay_request_body, relay_response_body, reserve, write_down, BodyState,
@@ -29,7 +29,7 @@ use crate::downstream::relay::{
 };
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::attempt::{self, ExchangeError, Plan};
-use crate::exchange::{self, Record};
+use crate::exchange::{self, Buffering, Record};
 use crate::http1::response::{self, Parsed, ResponseMeta, MAX_RESPONSE_HEAD};
 use crate::http1::BodyKind;
 use crate::upstream::connect::connect_backend;
@@ -216,11 +216,9 @@ fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {
     }
 }
 
-/// Moves the request body bytes already read into the upstream write buffer, then reads more
-/// of the body before any upstream is involved: with `request_buffering = "auto"`, a body of
-/// up to `retry_body_limit` bytes (a declared length, or a chunked body that ends within the
-/// limit); with `"off"`, only the body of a retryable request (idempotent, small, retries on).
-/// A body that is read completely can be replayed on another backend.
+/// Moves the request body bytes already read into the upstream write buffer, then reads as
+/// much more of the body as [`exchange::body_buffering`] says before any upstream is
+/// involved. A body that is read completely can be replayed on another backend.
 async fn buffer_request_body(
     group: &UpstreamGroup,
     down: &mut Downstream,
@@ -238,13 +236,18 @@ async fn buffer_request_body(
         .take_request_into(&down.rbuf, wbuf)
         .map_err(|_| bad())?;
     down.rbuf.advance(n);
-    let limit = group.retry_body_limit;
-    let small = matches!(p.body, BodyKind::Length(len) if len as usize <= limit);
-    let buffer = match down.request_buffering {
-        RequestBuffering::Auto => small || p.body == BodyKind::Chunked,
-        RequestBuffering::Off => p.idempotent && small && group.retries > 0,
+    let length = match p.body {
+        BodyKind::Length(n) => Some(n),
+        _ => None,
     };
-    if body.is_done() || !buffer || p.upgrade {
+    let limit = match exchange::body_buffering(down.request_buffering, length, p.idempotent, group)
+    {
+        Buffering::Stream => return Ok(()),
+        // A declared length within the limit: the loop ends with the body.
+        Buffering::Whole => group.retry_body_limit,
+        Buffering::UpTo(limit) => limit,
+    };
+    if body.is_done() || p.upgrade {
         return Ok(());
     }
     if p.expect_continue {

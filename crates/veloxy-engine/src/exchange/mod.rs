@@ -281,6 +281,39 @@ pub(crate) fn admit(
     }))
 }
 
+/// How much of a request body is read before an upstream connection is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Buffering {
+    /// None: the body streams to the upstream as it arrives.
+    Stream,
+    /// The whole body (its declared length is within the limit).
+    Whole,
+    /// A body of unknown length, up to this many bytes; what is left streams.
+    UpTo(usize),
+}
+
+/// The `request_buffering` decision, the same for every protocol. `length`: the body's
+/// declared length (`None`: unknown). With `"auto"`, a body within the group's
+/// `retry_body_limit` is read first (so a slow sender costs no upstream connection, and the
+/// request stays retryable), and one of unknown length up to that limit; with `"off"`, only
+/// the body of a retryable request (idempotent, small, retries on) is.
+pub(crate) fn body_buffering(
+    setting: crate::config::RequestBuffering,
+    length: Option<u64>,
+    idempotent: bool,
+    group: &crate::config::UpstreamGroup,
+) -> Buffering {
+    use crate::config::RequestBuffering;
+    let limit = group.retry_body_limit;
+    let small = length.is_some_and(|n| n <= limit as u64);
+    match setting {
+        RequestBuffering::Auto if small => Buffering::Whole,
+        RequestBuffering::Auto if length.is_none() => Buffering::UpTo(limit),
+        RequestBuffering::Off if small && idempotent && group.retries > 0 => Buffering::Whole,
+        _ => Buffering::Stream,
+    }
+}
+
 /// Waits for a slot of the route's concurrency limit (if it has one): 503 when the queue is
 /// full or `queue_timeout` passes. The slot is held until the returned guard drops.
 pub(crate) async fn admit_concurrency(

@@ -22,7 +22,7 @@ use super::{ConnCtx, Finish, ProxyBody};
 use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, Plan};
-use crate::exchange::ProxyTarget;
+use crate::exchange::{Buffering, ProxyTarget};
 use crate::http1::response::{parse_foreign, ForeignHead, MAX_RESPONSE_HEAD};
 use crate::http1::BodyKind;
 use crate::upstream::connect::connect_backend;
@@ -90,26 +90,11 @@ async fn forward_with(
         wbuf,
     );
 
-    // Buffer a small body so the request can be replayed.
     let mut streaming = !body.is_end_stream();
-    if let (true, BodyKind::Length(n)) = (streaming, framing) {
-        if n as usize <= group.retry_body_limit {
-            let mut got = 0u64;
-            while let Some(frame) = next_frame(c, &mut body).await? {
-                let frame = frame.map_err(|e| client_gone(&e))?;
-                if let Ok(data) = frame.into_data() {
-                    got += data.len() as u64;
-                    c.worker().metrics.bytes_in.add(data.len() as u64);
-                    wbuf.extend_from_slice(&data);
-                }
-            }
-            if got != n {
-                return Err(ProxyError::downstream(ErrorKind::BadRequest(
-                    "request body does not match its content-length",
-                )));
-            }
-            streaming = false;
-        }
+    if streaming {
+        let setting = gen.snapshot.settings.request_buffering;
+        let buffering = crate::exchange::body_buffering(setting, declared, idempotent, group);
+        streaming = !buffer_body(c, &mut body, buffering, framing, wbuf).await?;
     }
     let replayable = idempotent && !streaming;
 
@@ -153,6 +138,60 @@ async fn forward_with(
     }
     let (backend, conn, head, rest) = result?;
     Ok(respond(c, gen, t, backend, conn, head, rest, fin))
+}
+
+/// Reads the body into `wbuf` (after the head) as `buffering` says, before any upstream is
+/// involved; returns whether it was read to its end. A body of unknown length goes chunked,
+/// so what is read is chunk-encoded and the rest streams after it.
+async fn buffer_body(
+    c: &ConnCtx,
+    body: &mut Incoming,
+    buffering: Buffering,
+    framing: BodyKind,
+    wbuf: &mut Vec<u8>,
+) -> Result<bool, ProxyError> {
+    let limit = match buffering {
+        Buffering::Stream => return Ok(false),
+        Buffering::Whole => usize::MAX,
+        Buffering::UpTo(limit) => limit,
+    };
+    let chunked = framing == BodyKind::Chunked;
+    let mut got = 0u64;
+    while (got as usize) <= limit {
+        let Some(frame) = next_frame(c, body).await? else {
+            if chunked {
+                wbuf.extend_from_slice(b"0\r\n\r\n");
+            } else if framing != BodyKind::Length(got) {
+                return Err(ProxyError::downstream(ErrorKind::BadRequest(
+                    "request body does not match its content-length",
+                )));
+            }
+            return Ok(true);
+        };
+        let frame = frame.map_err(|e| client_gone(&e))?;
+        // Request trailers: HTTP/1.1 upstreams rarely accept them.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        got += data.len() as u64;
+        c.worker().metrics.bytes_in.add(data.len() as u64);
+        if chunked {
+            push_chunk(wbuf, &data);
+        } else {
+            wbuf.extend_from_slice(&data);
+        }
+    }
+    Ok(false)
+}
+
+/// Appends `data` as one chunk of a chunked body.
+fn push_chunk(out: &mut Vec<u8>, data: &[u8]) {
+    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
 }
 
 trait MinNone {
@@ -391,9 +430,7 @@ async fn stream_body(
         c.worker().metrics.bytes_in.add(data.len() as u64);
         out.clear();
         if chunked {
-            out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-            out.extend_from_slice(&data);
-            out.extend_from_slice(b"\r\n");
+            push_chunk(&mut out, &data);
             write_up(conn, write_timeout, &out).await?;
         } else {
             write_up(conn, write_timeout, &data).await?;
