@@ -318,29 +318,12 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
         out.extend_from_slice(b"\r\n");
     }
     super::write_framing(req.body, out);
-    out.extend_from_slice(b"X-Forwarded-For: ");
-    if xff_seen {
-        for h in req
-            .headers
-            .iter()
-            .filter(|h| classify(h.name) == Special::XForwardedFor)
-        {
-            let v = h.value.trim_ascii();
-            if !v.is_empty() {
-                out.extend_from_slice(v);
-                out.extend_from_slice(b", ");
-            }
-        }
-    }
-    out.extend_from_slice(fwd.client_ip.as_bytes());
-    out.extend_from_slice(b"\r\nX-Forwarded-Proto: ");
-    out.extend_from_slice(fwd.proto.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    if let Some(h) = req.host {
-        out.extend_from_slice(b"X-Forwarded-Host: ");
-        out.extend_from_slice(h);
-        out.extend_from_slice(b"\r\n");
-    }
+    let prior = req
+        .headers
+        .iter()
+        .filter(|h| xff_seen && classify(h.name) == Special::XForwardedFor)
+        .map(|h| h.value);
+    super::write_forwarded(out, prior, fwd.client_ip, fwd.proto, req.host);
     if let Some(u) = req.upgrade {
         out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: ");
         out.extend_from_slice(u);

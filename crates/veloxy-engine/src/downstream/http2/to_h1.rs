@@ -286,23 +286,13 @@ fn write_head(
         out.extend_from_slice(b"\r\n");
     }
     crate::http1::write_framing(framing, out);
-    out.extend_from_slice(b"X-Forwarded-For: ");
-    for v in parts.headers.get_all("x-forwarded-for") {
-        let v = v.as_bytes().trim_ascii();
-        if !v.is_empty() {
-            out.extend_from_slice(v);
-            out.extend_from_slice(b", ");
-        }
-    }
-    out.extend_from_slice(c.client_ip().as_bytes());
-    out.extend_from_slice(b"\r\nX-Forwarded-Proto: ");
-    out.extend_from_slice(c.proto().as_bytes());
-    out.extend_from_slice(b"\r\n");
-    if !host.is_empty() {
-        out.extend_from_slice(b"X-Forwarded-Host: ");
-        out.extend_from_slice(host.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    let prior = parts
+        .headers
+        .get_all("x-forwarded-for")
+        .into_iter()
+        .map(|v| v.as_bytes());
+    let host_field = (!host.is_empty()).then_some(host.as_bytes());
+    crate::http1::write_forwarded(out, prior, c.client_ip(), c.proto(), host_field);
     if let Some(ctx) = fin.as_ref().and_then(|f| f.record.ctx.as_deref()) {
         out.extend_from_slice(&ctx.upstream_headers);
     }
