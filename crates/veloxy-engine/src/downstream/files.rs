@@ -9,7 +9,6 @@ use std::cell::RefCell;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -41,7 +40,7 @@ pub(crate) fn reply(
     worker: &Worker,
     files: &StaticRoute,
     req: &RequestView,
-    mut record: Record,
+    record: Record,
 ) -> StaticReply {
     let request = crate::static_files::Request {
         method: req.method,
@@ -49,16 +48,7 @@ pub(crate) fn reply(
         headers: &req.headers,
     };
     let response = crate::static_files::respond(files, &request);
-    let hook_headers = crate::exchange::on_response(worker, &mut record, response.status)
-        .map(<[u8]>::to_vec)
-        .unwrap_or_default();
-    StaticReply {
-        response,
-        version: req.version,
-        keep_alive: req.keep_alive && req.body == BodyKind::None,
-        hook_headers,
-        record,
-    }
+    StaticReply::new(worker, response, req, record)
 }
 
 /// An answer of veloxy's own (redirect, fixed response) as a reply: written like a file
@@ -67,29 +57,29 @@ pub(crate) fn answer(
     worker: &Worker,
     answer: crate::exchange::Answer,
     req: &RequestView,
-    mut record: Record,
+    record: Record,
 ) -> StaticReply {
-    let mut headers = answer.headers;
-    headers.push(("content-length", Bytes::from(answer.body.len().to_string())));
-    let body = if req.is_head() || answer.body.is_empty() {
-        crate::static_files::Body::Empty
-    } else {
-        crate::static_files::Body::Bytes(answer.body)
-    };
-    let response = crate::static_files::Response {
-        status: answer.status,
-        headers,
-        body,
-    };
-    let hook_headers = crate::exchange::on_response(worker, &mut record, response.status)
-        .map(<[u8]>::to_vec)
-        .unwrap_or_default();
-    StaticReply {
-        response,
-        version: req.version,
-        keep_alive: req.keep_alive && req.body == BodyKind::None,
-        hook_headers,
-        record,
+    StaticReply::new(worker, answer.into_response(req.is_head()), req, record)
+}
+
+impl StaticReply {
+    /// A reply ready to write, with the `on_response` hooks' fields.
+    fn new(
+        worker: &Worker,
+        response: crate::static_files::Response,
+        req: &RequestView,
+        mut record: Record,
+    ) -> StaticReply {
+        let hook_headers = crate::exchange::on_response(worker, &mut record, response.status)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
+        StaticReply {
+            response,
+            version: req.version,
+            keep_alive: req.keep_alive && req.body == BodyKind::None,
+            hook_headers,
+            record,
+        }
     }
 }
 

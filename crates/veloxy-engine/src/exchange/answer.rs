@@ -55,6 +55,25 @@ impl Answer {
     }
 }
 
+impl Answer {
+    /// The answer as a static response, the form every codec already writes for file
+    /// routes: with its Content-Length, and no body for a HEAD request.
+    pub fn into_response(self, is_head: bool) -> crate::static_files::Response {
+        let mut headers = self.headers;
+        headers.push(("content-length", Bytes::from(self.body.len().to_string())));
+        let body = if is_head || self.body.is_empty() {
+            crate::static_files::Body::Empty
+        } else {
+            crate::static_files::Body::Bytes(self.body)
+        };
+        crate::static_files::Response {
+            status: self.status,
+            headers,
+            body,
+        }
+    }
+}
+
 /// The host of a Host header or `:authority`, without its port (`[::1]:8080` -> `[::1]`).
 fn host_without_port(host: &[u8]) -> &[u8] {
     if host.starts_with(b"[") {

@@ -26,7 +26,7 @@ pub(super) fn serve_file(
     files: &crate::static_files::StaticRoute,
     req: &Request<Incoming>,
     target: &str,
-    mut fin: Box<Finish>,
+    fin: Box<Finish>,
 ) -> Response<ProxyBody> {
     let headers = H2Headers(req.headers());
     let request = crate::static_files::Request {
@@ -35,6 +35,15 @@ pub(super) fn serve_file(
         headers: &headers,
     };
     let r = crate::static_files::respond(files, &request);
+    serve_response(worker, r, fin)
+}
+
+/// Writes a static response (a file route's, or an answer of veloxy's own) to a stream.
+fn serve_response(
+    worker: &Worker,
+    r: crate::static_files::Response,
+    mut fin: Box<Finish>,
+) -> Response<ProxyBody> {
     fin.status = r.status;
     let hook_lines = exchange::on_response(worker, &mut fin.record, r.status).map(<[u8]>::to_vec);
     let mut map = HeaderMap::with_capacity(r.headers.len());
@@ -120,24 +129,7 @@ pub(super) fn serve_answer(
     worker: &Worker,
     answer: exchange::Answer,
     is_head: bool,
-    mut fin: Box<Finish>,
+    fin: Box<Finish>,
 ) -> Response<ProxyBody> {
-    fin.status = answer.status;
-    let mut map = HeaderMap::with_capacity(answer.headers.len() + 1);
-    for (name, value) in answer.headers {
-        if let Ok(v) = HeaderValue::from_maybe_shared(value) {
-            map.append(name, v);
-        }
-    }
-    map.insert(http::header::CONTENT_LENGTH, answer.body.len().into());
-    if let Some(lines) = exchange::on_response(worker, &mut fin.record, answer.status) {
-        add_hook_headers(lines, &mut map);
-    }
-    let body = (!is_head && !answer.body.is_empty()).then_some(answer.body);
-    fin.bytes_sent = body.as_ref().map_or(0, |b| b.len() as u64);
-    let mut resp = Response::new(ProxyBody::Full(body, Some(fin)));
-    *resp.status_mut() = http::StatusCode::from_u16(answer.status)
-        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-    *resp.headers_mut() = map;
-    resp
+    serve_response(worker, answer.into_response(is_head), fin)
 }
