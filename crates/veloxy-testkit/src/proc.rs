@@ -166,3 +166,28 @@ pub fn reload_with(v: &Veloxy, config: &str, outcome: &str) {
         v.proc.log_text()
     );
 }
+
+/// The `addr=` of the first log line containing `marker`, waiting (5 s at most) for it: how
+/// tests find the ports veloxy bound (`"admin endpoint ready"`, `"listener=web"`).
+pub fn logged_addr(v: &Veloxy, marker: &str) -> SocketAddr {
+    assert!(
+        eventually(Duration::from_secs(5), || v
+            .proc
+            .log_text()
+            .contains(marker)),
+        "no log line with {marker:?}: {}",
+        v.proc.log_text()
+    );
+    let log = v.proc.log_text();
+    let line = log.lines().find(|l| l.contains(marker)).unwrap();
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .unwrap_or_else(|| panic!("no addr= in {line:?}"))
+        .parse()
+        .unwrap()
+}
+
+/// The admin endpoint's address, from its readiness line.
+pub fn admin_addr(v: &Veloxy) -> SocketAddr {
+    logged_addr(v, "admin endpoint ready")
+}

@@ -6,23 +6,6 @@ use veloxy_testkit::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-fn admin_addr(v: &Veloxy) -> SocketAddr {
-    assert!(eventually(Duration::from_secs(5), || v
-        .proc
-        .log_text()
-        .contains("admin endpoint ready")));
-    let log = v.proc.log_text();
-    let line = log
-        .lines()
-        .find(|l| l.contains("admin endpoint ready"))
-        .unwrap();
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("addr="))
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 fn admin(addr: SocketAddr, method: &str, path: &str) -> Response {
     request(
         addr,

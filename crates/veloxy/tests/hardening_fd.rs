@@ -122,24 +122,6 @@ fn admin_get(addr: SocketAddr, path: &str) -> Response {
         .unwrap_or_else(|| panic!("admin {path} did not answer"))
 }
 
-/// The admin endpoint's address, from its readiness line.
-fn admin_addr(v: &Veloxy) -> SocketAddr {
-    assert!(eventually(Duration::from_secs(5), || v
-        .proc
-        .log_text()
-        .contains("admin endpoint ready")));
-    let log = v.proc.log_text();
-    let line = log
-        .lines()
-        .find(|l| l.contains("admin endpoint ready"))
-        .unwrap();
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("addr="))
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// One worker, the admin endpoint on an ephemeral loopback port, one group over `servers`.
 fn limited_config(servers: &[SocketAddr], group_keys: &str) -> String {
     group_config(servers, group_keys, "")

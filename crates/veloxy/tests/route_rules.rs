@@ -36,21 +36,7 @@ fn site(up: std::net::SocketAddr, plain_keys: &str, routes: &str) -> Site {
 
 impl Site {
     fn addr(&self, listener: &str) -> std::net::SocketAddr {
-        // Listeners log "listening" one after the other: wait for this one's line.
-        let marker = format!("listener={listener}");
-        eventually(std::time::Duration::from_secs(5), || {
-            self.v.proc.log_text().contains(&marker)
-        });
-        let log = self.v.proc.log_text();
-        let line = log
-            .lines()
-            .find(|l| l.contains("listening") && l.contains(&format!("listener={listener}")))
-            .unwrap_or_else(|| panic!("no listening line for {listener}: {log}"));
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix("addr="))
-            .unwrap()
-            .parse()
-            .unwrap()
+        logged_addr(&self.v, &format!("listening listener={listener} addr="))
     }
 
     /// GET `path` over HTTPS + HTTP/1.1: (status, raw response).
