@@ -71,3 +71,18 @@ pub fn origin(
     });
     Origin { addr, hits }
 }
+
+/// A raw TCP origin on 127.0.0.1: each accepted connection is handed to `serve` on a thread
+/// of its own, for exact control over the bytes an upstream sends.
+pub fn tcp_origin(serve: impl Fn(std::net::TcpStream) + Clone + Send + 'static) -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { break };
+            let serve = serve.clone();
+            std::thread::spawn(move || serve(s));
+        }
+    });
+    addr
+}

@@ -20,30 +20,22 @@ fn raw_origin(
     response: Vec<u8>,
     complete: fn(&[u8]) -> bool,
 ) -> (SocketAddr, mpsc::Receiver<Vec<u8>>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { break };
-            let (tx, response) = (tx.clone(), response.clone());
-            std::thread::spawn(move || {
-                s.set_read_timeout(Some(WAIT)).unwrap();
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !complete(&got) {
-                    match s.read(&mut buf) {
-                        Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
-                        _ => return,
-                    }
-                    let _ = tx.send(got.clone());
-                }
-                let _ = s.write_all(&response);
-                let _ = s.shutdown(std::net::Shutdown::Write);
-                // Drain until veloxy closes, so the close is a FIN and not a reset.
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
-            });
+    let addr = tcp_origin(move |mut s| {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !complete(&got) {
+            match s.read(&mut buf) {
+                Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
+            let _ = tx.send(got.clone());
         }
+        let _ = s.write_all(&response);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        // Drain until veloxy closes, so the close is a FIN and not a reset.
+        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
     });
     (addr, rx)
 }

@@ -6,7 +6,7 @@
 use veloxy_testkit::*;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// One listener (h2c allowed), one route, one group with `max_connections = 1`, so a request
@@ -154,25 +154,17 @@ fn request_buffering_off_streams_bodies_as_before() {
 
 /// An upstream that answers every request with `102 Processing` once per 200 ms, forever.
 fn processing_forever() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { break };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf);
-                let end = Instant::now() + Duration::from_secs(30);
-                while Instant::now() < end {
-                    if s.write_all(b"HTTP/1.1 102 Processing\r\n\r\n").is_err() {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            });
+    tcp_origin(|mut s| {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end {
+            if s.write_all(b"HTTP/1.1 102 Processing\r\n\r\n").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
-    });
-    addr
+    })
 }
 
 #[test]
@@ -207,22 +199,14 @@ fn interim_responses_do_not_extend_read_timeout() {
 
 /// An upstream answering `head` (a complete response head with no body) to every request.
 fn fixed_head(head: &'static [u8]) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { break };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {
-                    if s.write_all(head).is_err() {
-                        return;
-                    }
-                }
-            });
+    tcp_origin(move |mut s| {
+        let mut buf = [0u8; 4096];
+        while matches!(s.read(&mut buf), Ok(n) if n > 0) {
+            if s.write_all(head).is_err() {
+                return;
+            }
         }
-    });
-    addr
+    })
 }
 
 #[test]
