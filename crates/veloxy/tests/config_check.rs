@@ -8,42 +8,17 @@ use std::process::Command;
 #[test]
 fn check_output_matches_golden_files() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let bless = std::env::var_os("VELOXY_BLESS").is_some();
-    let mut cases: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    cases.sort();
+    let cases = veloxy_testkit::golden_cases(&dir);
     assert!(cases.len() >= 10);
-    let mut failures = Vec::new();
-    for case in cases {
+    veloxy_testkit::assert_golden(cases.into_iter().map(|case| {
         let out = Command::new(veloxy_testkit::VELOXY)
             .args(["check", "--config"])
             .arg(&case)
             .output()
             .unwrap();
-        let text = format!(
-            "exit: {}\n{}{}",
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .replace(case.to_str().unwrap(), "$FILE");
-        let golden = case.with_extension("out");
-        if bless {
-            std::fs::write(&golden, &text).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&golden).unwrap_or_default();
-        if want != text {
-            failures.push(format!(
-                "{}:\n--- want\n{want}--- got\n{text}",
-                case.display()
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+        let text = veloxy_testkit::output_text(&out).replace(case.to_str().unwrap(), "$FILE");
+        (case, text)
+    }));
 }
 
 #[test]

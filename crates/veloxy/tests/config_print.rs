@@ -21,12 +21,7 @@ fn golden_dir() -> PathBuf {
 }
 
 fn cases() -> Vec<PathBuf> {
-    let mut cases: Vec<_> = std::fs::read_dir(golden_dir())
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    cases.sort();
+    let cases = veloxy_testkit::golden_cases(&golden_dir());
     assert!(cases.len() >= 6, "{cases:?}");
     cases
 }
@@ -47,37 +42,17 @@ fn print_output_matches_golden_files() {
     let dir = golden_dir();
     let canonical = dir.canonicalize().unwrap();
     let cores = std::thread::available_parallelism().unwrap().get();
-    let bless = std::env::var_os("VELOXY_BLESS").is_some();
-    let mut failures = Vec::new();
-    for case in cases() {
-        let out = print(&case);
-        let mut text = format!(
-            "exit: {}\n{}{}",
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-        // Roots are canonicalized, other paths only made absolute: replace both spellings.
-        .replace(canonical.to_str().unwrap(), "$DIR")
-        .replace(dir.to_str().unwrap(), "$DIR");
+    veloxy_testkit::assert_golden(cases().into_iter().map(|case| {
+        let mut text = veloxy_testkit::output_text(&print(&case))
+            // Roots are canonicalized, other paths only made absolute: replace both spellings.
+            .replace(canonical.to_str().unwrap(), "$DIR")
+            .replace(dir.to_str().unwrap(), "$DIR");
         let input = std::fs::read_to_string(&case).unwrap();
         if !input.lines().any(|l| l.trim_start().starts_with("workers")) {
             text = text.replace(&format!("\nworkers = {cores}\n"), "\nworkers = $CORES\n");
         }
-        let golden = case.with_extension("out");
-        if bless {
-            std::fs::write(&golden, &text).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&golden).unwrap_or_default();
-        if want != text {
-            failures.push(format!(
-                "{}:\n--- want\n{want}--- got\n{text}",
-                case.display()
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+        (case, text)
+    }));
 }
 
 #[test]
