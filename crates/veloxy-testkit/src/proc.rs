@@ -145,16 +145,22 @@ pub fn veloxy_cmd(mut cmd: Command, args: &[&str], dir: tempfile::TempDir) -> Ve
     }
 }
 
+/// Sends signal `sig` (`-HUP`, `-TERM`, ...) to process `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
 /// Writes `config` over the running veloxy's config file, sends SIGHUP, and waits until the
 /// log shows one more line containing `outcome` ("reloaded" or "reload refused").
 pub fn reload_with(v: &Veloxy, config: &str, outcome: &str) {
     let before = v.proc.log_text().matches(outcome).count();
     std::fs::write(v.dir.path().join("veloxy.toml"), config).unwrap();
-    let status = std::process::Command::new("kill")
-        .args(["-HUP", &v.proc.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(v.proc.pid(), "-HUP");
     assert!(
         eventually(Duration::from_secs(5), || v
             .proc

@@ -194,11 +194,7 @@ fn upstream_errors_log_the_backend_address_not_an_option() {
 fn sigusr1_without_an_access_log_reopens_nothing() {
     let up = upstream(&[]);
     let v = veloxy(&simple_config(&[up.addr], ""));
-    let status = Command::new("kill")
-        .args(["-USR1", &v.proc.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(v.proc.pid(), "-USR1");
     assert!(
         eventually(Duration::from_secs(5), || v
             .proc

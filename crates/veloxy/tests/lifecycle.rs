@@ -5,15 +5,6 @@ use veloxy_testkit::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
-
 fn wait_exit(v: &mut Veloxy, limit: Duration) -> Option<std::process::ExitStatus> {
     let start = Instant::now();
     while start.elapsed() < limit {
