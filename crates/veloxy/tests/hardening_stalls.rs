@@ -347,3 +347,26 @@ fn http2_request_buffering_off_streams_bodies() {
     // A POST is not retryable, so with "off" its body streams: the upstream is taken.
     assert_eq!(http2_stalled_post(keys, Some(1000)), (408, true));
 }
+
+/// A response whose upstream pauses mid-body (an SSE stream between events) is not the
+/// client's stall: send_timeout must not cut it.
+#[test]
+fn http2_send_timeout_spares_bodies_waiting_for_their_upstream() {
+    let up = tcp_origin(|mut s| {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nfirst");
+        std::thread::sleep(Duration::from_millis(2500));
+        let _ = s.write_all(b"-last");
+        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let v = veloxy(&one_connection_config(up, "send_timeout = \"1s\""));
+    let authority = v.addr.to_string();
+    runtime().block_on(async {
+        let mut c = h2_connect(v.addr, None).await;
+        let r = h2_send(&mut c, h2_get(&authority, "/", false), None)
+            .await
+            .unwrap();
+        assert_eq!((r.status, r.body_str().as_str()), (200, "first-last"));
+    });
+}

@@ -16,16 +16,16 @@
 use std::cell::{Cell, RefCell};
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::time::Instant;
 
 use super::ProxyBody;
+use crate::clock;
 use crate::error::{ErrorKind, ProxyError};
 
 /// A response body as handed to hyper: either not worth watching (complete, or veloxy's own
@@ -38,19 +38,18 @@ pub(crate) enum Watched {
 /// A streaming body and when it last made progress.
 pub(crate) struct Slot {
     body: RefCell<Option<ProxyBody>>,
-    /// When hyper last polled the body (or, when it waits for its upstream, when that wait
-    /// ended: see `woken_seen`).
-    last: Cell<Instant>,
-    /// Set when the body's last poll returned `Pending`: it waits for its upstream, and the
-    /// flag inside says whether that wait is over.
-    waiting: RefCell<Option<Arc<WakeFlag>>>,
-    /// The sweep that first saw the upstream wait over.
-    woken_seen: Cell<Option<Instant>>,
+    /// When hyper last polled the body ([`clock::now_ms`]).
+    last_ms: Cell<u64>,
+    /// The body's last poll returned `Pending`: it waits for its upstream until `flag` fires.
+    waiting: Cell<bool>,
+    /// The waker handed to the body, kept across polls while hyper's waker stays the same.
+    flag: RefCell<Option<Arc<WakeFlag>>>,
 }
 
-/// Wraps the waker hyper gave the body, recording that it fired.
+/// Wraps the waker hyper gave the body, recording when it fired.
 pub(crate) struct WakeFlag {
-    woken: AtomicBool,
+    /// [`clock::now_ms`] of the first wake since the last poll; 0: not woken.
+    woken_ms: AtomicU64,
     inner: Waker,
 }
 
@@ -59,7 +58,12 @@ impl Wake for WakeFlag {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::Relaxed);
+        let _ = self.woken_ms.compare_exchange(
+            0,
+            clock::now_ms(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         self.inner.wake_by_ref();
     }
 }
@@ -78,9 +82,9 @@ impl Watch {
         }
         let slot = Rc::new(Slot {
             body: RefCell::new(Some(body)),
-            last: Cell::new(Instant::now()),
-            waiting: RefCell::new(None),
-            woken_seen: Cell::new(None),
+            last_ms: Cell::new(clock::now_ms()),
+            waiting: Cell::new(false),
+            flag: RefCell::new(None),
         });
         self.slots.borrow_mut().push(Rc::downgrade(&slot));
         Watched::Slot(slot)
@@ -88,7 +92,8 @@ impl Watch {
 
     /// Cuts every body stalled for `limit`; returns how many were cut.
     pub(crate) fn sweep(&self, limit: Duration) -> usize {
-        let now = Instant::now();
+        let now = clock::now_ms();
+        let limit = limit.as_millis() as u64;
         let mut cut = Vec::new();
         self.slots.borrow_mut().retain(|weak| {
             let Some(slot) = weak.upgrade() else {
@@ -97,17 +102,23 @@ impl Watch {
             if slot.body.borrow().is_none() {
                 return false;
             }
-            let since = match &*slot.waiting.borrow() {
-                None => slot.last.get(),
-                Some(flag) if flag.woken.load(Ordering::Relaxed) => {
-                    let seen = slot.woken_seen.get().unwrap_or(now);
-                    slot.woken_seen.set(Some(seen));
-                    seen
+            // Stalled since its last poll, or, if it was waiting for its upstream, since that
+            // wait ended.
+            let since = if slot.waiting.get() {
+                let woken = slot
+                    .flag
+                    .borrow()
+                    .as_ref()
+                    .map_or(0, |f| f.woken_ms.load(Ordering::Relaxed));
+                if woken == 0 {
+                    // Still waiting for the upstream: not the client's stall.
+                    return true;
                 }
-                // Waiting for the upstream: not the client's stall.
-                Some(_) => return true,
+                woken
+            } else {
+                slot.last_ms.get()
             };
-            if now.saturating_duration_since(since) < limit {
+            if now.saturating_sub(since) < limit {
                 return true;
             }
             cut.push(slot.body.borrow_mut().take());
@@ -137,24 +148,25 @@ impl Body for Watched {
             // Cut by the sweep: an error makes hyper reset the stream.
             return Poll::Ready(Some(Err(ProxyError::downstream(ErrorKind::SendTimeout))));
         };
-        let mut waiting = slot.waiting.borrow_mut();
-        let flag = match waiting.take() {
-            Some(f) if f.inner.will_wake(cx.waker()) => {
-                f.woken.store(false, Ordering::Relaxed);
-                f
+        let flag = {
+            let mut kept = slot.flag.borrow_mut();
+            match &*kept {
+                Some(f) if f.inner.will_wake(cx.waker()) => f.clone(),
+                _ => {
+                    let f = Arc::new(WakeFlag {
+                        woken_ms: AtomicU64::new(0),
+                        inner: cx.waker().clone(),
+                    });
+                    *kept = Some(f.clone());
+                    f
+                }
             }
-            _ => Arc::new(WakeFlag {
-                woken: AtomicBool::new(false),
-                inner: cx.waker().clone(),
-            }),
         };
-        let waker = Waker::from(flag.clone());
+        flag.woken_ms.store(0, Ordering::Relaxed);
+        let waker = Waker::from(flag);
         let r = Pin::new(b).poll_frame(&mut Context::from_waker(&waker));
-        slot.last.set(Instant::now());
-        slot.woken_seen.set(None);
-        if r.is_pending() {
-            *waiting = Some(flag);
-        }
+        slot.last_ms.set(clock::now_ms());
+        slot.waiting.set(r.is_pending());
         r
     }
 
