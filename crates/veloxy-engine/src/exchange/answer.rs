@@ -109,16 +109,7 @@ impl Vars for RequestVars<'_, '_> {
             Var::ServerPort => out.push_str(&self.peer.server_port.to_string()),
             Var::Header(name) => lossy(self.head.fields.get(name).unwrap_or(b""), out),
             Var::Cookie(name) => {
-                let value = self
-                    .head
-                    .fields
-                    .cookies()
-                    .flat_map(|v| v.split(|&b| b == b';'))
-                    .find_map(|pair| {
-                        let pair = pair.trim_ascii();
-                        let eq = pair.iter().position(|&b| b == b'=')?;
-                        (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
-                    });
+                let value = crate::http1::cookie_value(self.head.fields.cookies(), name);
                 lossy(value.unwrap_or(b""), out);
             }
             Var::QueryArg(name) => {

@@ -105,6 +105,20 @@ pub(crate) fn write_forwarded<'a>(
     }
 }
 
+/// The value of cookie `name` among the values of a request's Cookie fields.
+pub(crate) fn cookie_value<'a>(
+    cookies: impl Iterator<Item = &'a [u8]>,
+    name: &str,
+) -> Option<&'a [u8]> {
+    cookies
+        .flat_map(|v| v.split(|&b| b == b';'))
+        .find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+        })
+}
+
 /// True when `value` (a Connection header) lists `token`, case-insensitively.
 pub(crate) fn has_token(value: &[u8], token: &str) -> bool {
     value
@@ -235,6 +249,17 @@ mod tests {
         ] {
             assert_eq!(parse_content_length(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn cookie_values() {
+        let fields: [&[u8]; 2] = [b"a=1; session=abc", b"b=2;c=3"];
+        assert_eq!(
+            cookie_value(fields.into_iter(), "session"),
+            Some(&b"abc"[..])
+        );
+        assert_eq!(cookie_value(fields.into_iter(), "c"), Some(&b"3"[..]));
+        assert_eq!(cookie_value(fields.into_iter(), "sess"), None);
     }
 
     #[test]

@@ -199,15 +199,7 @@ where
             HashKey::Path => hash_bytes(self.path.as_bytes(), 0),
             HashKey::Header(h) => hash_bytes((self.header)(h).unwrap_or(b""), 0),
             HashKey::Cookie(name) => {
-                let value = self
-                    .cookies
-                    .flat_map(|v| v.split(|&b| b == b';'))
-                    .find_map(|pair| {
-                        let pair = pair.trim_ascii();
-                        let eq = pair.iter().position(|&b| b == b'=')?;
-                        (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
-                    })
-                    .unwrap_or(b"");
+                let value = crate::http1::cookie_value(self.cookies, name).unwrap_or(b"");
                 hash_bytes(value, 0)
             }
         }
