@@ -228,12 +228,7 @@ pub(crate) fn routing_path(path: &[u8]) -> std::borrow::Cow<'_, [u8]> {
 /// Lowercases and strips the port (and IPv6 brackets stay) into `buf`; over-long hosts match
 /// nothing but `Any` routes.
 fn normalize_host<'a>(host: &[u8], buf: &'a mut [u8; 256]) -> &'a [u8] {
-    let end = if host.first() == Some(&b'[') {
-        memchr::memchr(b']', host).map_or(host.len(), |i| i + 1)
-    } else {
-        memchr::memrchr(b':', host).unwrap_or(host.len())
-    };
-    let host = &host[..end];
+    let host = crate::http1::host_without_port(host);
     if host.len() > buf.len() {
         return &buf[..0];
     }

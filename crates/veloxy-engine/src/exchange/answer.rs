@@ -32,7 +32,7 @@ impl Answer {
 
     /// `redirect_https`: a 308 to the same host and URI over HTTPS on `port`.
     pub fn to_https(head: &Head, port: u16) -> Answer {
-        let host = host_without_port(head.host);
+        let host = crate::http1::host_without_port(head.host);
         let port = if port == 443 {
             String::new()
         } else {
@@ -74,20 +74,6 @@ impl Answer {
     }
 }
 
-/// The host of a Host header or `:authority`, without its port (`[::1]:8080` -> `[::1]`).
-fn host_without_port(host: &[u8]) -> &[u8] {
-    if host.starts_with(b"[") {
-        return match host.iter().position(|&b| b == b']') {
-            Some(i) => &host[..=i],
-            None => host,
-        };
-    }
-    match host.iter().rposition(|&b| b == b':') {
-        Some(i) => &host[..i],
-        None => host,
-    }
-}
-
 /// A request's template variables.
 pub(crate) struct RequestVars<'a, 'h> {
     pub head: &'a Head<'h>,
@@ -99,7 +85,7 @@ impl Vars for RequestVars<'_, '_> {
         let lossy = |b: &[u8], out: &mut String| out.push_str(&String::from_utf8_lossy(b));
         let query = self.head.target.split_once('?').map_or("", |(_, q)| q);
         match var {
-            Var::Host => lossy(host_without_port(self.head.host), out),
+            Var::Host => lossy(crate::http1::host_without_port(self.head.host), out),
             Var::Uri => out.push_str(self.head.target),
             Var::Path => out.push_str(self.head.path()),
             Var::Query => out.push_str(query),

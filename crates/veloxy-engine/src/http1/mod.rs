@@ -105,6 +105,16 @@ pub(crate) fn write_forwarded<'a>(
     }
 }
 
+/// The host of a Host header or `:authority`, without its port (`[::1]:8080` -> `[::1]`).
+pub(crate) fn host_without_port(host: &[u8]) -> &[u8] {
+    let end = if host.first() == Some(&b'[') {
+        memchr::memchr(b']', host).map_or(host.len(), |i| i + 1)
+    } else {
+        memchr::memrchr(b':', host).unwrap_or(host.len())
+    };
+    &host[..end]
+}
+
 /// The value of cookie `name` among the values of a request's Cookie fields.
 pub(crate) fn cookie_value<'a>(
     cookies: impl Iterator<Item = &'a [u8]>,
