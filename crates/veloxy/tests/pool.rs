@@ -7,6 +7,35 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// Sends our FIN and waits (2 s at most) until the peer's kernel has acknowledged it (TCP
+/// state FIN_WAIT2 or later): from then on the peer's socket reads as closed. Under load,
+/// loopback delivery of a FIN can lag behind packets other threads send later, so "we
+/// closed" alone does not mean "the peer can see it".
+fn close_and_wait_for_ack(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: a valid socket and a buffer of the advertised size.
+        let rc = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        // FIN_WAIT1 (4) means our FIN is not acknowledged yet; ESTABLISHED (1) not sent.
+        if rc != 0 || !matches!(info.tcpi_state, 1 | 4) {
+            return;
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Reads one request head (and a Content-Length body) from `s`; false on EOF.
 fn read_request(s: &mut TcpStream) -> bool {
     let mut buf = Vec::new();
@@ -81,11 +110,11 @@ fn stale_pooled_connection_is_not_retried_for_post() {
 #[test]
 fn upstream_closing_after_response_is_detected_before_reuse() {
     // An upstream that answers once per connection and closes silently (no Connection: close),
-    // then tells the test it has closed. Waiting for that signal before the next request makes
-    // the test deterministic: the FIN is already queued at veloxy when the request arrives, so
-    // a proxy that checks pooled connections before reuse never sends on a dead one (a POST
-    // would then be a 502, since it must not be replayed). Without the wait this is the
-    // unavoidable keep-alive race every proxy has.
+    // then tells the test it has closed, once veloxy's kernel has acknowledged the FIN. Waiting
+    // for that signal before the next request makes the test deterministic: the FIN is already
+    // queued at veloxy when the request arrives, so a proxy that checks pooled connections
+    // before reuse never sends on a dead one (a POST would then be a 502, since it must not be
+    // replayed). Without the wait this is the unavoidable keep-alive race every proxy has.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let (closed_tx, closed_rx) = std::sync::mpsc::channel::<usize>();
@@ -100,6 +129,7 @@ fn upstream_closing_after_response_is_detected_before_reuse() {
                 );
                 let _ = s.write_all(resp.as_bytes());
             }
+            close_and_wait_for_ack(&s);
             drop(s);
             let _ = closed_tx.send(n + 1);
         }
