@@ -48,6 +48,9 @@ pub struct Entry<'a> {
     pub user_agent: &'a [u8],
     pub upstream: &'a str,
     pub backend: Option<SocketAddr>,
+    /// `[server] request_id`: the request's ID (appended to combined lines as a quoted last
+    /// field, a `request_id` member in JSON).
+    pub request_id: Option<&'a str>,
 }
 
 /// The workers' side of the log.
@@ -248,7 +251,13 @@ fn combined(e: &Entry) -> String {
         },
         false,
     );
-    s.push_str("\"\n");
+    s.push('"');
+    if let Some(id) = e.request_id {
+        s.push_str(" \"");
+        quoted(&mut s, id.as_bytes(), false);
+        s.push('"');
+    }
+    s.push('\n');
     s
 }
 
@@ -283,6 +292,10 @@ fn json(e: &Entry) -> String {
     quoted(&mut s, e.referer, true);
     s.push_str("\",\"user_agent\":\"");
     quoted(&mut s, e.user_agent, true);
+    if let Some(id) = e.request_id {
+        s.push_str("\",\"request_id\":\"");
+        quoted(&mut s, id.as_bytes(), true);
+    }
     s.push_str("\"}\n");
     s
 }
@@ -313,6 +326,7 @@ mod tests {
             user_agent: b"curl/8\x01",
             upstream: "app",
             backend: Some("127.0.0.1:9001".parse().unwrap()),
+            request_id: None,
         }
     }
 

@@ -70,6 +70,7 @@ pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod metrics;
 pub(crate) mod router;
+pub(crate) mod rules;
 pub(crate) mod runtime;
 pub mod server;
 pub(crate) mod static_files;

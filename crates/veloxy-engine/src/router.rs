@@ -1,9 +1,12 @@
-//! The router: picks a route from the request's host and path.
+//! The router: picks a route from the request's host, path and conditions.
 //!
-//! Matching: among the routes whose host matches (exact beats `*.suffix` beats any host), the
-//! one with the longest path prefix wins. Paths match as plain byte prefixes of the request path
-//! (query excluded), like nginx's `location /prefix`. Routes are pre-sorted once at compile time,
-//! so a lookup is a linear scan that stops at the first hit; route tables are small.
+//! Precedence, as in nginx: host specificity first (exact beats `*.suffix` beats any host);
+//! then an exact path (`path_exact`); then the first matching `path_regex` in file order; then
+//! the longest prefix (`path`, a plain byte prefix of the path, like nginx's
+//! `location /prefix`). Among routes with the same path, those with more conditions (`methods`,
+//! `headers`, `query`) go first, then file order. Paths are matched after normalization
+//! ([`routing_path`]), the query excluded. Routes are pre-sorted once at compile time, so a
+//! lookup is a linear scan that stops at the first hit; route tables are small.
 
 /// How a route matches the `Host` header (port stripped, compared case-insensitively).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +61,16 @@ pub struct Route {
     /// Position in the file, for logs and metrics.
     pub index: usize,
     pub host: HostMatch,
+    /// The prefix, the exact path, or the regex's source.
     pub path: String,
     /// `path_exact`: the path must equal `path` (query excluded), not just start with it.
     pub exact: bool,
+    /// `path_regex`: the path must match this (`path` holds its source).
+    pub regex: Option<regex::bytes::Regex>,
+    /// `methods`, `headers`, `query`.
+    pub conditions: crate::rules::Conditions,
+    /// Header rules, error pages, body cap; `None` when the route sets none.
+    pub rules: Option<std::sync::Arc<crate::rules::RouteRules>>,
     /// What answers the route's requests.
     pub target: RouteTarget,
     /// Concurrency and rate limits, if the route sets any.
@@ -121,21 +131,40 @@ impl Router {
     }
 
     pub(crate) fn has(&self, r: &Route) -> bool {
-        self.routes
-            .iter()
-            .any(|x| x.host == r.host && x.path == r.path && x.exact == r.exact)
+        self.routes.iter().any(|x| x.same_match(r))
     }
 
-    /// Sorts by host specificity, then exact paths before prefixes, then path length, all
-    /// descending; file order breaks ties. That is the precedence: host first, then an exact
-    /// path, then the longest prefix.
+    /// Sorts into precedence order (see the module doc). Regex routes keep file order, the
+    /// routes sharing one pattern grouped at its first appearance.
     pub(crate) fn finish(&mut self) {
+        let first_of = |r: &Route, all: &[Route]| {
+            all.iter()
+                .filter(|x| x.regex.is_some() && x.path == r.path)
+                .map(|x| x.index)
+                .min()
+                .unwrap_or(r.index)
+        };
+        let keys: Vec<(usize, usize)> = self
+            .routes
+            .iter()
+            .map(|r| (r.index, first_of(r, &self.routes)))
+            .collect();
+        let first = |r: &Route| keys.iter().find(|k| k.0 == r.index).map_or(0, |k| k.1);
+        let kind = |r: &Route| match (r.exact, &r.regex) {
+            (true, _) => 0u8,
+            (false, Some(_)) => 1,
+            (false, None) => 2,
+        };
         self.routes.sort_by(|a, b| {
             b.host
                 .rank()
                 .cmp(&a.host.rank())
-                .then(b.exact.cmp(&a.exact))
-                .then(b.path.len().cmp(&a.path.len()))
+                .then(kind(a).cmp(&kind(b)))
+                .then_with(|| match kind(a) {
+                    1 => first(a).cmp(&first(b)),
+                    _ => b.path.len().cmp(&a.path.len()).then(a.path.cmp(&b.path)),
+                })
+                .then(b.conditions.count().cmp(&a.conditions.count()))
                 .then(a.index.cmp(&b.index))
         });
     }
@@ -148,25 +177,42 @@ impl Router {
         &mut self.routes
     }
 
-    /// Finds the route for a request. `host` is the raw Host value (any case, maybe with a port);
-    /// `path` the request path, query included or not.
-    pub fn find(&self, host: &[u8], path: &[u8]) -> Option<&Route> {
+    /// Finds the route for a request. `host` is the raw Host value (any case, maybe with a
+    /// port); `path` the normalized path ([`routing_path`]) without the query; `req` what
+    /// conditions look at.
+    pub fn find(&self, host: &[u8], path: &[u8], req: &dyn crate::rules::Request) -> Option<&Route> {
         let mut buf = [0u8; 256];
         let host = normalize_host(host, &mut buf);
-        let path = match memchr::memchr(b'?', path) {
-            Some(q) => &path[..q],
-            None => path,
-        };
-        let path = routing_path(path);
         self.routes.iter().find(|r| {
             r.host.matches(host)
-                && if r.exact {
-                    path == r.path.as_bytes()
-                } else {
-                    path.starts_with(r.path.as_bytes())
+                && match (&r.regex, r.exact) {
+                    (Some(re), _) => re.is_match(path),
+                    (None, true) => path == r.path.as_bytes(),
+                    (None, false) => path.starts_with(r.path.as_bytes()),
                 }
+                && (r.conditions.count() == 0 || r.conditions.hold(req))
         })
     }
+}
+
+impl Route {
+    /// Same host, path kind, path and conditions: two such routes could never both be reached.
+    pub(crate) fn same_match(&self, r: &Route) -> bool {
+        self.host == r.host
+            && self.path == r.path
+            && self.exact == r.exact
+            && self.regex.is_some() == r.regex.is_some()
+            && self.conditions == r.conditions
+    }
+}
+
+/// The path a request is routed by: its target without the query, normalized.
+pub(crate) fn request_path(target: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let path = match memchr::memchr(b'?', target) {
+        Some(q) => &target[..q],
+        None => target,
+    };
+    routing_path(path)
 }
 
 /// The path as a backend would resolve it: percent-encoded unreserved characters decoded and
@@ -243,6 +289,23 @@ fn normalize_host<'a>(host: &[u8], buf: &'a mut [u8; 256]) -> &'a [u8] {
 mod tests {
     use super::*;
 
+    struct Get;
+    impl crate::rules::Request for Get {
+        fn method(&self) -> &str {
+            "GET"
+        }
+        fn header(&self, _: &str) -> Option<&[u8]> {
+            None
+        }
+        fn query(&self) -> &str {
+            ""
+        }
+    }
+
+    fn find<'r>(r: &'r Router, host: &str, target: &str) -> Option<&'r Route> {
+        r.find(host.as_bytes(), &request_path(target.as_bytes()), &Get)
+    }
+
     fn router(specs: &[(&str, &str, usize)]) -> Router {
         let mut r = Router::default();
         for (i, (host, path, up)) in specs.iter().enumerate() {
@@ -255,6 +318,9 @@ mod tests {
                 },
                 path: path.to_string(),
                 exact: false,
+                regex: None,
+                conditions: Default::default(),
+                rules: None,
                 target: RouteTarget::Proxy {
                     upstream: *up,
                     compress: false,
@@ -276,7 +342,7 @@ mod tests {
             ("*.example.com", "/", 3),
             ("", "/api/v2/", 4),
         ]);
-        let up = |h: &str, p: &str| r.find(h.as_bytes(), p.as_bytes()).and_then(|r| r.proxied());
+        let up = |h: &str, p: &str| find(&r, h, p).and_then(|r| r.proxied());
         assert_eq!(up("other", "/x"), Some(0));
         assert_eq!(up("other", "/api/x?q=/api/v2/"), Some(1));
         assert_eq!(up("other", "/api/v2/y"), Some(4));
@@ -288,7 +354,7 @@ mod tests {
     #[test]
     fn normalized_paths_cannot_dodge_a_route() {
         let r = router(&[("", "/", 0), ("", "/api/", 1)]);
-        let up = |p: &str| r.find(b"h", p.as_bytes()).and_then(|r| r.proxied());
+        let up = |p: &str| find(&r, "h", p).and_then(|r| r.proxied());
         assert_eq!(up("/public/../api/x"), Some(1));
         assert_eq!(up("/%61pi/x"), Some(1));
         assert_eq!(up("/./api/x"), Some(1));
@@ -311,11 +377,8 @@ mod tests {
     #[test]
     fn no_match() {
         let r = router(&[("a.test", "/", 0), ("", "/only/", 1)]);
-        assert!(r.find(b"b.test", b"/").is_none());
-        assert_eq!(
-            r.find(b"b.test", b"/only/x").and_then(|r| r.proxied()),
-            Some(1)
-        );
+        assert!(find(&r, "b.test", "/").is_none());
+        assert_eq!(find(&r, "b.test", "/only/x").and_then(|r| r.proxied()), Some(1));
     }
 
     #[test]

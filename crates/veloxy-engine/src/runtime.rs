@@ -53,7 +53,7 @@ pub(crate) fn carry_over(old: &Snapshot, new: &mut Snapshot) {
                 .router
                 .routes()
                 .iter()
-                .find(|r| r.host == route.host && r.path == route.path)
+                .find(|r| r.same_match(route))
             else {
                 continue;
             };

@@ -28,6 +28,19 @@ pub enum Var {
     Cookie(String),
     /// `{query.NAME}`: a query parameter's first value, as sent.
     QueryArg(String),
+    /// `{re.1}` / `{re.NAME}`: a capture group of the route's `path_regex`.
+    Re(Capture),
+    /// `{request_id}`: the request's ID (`[server] request_id`).
+    RequestId,
+}
+
+/// A `path_regex` capture group, by number or name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Capture {
+    /// `{re.1}` (`{re.0}` is the whole match).
+    Index(usize),
+    /// `{re.NAME}` for `(?<NAME>...)`.
+    Name(String),
 }
 
 /// A compiled template.
@@ -154,6 +167,30 @@ impl Template {
     }
 }
 
+impl Template {
+    /// The template has no variable: it renders the same for every request.
+    pub fn is_literal(&self) -> bool {
+        self.parts.iter().all(|p| matches!(p, Part::Lit(_)))
+    }
+
+    /// The text of a template without variables.
+    pub fn literal(&self) -> Option<&str> {
+        match self.parts.as_slice() {
+            [] => Some(""),
+            [Part::Lit(s)] => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The variables used, in order.
+    pub fn vars(&self) -> impl Iterator<Item = &Var> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Var(v) => Some(v),
+            Part::Lit(_) => None,
+        })
+    }
+}
+
 impl fmt::Display for Template {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.source)
@@ -175,6 +212,7 @@ fn var(name: &str) -> Result<Var, String> {
         "client_ip" => Var::ClientIp,
         "client_port" => Var::ClientPort,
         "server_port" => Var::ServerPort,
+        "request_id" => Var::RequestId,
         _ => {
             if let Some(h) = named("header.") {
                 Var::Header(h.to_ascii_lowercase())
@@ -182,10 +220,16 @@ fn var(name: &str) -> Result<Var, String> {
                 Var::Cookie(c)
             } else if let Some(q) = named("query.") {
                 Var::QueryArg(q)
+            } else if let Some(r) = named("re.") {
+                Var::Re(match r.parse::<usize>() {
+                    Ok(n) => Capture::Index(n),
+                    Err(_) => Capture::Name(r),
+                })
             } else {
                 return Err(format!(
                     "unknown template variable {{{name}}}: use host, uri, path, query, scheme, \
-                     client_ip, client_port, server_port, header.NAME, cookie.NAME or query.NAME"
+                     client_ip, client_port, server_port, request_id, header.NAME, cookie.NAME, \
+                     query.NAME, re.N or re.NAME"
                 ));
             }
         }

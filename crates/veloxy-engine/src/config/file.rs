@@ -42,6 +42,7 @@ pub struct ServerSection {
     pub send_timeout: Option<DurationValue>,
     pub body_timeout: Option<DurationValue>,
     pub request_buffering: Option<Spanned<String>>,
+    pub request_id: Option<Spanned<String>>,
     pub log_level: Option<Spanned<String>>,
     pub admin: Option<Spanned<String>>,
     pub access_log: Option<Spanned<AccessLogSection>>,
@@ -106,6 +107,19 @@ pub struct RouteSection {
     pub path: Option<Spanned<String>>,
     /// An exact path instead of a prefix (at most one of `path` and `path_exact`).
     pub path_exact: Option<Spanned<String>>,
+    /// A regex on the path instead (at most one of the three path kinds).
+    pub path_regex: Option<Spanned<String>>,
+    /// Conditions: every one given must hold.
+    pub methods: Option<Spanned<Vec<String>>>,
+    pub headers: Option<Spanned<BTreeMap<String, String>>>,
+    pub query: Option<Spanned<BTreeMap<String, String>>>,
+    /// Header rules on the upstream request and on every answer.
+    pub request_headers: Option<Spanned<HeaderRulesSection>>,
+    pub response_headers: Option<Spanned<HeaderRulesSection>>,
+    /// Status (or `4xx`/`5xx`) -> file sent for error answers.
+    pub error_pages: Option<Spanned<BTreeMap<String, String>>>,
+    pub max_body_bytes: Option<Spanned<SizeValue>>,
+    pub location_rewrite: Option<Spanned<bool>>,
     /// Exactly one of `upstream` (proxy), `root` (serve files), `redirect` and `respond`.
     pub upstream: Option<Spanned<String>>,
     pub redirect: Option<Spanned<RedirectSection>>,
@@ -133,6 +147,26 @@ pub struct RouteSection {
 }
 
 /// `redirect = { to = "https://{host}{uri}", status = 308 }` on a route.
+/// `request_headers` / `response_headers`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderRulesSection {
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    #[serde(default)]
+    pub add: BTreeMap<String, String>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// A size: an integer in bytes or a string with a unit (`"10MiB"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedirectSection {
@@ -210,6 +244,7 @@ pub struct UpstreamSection {
     /// Name sent as SNI and verified in the server's certificate; default: the host of the
     /// server's address.
     pub tls_server_name: Option<Spanned<String>>,
+    pub location_rewrite: Option<Spanned<bool>>,
 }
 
 /// A backend in `servers`: either `"host:port"` or `{ addr = "host:port", weight = 2 }`.

@@ -68,6 +68,9 @@ pub struct Settings {
     pub body_timeout: Duration,
     /// Whether request bodies are read before an upstream connection is taken.
     pub request_buffering: RequestBuffering,
+    /// `request_id = "X-Request-Id"`: keep a valid incoming ID in that field or generate one,
+    /// forward it upstream, return it, log it.
+    pub request_id: Option<String>,
     /// Log filter used when `RUST_LOG` is unset. Default `"info"`.
     pub log_level: String,
     /// Admin endpoint address (`/metrics`, `/healthz`, `/upstreams`, `POST /reload`). Default: off.

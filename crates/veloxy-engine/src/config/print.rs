@@ -61,6 +61,9 @@ fn settings(out: &mut Toml, s: &Settings) {
         RequestBuffering::Off => "off",
     };
     out.str("request_buffering", buffering);
+    if let Some(id) = &s.request_id {
+        out.str("request_id", id);
+    }
     out.str("log_level", &s.log_level);
     if let Some(admin) = s.admin {
         out.str("admin", &admin.to_string());
@@ -139,7 +142,13 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
             HostMatch::Exact(h) => out.str("host", h),
             HostMatch::Suffix(s) => out.str("host", &format!("*{s}")),
         }
-        out.str(if r.exact { "path_exact" } else { "path" }, &r.path);
+        let path_key = match (r.exact, &r.regex) {
+            (true, _) => "path_exact",
+            (false, Some(_)) => "path_regex",
+            (false, None) => "path",
+        };
+        out.str(path_key, &r.path);
+        conditions(out, &r.conditions);
         match &r.target {
             RouteTarget::Redirect { to, status } => out.raw(
                 "redirect",
@@ -177,6 +186,69 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
             }
         }
         limits(out, &r.limits);
+        if let Some(rules) = &r.rules {
+            route_rules(out, rules);
+        }
+    }
+}
+
+fn conditions(out: &mut Toml, c: &crate::rules::Conditions) {
+    if !c.methods.is_empty() {
+        out.raw("methods", &str_list(&c.methods));
+    }
+    let table = |pairs: &[(String, String)]| {
+        let items: Vec<String> = pairs
+            .iter()
+            .map(|(k, v)| format!("{} = {}", string(k), string(v)))
+            .collect();
+        format!("{{ {} }}", items.join(", "))
+    };
+    if !c.headers.is_empty() {
+        out.raw("headers", &table(&c.headers));
+    }
+    if !c.query.is_empty() {
+        out.raw("query", &table(&c.query));
+    }
+}
+
+fn route_rules(out: &mut Toml, r: &crate::rules::RouteRules) {
+    let table = |pairs: &[(String, String)]| {
+        let items: Vec<String> = pairs
+            .iter()
+            .map(|(k, v)| format!("{} = {}", string(k), string(v)))
+            .collect();
+        format!("{{ {} }}", items.join(", "))
+    };
+    for (key, rules) in [
+        ("request_headers", &r.request),
+        ("response_headers", &r.response),
+    ] {
+        let Some(h) = rules else { continue };
+        let mut parts = Vec::new();
+        if !h.set.is_empty() {
+            parts.push(format!("set = {}", table(&h.set)));
+        }
+        if !h.add.is_empty() {
+            parts.push(format!("add = {}", table(&h.add)));
+        }
+        if !h.remove.is_empty() {
+            parts.push(format!("remove = {}", str_list(&h.remove)));
+        }
+        out.raw(key, &format!("{{ {} }}", parts.join(", ")));
+    }
+    if !r.error_pages.is_empty() {
+        let pages: Vec<(String, String)> = r
+            .error_pages
+            .iter()
+            .map(|p| (p.status.to_string(), p.file.clone()))
+            .collect();
+        out.raw("error_pages", &table(&pages));
+    }
+    if let Some(max) = r.max_body {
+        out.int("max_body_bytes", max);
+    }
+    if r.location_rewrite {
+        out.bool("location_rewrite", true);
     }
 }
 

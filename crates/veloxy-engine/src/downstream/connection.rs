@@ -316,8 +316,10 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
                 // a malformed stream) is still unread, or the client asked to.
                 let close = must_close || e.closes_connection();
                 tracing::debug!(client = %down.peer, error = %e, "request refused");
-                let a =
-                    crate::downstream::proxy::answer_error(worker, down, &e, close, is_head).await;
+                let a = crate::downstream::proxy::answer_error(
+                    worker, down, &e, close, is_head, &record,
+                )
+                .await;
                 finish_record(worker, down, &mut record, e.status());
                 if a.linger {
                     linger_close(&mut down.stream).await;
@@ -554,9 +556,13 @@ fn prepare(
             proto,
             keep_underscores,
             target: target.path.as_deref(),
+            edit: target.edit.as_deref(),
         };
         request::write_upstream_head(req, &fwd, &mut head);
-        if req.host.is_none() {
+        if let Some(e) = &target.edit {
+            head.extend_from_slice(&e.lines);
+        }
+        if req.host.is_none() && !target.edit.as_ref().is_some_and(|e| e.drops("host")) {
             // An HTTP/1.0 request without Host: HTTP/1.1 upstreams require one.
             let addr = group.backends[target.backend].addr;
             head.extend_from_slice(format!("Host: {addr}\r\n").as_bytes());
@@ -572,6 +578,7 @@ fn prepare(
             proto,
             host,
             keep_underscores,
+            edit: target.edit.as_deref(),
         };
         let lines = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
         let path = target.path.as_deref().unwrap_or(req.path);
@@ -628,12 +635,24 @@ pub(crate) async fn send_error<S: tokio::io::AsyncWrite + Unpin>(
 ) -> usize {
     let mut out = worker.take_vec();
     write_error_response(&mut out, status, message, close, head_only);
-    let ok = tokio::time::timeout(Duration::from_secs(5), crate::tls::send_all(stream, &out))
-        .await
-        .is_ok_and(|r| r.is_ok());
-    let written = if ok { out.len() } else { 0 };
+    let written = send_all_within(stream, &out).await;
     worker.give_vec(out);
     written
+}
+
+/// Writes an error answer within 5 s; returns the bytes written (0: the client is gone).
+pub(crate) async fn send_all_within<S: tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+    out: &[u8],
+) -> usize {
+    let ok = tokio::time::timeout(Duration::from_secs(5), crate::tls::send_all(stream, out))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    if ok {
+        out.len()
+    } else {
+        0
+    }
 }
 
 /// Closes after an error without losing the response: half-close, then drain what the client

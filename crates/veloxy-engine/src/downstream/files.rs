@@ -70,9 +70,13 @@ impl StaticReply {
         req: &RequestView,
         mut record: Record,
     ) -> StaticReply {
-        let hook_headers = crate::exchange::on_response(worker, &mut record, response.status)
-            .map(<[u8]>::to_vec)
-            .unwrap_or_default();
+        let mut response = crate::exchange::with_error_page(&record, response);
+        let mut hook_headers = Vec::new();
+        if let Some(view) = crate::exchange::on_response(worker, &mut record, response.status) {
+            response.headers.retain(|(n, _)| !view.drops(n));
+            view.added_lines()
+                .for_each(|l| hook_headers.extend_from_slice(l));
+        }
         StaticReply {
             response,
             version: req.version,

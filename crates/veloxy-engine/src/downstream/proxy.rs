@@ -87,7 +87,7 @@ pub(crate) async fn forward(
     let mut record = std::mem::replace(&mut p.record, Record::unlogged());
     let mut ubuf = worker.take_bytes();
     let mut obuf = worker.take_vec();
-    let mut req_body = BodyState::request(p.body);
+    let mut req_body = BodyState::request(p.body, p.target.max_body);
     let mut backend = None;
 
     // The body is read before a concurrency slot or an upstream connection is taken: a slow
@@ -138,7 +138,7 @@ pub(crate) async fn forward(
             log_error(&e, group, backend);
             // Keep the client only if its request was fully read and the error is not its fault.
             let close = !req_body.is_done() || e.closes_connection() || !p.keep_alive;
-            let a = answer_error(worker, down, &e, close, p.is_head).await;
+            let a = answer_error(worker, down, &e, close, p.is_head, &record).await;
             (a.keep, e.status(), a.linger)
         }
         Err(Fail::Abort(e)) => {
@@ -178,22 +178,65 @@ pub(crate) async fn answer_error(
     e: &ProxyError,
     close: bool,
     is_head: bool,
+    record: &Record,
 ) -> Answered {
     worker.count_error(e);
-    let written = send_error(
-        worker,
-        &mut down.stream,
-        e.status(),
-        &e.kind.to_string(),
-        close,
-        is_head,
-    )
-    .await;
+    let message = e.kind.to_string();
+    let written = match record.edit {
+        None => send_error(worker, &mut down.stream, e.status(), &message, close, is_head).await,
+        Some(_) => {
+            let mut out = worker.take_vec();
+            write_edited_error(record, e.status(), &message, close, is_head, &mut out);
+            let n = crate::downstream::connection::send_all_within(&mut down.stream, &out).await;
+            worker.give_vec(out);
+            n
+        }
+    };
     down.bytes_sent += written as u64;
     let sent = written > 0;
     Answered {
         keep: sent && !close,
         linger: sent && close,
+    }
+}
+
+/// veloxy's own error answer on a route with rules: its error page (or the plain message),
+/// with the route's response header rules applied.
+pub(crate) fn write_edited_error(
+    record: &Record,
+    status: u16,
+    message: &str,
+    close: bool,
+    is_head: bool,
+    out: &mut Vec<u8>,
+) {
+    let text;
+    let (content_type, body) = match exchange::error_page(record, status) {
+        Some(p) => (p.content_type, &p.body[..]),
+        None => {
+            text = format!("{message}\n");
+            ("text/plain; charset=utf-8", text.as_bytes())
+        }
+    };
+    let reason = crate::http1::reason(status);
+    out.extend_from_slice(format!("HTTP/1.1 {status} {reason}\r\nServer: veloxy\r\n").as_bytes());
+    out.extend_from_slice(format!("Content-Type: {content_type}\r\n").as_bytes());
+    out.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
+    if status == 503 || status == 429 {
+        out.extend_from_slice(b"Retry-After: 1\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    let view = crate::exchange::edit::ResponseView {
+        edit: record.edit.as_deref(),
+        hooks: &[],
+        backend: None,
+    };
+    view.apply_h1(out);
+    out.extend_from_slice(b"\r\n");
+    if !is_head {
+        out.extend_from_slice(body);
     }
 }
 
@@ -226,15 +269,11 @@ async fn buffer_request_body(
     body: &mut BodyState,
     wbuf: &mut Vec<u8>,
 ) -> Result<(), Fail> {
-    let bad = || {
-        Fail::BeforeResponse(ProxyError::downstream(ErrorKind::BadRequest(
-            "invalid chunked body",
-        )))
-    };
+    let bad = |e| Fail::BeforeResponse(crate::downstream::relay::request_body_error(e));
     let head_len = wbuf.len();
     let n = body
         .take_request_into(&down.rbuf, wbuf)
-        .map_err(|_| bad())?;
+        .map_err(bad)?;
     down.rbuf.advance(n);
     let length = match p.body {
         BodyKind::Length(n) => Some(n),
@@ -260,7 +299,7 @@ async fn buffer_request_body(
         read_body_more(down).await?;
         let n = body
             .take_request_into(&down.rbuf, wbuf)
-            .map_err(|_| bad())?;
+            .map_err(bad)?;
         down.rbuf.advance(n);
     }
     Ok(())
@@ -487,8 +526,20 @@ impl Run<'_> {
         backend: usize,
         mut meta: ResponseMeta,
     ) -> Result<ResponseMeta, Fail> {
-        if let Some(lines) = exchange::on_response(self.worker, self.record, meta.status) {
-            self.obuf.extend_from_slice(lines);
+        if exchange::error_page(self.record, meta.status).is_some() {
+            // The route's error page instead of the upstream's body; its connection closes
+            // (the body is not read).
+            drop(conn);
+            meta.downstream_keep_alive &= self.req_body.is_done();
+            let close = !(meta.downstream_keep_alive && self.p.keep_alive);
+            self.obuf.clear();
+            let (status, is_head) = (meta.status, self.p.is_head);
+            write_edited_error(self.record, status, "", close, is_head, self.obuf);
+            write_down(down, self.obuf).await.map_err(Fail::Abort)?;
+            return Ok(meta);
+        }
+        if let Some(view) = exchange::on_response(self.worker, self.record, meta.status) {
+            view.apply_h1(self.obuf);
         }
         // `compress = true`: maybe rewrite the head and encode the (de-chunked) payload.
         let mut encoder = if self.p.target.compress {

@@ -34,6 +34,9 @@ pub(crate) enum BodyState {
         /// Request bodies: the trailer section, held until it ends so it can be forwarded
         /// filtered (see [`BodyState::take_request`]). `None`: forwarded as it comes.
         held: Option<Vec<u8>>,
+        /// Request bodies: the bytes (chunk framing included) still allowed by the route's
+        /// `max_body_bytes`.
+        budget: u64,
     },
     UntilClose,
 }
@@ -47,6 +50,7 @@ impl BodyState {
                 scanner: ChunkedScanner::new(),
                 decode,
                 held: None,
+                budget: u64::MAX,
             },
             BodyKind::UntilClose => BodyState::UntilClose,
         }
@@ -54,12 +58,15 @@ impl BodyState {
 
     /// A request body on its way upstream: verbatim, except that a chunked body's trailer
     /// section loses the fields an upstream could take for framing or routing.
-    pub fn request(kind: BodyKind) -> Self {
+    /// `max_body`: the route's `max_body_bytes` (a declared length was checked at
+    /// admission; a chunked body is counted as it comes, framing included).
+    pub fn request(kind: BodyKind, max_body: Option<u64>) -> Self {
         match BodyState::new(kind, false) {
             BodyState::Chunked { scanner, .. } => BodyState::Chunked {
                 scanner,
                 decode: false,
                 held: Some(Vec::new()),
+                budget: max_body.unwrap_or(u64::MAX),
             },
             other => other,
         }
@@ -134,6 +141,7 @@ impl BodyState {
         let BodyState::Chunked {
             scanner,
             held: Some(held),
+            budget,
             ..
         } = self
         else {
@@ -151,6 +159,9 @@ impl BodyState {
             }
             off += step.consumed;
         }
+        *budget = budget
+            .checked_sub(off as u64)
+            .ok_or(ChunkError::OverLimit)?;
         if scanner.is_done() {
             let start = extra.len();
             let dropped = crate::http1::request::filter_trailer_section(held, extra);
@@ -175,6 +186,14 @@ impl BodyState {
         out.extend_from_slice(&extra);
         Ok(n)
     }
+}
+
+/// The error for a request body the chunked scanner refused.
+pub(crate) fn request_body_error(e: ChunkError) -> ProxyError {
+    ProxyError::downstream(match e {
+        ChunkError::OverLimit => ErrorKind::BodyTooLarge,
+        _ => ErrorKind::BadRequest("invalid chunked body"),
+    })
 }
 
 pub(crate) async fn write_down(down: &mut Downstream, data: &[u8]) -> Result<(), ProxyError> {
@@ -233,11 +252,9 @@ pub(crate) async fn relay_request_body(
             read_body_more(down).await?;
         }
         extra.clear();
-        let (n, verbatim) = body.take_request(&down.rbuf, &mut extra).map_err(|_| {
-            Fail::BeforeResponse(ProxyError::downstream(ErrorKind::BadRequest(
-                "invalid chunked body",
-            )))
-        })?;
+        let (n, verbatim) = body
+            .take_request(&down.rbuf, &mut extra)
+            .map_err(|e| Fail::BeforeResponse(request_body_error(e)))?;
         // A filtered trailer section goes in the same write as what precedes it (once per
         // body: everything else is sent from the read buffer as it is).
         if !extra.is_empty() {
@@ -360,7 +377,7 @@ mod tests {
     /// Feeds `body` to a request body state in pieces of `step` bytes; returns what would be
     /// forwarded and whether it was forwarded in place (no filtered copy) throughout.
     fn forward(body: &[u8], step: usize) -> (Vec<u8>, bool) {
-        let mut state = BodyState::request(BodyKind::Chunked);
+        let mut state = BodyState::request(BodyKind::Chunked, None);
         let (mut out, mut in_place, mut off) = (Vec::new(), true, 0);
         while !state.is_done() {
             let end = (off + step).min(body.len());

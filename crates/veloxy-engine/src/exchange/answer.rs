@@ -42,6 +42,15 @@ impl Answer {
         Answer::redirect(308, format!("https://{host}{port}{}", head.target))
     }
 
+    /// An error page from `error_pages`, with `status`.
+    pub fn page(status: u16, page: &crate::rules::ErrorPage) -> Answer {
+        Answer {
+            status,
+            headers: vec![("content-type", Bytes::from_static(page.content_type.as_bytes()))],
+            body: page.body.clone(),
+        }
+    }
+
     /// `respond = { ... }`.
     pub fn fixed(status: u16, body: &Bytes, content_type: &str) -> Answer {
         Answer {
@@ -78,6 +87,10 @@ impl Answer {
 pub(crate) struct RequestVars<'a, 'h> {
     pub head: &'a Head<'h>,
     pub peer: &'a Peer<'a>,
+    /// The route's `path_regex` captures.
+    pub captures: Option<&'a regex::bytes::Captures<'a>>,
+    /// The request ID ("" when `[server] request_id` is off).
+    pub request_id: &'a str,
 }
 
 impl Vars for RequestVars<'_, '_> {
@@ -99,12 +112,16 @@ impl Vars for RequestVars<'_, '_> {
                 lossy(value.unwrap_or(b""), out);
             }
             Var::QueryArg(name) => {
-                let value = query.split('&').find_map(|kv| {
-                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                    (k == name).then_some(v)
-                });
-                out.push_str(value.unwrap_or(""));
+                out.push_str(crate::rules::query_arg(query, name).unwrap_or(""));
             }
+            Var::Re(cap) => {
+                let m = self.captures.and_then(|c| match cap {
+                    crate::template::Capture::Index(i) => c.get(*i),
+                    crate::template::Capture::Name(n) => c.name(n),
+                });
+                lossy(m.map_or(&b""[..], |m| m.as_bytes()), out);
+            }
+            Var::RequestId => out.push_str(self.request_id),
         }
     }
 }

@@ -10,6 +10,7 @@
 
 pub(crate) mod answer;
 pub(crate) mod attempt;
+pub(crate) mod edit;
 pub(crate) mod record;
 
 use std::cell::Cell;
@@ -119,6 +120,18 @@ impl Head<'_> {
     }
 }
 
+impl crate::rules::Request for Head<'_> {
+    fn method(&self) -> &str {
+        self.method
+    }
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.fields.get(name)
+    }
+    fn query(&self) -> &str {
+        self.target.split_once('?').map_or("", |(_, q)| q)
+    }
+}
+
 /// The downstream connection a request came on.
 pub(crate) struct Peer<'a> {
     pub addr: SocketAddr,
@@ -158,6 +171,10 @@ pub(crate) struct ProxyTarget {
     /// The request target to send upstream when the route rewrites it (`strip_prefix`,
     /// `rewrite`); `None`: the client's.
     pub path: Option<String>,
+    /// `request_headers` and the request ID; `None` when neither is configured.
+    pub edit: Option<Box<edit::UpstreamEdit>>,
+    /// `max_body_bytes`: a body that grows past it gets 413 and the connection closes.
+    pub max_body: Option<u64>,
 }
 
 /// The listener's index in `gen`; `None` when a reload removed it (its routes are gone).
@@ -190,9 +207,10 @@ pub(crate) fn admit(
     if let Some(port) = listener.redirect_https {
         return Ok(Admitted::Answer(Answer::to_https(head, port)));
     }
+    let routing_path = crate::router::request_path(head.target.as_bytes());
     let route = listener
         .router
-        .find(head.host, head.target.as_bytes())
+        .find(head.host, &routing_path, head)
         .ok_or_else(no_route)?;
     let keys = || RequestKeys {
         client_ip: peer.client_ip,
@@ -225,11 +243,29 @@ pub(crate) fn admit(
             group,
         )?);
     }
+    let captures = route.regex.as_ref().and_then(|re| re.captures(&routing_path));
+    let id_field = snapshot.settings.request_id.as_deref();
+    let id = id_field.map(|f| edit::request_id(head.fields.get(&f.to_ascii_lowercase())));
+    let vars = answer::RequestVars {
+        head,
+        peer,
+        captures: captures.as_ref(),
+        request_id: id.as_deref().unwrap_or(""),
+    };
+    let rules = route.rules.as_ref();
+    if rules.is_some() || id.is_some() {
+        record.edit = Some(Box::new(response_edit(route, id_field, &vars)));
+    }
+    if let Some(max) = rules.and_then(|r| r.max_body) {
+        if declared_length(head).is_some_and(|n| n > max) {
+            return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
+        }
+    }
     let path;
     let (upstream, compress) = match &route.target {
         RouteTarget::Files(files) => return Ok(Admitted::Files(files.clone())),
         RouteTarget::Redirect { to, status } => {
-            let location = to.render(&answer::RequestVars { head, peer });
+            let location = to.render(&vars);
             return Ok(Admitted::Answer(Answer::redirect(*status, location)));
         }
         RouteTarget::Respond {
@@ -242,11 +278,13 @@ pub(crate) fn admit(
             compress,
             target,
         } => {
-            let vars = answer::RequestVars { head, peer };
             path = target.as_ref().map(|rule| rule.apply(head.target, &vars));
             (*upstream, *compress)
         }
     };
+    let upstream_edit = (rules.is_some_and(|r| r.request.is_some()) || id.is_some())
+        .then(|| Box::new(upstream_edit(route, id_field, &vars)));
+    record.request_id = id;
     let group = &snapshot.upstreams[upstream];
     let hash = if group.uses_hash {
         keys().hash(&group.hash_key)
@@ -278,7 +316,72 @@ pub(crate) fn admit(
         compress,
         encoding,
         path,
+        edit: upstream_edit,
+        max_body: rules.and_then(|r| r.max_body),
     }))
+}
+
+/// The body length a request declares (Content-Length), if any.
+fn declared_length(head: &Head) -> Option<u64> {
+    head.fields
+        .get("content-length")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Renders the route's `request_headers` and the request ID for the upstream request.
+fn upstream_edit(
+    route: &crate::router::Route,
+    id_field: Option<&str>,
+    vars: &answer::RequestVars,
+) -> edit::UpstreamEdit {
+    let mut lines = Vec::new();
+    let rules = route.rules.clone();
+    if let Some(r) = rules.as_ref().and_then(|r| r.request.as_ref()) {
+        r.render(vars, &mut lines);
+    }
+    push_id(&mut lines, id_field, vars.request_id);
+    edit::UpstreamEdit::new(rules, id_field.map(Into::into), lines)
+}
+
+/// Renders the route's `response_headers` and the request ID for every answer.
+fn response_edit(
+    route: &crate::router::Route,
+    id_field: Option<&str>,
+    vars: &answer::RequestVars,
+) -> edit::ResponseEdit {
+    use crate::template::Vars;
+    let mut lines = Vec::new();
+    let rules = route.rules.clone();
+    if let Some(r) = rules.as_ref().and_then(|r| r.response.as_ref()) {
+        r.render(vars, &mut lines);
+    }
+    push_id(&mut lines, id_field, vars.request_id);
+    let location = rules.as_ref().filter(|r| r.location_rewrite).map(|r| {
+        let mut base = String::new();
+        vars.value(&crate::template::Var::Scheme, &mut base);
+        base.push_str("://");
+        base.push_str(&String::from_utf8_lossy(vars.head.host));
+        let sent_host = r.request.as_ref().and_then(|req| {
+            let mut l = Vec::new();
+            req.render(vars, &mut l);
+            let host = edit::lines(&l)
+                .find(|(n, _)| n.eq_ignore_ascii_case(b"host"))
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+            host
+        });
+        (base, sent_host)
+    });
+    edit::ResponseEdit::new(rules, id_field.map(Into::into), lines, location)
+}
+
+fn push_id(lines: &mut Vec<u8>, field: Option<&str>, id: &str) {
+    if let Some(f) = field {
+        lines.extend_from_slice(f.as_bytes());
+        lines.extend_from_slice(b": ");
+        lines.extend_from_slice(id.as_bytes());
+        lines.extend_from_slice(b"\r\n");
+    }
 }
 
 /// How much of a request body is read before an upstream connection is taken.
@@ -369,14 +472,50 @@ fn run_on_request(
     Ok(ctx)
 }
 
-/// The `on_response` phase: headers the hooks add to a response with `status`, as
-/// "Name: value\r\n" lines (empty without hooks).
+/// The `on_response` phase: what the route's response rules and the hooks do to a response
+/// with `status`. `None` when nothing does anything (no rules, no hooks).
 pub(crate) fn on_response<'c>(
     worker: &Worker,
     record: &'c mut Record,
     status: u16,
-) -> Option<&'c [u8]> {
-    let (hooks, ctx) = (worker.shared.hooks.as_ref()?, record.ctx.as_deref_mut()?);
-    hooks.on_response(status, ctx);
-    Some(&ctx.response_headers)
+) -> Option<edit::ResponseView<'c>> {
+    let hooks = match (worker.shared.hooks.as_ref(), record.ctx.as_deref_mut()) {
+        (Some(hooks), Some(ctx)) => {
+            hooks.on_response(status, ctx);
+            Some(&ctx.response_headers[..])
+        }
+        _ => None,
+    };
+    if hooks.is_none() && record.edit.is_none() {
+        return None;
+    }
+    Some(edit::ResponseView {
+        edit: record.edit.as_deref(),
+        hooks: hooks.unwrap_or(&[]),
+        backend: record.backend,
+    })
+}
+
+/// A static answer (a file route's, or veloxy's own) with its body replaced by the route's
+/// error page for its status, if it has one.
+pub(crate) fn with_error_page(
+    record: &Record,
+    r: crate::static_files::Response,
+) -> crate::static_files::Response {
+    match error_page(record, r.status) {
+        None => r,
+        Some(page) => {
+            let head_only = matches!(r.body, crate::static_files::Body::Empty)
+                && r.headers.iter().any(|(n, v)| *n == "content-length" && &v[..] != b"0");
+            Answer::page(r.status, page).into_response(head_only)
+        }
+    }
+}
+
+/// The route's error page for `status`, if it has one.
+pub(crate) fn error_page(record: &Record, status: u16) -> Option<&crate::rules::ErrorPage> {
+    if status < 400 {
+        return None;
+    }
+    record.edit.as_ref()?.rules.as_ref()?.error_page(status)
 }

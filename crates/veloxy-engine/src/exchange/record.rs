@@ -33,6 +33,10 @@ pub(crate) struct Record {
     /// The downstream connection's bytes-sent counter when the exchange began (HTTP/1, where
     /// the counter spans the connection).
     pub bytes_before: u64,
+    /// The route's response edits (header rules, error pages, request ID), when it has any.
+    pub edit: Option<Box<super::edit::ResponseEdit>>,
+    /// The request ID (`[server] request_id`).
+    pub request_id: Option<String>,
 }
 
 impl Record {
@@ -59,6 +63,8 @@ impl Record {
             upstream: String::new(),
             backend: None,
             bytes_before: 0,
+            edit: None,
+            request_id: None,
         }
     }
 
@@ -72,6 +78,8 @@ impl Record {
             upstream: String::new(),
             backend: None,
             bytes_before: 0,
+            edit: None,
+            request_id: None,
         }
     }
 
@@ -102,6 +110,7 @@ impl Record {
                 user_agent: &f.user_agent,
                 upstream: &self.upstream,
                 backend: self.backend,
+                request_id: self.request_id.as_deref(),
             };
             if !log.log(&entry) {
                 worker.metrics.access_log_dropped.inc();

@@ -17,6 +17,9 @@ pub enum ChunkError {
     BadLineEnding,
     #[error("chunk extension or trailer section too long")]
     TooLong,
+    /// Not a framing error: the body passed the route's `max_body_bytes`.
+    #[error("body larger than the route accepts")]
+    OverLimit,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

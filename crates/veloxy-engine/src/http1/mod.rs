@@ -77,28 +77,35 @@ pub(crate) fn write_framing(body: BodyKind, out: &mut Vec<u8>) {
 
 /// Writes the X-Forwarded-* lines of an upstream HTTP/1 head: X-Forwarded-For with the
 /// client's prior values (in order, empty ones dropped) then `client_ip`, X-Forwarded-Proto,
-/// and X-Forwarded-Host when there is a `host`. The one writer for every downstream
-/// protocol.
+/// and X-Forwarded-Host when there is a `host`; a field the route's `request_headers` set or
+/// remove is left to them. The one writer for every downstream protocol.
 pub(crate) fn write_forwarded<'a>(
     out: &mut Vec<u8>,
     prior: impl Iterator<Item = &'a [u8]>,
     client_ip: &str,
     proto: &str,
     host: Option<&[u8]>,
+    edit: Option<&crate::exchange::edit::UpstreamEdit>,
 ) {
-    out.extend_from_slice(b"X-Forwarded-For: ");
-    for v in prior {
-        let v = v.trim_ascii();
-        if !v.is_empty() {
-            out.extend_from_slice(v);
-            out.extend_from_slice(b", ");
+    let dropped = |name: &str| edit.is_some_and(|e| e.drops(name));
+    if !dropped("x-forwarded-for") {
+        out.extend_from_slice(b"X-Forwarded-For: ");
+        for v in prior {
+            let v = v.trim_ascii();
+            if !v.is_empty() {
+                out.extend_from_slice(v);
+                out.extend_from_slice(b", ");
+            }
         }
+        out.extend_from_slice(client_ip.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(client_ip.as_bytes());
-    out.extend_from_slice(b"\r\nX-Forwarded-Proto: ");
-    out.extend_from_slice(proto.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    if let Some(host) = host {
+    if !dropped("x-forwarded-proto") {
+        out.extend_from_slice(b"X-Forwarded-Proto: ");
+        out.extend_from_slice(proto.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(host) = host.filter(|_| !dropped("x-forwarded-host")) {
         out.extend_from_slice(b"X-Forwarded-Host: ");
         out.extend_from_slice(host);
         out.extend_from_slice(b"\r\n");

@@ -272,6 +272,9 @@ pub struct Forwarded<'a> {
     pub keep_underscores: bool,
     /// The request target to send instead of the client's (a route's `rewrite`).
     pub target: Option<&'a str>,
+    /// The route's `request_headers` and the request ID: the fields it drops are left out
+    /// (its own lines are added by the caller).
+    pub edit: Option<&'a crate::exchange::edit::UpstreamEdit>,
 }
 
 /// Writes the upstream request head into `out`, without the final blank line (the caller may
@@ -283,7 +286,7 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
     out.push(b' ');
     out.extend_from_slice(fwd.target.unwrap_or(req.path).as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    if req.host_from_target {
+    if req.host_from_target && !fwd.edit.is_some_and(|e| e.drops("host")) {
         if let Some(h) = req.host {
             out.extend_from_slice(b"Host: ");
             out.extend_from_slice(h);
@@ -292,7 +295,11 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
     }
     let conn = req.connection_values();
     let mut xff_seen = false;
+    let dropped = |name: &str| fwd.edit.is_some_and(|e| e.drops(name));
     for h in req.headers {
+        if dropped(h.name) {
+            continue;
+        }
         match classify(h.name) {
             Special::None => {
                 if !conn.is_empty() && named_by_connection(conn, h.name) {
@@ -323,7 +330,7 @@ pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>
         .iter()
         .filter(|h| xff_seen && classify(h.name) == Special::XForwardedFor)
         .map(|h| h.value);
-    super::write_forwarded(out, prior, fwd.client_ip, fwd.proto, req.host);
+    super::write_forwarded(out, prior, fwd.client_ip, fwd.proto, req.host, fwd.edit);
     if let Some(u) = req.upgrade {
         out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: ");
         out.extend_from_slice(u);
@@ -442,6 +449,7 @@ mod tests {
                 proto: "http",
                 keep_underscores: false,
                 target: None,
+                edit: None,
             },
             &mut out,
         );
@@ -464,6 +472,7 @@ mod tests {
                 proto: "http",
                 keep_underscores: keep,
                 target: None,
+                edit: None,
             };
             write_upstream_head(&v, &fwd, &mut out);
             let s = String::from_utf8(out).unwrap();

@@ -94,6 +94,8 @@ pub struct UpstreamGroup {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// Absolute path of the `ca_file` that `tls` trusts; `None`: the system's roots.
     pub ca_file: Option<PathBuf>,
+    /// `location_rewrite = true`: the default of the group's routes.
+    pub location_rewrite: bool,
 }
 
 impl std::fmt::Debug for UpstreamGroup {

@@ -15,7 +15,7 @@ use crate::config::ListenerSpec;
 use crate::limits::{parse_rate, ConcurrencyLimit, RateKey, RateLimiter, RouteLimits};
 use crate::router::{HostMatch, Route, RouteTarget};
 use crate::static_files::StaticRoute;
-use crate::template::{PathRule, Template};
+use crate::template::PathRule;
 
 /// Default memory for a file route's cache of contents and compressed variants.
 const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
@@ -25,10 +25,11 @@ pub(super) fn compile_routes(
     src: &Source,
     routes: &[Spanned<RouteSection>],
     upstream_index: &HashMap<String, usize>,
+    groups: &[crate::config::UpstreamGroup],
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
     for (i, route) in routes.iter().enumerate() {
-        compile_route(src, i, route, upstream_index, listeners)?;
+        compile_route(src, i, route, upstream_index, groups, listeners)?;
     }
     for l in listeners {
         l.router.finish();
@@ -41,6 +42,7 @@ fn compile_route(
     i: usize,
     route: &Spanned<RouteSection>,
     upstream_index: &HashMap<String, usize>,
+    groups: &[crate::config::UpstreamGroup],
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
     let key = format!("routes[{i}]");
@@ -51,27 +53,16 @@ fn compile_route(
         Some(h) => HostMatch::parse(h.get_ref())
             .map_err(|m| src.error(h.span(), format!("{key}.host"), m))?,
     };
-    let (path, exact) = match (&r.path, &r.path_exact) {
-        (Some(_), Some(e)) => {
-            return Err(src.error(
-                e.span(),
-                format!("{key}.path_exact"),
-                "a route has one of path (prefix) and path_exact, not both",
-            ))
-        }
-        (None, None) => ("/".to_owned(), false),
-        (Some(p), None) | (None, Some(p)) => {
-            let name = if r.path.is_some() {
-                "path"
-            } else {
-                "path_exact"
-            };
-            if !p.get_ref().starts_with('/') {
-                return Err(src.error(p.span(), format!("{key}.{name}"), "must start with '/'"));
-            }
-            (p.get_ref().clone(), r.path_exact.is_some())
-        }
-    };
+    let m = super::rules::compile_match(src, &key, r)?;
+    let regex = m.regex.as_ref();
+    let (path, exact) = (m.path.clone(), m.exact);
+    if let (Some(root), Some(_)) = (&r.root, regex) {
+        return Err(src.error(
+            root.span(),
+            format!("{key}.root"),
+            "a file route matches by path or path_exact, not path_regex",
+        ));
+    }
     let files = match &r.root {
         Some(root) => Some(Arc::new(compile_files(src, &key, r, root, &path)?)),
         None => {
@@ -84,15 +75,20 @@ fn compile_route(
         (None, Some(upstream)) => RouteTarget::Proxy {
             upstream,
             compress: r.compress.as_ref().is_some_and(|c| *c.get_ref()),
-            target: path_rule(src, &key, r, &path, exact)?,
+            target: path_rule(src, &key, r, &m)?,
         },
-        (None, None) => answer_target(src, &key, r)?,
+        (None, None) => answer_target(src, &key, r, regex)?,
     };
+    let group_rewrites = upstream.is_some_and(|u| groups[u].location_rewrite);
+    let rules = super::rules::compile_rules(src, &key, r, regex, group_rewrites)?;
     let compiled = Route {
         index: i,
         host,
         path,
         exact,
+        regex: m.regex,
+        conditions: m.conditions,
+        rules,
         target,
         limits: compile_limits(src, &key, r)?,
     };
@@ -104,8 +100,7 @@ fn path_rule(
     src: &Source,
     key: &str,
     r: &RouteSection,
-    path: &str,
-    exact: bool,
+    m: &super::rules::Matching,
 ) -> Result<Option<Arc<PathRule>>, ConfigError> {
     let strip = r.strip_prefix.as_ref().filter(|s| *s.get_ref());
     match (strip, &r.rewrite) {
@@ -114,15 +109,20 @@ fn path_rule(
             format!("{key}.strip_prefix"),
             "a route has one of strip_prefix and rewrite, not both",
         )),
-        (Some(s), None) if exact => Err(src.error(
+        (Some(s), None) if m.exact || m.regex.is_some() => Err(src.error(
             s.span(),
             format!("{key}.strip_prefix"),
-            "strips a `path` prefix: use rewrite on a path_exact route",
+            "strips a `path` prefix: use rewrite on a path_exact or path_regex route",
         )),
-        (Some(_), None) => Ok(Some(Arc::new(PathRule::StripPrefix(path.to_owned())))),
+        (Some(_), None) => Ok(Some(Arc::new(PathRule::StripPrefix(m.path.clone())))),
         (None, Some(t)) => {
-            let template = Template::parse(t.get_ref())
-                .map_err(|m| src.error(t.span(), format!("{key}.rewrite"), m))?;
+            let template = super::rules::template(
+                src,
+                t.span(),
+                &format!("{key}.rewrite"),
+                t.get_ref(),
+                m.regex.as_ref(),
+            )?;
             if !t.get_ref().starts_with(['/', '{']) {
                 return Err(src.error(
                     t.span(),
@@ -137,7 +137,12 @@ fn path_rule(
 }
 
 /// The target of a route with neither `upstream` nor `root`: its `redirect` or `respond`.
-fn answer_target(src: &Source, key: &str, r: &RouteSection) -> Result<RouteTarget, ConfigError> {
+fn answer_target(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+    regex: Option<&regex::bytes::Regex>,
+) -> Result<RouteTarget, ConfigError> {
     if let Some(rd) = &r.redirect {
         let rd = rd.get_ref();
         let status = rd.status.as_ref().map_or(308, |s| *s.get_ref());
@@ -149,8 +154,13 @@ fn answer_target(src: &Source, key: &str, r: &RouteSection) -> Result<RouteTarge
                 format!("{status} is not a redirect status: use 301, 302, 303, 307 or 308"),
             ));
         }
-        let to = Template::parse(rd.to.get_ref())
-            .map_err(|m| src.error(rd.to.span(), format!("{key}.redirect.to"), m))?;
+        let to = super::rules::template(
+            src,
+            rd.to.span(),
+            &format!("{key}.redirect.to"),
+            rd.to.get_ref(),
+            regex,
+        )?;
         return Ok(RouteTarget::Redirect { to, status });
     }
     let rs = r
@@ -250,7 +260,7 @@ fn attach(
                 return Err(src.error(
                     route.span(),
                     key,
-                    "duplicate route: same host and path as an earlier route",
+                    "duplicate route: same host, path and conditions as an earlier route",
                 ));
             }
             listeners
@@ -272,7 +282,7 @@ fn attach(
                 return Err(src.error(
                     route.span(),
                     key,
-                    "duplicate route: same listener, host and path as an earlier route",
+                    "duplicate route: same listener, host, path and conditions as an earlier route",
                 ));
             }
             l.router.add(compiled);

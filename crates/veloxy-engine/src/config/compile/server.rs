@@ -23,6 +23,7 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
         send_timeout: dur(&s.send_timeout, Duration::from_secs(60)),
         body_timeout: dur(&s.body_timeout, Duration::from_secs(60)),
         request_buffering: request_buffering(src, &s.request_buffering)?,
+        request_id: request_id(src, &s.request_id)?,
         log_level: s
             .log_level
             .as_ref()
@@ -40,6 +41,20 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
     };
     check_limits(src, s, &settings)?;
     Ok(settings)
+}
+
+/// `[server] request_id = "X-Request-Id"`: the field that carries request IDs.
+fn request_id(src: &Source, v: &Option<Spanned<String>>) -> Result<Option<String>, ConfigError> {
+    let Some(v) = v else { return Ok(None) };
+    let name = v.get_ref();
+    if name.is_empty() || http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        return Err(src.error(
+            v.span(),
+            "server.request_id",
+            format!("{name:?} is not a header field name"),
+        ));
+    }
+    Ok(Some(name.clone()))
 }
 
 fn request_buffering(

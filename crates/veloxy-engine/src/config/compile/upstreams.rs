@@ -114,6 +114,7 @@ fn compile_group(
         protocol,
         tls,
         ca_file,
+        location_rewrite: u.location_rewrite.as_ref().is_some_and(|b| *b.get_ref()),
     })
 }
 

@@ -53,7 +53,7 @@ pub(crate) async fn forward(
                 tracing::warn!(upstream = %group.name, error = %e.kind, "upstream error (HTTP/2 upstream)");
             }
             let close = e.closes_connection() || !p.keep_alive || p.body != BodyKind::None;
-            let a = answer_error(worker, down, &e, close, p.is_head).await;
+            let a = answer_error(worker, down, &e, close, p.is_head, &record).await;
             (a.keep, e.status(), a.linger)
         }
     };
@@ -187,7 +187,11 @@ impl H2Head {
             "http"
         };
         let addr = group.backends[backend].addr.to_string();
-        let authority = if fwd.host.is_empty() { &addr } else { fwd.host };
+        let authority = match fwd.edit.and_then(|e| e.host()) {
+            Some(h) => h,
+            None if fwd.host.is_empty() => &addr,
+            None => fwd.host,
+        };
         let uri: http::Uri = format!("{scheme}://{authority}{path}")
             .parse()
             .map_err(|_| bad())?;
@@ -220,6 +224,10 @@ fn to_h2_request(
     Ok(req)
 }
 
+fn exchange_error_page(record: &Record, status: u16) -> bool {
+    crate::exchange::error_page(record, status).is_some()
+}
+
 /// Writes the HTTP/1.1 response head and streams the body (and trailers) to the client.
 async fn relay_response(
     worker: &Worker,
@@ -230,7 +238,16 @@ async fn relay_response(
     read_timeout: Duration,
 ) -> Result<(bool, u16), ProxyError> {
     let status = resp.status().as_u16();
-    let (parts, mut body) = resp.into_parts();
+    if exchange_error_page(record, status) {
+        // The route's error page instead; the upstream stream is dropped (reset).
+        let mut out = worker.take_vec();
+        let keep = p.keep_alive;
+        crate::downstream::proxy::write_edited_error(record, status, "", !keep, p.is_head, &mut out);
+        let ok = write_down(down, &out).await;
+        worker.give_vec(out);
+        return ok.map(|_| (keep, status));
+    }
+    let (mut parts, mut body) = resp.into_parts();
     let no_body = p.is_head || status == 204 || status == 304 || (100..200).contains(&status);
     let length = parts
         .headers
@@ -245,6 +262,9 @@ async fn relay_response(
     out.push(b' ');
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
+    if let Some(view) = crate::exchange::on_response(worker, record, status) {
+        view.apply_map(&mut parts.headers);
+    }
     for (name, value) in &parts.headers {
         if name == http::header::TRANSFER_ENCODING || name == http::header::CONNECTION {
             continue;
@@ -253,9 +273,6 @@ async fn relay_response(
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
-    }
-    if let Some(lines) = crate::exchange::on_response(worker, record, status) {
-        out.extend_from_slice(lines);
     }
     if chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");

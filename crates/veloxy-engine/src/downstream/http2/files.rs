@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
-use super::{add_hook_headers, Finish, ProxyBody};
+use super::{Finish, ProxyBody};
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange;
 use crate::worker::Worker;
@@ -44,8 +44,8 @@ fn serve_response(
     r: crate::static_files::Response,
     mut fin: Box<Finish>,
 ) -> Response<ProxyBody> {
+    let r = exchange::with_error_page(&fin.record, r);
     fin.status = r.status;
-    let hook_lines = exchange::on_response(worker, &mut fin.record, r.status).map(<[u8]>::to_vec);
     let mut map = HeaderMap::with_capacity(r.headers.len());
     for (name, value) in r.headers {
         if name.eq_ignore_ascii_case("connection") {
@@ -57,6 +57,9 @@ fn serve_response(
         ) {
             map.append(n, v);
         }
+    }
+    if let Some(view) = exchange::on_response(worker, &mut fin.record, r.status) {
+        view.apply_map(&mut map);
     }
     let parts: std::collections::VecDeque<crate::static_files::Part> = match r.body {
         crate::static_files::Body::Empty => Default::default(),
@@ -72,9 +75,6 @@ fn serve_response(
     })));
     *resp.status_mut() =
         http::StatusCode::from_u16(r.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-    if let Some(lines) = hook_lines {
-        add_hook_headers(&lines, &mut map);
-    }
     *resp.headers_mut() = map;
     resp
 }
@@ -122,6 +122,19 @@ impl FileBody {
         }
         Some(Ok(data))
     }
+}
+
+/// The route's error page instead of an upstream's error response (whose body is dropped,
+/// with its connection), if the route has one for `status`.
+pub(super) fn upstream_error_page(
+    worker: &Worker,
+    status: u16,
+    is_head: bool,
+    fin: &mut Option<Box<Finish>>,
+) -> Option<Response<ProxyBody>> {
+    let page = exchange::error_page(&fin.as_ref()?.record, status)?;
+    let answer = exchange::Answer::page(status, page);
+    Some(serve_answer(worker, answer, is_head, fin.take()?))
 }
 
 /// An answer of veloxy's own (redirect, fixed response) to an HTTP/2 stream.

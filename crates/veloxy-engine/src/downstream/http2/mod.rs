@@ -378,10 +378,23 @@ fn error_response(e: &ProxyError, grpc: bool, mut fin: Box<Finish>) -> Response<
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
-        let text = Bytes::from(format!(
-            "{status} {}: {message}\n",
-            crate::http1::reason(status)
-        ));
+        let text = match crate::exchange::error_page(&fin.record, status) {
+            Some(page) => {
+                let ct = HeaderValue::from_static(page.content_type);
+                headers.insert(http::header::CONTENT_TYPE, ct);
+                page.body.clone()
+            }
+            None => Bytes::from(format!(
+                "{status} {}: {message}\n",
+                crate::http1::reason(status)
+            )),
+        };
+        let view = crate::exchange::edit::ResponseView {
+            edit: fin.record.edit.as_deref(),
+            hooks: &[],
+            backend: None,
+        };
+        view.apply_map(&mut headers);
         fin.bytes_sent = text.len() as u64;
         Some(text)
     };

@@ -83,7 +83,7 @@ async fn forward_with(
     write_head(
         c,
         &parts,
-        t.path.as_deref(),
+        t,
         framing,
         keep_underscores,
         fin,
@@ -91,10 +91,13 @@ async fn forward_with(
     );
 
     let mut streaming = !body.is_end_stream();
+    let mut buffered = 0;
     if streaming {
         let setting = gen.snapshot.settings.request_buffering;
         let buffering = crate::exchange::body_buffering(setting, declared, idempotent, group);
-        streaming = !buffer_body(c, &mut body, buffering, framing, wbuf).await?;
+        let (done, got) = buffer_body(c, &mut body, buffering, framing, wbuf, t.max_body).await?;
+        streaming = !done;
+        buffered = got;
     }
     let replayable = idempotent && !streaming;
 
@@ -112,7 +115,13 @@ async fn forward_with(
         t.backend,
         &mut last,
         async |backend, may_retry_status| {
-            let body_ref = if streaming { Some(&mut body) } else { None };
+            // What is left of `max_body_bytes` for the streamed rest.
+            let budget = t.max_body.map(|m| m.saturating_sub(buffered));
+            let body_ref = if streaming {
+                Some((&mut body, budget))
+            } else {
+                None
+            };
             let t0 = Instant::now();
             let (conn, head, rest) = attempt(
                 c,
@@ -137,6 +146,9 @@ async fn forward_with(
         f.record.backend = Some(group.backends[b].addr);
     }
     let (backend, conn, head, rest) = result?;
+    if let Some(page) = super::files::upstream_error_page(c.worker(), head.status, is_head, fin) {
+        return Ok(page);
+    }
     Ok(respond(c, gen, t, backend, conn, head, rest, fin))
 }
 
@@ -149,9 +161,10 @@ async fn buffer_body(
     buffering: Buffering,
     framing: BodyKind,
     wbuf: &mut Vec<u8>,
-) -> Result<bool, ProxyError> {
+    max_body: Option<u64>,
+) -> Result<(bool, u64), ProxyError> {
     let limit = match buffering {
-        Buffering::Stream => return Ok(false),
+        Buffering::Stream => return Ok((false, 0)),
         Buffering::Whole => usize::MAX,
         Buffering::UpTo(limit) => limit,
     };
@@ -166,7 +179,7 @@ async fn buffer_body(
                     "request body does not match its content-length",
                 )));
             }
-            return Ok(true);
+            return Ok((true, got));
         };
         let frame = frame.map_err(|e| client_gone(&e))?;
         // Request trailers: HTTP/1.1 upstreams rarely accept them.
@@ -178,13 +191,16 @@ async fn buffer_body(
         }
         got += data.len() as u64;
         c.worker().metrics.bytes_in.add(data.len() as u64);
+        if max_body.is_some_and(|m| got > m) {
+            return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
+        }
         if chunked {
             push_chunk(wbuf, &data);
         } else {
             wbuf.extend_from_slice(&data);
         }
     }
-    Ok(false)
+    Ok((false, got))
 }
 
 /// Appends `data` as one chunk of a chunked body.
@@ -230,17 +246,19 @@ fn client_gone(e: &hyper::Error) -> ProxyError {
 fn write_head(
     c: &ConnCtx,
     parts: &http::request::Parts,
-    target: Option<&str>,
+    t: &ProxyTarget,
     framing: BodyKind,
     keep_underscores: bool,
     fin: &Option<Box<Finish>>,
     out: &mut Vec<u8>,
 ) {
+    let edit = t.edit.as_deref();
+    let dropped = |name: &str| edit.is_some_and(|e| e.drops(name));
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(target.unwrap_or(path).as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(t.path.as_deref().unwrap_or(path).as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
     let host = parts
         .uri
         .authority()
@@ -252,12 +270,18 @@ fn write_head(
                 .and_then(|v| v.to_str().ok())
         })
         .unwrap_or("");
-    out.extend_from_slice(host.as_bytes());
-    out.extend_from_slice(b"\r\n");
+    if !dropped("host") {
+        out.extend_from_slice(b"Host: ");
+        out.extend_from_slice(host.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     let mut cookies = 0;
     for (name, value) in &parts.headers {
         // TE included: HTTP/2 allows only "trailers", and an HTTP/1.1 hop has its own.
-        if super::skip_request_header(name) || super::dropped_underscore(name, keep_underscores) {
+        if super::skip_request_header(name)
+            || super::dropped_underscore(name, keep_underscores)
+            || dropped(name.as_str())
+        {
             continue;
         }
         if name == http::header::COOKIE {
@@ -292,7 +316,10 @@ fn write_head(
         .into_iter()
         .map(|v| v.as_bytes());
     let host_field = (!host.is_empty()).then_some(host.as_bytes());
-    crate::http1::write_forwarded(out, prior, c.client_ip(), c.proto(), host_field);
+    crate::http1::write_forwarded(out, prior, c.client_ip(), c.proto(), host_field, edit);
+    if let Some(e) = edit {
+        out.extend_from_slice(&e.lines);
+    }
     if let Some(ctx) = fin.as_ref().and_then(|f| f.record.ctx.as_deref()) {
         out.extend_from_slice(&ctx.upstream_headers);
     }
@@ -308,7 +335,7 @@ async fn attempt(
     t: &ProxyTarget,
     backend: usize,
     wbuf: &[u8],
-    mut body: Option<&mut Incoming>,
+    mut body: Option<(&mut Incoming, Option<u64>)>,
     framing: BodyKind,
     is_head: bool,
     replayable: bool,
@@ -348,8 +375,8 @@ async fn attempt(
             Ok(Err(e)) => return Err(Fail::NoResponse(up(ErrorKind::Io(e)))),
             Ok(Ok(())) => {}
         }
-        if let Some(body) = body.as_deref_mut() {
-            stream_body(c, group.write_timeout, &mut conn, body, framing).await?;
+        if let Some((body, budget)) = body.as_mut() {
+            stream_body(c, group.write_timeout, &mut conn, body, framing, *budget).await?;
         }
         // `read_timeout` bounds the whole wait for the final head, interim responses included.
         let head_deadline = Instant::now() + group.read_timeout;
@@ -406,6 +433,7 @@ async fn stream_body(
     conn: &mut UpstreamConn,
     body: &mut Incoming,
     framing: BodyKind,
+    mut budget: Option<u64>,
 ) -> Result<(), Fail> {
     let chunked = framing == BodyKind::Chunked;
     let mut out = Vec::with_capacity(READ_CHUNK);
@@ -418,6 +446,12 @@ async fn stream_body(
             continue;
         }
         c.worker().metrics.bytes_in.add(data.len() as u64);
+        if let Some(left) = budget.as_mut() {
+            // `max_body_bytes`: 413; the upstream connection, holding a partial body, closes.
+            *left = left
+                .checked_sub(data.len() as u64)
+                .ok_or(Fail::Fatal(ProxyError::downstream(ErrorKind::BodyTooLarge)))?;
+        }
         out.clear();
         if chunked {
             push_chunk(&mut out, &data);
@@ -470,8 +504,8 @@ fn respond(
             }
         }
     }
-    if let Some(lines) = crate::exchange::on_response(c.worker(), &mut fin.record, head.status) {
-        super::add_hook_headers(lines, &mut headers);
+    if let Some(view) = crate::exchange::on_response(c.worker(), &mut fin.record, head.status) {
+        view.apply_map(&mut headers);
     }
     let has_body = !matches!(head.body, BodyKind::None | BodyKind::Length(0));
     let encoder = if t.compress {

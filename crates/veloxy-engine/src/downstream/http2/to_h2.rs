@@ -33,6 +33,7 @@ pub(super) async fn forward(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let group = &gen.snapshot.upstreams[t.upstream];
     let (parts, body) = req.into_parts();
+    let is_head = parts.method == http::Method::HEAD;
     let host = super::authority_of(&parts).to_owned();
 
     let fwd = Forwarding {
@@ -40,8 +41,14 @@ pub(super) async fn forward(
         proto: c.proto(),
         host: &host,
         keep_underscores: gen.snapshot.settings.underscores_in_headers,
+        edit: t.edit.as_deref(),
     };
     let mut headers = upstream_headers(Fields::H2(&parts.headers), &fwd);
+    // A Host the rules set is the upstream's `:authority`.
+    let host = match t.edit.as_ref().and_then(|e| e.host()) {
+        Some(h) => h.to_owned(),
+        None => host,
+    };
     if let Some(ctx) = fin.as_ref().and_then(|f| f.record.ctx.as_deref()) {
         super::add_hook_headers(&ctx.upstream_headers, &mut headers);
     }
@@ -92,11 +99,14 @@ pub(super) async fn forward(
     }
     let resp = result?;
     let status = resp.status().as_u16();
+    if let Some(page) = super::files::upstream_error_page(c.worker(), status, is_head, fin) {
+        return Ok(page);
+    }
     let (mut rparts, rbody) = resp.into_parts();
     let mut fin = fin.take().expect("present until success");
     fin.status = status;
-    if let Some(lines) = crate::exchange::on_response(c.worker(), &mut fin.record, status) {
-        super::add_hook_headers(lines, &mut rparts.headers);
+    if let Some(view) = crate::exchange::on_response(c.worker(), &mut fin.record, status) {
+        view.apply_map(&mut rparts.headers);
     }
     let mut out = Response::new(ProxyBody::H2(rbody, Some(fin)));
     *out.status_mut() = rparts.status;
@@ -112,6 +122,8 @@ pub(crate) struct Forwarding<'a> {
     /// The client's Host / `:authority` ("" when it sent none).
     pub host: &'a str,
     pub keep_underscores: bool,
+    /// The route's `request_headers` and the request ID.
+    pub edit: Option<&'a crate::exchange::edit::UpstreamEdit>,
 }
 
 /// The fields of a request forwarded to an HTTP/2 upstream, from an HTTP/1 or an HTTP/2
@@ -149,6 +161,9 @@ pub(crate) fn upstream_headers(fields: Fields, fwd: &Forwarding) -> HeaderMap {
         if underscore || connection.iter().any(|c| has_token(c, name)) {
             continue;
         }
+        if fwd.edit.is_some_and(|e| e.drops(name)) {
+            continue;
+        }
         if let (Ok(n), Ok(v)) = (
             http::HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_bytes(value),
@@ -157,13 +172,32 @@ pub(crate) fn upstream_headers(fields: Fields, fwd: &Forwarding) -> HeaderMap {
         }
     }
     xff.extend_from_slice(fwd.client_ip.as_bytes());
+    let dropped = |name: &str| fwd.edit.is_some_and(|e| e.drops(name));
     if let Ok(v) = HeaderValue::from_bytes(&xff) {
-        headers.insert("x-forwarded-for", v);
+        if !dropped("x-forwarded-for") {
+            headers.insert("x-forwarded-for", v);
+        }
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(fwd.proto));
+    if !dropped("x-forwarded-proto") {
+        headers.insert("x-forwarded-proto", HeaderValue::from_static(fwd.proto));
+    }
     if let Ok(v) = HeaderValue::from_str(fwd.host) {
-        if !fwd.host.is_empty() {
+        if !fwd.host.is_empty() && !dropped("x-forwarded-host") {
             headers.insert("x-forwarded-host", v);
+        }
+    }
+    if let Some(e) = fwd.edit {
+        for (n, v) in crate::exchange::edit::lines(&e.lines) {
+            // The Host the rules set goes as `:authority` (the caller's URI).
+            if n.eq_ignore_ascii_case(b"host") {
+                continue;
+            }
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(n),
+                HeaderValue::from_bytes(v),
+            ) {
+                headers.append(n, v);
+            }
         }
     }
     headers

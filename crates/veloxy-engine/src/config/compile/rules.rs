@@ -1,0 +1,280 @@
+//! Compiles a route's match (path kind, conditions) and its rules (header rules, error pages,
+//! body cap, `location_rewrite`), and checks every template against the route's regex.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use regex::bytes::Regex;
+use toml::Spanned;
+
+use super::super::error::{ConfigError, Source};
+use super::super::file::{HeaderRulesSection, RouteSection, SizeValue};
+use crate::rules::{Conditions, ErrorPage, HeaderRules, RouteRules, StatusSpec};
+use crate::template::{Capture, Template, Var};
+
+/// How a route matches: its path kind and conditions.
+pub(super) struct Matching {
+    pub path: String,
+    pub exact: bool,
+    pub regex: Option<Regex>,
+    pub conditions: Conditions,
+}
+
+/// `path`, `path_exact` or `path_regex` (at most one), and `methods`, `headers`, `query`.
+pub(super) fn compile_match(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+) -> Result<Matching, ConfigError> {
+    let kinds = [
+        ("path", &r.path),
+        ("path_exact", &r.path_exact),
+        ("path_regex", &r.path_regex),
+    ];
+    let mut given = kinds.iter().filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)));
+    let first = given.next();
+    if let Some((k, v)) = given.next() {
+        return Err(src.error(
+            v.span(),
+            format!("{key}.{k}"),
+            "a route has one of path (prefix), path_exact and path_regex",
+        ));
+    }
+    let (path, exact, regex) = match first {
+        None => ("/".to_owned(), false, None),
+        Some(("path_regex", v)) => {
+            let re = Regex::new(v.get_ref()).map_err(|e| {
+                let msg = e.to_string().lines().last().unwrap_or("").trim().to_owned();
+                src.error(v.span(), format!("{key}.path_regex"), format!("invalid regex: {msg}"))
+            })?;
+            (v.get_ref().clone(), false, Some(re))
+        }
+        Some((k, v)) => {
+            if !v.get_ref().starts_with('/') {
+                return Err(src.error(v.span(), format!("{key}.{k}"), "must start with '/'"));
+            }
+            (v.get_ref().clone(), k == "path_exact", None)
+        }
+    };
+    Ok(Matching {
+        path,
+        exact,
+        regex,
+        conditions: conditions(src, key, r)?,
+    })
+}
+
+fn conditions(src: &Source, key: &str, r: &RouteSection) -> Result<Conditions, ConfigError> {
+    let mut c = Conditions::default();
+    if let Some(m) = &r.methods {
+        for method in m.get_ref() {
+            if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+                return Err(src.error(
+                    m.span(),
+                    format!("{key}.methods"),
+                    format!("{method:?} is not a method name"),
+                ));
+            }
+            c.methods.push(method.to_ascii_uppercase());
+        }
+        if c.methods.is_empty() {
+            return Err(src.error(m.span(), format!("{key}.methods"), "must not be empty"));
+        }
+    }
+    if let Some(h) = &r.headers {
+        for (name, value) in h.get_ref() {
+            field_name(src, h.span(), &format!("{key}.headers"), name)?;
+            c.headers.push((name.to_ascii_lowercase(), value.clone()));
+        }
+    }
+    if let Some(q) = &r.query {
+        c.query = q.get_ref().clone().into_iter().collect();
+    }
+    Ok(c)
+}
+
+fn field_name(src: &Source, span: Range<usize>, key: &str, name: &str) -> Result<(), ConfigError> {
+    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        return Err(src.error(span, key, format!("{name:?} is not a header field name")));
+    }
+    Ok(())
+}
+
+/// Compiles a template and checks its `{re.*}` variables against the route's regex.
+pub(super) fn template(
+    src: &Source,
+    span: Range<usize>,
+    key: &str,
+    text: &str,
+    regex: Option<&Regex>,
+) -> Result<Template, ConfigError> {
+    let t = Template::parse(text).map_err(|m| src.error(span.clone(), key, m))?;
+    for v in t.vars() {
+        let Var::Re(cap) = v else { continue };
+        let known = match (regex, cap) {
+            (None, _) => {
+                return Err(src.error(
+                    span,
+                    key,
+                    "{re.*} needs a path_regex on the route to capture from",
+                ))
+            }
+            (Some(re), Capture::Index(n)) => *n < re.captures_len(),
+            (Some(re), Capture::Name(n)) => re.capture_names().any(|c| c == Some(n.as_str())),
+        };
+        if !known {
+            let name = match cap {
+                Capture::Index(n) => n.to_string(),
+                Capture::Name(n) => n.clone(),
+            };
+            return Err(src.error(
+                span,
+                key,
+                format!("path_regex has no capture group {name:?} for {{re.{name}}}"),
+            ));
+        }
+    }
+    Ok(t)
+}
+
+/// A route's rules; `None` when it sets none (the request path then does no rule work).
+pub(super) fn compile_rules(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+    regex: Option<&Regex>,
+    group_location_rewrite: bool,
+) -> Result<Option<Arc<RouteRules>>, ConfigError> {
+    let headers = |v: &Option<Spanned<HeaderRulesSection>>, k: &str, request: bool| {
+        v.as_ref()
+            .map(|v| header_rules(src, &format!("{key}.{k}"), v, regex, request))
+            .transpose()
+    };
+    let rules = RouteRules {
+        request: headers(&r.request_headers, "request_headers", true)?,
+        response: headers(&r.response_headers, "response_headers", false)?,
+        error_pages: match &r.error_pages {
+            Some(p) => error_pages(src, &format!("{key}.error_pages"), p)?,
+            None => Vec::new(),
+        },
+        max_body: r
+            .max_body_bytes
+            .as_ref()
+            .map(|s| size(src, &format!("{key}.max_body_bytes"), s))
+            .transpose()?,
+        location_rewrite: r
+            .location_rewrite
+            .as_ref()
+            .map_or(group_location_rewrite, |b| *b.get_ref()),
+    };
+    Ok((!rules.is_empty()).then(|| Arc::new(rules)))
+}
+
+/// Fields veloxy frames or manages itself: rules may not set or remove them.
+const MANAGED: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
+
+fn header_rules(
+    src: &Source,
+    key: &str,
+    v: &Spanned<HeaderRulesSection>,
+    regex: Option<&Regex>,
+    request: bool,
+) -> Result<HeaderRules, ConfigError> {
+    let span = v.span();
+    let s = v.get_ref();
+    let check = |name: &str, k: &str| -> Result<(), ConfigError> {
+        let key = format!("{key}.{k}");
+        field_name(src, span.clone(), &key, name)?;
+        let lower = name.to_ascii_lowercase();
+        if MANAGED.contains(&lower.as_str()) || (!request && lower == "host") {
+            return Err(src.error(
+                span.clone(),
+                key,
+                format!("{name:?} is managed by veloxy (framing and connection fields)"),
+            ));
+        }
+        Ok(())
+    };
+    let fields = |map: &BTreeMap<String, String>, k: &str| {
+        let mut out = Vec::new();
+        for (name, value) in map {
+            check(name, k)?;
+            let t = template(src, span.clone(), &format!("{key}.{k}"), value, regex)?;
+            if t.literal().is_some_and(|l| l.contains(['\r', '\n', '\0'])) {
+                return Err(src.error(
+                    span.clone(),
+                    format!("{key}.{k}"),
+                    format!("the value of {name:?} has a CR, LF or NUL"),
+                ));
+            }
+            out.push((name.clone(), t));
+        }
+        Ok::<_, ConfigError>(out)
+    };
+    let set = fields(&s.set, "set")?;
+    let add = fields(&s.add, "add")?;
+    for name in &s.remove {
+        check(name, "remove")?;
+    }
+    Ok(HeaderRules::new(set, add, s.remove.clone()))
+}
+
+/// Error pages are read at load; a page larger than this is refused (they are held in
+/// memory and sent whole).
+const MAX_PAGE: u64 = 1 << 20;
+
+fn error_pages(
+    src: &Source,
+    key: &str,
+    v: &Spanned<BTreeMap<String, String>>,
+) -> Result<Vec<ErrorPage>, ConfigError> {
+    let mut pages = Vec::new();
+    let base = src.file.parent().unwrap_or(Path::new(""));
+    for (status, file) in v.get_ref() {
+        let err = |m: String| src.error(v.span(), format!("{key}.{status}"), m);
+        let spec = StatusSpec::parse(status).ok_or_else(|| {
+            err(format!(
+                "{status:?} is not an error status: use 400 to 599, \"4xx\" or \"5xx\""
+            ))
+        })?;
+        let path = base.join(file);
+        let body = match std::fs::metadata(&path) {
+            Ok(m) if m.len() > MAX_PAGE => return Err(err(format!("{file:?} is over 1 MiB"))),
+            Ok(m) if m.is_dir() => return Err(err(format!("{file:?} is a directory"))),
+            Ok(_) => std::fs::read(&path),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| {
+            let reason = match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file".to_owned(),
+                _ => e.to_string(),
+            };
+            err(format!("{file:?}: {reason}"))
+        })?;
+        pages.push(ErrorPage {
+            status: spec,
+            file: file.clone(),
+            body: body.into(),
+            content_type: crate::rules::page_type(file),
+        });
+    }
+    Ok(pages)
+}
+
+fn size(src: &Source, key: &str, v: &Spanned<SizeValue>) -> Result<u64, ConfigError> {
+    match v.get_ref() {
+        SizeValue::Bytes(n) => Ok(*n),
+        SizeValue::Text(t) => crate::rules::parse_size(t).map_err(|m| src.error(v.span(), key, m)),
+    }
+}

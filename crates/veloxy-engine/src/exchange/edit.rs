@@ -1,0 +1,351 @@
+//! Header edits, decided once at admission and applied by each codec to its own form of a
+//! message head: the route's `request_headers` to the upstream request, its
+//! `response_headers` (and `location_rewrite`, and the request ID) to every answer.
+//!
+//! Values are rendered at admission, where the request's variables are at hand; the codecs
+//! only drop fields by name, rewrite `Location`, and append the rendered lines. A route
+//! without rules and a server without `request_id` build no edit at all.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue};
+
+use crate::rules::RouteRules;
+
+/// The edit of the request sent upstream.
+#[derive(Clone)]
+pub(crate) struct UpstreamEdit {
+    rules: Option<Arc<RouteRules>>,
+    /// The request-ID field (lowercase): the client's is replaced by the kept or new ID.
+    id_field: Option<Box<str>>,
+    /// Set and added fields, and the request ID, as "Name: value\r\n" lines.
+    pub lines: Vec<u8>,
+}
+
+impl UpstreamEdit {
+    pub(crate) fn new(
+        rules: Option<Arc<RouteRules>>,
+        id_field: Option<Box<str>>,
+        lines: Vec<u8>,
+    ) -> UpstreamEdit {
+        UpstreamEdit {
+            rules,
+            id_field,
+            lines,
+        }
+    }
+
+    /// The client's `name` fields are not forwarded.
+    pub fn drops(&self, name: &str) -> bool {
+        self.id_field
+            .as_deref()
+            .is_some_and(|f| f.eq_ignore_ascii_case(name))
+            || self
+                .rules
+                .as_ref()
+                .and_then(|r| r.request.as_ref())
+                .is_some_and(|r| r.drops(name))
+    }
+
+    /// The Host the rules set, if they set one (an HTTP/2 upstream gets it as `:authority`).
+    pub fn host(&self) -> Option<&str> {
+        lines(&self.lines)
+            .find(|(n, _)| n.eq_ignore_ascii_case(b"host"))
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+}
+
+/// The edit of every answer on a route.
+pub(crate) struct ResponseEdit {
+    pub(crate) rules: Option<Arc<RouteRules>>,
+    id_field: Option<Box<str>>,
+    /// Set and added fields, and the request ID.
+    lines: Vec<u8>,
+    /// `location_rewrite`: the client's `scheme://host`, and the Host sent upstream when the
+    /// rules replaced the client's.
+    location: Option<(String, Option<String>)>,
+}
+
+impl ResponseEdit {
+    pub(crate) fn new(
+        rules: Option<Arc<RouteRules>>,
+        id_field: Option<Box<str>>,
+        lines: Vec<u8>,
+        location: Option<(String, Option<String>)>,
+    ) -> ResponseEdit {
+        ResponseEdit {
+            rules,
+            id_field,
+            lines,
+            location,
+        }
+    }
+}
+
+/// What happens to one field of a response head.
+enum Action {
+    Keep,
+    Drop,
+    Replace(Vec<u8>),
+}
+
+/// The edits of one response: the route's (if any) and the hooks' added lines.
+pub(crate) struct ResponseView<'a> {
+    pub(crate) edit: Option<&'a ResponseEdit>,
+    pub(crate) hooks: &'a [u8],
+    /// The backend that answered (a proxied response), for `location_rewrite`.
+    pub(crate) backend: Option<SocketAddr>,
+}
+
+impl ResponseView<'_> {
+    /// The message's own `name` fields go (removed or replaced).
+    pub fn drops(&self, name: &str) -> bool {
+        self.edit.is_some_and(|e| {
+            e.id_field
+                .as_deref()
+                .is_some_and(|f| f.eq_ignore_ascii_case(name))
+                || e.rules
+                    .as_ref()
+                    .and_then(|r| r.response.as_ref())
+                    .is_some_and(|r| r.drops(name))
+        })
+    }
+
+    fn action(&self, name: &[u8], value: &[u8]) -> Action {
+        let Ok(name) = std::str::from_utf8(name) else {
+            return Action::Keep;
+        };
+        if self.drops(name) {
+            return Action::Drop;
+        }
+        let Some((base, host)) = self.edit.and_then(|e| e.location.as_ref()) else {
+            return Action::Keep;
+        };
+        if !(name.eq_ignore_ascii_case("location") || name.eq_ignore_ascii_case("refresh")) {
+            return Action::Keep;
+        }
+        match rewrite_location(value, base, self.backend, host.as_deref()) {
+            Some(v) => Action::Replace(v),
+            None => Action::Keep,
+        }
+    }
+
+    /// The lines to add: the route's, then the hooks'.
+    fn added(&self) -> [&[u8]; 2] {
+        [self.edit.map_or(&[][..], |e| &e.lines), self.hooks]
+    }
+
+    /// Edits an HTTP/1 head in `buf` (status line first, no final blank line).
+    pub fn apply_h1(&self, buf: &mut Vec<u8>) {
+        let from = memchr::memchr(b'\n', buf).map_or(buf.len(), |i| i + 1);
+        if self.edit.is_some() {
+            let (mut r, mut w) = (from, from);
+            let mut tail = Vec::new();
+            while r < buf.len() {
+                let end = memchr::memchr(b'\n', &buf[r..]).map_or(buf.len(), |i| r + i + 1);
+                let line = &buf[r..end];
+                let colon = memchr::memchr(b':', line).unwrap_or(line.len());
+                let value = line.get(colon + 1..).unwrap_or(b"").trim_ascii();
+                match self.action(&line[..colon], value) {
+                    Action::Keep => {
+                        buf.copy_within(r..end, w);
+                        w += end - r;
+                    }
+                    Action::Drop => {}
+                    Action::Replace(v) => {
+                        tail.extend_from_slice(&line[..colon]);
+                        tail.extend_from_slice(b": ");
+                        tail.extend_from_slice(&v);
+                        tail.extend_from_slice(b"\r\n");
+                    }
+                }
+                r = end;
+            }
+            buf.truncate(w);
+            buf.extend_from_slice(&tail);
+        }
+        for lines in self.added() {
+            buf.extend_from_slice(lines);
+        }
+    }
+
+    /// Edits a header map (HTTP/2, and heads built by veloxy).
+    pub fn apply_map(&self, map: &mut HeaderMap) {
+        if let Some(e) = self.edit {
+            if let Some(r) = e.rules.as_ref().and_then(|r| r.response.as_ref()) {
+                for name in r.dropped() {
+                    map.remove(name.as_str());
+                }
+            }
+            if let Some(f) = &e.id_field {
+                map.remove(&**f);
+            }
+            if e.location.is_some() {
+                for name in [http::header::LOCATION, http::header::REFRESH] {
+                    let Some(v) = map.get(&name) else { continue };
+                    if let Action::Replace(new) = self.action(name.as_str().as_bytes(), v.as_bytes())
+                    {
+                        if let Ok(v) = HeaderValue::from_bytes(&new) {
+                            map.insert(name, v);
+                        }
+                    }
+                }
+            }
+        }
+        for raw in self.added() {
+            for (n, v) in lines(raw) {
+                if let (Ok(n), Ok(v)) = (
+                    http::HeaderName::from_bytes(n),
+                    HeaderValue::from_bytes(v),
+                ) {
+                    map.append(n, v);
+                }
+            }
+        }
+    }
+
+    /// The added lines, for a head written field by field.
+    pub fn added_lines(&self) -> impl Iterator<Item = &[u8]> {
+        self.added().into_iter()
+    }
+}
+
+/// The (name, value) pairs of "Name: value\r\n" lines.
+pub(crate) fn lines(raw: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    raw.split(|&b| b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = memchr::memchr(b':', line)?;
+        Some((&line[..colon], line[colon + 1..].trim_ascii()))
+    })
+}
+
+/// A `Location` (or `Refresh`'s `url=`) pointing at `backend` or at `host` (the Host sent
+/// upstream) made to point at `base` (the client's `scheme://host`).
+fn rewrite_location(
+    value: &[u8],
+    base: &str,
+    backend: Option<SocketAddr>,
+    host: Option<&str>,
+) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(value).ok()?;
+    let start = text.find("http://").or_else(|| text.find("https://"))?;
+    let after_scheme = start + text[start..].find("://")? + 3;
+    let end = text[after_scheme..]
+        .find(['/', '?', '#', ' ', ';'])
+        .map_or(text.len(), |i| after_scheme + i);
+    let authority = &text[after_scheme..end];
+    let matches = backend.is_some_and(|b| authority == b.to_string())
+        || host.is_some_and(|h| authority.eq_ignore_ascii_case(h));
+    if !matches {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len() + base.len());
+    out.push_str(&text[..start]);
+    out.push_str(base);
+    out.push_str(&text[end..]);
+    Some(out.into_bytes())
+}
+
+/// The request ID: the client's when it is a plausible one (1 to 128 characters of
+/// `[A-Za-z0-9._~:+/=-]`), a new one otherwise.
+pub(crate) fn request_id(incoming: Option<&[u8]>) -> String {
+    let valid = |v: &[u8]| {
+        (1..=128).contains(&v.len())
+            && v.iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b"._~:+/=-".contains(&b))
+    };
+    match incoming {
+        Some(v) if valid(v) => String::from_utf8_lossy(v).into_owned(),
+        _ => new_request_id(),
+    }
+}
+
+/// 32 hex digits: a per-thread counter hashed under a per-thread random key (unique, not
+/// guessable from one another without the key; not a secret).
+fn new_request_id() -> String {
+    use std::cell::Cell;
+    use std::hash::BuildHasher;
+    thread_local! {
+        static KEY: (std::hash::RandomState, Cell<u64>) =
+            (std::hash::RandomState::new(), Cell::new(0));
+    }
+    KEY.with(|(key, n)| {
+        let i = n.get();
+        n.set(i + 1);
+        format!("{:016x}{:016x}", key.hash_one((i, 0u8)), key.hash_one((i, 1u8)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn location_rewrites() {
+        let b: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let r = |v: &str, h: Option<&str>| {
+            rewrite_location(v.as_bytes(), "https://example.com", Some(b), h)
+                .map(|v| String::from_utf8(v).unwrap())
+        };
+        assert_eq!(
+            r("http://127.0.0.1:8080/login?x=1", None).as_deref(),
+            Some("https://example.com/login?x=1")
+        );
+        assert_eq!(
+            r("http://app.internal/a", Some("app.internal")).as_deref(),
+            Some("https://example.com/a")
+        );
+        assert_eq!(
+            r("0; url=http://127.0.0.1:8080/", None).as_deref(),
+            Some("0; url=https://example.com/")
+        );
+        assert_eq!(r("https://elsewhere.org/", None), None);
+        assert_eq!(r("/relative", None), None);
+    }
+
+    #[test]
+    fn request_ids() {
+        assert_eq!(request_id(Some(b"abc-123")), "abc-123");
+        assert_eq!(request_id(Some(b"bad id")).len(), 32);
+        assert_ne!(request_id(None), request_id(None));
+    }
+
+    #[test]
+    fn h1_head_edit() {
+        let rules = crate::rules::HeaderRules::new(
+            vec![("X-Frame-Options".into(), crate::template::Template::parse("DENY").unwrap())],
+            vec![],
+            vec!["Server".into()],
+        );
+        let rules = RouteRules {
+            response: Some(rules),
+            ..Default::default()
+        };
+        let mut lines = Vec::new();
+        rules
+            .response
+            .as_ref()
+            .unwrap()
+            .render(&NoVars, &mut lines);
+        let edit = ResponseEdit::new(Some(Arc::new(rules)), None, lines, None);
+        let view = ResponseView {
+            edit: Some(&edit),
+            hooks: b"X-Hook: 1\r\n",
+            backend: None,
+        };
+        let mut buf =
+            b"HTTP/1.1 200 OK\r\nServer: x\r\nContent-Length: 2\r\nx-frame-options: SAMEORIGIN\r\n"
+                .to_vec();
+        view.apply_h1(&mut buf);
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Frame-Options: DENY\r\nX-Hook: 1\r\n"
+        );
+    }
+
+    struct NoVars;
+    impl crate::template::Vars for NoVars {
+        fn value(&self, _: &crate::template::Var, _: &mut String) {}
+    }
+}
