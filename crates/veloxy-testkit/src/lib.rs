@@ -23,6 +23,8 @@
 //!     [`tls_connect`] / [`https1`];
 //!   * [`http2`]: an HTTP/2 client ([`h2_connect`], [`h2_send`], [`h2_get`]) over TLS or h2c
 //!     on a current-thread [`runtime`];
+//!   * [`site`]: [`Site`], a veloxy with a TLS and a plain listener, spoken to over HTTP/1.1
+//!     and HTTP/2; [`Nginx`], a real nginx as an upstream;
 //!   * [`skip`] (report a test that cannot run here) and [`eventually`] (poll a condition).
 //!
 //! ## How the binaries are located and built
@@ -50,6 +52,7 @@ pub mod golden;
 pub mod http2;
 pub mod origin;
 pub mod proc;
+pub mod site;
 pub mod tls;
 
 pub use bins::*;
@@ -58,6 +61,7 @@ pub use config::*;
 pub use golden::*;
 pub use http2::*;
 pub use origin::*;
+pub use site::*;
 pub use proc::*;
 pub use tls::*;
 

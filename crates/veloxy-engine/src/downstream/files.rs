@@ -26,12 +26,11 @@ const COALESCE: usize = 64 * 1024;
 /// A static response ready to be written, with what the connection needs to finish it.
 pub(crate) struct StaticReply {
     pub response: crate::static_files::Response,
-    pub version: u8,
     /// The connection stays open afterwards: the client wants it and sent no body (a request
     /// body is never read on a file route; closing discards it safely).
     pub keep_alive: bool,
-    /// Header lines the `on_response` hooks added.
-    pub hook_headers: Vec<u8>,
+    /// The response head, serialized, with the route's rules and the hooks applied.
+    pub head: Vec<u8>,
     pub record: Record,
 }
 
@@ -70,18 +69,20 @@ impl StaticReply {
         req: &RequestView,
         mut record: Record,
     ) -> StaticReply {
-        let mut response = crate::exchange::with_error_page(&record, response);
-        let mut hook_headers = Vec::new();
+        let response = crate::exchange::with_error_page(&record, response);
+        let keep_alive = req.keep_alive && req.body == BodyKind::None;
+        let mut head = Vec::new();
+        write_head(&response, req.version, keep_alive, &mut head);
         if let Some(view) = crate::exchange::on_response(worker, &mut record, response.status) {
-            response.headers.retain(|(n, _)| !view.drops(n));
-            view.added_lines()
-                .for_each(|l| hook_headers.extend_from_slice(l));
+            // Edited before the blank line that ends the head.
+            head.truncate(head.len() - 2);
+            view.apply_h1(&mut head);
+            head.extend_from_slice(b"\r\n");
         }
         StaticReply {
             response,
-            version: req.version,
-            keep_alive: req.keep_alive && req.body == BodyKind::None,
-            hook_headers,
+            keep_alive,
+            head,
             record,
         }
     }
@@ -90,13 +91,7 @@ impl StaticReply {
 /// Writes the reply, counts it, logs it. Returns whether the connection stays open.
 pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, mut reply: StaticReply) -> bool {
     let mut out = worker.take_vec();
-    write_head(&reply.response, reply.version, reply.keep_alive, &mut out);
-    if !reply.hook_headers.is_empty() {
-        // Before the blank line that ends the head.
-        out.truncate(out.len() - 2);
-        out.extend_from_slice(&reply.hook_headers);
-        out.extend_from_slice(b"\r\n");
-    }
+    out.extend_from_slice(&reply.head);
     let status = reply.response.status;
     let limit = down.send_timeout;
     let result = match &mut down.stream {

@@ -538,6 +538,8 @@ impl Run<'_> {
             write_down(down, self.obuf).await.map_err(Fail::Abort)?;
             return Ok(meta);
         }
+        // `location_rewrite` recognizes the backend's address.
+        self.record.backend = Some(self.group.backends[backend].addr);
         if let Some(view) = exchange::on_response(self.worker, self.record, meta.status) {
             view.apply_h1(self.obuf);
         }

@@ -204,11 +204,6 @@ impl ResponseView<'_> {
             }
         }
     }
-
-    /// The added lines, for a head written field by field.
-    pub fn added_lines(&self) -> impl Iterator<Item = &[u8]> {
-        self.added().into_iter()
-    }
 }
 
 /// The (name, value) pairs of "Name: value\r\n" lines.
