@@ -182,7 +182,7 @@ impl std::fmt::Display for StatusSpec {
 pub struct ErrorPage {
     /// The statuses it answers.
     pub status: StatusSpec,
-    /// The file as configured (for `veloxy check --print`).
+    /// The file, made absolute (for `veloxy check --print`).
     pub file: String,
     /// Its content.
     pub body: Bytes,

@@ -189,6 +189,14 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
         if let Some(rules) = &r.rules {
             route_rules(out, rules);
         }
+        // Written when on, or when the route turns its group's default off.
+        let rewrites = r.rules.as_ref().is_some_and(|x| x.location_rewrite);
+        let group_default = r
+            .proxied()
+            .is_some_and(|u| snapshot.upstreams[u].location_rewrite);
+        if rewrites || group_default {
+            out.bool("location_rewrite", rewrites);
+        }
     }
 }
 
@@ -246,9 +254,6 @@ fn route_rules(out: &mut Toml, r: &crate::rules::RouteRules) {
     }
     if let Some(max) = r.max_body {
         out.int("max_body_bytes", max);
-    }
-    if r.location_rewrite {
-        out.bool("location_rewrite", true);
     }
 }
 
@@ -324,6 +329,9 @@ fn upstream(out: &mut Toml, u: &UpstreamGroup) {
         UpstreamProtocol::H2c => "h2c",
     };
     out.str("protocol", protocol);
+    if u.location_rewrite {
+        out.bool("location_rewrite", true);
+    }
     if let Some(ca) = &u.ca_file {
         out.path("ca_file", ca);
     }

@@ -264,7 +264,10 @@ fn error_pages(
         })?;
         pages.push(ErrorPage {
             status: spec,
-            file: file.clone(),
+            file: std::path::absolute(&path)
+                .unwrap_or(path.clone())
+                .display()
+                .to_string(),
             body: body.into(),
             content_type: crate::rules::page_type(file),
         });
