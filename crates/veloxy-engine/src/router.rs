@@ -180,7 +180,12 @@ impl Router {
     /// Finds the route for a request. `host` is the raw Host value (any case, maybe with a
     /// port); `path` the normalized path ([`routing_path`]) without the query; `req` what
     /// conditions look at.
-    pub fn find(&self, host: &[u8], path: &[u8], req: &dyn crate::rules::Request) -> Option<&Route> {
+    pub fn find(
+        &self,
+        host: &[u8],
+        path: &[u8],
+        req: &dyn crate::rules::Request,
+    ) -> Option<&Route> {
         let mut buf = [0u8; 256];
         let host = normalize_host(host, &mut buf);
         self.routes.iter().find(|r| {
@@ -378,7 +383,10 @@ mod tests {
     fn no_match() {
         let r = router(&[("a.test", "/", 0), ("", "/only/", 1)]);
         assert!(find(&r, "b.test", "/").is_none());
-        assert_eq!(find(&r, "b.test", "/only/x").and_then(|r| r.proxied()), Some(1));
+        assert_eq!(
+            find(&r, "b.test", "/only/x").and_then(|r| r.proxied()),
+            Some(1)
+        );
     }
 
     #[test]

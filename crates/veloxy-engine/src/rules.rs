@@ -90,16 +90,13 @@ impl HeaderRules {
         };
         let (set_shown, add_shown) = (shown(&set), shown(&add));
         let fields: Vec<(String, Template)> = set.into_iter().chain(add).collect();
-        let fixed = fields
-            .iter()
-            .all(|(_, t)| t.is_literal())
-            .then(|| {
-                let mut out = Vec::new();
-                for (name, t) in &fields {
-                    push_field(&mut out, name, t.literal().unwrap_or(""));
-                }
-                out
-            });
+        let fixed = fields.iter().all(|(_, t)| t.is_literal()).then(|| {
+            let mut out = Vec::new();
+            for (name, t) in &fields {
+                push_field(&mut out, name, t.literal().unwrap_or(""));
+            }
+            out
+        });
         HeaderRules {
             drop,
             fields,
@@ -232,7 +229,12 @@ impl RouteRules {
 
 /// The Content-Type of an error page file, from its extension.
 pub(crate) fn page_type(file: &str) -> &'static str {
-    match file.rsplit('.').next().map(str::to_ascii_lowercase).as_deref() {
+    match file
+        .rsplit('.')
+        .next()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         Some("html" | "htm") => "text/html; charset=utf-8",
         Some("json") => "application/json",
         Some("xml") => "application/xml",

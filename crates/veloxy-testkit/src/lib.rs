@@ -54,6 +54,7 @@ pub mod origin;
 pub mod proc;
 pub mod site;
 pub mod tls;
+pub mod ws;
 
 pub use bins::*;
 pub use client::*;
@@ -61,9 +62,10 @@ pub use config::*;
 pub use golden::*;
 pub use http2::*;
 pub use origin::*;
-pub use site::*;
 pub use proc::*;
+pub use site::*;
 pub use tls::*;
+pub use ws::*;
 
 /// Reports the running test as skipped; the caller returns right after (`return skip(...)`).
 ///

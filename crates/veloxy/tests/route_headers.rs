@@ -31,10 +31,18 @@ fn header_rules_edit_the_upstream_request_and_every_answer() {
         assert!(!has_line(seen, "Host: localhost"), "{seen}");
         assert!(has_line(seen, "X-Route: main"), "{seen}");
         assert!(has_line(seen, "X-Forwarded-Proto: edge"), "{seen}");
-        assert!(!seen.to_ascii_lowercase().contains("x-forwarded-proto: https"), "{seen}");
+        assert!(
+            !seen
+                .to_ascii_lowercase()
+                .contains("x-forwarded-proto: https"),
+            "{seen}"
+        );
         assert!(!seen.to_ascii_lowercase().contains("x-debug"), "{seen}");
         assert!(!seen.to_ascii_lowercase().contains("x-empty"), "{seen}");
-        assert!(seen.contains("X-Keep: yes") || seen.contains("x-keep: yes"), "{seen}");
+        assert!(
+            seen.contains("X-Keep: yes") || seen.contains("x-keep: yes"),
+            "{seen}"
+        );
     };
     // HTTP/1.1 over TLS.
     let (status, raw) = s.h1("/echo", "X-Debug: 1\r\nX-Keep: yes\r\n");
@@ -90,17 +98,41 @@ fn error_pages_replace_upstream_and_own_errors() {
         ),
     );
     for (path, status, body, ctype) in [
-        ("/up/status/502", 502, "<h1>bad gateway page</h1>", "text/html; charset=utf-8"),
-        ("/up/status/503", 503, "<h1>server error page</h1>", "text/html; charset=utf-8"),
-        ("/up/status/404", 404, "not here", "text/plain; charset=utf-8"),
-        ("/dead/x", 502, "<h1>server error page</h1>", "text/html; charset=utf-8"),
+        (
+            "/up/status/502",
+            502,
+            "<h1>bad gateway page</h1>",
+            "text/html; charset=utf-8",
+        ),
+        (
+            "/up/status/503",
+            503,
+            "<h1>server error page</h1>",
+            "text/html; charset=utf-8",
+        ),
+        (
+            "/up/status/404",
+            404,
+            "not here",
+            "text/plain; charset=utf-8",
+        ),
+        (
+            "/dead/x",
+            502,
+            "<h1>server error page</h1>",
+            "text/html; charset=utf-8",
+        ),
     ] {
         let (got, raw) = s.h1(path, "");
         assert_eq!(got, status, "{path}: {raw}");
         assert_eq!(raw_body(&raw), body, "{path}");
         assert_eq!(raw_header(&raw, "content-type"), Some(ctype), "{path}");
         let r = s.h2(path, &[]);
-        assert_eq!((r.status, r.body_str().as_str()), (status, body), "HTTP/2 {path}");
+        assert_eq!(
+            (r.status, r.body_str().as_str()),
+            (status, body),
+            "HTTP/2 {path}"
+        );
     }
     // Not an error, or no page for it: the upstream's own answer.
     let (status, raw) = s.h1("/up/status/201", "");
@@ -175,9 +207,15 @@ fn location_rewrite_points_backend_redirects_at_the_client_host() {
     );
     let (status, raw) = s.h1("/login", "");
     assert_eq!(status, 302, "{raw}");
-    assert_eq!(raw_header(&raw, "location"), Some("https://localhost/welcome?x=1"));
+    assert_eq!(
+        raw_header(&raw, "location"),
+        Some("https://localhost/welcome?x=1")
+    );
     let (_, raw) = s.h1("/refresh", "");
-    assert_eq!(raw_header(&raw, "refresh"), Some("0; url=https://localhost/r"));
+    assert_eq!(
+        raw_header(&raw, "refresh"),
+        Some("0; url=https://localhost/r")
+    );
     let r = s.h2("/login", &[]);
     assert_eq!(r.header("location"), Some("https://localhost/welcome?x=1"));
     // Without location_rewrite the backend's own address goes through.
@@ -217,7 +255,8 @@ fn request_id_is_kept_or_made_forwarded_returned_and_logged() {
     assert_ne!(id, id2);
     assert!(eventually(std::time::Duration::from_secs(5), || {
         std::fs::read_to_string(&log).is_ok_and(|t| {
-            t.contains("\"request_id\":\"abc-123\"") && t.contains(&format!("\"request_id\":\"{id2}\""))
+            t.contains("\"request_id\":\"abc-123\"")
+                && t.contains(&format!("\"request_id\":\"{id2}\""))
         })
     }));
 }

@@ -83,9 +83,17 @@ fn conditions_and_precedence() {
     };
     assert_eq!(other("", "/api/y", "GET"), "plain");
     assert_eq!(other("", "/api/y", "POST"), "write");
-    assert_eq!(other("", "/api/y", "PUT"), "write", "methods are case-insensitive");
+    assert_eq!(
+        other("", "/api/y", "PUT"),
+        "write",
+        "methods are case-insensitive"
+    );
     assert_eq!(other("X-Canary: 1\r\n", "/api/y", "GET"), "canary");
-    assert_eq!(other("X-Canary: 2\r\n", "/api/y", "GET"), "plain", "exact values");
+    assert_eq!(
+        other("X-Canary: 2\r\n", "/api/y", "GET"),
+        "plain",
+        "exact values"
+    );
     assert_eq!(
         other("X-Canary: 1\r\n", "/api/y?a=b&debug=1", "GET"),
         "canary-debug"

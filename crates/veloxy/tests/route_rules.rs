@@ -3,67 +3,18 @@
 
 use veloxy_testkit::*;
 
-use std::path::Path;
-
-/// A TLS listener `web` (h2 and HTTP/1.1 by ALPN) plus a plain listener `plain` with
-/// `plain_keys`, both serving `routes`; one upstream group `app`.
-struct Site {
-    v: Veloxy,
-    pki: Pki,
-    _certs: tempfile::TempDir,
-}
-
+/// The site of these tests: `web` (TLS) and `plain` listeners serving `routes`, with one
+/// upstream group `app`.
 fn site(up: std::net::SocketAddr, plain_keys: &str, routes: &str) -> Site {
-    let certs = tempfile::tempdir().unwrap();
-    let pki = Pki::new(certs.path());
-    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
-    let p = |p: &Path| p.display().to_string();
-    let config = format!(
-        "[server]\nworkers = 1\n\
-         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
-         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
-         [listeners.plain]\naddr = \"127.0.0.1:0\"\n{plain_keys}\n\
-         {routes}\n[upstreams.app]\nservers = [\"{up}\"]\n",
-        p(&cert),
-        p(&key)
-    );
-    Site {
-        v: veloxy(&config),
-        pki,
-        _certs: certs,
-    }
-}
-
-impl Site {
-    fn addr(&self, listener: &str) -> std::net::SocketAddr {
-        logged_addr(&self.v, &format!("listening listener={listener} addr="))
-    }
-
-    /// GET `path` over HTTPS + HTTP/1.1: (status, raw response).
-    fn h1(&self, path: &str) -> (u16, String) {
-        let client = default_client(&self.pki.ca_pem, &[b"http/1.1"]);
-        let (mut s, _) = tls_connect(self.addr("web"), "localhost", client).unwrap();
-        https1(&mut s, "localhost", path)
-    }
-
-    /// GET `path` over HTTPS + HTTP/2.
-    fn h2(&self, path: &str) -> H2Reply {
-        let addr = self.addr("web");
-        let config = default_client(&self.pki.ca_pem, &[b"h2"]);
-        runtime().block_on(async {
-            let mut c = h2_connect(addr, Some((config, "localhost"))).await;
-            h2_send(&mut c, h2_get("localhost", path, true), None)
-                .await
-                .unwrap()
-        })
-    }
+    Site::start(
+        "",
+        plain_keys,
+        &format!("{routes}\n[upstreams.app]\nservers = [\"{up}\"]\n"),
+    )
 }
 
 fn header<'a>(raw: &'a str, name: &str) -> Option<&'a str> {
-    raw.split("\r\n\r\n").next()?.lines().find_map(|l| {
-        let (n, v) = l.split_once(':')?;
-        n.eq_ignore_ascii_case(name).then(|| v.trim())
-    })
+    raw_header(raw, name)
 }
 
 #[test]
@@ -76,7 +27,7 @@ fn respond_answers_without_an_upstream() {
          [[routes]]\npath = \"/gone/\"\nrespond = { status = 410, body = \"gone\", content_type = \"text/html\" }\n\
          [[routes]]\nupstream = \"app\"\n",
     );
-    let (status, raw) = s.h1("/healthz");
+    let (status, raw) = s.h1("/healthz", "");
     assert_eq!(status, 200, "{raw}");
     assert!(raw.ends_with("\r\n\r\nok\n"), "{raw}");
     assert_eq!(
@@ -84,13 +35,13 @@ fn respond_answers_without_an_upstream() {
         Some("text/plain; charset=utf-8")
     );
     assert_eq!(header(&raw, "content-length"), Some("3"));
-    let r = s.h2("/healthz");
+    let r = s.h2("/healthz", &[]);
     assert_eq!((r.status, r.body_str().as_str()), (200, "ok\n"));
-    let r = s.h2("/gone/x");
+    let r = s.h2("/gone/x", &[]);
     assert_eq!((r.status, r.body_str().as_str()), (410, "gone"));
     assert_eq!(r.header("content-type"), Some("text/html"));
     // path_exact matches only the exact path: /healthz/x goes to the proxy route.
-    let (status, raw) = s.h1("/healthz/x");
+    let (status, raw) = s.h1("/healthz/x", "");
     assert_eq!(status, 200);
     assert!(header(&raw, "x-upstream").is_some(), "{raw}");
 }
@@ -105,13 +56,13 @@ fn redirect_renders_its_template() {
          [[routes]]\nhost = \"localhost\"\npath = \"/moved\"\nredirect = { to = \"{scheme}://example.org{uri}\" }\n\
          [[routes]]\nupstream = \"app\"\n",
     );
-    let (status, raw) = s.h1("/old/a?id=7");
+    let (status, raw) = s.h1("/old/a?id=7", "");
     assert_eq!(status, 301, "{raw}");
     assert_eq!(
         header(&raw, "location"),
         Some("https://localhost/new/old/a?from=7&ua=")
     );
-    let r = s.h2("/moved?x=1");
+    let r = s.h2("/moved?x=1", &[]);
     assert_eq!(r.status, 308, "default status");
     assert_eq!(r.header("location"), Some("https://example.org/moved?x=1"));
 }
@@ -146,7 +97,7 @@ fn redirect_https_listener_sends_every_request_to_https() {
         Some("https://example.com:8443/x")
     );
     // The TLS listener itself still proxies.
-    assert_eq!(s.h1("/").0, 200);
+    assert_eq!(s.h1("/", "").0, 200);
 }
 
 #[test]
@@ -162,7 +113,7 @@ fn bad_rules_are_refused_with_file_line_and_key() {
         ),
         (
             "[[routes]]\npath = \"/a\"\npath_exact = \"/a\"\nrespond = {}\n",
-            "routes[0].path_exact: a route has one of path (prefix) and path_exact",
+            "routes[0].path_exact: a route has one of path (prefix), path_exact and path_regex",
         ),
         (
             "[[routes]]\nupstream = \"app\"\nrespond = {}\n",
@@ -213,21 +164,21 @@ fn strip_prefix_and_rewrite_change_the_upstream_target() {
          [[routes]]\nupstream = \"app\"\n",
     );
     // HTTP/1.1 over TLS: the prefix goes, the query stays.
-    let (status, raw) = s.h1("/api/echo?x=1");
+    let (status, raw) = s.h1("/api/echo?x=1", "");
     assert_eq!(status, 200, "{raw}");
     assert_eq!(request_line(&raw), "GET /echo?x=1 HTTP/1.1");
     // The path keeps at least "/".
-    let (_, raw) = s.h1("/api/");
+    let (_, raw) = s.h1("/api/", "");
     assert!(raw.contains("x-upstream"), "{raw}");
     // HTTP/2: the same rules.
-    let r = s.h2("/api/echo?y=2");
+    let r = s.h2("/api/echo?y=2", &[]);
     assert_eq!(request_line(&r.body_str()), "GET /echo?y=2 HTTP/1.1");
     // A rewrite with its own query replaces the client's; without one, the query is kept.
-    let r = s.h2("/v1/echo?a=b");
+    let r = s.h2("/v1/echo?a=b", &[]);
     assert_eq!(
         request_line(&r.body_str()),
         "GET /echo?from=/v1/echo&a=b HTTP/1.1"
     );
-    let (_, raw) = s.h1("/old/anything?k=v");
+    let (_, raw) = s.h1("/old/anything?k=v", "");
     assert_eq!(request_line(&raw), "GET /echo?k=v HTTP/1.1");
 }

@@ -9,35 +9,6 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-/// A WebSocket echo server on its own thread; answers every message with the same message.
-fn ws_echo_server() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        runtime().block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            loop {
-                let Ok((s, _)) = l.accept().await else { return };
-                tokio::spawn(async move {
-                    let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
-                        return;
-                    };
-                    while let Some(Ok(m)) = ws.next().await {
-                        if m.is_close() {
-                            break;
-                        }
-                        if (m.is_text() || m.is_binary()) && ws.send(m).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        });
-    });
-    addr
-}
-
 async fn echo_roundtrip<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,

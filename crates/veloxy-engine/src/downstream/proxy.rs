@@ -183,7 +183,17 @@ pub(crate) async fn answer_error(
     worker.count_error(e);
     let message = e.kind.to_string();
     let written = match record.edit {
-        None => send_error(worker, &mut down.stream, e.status(), &message, close, is_head).await,
+        None => {
+            send_error(
+                worker,
+                &mut down.stream,
+                e.status(),
+                &message,
+                close,
+                is_head,
+            )
+            .await
+        }
         Some(_) => {
             let mut out = worker.take_vec();
             write_edited_error(record, e.status(), &message, close, is_head, &mut out);
@@ -271,9 +281,7 @@ async fn buffer_request_body(
 ) -> Result<(), Fail> {
     let bad = |e| Fail::BeforeResponse(crate::downstream::relay::request_body_error(e));
     let head_len = wbuf.len();
-    let n = body
-        .take_request_into(&down.rbuf, wbuf)
-        .map_err(bad)?;
+    let n = body.take_request_into(&down.rbuf, wbuf).map_err(bad)?;
     down.rbuf.advance(n);
     let length = match p.body {
         BodyKind::Length(n) => Some(n),
@@ -297,9 +305,7 @@ async fn buffer_request_body(
     // A chunked body of unknown size is read up to the limit; the rest streams.
     while !body.is_done() && wbuf.len() - head_len <= limit {
         read_body_more(down).await?;
-        let n = body
-            .take_request_into(&down.rbuf, wbuf)
-            .map_err(bad)?;
+        let n = body.take_request_into(&down.rbuf, wbuf).map_err(bad)?;
         down.rbuf.advance(n);
     }
     Ok(())

@@ -46,7 +46,10 @@ impl Answer {
     pub fn page(status: u16, page: &crate::rules::ErrorPage) -> Answer {
         Answer {
             status,
-            headers: vec![("content-type", Bytes::from_static(page.content_type.as_bytes()))],
+            headers: vec![(
+                "content-type",
+                Bytes::from_static(page.content_type.as_bytes()),
+            )],
             body: page.body.clone(),
         }
     }

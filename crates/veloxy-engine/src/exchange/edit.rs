@@ -184,7 +184,8 @@ impl ResponseView<'_> {
             if e.location.is_some() {
                 for name in [http::header::LOCATION, http::header::REFRESH] {
                     let Some(v) = map.get(&name) else { continue };
-                    if let Action::Replace(new) = self.action(name.as_str().as_bytes(), v.as_bytes())
+                    if let Action::Replace(new) =
+                        self.action(name.as_str().as_bytes(), v.as_bytes())
                     {
                         if let Ok(v) = HeaderValue::from_bytes(&new) {
                             map.insert(name, v);
@@ -195,10 +196,9 @@ impl ResponseView<'_> {
         }
         for raw in self.added() {
             for (n, v) in lines(raw) {
-                if let (Ok(n), Ok(v)) = (
-                    http::HeaderName::from_bytes(n),
-                    HeaderValue::from_bytes(v),
-                ) {
+                if let (Ok(n), Ok(v)) =
+                    (http::HeaderName::from_bytes(n), HeaderValue::from_bytes(v))
+                {
                     map.append(n, v);
                 }
             }
@@ -268,7 +268,11 @@ fn new_request_id() -> String {
     KEY.with(|(key, n)| {
         let i = n.get();
         n.set(i + 1);
-        format!("{:016x}{:016x}", key.hash_one((i, 0u8)), key.hash_one((i, 1u8)))
+        format!(
+            "{:016x}{:016x}",
+            key.hash_one((i, 0u8)),
+            key.hash_one((i, 1u8))
+        )
     })
 }
 
@@ -309,7 +313,10 @@ mod tests {
     #[test]
     fn h1_head_edit() {
         let rules = crate::rules::HeaderRules::new(
-            vec![("X-Frame-Options".into(), crate::template::Template::parse("DENY").unwrap())],
+            vec![(
+                "X-Frame-Options".into(),
+                crate::template::Template::parse("DENY").unwrap(),
+            )],
             vec![],
             vec!["Server".into()],
         );
@@ -318,11 +325,7 @@ mod tests {
             ..Default::default()
         };
         let mut lines = Vec::new();
-        rules
-            .response
-            .as_ref()
-            .unwrap()
-            .render(&NoVars, &mut lines);
+        rules.response.as_ref().unwrap().render(&NoVars, &mut lines);
         let edit = ResponseEdit::new(Some(Arc::new(rules)), None, lines, None);
         let view = ResponseView {
             edit: Some(&edit),

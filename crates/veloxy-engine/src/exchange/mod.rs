@@ -243,7 +243,10 @@ pub(crate) fn admit(
             group,
         )?);
     }
-    let captures = route.regex.as_ref().and_then(|re| re.captures(&routing_path));
+    let captures = route
+        .regex
+        .as_ref()
+        .and_then(|re| re.captures(&routing_path));
     let id_field = snapshot.settings.request_id.as_deref();
     let id = id_field.map(|f| edit::request_id(head.fields.get(&f.to_ascii_lowercase())));
     let vars = answer::RequestVars {
@@ -506,7 +509,9 @@ pub(crate) fn with_error_page(
         None => r,
         Some(page) => {
             let head_only = matches!(r.body, crate::static_files::Body::Empty)
-                && r.headers.iter().any(|(n, v)| *n == "content-length" && &v[..] != b"0");
+                && r.headers
+                    .iter()
+                    .any(|(n, v)| *n == "content-length" && &v[..] != b"0");
             Answer::page(r.status, page).into_response(head_only)
         }
     }

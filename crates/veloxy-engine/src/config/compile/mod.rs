@@ -45,7 +45,13 @@ fn compile(
         upstreams::compile_upstreams(src, &file.upstreams, policies, settings.workers)?;
     let (mut listeners, seen_addrs) = listeners::compile_listeners(src, &file.listeners)?;
     listeners::check_admin_addr(src, s, &settings, &seen_addrs)?;
-    routes::compile_routes(src, &file.routes, &upstream_index, &upstreams, &mut listeners)?;
+    routes::compile_routes(
+        src,
+        &file.routes,
+        &upstream_index,
+        &upstreams,
+        &mut listeners,
+    )?;
     let warnings = server::admin_warnings(src, s, &settings);
     Ok(Snapshot {
         settings,

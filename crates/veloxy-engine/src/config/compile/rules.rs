@@ -33,7 +33,9 @@ pub(super) fn compile_match(
         ("path_exact", &r.path_exact),
         ("path_regex", &r.path_regex),
     ];
-    let mut given = kinds.iter().filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)));
+    let mut given = kinds
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)));
     let first = given.next();
     if let Some((k, v)) = given.next() {
         return Err(src.error(
@@ -47,7 +49,11 @@ pub(super) fn compile_match(
         Some(("path_regex", v)) => {
             let re = Regex::new(v.get_ref()).map_err(|e| {
                 let msg = e.to_string().lines().last().unwrap_or("").trim().to_owned();
-                src.error(v.span(), format!("{key}.path_regex"), format!("invalid regex: {msg}"))
+                src.error(
+                    v.span(),
+                    format!("{key}.path_regex"),
+                    format!("invalid regex: {msg}"),
+                )
             })?;
             (v.get_ref().clone(), false, Some(re))
         }

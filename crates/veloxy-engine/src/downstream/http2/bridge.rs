@@ -242,7 +242,9 @@ async fn relay_response(
         // The route's error page instead; the upstream stream is dropped (reset).
         let mut out = worker.take_vec();
         let keep = p.keep_alive;
-        crate::downstream::proxy::write_edited_error(record, status, "", !keep, p.is_head, &mut out);
+        crate::downstream::proxy::write_edited_error(
+            record, status, "", !keep, p.is_head, &mut out,
+        );
         let ok = write_down(down, &out).await;
         worker.give_vec(out);
         return ok.map(|_| (keep, status));

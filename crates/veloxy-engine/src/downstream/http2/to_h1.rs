@@ -80,15 +80,7 @@ async fn forward_with(
         declared.map_or(BodyKind::Chunked, BodyKind::Length)
     };
     let keep_underscores = gen.snapshot.settings.underscores_in_headers;
-    write_head(
-        c,
-        &parts,
-        t,
-        framing,
-        keep_underscores,
-        fin,
-        wbuf,
-    );
+    write_head(c, &parts, t, framing, keep_underscores, fin, wbuf);
 
     let mut streaming = !body.is_end_stream();
     let mut buffered = 0;

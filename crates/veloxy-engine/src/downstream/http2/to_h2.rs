@@ -192,10 +192,7 @@ pub(crate) fn upstream_headers(fields: Fields, fwd: &Forwarding) -> HeaderMap {
             if n.eq_ignore_ascii_case(b"host") {
                 continue;
             }
-            if let (Ok(n), Ok(v)) = (
-                http::HeaderName::from_bytes(n),
-                HeaderValue::from_bytes(v),
-            ) {
+            if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
                 headers.append(n, v);
             }
         }
