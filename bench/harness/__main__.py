@@ -46,6 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=10, help="--vs-nginx: seconds per run")
     p.add_argument("--warmup", type=float, default=2, help="--vs-nginx: warm-up seconds per run")
     p.add_argument("--connections", type=int, default=64, help="--vs-nginx: wrk connections")
+    p.add_argument("--rules", action="store_true",
+                   help="--vs-nginx: the route-rules scenario (regex, stripped prefix, header rules)")
     p.add_argument("--strace", action="store_true",
                    help="--vs-nginx: also count syscalls per request (strace -c -f, short run)")
     p.add_argument("--list", action="store_true", help="list scenarios and proxies, then exit")

@@ -20,6 +20,43 @@ from .ui import fmt_s, say
 PAIR = ["veloxy", "nginx"]
 STRACE_S = 3
 
+# `--rules`: the route-rules scenario. A regex route whose prefix is stripped (by a rewrite of
+# its capture), two request header rules and two response header rules, against nginx doing
+# the same with `location ~`, `rewrite ... break`, `proxy_set_header` and `add_header ...
+# always`; and veloxy's plain route on the same path, to price the rules themselves.
+RULES_PATH = "/api/v1/item"
+VELOXY_RULES = """
+[[routes]]
+path_regex = "^/api/(.*)$"
+upstream = "app"
+rewrite = "/{re.1}"
+request_headers = { set = { "X-Real-IP" = "{client_ip}", "X-Proxy" = "veloxy" } }
+response_headers = { set = { "X-Frame-Options" = "DENY", "Strict-Transport-Security" = "max-age=63072000" } }
+"""
+NGINX_RULES = """
+        location ~ ^/api/(.*)$ {
+            rewrite ^/api/(.*)$ /$1 break;
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Real-IP $remote_addr;
+            proxy_set_header X-Proxy nginx;
+            proxy_request_buffering off;
+            add_header X-Frame-Options DENY always;
+            add_header Strict-Transport-Security "max-age=63072000" always;
+        }
+"""
+
+
+def _entries(args) -> list[tuple[str, str, dict | None, str]]:
+    """(label, peer, config extras, request path) of each contender."""
+    if not getattr(args, "rules", False):
+        return [(n, n, None, "/") for n in PAIR]
+    return [("veloxy", "veloxy", None, RULES_PATH),
+            ("veloxy-rules", "veloxy", {"ROUTE_EXTRA": VELOXY_RULES}, RULES_PATH),
+            ("nginx-rules", "nginx", {"SERVER_EXTRA": NGINX_RULES}, RULES_PATH)]
+
 
 def _tids(pids: list[int]) -> list[int]:
     out = []
@@ -87,25 +124,28 @@ def run(ctx, args) -> int:
     ctx.proxy_cpus = ctx.proxy_cpus[:1]  # both proxies on the same single core
     runner.start_upstreams(ctx)
     running = {}
+    entries = _entries(args)
+    labels = [e[0] for e in entries]
+    paths = {e[0]: e[3] for e in entries}
     try:
-        for name in PAIR:
+        for label, peer, extra, _ in entries:
             try:
-                running[name] = peers.start(ctx, name)
+                running[label] = peers.start(ctx, peer, extra=extra)
             except StartError as e:
-                raise SetupError(f"{name} failed to start: {e}") from e
-            ctx.peer_status[name] = {"status": "ok", "reason": running[name].note}
-            report.save_config(ctx, running[name])
+                raise SetupError(f"{label} failed to start: {e}") from e
+            ctx.peer_status[label] = {"status": "ok", "reason": running[label].note}
+            report.save_config(ctx, running[label])
         per_run = args.warmup + args.duration + 0.5
-        total = per_run * len(PAIR) * args.rounds + (len(PAIR) * (STRACE_S + 3) if args.strace else 0)
-        say(f"{args.rounds} rounds x {PAIR}, {args.connections} connections, "
+        total = per_run * len(labels) * args.rounds + (len(labels) * (STRACE_S + 3) if args.strace else 0)
+        say(f"{args.rounds} rounds x {labels}, {args.connections} connections, "
             f"{args.duration:g}s + {args.warmup:g}s warm-up each: ~{fmt_s(total)}")
-        rounds: dict[str, list] = {n: [] for n in PAIR}
+        rounds: dict[str, list] = {n: [] for n in labels}
         left = total
         for i in range(args.rounds):
-            for name in PAIR:
+            for name in labels:
                 say(f"[~{fmt_s(left)} left] round {i + 1}/{args.rounds}: {name}")
                 try:
-                    r = measure.wrk(ctx, running[name], "/", connections=args.connections,
+                    r = measure.wrk(ctx, running[name], paths[name], connections=args.connections,
                                     duration=args.duration, warmup=args.warmup)
                 except LoadError as e:
                     r = {"error": str(e)}
@@ -122,7 +162,7 @@ def run(ctx, args) -> int:
                 ctx.results["strace"] = {"error": ctx.tool_info["strace"].reason}
             else:
                 ctx.results["strace"] = {}
-                for name in PAIR:
+                for name in labels:
                     say(f"strace -c -f on {name} ({STRACE_S}s wrk)")
                     ctx.results["strace"][name] = strace_run(ctx, running[name], args.connections)
     finally:
@@ -143,13 +183,17 @@ def _med(rs: list[dict], key) -> float | None:
 
 def summarize(ctx, args) -> str:
     rounds = ctx.results["vs-nginx"]
+    labels = list(rounds)
     lines = [f"veloxy vs nginx: 1 worker each on core(s) {ctx.proxy_cpus}, wrk + 4 upstreams "
              f"on core(s) {ctx.load_cpus}, {args.connections} connections, "
              f"{args.rounds} alternating rounds of {args.duration:g}s (median)"]
-    hdr = f"{'':8} {'req/s':>10} {'p99':>9} {'CPU/req':>10}   per round (req/s, CPU us/req)"
+    if getattr(args, "rules", False):
+        lines.append(f"rules scenario: GET {RULES_PATH}; veloxy = plain route, veloxy-rules and "
+                     "nginx-rules = regex match, prefix stripped, 2 request + 2 response header rules")
+    hdr = f"{'':12} {'req/s':>10} {'p99':>9} {'CPU/req':>10}   per round (req/s, CPU us/req)"
     lines.append(hdr)
     med = {}
-    for name in PAIR:
+    for name in labels:
         rs = rounds[name]
         rps = _med(rs, lambda r: r["rps"])
         p99 = _med(rs, lambda r: r["latency_ms"].get("p99"))
@@ -158,8 +202,14 @@ def summarize(ctx, args) -> str:
         per = ", ".join("failed" if r.get("error") else
                         f"{measure.fmt_rate(r['rps'])}/{r.get('cpu_us_per_req') or 0:.1f}"
                         for r in rs)
-        lines.append(f"{name:8} {measure.fmt_rate(rps):>10} {measure.fmt_ms(p99):>9} "
+        lines.append(f"{name:12} {measure.fmt_rate(rps):>10} {measure.fmt_ms(p99):>9} "
                      f"{measure.fmt_us(cpu):>10}   {per}")
+    if med.get("veloxy-rules") and med.get("veloxy"):
+        lines.append(f"veloxy-rules CPU/req / veloxy CPU/req = "
+                     f"{med['veloxy-rules'] / med['veloxy']:.3f} (goal: at most 1.05)")
+    if med.get("nginx-rules") and med.get("veloxy-rules"):
+        lines.append(f"nginx-rules CPU/req / veloxy-rules CPU/req = "
+                     f"{med['nginx-rules'] / med['veloxy-rules']:.2f} (goal: at least 1.1)")
     if med.get("nginx") and med.get("veloxy"):
         lines.append(f"nginx CPU/req / veloxy CPU/req = {med['nginx'] / med['veloxy']:.2f} "
                      "(above 1 = veloxy uses less CPU per request)")
@@ -167,7 +217,7 @@ def summarize(ctx, args) -> str:
     if st:
         if "error" in st:
             lines.append(f"strace: {st['error']}")
-        for name in PAIR:
+        for name in labels:
             s = (st or {}).get(name)
             if not s:
                 continue

@@ -67,6 +67,8 @@ pub struct Route {
     pub exact: bool,
     /// `path_regex`: the path must match this (`path` holds its source).
     pub regex: Option<regex::bytes::Regex>,
+    /// The route's templates use `{re.*}`: matching yields the captures (one regex run).
+    pub captures: bool,
     /// `methods`, `headers`, `query`.
     pub conditions: crate::rules::Conditions,
     /// Header rules, error pages, body cap; `None` when the route sets none.
@@ -180,22 +182,24 @@ impl Router {
     /// Finds the route for a request. `host` is the raw Host value (any case, maybe with a
     /// port); `path` the normalized path ([`routing_path`]) without the query; `req` what
     /// conditions look at.
-    pub fn find(
+    pub fn find<'p>(
         &self,
         host: &[u8],
-        path: &[u8],
+        path: &'p [u8],
         req: &dyn crate::rules::Request,
-    ) -> Option<&Route> {
+    ) -> Option<(&Route, Option<regex::bytes::Captures<'p>>)> {
         let mut buf = [0u8; 256];
         let host = normalize_host(host, &mut buf);
-        self.routes.iter().find(|r| {
-            r.host.matches(host)
-                && match (&r.regex, r.exact) {
-                    (Some(re), _) => re.is_match(path),
-                    (None, true) => path == r.path.as_bytes(),
-                    (None, false) => path.starts_with(r.path.as_bytes()),
-                }
-                && (r.conditions.count() == 0 || r.conditions.hold(req))
+        self.routes.iter().find_map(|r| {
+            if !r.host.matches(host) || !(r.conditions.count() == 0 || r.conditions.hold(req)) {
+                return None;
+            }
+            match (&r.regex, r.exact) {
+                (Some(re), _) if r.captures => re.captures(path).map(|c| (r, Some(c))),
+                (Some(re), _) => re.is_match(path).then_some((r, None)),
+                (None, true) => (path == r.path.as_bytes()).then_some((r, None)),
+                (None, false) => path.starts_with(r.path.as_bytes()).then_some((r, None)),
+            }
         })
     }
 }
@@ -308,7 +312,8 @@ mod tests {
     }
 
     fn find<'r>(r: &'r Router, host: &str, target: &str) -> Option<&'r Route> {
-        r.find(host.as_bytes(), &request_path(target.as_bytes()), &Get)
+        let path = request_path(target.as_bytes()).into_owned();
+        r.find(host.as_bytes(), &path, &Get).map(|(r, _)| r)
     }
 
     fn router(specs: &[(&str, &str, usize)]) -> Router {
@@ -324,6 +329,7 @@ mod tests {
                 path: path.to_string(),
                 exact: false,
                 regex: None,
+                captures: false,
                 conditions: Default::default(),
                 rules: None,
                 target: RouteTarget::Proxy {

@@ -109,7 +109,14 @@ impl HeaderRules {
 
     /// The message's own `name` fields are dropped (removed, or replaced by a set).
     pub fn drops(&self, name: &str) -> bool {
-        self.drop.iter().any(|d| d.eq_ignore_ascii_case(name))
+        self.drops_bytes(name.as_bytes())
+    }
+
+    /// [`drops`](Self::drops) for a name as bytes (a raw HTTP/1 head).
+    pub fn drops_bytes(&self, name: &[u8]) -> bool {
+        self.drop
+            .iter()
+            .any(|d| d.len() == name.len() && d.as_bytes().eq_ignore_ascii_case(name))
     }
 
     /// The lowercase names dropped.
@@ -124,9 +131,17 @@ impl HeaderRules {
             out.extend_from_slice(fixed);
             return;
         }
+        let mut value = String::new();
         for (name, t) in &self.fields {
-            push_field(out, name, &t.render(vars));
+            value.clear();
+            t.render_into(vars, &mut value);
+            push_field(out, name, &value);
         }
+    }
+
+    /// The rendered lines when no value has a variable (the same for every request).
+    pub(crate) fn fixed(&self) -> Option<&[u8]> {
+        self.fixed.as_deref()
     }
 }
 

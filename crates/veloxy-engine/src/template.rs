@@ -75,20 +75,20 @@ impl PathRule {
             Some((p, q)) => (p, Some(q)),
             None => (target, None),
         };
-        let mut out = match self {
+        let mut out = String::with_capacity(target.len() + 16);
+        match self {
             PathRule::StripPrefix(prefix) => {
                 let rest = path.strip_prefix(prefix.as_str()).unwrap_or(path);
-                let rest = rest.trim_start_matches('/');
-                format!("/{rest}")
+                out.push('/');
+                out.push_str(rest.trim_start_matches('/'));
             }
             PathRule::Rewrite(t) => {
-                let new = t.render(vars);
-                if new.contains('?') {
-                    return new;
+                t.render_into(vars, &mut out);
+                if out.contains('?') {
+                    return out;
                 }
-                new
             }
-        };
+        }
         if let Some(q) = query {
             out.push('?');
             out.push_str(q);
@@ -146,12 +146,18 @@ impl Template {
     /// lose them (a template feeds header values).
     pub(crate) fn render(&self, vars: &dyn Vars) -> String {
         let mut out = String::new();
+        self.render_into(vars, &mut out);
+        out
+    }
+
+    /// [`render`](Self::render), appending to `out` (no allocation of its own).
+    pub(crate) fn render_into(&self, vars: &dyn Vars, out: &mut String) {
         for p in &self.parts {
             match p {
                 Part::Lit(s) => out.push_str(s),
                 Part::Var(v) => {
                     let start = out.len();
-                    vars.value(v, &mut out);
+                    vars.value(v, out);
                     if out[start..].contains(['\r', '\n', '\0']) {
                         let clean: String = out[start..]
                             .chars()
@@ -163,7 +169,6 @@ impl Template {
                 }
             }
         }
-        out
     }
 }
 

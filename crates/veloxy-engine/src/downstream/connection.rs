@@ -556,11 +556,13 @@ fn prepare(
             proto,
             keep_underscores,
             target: target.path.as_deref(),
-            edit: target.edit.as_deref(),
+            edit: target.edit.as_ref(),
         };
         request::write_upstream_head(req, &fwd, &mut head);
         if let Some(e) = &target.edit {
-            head.extend_from_slice(&e.lines);
+            e.added()
+                .into_iter()
+                .for_each(|l| head.extend_from_slice(l));
         }
         if req.host.is_none() && !target.edit.as_ref().is_some_and(|e| e.drops("host")) {
             // An HTTP/1.0 request without Host: HTTP/1.1 upstreams require one.
@@ -578,7 +580,7 @@ fn prepare(
             proto,
             host,
             keep_underscores,
-            edit: target.edit.as_deref(),
+            edit: target.edit.as_ref(),
         };
         let lines = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
         let path = target.path.as_deref().unwrap_or(req.path);

@@ -239,7 +239,7 @@ pub(crate) fn write_edited_error(
         out.extend_from_slice(b"Connection: close\r\n");
     }
     let view = crate::exchange::edit::ResponseView {
-        edit: record.edit.as_deref(),
+        edit: record.edit.as_ref(),
         hooks: &[],
         backend: None,
     };

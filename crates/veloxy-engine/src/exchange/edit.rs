@@ -48,9 +48,22 @@ impl UpstreamEdit {
                 .is_some_and(|r| r.drops(name))
     }
 
+    /// The lines to add: the rules' when they are the same for every request (rendered
+    /// once at load, not copied), then this request's.
+    pub fn added(&self) -> [&[u8]; 2] {
+        let fixed = self
+            .rules
+            .as_ref()
+            .and_then(|r| r.request.as_ref())
+            .and_then(|r| r.fixed());
+        [fixed.unwrap_or(&[]), &self.lines]
+    }
+
     /// The Host the rules set, if they set one (an HTTP/2 upstream gets it as `:authority`).
     pub fn host(&self) -> Option<&str> {
-        lines(&self.lines)
+        self.added()
+            .into_iter()
+            .flat_map(lines)
             .find(|(n, _)| n.eq_ignore_ascii_case(b"host"))
             .and_then(|(_, v)| std::str::from_utf8(v).ok())
     }
@@ -60,11 +73,12 @@ impl UpstreamEdit {
 pub(crate) struct ResponseEdit {
     pub(crate) rules: Option<Arc<RouteRules>>,
     id_field: Option<Box<str>>,
-    /// Set and added fields, and the request ID.
+    /// Set and added fields rendered for this request (none when the rules' values are all
+    /// fixed: those are rendered once, at load), and the request ID.
     lines: Vec<u8>,
     /// `location_rewrite`: the client's `scheme://host`, and the Host sent upstream when the
     /// rules replaced the client's.
-    location: Option<(String, Option<String>)>,
+    location: Option<Box<(String, Option<String>)>>,
 }
 
 impl ResponseEdit {
@@ -72,7 +86,7 @@ impl ResponseEdit {
         rules: Option<Arc<RouteRules>>,
         id_field: Option<Box<str>>,
         lines: Vec<u8>,
-        location: Option<(String, Option<String>)>,
+        location: Option<Box<(String, Option<String>)>>,
     ) -> ResponseEdit {
         ResponseEdit {
             rules,
@@ -100,29 +114,26 @@ pub(crate) struct ResponseView<'a> {
 
 impl ResponseView<'_> {
     /// The message's own `name` fields go (removed or replaced).
-    pub fn drops(&self, name: &str) -> bool {
+    pub fn drops(&self, name: &[u8]) -> bool {
         self.edit.is_some_and(|e| {
             e.id_field
                 .as_deref()
-                .is_some_and(|f| f.eq_ignore_ascii_case(name))
+                .is_some_and(|f| f.as_bytes().eq_ignore_ascii_case(name))
                 || e.rules
                     .as_ref()
                     .and_then(|r| r.response.as_ref())
-                    .is_some_and(|r| r.drops(name))
+                    .is_some_and(|r| r.drops_bytes(name))
         })
     }
 
     fn action(&self, name: &[u8], value: &[u8]) -> Action {
-        let Ok(name) = std::str::from_utf8(name) else {
-            return Action::Keep;
-        };
         if self.drops(name) {
             return Action::Drop;
         }
-        let Some((base, host)) = self.edit.and_then(|e| e.location.as_ref()) else {
+        let Some((base, host)) = self.edit.and_then(|e| e.location.as_deref()) else {
             return Action::Keep;
         };
-        if !(name.eq_ignore_ascii_case("location") || name.eq_ignore_ascii_case("refresh")) {
+        if !(name.eq_ignore_ascii_case(b"location") || name.eq_ignore_ascii_case(b"refresh")) {
             return Action::Keep;
         }
         match rewrite_location(value, base, self.backend, host.as_deref()) {
@@ -131,9 +142,19 @@ impl ResponseView<'_> {
         }
     }
 
-    /// The lines to add: the route's, then the hooks'.
-    fn added(&self) -> [&[u8]; 2] {
-        [self.edit.map_or(&[][..], |e| &e.lines), self.hooks]
+    /// The lines to add: the route's fixed ones (rendered at load), this request's, then
+    /// the hooks'.
+    fn added(&self) -> [&[u8]; 3] {
+        let fixed = self
+            .edit
+            .and_then(|e| e.rules.as_ref())
+            .and_then(|r| r.response.as_ref())
+            .and_then(|r| r.fixed());
+        [
+            fixed.unwrap_or(&[]),
+            self.edit.map_or(&[][..], |e| &e.lines),
+            self.hooks,
+        ]
     }
 
     /// Edits an HTTP/1 head in `buf` (status line first, no final blank line).
@@ -324,9 +345,8 @@ mod tests {
             response: Some(rules),
             ..Default::default()
         };
-        let mut lines = Vec::new();
-        rules.response.as_ref().unwrap().render(&NoVars, &mut lines);
-        let edit = ResponseEdit::new(Some(Arc::new(rules)), None, lines, None);
+        // Fixed values: rendered at load, added by reference.
+        let edit = ResponseEdit::new(Some(Arc::new(rules)), None, Vec::new(), None);
         let view = ResponseView {
             edit: Some(&edit),
             hooks: b"X-Hook: 1\r\n",
@@ -340,10 +360,5 @@ mod tests {
             String::from_utf8(buf).unwrap(),
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Frame-Options: DENY\r\nX-Hook: 1\r\n"
         );
-    }
-
-    struct NoVars;
-    impl crate::template::Vars for NoVars {
-        fn value(&self, _: &crate::template::Var, _: &mut String) {}
     }
 }

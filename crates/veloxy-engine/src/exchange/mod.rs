@@ -172,7 +172,7 @@ pub(crate) struct ProxyTarget {
     /// `rewrite`); `None`: the client's.
     pub path: Option<String>,
     /// `request_headers` and the request ID; `None` when neither is configured.
-    pub edit: Option<Box<edit::UpstreamEdit>>,
+    pub edit: Option<edit::UpstreamEdit>,
     /// `max_body_bytes`: a body that grows past it gets 413 and the connection closes.
     pub max_body: Option<u64>,
 }
@@ -208,7 +208,7 @@ pub(crate) fn admit(
         return Ok(Admitted::Answer(Answer::to_https(head, port)));
     }
     let routing_path = crate::router::request_path(head.target.as_bytes());
-    let route = listener
+    let (route, captures) = listener
         .router
         .find(head.host, &routing_path, head)
         .ok_or_else(no_route)?;
@@ -243,10 +243,6 @@ pub(crate) fn admit(
             group,
         )?);
     }
-    let captures = route
-        .regex
-        .as_ref()
-        .and_then(|re| re.captures(&routing_path));
     let id_field = snapshot.settings.request_id.as_deref();
     let id = id_field.map(|f| edit::request_id(head.fields.get(&f.to_ascii_lowercase())));
     let vars = answer::RequestVars {
@@ -257,7 +253,7 @@ pub(crate) fn admit(
     };
     let rules = route.rules.as_ref();
     if rules.is_some() || id.is_some() {
-        record.edit = Some(Box::new(response_edit(route, id_field, &vars)));
+        record.edit = Some(response_edit(route, id_field, &vars));
     }
     if let Some(max) = rules.and_then(|r| r.max_body) {
         if declared_length(head).is_some_and(|n| n > max) {
@@ -286,7 +282,7 @@ pub(crate) fn admit(
         }
     };
     let upstream_edit = (rules.is_some_and(|r| r.request.is_some()) || id.is_some())
-        .then(|| Box::new(upstream_edit(route, id_field, &vars)));
+        .then(|| upstream_edit(route, id_field, &vars));
     record.request_id = id;
     let group = &snapshot.upstreams[upstream];
     let hash = if group.uses_hash {
@@ -341,7 +337,9 @@ fn upstream_edit(
     let mut lines = Vec::new();
     let rules = route.rules.clone();
     if let Some(r) = rules.as_ref().and_then(|r| r.request.as_ref()) {
-        r.render(vars, &mut lines);
+        if r.fixed().is_none() {
+            r.render(vars, &mut lines);
+        }
     }
     push_id(&mut lines, id_field, vars.request_id);
     edit::UpstreamEdit::new(rules, id_field.map(Into::into), lines)
@@ -357,7 +355,9 @@ fn response_edit(
     let mut lines = Vec::new();
     let rules = route.rules.clone();
     if let Some(r) = rules.as_ref().and_then(|r| r.response.as_ref()) {
-        r.render(vars, &mut lines);
+        if r.fixed().is_none() {
+            r.render(vars, &mut lines);
+        }
     }
     push_id(&mut lines, id_field, vars.request_id);
     let location = rules.as_ref().filter(|r| r.location_rewrite).map(|r| {
@@ -373,7 +373,7 @@ fn response_edit(
                 .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
             host
         });
-        (base, sent_host)
+        Box::new((base, sent_host))
     });
     edit::ResponseEdit::new(rules, id_field.map(Into::into), lines, location)
 }
@@ -493,7 +493,7 @@ pub(crate) fn on_response<'c>(
         return None;
     }
     Some(edit::ResponseView {
-        edit: record.edit.as_deref(),
+        edit: record.edit.as_ref(),
         hooks: hooks.unwrap_or(&[]),
         backend: record.backend,
     })

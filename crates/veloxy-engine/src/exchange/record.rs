@@ -34,7 +34,7 @@ pub(crate) struct Record {
     /// the counter spans the connection).
     pub bytes_before: u64,
     /// The route's response edits (header rules, error pages, request ID), when it has any.
-    pub edit: Option<Box<super::edit::ResponseEdit>>,
+    pub edit: Option<super::edit::ResponseEdit>,
     /// The request ID (`[server] request_id`).
     pub request_id: Option<String>,
 }

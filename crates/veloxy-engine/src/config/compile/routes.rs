@@ -86,6 +86,7 @@ fn compile_route(
         host,
         path,
         exact,
+        captures: m.regex.is_some() && uses_captures(r),
         regex: m.regex,
         conditions: m.conditions,
         rules,
@@ -447,4 +448,25 @@ fn compile_limits(src: &Source, key: &str, r: &RouteSection) -> Result<RouteLimi
         )));
     }
     Ok(limits)
+}
+
+/// The route's templates use `{re.*}` (checked against its regex at compile time).
+fn uses_captures(r: &RouteSection) -> bool {
+    let header_values = |h: &Option<Spanned<crate::config::file::HeaderRulesSection>>| {
+        h.as_ref().is_some_and(|h| {
+            let h = h.get_ref();
+            h.set
+                .values()
+                .chain(h.add.values())
+                .any(|v| v.contains("{re."))
+        })
+    };
+    r.rewrite
+        .as_ref()
+        .is_some_and(|t| t.get_ref().contains("{re."))
+        || r.redirect
+            .as_ref()
+            .is_some_and(|t| t.get_ref().to.get_ref().contains("{re."))
+        || header_values(&r.request_headers)
+        || header_values(&r.response_headers)
 }

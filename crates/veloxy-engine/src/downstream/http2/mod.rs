@@ -390,7 +390,7 @@ fn error_response(e: &ProxyError, grpc: bool, mut fin: Box<Finish>) -> Response<
             )),
         };
         let view = crate::exchange::edit::ResponseView {
-            edit: fin.record.edit.as_deref(),
+            edit: fin.record.edit.as_ref(),
             hooks: &[],
             backend: None,
         };

@@ -244,7 +244,7 @@ fn write_head(
     fin: &Option<Box<Finish>>,
     out: &mut Vec<u8>,
 ) {
-    let edit = t.edit.as_deref();
+    let edit = t.edit.as_ref();
     let dropped = |name: &str| edit.is_some_and(|e| e.drops(name));
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
@@ -310,7 +310,7 @@ fn write_head(
     let host_field = (!host.is_empty()).then_some(host.as_bytes());
     crate::http1::write_forwarded(out, prior, c.client_ip(), c.proto(), host_field, edit);
     if let Some(e) = edit {
-        out.extend_from_slice(&e.lines);
+        e.added().into_iter().for_each(|l| out.extend_from_slice(l));
     }
     if let Some(ctx) = fin.as_ref().and_then(|f| f.record.ctx.as_deref()) {
         out.extend_from_slice(&ctx.upstream_headers);

@@ -41,7 +41,7 @@ pub(super) async fn forward(
         proto: c.proto(),
         host: &host,
         keep_underscores: gen.snapshot.settings.underscores_in_headers,
-        edit: t.edit.as_deref(),
+        edit: t.edit.as_ref(),
     };
     let mut headers = upstream_headers(Fields::H2(&parts.headers), &fwd);
     // A Host the rules set is the upstream's `:authority`.
@@ -187,7 +187,7 @@ pub(crate) fn upstream_headers(fields: Fields, fwd: &Forwarding) -> HeaderMap {
         }
     }
     if let Some(e) = fwd.edit {
-        for (n, v) in crate::exchange::edit::lines(&e.lines) {
+        for (n, v) in e.added().into_iter().flat_map(crate::exchange::edit::lines) {
             // The Host the rules set goes as `:authority` (the caller's URI).
             if n.eq_ignore_ascii_case(b"host") {
                 continue;
