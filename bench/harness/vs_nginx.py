@@ -55,6 +55,7 @@ def _entries(args) -> list[tuple[str, str, dict | None, str]]:
         return [(n, n, None, "/") for n in PAIR]
     return [("veloxy", "veloxy", None, RULES_PATH),
             ("veloxy-rules", "veloxy", {"ROUTE_EXTRA": VELOXY_RULES}, RULES_PATH),
+            ("nginx", "nginx", None, RULES_PATH),
             ("nginx-rules", "nginx", {"SERVER_EXTRA": NGINX_RULES}, RULES_PATH)]
 
 
@@ -207,6 +208,9 @@ def summarize(ctx, args) -> str:
     if med.get("veloxy-rules") and med.get("veloxy"):
         lines.append(f"veloxy-rules CPU/req / veloxy CPU/req = "
                      f"{med['veloxy-rules'] / med['veloxy']:.3f} (goal: at most 1.05)")
+    if med.get("nginx-rules") and med.get("nginx"):
+        lines.append(f"nginx-rules CPU/req / nginx CPU/req = "
+                     f"{med['nginx-rules'] / med['nginx']:.3f} (nginx's own price for the same rules)")
     if med.get("nginx-rules") and med.get("veloxy-rules"):
         lines.append(f"nginx-rules CPU/req / veloxy-rules CPU/req = "
                      f"{med['nginx-rules'] / med['veloxy-rules']:.2f} (goal: at least 1.1)")

@@ -82,6 +82,18 @@ pub(crate) struct ResponseEdit {
 }
 
 impl ResponseEdit {
+    /// The message's own fields may change (some are dropped or rewritten); otherwise lines
+    /// are only added.
+    fn edits_fields(&self) -> bool {
+        self.id_field.is_some()
+            || self.location.is_some()
+            || self
+                .rules
+                .as_ref()
+                .and_then(|r| r.response.as_ref())
+                .is_some_and(|r| !r.dropped().is_empty())
+    }
+
     pub(crate) fn new(
         rules: Option<Arc<RouteRules>>,
         id_field: Option<Box<str>>,
@@ -160,7 +172,7 @@ impl ResponseView<'_> {
     /// Edits an HTTP/1 head in `buf` (status line first, no final blank line).
     pub fn apply_h1(&self, buf: &mut Vec<u8>) {
         let from = memchr::memchr(b'\n', buf).map_or(buf.len(), |i| i + 1);
-        if self.edit.is_some() {
+        if self.edit.is_some_and(ResponseEdit::edits_fields) {
             let (mut r, mut w) = (from, from);
             let mut tail = Vec::new();
             while r < buf.len() {

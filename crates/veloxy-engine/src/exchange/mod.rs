@@ -252,7 +252,11 @@ pub(crate) fn admit(
         request_id: id.as_deref().unwrap_or(""),
     };
     let rules = route.rules.as_ref();
-    if rules.is_some() || id.is_some() {
+    // Only what acts on answers needs an edit: a route with request rules alone has none.
+    let on_answers = |r: &Arc<crate::rules::RouteRules>| {
+        r.response.is_some() || !r.error_pages.is_empty() || r.location_rewrite
+    };
+    if rules.is_some_and(on_answers) || id.is_some() {
         record.edit = Some(response_edit(route, id_field, &vars));
     }
     if let Some(max) = rules.and_then(|r| r.max_body) {
