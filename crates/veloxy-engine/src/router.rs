@@ -66,7 +66,7 @@ pub struct Route {
     /// `path_exact`: the path must equal `path` (query excluded), not just start with it.
     pub exact: bool,
     /// `path_regex`: the path must match this (`path` holds its source).
-    pub regex: Option<regex::bytes::Regex>,
+    pub regex: Option<crate::rules::PathRegex>,
     /// The route's templates use `{re.*}`: matching yields the captures (one regex run).
     pub captures: bool,
     /// `methods`, `headers`, `query`.
@@ -187,7 +187,8 @@ impl Router {
         host: &[u8],
         path: &'p [u8],
         req: &dyn crate::rules::Request,
-    ) -> Option<(&Route, Option<regex::bytes::Captures<'p>>)> {
+        slots: &mut crate::rules::Slots,
+    ) -> Option<(&Route, bool)> {
         let mut buf = [0u8; 256];
         let host = normalize_host(host, &mut buf);
         self.routes.iter().find_map(|r| {
@@ -195,10 +196,10 @@ impl Router {
                 return None;
             }
             match (&r.regex, r.exact) {
-                (Some(re), _) if r.captures => re.captures(path).map(|c| (r, Some(c))),
-                (Some(re), _) => re.is_match(path).then_some((r, None)),
-                (None, true) => (path == r.path.as_bytes()).then_some((r, None)),
-                (None, false) => path.starts_with(r.path.as_bytes()).then_some((r, None)),
+                (Some(re), _) if r.captures => re.captures(path, slots).then_some((r, true)),
+                (Some(re), _) => re.is_match(path).then_some((r, false)),
+                (None, true) => (path == r.path.as_bytes()).then_some((r, false)),
+                (None, false) => path.starts_with(r.path.as_bytes()).then_some((r, false)),
             }
         })
     }
@@ -313,7 +314,9 @@ mod tests {
 
     fn find<'r>(r: &'r Router, host: &str, target: &str) -> Option<&'r Route> {
         let path = request_path(target.as_bytes()).into_owned();
-        r.find(host.as_bytes(), &path, &Get).map(|(r, _)| r)
+        let mut slots = [None; crate::rules::MAX_SLOTS];
+        r.find(host.as_bytes(), &path, &Get, &mut slots)
+            .map(|(r, _)| r)
     }
 
     fn router(specs: &[(&str, &str, usize)]) -> Router {

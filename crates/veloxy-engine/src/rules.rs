@@ -58,6 +58,84 @@ pub(crate) fn query_arg<'q>(query: &'q str, name: &str) -> Option<&'q str> {
     })
 }
 
+/// A compiled `path_regex`. Built on `regex-automata`'s meta regex (the engine of the `regex`
+/// crate) rather than `regex` itself: its `search_slots` takes caller-provided slots, so a
+/// match with captures costs no allocation (the `regex` crate allocates a `Captures` per
+/// search).
+#[derive(Debug, Clone)]
+pub struct PathRegex {
+    re: regex_automata::meta::Regex,
+}
+
+/// Capture slots on the stack: room for 16 groups, the whole match included.
+pub type Slots = [Option<regex_automata::util::primitives::NonMaxUsize>; MAX_SLOTS];
+
+/// Two slots (start, end) per group.
+pub const MAX_SLOTS: usize = 32;
+
+impl PathRegex {
+    /// Compiles `pattern` with the `regex` crate's syntax, matching bytes (as
+    /// `regex::bytes` does: a path need not be UTF-8).
+    pub fn new(pattern: &str) -> Result<PathRegex, String> {
+        let re = regex_automata::meta::Builder::new()
+            .configure(regex_automata::meta::Config::new().utf8_empty(false))
+            .syntax(regex_automata::util::syntax::Config::new().utf8(false))
+            .build(pattern)
+            .map_err(|e| match e.syntax_error() {
+                Some(s) => s.to_string().lines().last().unwrap_or("").trim().to_owned(),
+                None => e.to_string(),
+            })?;
+        if re.group_info().slot_len() > MAX_SLOTS {
+            return Err(format!("more than {} capture groups", MAX_SLOTS / 2 - 1));
+        }
+        Ok(PathRegex { re })
+    }
+
+    /// The path matches.
+    pub fn is_match(&self, path: &[u8]) -> bool {
+        self.re.is_match(path)
+    }
+
+    /// Matches `path`, filling `slots` with the groups' positions.
+    pub fn captures(&self, path: &[u8], slots: &mut Slots) -> bool {
+        let n = self.re.group_info().slot_len();
+        self.re
+            .search_slots(&regex_automata::Input::new(path), &mut slots[..n])
+            .is_some()
+    }
+
+    /// The number of groups, the whole match (group 0) included.
+    pub fn groups(&self) -> usize {
+        self.re
+            .group_info()
+            .group_len(regex_automata::PatternID::ZERO)
+    }
+
+    /// The index of the group named `name`.
+    pub fn group_index(&self, name: &str) -> Option<usize> {
+        self.re
+            .group_info()
+            .to_index(regex_automata::PatternID::ZERO, name)
+    }
+}
+
+/// The groups of a matched path.
+#[derive(Clone, Copy)]
+pub struct Captures<'a> {
+    /// The path matched.
+    pub path: &'a [u8],
+    /// Its slots (see [`PathRegex::captures`]).
+    pub slots: &'a Slots,
+}
+
+impl<'a> Captures<'a> {
+    /// Group `i`'s text, if it took part in the match.
+    pub fn get(&self, i: usize) -> Option<&'a [u8]> {
+        let (s, e) = (self.slots.get(2 * i)?, self.slots.get(2 * i + 1)?);
+        Some(&self.path[s.as_ref()?.get()..e.as_ref()?.get()])
+    }
+}
+
 /// `request_headers` or `response_headers`: fields set (replacing any the message has),
 /// added, and removed.
 #[derive(Debug, Clone, Default)]
@@ -131,12 +209,23 @@ impl HeaderRules {
             out.extend_from_slice(fixed);
             return;
         }
-        let mut value = String::new();
-        for (name, t) in &self.fields {
-            value.clear();
-            t.render_into(vars, &mut value);
-            push_field(out, name, &value);
+        thread_local! {
+            /// The value being rendered: one buffer per thread, reused (no allocation).
+            static VALUE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
         }
+        VALUE.with(|v| {
+            let mut value = v.borrow_mut();
+            for (name, t) in &self.fields {
+                match t.literal() {
+                    Some(l) => push_field(out, name, l),
+                    None => {
+                        value.clear();
+                        t.render_into(vars, &mut value);
+                        push_field(out, name, &value);
+                    }
+                }
+            }
+        });
     }
 
     /// The rendered lines when no value has a variable (the same for every request).

@@ -71,8 +71,8 @@ pub enum PathRule {
 impl PathRule {
     /// The new request target (path and query) for `target`, the client's.
     pub(crate) fn apply(&self, target: &str, vars: &dyn Vars) -> String {
-        let (path, query) = match target.split_once('?') {
-            Some((p, q)) => (p, Some(q)),
+        let (path, query) = match memchr::memchr(b'?', target.as_bytes()) {
+            Some(i) => (&target[..i], Some(&target[i + 1..])),
             None => (target, None),
         };
         let mut out = String::with_capacity(target.len() + 16);
@@ -84,7 +84,7 @@ impl PathRule {
             }
             PathRule::Rewrite(t) => {
                 t.render_into(vars, &mut out);
-                if out.contains('?') {
+                if memchr::memchr(b'?', out.as_bytes()).is_some() {
                     return out;
                 }
             }
@@ -158,7 +158,7 @@ impl Template {
                 Part::Var(v) => {
                     let start = out.len();
                     vars.value(v, out);
-                    if out[start..].contains(['\r', '\n', '\0']) {
+                    if memchr::memchr3(b'\r', b'\n', b'\0', &out.as_bytes()[start..]).is_some() {
                         let clean: String = out[start..]
                             .chars()
                             .filter(|c| !matches!(c, '\r' | '\n' | '\0'))
@@ -184,6 +184,17 @@ impl Template {
             [] => Some(""),
             [Part::Lit(s)] => Some(s),
             _ => None,
+        }
+    }
+
+    /// Replaces `{re.NAME}` by the group's index (`index` resolves a name).
+    pub(crate) fn resolve_captures(&mut self, index: impl Fn(&str) -> Option<usize>) {
+        for p in &mut self.parts {
+            if let Part::Var(Var::Re(Capture::Name(n))) = p {
+                if let Some(i) = index(n) {
+                    *p = Part::Var(Var::Re(Capture::Index(i)));
+                }
+            }
         }
     }
 

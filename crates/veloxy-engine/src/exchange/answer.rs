@@ -91,20 +91,23 @@ pub(crate) struct RequestVars<'a, 'h> {
     pub head: &'a Head<'h>,
     pub peer: &'a Peer<'a>,
     /// The route's `path_regex` captures.
-    pub captures: Option<&'a regex::bytes::Captures<'a>>,
+    pub captures: Option<crate::rules::Captures<'a>>,
     /// The request ID ("" when `[server] request_id` is off).
     pub request_id: &'a str,
 }
 
 impl Vars for RequestVars<'_, '_> {
     fn value(&self, var: &Var, out: &mut String) {
-        let lossy = |b: &[u8], out: &mut String| out.push_str(&String::from_utf8_lossy(b));
-        let query = self.head.target.split_once('?').map_or("", |(_, q)| q);
+        let lossy = |b: &[u8], out: &mut String| match std::str::from_utf8(b) {
+            Ok(s) => out.push_str(s),
+            Err(_) => out.push_str(&String::from_utf8_lossy(b)),
+        };
+        let query = || crate::rules::Request::query(self.head);
         match var {
             Var::Host => lossy(crate::http1::host_without_port(self.head.host), out),
             Var::Uri => out.push_str(self.head.target),
             Var::Path => out.push_str(self.head.path()),
-            Var::Query => out.push_str(query),
+            Var::Query => out.push_str(query()),
             Var::Scheme => out.push_str(if self.peer.tls { "https" } else { "http" }),
             Var::ClientIp => out.push_str(self.peer.client_ip),
             Var::ClientPort => out.push_str(&self.peer.addr.port().to_string()),
@@ -115,14 +118,15 @@ impl Vars for RequestVars<'_, '_> {
                 lossy(value.unwrap_or(b""), out);
             }
             Var::QueryArg(name) => {
-                out.push_str(crate::rules::query_arg(query, name).unwrap_or(""));
+                out.push_str(crate::rules::query_arg(query(), name).unwrap_or(""));
             }
             Var::Re(cap) => {
+                // Names were resolved to indexes at load.
                 let m = self.captures.and_then(|c| match cap {
                     crate::template::Capture::Index(i) => c.get(*i),
-                    crate::template::Capture::Name(n) => c.name(n),
+                    crate::template::Capture::Name(_) => None,
                 });
-                lossy(m.map_or(&b""[..], |m| m.as_bytes()), out);
+                lossy(m.unwrap_or(b""), out);
             }
             Var::RequestId => out.push_str(self.request_id),
         }

@@ -154,6 +154,29 @@ impl ResponseView<'_> {
         }
     }
 
+    /// The first bytes (both cases) of the names this edit may drop or rewrite.
+    fn first_bytes(&self) -> ByteSet {
+        let mut set = ByteSet::default();
+        let Some(e) = self.edit else { return set };
+        let mut add = |name: &[u8]| {
+            if let Some(&b) = name.first() {
+                set.insert(b.to_ascii_lowercase());
+                set.insert(b.to_ascii_uppercase());
+            }
+        };
+        if let Some(f) = &e.id_field {
+            add(f.as_bytes());
+        }
+        if let Some(r) = e.rules.as_ref().and_then(|r| r.response.as_ref()) {
+            r.dropped().iter().for_each(|n| add(n.as_bytes()));
+        }
+        if e.location.is_some() {
+            add(b"location");
+            add(b"refresh");
+        }
+        set
+    }
+
     /// The lines to add: the route's fixed ones (rendered at load), this request's, then
     /// the hooks'.
     fn added(&self) -> [&[u8]; 3] {
@@ -173,16 +196,42 @@ impl ResponseView<'_> {
     pub fn apply_h1(&self, buf: &mut Vec<u8>) {
         let from = memchr::memchr(b'\n', buf).map_or(buf.len(), |i| i + 1);
         if self.edit.is_some_and(ResponseEdit::edits_fields) {
+            let first = self.first_bytes();
             let (mut r, mut w) = (from, from);
             let mut tail = Vec::new();
+            // Line ends found in one vectorized pass over the head (a search per short line
+            // costs more); bytes at and after `r` never move, so they stay valid.
+            let mut ends = [0u32; 96];
+            let mut count = 0;
+            for i in memchr::memchr_iter(b'\n', &buf[from..]).take(ends.len()) {
+                ends[count] = (from + i + 1) as u32;
+                count += 1;
+            }
+            let mut next = 0;
             while r < buf.len() {
-                let end = memchr::memchr(b'\n', &buf[r..]).map_or(buf.len(), |i| r + i + 1);
+                let end = if next < count {
+                    next += 1;
+                    ends[next - 1] as usize
+                } else {
+                    memchr::memchr(b'\n', &buf[r..]).map_or(buf.len(), |i| r + i + 1)
+                };
+                // Most lines name no field the edit touches: their first byte says so.
+                if !first.contains(buf[r]) {
+                    if w != r {
+                        buf.copy_within(r..end, w);
+                    }
+                    w += end - r;
+                    r = end;
+                    continue;
+                }
                 let line = &buf[r..end];
                 let colon = memchr::memchr(b':', line).unwrap_or(line.len());
                 let value = line.get(colon + 1..).unwrap_or(b"").trim_ascii();
                 match self.action(&line[..colon], value) {
                     Action::Keep => {
-                        buf.copy_within(r..end, w);
+                        if w != r {
+                            buf.copy_within(r..end, w);
+                        }
                         w += end - r;
                     }
                     Action::Drop => {}
@@ -236,6 +285,19 @@ impl ResponseView<'_> {
                 }
             }
         }
+    }
+}
+
+/// A set of bytes, as a 256-bit mask.
+#[derive(Default)]
+struct ByteSet([u64; 4]);
+
+impl ByteSet {
+    fn insert(&mut self, b: u8) {
+        self.0[usize::from(b >> 6)] |= 1 << (b & 63);
+    }
+    fn contains(&self, b: u8) -> bool {
+        self.0[usize::from(b >> 6)] & (1 << (b & 63)) != 0
     }
 }
 

@@ -128,7 +128,7 @@ impl crate::rules::Request for Head<'_> {
         self.fields.get(name)
     }
     fn query(&self) -> &str {
-        self.target.split_once('?').map_or("", |(_, q)| q)
+        memchr::memchr(b'?', self.target.as_bytes()).map_or("", |i| &self.target[i + 1..])
     }
 }
 
@@ -208,9 +208,10 @@ pub(crate) fn admit(
         return Ok(Admitted::Answer(Answer::to_https(head, port)));
     }
     let routing_path = crate::router::request_path(head.target.as_bytes());
-    let (route, captures) = listener
+    let mut slots = [None; crate::rules::MAX_SLOTS];
+    let (route, captured) = listener
         .router
-        .find(head.host, &routing_path, head)
+        .find(head.host, &routing_path, head, &mut slots)
         .ok_or_else(no_route)?;
     let keys = || RequestKeys {
         client_ip: peer.client_ip,
@@ -248,7 +249,10 @@ pub(crate) fn admit(
     let vars = answer::RequestVars {
         head,
         peer,
-        captures: captures.as_ref(),
+        captures: captured.then_some(crate::rules::Captures {
+            path: &routing_path,
+            slots: &slots,
+        }),
         request_id: id.as_deref().unwrap_or(""),
     };
     let rules = route.rules.as_ref();
@@ -332,6 +336,9 @@ fn declared_length(head: &Head) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The room reserved for the header lines rendered per request.
+const RENDERED_LINES: usize = 192;
+
 /// Renders the route's `request_headers` and the request ID for the upstream request.
 fn upstream_edit(
     route: &crate::router::Route,
@@ -342,6 +349,8 @@ fn upstream_edit(
     let rules = route.rules.clone();
     if let Some(r) = rules.as_ref().and_then(|r| r.request.as_ref()) {
         if r.fixed().is_none() {
+            // One allocation of a size that fits typical lines, not a growing buffer.
+            lines.reserve(RENDERED_LINES);
             r.render(vars, &mut lines);
         }
     }
@@ -360,6 +369,8 @@ fn response_edit(
     let rules = route.rules.clone();
     if let Some(r) = rules.as_ref().and_then(|r| r.response.as_ref()) {
         if r.fixed().is_none() {
+            // One allocation of a size that fits typical lines, not a growing buffer.
+            lines.reserve(RENDERED_LINES);
             r.render(vars, &mut lines);
         }
     }
@@ -384,6 +395,7 @@ fn response_edit(
 
 fn push_id(lines: &mut Vec<u8>, field: Option<&str>, id: &str) {
     if let Some(f) = field {
+        lines.reserve(f.len() + id.len() + 4);
         lines.extend_from_slice(f.as_bytes());
         lines.extend_from_slice(b": ");
         lines.extend_from_slice(id.as_bytes());

@@ -142,7 +142,7 @@ fn answer_target(
     src: &Source,
     key: &str,
     r: &RouteSection,
-    regex: Option<&regex::bytes::Regex>,
+    regex: Option<&crate::rules::PathRegex>,
 ) -> Result<RouteTarget, ConfigError> {
     if let Some(rd) = &r.redirect {
         let rd = rd.get_ref();

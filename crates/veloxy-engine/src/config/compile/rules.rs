@@ -6,12 +6,11 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use regex::bytes::Regex;
 use toml::Spanned;
 
 use super::super::error::{ConfigError, Source};
 use super::super::file::{HeaderRulesSection, RouteSection, SizeValue};
-use crate::rules::{Conditions, ErrorPage, HeaderRules, RouteRules, StatusSpec};
+use crate::rules::{Conditions, ErrorPage, HeaderRules, PathRegex as Regex, RouteRules, StatusSpec};
 use crate::template::{Capture, Template, Var};
 
 /// How a route matches: its path kind and conditions.
@@ -47,8 +46,7 @@ pub(super) fn compile_match(
     let (path, exact, regex) = match first {
         None => ("/".to_owned(), false, None),
         Some(("path_regex", v)) => {
-            let re = Regex::new(v.get_ref()).map_err(|e| {
-                let msg = e.to_string().lines().last().unwrap_or("").trim().to_owned();
+            let re = Regex::new(v.get_ref()).map_err(|msg| {
                 src.error(
                     v.span(),
                     format!("{key}.path_regex"),
@@ -116,7 +114,7 @@ pub(super) fn template(
     text: &str,
     regex: Option<&Regex>,
 ) -> Result<Template, ConfigError> {
-    let t = Template::parse(text).map_err(|m| src.error(span.clone(), key, m))?;
+    let mut t = Template::parse(text).map_err(|m| src.error(span.clone(), key, m))?;
     for v in t.vars() {
         let Var::Re(cap) = v else { continue };
         let known = match (regex, cap) {
@@ -127,8 +125,8 @@ pub(super) fn template(
                     "{re.*} needs a path_regex on the route to capture from",
                 ))
             }
-            (Some(re), Capture::Index(n)) => *n < re.captures_len(),
-            (Some(re), Capture::Name(n)) => re.capture_names().any(|c| c == Some(n.as_str())),
+            (Some(re), Capture::Index(n)) => *n < re.groups(),
+            (Some(re), Capture::Name(n)) => re.group_index(n).is_some(),
         };
         if !known {
             let name = match cap {
@@ -141,6 +139,9 @@ pub(super) fn template(
                 format!("path_regex has no capture group {name:?} for {{re.{name}}}"),
             ));
         }
+    }
+    if let Some(re) = regex {
+        t.resolve_captures(|n| re.group_index(n));
     }
     Ok(t)
 }
