@@ -23,7 +23,9 @@ STRACE_S = 3
 # `--rules`: the route-rules scenario. A regex route whose prefix is stripped (by a rewrite of
 # its capture), two request header rules and two response header rules, against nginx doing
 # the same with `location ~`, `rewrite ... break`, `proxy_set_header` and `add_header ...
-# always`; and veloxy's plain route on the same path, to price the rules themselves.
+# always`; and each one's plain route on the same path, to price the rules themselves. The
+# equivalents: `proxy_set_header` replaces the client's field (veloxy's `set`), `add_header`
+# appends to the upstream's fields (veloxy's `add`).
 RULES_PATH = "/api/v1/item"
 VELOXY_RULES = """
 [[routes]]
@@ -31,7 +33,7 @@ path_regex = "^/api/(.*)$"
 upstream = "app"
 rewrite = "/{re.1}"
 request_headers = { set = { "X-Real-IP" = "{client_ip}", "X-Proxy" = "veloxy" } }
-response_headers = { set = { "X-Frame-Options" = "DENY", "Strict-Transport-Security" = "max-age=63072000" } }
+response_headers = { add = { "X-Frame-Options" = "DENY", "Strict-Transport-Security" = "max-age=63072000" } }
 """
 NGINX_RULES = """
         location ~ ^/api/(.*)$ {

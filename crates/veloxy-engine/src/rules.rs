@@ -209,23 +209,38 @@ impl HeaderRules {
             out.extend_from_slice(fixed);
             return;
         }
-        thread_local! {
-            /// The value being rendered: one buffer per thread, reused (no allocation).
-            static VALUE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-        }
-        VALUE.with(|v| {
-            let mut value = v.borrow_mut();
-            for (name, t) in &self.fields {
-                match t.literal() {
-                    Some(l) => push_field(out, name, l),
-                    None => {
-                        value.clear();
-                        t.render_into(vars, &mut value);
-                        push_field(out, name, &value);
-                    }
-                }
+        // Rendered straight into `out` (which holds only UTF-8: names are ASCII, values come
+        // from strings), not through a value buffer.
+        let mut text = match String::from_utf8(std::mem::take(out)) {
+            Ok(t) => t,
+            Err(e) => {
+                *out = e.into_bytes();
+                return;
             }
-        });
+        };
+        for (name, t) in &self.fields {
+            let start = text.len();
+            text.push_str(name);
+            text.push_str(": ");
+            let value = text.len();
+            match t.literal() {
+                Some(l) => text.push_str(l),
+                None => t.render_into(vars, &mut text),
+            }
+            // Trimmed; a value that renders empty is left out.
+            let end = value + text[value..].trim_end().len();
+            text.truncate(end);
+            let lead = text[value..].len() - text[value..].trim_start().len();
+            if lead > 0 {
+                text.replace_range(value..value + lead, "");
+            }
+            if text.len() == value {
+                text.truncate(start);
+            } else {
+                text.push_str("\r\n");
+            }
+        }
+        *out = text.into_bytes();
     }
 
     /// The rendered lines when no value has a variable (the same for every request).

@@ -34,6 +34,15 @@ pub enum Var {
     RequestId,
 }
 
+impl Var {
+    /// The value may carry CR, LF or NUL (the client's header fields, cookies and query
+    /// arguments); the others cannot: addresses, ports, the scheme, the ID, and the path and
+    /// host, which the codecs have already validated.
+    fn may_break_lines(&self) -> bool {
+        matches!(self, Var::Header(_) | Var::Cookie(_) | Var::QueryArg(_))
+    }
+}
+
 /// A `path_regex` capture group, by number or name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Capture {
@@ -69,13 +78,13 @@ pub enum PathRule {
 }
 
 impl PathRule {
-    /// The new request target (path and query) for `target`, the client's.
-    pub(crate) fn apply(&self, target: &str, vars: &dyn Vars) -> String {
+    /// The new request target (path and query) for `target`, the client's, written into
+    /// `out` (empty; a reused buffer).
+    pub(crate) fn apply(&self, target: &str, vars: &dyn Vars, mut out: String) -> String {
         let (path, query) = match memchr::memchr(b'?', target.as_bytes()) {
             Some(i) => (&target[..i], Some(&target[i + 1..])),
             None => (target, None),
         };
-        let mut out = String::with_capacity(target.len() + 16);
         match self {
             PathRule::StripPrefix(prefix) => {
                 let rest = path.strip_prefix(prefix.as_str()).unwrap_or(path);
@@ -158,7 +167,9 @@ impl Template {
                 Part::Var(v) => {
                     let start = out.len();
                     vars.value(v, out);
-                    if memchr::memchr3(b'\r', b'\n', b'\0', &out.as_bytes()[start..]).is_some() {
+                    if v.may_break_lines()
+                        && memchr::memchr3(b'\r', b'\n', b'\0', &out.as_bytes()[start..]).is_some()
+                    {
                         let clean: String = out[start..]
                             .chars()
                             .filter(|c| !matches!(c, '\r' | '\n' | '\0'))

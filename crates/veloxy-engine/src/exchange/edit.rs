@@ -23,6 +23,90 @@ pub(crate) struct UpstreamEdit {
     pub lines: Vec<u8>,
 }
 
+/// Buffers for rendered lines, kept per thread: an edit takes one and gives it back when it
+/// is dropped, so rendering costs no allocation once warm.
+mod pool {
+    use std::cell::RefCell;
+
+    const KEPT: usize = 64;
+    const CAPACITY: usize = 256;
+
+    thread_local! {
+        static FREE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn take() -> Vec<u8> {
+        FREE.with(|f| f.borrow_mut().pop())
+            .unwrap_or_else(|| Vec::with_capacity(CAPACITY))
+    }
+
+    pub(super) fn give(mut v: Vec<u8>) {
+        if v.capacity() == 0 || v.capacity() > 4 * CAPACITY {
+            return;
+        }
+        v.clear();
+        FREE.with(|f| {
+            let mut f = f.borrow_mut();
+            if f.len() < KEPT {
+                f.push(v);
+            }
+        });
+    }
+}
+
+/// A pooled, empty buffer for rendered lines.
+pub(crate) fn line_buffer() -> Vec<u8> {
+    pool::take()
+}
+
+/// The rewritten request target of a proxied request (`strip_prefix`, `rewrite`), in a
+/// pooled buffer given back when the request ends.
+pub(crate) struct UpstreamTarget(String);
+
+impl UpstreamTarget {
+    /// Renders `rule` for the client's `target`.
+    pub(crate) fn new(
+        rule: &crate::template::PathRule,
+        target: &str,
+        vars: &dyn crate::template::Vars,
+    ) -> UpstreamTarget {
+        // The pool holds bytes; an empty buffer is valid UTF-8.
+        let buf = String::from_utf8(pool::take()).unwrap_or_default();
+        UpstreamTarget(rule.apply(target, vars, buf))
+    }
+}
+
+impl std::ops::Deref for UpstreamTarget {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Clone for UpstreamTarget {
+    fn clone(&self) -> Self {
+        UpstreamTarget(self.0.clone())
+    }
+}
+
+impl Drop for UpstreamTarget {
+    fn drop(&mut self) {
+        pool::give(std::mem::take(&mut self.0).into_bytes());
+    }
+}
+
+impl Drop for UpstreamEdit {
+    fn drop(&mut self) {
+        pool::give(std::mem::take(&mut self.lines));
+    }
+}
+
+impl Drop for ResponseEdit {
+    fn drop(&mut self) {
+        pool::give(std::mem::take(&mut self.lines));
+    }
+}
+
 impl UpstreamEdit {
     pub(crate) fn new(
         rules: Option<Arc<RouteRules>>,

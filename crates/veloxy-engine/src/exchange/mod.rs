@@ -170,7 +170,7 @@ pub(crate) struct ProxyTarget {
     pub encoding: Option<crate::compress::Encoding>,
     /// The request target to send upstream when the route rewrites it (`strip_prefix`,
     /// `rewrite`); `None`: the client's.
-    pub path: Option<String>,
+    pub path: Option<edit::UpstreamTarget>,
     /// `request_headers` and the request ID; `None` when neither is configured.
     pub edit: Option<edit::UpstreamEdit>,
     /// `max_body_bytes`: a body that grows past it gets 413 and the connection closes.
@@ -285,7 +285,9 @@ pub(crate) fn admit(
             compress,
             target,
         } => {
-            path = target.as_ref().map(|rule| rule.apply(head.target, &vars));
+            path = target
+                .as_ref()
+                .map(|rule| edit::UpstreamTarget::new(rule, head.target, &vars));
             (*upstream, *compress)
         }
     };
@@ -336,9 +338,6 @@ fn declared_length(head: &Head) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// The room reserved for the header lines rendered per request.
-const RENDERED_LINES: usize = 192;
-
 /// Renders the route's `request_headers` and the request ID for the upstream request.
 fn upstream_edit(
     route: &crate::router::Route,
@@ -349,8 +348,7 @@ fn upstream_edit(
     let rules = route.rules.clone();
     if let Some(r) = rules.as_ref().and_then(|r| r.request.as_ref()) {
         if r.fixed().is_none() {
-            // One allocation of a size that fits typical lines, not a growing buffer.
-            lines.reserve(RENDERED_LINES);
+            lines = edit::line_buffer();
             r.render(vars, &mut lines);
         }
     }
@@ -369,8 +367,7 @@ fn response_edit(
     let rules = route.rules.clone();
     if let Some(r) = rules.as_ref().and_then(|r| r.response.as_ref()) {
         if r.fixed().is_none() {
-            // One allocation of a size that fits typical lines, not a growing buffer.
-            lines.reserve(RENDERED_LINES);
+            lines = edit::line_buffer();
             r.render(vars, &mut lines);
         }
     }
@@ -395,7 +392,9 @@ fn response_edit(
 
 fn push_id(lines: &mut Vec<u8>, field: Option<&str>, id: &str) {
     if let Some(f) = field {
-        lines.reserve(f.len() + id.len() + 4);
+        if lines.capacity() == 0 {
+            *lines = edit::line_buffer();
+        }
         lines.extend_from_slice(f.as_bytes());
         lines.extend_from_slice(b": ");
         lines.extend_from_slice(id.as_bytes());

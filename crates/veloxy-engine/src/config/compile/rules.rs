@@ -10,7 +10,9 @@ use toml::Spanned;
 
 use super::super::error::{ConfigError, Source};
 use super::super::file::{HeaderRulesSection, RouteSection, SizeValue};
-use crate::rules::{Conditions, ErrorPage, HeaderRules, PathRegex as Regex, RouteRules, StatusSpec};
+use crate::rules::{
+    Conditions, ErrorPage, HeaderRules, PathRegex as Regex, RouteRules, StatusSpec,
+};
 use crate::template::{Capture, Template, Var};
 
 /// How a route matches: its path kind and conditions.
