@@ -182,10 +182,10 @@ impl Router {
     /// Finds the route for a request. `host` is the raw Host value (any case, maybe with a
     /// port); `path` the normalized path ([`routing_path`]) without the query; `req` what
     /// conditions look at.
-    pub fn find<'p>(
+    pub fn find(
         &self,
         host: &[u8],
-        path: &'p [u8],
+        path: &[u8],
         req: &dyn crate::rules::Request,
         slots: &mut crate::rules::Slots,
     ) -> Option<(&Route, bool)> {
