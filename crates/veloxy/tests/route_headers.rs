@@ -260,3 +260,61 @@ fn request_id_is_kept_or_made_forwarded_returned_and_logged() {
         })
     }));
 }
+
+#[test]
+fn every_template_variable_renders_over_both_protocols() {
+    let vars = [
+        "host",
+        "uri",
+        "path",
+        "query",
+        "scheme",
+        "client_ip",
+        "client_port",
+        "server_port",
+        "request_id",
+        "header.x-a",
+        "cookie.sid",
+        "query.k",
+        "re.1",
+        "re.name",
+    ];
+    let add: Vec<String> = vars
+        .iter()
+        .map(|v| format!("\"X-V-{}\" = \"{{{v}}}\"", v.replace('.', "-")))
+        .collect();
+    let s = Site::start(
+        "request_id = \"X-Request-Id\"",
+        "",
+        &format!(
+            "[[routes]]\npath_regex = \"^/t/(?<name>[a-z]+)$\"\nrespond = {{ body = \"ok\" }}\n\
+             response_headers = {{ add = {{ {} }} }}\n",
+            add.join(", ")
+        ),
+    );
+    let web = s.addr("web");
+    let check = |get: &dyn Fn(&str) -> Option<String>, scheme_port: u16| {
+        let v = |name: &str| get(&format!("x-v-{}", name.replace('.', "-")));
+        assert_eq!(v("host").as_deref(), Some("localhost"));
+        assert_eq!(v("uri").as_deref(), Some("/t/abc?k=v1&z=2"));
+        assert_eq!(v("path").as_deref(), Some("/t/abc"));
+        assert_eq!(v("query").as_deref(), Some("k=v1&z=2"));
+        assert_eq!(v("scheme").as_deref(), Some("https"));
+        assert_eq!(v("client_ip").as_deref(), Some("127.0.0.1"));
+        assert!(v("client_port").unwrap().parse::<u16>().is_ok());
+        assert_eq!(v("server_port").unwrap(), scheme_port.to_string());
+        assert_eq!(v("request_id").map(|i| i.len()), Some(32));
+        assert_eq!(v("header.x-a").as_deref(), Some("hdr"));
+        assert_eq!(v("cookie.sid").as_deref(), Some("c00k"));
+        assert_eq!(v("query.k").as_deref(), Some("v1"));
+        assert_eq!(v("re.1").as_deref(), Some("abc"));
+        assert_eq!(v("re.name").as_deref(), Some("abc"));
+    };
+    let (_, raw) = s.h1("/t/abc?k=v1&z=2", "X-A: hdr\r\nCookie: a=1; sid=c00k\r\n");
+    check(&|n| raw_header(&raw, n).map(str::to_owned), web.port());
+    let r = s.h2(
+        "/t/abc?k=v1&z=2",
+        &[("x-a", "hdr"), ("cookie", "a=1"), ("cookie", "sid=c00k")],
+    );
+    check(&|n| r.header(n).map(str::to_owned), web.port());
+}
