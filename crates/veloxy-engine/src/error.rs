@@ -77,6 +77,9 @@ pub enum ErrorKind {
     /// Refused with this status by a hook or a protocol rule (CONNECT over HTTP/2: 501).
     #[error("rejected by a filter with status {0}")]
     Rejected(u16),
+    /// The route's `allow` / `deny` refuse the client's address: 403.
+    #[error("forbidden: this address may not use this route")]
+    Forbidden,
     /// The request body is larger than the route or bridge accepts: 413.
     #[error("request body too large for this route")]
     BodyTooLarge,
@@ -181,6 +184,7 @@ impl ProxyError {
             },
             ErrorKind::Rejected(s) => *s,
             ErrorKind::BodyTooLarge => 413,
+            ErrorKind::Forbidden => 403,
         }
     }
 }

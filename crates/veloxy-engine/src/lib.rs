@@ -56,6 +56,7 @@
 #![warn(missing_docs)]
 
 pub(crate) mod accept;
+pub(crate) mod access;
 pub(crate) mod access_log;
 pub(crate) mod admin;
 pub(crate) mod clock;

@@ -320,6 +320,8 @@ pub struct RouteRules {
     /// `location_rewrite`: a `Location`/`Refresh` pointing at a backend points at the client's
     /// scheme and host instead.
     pub location_rewrite: bool,
+    /// `allow` / `deny`: who may use the route (403 for the others).
+    pub access: Option<crate::access::IpRules>,
 }
 
 impl RouteRules {
@@ -343,6 +345,7 @@ impl RouteRules {
             && self.error_pages.is_empty()
             && self.max_body.is_none()
             && !self.location_rewrite
+            && self.access.is_none()
     }
 }
 

@@ -43,6 +43,8 @@ pub struct ServerSection {
     pub body_timeout: Option<DurationValue>,
     pub request_buffering: Option<Spanned<String>>,
     pub request_id: Option<Spanned<String>>,
+    pub trusted_proxies: Option<Spanned<Vec<String>>>,
+    pub client_ip_header: Option<Spanned<String>>,
     pub log_level: Option<Spanned<String>>,
     pub admin: Option<Spanned<String>>,
     pub access_log: Option<Spanned<AccessLogSection>>,
@@ -120,6 +122,9 @@ pub struct RouteSection {
     pub error_pages: Option<Spanned<BTreeMap<String, String>>>,
     pub max_body_bytes: Option<Spanned<SizeValue>>,
     pub location_rewrite: Option<Spanned<bool>>,
+    /// Client address lists: `deny` wins; with `allow`, everyone else gets 403.
+    pub allow: Option<Spanned<Vec<String>>>,
+    pub deny: Option<Spanned<Vec<String>>>,
     /// Exactly one of `upstream` (proxy), `root` (serve files), `redirect` and `respond`.
     pub upstream: Option<Spanned<String>>,
     pub redirect: Option<Spanned<RedirectSection>>,

@@ -71,6 +71,8 @@ pub struct Settings {
     /// `request_id = "X-Request-Id"`: keep a valid incoming ID in that field or generate one,
     /// forward it upstream, return it, log it.
     pub request_id: Option<String>,
+    /// `trusted_proxies` and `client_ip_header`: where the real client address comes from.
+    pub real_ip: Option<crate::access::RealIp>,
     /// Log filter used when `RUST_LOG` is unset. Default `"info"`.
     pub log_level: String,
     /// Admin endpoint address (`/metrics`, `/healthz`, `/upstreams`, `POST /reload`). Default: off.

@@ -64,6 +64,10 @@ fn settings(out: &mut Toml, s: &Settings) {
     if let Some(id) = &s.request_id {
         out.str("request_id", id);
     }
+    if let Some(r) = &s.real_ip {
+        out.raw("trusted_proxies", &str_list(&r.trusted.entries()));
+        out.str("client_ip_header", &r.header);
+    }
     out.str("log_level", &s.log_level);
     if let Some(admin) = s.admin {
         out.str("admin", &admin.to_string());
@@ -254,6 +258,14 @@ fn route_rules(out: &mut Toml, r: &crate::rules::RouteRules) {
     }
     if let Some(max) = r.max_body {
         out.int("max_body_bytes", max);
+    }
+    if let Some(a) = &r.access {
+        if let Some(allow) = &a.allow {
+            out.raw("allow", &str_list(&allow.entries()));
+        }
+        if !a.deny.entries().is_empty() {
+            out.raw("deny", &str_list(&a.deny.entries()));
+        }
     }
 }
 

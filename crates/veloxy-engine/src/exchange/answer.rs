@@ -94,6 +94,8 @@ pub(crate) struct RequestVars<'a, 'h> {
     pub captures: Option<crate::rules::Captures<'a>>,
     /// The request ID ("" when `[server] request_id` is off).
     pub request_id: &'a str,
+    /// The client's address (the real one behind trusted proxies).
+    pub client_ip: &'a str,
 }
 
 impl Vars for RequestVars<'_, '_> {
@@ -109,7 +111,7 @@ impl Vars for RequestVars<'_, '_> {
             Var::Path => out.push_str(self.head.path()),
             Var::Query => out.push_str(query()),
             Var::Scheme => out.push_str(if self.peer.tls { "https" } else { "http" }),
-            Var::ClientIp => out.push_str(self.peer.client_ip),
+            Var::ClientIp => out.push_str(self.client_ip),
             Var::ClientPort => out.push_str(&self.peer.addr.port().to_string()),
             Var::ServerPort => out.push_str(&self.peer.server_port.to_string()),
             Var::Header(name) => lossy(self.head.fields.get(name).unwrap_or(b""), out),

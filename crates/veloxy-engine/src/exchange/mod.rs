@@ -175,6 +175,9 @@ pub(crate) struct ProxyTarget {
     pub edit: Option<edit::UpstreamEdit>,
     /// `max_body_bytes`: a body that grows past it gets 413 and the connection closes.
     pub max_body: Option<u64>,
+    /// The client's address from a trusted proxy's header (`None`: the peer's), for the
+    /// X-Forwarded-For sent upstream.
+    pub client_ip: Option<String>,
 }
 
 /// The listener's index in `gen`; `None` when a reload removed it (its routes are gone).
@@ -213,8 +216,19 @@ pub(crate) fn admit(
         .router
         .find(head.host, &routing_path, head, &mut slots)
         .ok_or_else(no_route)?;
+    // Behind trusted proxies, the client is the one their header names.
+    let real = real_client(&snapshot.settings, peer, head);
+    let client_ip = real.as_ref().map_or(peer.client_ip, |(_, s)| s.as_str());
+    let client = real
+        .as_ref()
+        .map_or(peer.addr, |(ip, _)| SocketAddr::new(*ip, peer.addr.port()));
+    if let Some(access) = route.rules.as_ref().and_then(|r| r.access.as_ref()) {
+        if !access.permits(client.ip()) {
+            return Err(ProxyError::downstream(ErrorKind::Forbidden));
+        }
+    }
     let keys = || RequestKeys {
-        client_ip: peer.client_ip,
+        client_ip,
         path: head.path(),
         header: |h: &str| head.fields.get(h),
         cookies: head.fields.cookies(),
@@ -254,7 +268,9 @@ pub(crate) fn admit(
             slots: &slots,
         }),
         request_id: id.as_deref().unwrap_or(""),
+        client_ip,
     };
+    record.client_ip = real.as_ref().map(|(ip, _)| *ip);
     let rules = route.rules.as_ref();
     // Only what acts on answers needs an edit: a route with request rules alone has none.
     let on_answers = |r: &Arc<crate::rules::RouteRules>| {
@@ -305,7 +321,7 @@ pub(crate) fn admit(
         let state = &mut groups[upstream];
         state.budget.earn();
         state.picker.pick(&PickContext {
-            client: peer.addr,
+            client,
             excluded: group.health.down_mask(),
             hash,
         })
@@ -327,7 +343,25 @@ pub(crate) fn admit(
         path,
         edit: upstream_edit,
         max_body: rules.and_then(|r| r.max_body),
+        client_ip: real.map(|(_, s)| s),
     }))
+}
+
+/// The client's address from `client_ip_header` when the peer is a trusted proxy.
+fn real_client(
+    settings: &crate::config::Settings,
+    peer: &Peer,
+    head: &Head,
+) -> Option<(std::net::IpAddr, String)> {
+    let real = settings.real_ip.as_ref()?;
+    let values: Vec<&[u8]> = head
+        .fields
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(&real.header))
+        .map(|(_, v)| v)
+        .collect();
+    let ip = real.client(peer.addr.ip(), values.into_iter())?;
+    Some((ip, ip.to_string()))
 }
 
 /// The body length a request declares (Content-Length), if any.

@@ -37,6 +37,8 @@ pub(crate) struct Record {
     pub edit: Option<super::edit::ResponseEdit>,
     /// The request ID (`[server] request_id`).
     pub request_id: Option<String>,
+    /// The client's address from a trusted proxy's header (`None`: the peer's).
+    pub client_ip: Option<std::net::IpAddr>,
 }
 
 impl Record {
@@ -65,6 +67,7 @@ impl Record {
             bytes_before: 0,
             edit: None,
             request_id: None,
+            client_ip: None,
         }
     }
 
@@ -80,6 +83,7 @@ impl Record {
             bytes_before: 0,
             edit: None,
             request_id: None,
+            client_ip: None,
         }
     }
 
@@ -92,6 +96,9 @@ impl Record {
     /// end of the exchange (`status` 0: nothing could be answered).
     pub fn finish(&mut self, worker: &Worker, client: SocketAddr, status: u16, bytes_sent: u64) {
         let duration = self.started.elapsed();
+        let client = self
+            .client_ip
+            .map_or(client, |ip| SocketAddr::new(ip, client.port()));
         match self.route {
             Some(r) => worker.metrics.request(r, status),
             None => worker.metrics.unrouted(status),

@@ -177,6 +177,7 @@ pub(super) fn compile_rules(
             .location_rewrite
             .as_ref()
             .map_or(group_location_rewrite, |b| *b.get_ref()),
+        access: ip_rules(src, key, r)?,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }
@@ -282,6 +283,31 @@ fn error_pages(
         });
     }
     Ok(pages)
+}
+
+/// `allow` / `deny`.
+fn ip_rules(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+) -> Result<Option<crate::access::IpRules>, ConfigError> {
+    let list = |v: &Option<Spanned<Vec<String>>>, k: &str| {
+        v.as_ref()
+            .map(|l| {
+                crate::access::IpList::parse(l.get_ref())
+                    .map_err(|m| src.error(l.span(), format!("{key}.{k}"), m))
+            })
+            .transpose()
+    };
+    let allow = list(&r.allow, "allow")?;
+    let deny = list(&r.deny, "deny")?;
+    if allow.is_none() && deny.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(crate::access::IpRules {
+        allow,
+        deny: deny.unwrap_or_default(),
+    }))
 }
 
 fn size(src: &Source, key: &str, v: &Spanned<SizeValue>) -> Result<u64, ConfigError> {

@@ -24,6 +24,7 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
         body_timeout: dur(&s.body_timeout, Duration::from_secs(60)),
         request_buffering: request_buffering(src, &s.request_buffering)?,
         request_id: request_id(src, &s.request_id)?,
+        real_ip: real_ip(src, s)?,
         log_level: s
             .log_level
             .as_ref()
@@ -41,6 +42,36 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
     };
     check_limits(src, s, &settings)?;
     Ok(settings)
+}
+
+/// `trusted_proxies` and `client_ip_header`.
+fn real_ip(src: &Source, s: &ServerSection) -> Result<Option<crate::access::RealIp>, ConfigError> {
+    let Some(list) = &s.trusted_proxies else {
+        if let Some(h) = &s.client_ip_header {
+            return Err(src.error(
+                h.span(),
+                "server.client_ip_header",
+                "needs trusted_proxies: the header is only believed from them",
+            ));
+        }
+        return Ok(None);
+    };
+    let trusted = crate::access::IpList::parse(list.get_ref())
+        .map_err(|m| src.error(list.span(), "server.trusted_proxies", m))?;
+    let header = match &s.client_ip_header {
+        None => "x-forwarded-for".to_owned(),
+        Some(h) => {
+            if http::HeaderName::from_bytes(h.get_ref().as_bytes()).is_err() {
+                return Err(src.error(
+                    h.span(),
+                    "server.client_ip_header",
+                    format!("{:?} is not a header field name", h.get_ref()),
+                ));
+            }
+            h.get_ref().to_ascii_lowercase()
+        }
+    };
+    Ok(Some(crate::access::RealIp { trusted, header }))
 }
 
 /// `[server] request_id = "X-Request-Id"`: the field that carries request IDs.

@@ -1,0 +1,98 @@
+//! Access control (issue 13, first part): `allow` / `deny` on routes, and the real client
+//! address behind `trusted_proxies`, shown through templates, `allow` and `rate_limit`, over
+//! HTTP/1.1 and HTTP/2 with TLS.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+use veloxy_testkit::*;
+
+/// A plain HTTP/1.1 request from source address `from` (another loopback address).
+fn from(src: &str, to: SocketAddr, raw: &str) -> (u16, String) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let bind: SocketAddr = format!("{src}:0").parse().unwrap();
+    s.bind(&bind.into()).unwrap();
+    s.connect(&to.into()).unwrap();
+    let mut s: TcpStream = s.into();
+    s.write_all(raw.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+fn get(path: &str, extra: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}Connection: close\r\n\r\n")
+}
+
+#[test]
+fn allow_and_deny_lists() {
+    let s = Site::start(
+        "",
+        "",
+        "[[routes]]\npath = \"/office/\"\nallow = [\"10.0.0.0/8\", \"2001:db8::/32\"]\nrespond = { body = \"office\" }\n\
+         [[routes]]\npath = \"/open/\"\ndeny = [\"127.0.0.2\"]\nrespond = { body = \"open\" }\n\
+         [[routes]]\npath = \"/local/\"\nallow = [\"127.0.0.0/8\"]\ndeny = [\"127.0.0.3\"]\nrespond = { body = \"local\" }\n",
+    );
+    // HTTPS, HTTP/1.1 and HTTP/2, from 127.0.0.1.
+    assert_eq!(s.h1("/office/x", "").0, 403);
+    assert_eq!(s.h2("/office/x", &[]).status, 403);
+    assert_eq!(raw_body(&s.h1("/open/x", "").1), "open");
+    assert_eq!(s.h2("/local/x", &[]).body_str(), "local");
+    // Other loopback sources on the plain listener: deny wins over allow.
+    let plain = s.addr("plain");
+    assert_eq!(from("127.0.0.2", plain, &get("/open/x", "")).0, 403);
+    assert_eq!(from("127.0.0.3", plain, &get("/local/x", "")).0, 403);
+    assert_eq!(from("127.0.0.4", plain, &get("/local/x", "")).0, 200);
+}
+
+#[test]
+fn real_client_ip_from_trusted_proxies_only() {
+    let up = upstream(&[]);
+    let s = Site::start(
+        "trusted_proxies = [\"127.0.0.1\"]",
+        "",
+        &format!(
+            "[[routes]]\npath = \"/who\"\nrespond = {{ body = \"who\" }}\n\
+             response_headers = {{ add = {{ \"X-Client\" = \"{{client_ip}}\" }} }}\n\
+             [[routes]]\npath = \"/lan/\"\nallow = [\"203.0.113.0/24\"]\nrespond = {{ body = \"lan\" }}\n\
+             [[routes]]\npath = \"/limited/\"\nrespond = {{ body = \"ok\" }}\n\
+             rate_limit = {{ rate = \"1/m\", burst = 1 }}\n\
+             [[routes]]\nupstream = \"app\"\n\
+             [upstreams.app]\nservers = [\"{}\"]\n",
+            up.addr
+        ),
+    );
+    let xff = |ip: &str| format!("X-Forwarded-For: 198.51.100.9, {ip}\r\n");
+    // From the trusted proxy (127.0.0.1): the rightmost untrusted address.
+    let (_, raw) = s.h1("/who", &xff("203.0.113.7"));
+    assert_eq!(raw_header(&raw, "x-client"), Some("203.0.113.7"));
+    let r = s.h2("/who", &[("x-forwarded-for", "203.0.113.8")]);
+    assert_eq!(r.header("x-client"), Some("203.0.113.8"));
+    assert_eq!(s.h1("/lan/x", &xff("203.0.113.7")).0, 200);
+    assert_eq!(s.h1("/lan/x", &xff("192.0.2.1")).0, 403);
+    // rate_limit keys on it: one bucket per real client.
+    assert_eq!(s.h1("/limited/x", &xff("192.0.2.10")).0, 200);
+    assert_eq!(s.h1("/limited/x", &xff("192.0.2.10")).0, 429);
+    assert_eq!(s.h1("/limited/x", &xff("192.0.2.11")).0, 200);
+    // The X-Forwarded-For sent upstream ends with it.
+    let (_, raw) = s.h1("/echo", &xff("203.0.113.7"));
+    assert!(
+        raw_body(&raw).contains("X-Forwarded-For: 198.51.100.9, 203.0.113.7, 203.0.113.7"),
+        "{raw}"
+    );
+    // From an untrusted peer (127.0.0.2) the header is ignored: a spoofed address gains
+    // nothing.
+    let plain = s.addr("plain");
+    let (_, raw) = from("127.0.0.2", plain, &get("/who", &xff("203.0.113.7")));
+    assert_eq!(raw_header(&raw, "x-client"), Some("127.0.0.2"));
+    assert_eq!(
+        from("127.0.0.2", plain, &get("/lan/x", &xff("203.0.113.7"))).0,
+        403
+    );
+}
