@@ -59,6 +59,7 @@ pub(crate) mod accept;
 pub(crate) mod access;
 pub(crate) mod access_log;
 pub(crate) mod admin;
+pub(crate) mod auth;
 pub(crate) mod clock;
 pub(crate) mod compress;
 pub mod config;

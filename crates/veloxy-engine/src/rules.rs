@@ -322,6 +322,8 @@ pub struct RouteRules {
     pub location_rewrite: bool,
     /// `allow` / `deny`: who may use the route (403 for the others).
     pub access: Option<crate::access::IpRules>,
+    /// `basic_auth`: who may use the route (401 for the others).
+    pub basic_auth: Option<std::sync::Arc<crate::auth::BasicAuth>>,
 }
 
 impl RouteRules {
@@ -346,6 +348,7 @@ impl RouteRules {
             && self.max_body.is_none()
             && !self.location_rewrite
             && self.access.is_none()
+            && self.basic_auth.is_none()
     }
 }
 

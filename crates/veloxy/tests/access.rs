@@ -96,3 +96,83 @@ fn real_client_ip_from_trusted_proxies_only() {
         403
     );
 }
+
+/// Makes a users file with Apache's `htpasswd`: `-B` (bcrypt) or `-m` (apr1).
+fn htpasswd(path: &std::path::Path, user: &str, password: &str, kind: &str, create: bool) -> bool {
+    let mut cmd = std::process::Command::new("htpasswd");
+    cmd.arg("-b");
+    if create {
+        cmd.arg("-c");
+    }
+    cmd.args([kind, path.to_str().unwrap(), user, password]);
+    match cmd.output() {
+        Ok(o) => o.status.success(),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn basic_auth_with_an_apache_htpasswd_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("htpasswd");
+    if !htpasswd(&users, "alice", "wonder land", "-B", true) {
+        skip("Apache's htpasswd (apache2-utils) is not installed");
+        return;
+    }
+    assert!(htpasswd(&users, "bob", "builder", "-m", false));
+    let up = upstream(&[]);
+    let s = Site::start(
+        "",
+        "",
+        &format!(
+            "[[routes]]\npath = \"/admin/\"\nupstream = \"app\"\n\
+             basic_auth = {{ realm = \"admin\", users_file = \"{}\" }}\n\
+             response_headers = {{ add = {{ \"X-Area\" = \"admin\" }} }}\n\
+             [[routes]]\nupstream = \"app\"\n\
+             [upstreams.app]\nservers = [\"{}\"]\n",
+            users.display(),
+            up.addr
+        ),
+    );
+    let auth = |u: &str, p: &str| {
+        use base64::Engine;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
+        )
+    };
+    // No credentials: 401 with the challenge (and the route's response rules).
+    let (status, raw) = s.h1("/admin/x", "");
+    assert_eq!(status, 401, "{raw}");
+    assert_eq!(
+        raw_header(&raw, "www-authenticate"),
+        Some("Basic realm=\"admin\", charset=\"UTF-8\"")
+    );
+    assert_eq!(raw_header(&raw, "x-area"), Some("admin"));
+    // bcrypt and apr1 users pass, over HTTP/1.1 and HTTP/2; a wrong password does not.
+    let ok = auth("alice", "wonder land");
+    assert_eq!(s.h1("/admin/x", &format!("Authorization: {ok}\r\n")).0, 200);
+    let r = s.h2("/admin/x", &[("authorization", &ok)]);
+    assert_eq!(r.status, 200);
+    assert!(r.header("x-upstream").is_some());
+    let bob = auth("bob", "builder");
+    assert_eq!(s.h2("/admin/x", &[("authorization", &bob)]).status, 200);
+    let bad = auth("alice", "wrong");
+    assert_eq!(
+        s.h1("/admin/x", &format!("Authorization: {bad}\r\n")).0,
+        401
+    );
+    assert_eq!(s.h2("/admin/x", &[("authorization", &bad)]).status, 401);
+    // The open route needs nothing.
+    assert_eq!(s.h1("/open", "").0, 200);
+    // Guessing is limited per client address: 429 once the failed checks run out, while a
+    // verified credential (remembered) still passes.
+    let statuses: Vec<u16> = (0..25)
+        .map(|i| {
+            let guess = auth("alice", &format!("guess{i}"));
+            s.h1("/admin/x", &format!("Authorization: {guess}\r\n")).0
+        })
+        .collect();
+    assert!(statuses.contains(&429), "{statuses:?}");
+    assert_eq!(s.h1("/admin/x", &format!("Authorization: {ok}\r\n")).0, 200);
+}

@@ -125,6 +125,8 @@ pub struct RouteSection {
     /// Client address lists: `deny` wins; with `allow`, everyone else gets 403.
     pub allow: Option<Spanned<Vec<String>>>,
     pub deny: Option<Spanned<Vec<String>>>,
+    /// HTTP Basic authentication against an htpasswd file.
+    pub basic_auth: Option<Spanned<BasicAuthSection>>,
     /// Exactly one of `upstream` (proxy), `root` (serve files), `redirect` and `respond`.
     pub upstream: Option<Spanned<String>>,
     pub redirect: Option<Spanned<RedirectSection>>,
@@ -162,6 +164,14 @@ pub struct HeaderRulesSection {
     pub add: BTreeMap<String, String>,
     #[serde(default)]
     pub remove: Vec<String>,
+}
+
+/// `basic_auth = { realm, users_file }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuthSection {
+    pub realm: Option<String>,
+    pub users_file: Spanned<String>,
 }
 
 /// A size: an integer in bytes or a string with a unit (`"10MiB"`).

@@ -259,6 +259,16 @@ fn route_rules(out: &mut Toml, r: &crate::rules::RouteRules) {
     if let Some(max) = r.max_body {
         out.int("max_body_bytes", max);
     }
+    if let Some(b) = &r.basic_auth {
+        out.raw(
+            "basic_auth",
+            &format!(
+                "{{ realm = {}, users_file = {} }}",
+                string(&b.realm),
+                string(&b.file)
+            ),
+        );
+    }
     if let Some(a) = &r.access {
         if let Some(allow) = &a.allow {
             out.raw("allow", &str_list(&allow.entries()));

@@ -54,6 +54,24 @@ impl Answer {
         }
     }
 
+    /// `basic_auth`'s challenge: 401 with `WWW-Authenticate`.
+    pub fn unauthorized(realm: &str) -> Answer {
+        Answer {
+            status: 401,
+            headers: vec![
+                (
+                    "www-authenticate",
+                    Bytes::from(format!("Basic realm=\"{realm}\", charset=\"UTF-8\"")),
+                ),
+                (
+                    "content-type",
+                    Bytes::from_static(b"text/plain; charset=utf-8"),
+                ),
+            ],
+            body: Bytes::from_static(b"401 Unauthorized\n"),
+        }
+    }
+
     /// `respond = { ... }`.
     pub fn fixed(status: u16, body: &Bytes, content_type: &str) -> Answer {
         Answer {

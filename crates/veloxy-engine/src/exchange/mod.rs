@@ -279,6 +279,18 @@ pub(crate) fn admit(
     if rules.is_some_and(on_answers) || id.is_some() {
         record.edit = Some(response_edit(route, id_field, &vars));
     }
+    // After the answer edit exists: the challenge carries the route's response rules.
+    if let Some(auth) = route.rules.as_ref().and_then(|r| r.basic_auth.as_ref()) {
+        match auth.check(head.fields.get("authorization"), client_ip) {
+            Ok(()) => {}
+            Err(crate::auth::Refusal::Challenge) => {
+                return Ok(Admitted::Answer(Answer::unauthorized(&auth.realm)))
+            }
+            Err(crate::auth::Refusal::TooMany) => {
+                return Err(ProxyError::downstream(ErrorKind::RateLimited))
+            }
+        }
+    }
     if let Some(max) = rules.and_then(|r| r.max_body) {
         if declared_length(head).is_some_and(|n| n > max) {
             return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));

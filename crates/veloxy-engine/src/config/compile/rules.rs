@@ -178,6 +178,7 @@ pub(super) fn compile_rules(
             .as_ref()
             .map_or(group_location_rewrite, |b| *b.get_ref()),
         access: ip_rules(src, key, r)?,
+        basic_auth: basic_auth(src, key, r)?,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }
@@ -283,6 +284,55 @@ fn error_pages(
         });
     }
     Ok(pages)
+}
+
+/// `basic_auth`: the users file is read now (and again on every reload).
+fn basic_auth(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+) -> Result<Option<Arc<crate::auth::BasicAuth>>, ConfigError> {
+    let Some(b) = &r.basic_auth else {
+        return Ok(None);
+    };
+    let b = b.get_ref();
+    let file = b.users_file.get_ref();
+    let err = |m: String| {
+        src.error(
+            b.users_file.span(),
+            format!("{key}.basic_auth.users_file"),
+            m,
+        )
+    };
+    let path = src.file.parent().unwrap_or(Path::new("")).join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        err(match e.kind() {
+            std::io::ErrorKind::NotFound => format!("{file:?}: no such file"),
+            _ => format!("{file:?}: {e}"),
+        })
+    })?;
+    let realm = b.realm.as_deref().unwrap_or("restricted");
+    if realm.contains(['"', '\\', '\r', '\n']) {
+        return Err(src.error(
+            b.users_file.span(),
+            format!("{key}.basic_auth.realm"),
+            "must not contain quotes, backslashes or line breaks",
+        ));
+    }
+    let shown = std::path::absolute(&path)
+        .unwrap_or(path)
+        .display()
+        .to_string();
+    let (auth, weak) = crate::auth::BasicAuth::parse(realm, &shown, &text)
+        .map_err(|m| err(format!("{file:?}: {m}")))?;
+    if !weak.is_empty() {
+        tracing::warn!(
+            file = %file,
+            users = ?weak,
+            "basic_auth: $apr1$ (MD5) hashes are weak; re-create them with `htpasswd -B`"
+        );
+    }
+    Ok(Some(Arc::new(auth)))
 }
 
 /// `allow` / `deny`.

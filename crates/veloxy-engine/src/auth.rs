@@ -1,0 +1,310 @@
+//! `basic_auth`: HTTP Basic authentication against an htpasswd file.
+//!
+//! Entries are bcrypt (`$2y$`, `$2b$`, `$2a$`: `htpasswd -B`) or Apache's MD5 (`$apr1$`, weak:
+//! a warning at load). A bcrypt check costs milliseconds by design, so a client that has
+//! passed is remembered: each worker keeps the keyed hash of (file, user, password) for
+//! [`CACHE_TTL`], and later requests with the same credentials cost a hash and a lookup.
+//! Checks that miss that cache are rate limited per client address ([`FAILED_PER_MINUTE`]),
+//! so the route cannot be used to burn the CPU: over it, 429 without checking.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+
+use crate::limits::{RateKey, RateLimiter};
+
+/// How long a verified credential is remembered (per worker).
+pub const CACHE_TTL: Duration = Duration::from_secs(300);
+/// Verified credentials remembered per worker; past this the cache starts over.
+const CACHE_MAX: usize = 10_000;
+/// Checks of unremembered credentials allowed per client address and minute.
+pub const FAILED_PER_MINUTE: u32 = 20;
+
+/// One user's password hash.
+#[derive(Debug, Clone)]
+enum Hash {
+    Bcrypt(String),
+    Apr1 { salt: String, full: String },
+}
+
+/// A route's `basic_auth`, compiled.
+#[derive(Debug)]
+pub struct BasicAuth {
+    /// The realm named in `WWW-Authenticate`.
+    pub realm: String,
+    /// The users file, for `veloxy check --print`.
+    pub file: String,
+    users: HashMap<String, Hash>,
+    attempts: Arc<RateLimiter>,
+}
+
+/// Why a request did not pass.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No or wrong credentials: 401 with a challenge.
+    Challenge,
+    /// Too many unremembered checks from this client: 429.
+    TooMany,
+}
+
+impl BasicAuth {
+    /// Parses htpasswd `text`; returns the auth and the names of users with weak (`$apr1$`)
+    /// hashes. Other hash kinds are refused with the user's name.
+    pub fn parse(realm: &str, file: &str, text: &str) -> Result<(BasicAuth, Vec<String>), String> {
+        let mut users = HashMap::new();
+        let mut weak = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (user, hash) = line
+                .split_once(':')
+                .ok_or_else(|| format!("line {}: expected user:hash", n + 1))?;
+            let hash = if hash.starts_with("$2y$")
+                || hash.starts_with("$2b$")
+                || hash.starts_with("$2a$")
+            {
+                Hash::Bcrypt(hash.to_owned())
+            } else if let Some(rest) = hash.strip_prefix("$apr1$") {
+                let salt = rest.split('$').next().unwrap_or("").to_owned();
+                weak.push(user.to_owned());
+                Hash::Apr1 {
+                    salt,
+                    full: hash.to_owned(),
+                }
+            } else {
+                return Err(format!(
+                    "line {}: user {user:?} has an unsupported hash: use bcrypt (htpasswd -B) or $apr1$",
+                    n + 1
+                ));
+            };
+            users.insert(user.to_owned(), hash);
+        }
+        if users.is_empty() {
+            return Err("no users".to_owned());
+        }
+        let attempts = Arc::new(RateLimiter::new(
+            f64::from(FAILED_PER_MINUTE) / 60.0,
+            FAILED_PER_MINUTE,
+            RateKey::ClientIp,
+            100_000,
+        ));
+        let auth = BasicAuth {
+            realm: realm.to_owned(),
+            file: file.to_owned(),
+            users,
+            attempts,
+        };
+        Ok((auth, weak))
+    }
+
+    /// Checks a request's `Authorization` value for the client at `client_ip`.
+    pub fn check(&self, authorization: Option<&[u8]>, client_ip: &str) -> Result<(), Refusal> {
+        let (user, password) = authorization.and_then(decode).ok_or(Refusal::Challenge)?;
+        let key = cache_key(self, &user, &password);
+        if remembered(key) {
+            return Ok(());
+        }
+        let ip_key = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
+            .hash_one(client_ip);
+        self.attempts.check(ip_key).map_err(|_| Refusal::TooMany)?;
+        let ok = match self.users.get(&user) {
+            Some(Hash::Bcrypt(h)) => bcrypt::verify(&password, h).unwrap_or(false),
+            Some(Hash::Apr1 { salt, full }) => constant_time_eq(
+                apr1(password.as_bytes(), salt.as_bytes()).as_bytes(),
+                full.as_bytes(),
+            ),
+            None => false,
+        };
+        if !ok {
+            return Err(Refusal::Challenge);
+        }
+        remember(key);
+        Ok(())
+    }
+
+    /// The users' names, sorted (for tests and `--print`).
+    pub fn users(&self) -> Vec<&str> {
+        let mut u: Vec<&str> = self.users.keys().map(String::as_str).collect();
+        u.sort_unstable();
+        u
+    }
+}
+
+/// `Basic base64(user:password)` -> (user, password).
+fn decode(v: &[u8]) -> Option<(String, String)> {
+    let v = std::str::from_utf8(v).ok()?.trim();
+    let (scheme, data) = v.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (u, p) = text.split_once(':')?;
+    Some((u.to_owned(), p.to_owned()))
+}
+
+thread_local! {
+    /// Keyed hashes of verified credentials, with when they were verified.
+    static VERIFIED: RefCell<(std::hash::RandomState, HashMap<u64, Instant>)> =
+        RefCell::new((std::hash::RandomState::new(), HashMap::new()));
+}
+
+/// A keyed hash (a per-thread random key): the cache never holds a password.
+fn cache_key(auth: &BasicAuth, user: &str, password: &str) -> u64 {
+    let id = auth as *const BasicAuth as usize;
+    VERIFIED.with(|v| v.borrow().0.hash_one((id, user, password)))
+}
+
+fn remembered(key: u64) -> bool {
+    VERIFIED.with(|v| {
+        v.borrow()
+            .1
+            .get(&key)
+            .is_some_and(|t| t.elapsed() < CACHE_TTL)
+    })
+}
+
+fn remember(key: u64) {
+    VERIFIED.with(|v| {
+        let mut v = v.borrow_mut();
+        if v.1.len() >= CACHE_MAX {
+            v.1.clear();
+        }
+        v.1.insert(key, Instant::now());
+    });
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Apache's `$apr1$` MD5 crypt (the md5-crypt algorithm with the `$apr1$` magic), as
+/// `$apr1$SALT$HASH`. Hand-written: no maintained crate implements it without pulling an
+/// unmaintained crypto stack; it is MD5 (from RustCrypto's `md-5`) in a fixed schedule.
+fn apr1(password: &[u8], salt: &[u8]) -> String {
+    use md5::{Digest, Md5};
+    let salt = &salt[..salt.len().min(8)];
+    let magic = b"$apr1$";
+    let alt = Md5::new()
+        .chain_update(password)
+        .chain_update(salt)
+        .chain_update(password)
+        .finalize();
+    let mut ctx = Md5::new()
+        .chain_update(password)
+        .chain_update(magic)
+        .chain_update(salt);
+    let mut left = password.len();
+    while left > 0 {
+        let n = left.min(16);
+        ctx.update(&alt[..n]);
+        left -= n;
+    }
+    let mut i = password.len();
+    while i > 0 {
+        if i & 1 != 0 {
+            ctx.update([0u8]);
+        } else {
+            ctx.update(&password[..1]);
+        }
+        i >>= 1;
+    }
+    let mut fin = ctx.finalize();
+    for round in 0..1000 {
+        let mut c = Md5::new();
+        if round & 1 != 0 {
+            c.update(password);
+        } else {
+            c.update(fin);
+        }
+        if round % 3 != 0 {
+            c.update(salt);
+        }
+        if round % 7 != 0 {
+            c.update(password);
+        }
+        if round & 1 != 0 {
+            c.update(fin);
+        } else {
+            c.update(password);
+        }
+        fin = c.finalize();
+    }
+    const ITOA64: &[u8] = b"./0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut out = String::from("$apr1$");
+    out.push_str(std::str::from_utf8(salt).unwrap_or(""));
+    out.push('$');
+    let mut put = |mut v: u32, n: usize| {
+        for _ in 0..n {
+            out.push(ITOA64[(v & 0x3f) as usize] as char);
+            v >>= 6;
+        }
+    };
+    let f = |i: usize| u32::from(fin[i]);
+    for (a, b, c) in [(0, 6, 12), (1, 7, 13), (2, 8, 14), (3, 9, 15), (4, 10, 5)] {
+        put((f(a) << 16) | (f(b) << 8) | f(c), 4);
+    }
+    put(f(11), 2);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apr1_matches_apache() {
+        // Published htpasswd vectors for the password "password".
+        assert_eq!(
+            apr1(b"password", b"lZL6V/ci"),
+            "$apr1$lZL6V/ci$eIMz/iKDkbtys/uU7LEK00"
+        );
+        assert_eq!(
+            apr1(b"password", b"RandSalt"),
+            "$apr1$RandSalt$PgCXHRrkpSt4cbyC2C6bm/"
+        );
+    }
+
+    #[test]
+    fn checks_and_remembers() {
+        let hash = bcrypt::hash("s3cret", 4).unwrap();
+        let text = format!("# users\nalice:{hash}\nbob:$apr1$lZL6V/ci$eIMz/iKDkbtys/uU7LEK00\n");
+        let (auth, weak) = BasicAuth::parse("admin", "f", &text).unwrap();
+        assert_eq!(weak, ["bob"]);
+        let basic = |u: &str, p: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
+            )
+        };
+        let ok = basic("alice", "s3cret");
+        assert_eq!(auth.check(Some(ok.as_bytes()), "1.1.1.1"), Ok(()));
+        assert_eq!(
+            auth.check(Some(basic("bob", "password").as_bytes()), "1.1.1.1"),
+            Ok(())
+        );
+        assert_eq!(
+            auth.check(Some(basic("alice", "nope").as_bytes()), "1.1.1.1"),
+            Err(Refusal::Challenge)
+        );
+        assert_eq!(auth.check(None, "1.1.1.1"), Err(Refusal::Challenge));
+        // Failed checks run out; remembered credentials still pass.
+        for _ in 0..FAILED_PER_MINUTE {
+            let _ = auth.check(Some(basic("alice", "guess").as_bytes()), "2.2.2.2");
+        }
+        assert_eq!(
+            auth.check(Some(basic("alice", "guess").as_bytes()), "2.2.2.2"),
+            Err(Refusal::TooMany)
+        );
+        assert_eq!(auth.check(Some(ok.as_bytes()), "2.2.2.2"), Ok(()));
+        assert!(BasicAuth::parse("r", "f", "carol:{SHA}abc").is_err());
+    }
+}
