@@ -63,6 +63,7 @@ pub(crate) mod auth;
 pub(crate) mod clock;
 pub(crate) mod compress;
 pub mod config;
+pub(crate) mod cors;
 pub(crate) mod downstream;
 pub mod error;
 pub(crate) mod exchange;

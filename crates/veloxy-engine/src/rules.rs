@@ -324,6 +324,8 @@ pub struct RouteRules {
     pub access: Option<crate::access::IpRules>,
     /// `basic_auth`: who may use the route (401 for the others).
     pub basic_auth: Option<std::sync::Arc<crate::auth::BasicAuth>>,
+    /// `cors`.
+    pub cors: Option<crate::cors::Cors>,
 }
 
 impl RouteRules {
@@ -349,6 +351,7 @@ impl RouteRules {
             && !self.location_rewrite
             && self.access.is_none()
             && self.basic_auth.is_none()
+            && self.cors.is_none()
     }
 }
 

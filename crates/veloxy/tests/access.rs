@@ -176,3 +176,73 @@ fn basic_auth_with_an_apache_htpasswd_file() {
     assert!(statuses.contains(&429), "{statuses:?}");
     assert_eq!(s.h1("/admin/x", &format!("Authorization: {ok}\r\n")).0, 200);
 }
+
+#[test]
+fn cors_preflights_and_response_fields() {
+    let up = upstream(&[]);
+    let s = Site::start(
+        "",
+        "",
+        &format!(
+            "[[routes]]\npath = \"/api/\"\nupstream = \"app\"\n\
+             cors = {{ origins = [\"https://app.example.com\"], methods = [\"GET\", \"POST\"], headers = [\"Content-Type\", \"Authorization\"], expose_headers = [\"X-Total\"], credentials = true, max_age = \"1h\" }}\n\
+             [[routes]]\npath = \"/public/\"\nupstream = \"app\"\ncors = {{ origins = [\"*\"] }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n",
+            up.addr
+        ),
+    );
+    let preflight =
+        "OPTIONS /api/items HTTP/1.1\r\nHost: localhost\r\nOrigin: https://app.example.com\r\n\
+                     Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n";
+    let (status, raw) = s.h1_raw(preflight);
+    assert_eq!(status, 204, "{raw}");
+    assert_eq!(
+        raw_header(&raw, "access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
+    assert_eq!(
+        raw_header(&raw, "access-control-allow-methods"),
+        Some("GET, POST")
+    );
+    assert_eq!(
+        raw_header(&raw, "access-control-allow-headers"),
+        Some("Content-Type, Authorization")
+    );
+    assert_eq!(raw_header(&raw, "access-control-max-age"), Some("3600"));
+    assert_eq!(
+        raw_header(&raw, "access-control-allow-credentials"),
+        Some("true")
+    );
+    assert!(
+        raw_header(&raw, "x-upstream").is_none(),
+        "answered by veloxy: {raw}"
+    );
+    // HTTP/2 preflight, and an origin that is not allowed: no CORS fields.
+    let mut req = h2_get("localhost", "/api/items", true);
+    *req.method_mut() = http::Method::OPTIONS;
+    req.headers_mut()
+        .insert("origin", "https://evil.example".parse().unwrap());
+    req.headers_mut()
+        .insert("access-control-request-method", "POST".parse().unwrap());
+    let r = s.h2_req(req, None);
+    assert_eq!(r.status, 204);
+    assert!(r.header("access-control-allow-origin").is_none());
+    // Actual requests: fields for an allowed origin only.
+    let (_, raw) = s.h1("/api/echo", "Origin: https://app.example.com\r\n");
+    assert_eq!(
+        raw_header(&raw, "access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
+    assert_eq!(
+        raw_header(&raw, "access-control-expose-headers"),
+        Some("X-Total")
+    );
+    assert_eq!(raw_header(&raw, "vary"), Some("Origin"));
+    let r = s.h2("/api/echo", &[("origin", "https://evil.example")]);
+    assert_eq!(r.status, 200);
+    assert!(r.header("access-control-allow-origin").is_none());
+    let r = s.h2("/public/echo", &[("origin", "https://any.example")]);
+    assert_eq!(r.header("access-control-allow-origin"), Some("*"));
+    // Without Origin: nothing added.
+    assert!(raw_header(&s.h1("/api/echo", "").1, "vary").is_none());
+}

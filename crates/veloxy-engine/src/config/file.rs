@@ -127,6 +127,8 @@ pub struct RouteSection {
     pub deny: Option<Spanned<Vec<String>>>,
     /// HTTP Basic authentication against an htpasswd file.
     pub basic_auth: Option<Spanned<BasicAuthSection>>,
+    /// Cross-origin requests: preflights answered, response fields for allowed origins.
+    pub cors: Option<Spanned<CorsSection>>,
     /// Exactly one of `upstream` (proxy), `root` (serve files), `redirect` and `respond`.
     pub upstream: Option<Spanned<String>>,
     pub redirect: Option<Spanned<RedirectSection>>,
@@ -164,6 +166,18 @@ pub struct HeaderRulesSection {
     pub add: BTreeMap<String, String>,
     #[serde(default)]
     pub remove: Vec<String>,
+}
+
+/// `cors = { origins, methods, headers, expose_headers, credentials, max_age }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorsSection {
+    pub origins: Vec<String>,
+    pub methods: Option<Vec<String>>,
+    pub headers: Option<Vec<String>>,
+    pub expose_headers: Option<Vec<String>>,
+    pub credentials: Option<bool>,
+    pub max_age: Option<DurationValue>,
 }
 
 /// `basic_auth = { realm, users_file }`.

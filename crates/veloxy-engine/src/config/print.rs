@@ -259,6 +259,26 @@ fn route_rules(out: &mut Toml, r: &crate::rules::RouteRules) {
     if let Some(max) = r.max_body {
         out.int("max_body_bytes", max);
     }
+    if let Some(c) = &r.cors {
+        let list = |s: &str| -> Vec<String> {
+            s.split(", ")
+                .filter(|x| !x.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        out.raw(
+            "cors",
+            &format!(
+                "{{ origins = {}, methods = {}, headers = {}, expose_headers = {}, credentials = {}, max_age = \"{}s\" }}",
+                str_list(&c.origins),
+                str_list(&list(&c.methods)),
+                str_list(&list(&c.headers)),
+                str_list(&list(&c.expose_headers)),
+                c.credentials,
+                c.max_age
+            ),
+        );
+    }
     if let Some(b) = &r.basic_auth {
         out.raw(
             "basic_auth",

@@ -54,6 +54,18 @@ impl Answer {
         }
     }
 
+    /// A CORS preflight's answer: 204 with `fields`.
+    pub fn preflight(fields: Vec<(&'static str, String)>) -> Answer {
+        Answer {
+            status: 204,
+            headers: fields
+                .into_iter()
+                .map(|(n, v)| (n, Bytes::from(v)))
+                .collect(),
+            body: Bytes::new(),
+        }
+    }
+
     /// `basic_auth`'s challenge: 401 with `WWW-Authenticate`.
     pub fn unauthorized(realm: &str) -> Answer {
         Answer {
@@ -90,7 +102,10 @@ impl Answer {
     /// routes: with its Content-Length, and no body for a HEAD request.
     pub fn into_response(self, is_head: bool) -> crate::static_files::Response {
         let mut headers = self.headers;
-        headers.push(("content-length", Bytes::from(self.body.len().to_string())));
+        // 204 and 304 carry no content, and no Content-Length either.
+        if !matches!(self.status, 204 | 304) {
+            headers.push(("content-length", Bytes::from(self.body.len().to_string())));
+        }
         let body = if is_head || self.body.is_empty() {
             crate::static_files::Body::Empty
         } else {

@@ -166,6 +166,11 @@ pub(crate) struct ResponseEdit {
 }
 
 impl ResponseEdit {
+    /// This answer's own lines, to add more (CORS fields).
+    pub(crate) fn lines_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.lines
+    }
+
     /// The message's own fields may change (some are dropped or rewritten); otherwise lines
     /// are only added.
     fn edits_fields(&self) -> bool {

@@ -279,6 +279,11 @@ pub(crate) fn admit(
     if rules.is_some_and(on_answers) || id.is_some() {
         record.edit = Some(response_edit(route, id_field, &vars));
     }
+    if let Some(cors) = rules.and_then(|r| r.cors.as_ref()) {
+        if let Some(answer) = apply_cors(cors, head, record, route, id_field, &vars) {
+            return Ok(Admitted::Answer(answer));
+        }
+    }
     // After the answer edit exists: the challenge carries the route's response rules.
     if let Some(auth) = route.rules.as_ref().and_then(|r| r.basic_auth.as_ref()) {
         match auth.check(head.fields.get("authorization"), client_ip) {
@@ -374,6 +379,26 @@ fn real_client(
         .collect();
     let ip = real.client(peer.addr.ip(), values.into_iter())?;
     Some((ip, ip.to_string()))
+}
+
+/// `cors`: a preflight's answer, or the response fields added for an allowed origin.
+fn apply_cors(
+    cors: &crate::cors::Cors,
+    head: &Head,
+    record: &mut Record,
+    route: &crate::router::Route,
+    id_field: Option<&str>,
+    vars: &answer::RequestVars,
+) -> Option<Answer> {
+    let origin = std::str::from_utf8(head.fields.get("origin")?).ok()?;
+    if head.method == "OPTIONS" && head.fields.get("access-control-request-method").is_some() {
+        return Some(Answer::preflight(cors.preflight(origin)));
+    }
+    let edit = record
+        .edit
+        .get_or_insert_with(|| response_edit(route, id_field, vars));
+    cors.response_lines(origin, edit.lines_mut());
+    None
 }
 
 /// The body length a request declares (Content-Length), if any.

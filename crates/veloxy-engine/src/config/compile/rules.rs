@@ -179,6 +179,7 @@ pub(super) fn compile_rules(
             .map_or(group_location_rewrite, |b| *b.get_ref()),
         access: ip_rules(src, key, r)?,
         basic_auth: basic_auth(src, key, r)?,
+        cors: cors(src, key, r)?,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }
@@ -333,6 +334,60 @@ fn basic_auth(
         );
     }
     Ok(Some(Arc::new(auth)))
+}
+
+/// `cors`.
+fn cors(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+) -> Result<Option<crate::cors::Cors>, ConfigError> {
+    let Some(c) = &r.cors else { return Ok(None) };
+    let span = c.span();
+    let c = c.get_ref();
+    let err = |k: &str, m: &str| src.error(span.clone(), format!("{key}.cors.{k}"), m);
+    if c.origins.is_empty() {
+        return Err(err("origins", "must name at least one origin (or \"*\")"));
+    }
+    let credentials = c.credentials.unwrap_or(false);
+    if credentials && c.origins.iter().any(|o| o == "*") {
+        return Err(err(
+            "origins",
+            "\"*\" cannot be used with credentials = true: list the origins",
+        ));
+    }
+    for o in &c.origins {
+        if o != "*" && !(o.starts_with("http://") || o.starts_with("https://")) {
+            return Err(err(
+                "origins",
+                &format!("{o:?} is not an origin like \"https://app.example.com\""),
+            ));
+        }
+    }
+    let names = |v: &Option<Vec<String>>, k: &str, default: &[&str]| {
+        let list: Vec<String> = match v {
+            Some(l) => l.clone(),
+            None => default.iter().map(|s| s.to_string()).collect(),
+        };
+        for n in &list {
+            if http::HeaderName::from_bytes(n.as_bytes()).is_err() {
+                return Err(err(k, &format!("{n:?} is not a field or method name")));
+            }
+        }
+        Ok(list.join(", "))
+    };
+    Ok(Some(crate::cors::Cors {
+        origins: c
+            .origins
+            .iter()
+            .map(|o| o.trim_end_matches('/').to_ascii_lowercase())
+            .collect(),
+        methods: names(&c.methods, "methods", &["GET", "HEAD", "POST"])?,
+        headers: names(&c.headers, "headers", &[])?,
+        expose_headers: names(&c.expose_headers, "expose_headers", &[])?,
+        credentials,
+        max_age: c.max_age.map_or(3600, |d| d.0.as_secs()),
+    }))
 }
 
 /// `allow` / `deny`.

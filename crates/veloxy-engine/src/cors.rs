@@ -1,0 +1,108 @@
+//! `cors`: Cross-Origin Resource Sharing for a route. veloxy answers preflights itself and
+//! adds the response fields for allowed origins only; other origins get no CORS fields (the
+//! browser then refuses the response to the page).
+
+/// A route's `cors`, compiled.
+#[derive(Debug, Clone)]
+pub struct Cors {
+    /// Allowed origins, lowercase (`*`: any, only without credentials).
+    pub origins: Vec<String>,
+    /// `Access-Control-Allow-Methods`, joined.
+    pub methods: String,
+    /// `Access-Control-Allow-Headers`, joined ("": none configured).
+    pub headers: String,
+    /// `Access-Control-Expose-Headers`, joined ("": none).
+    pub expose_headers: String,
+    /// `Access-Control-Allow-Credentials: true`.
+    pub credentials: bool,
+    /// `Access-Control-Max-Age` in seconds.
+    pub max_age: u64,
+}
+
+impl Cors {
+    /// The value for `Access-Control-Allow-Origin` when `origin` is allowed.
+    fn allow_origin<'a>(&self, origin: &'a str) -> Option<&'a str> {
+        if self.origins.iter().any(|o| o == "*") {
+            return Some(if self.credentials { origin } else { "*" });
+        }
+        self.origins
+            .iter()
+            .any(|o| o.eq_ignore_ascii_case(origin))
+            .then_some(origin)
+    }
+
+    /// The preflight answer's fields for `origin` (none when it is not allowed).
+    pub fn preflight(&self, origin: &str) -> Vec<(&'static str, String)> {
+        let Some(allowed) = self.allow_origin(origin) else {
+            return Vec::new();
+        };
+        let mut f = vec![
+            ("access-control-allow-origin", allowed.to_owned()),
+            ("access-control-allow-methods", self.methods.clone()),
+            ("access-control-max-age", self.max_age.to_string()),
+            ("vary", "Origin".to_owned()),
+        ];
+        if !self.headers.is_empty() {
+            f.push(("access-control-allow-headers", self.headers.clone()));
+        }
+        if self.credentials {
+            f.push(("access-control-allow-credentials", "true".to_owned()));
+        }
+        f
+    }
+
+    /// Appends the fields of an actual response to `origin` as "Name: value\r\n" lines.
+    pub fn response_lines(&self, origin: &str, out: &mut Vec<u8>) {
+        let Some(allowed) = self.allow_origin(origin) else {
+            return;
+        };
+        let mut line = |n: &str, v: &str| {
+            out.extend_from_slice(n.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        };
+        line("Access-Control-Allow-Origin", allowed);
+        line("Vary", "Origin");
+        if self.credentials {
+            line("Access-Control-Allow-Credentials", "true");
+        }
+        if !self.expose_headers.is_empty() {
+            line("Access-Control-Expose-Headers", &self.expose_headers);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cors(origins: &[&str], credentials: bool) -> Cors {
+        Cors {
+            origins: origins.iter().map(|o| o.to_string()).collect(),
+            methods: "GET, POST".into(),
+            headers: "Content-Type".into(),
+            expose_headers: String::new(),
+            credentials,
+            max_age: 3600,
+        }
+    }
+
+    #[test]
+    fn origins() {
+        let c = cors(&["https://app.example.com"], true);
+        assert!(c.preflight("https://evil.example").is_empty());
+        let f = c.preflight("https://app.example.com");
+        assert!(f.contains(&(
+            "access-control-allow-origin",
+            "https://app.example.com".into()
+        )));
+        assert!(f.contains(&("access-control-allow-credentials", "true".into())));
+        let any = cors(&["*"], false);
+        let mut out = Vec::new();
+        any.response_lines("https://x.test", &mut out);
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .starts_with("Access-Control-Allow-Origin: *\r\n"));
+    }
+}
