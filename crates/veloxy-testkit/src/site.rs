@@ -2,7 +2,7 @@
 //! listener `plain`, for tests that check one behaviour over HTTP/1.1 and over HTTP/2 with TLS;
 //! and [`Nginx`], a real nginx on a loopback port as an upstream.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -56,15 +56,7 @@ impl Site {
         let client = default_client(&self.pki.ca_pem, &[b"http/1.1"]);
         let (mut s, _) = tls_connect(self.addr("web"), "localhost", client).unwrap();
         s.write_all(raw.as_bytes()).unwrap();
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        let text = String::from_utf8_lossy(&out).into_owned();
-        let status = text
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        (status, text)
+        crate::read_to_close(&mut s)
     }
 
     /// GET `path` over HTTPS + HTTP/1.1 with `headers` ("Name: value\r\n" lines).

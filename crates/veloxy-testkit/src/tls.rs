@@ -174,6 +174,11 @@ fn common_name(der: &CertificateDer) -> String {
 pub fn https1(stream: &mut TlsStream, host: &str, path: &str) -> (u16, String) {
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).unwrap();
+    read_to_close(stream)
+}
+
+/// Reads a response to the end of the stream: (status, raw response; 0 without one).
+pub fn read_to_close(stream: &mut impl Read) -> (u16, String) {
     let mut out = Vec::new();
     let _ = stream.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).into_owned();

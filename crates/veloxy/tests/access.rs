@@ -2,7 +2,7 @@
 //! address behind `trusted_proxies`, shown through templates, `allow` and `rate_limit`, over
 //! HTTP/1.1 and HTTP/2 with TLS.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 
 use veloxy_testkit::*;
@@ -15,15 +15,7 @@ fn from(src: &str, to: SocketAddr, raw: &str) -> (u16, String) {
     s.connect(&to.into()).unwrap();
     let mut s: TcpStream = s.into();
     s.write_all(raw.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, text)
+    read_to_close(&mut s)
 }
 
 fn get(path: &str, extra: &str) -> String {

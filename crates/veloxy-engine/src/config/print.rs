@@ -204,17 +204,19 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
     }
 }
 
+/// An inline TOML table of string pairs.
+fn table(pairs: &[(String, String)]) -> String {
+    let items: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{} = {}", string(k), string(v)))
+        .collect();
+    format!("{{ {} }}", items.join(", "))
+}
+
 fn conditions(out: &mut Toml, c: &crate::rules::Conditions) {
     if !c.methods.is_empty() {
         out.raw("methods", &str_list(&c.methods));
     }
-    let table = |pairs: &[(String, String)]| {
-        let items: Vec<String> = pairs
-            .iter()
-            .map(|(k, v)| format!("{} = {}", string(k), string(v)))
-            .collect();
-        format!("{{ {} }}", items.join(", "))
-    };
     if !c.headers.is_empty() {
         out.raw("headers", &table(&c.headers));
     }
@@ -224,13 +226,6 @@ fn conditions(out: &mut Toml, c: &crate::rules::Conditions) {
 }
 
 fn route_rules(out: &mut Toml, r: &crate::rules::RouteRules) {
-    let table = |pairs: &[(String, String)]| {
-        let items: Vec<String> = pairs
-            .iter()
-            .map(|(k, v)| format!("{} = {}", string(k), string(v)))
-            .collect();
-        format!("{{ {} }}", items.join(", "))
-    };
     for (key, rules) in [
         ("request_headers", &r.request),
         ("response_headers", &r.response),
