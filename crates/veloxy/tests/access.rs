@@ -238,3 +238,36 @@ fn cors_preflights_and_response_fields() {
     // Without Origin: nothing added.
     assert!(raw_header(&s.h1("/api/echo", "").1, "vary").is_none());
 }
+
+#[test]
+fn proxy_protocol_v1_and_v2_from_trusted_peers_only() {
+    let s = Site::start(
+        "trusted_proxies = [\"127.0.0.1\"]",
+        "proxy_protocol = true",
+        "[[routes]]\nrespond = { body = \"ok\" }\n\
+         response_headers = { add = { \"X-Client\" = \"{client_ip}\" } }\n",
+    );
+    let plain = s.addr("plain");
+    let req = get("/", "");
+    // v1 from the trusted balancer: the client is the header's source.
+    let v1 = format!("PROXY TCP4 192.0.2.7 10.0.0.1 56324 80\r\n{req}");
+    let (status, raw) = from("127.0.0.1", plain, &v1);
+    assert_eq!(status, 200, "{raw}");
+    assert_eq!(raw_header(&raw, "x-client"), Some("192.0.2.7"));
+    // v2 (binary), IPv6 source.
+    let mut v2 = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    v2.extend_from_slice(&[0x21, 0x21, 0, 36]);
+    let src: std::net::Ipv6Addr = "2001:db8::9".parse().unwrap();
+    v2.extend_from_slice(&src.octets());
+    v2.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+    v2.extend_from_slice(&[0x30, 0x39, 0, 80]);
+    v2.extend_from_slice(req.as_bytes());
+    let mut c = TcpStream::connect(plain).unwrap();
+    c.write_all(&v2).unwrap();
+    let (status, raw) = read_to_close(&mut c);
+    assert_eq!(status, 200, "{raw}");
+    assert_eq!(raw_header(&raw, "x-client"), Some("2001:db8::9"));
+    // An untrusted peer, and a connection without a header: closed, unanswered.
+    assert_eq!(from("127.0.0.2", plain, &v1), (0, String::new()));
+    assert_eq!(from("127.0.0.1", plain, &req), (0, String::new()));
+}

@@ -79,6 +79,7 @@ pub struct ListenerSection {
     pub redirect_https: Option<Spanned<bool>>,
     /// The HTTPS port put in those redirects (443, the default, is omitted).
     pub https_port: Option<Spanned<u16>>,
+    pub proxy_protocol: Option<Spanned<bool>>,
 }
 
 /// `[listeners.NAME.tls]`.

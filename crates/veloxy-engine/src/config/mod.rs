@@ -103,6 +103,8 @@ pub struct ListenerSpec {
     pub router: Router,
     /// `redirect_https = true`: every request is answered with a 308 to HTTPS on this port.
     pub redirect_https: Option<u16>,
+    /// `proxy_protocol = true`: a PROXY protocol v1/v2 header from a trusted proxy comes first.
+    pub proxy_protocol: bool,
     /// Open downstream connections allowed (across workers); excess connections are accepted,
     /// answered 503 with Retry-After, and closed. Default 0 = unlimited.
     pub max_connections: usize,

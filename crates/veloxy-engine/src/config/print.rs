@@ -104,6 +104,9 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
         out.bool("redirect_https", true);
         out.int("https_port", port);
     }
+    if l.proxy_protocol {
+        out.bool("proxy_protocol", true);
+    }
     if l.tls.is_none() {
         return;
     }

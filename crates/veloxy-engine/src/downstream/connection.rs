@@ -145,8 +145,8 @@ pub(crate) struct Prepared {
 
 pub(crate) async fn serve(
     worker: Rc<Worker>,
-    stream: TcpStream,
-    peer: SocketAddr,
+    mut stream: TcpStream,
+    mut peer: SocketAddr,
     listener: std::sync::Arc<crate::runtime::ListenerState>,
 ) {
     worker.metrics.downstream_connections.inc();
@@ -157,6 +157,15 @@ pub(crate) async fn serve(
             .listeners
             .iter()
             .find(|l| *l.name == *listener.name);
+        if spec.is_some_and(|l| l.proxy_protocol) {
+            let trusted = gen.snapshot.settings.real_ip.as_ref();
+            let limit = gen.snapshot.settings.header_timeout;
+            match crate::downstream::proxy_protocol::accept(&mut stream, peer, trusted, limit).await
+            {
+                Some(client) => peer = client,
+                None => return,
+            }
+        }
         (
             spec.and_then(|l| l.tls.clone()),
             spec.is_some_and(|l| l.http2),

@@ -5,6 +5,7 @@
 //! * [`proxy`] and [`relay`]: forwarding an admitted HTTP/1 request to an HTTP/1 upstream and
 //!   streaming bodies both ways; [`files`]: writing a file route's answer to an HTTP/1 client
 //!   (with `sendfile`).
+//! * [`proxy_protocol`]: the PROXY protocol header a trusted L4 balancer sends first.
 //! * [`http2`]: HTTP/2 clients (hyper's server), each stream admitted through the same core.
 //!
 //! Every codec admits requests through [`crate::exchange`] and records them there; they call
@@ -14,4 +15,5 @@ pub(crate) mod connection;
 pub(crate) mod files;
 pub(crate) mod http2;
 pub(crate) mod proxy;
+pub(crate) mod proxy_protocol;
 pub(crate) mod relay;

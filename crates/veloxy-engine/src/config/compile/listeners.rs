@@ -103,6 +103,7 @@ fn compile_listener(
         addr,
         router: Router::default(),
         redirect_https,
+        proxy_protocol: l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()),
         max_connections: l.max_connections.as_ref().map_or(0, |m| *m.get_ref()),
         tls,
         tls_files,

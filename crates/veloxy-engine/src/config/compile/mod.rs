@@ -45,6 +45,25 @@ fn compile(
         upstreams::compile_upstreams(src, &file.upstreams, policies, settings.workers)?;
     let (mut listeners, seen_addrs) = listeners::compile_listeners(src, &file.listeners)?;
     listeners::check_admin_addr(src, s, &settings, &seen_addrs)?;
+    if settings.real_ip.is_none() {
+        if let Some((name, l)) = file.listeners.iter().find(|(_, l)| {
+            l.get_ref()
+                .proxy_protocol
+                .as_ref()
+                .is_some_and(|p| *p.get_ref())
+        }) {
+            let span = l
+                .get_ref()
+                .proxy_protocol
+                .as_ref()
+                .map_or(0..0, |p| p.span());
+            return Err(src.error(
+                span,
+                format!("listeners.{name}.proxy_protocol"),
+                "needs [server] trusted_proxies: only those peers may send a PROXY header",
+            ));
+        }
+    }
     routes::compile_routes(
         src,
         &file.routes,
