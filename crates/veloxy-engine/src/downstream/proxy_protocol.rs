@@ -160,8 +160,8 @@ mod tests {
             Parsed::Done(41, Some("192.0.2.7:56324".parse().unwrap()))
         );
         assert_eq!(
-            parse(b"PROXY TCP6 2001:db8::1 ::1 1 2\r\n").ne(&Parsed::Bad),
-            true
+            parse(b"PROXY TCP6 2001:db8::1 ::1 1 2\r\n"),
+            Parsed::Done(32, Some("[2001:db8::1]:1".parse().unwrap()))
         );
         assert_eq!(parse(b"PROXY UNKNOWN\r\n"), Parsed::Done(15, None));
         assert_eq!(parse(b"PROXY TCP4 1.2.3.4"), Parsed::Partial);
