@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 
@@ -105,11 +105,14 @@ impl BasicAuth {
 
     /// Checks a request's `Authorization` value for the client at `client_ip`.
     pub fn check(&self, authorization: Option<&[u8]>, client_ip: &str) -> Result<(), Refusal> {
-        let (user, password) = authorization.and_then(decode).ok_or(Refusal::Challenge)?;
-        let key = cache_key(self, &user, &password);
+        let raw = authorization.ok_or(Refusal::Challenge)?;
+        // Remembered by the field as sent: a hit costs one keyed hash and a lookup, no
+        // decoding.
+        let key = cache_key(self, raw);
         if remembered(key) {
             return Ok(());
         }
+        let (user, password) = decode(raw).ok_or(Refusal::Challenge)?;
         let ip_key = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
             .hash_one(client_ip);
         self.attempts.check(ip_key).map_err(|_| Refusal::TooMany)?;
@@ -151,24 +154,46 @@ fn decode(v: &[u8]) -> Option<(String, String)> {
     Some((u.to_owned(), p.to_owned()))
 }
 
-thread_local! {
-    /// Keyed hashes of verified credentials, with when they were verified.
-    static VERIFIED: RefCell<(std::hash::RandomState, HashMap<u64, Instant>)> =
-        RefCell::new((std::hash::RandomState::new(), HashMap::new()));
+/// The keys are already keyed hashes: the map uses them as they are.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
-/// A keyed hash (a per-thread random key): the cache never holds a password.
-fn cache_key(auth: &BasicAuth, user: &str, password: &str) -> u64 {
+type Verified = HashMap<u64, u64, std::hash::BuildHasherDefault<KeyHasher>>;
+
+thread_local! {
+    /// Keyed hashes of verified credentials, with when they were verified (microseconds).
+    static VERIFIED: RefCell<(std::hash::RandomState, Verified)> =
+        RefCell::new((std::hash::RandomState::new(), Verified::default()));
+}
+
+/// A keyed hash (a per-thread random key) of the file and the field as sent: the cache never
+/// holds a password.
+fn cache_key(auth: &BasicAuth, raw: &[u8]) -> u64 {
     let id = auth as *const BasicAuth as usize;
-    VERIFIED.with(|v| v.borrow().0.hash_one((id, user, password)))
+    VERIFIED.with(|v| v.borrow().0.hash_one((id, raw)))
 }
 
 fn remembered(key: u64) -> bool {
+    let ttl = CACHE_TTL.as_micros() as u64;
     VERIFIED.with(|v| {
         v.borrow()
             .1
             .get(&key)
-            .is_some_and(|t| t.elapsed() < CACHE_TTL)
+            .is_some_and(|&t| crate::clock::now_us().saturating_sub(t) < ttl)
     })
 }
 
@@ -178,7 +203,7 @@ fn remember(key: u64) {
         if v.1.len() >= CACHE_MAX {
             v.1.clear();
         }
-        v.1.insert(key, Instant::now());
+        v.1.insert(key, crate::clock::now_us());
     });
 }
 
