@@ -73,8 +73,14 @@ pub struct Upstream {
 
 /// Starts a test upstream with extra args (`--name`, `--close-after`, ...).
 pub fn upstream(args: &[&str]) -> Upstream {
+    // An explicit `--listen` (a restart on the same address) replaces the ephemeral one.
+    let listen: &[&str] = if args.contains(&"--listen") {
+        &[]
+    } else {
+        &["--listen", "127.0.0.1:0"]
+    };
     let mut child = Command::new(UPSTREAM)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(listen)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

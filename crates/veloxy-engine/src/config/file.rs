@@ -275,6 +275,17 @@ pub struct UpstreamSection {
     /// server's address.
     pub tls_server_name: Option<Spanned<String>>,
     pub location_rewrite: Option<Spanned<bool>>,
+    pub sticky: Option<Spanned<StickySection>>,
+}
+
+/// `sticky = { cookie, ttl, secure, http_only }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StickySection {
+    pub cookie: Option<String>,
+    pub ttl: Option<DurationValue>,
+    pub secure: Option<bool>,
+    pub http_only: Option<bool>,
 }
 
 /// A backend in `servers`: either `"host:port"` or `{ addr = "host:port", weight = 2 }`.

@@ -372,6 +372,18 @@ fn upstream(out: &mut Toml, u: &UpstreamGroup) {
     if u.location_rewrite {
         out.bool("location_rewrite", true);
     }
+    if let Some(s) = &u.sticky {
+        out.raw(
+            "sticky",
+            &format!(
+                "{{ cookie = {}, ttl = \"{}s\", secure = {}, http_only = {} }}",
+                string(&s.cookie),
+                s.ttl.as_secs(),
+                s.secure,
+                s.http_only
+            ),
+        );
+    }
     if let Some(ca) = &u.ca_file {
         out.path("ca_file", ca);
     }

@@ -326,24 +326,46 @@ pub(crate) fn admit(
     };
     let upstream_edit = (rules.is_some_and(|r| r.request.is_some()) || id.is_some())
         .then(|| upstream_edit(route, id_field, &vars));
-    record.request_id = id;
     let group = &snapshot.upstreams[upstream];
     let hash = if group.uses_hash {
         keys().hash(&group.hash_key)
     } else {
         0
     };
-    let backend = {
+    let excluded = group.health.down_mask();
+    // `sticky`: the backend the client's cookie names, while it is usable.
+    let stuck = group.sticky.as_ref().and_then(|s| {
+        let b = s.backend(crate::http1::cookie_value(
+            head.fields.cookies(),
+            &s.cookie,
+        )?)?;
+        (excluded & (1 << b) == 0).then_some(b)
+    });
+    let picked = {
         let mut groups = gen.groups.borrow_mut();
         let state = &mut groups[upstream];
         state.budget.earn();
-        state.picker.pick(&PickContext {
-            client,
-            excluded: group.health.down_mask(),
-            hash,
-        })
+        match stuck {
+            Some(b) => Some(b),
+            None => state.picker.pick(&PickContext {
+                client,
+                excluded,
+                hash,
+            }),
+        }
+    };
+    let Some(backend) = picked else {
+        record.request_id = id;
+        return Err(ProxyError::upstream(ErrorKind::NoBackend));
+    };
+    if let (Some(s), None) = (&group.sticky, stuck) {
+        // A new (or replaced) affinity: the answer names the chosen backend.
+        let edit = record
+            .edit
+            .get_or_insert_with(|| response_edit(route, id_field, &vars));
+        s.set_cookie(backend, edit.lines_mut());
     }
-    .ok_or_else(|| ProxyError::upstream(ErrorKind::NoBackend))?;
+    record.request_id = id;
     // HTTP/1.0 clients cannot take the chunked stream a coder produces.
     let encoding = (compress && head.version >= 1 && head.method != "HEAD")
         .then(|| {

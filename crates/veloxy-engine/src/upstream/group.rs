@@ -96,6 +96,8 @@ pub struct UpstreamGroup {
     pub ca_file: Option<PathBuf>,
     /// `location_rewrite = true`: the default of the group's routes.
     pub location_rewrite: bool,
+    /// `sticky`: cookie-based backend affinity.
+    pub sticky: Option<Sticky>,
 }
 
 impl std::fmt::Debug for UpstreamGroup {
@@ -119,5 +121,53 @@ impl std::fmt::Debug for UpstreamGroup {
             .field("outlier", &self.outlier)
             .field("ca_file", &self.ca_file)
             .finish()
+    }
+}
+
+/// `sticky = { cookie, ttl, secure, http_only }`: a client keeps its backend through a cookie.
+#[derive(Debug, Clone)]
+pub struct Sticky {
+    /// The cookie's name.
+    pub cookie: String,
+    /// Its lifetime (`Max-Age`).
+    pub ttl: Duration,
+    /// `Secure`: sent over HTTPS only.
+    pub secure: bool,
+    /// `HttpOnly`: not readable by scripts.
+    pub http_only: bool,
+    /// Each backend's token: an opaque hash of the group's name and the backend's address
+    /// (the same on every instance, so a fleet agrees; it does not reveal the address).
+    pub tokens: Vec<String>,
+}
+
+impl Sticky {
+    /// The token of a backend of group `name` at `addr`.
+    pub fn token(name: &str, addr: &std::net::SocketAddr) -> String {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let h = BuildHasherDefault::<DefaultHasher>::default().hash_one((name, addr));
+        format!("{h:016x}")
+    }
+
+    /// The backend a cookie value names, if any.
+    pub fn backend(&self, value: &[u8]) -> Option<usize> {
+        self.tokens.iter().position(|t| t.as_bytes() == value)
+    }
+
+    /// The `Set-Cookie` line naming `backend`.
+    pub fn set_cookie(&self, backend: usize, out: &mut Vec<u8>) {
+        let mut line = format!(
+            "Set-Cookie: {}={}; Path=/; Max-Age={}",
+            self.cookie,
+            self.tokens[backend],
+            self.ttl.as_secs()
+        );
+        if self.secure {
+            line.push_str("; Secure");
+        }
+        if self.http_only {
+            line.push_str("; HttpOnly");
+        }
+        line.push_str("\r\n");
+        out.extend_from_slice(line.as_bytes());
     }
 }

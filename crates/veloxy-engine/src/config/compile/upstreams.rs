@@ -86,6 +86,7 @@ fn compile_group(
         None => Outlier::default(),
         Some(o) => compile_outlier(src, &format!("{key}.outlier"), o)?,
     };
+    let sticky = compile_sticky(&key, name, u, &backends);
     let health = Arc::new(GroupHealth::new(
         backends
             .iter()
@@ -115,6 +116,7 @@ fn compile_group(
         tls,
         ca_file,
         location_rewrite: u.location_rewrite.as_ref().is_some_and(|b| *b.get_ref()),
+        sticky,
     })
 }
 
@@ -449,4 +451,24 @@ fn split_scheme(addr: &str) -> Result<(bool, &str), String> {
 fn host_of(hostport: &str) -> &str {
     let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h);
     host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// `sticky`: each backend's token is derived from the group's name and its address.
+fn compile_sticky(
+    _key: &str,
+    name: &str,
+    u: &UpstreamSection,
+    backends: &[Backend],
+) -> Option<crate::upstream::group::Sticky> {
+    let s = u.sticky.as_ref()?.get_ref();
+    Some(crate::upstream::group::Sticky {
+        cookie: s.cookie.clone().unwrap_or_else(|| "veloxy_srv".to_owned()),
+        ttl: s.ttl.map_or(Duration::from_secs(3600), |d| d.0),
+        secure: s.secure.unwrap_or(false),
+        http_only: s.http_only.unwrap_or(true),
+        tokens: backends
+            .iter()
+            .map(|b| crate::upstream::group::Sticky::token(name, &b.addr))
+            .collect(),
+    })
 }
