@@ -326,6 +326,23 @@ pub struct RouteRules {
     pub basic_auth: Option<std::sync::Arc<crate::auth::BasicAuth>>,
     /// `cors`.
     pub cors: Option<crate::cors::Cors>,
+    /// `forward_auth`.
+    pub forward_auth: Option<ForwardAuth>,
+}
+
+/// A route's `forward_auth`, compiled.
+#[derive(Debug, Clone)]
+pub struct ForwardAuth {
+    /// The auth service's upstream group (index).
+    pub upstream: usize,
+    /// The `Host` of the subrequest: the group's first backend.
+    pub host: String,
+    /// The path asked.
+    pub path: String,
+    /// Fields of a passing answer copied onto the request.
+    pub copy_headers: std::sync::Arc<[String]>,
+    /// The longest wait for the answer.
+    pub timeout: std::time::Duration,
 }
 
 impl RouteRules {
@@ -352,6 +369,7 @@ impl RouteRules {
             && self.access.is_none()
             && self.basic_auth.is_none()
             && self.cors.is_none()
+            && self.forward_auth.is_none()
     }
 }
 

@@ -45,6 +45,7 @@
 
 use std::time::{Duration, Instant};
 
+pub mod auth;
 pub mod bins;
 pub mod client;
 pub mod config;
@@ -56,6 +57,7 @@ pub mod site;
 pub mod tls;
 pub mod ws;
 
+pub use auth::*;
 pub use bins::*;
 pub use client::*;
 pub use config::*;

@@ -130,6 +130,8 @@ pub struct RouteSection {
     pub basic_auth: Option<Spanned<BasicAuthSection>>,
     /// Cross-origin requests: preflights answered, response fields for allowed origins.
     pub cors: Option<Spanned<CorsSection>>,
+    /// Ask an auth service before forwarding.
+    pub forward_auth: Option<Spanned<ForwardAuthSection>>,
     /// Exactly one of `upstream` (proxy), `root` (serve files), `redirect` and `respond`.
     pub upstream: Option<Spanned<String>>,
     pub redirect: Option<Spanned<RedirectSection>>,
@@ -179,6 +181,16 @@ pub struct CorsSection {
     pub expose_headers: Option<Vec<String>>,
     pub credentials: Option<bool>,
     pub max_age: Option<DurationValue>,
+}
+
+/// `forward_auth = { upstream, path, copy_headers, timeout }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardAuthSection {
+    pub upstream: Spanned<String>,
+    pub path: Option<String>,
+    pub copy_headers: Option<Vec<String>>,
+    pub timeout: Option<DurationValue>,
 }
 
 /// `basic_auth = { realm, users_file }`.

@@ -195,6 +195,18 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
         limits(out, &r.limits);
         if let Some(rules) = &r.rules {
             route_rules(out, rules);
+            if let Some(f) = &rules.forward_auth {
+                out.raw(
+                    "forward_auth",
+                    &format!(
+                        "{{ upstream = {}, path = {}, copy_headers = {}, timeout = {} }}",
+                        string(&snapshot.upstreams[f.upstream].name),
+                        string(&f.path),
+                        str_list(&f.copy_headers),
+                        string(&duration(f.timeout))
+                    ),
+                );
+            }
         }
         // Written when on, or when the route turns its group's default off.
         let rewrites = r.rules.as_ref().is_some_and(|x| x.location_rewrite);
@@ -376,9 +388,9 @@ fn upstream(out: &mut Toml, u: &UpstreamGroup) {
         out.raw(
             "sticky",
             &format!(
-                "{{ cookie = {}, ttl = \"{}s\", secure = {}, http_only = {} }}",
+                "{{ cookie = {}, ttl = {}, secure = {}, http_only = {} }}",
                 string(&s.cookie),
-                s.ttl.as_secs(),
+                string(&duration(s.ttl)),
                 s.secure,
                 s.http_only
             ),

@@ -122,6 +122,8 @@ pub(crate) enum Next {
     Forward(Prepared),
     /// A file route's answer, computed while the request head was at hand.
     Static(Box<crate::downstream::files::StaticReply>),
+    /// Already answered (a forward_auth refusal); whether the connection stays open.
+    Answered(bool),
 }
 
 /// A routed request, ready to forward.
@@ -344,7 +346,17 @@ async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut 
         down.body_timeout = settings.body_timeout;
         down.request_buffering = settings.request_buffering;
         worker.metrics.in_flight.inc();
+        let prepared = match prepared {
+            Next::Forward(mut p) if p.target.forward_auth.is_some() => {
+                match crate::downstream::proxy::authorize(worker, &gen, down, &mut p).await {
+                    None => Next::Forward(p),
+                    Some(keep) => Next::Answered(keep),
+                }
+            }
+            other => other,
+        };
         let keep = match prepared {
+            Next::Answered(keep) => keep,
             Next::Forward(p)
                 if gen.snapshot.upstreams[p.target.upstream].protocol
                     != crate::config::UpstreamProtocol::Http1 =>

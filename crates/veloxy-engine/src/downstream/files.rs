@@ -67,12 +67,35 @@ impl StaticReply {
         worker: &Worker,
         response: crate::static_files::Response,
         req: &RequestView,
+        record: Record,
+    ) -> StaticReply {
+        let keep_alive = req.keep_alive && req.body == BodyKind::None;
+        StaticReply::build(worker, response, req.version, keep_alive, record)
+    }
+
+    /// An answer of veloxy's own to a request already prepared for forwarding (a
+    /// forward_auth refusal).
+    pub(crate) fn for_answer(
+        worker: &Worker,
+        answer: crate::exchange::Answer,
+        p: &crate::downstream::connection::Prepared,
+        record: Record,
+    ) -> StaticReply {
+        let keep_alive = p.keep_alive && p.body == BodyKind::None;
+        let response = answer.into_response(p.is_head);
+        StaticReply::build(worker, response, p.version, keep_alive, record)
+    }
+
+    fn build(
+        worker: &Worker,
+        response: crate::static_files::Response,
+        version: u8,
+        keep_alive: bool,
         mut record: Record,
     ) -> StaticReply {
         let response = crate::exchange::with_error_page(&record, response);
-        let keep_alive = req.keep_alive && req.body == BodyKind::None;
         let mut head = Vec::new();
-        write_head(&response, req.version, keep_alive, &mut head);
+        write_head(&response, version, keep_alive, &mut head);
         if let Some(view) = crate::exchange::on_response(worker, &mut record, response.status) {
             // Edited before the blank line that ends the head.
             head.truncate(head.len() - 2);

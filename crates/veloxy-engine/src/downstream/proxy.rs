@@ -160,6 +160,48 @@ pub(crate) async fn forward(
     keep
 }
 
+/// Runs the route's `forward_auth` before a prepared request is forwarded: `None` when it
+/// passes (its copied fields now in the upstream head), else whether the connection stays
+/// open after the auth service's answer (or veloxy's 503) went to the client.
+pub(crate) async fn authorize(
+    worker: &Worker,
+    gen: &Generation,
+    down: &mut Downstream,
+    p: &mut Prepared,
+) -> Option<bool> {
+    use crate::exchange::forward_auth::Outcome;
+    let auth = p.target.forward_auth.take()?;
+    match auth.run(worker, gen).await {
+        Ok(Outcome::Pass(lines)) => {
+            match p.h2_head.as_mut() {
+                Some(h2) => h2.add_lines(&lines),
+                // Before the blank line that ends the head.
+                None => {
+                    let at = p.head.len() - 2;
+                    p.head.splice(at..at, lines);
+                }
+            }
+            None
+        }
+        Ok(Outcome::Deny(answer)) => {
+            let record = std::mem::replace(&mut p.record, Record::unlogged());
+            let reply =
+                crate::downstream::files::StaticReply::for_answer(worker, answer, p, record);
+            Some(crate::downstream::files::serve(worker, down, reply).await)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e.kind, "forward_auth: the auth service did not answer");
+            let close = p.body != BodyKind::None || !p.keep_alive;
+            let a = answer_error(worker, down, &e, close, p.is_head, &p.record).await;
+            crate::downstream::connection::finish_record(worker, down, &mut p.record, e.status());
+            if a.linger {
+                linger_close(&mut down.stream).await;
+            }
+            Some(a.keep)
+        }
+    }
+}
+
 /// How an error answer went.
 #[derive(Clone, Copy)]
 pub(crate) struct Answered {

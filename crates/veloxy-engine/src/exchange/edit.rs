@@ -108,6 +108,16 @@ impl Drop for ResponseEdit {
 }
 
 impl UpstreamEdit {
+    /// An edit that only adds lines (given later with [`push_lines`](Self::push_lines)).
+    pub(crate) fn empty() -> UpstreamEdit {
+        UpstreamEdit::new(None, None, Vec::new())
+    }
+
+    /// Adds "Name: value\r\n" lines to the upstream request (forward_auth's copied fields).
+    pub(crate) fn push_lines(&mut self, lines: &[u8]) {
+        self.lines.extend_from_slice(lines);
+    }
+
     pub(crate) fn new(
         rules: Option<Arc<RouteRules>>,
         id_field: Option<Box<str>>,
@@ -120,16 +130,19 @@ impl UpstreamEdit {
         }
     }
 
-    /// The client's `name` fields are not forwarded.
+    /// The client's `name` fields are not forwarded: those the rules set or remove, the
+    /// request ID's, and those forward_auth copies (a client must not supply its own
+    /// `Remote-User`).
     pub fn drops(&self, name: &str) -> bool {
         self.id_field
             .as_deref()
             .is_some_and(|f| f.eq_ignore_ascii_case(name))
-            || self
-                .rules
-                .as_ref()
-                .and_then(|r| r.request.as_ref())
-                .is_some_and(|r| r.drops(name))
+            || self.rules.as_ref().is_some_and(|r| {
+                r.request.as_ref().is_some_and(|q| q.drops(name))
+                    || r.forward_auth.as_ref().is_some_and(|f| {
+                        f.copy_headers.iter().any(|c| c.eq_ignore_ascii_case(name))
+                    })
+            })
     }
 
     /// The lines to add: the rules' when they are the same for every request (rendered

@@ -11,6 +11,7 @@
 pub(crate) mod answer;
 pub(crate) mod attempt;
 pub(crate) mod edit;
+pub(crate) mod forward_auth;
 pub(crate) mod record;
 
 use std::cell::Cell;
@@ -178,6 +179,9 @@ pub(crate) struct ProxyTarget {
     /// The client's address from a trusted proxy's header (`None`: the peer's), for the
     /// X-Forwarded-For sent upstream.
     pub client_ip: Option<String>,
+    /// `forward_auth`: the subrequest the codec runs before forwarding (see
+    /// [`forward_auth`]); taken when run.
+    pub forward_auth: Option<Box<forward_auth::AuthRequest>>,
 }
 
 /// The listener's index in `gen`; `None` when a reload removed it (its routes are gone).
@@ -324,8 +328,9 @@ pub(crate) fn admit(
             (*upstream, *compress)
         }
     };
-    let upstream_edit = (rules.is_some_and(|r| r.request.is_some()) || id.is_some())
-        .then(|| upstream_edit(route, id_field, &vars));
+    let upstream_edit = (rules.is_some_and(|r| r.request.is_some() || r.forward_auth.is_some())
+        || id.is_some())
+    .then(|| upstream_edit(route, id_field, &vars));
     let group = &snapshot.upstreams[upstream];
     let hash = if group.uses_hash {
         keys().hash(&group.hash_key)
@@ -382,6 +387,9 @@ pub(crate) fn admit(
         path,
         edit: upstream_edit,
         max_body: rules.and_then(|r| r.max_body),
+        forward_auth: rules
+            .and_then(|r| r.forward_auth.as_ref())
+            .map(|fa| Box::new(forward_auth::AuthRequest::new(fa, head, peer, client_ip))),
         client_ip: real.map(|(_, s)| s),
     }))
 }

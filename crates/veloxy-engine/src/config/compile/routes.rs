@@ -80,7 +80,20 @@ fn compile_route(
         (None, None) => answer_target(src, &key, r, regex)?,
     };
     let group_rewrites = upstream.is_some_and(|u| groups[u].location_rewrite);
-    let rules = super::rules::compile_rules(src, &key, r, regex, group_rewrites)?;
+    let mut rules = super::rules::compile_rules(src, &key, r, regex, group_rewrites)?;
+    if let Some(fa) = &r.forward_auth {
+        if upstream.is_none() {
+            return Err(src.error(
+                fa.span(),
+                format!("{key}.forward_auth"),
+                "is for proxied routes (with upstream)",
+            ));
+        }
+        let fa = super::rules::forward_auth(src, &key, fa, upstream_index, groups)?;
+        let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
+        r.forward_auth = Some(fa);
+        rules = Some(Arc::new(r));
+    }
     let compiled = Route {
         index: i,
         host,

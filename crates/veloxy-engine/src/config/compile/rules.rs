@@ -180,6 +180,8 @@ pub(super) fn compile_rules(
         access: ip_rules(src, key, r)?,
         basic_auth: basic_auth(src, key, r)?,
         cors: cors(src, key, r)?,
+        // Set by the route, which knows the upstream groups.
+        forward_auth: None,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }
@@ -334,6 +336,49 @@ fn basic_auth(
         );
     }
     Ok(Some(Arc::new(auth)))
+}
+
+/// `forward_auth`.
+pub(super) fn forward_auth(
+    src: &Source,
+    key: &str,
+    v: &Spanned<crate::config::file::ForwardAuthSection>,
+    upstream_index: &std::collections::HashMap<String, usize>,
+    groups: &[crate::config::UpstreamGroup],
+) -> Result<crate::rules::ForwardAuth, ConfigError> {
+    let f = v.get_ref();
+    let name = f.upstream.get_ref();
+    let &upstream = upstream_index.get(name).ok_or_else(|| {
+        src.error(
+            f.upstream.span(),
+            format!("{key}.forward_auth.upstream"),
+            format!("upstream {name:?} is not defined (add [upstreams.{name}])"),
+        )
+    })?;
+    let path = f.path.clone().unwrap_or_else(|| "/".to_owned());
+    if !path.starts_with('/') || path.contains(['\r', '\n', ' ']) {
+        return Err(src.error(
+            v.span(),
+            format!("{key}.forward_auth.path"),
+            "must be a path starting with '/'",
+        ));
+    }
+    let copy: Vec<String> = f.copy_headers.clone().unwrap_or_default();
+    for c in &copy {
+        field_name(
+            src,
+            v.span(),
+            &format!("{key}.forward_auth.copy_headers"),
+            c,
+        )?;
+    }
+    Ok(crate::rules::ForwardAuth {
+        upstream,
+        host: groups[upstream].backends[0].addr.to_string(),
+        path,
+        copy_headers: copy.into(),
+        timeout: f.timeout.map_or(std::time::Duration::from_secs(2), |d| d.0),
+    })
 }
 
 /// `cors`.

@@ -170,6 +170,11 @@ pub(crate) struct H2Head {
 }
 
 impl H2Head {
+    /// Adds "Name: value\r\n" lines (forward_auth's copied fields).
+    pub(crate) fn add_lines(&mut self, lines: &[u8]) {
+        crate::downstream::http2::add_hook_headers(lines, &mut self.headers);
+    }
+
     pub(crate) fn build(
         req: &crate::http1::request::RequestView,
         path: &str,

@@ -473,6 +473,21 @@ async fn forward(
         }
         Admitted::Proxy(t) => t,
     };
+    let mut target = target;
+    if let Some(auth) = target.forward_auth.take() {
+        use crate::exchange::forward_auth::Outcome;
+        match auth.run(&c.worker, gen).await? {
+            Outcome::Pass(lines) => target
+                .edit
+                .get_or_insert_with(crate::exchange::edit::UpstreamEdit::empty)
+                .push_lines(&lines),
+            Outcome::Deny(answer) => {
+                let f = fin.take().expect("present until success");
+                let is_head = req.method() == http::Method::HEAD;
+                return Ok(files::serve_answer(&c.worker, answer, is_head, f));
+            }
+        }
+    }
     if let Some(limit) = &target.concurrency {
         let admission = limit
             .admit_owned()
