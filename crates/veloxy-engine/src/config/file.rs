@@ -25,6 +25,17 @@ pub struct FileConfig {
     pub routes: Vec<Spanned<RouteSection>>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, Spanned<UpstreamSection>>,
+    #[serde(default)]
+    pub streams: Vec<Spanned<StreamSection>>,
+}
+
+/// One `[[streams]]` entry: bytes relayed between a TCP listener and an upstream group.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSection {
+    pub listener: Spanned<String>,
+    pub upstream: Spanned<String>,
+    pub sni: Option<Spanned<Vec<String>>>,
 }
 
 /// `[server]`: process-wide settings.
@@ -80,6 +91,8 @@ pub struct ListenerSection {
     /// The HTTPS port put in those redirects (443, the default, is omitted).
     pub https_port: Option<Spanned<u16>>,
     pub proxy_protocol: Option<Spanned<bool>>,
+    /// `"http"` (default) or `"tcp"` (an L4 listener for `[[streams]]`).
+    pub protocol: Option<Spanned<String>>,
 }
 
 /// `[listeners.NAME.tls]`.

@@ -105,6 +105,10 @@ pub struct ListenerSpec {
     pub redirect_https: Option<u16>,
     /// `proxy_protocol = true`: a PROXY protocol v1/v2 header from a trusted proxy comes first.
     pub proxy_protocol: bool,
+    /// `protocol = "tcp"`: an L4 listener (no HTTP).
+    pub tcp: bool,
+    /// A tcp listener's upstream group (from its `[[streams]]` entry).
+    pub stream: Option<usize>,
     /// Open downstream connections allowed (across workers); excess connections are accepted,
     /// answered 503 with Retry-After, and closed. Default 0 = unlimited.
     pub max_connections: usize,

@@ -39,6 +39,13 @@ pub fn render(snapshot: &Snapshot) -> String {
         listener(&mut out, l);
     }
     routes(&mut out, snapshot);
+    for l in &snapshot.listeners {
+        if let Some(u) = l.stream {
+            out.table("[[streams]]");
+            out.str("listener", &l.name);
+            out.str("upstream", &snapshot.upstreams[u].name);
+        }
+    }
     for u in &snapshot.upstreams {
         upstream(&mut out, u);
     }
@@ -106,6 +113,9 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
     }
     if l.proxy_protocol {
         out.bool("proxy_protocol", true);
+    }
+    if l.tcp {
+        out.str("protocol", "tcp");
     }
     if l.tls.is_none() {
         return;

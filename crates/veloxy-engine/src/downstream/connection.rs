@@ -152,7 +152,7 @@ pub(crate) async fn serve(
     listener: std::sync::Arc<crate::runtime::ListenerState>,
 ) {
     worker.metrics.downstream_connections.inc();
-    let (tls, http2, header_timeout, settings) = {
+    let (tls, http2, header_timeout, settings, stream_group) = {
         let gen = worker.current();
         let spec = gen
             .snapshot
@@ -177,6 +177,7 @@ pub(crate) async fn serve(
                 gen.snapshot.settings.body_timeout,
                 gen.snapshot.settings.request_buffering,
             ),
+            spec.and_then(|l| l.stream),
         )
     };
     let stream = match tls {
@@ -208,6 +209,10 @@ pub(crate) async fn serve(
         body_timeout: settings.1,
         request_buffering: settings.2,
     };
+    if let Some(group) = stream_group {
+        crate::downstream::stream::serve(&worker, &mut down, group).await;
+        return;
+    }
     if down.http2 && !down.stream.is_tls() {
         // h2c prior knowledge: the connection opens with the HTTP/2 preface instead of a
         // request head. Anything else is HTTP/1 and goes on below with the bytes read.

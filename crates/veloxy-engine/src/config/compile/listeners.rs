@@ -87,6 +87,30 @@ fn compile_listener(
             "must be at least 1",
         ));
     }
+    let tcp = match l
+        .protocol
+        .as_ref()
+        .map(|p| (p.get_ref().as_str(), p.span()))
+    {
+        None | Some(("http", _)) => false,
+        Some(("tcp", span)) => {
+            if l.tls.is_some() {
+                return Err(src.error(
+                    span,
+                    format!("{key}.protocol"),
+                    "a tcp listener is plain: TLS passthrough by SNI is not built yet",
+                ));
+            }
+            true
+        }
+        Some((other, span)) => {
+            return Err(src.error(
+                span,
+                format!("{key}.protocol"),
+                format!("{other:?}: use \"http\" or \"tcp\""),
+            ))
+        }
+    };
     let redirect_https = match (&l.redirect_https, &l.https_port) {
         (Some(r), _) if *r.get_ref() && l.tls.is_some() => {
             return Err(src.error(
@@ -104,6 +128,9 @@ fn compile_listener(
         router: Router::default(),
         redirect_https,
         proxy_protocol: l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()),
+        tcp,
+        // Set by the listener's `[[streams]]` entry.
+        stream: None,
         max_connections: l.max_connections.as_ref().map_or(0, |m| *m.get_ref()),
         tls,
         tls_files,

@@ -71,6 +71,7 @@ fn compile(
         &upstreams,
         &mut listeners,
     )?;
+    compile_streams(src, &file, &upstream_index, &mut listeners)?;
     let warnings = server::admin_warnings(src, s, &settings);
     Ok(Snapshot {
         settings,
@@ -126,4 +127,64 @@ fn valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+/// `[[streams]]`: each names a tcp listener and the group it relays to; every tcp listener
+/// needs exactly one.
+fn compile_streams(
+    src: &Source,
+    file: &FileConfig,
+    upstream_index: &std::collections::HashMap<String, usize>,
+    listeners: &mut [super::ListenerSpec],
+) -> Result<(), ConfigError> {
+    for (i, s) in file.streams.iter().enumerate() {
+        let key = format!("streams[{i}]");
+        let st = s.get_ref();
+        if let Some(sni) = &st.sni {
+            return Err(src.error(
+                sni.span(),
+                format!("{key}.sni"),
+                "SNI passthrough is not built yet: use a tcp listener",
+            ));
+        }
+        let name = st.listener.get_ref();
+        let l = listeners
+            .iter_mut()
+            .find(|l| &l.name == name)
+            .ok_or_else(|| {
+                src.error(
+                    st.listener.span(),
+                    format!("{key}.listener"),
+                    format!("listener {name:?} is not defined"),
+                )
+            })?;
+        if !l.tcp {
+            return Err(src.error(
+                st.listener.span(),
+                format!("{key}.listener"),
+                format!("listener {name:?} needs protocol = \"tcp\""),
+            ));
+        }
+        if l.stream.is_some() {
+            return Err(src.error(s.span(), key, "a tcp listener has one [[streams]] entry"));
+        }
+        let up = st.upstream.get_ref();
+        let &index = upstream_index.get(up).ok_or_else(|| {
+            src.error(
+                st.upstream.span(),
+                format!("{key}.upstream"),
+                format!("upstream {up:?} is not defined (add [upstreams.{up}])"),
+            )
+        })?;
+        l.stream = Some(index);
+    }
+    if let Some(l) = listeners.iter().find(|l| l.tcp && l.stream.is_none()) {
+        let span = file.listeners.get(&l.name).map_or(0..0, |s| s.span());
+        return Err(src.error(
+            span,
+            format!("listeners.{}", l.name),
+            "a tcp listener needs a [[streams]] entry naming it",
+        ));
+    }
+    Ok(())
 }

@@ -277,8 +277,10 @@ fn attach(
                     "duplicate route: same host, path and conditions as an earlier route",
                 ));
             }
+            // Routes are HTTP: TCP listeners (`protocol = "tcp"`) take none.
             listeners
                 .iter_mut()
+                .filter(|l| !l.tcp)
                 .for_each(|l| l.router.add(compiled.clone()));
         }
         Some(name) => {
@@ -292,6 +294,16 @@ fn attach(
                         format!("listener {:?} is not defined", name.get_ref()),
                     )
                 })?;
+            if l.tcp {
+                return Err(src.error(
+                    name.span(),
+                    format!("{key}.listener"),
+                    format!(
+                        "listener {:?} is a tcp listener: it takes [[streams]], not routes",
+                        name.get_ref()
+                    ),
+                ));
+            }
             if l.router.has(&compiled) {
                 return Err(src.error(
                     route.span(),

@@ -1,0 +1,69 @@
+//! L4 streams (issue 13, part): a `protocol = "tcp"` listener relays bytes both ways to its
+//! `[[streams]]` group, moving past a dead backend.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+
+use veloxy_testkit::*;
+
+/// A TCP echo server on its own thread.
+fn echo_server() -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn tcp_streams_relay_bytes_and_skip_a_dead_backend() {
+    let echo = echo_server();
+    let up = upstream(&[]);
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n\
+         [listeners.db]\naddr = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
+         [listeners.http]\naddr = \"127.0.0.1:0\"\n\
+         [[streams]]\nlistener = \"db\"\nupstream = \"echo\"\n\
+         [[streams]]\nlistener = \"web\"\nupstream = \"app\"\n\
+         [[routes]]\nrespond = {{ body = \"http\" }}\n\
+         [upstreams.echo]\nservers = [\"127.0.0.1:9\", \"{echo}\"]\nretries = 1\npolicy = \"round_robin\"\n\
+         [upstreams.app]\nservers = [\"{}\"]\n",
+        up.addr
+    ));
+    let db = logged_addr(&v, "listening listener=db addr=");
+    // Several connections: whichever backend round robin offers first, the dead one is
+    // skipped; bytes come back intact both ways, larger than one read.
+    for i in 0..4u8 {
+        let mut c = TcpStream::connect(db).unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|x| (x as u8) ^ i).collect();
+        let writer = {
+            let mut c = c.try_clone().unwrap();
+            let data = data.clone();
+            std::thread::spawn(move || c.write_all(&data).unwrap())
+        };
+        let mut got = vec![0u8; data.len()];
+        c.read_exact(&mut got).unwrap();
+        writer.join().unwrap();
+        assert_eq!(got, data, "connection {i}");
+    }
+    // HTTP through a TCP listener is just bytes: the upstream answers it.
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let r = get(web, "/echo");
+    assert_eq!(r.status, 200);
+    assert!(r.header("x-upstream").is_some());
+    // The HTTP listener beside them still routes.
+    let http = logged_addr(&v, "listening listener=http addr=");
+    assert_eq!(get(http, "/").body_str(), "http");
+}
