@@ -46,7 +46,7 @@ impl HostMatch {
     }
 
     /// `host` must already be lowercase and without a port.
-    fn matches(&self, host: &[u8]) -> bool {
+    pub(crate) fn matches(&self, host: &[u8]) -> bool {
         match self {
             HostMatch::Any => true,
             HostMatch::Exact(h) => h.as_bytes() == host,

@@ -67,3 +67,39 @@ fn tcp_streams_relay_bytes_and_skip_a_dead_backend() {
     let http = logged_addr(&v, "listening listener=http addr=");
     assert_eq!(get(http, "/").body_str(), "http");
 }
+
+#[test]
+fn sni_passthrough_relays_matching_names_and_terminates_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let (front_cert, front_key) = pki.leaf("front", &["localhost"], KeyKind::Ecdsa);
+    let (git_cert, git_key) = pki.leaf("git", &["git.example.com"], KeyKind::Ecdsa);
+    // The backend: a real TLS server holding git.example.com's certificate.
+    let backend = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.tls]\naddr = \"127.0.0.1:0\"\n\
+         [listeners.tls.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nrespond = {{ body = \"backend\" }}\n",
+        git_cert.display(),
+        git_key.display()
+    ));
+    let front = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[streams]]\nlistener = \"web\"\nsni = [\"git.example.com\", \"*.db.example.com\"]\nupstream = \"git\"\n\
+         [[routes]]\nrespond = {{ body = \"front\" }}\n\
+         [upstreams.git]\nservers = [\"{}\"]\n",
+        front_cert.display(),
+        front_key.display(),
+        backend.addr
+    ));
+    let ask = |sni: &str| {
+        let client = default_client(&pki.ca_pem, &[b"http/1.1"]);
+        let (mut s, _) = tls_connect(front.addr, sni, client).unwrap();
+        let (status, raw) = https1(&mut s, sni, "/");
+        (status, raw_body(&raw).to_owned())
+    };
+    // The client verified git.example.com's certificate, which only the backend holds.
+    assert_eq!(ask("git.example.com"), (200, "backend".to_owned()));
+    // Other names are terminated by veloxy itself.
+    assert_eq!(ask("localhost"), (200, "front".to_owned()));
+}

@@ -109,6 +109,9 @@ pub struct ListenerSpec {
     pub tcp: bool,
     /// A tcp listener's upstream group (from its `[[streams]]` entry).
     pub stream: Option<usize>,
+    /// A TLS listener's `[[streams]] sni = [...]` entries: connections asking for one of
+    /// these names are relayed to the group without being terminated.
+    pub sni_streams: Vec<(crate::router::HostMatch, usize)>,
     /// Open downstream connections allowed (across workers); excess connections are accepted,
     /// answered 503 with Retry-After, and closed. Default 0 = unlimited.
     pub max_connections: usize,

@@ -45,6 +45,18 @@ pub fn render(snapshot: &Snapshot) -> String {
             out.str("listener", &l.name);
             out.str("upstream", &snapshot.upstreams[u].name);
         }
+        // One entry per name (entries with several names print as several).
+        for (host, u) in &l.sni_streams {
+            let name = match host {
+                HostMatch::Exact(h) => h.clone(),
+                HostMatch::Suffix(s) => format!("*{s}"),
+                HostMatch::Any => continue,
+            };
+            out.table("[[streams]]");
+            out.str("listener", &l.name);
+            out.raw("sni", &str_list(&[name]));
+            out.str("upstream", &snapshot.upstreams[*u].name);
+        }
     }
     for u in &snapshot.upstreams {
         upstream(&mut out, u);

@@ -152,7 +152,7 @@ pub(crate) async fn serve(
     listener: std::sync::Arc<crate::runtime::ListenerState>,
 ) {
     worker.metrics.downstream_connections.inc();
-    let (tls, http2, header_timeout, settings, stream_group) = {
+    let (tls, http2, header_timeout, settings, stream_group, sni_streams) = {
         let gen = worker.current();
         let spec = gen
             .snapshot
@@ -178,8 +178,21 @@ pub(crate) async fn serve(
                 gen.snapshot.settings.request_buffering,
             ),
             spec.and_then(|l| l.stream),
+            spec.map_or_else(Vec::new, |l| l.sni_streams.clone()),
         )
     };
+    // SNI passthrough: a ClientHello naming a `[[streams]] sni` host is relayed untouched.
+    let mut passthrough = None;
+    if !sni_streams.is_empty() {
+        if let Some(name) = crate::downstream::sni::peek_server_name(&stream, header_timeout).await
+        {
+            passthrough = sni_streams
+                .iter()
+                .find(|(m, _)| m.matches(name.as_bytes()))
+                .map(|(_, g)| *g);
+        }
+    }
+    let tls = if passthrough.is_some() { None } else { tls };
     let stream = match tls {
         None => DownstreamIo::Plain(stream),
         Some(config) => match handshake(&worker, config, stream, peer, header_timeout).await {
@@ -209,7 +222,7 @@ pub(crate) async fn serve(
         body_timeout: settings.1,
         request_buffering: settings.2,
     };
-    if let Some(group) = stream_group {
+    if let Some(group) = stream_group.or(passthrough) {
         crate::downstream::stream::serve(&worker, &mut down, group).await;
         return;
     }

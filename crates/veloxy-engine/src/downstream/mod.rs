@@ -6,6 +6,7 @@
 //!   streaming bodies both ways; [`files`]: writing a file route's answer to an HTTP/1 client
 //!   (with `sendfile`).
 //! * [`proxy_protocol`]: the PROXY protocol header a trusted L4 balancer sends first.
+//! * [`sni`]: SNI passthrough of TLS connections named by `[[streams]] sni`.
 //! * [`stream`]: L4 streams of `protocol = "tcp"` listeners, relayed byte for byte.
 //! * [`http2`]: HTTP/2 clients (hyper's server), each stream admitted through the same core.
 //!
@@ -18,4 +19,5 @@ pub(crate) mod http2;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
 pub(crate) mod relay;
+pub(crate) mod sni;
 pub(crate) mod stream;

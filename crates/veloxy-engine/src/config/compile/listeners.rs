@@ -129,8 +129,9 @@ fn compile_listener(
         redirect_https,
         proxy_protocol: l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()),
         tcp,
-        // Set by the listener's `[[streams]]` entry.
+        // Set by the listener's `[[streams]]` entries.
         stream: None,
+        sni_streams: Vec::new(),
         max_connections: l.max_connections.as_ref().map_or(0, |m| *m.get_ref()),
         tls,
         tls_files,

@@ -140,13 +140,6 @@ fn compile_streams(
     for (i, s) in file.streams.iter().enumerate() {
         let key = format!("streams[{i}]");
         let st = s.get_ref();
-        if let Some(sni) = &st.sni {
-            return Err(src.error(
-                sni.span(),
-                format!("{key}.sni"),
-                "SNI passthrough is not built yet: use a tcp listener",
-            ));
-        }
         let name = st.listener.get_ref();
         let l = listeners
             .iter_mut()
@@ -158,16 +151,6 @@ fn compile_streams(
                     format!("listener {name:?} is not defined"),
                 )
             })?;
-        if !l.tcp {
-            return Err(src.error(
-                st.listener.span(),
-                format!("{key}.listener"),
-                format!("listener {name:?} needs protocol = \"tcp\""),
-            ));
-        }
-        if l.stream.is_some() {
-            return Err(src.error(s.span(), key, "a tcp listener has one [[streams]] entry"));
-        }
         let up = st.upstream.get_ref();
         let &index = upstream_index.get(up).ok_or_else(|| {
             src.error(
@@ -176,6 +159,33 @@ fn compile_streams(
                 format!("upstream {up:?} is not defined (add [upstreams.{up}])"),
             )
         })?;
+        if let Some(sni) = &st.sni {
+            if l.tls.is_none() {
+                return Err(src.error(
+                    sni.span(),
+                    format!("{key}.sni"),
+                    format!("listener {name:?} needs TLS: SNI passthrough reads the ClientHello"),
+                ));
+            }
+            for host in sni.get_ref() {
+                let m = crate::router::HostMatch::parse(host)
+                    .map_err(|m| src.error(sni.span(), format!("{key}.sni"), m))?;
+                l.sni_streams.push((m, index));
+            }
+            continue;
+        }
+        if !l.tcp {
+            return Err(src.error(
+                st.listener.span(),
+                format!("{key}.listener"),
+                format!(
+                    "listener {name:?} needs protocol = \"tcp\" (or sni = [...] on a TLS listener)"
+                ),
+            ));
+        }
+        if l.stream.is_some() {
+            return Err(src.error(s.span(), key, "a tcp listener has one [[streams]] entry"));
+        }
         l.stream = Some(index);
     }
     if let Some(l) = listeners.iter().find(|l| l.tcp && l.stream.is_none()) {
