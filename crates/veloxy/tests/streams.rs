@@ -103,3 +103,39 @@ fn sni_passthrough_relays_matching_names_and_terminates_the_others() {
     // Other names are terminated by veloxy itself.
     assert_eq!(ask("localhost"), (200, "front".to_owned()));
 }
+
+/// A request from source address `src` (another loopback address), read to the end.
+fn from(src: &str, to: std::net::SocketAddr, raw: &str) -> (u16, String) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let bind: std::net::SocketAddr = format!("{src}:0").parse().unwrap();
+    s.bind(&bind.into()).unwrap();
+    s.connect(&to.into()).unwrap();
+    let mut s: TcpStream = s.into();
+    s.write_all(raw.as_bytes()).unwrap();
+    read_to_close(&mut s)
+}
+
+#[test]
+fn proxy_protocol_out_of_a_stream_and_into_a_listener() {
+    // The back: an HTTP listener that takes PROXY headers from 127.0.0.1 and shows the client.
+    let back = veloxy(
+        "[server]\nworkers = 1\ntrusted_proxies = [\"127.0.0.1\"]\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nproxy_protocol = true\n\
+         [[routes]]\nrespond = { body = \"ok\" }\n\
+         response_headers = { add = { \"X-Client\" = \"{client_ip}\" } }\n",
+    );
+    for version in ["v1", "v2"] {
+        // The front: a TCP relay sending a PROXY header of this version.
+        let front = veloxy(&format!(
+            "[server]\nworkers = 1\n\
+             [listeners.l4]\naddr = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
+             [[streams]]\nlistener = \"l4\"\nupstream = \"back\"\n\
+             [upstreams.back]\nservers = [\"{}\"]\nproxy_protocol = \"{version}\"\n",
+            back.addr
+        ));
+        let req = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let (status, raw) = from("127.0.0.3", front.addr, req);
+        assert_eq!(status, 200, "{version}: {raw}");
+        assert_eq!(raw_header(&raw, "x-client"), Some("127.0.0.3"), "{version}");
+    }
+}

@@ -301,6 +301,7 @@ pub struct UpstreamSection {
     pub tls_server_name: Option<Spanned<String>>,
     pub location_rewrite: Option<Spanned<bool>>,
     pub sticky: Option<Spanned<StickySection>>,
+    pub proxy_protocol: Option<Spanned<String>>,
 }
 
 /// `sticky = { cookie, ttl, secure, http_only }`.

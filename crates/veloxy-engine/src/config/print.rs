@@ -406,6 +406,9 @@ fn upstream(out: &mut Toml, u: &UpstreamGroup) {
     if u.location_rewrite {
         out.bool("location_rewrite", true);
     }
+    if u.proxy_protocol > 0 {
+        out.str("proxy_protocol", &format!("v{}", u.proxy_protocol));
+    }
     if let Some(s) = &u.sticky {
         out.raw(
             "sticky",

@@ -73,6 +73,55 @@ pub(crate) async fn accept(
     }
 }
 
+/// The PROXY header (version 1 or 2) telling a backend that `client` connected to `local`.
+pub(crate) fn header(version: u8, client: SocketAddr, local: SocketAddr) -> Vec<u8> {
+    let (client, local) = match (client.ip().to_canonical(), local.ip().to_canonical()) {
+        (c @ IpAddr::V4(_), l @ IpAddr::V4(_)) | (c @ IpAddr::V6(_), l @ IpAddr::V6(_)) => (
+            SocketAddr::new(c, client.port()),
+            SocketAddr::new(l, local.port()),
+        ),
+        // Mixed families: both as IPv6.
+        (c, l) => (
+            SocketAddr::new(IpAddr::V6(to_v6(c)), client.port()),
+            SocketAddr::new(IpAddr::V6(to_v6(l)), local.port()),
+        ),
+    };
+    if version == 1 {
+        let family = if client.is_ipv4() { "TCP4" } else { "TCP6" };
+        return format!(
+            "PROXY {family} {} {} {} {}\r\n",
+            client.ip(),
+            local.ip(),
+            client.port(),
+            local.port()
+        )
+        .into_bytes();
+    }
+    let mut h = V2_SIG.to_vec();
+    match (client.ip(), local.ip()) {
+        (IpAddr::V4(c), IpAddr::V4(l)) => {
+            h.extend_from_slice(&[0x21, 0x11, 0, 12]);
+            h.extend_from_slice(&c.octets());
+            h.extend_from_slice(&l.octets());
+        }
+        (c, l) => {
+            h.extend_from_slice(&[0x21, 0x21, 0, 36]);
+            h.extend_from_slice(&to_v6(c).octets());
+            h.extend_from_slice(&to_v6(l).octets());
+        }
+    }
+    h.extend_from_slice(&client.port().to_be_bytes());
+    h.extend_from_slice(&local.port().to_be_bytes());
+    h
+}
+
+fn to_v6(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+}
+
 fn parse(b: &[u8]) -> Parsed {
     if b.len() >= 12 && &b[..12] == V2_SIG {
         return parse_v2(b);
@@ -167,6 +216,16 @@ mod tests {
         assert_eq!(parse(b"PROXY TCP4 1.2.3.4"), Parsed::Partial);
         assert_eq!(parse(b"PROXY TCP4 ::1 ::1 1 2\r\n"), Parsed::Bad);
         assert_eq!(parse(b"GET / HTTP/1.1\r\n"), Parsed::Bad);
+    }
+
+    #[test]
+    fn headers_parse_back() {
+        let c: SocketAddr = "192.0.2.7:56324".parse().unwrap();
+        let l: SocketAddr = "10.0.0.1:443".parse().unwrap();
+        for v in [1, 2] {
+            let h = header(v, c, l);
+            assert_eq!(parse(&h), Parsed::Done(h.len(), Some(c)), "v{v}");
+        }
     }
 
     #[test]

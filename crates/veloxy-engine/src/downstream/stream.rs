@@ -23,6 +23,19 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
         let Some(backend) = pick else { break };
         match crate::upstream::connect::connect_backend(&worker.metrics, group, backend).await {
             Ok(mut conn) => {
+                if group.proxy_protocol > 0 {
+                    // The backend learns the client's address (a PROXY header first).
+                    let local = down.stream.tcp().local_addr().unwrap_or(down.peer);
+                    let h = crate::downstream::proxy_protocol::header(
+                        group.proxy_protocol,
+                        down.peer,
+                        local,
+                    );
+                    if crate::tls::send_all(&mut conn.stream, &h).await.is_err() {
+                        excluded |= 1 << backend;
+                        continue;
+                    }
+                }
                 worker.metrics.upgrades.inc();
                 crate::downstream::relay::tunnel(down, &mut conn.stream, group.idle_timeout).await;
                 tracing::debug!(

@@ -98,6 +98,9 @@ pub struct UpstreamGroup {
     pub location_rewrite: bool,
     /// `sticky`: cookie-based backend affinity.
     pub sticky: Option<Sticky>,
+    /// `proxy_protocol = "v1" | "v2"`: the version of the PROXY header sent first on each
+    /// stream connection to a backend (0: none).
+    pub proxy_protocol: u8,
 }
 
 impl std::fmt::Debug for UpstreamGroup {

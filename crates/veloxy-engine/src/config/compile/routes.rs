@@ -79,6 +79,17 @@ fn compile_route(
         },
         (None, None) => answer_target(src, &key, r, regex)?,
     };
+    if let Some(u) = upstream.filter(|&u| groups[u].proxy_protocol > 0) {
+        return Err(src.error(
+            r.upstream.as_ref().map_or(0..0, |s| s.span()),
+            format!("{key}.upstream"),
+            format!(
+                "upstream {:?} sends PROXY headers: that is for [[streams]] groups (HTTP upstream \
+                 connections are pooled across clients)",
+                groups[u].name
+            ),
+        ));
+    }
     let group_rewrites = upstream.is_some_and(|u| groups[u].location_rewrite);
     let mut rules = super::rules::compile_rules(src, &key, r, regex, group_rewrites)?;
     if let Some(fa) = &r.forward_auth {

@@ -87,6 +87,22 @@ fn compile_group(
         Some(o) => compile_outlier(src, &format!("{key}.outlier"), o)?,
     };
     let sticky = compile_sticky(&key, name, u, &backends);
+    let proxy_protocol = match u
+        .proxy_protocol
+        .as_ref()
+        .map(|p| (p.get_ref().as_str(), p.span()))
+    {
+        None => 0,
+        Some(("v1", _)) => 1,
+        Some(("v2", _)) => 2,
+        Some((other, span)) => {
+            return Err(src.error(
+                span,
+                format!("{key}.proxy_protocol"),
+                format!("{other:?}: use \"v1\" or \"v2\""),
+            ))
+        }
+    };
     let health = Arc::new(GroupHealth::new(
         backends
             .iter()
@@ -117,6 +133,7 @@ fn compile_group(
         ca_file,
         location_rewrite: u.location_rewrite.as_ref().is_some_and(|b| *b.get_ref()),
         sticky,
+        proxy_protocol,
     })
 }
 
