@@ -89,6 +89,18 @@ impl Site {
     }
 }
 
+/// Sends `raw` over plain TCP from the source address `src` (another loopback address, such
+/// as 127.0.0.2) to `to`, and reads to the end: (status, raw response; 0 without one).
+pub fn request_from(src: &str, to: SocketAddr, raw: &[u8]) -> (u16, String) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let bind: SocketAddr = format!("{src}:0").parse().unwrap();
+    s.bind(&bind.into()).unwrap();
+    s.connect(&to.into()).unwrap();
+    let mut s: std::net::TcpStream = s.into();
+    s.write_all(raw).unwrap();
+    crate::read_to_close(&mut s)
+}
+
 /// The value of header `name` in a raw HTTP/1 response.
 pub fn raw_header<'a>(raw: &'a str, name: &str) -> Option<&'a str> {
     raw.split("\r\n\r\n").next()?.lines().find_map(|l| {

@@ -3,20 +3,9 @@
 //! HTTP/1.1 and HTTP/2 with TLS.
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 
 use veloxy_testkit::*;
-
-/// A plain HTTP/1.1 request from source address `from` (another loopback address).
-fn from(src: &str, to: SocketAddr, raw: &str) -> (u16, String) {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    let bind: SocketAddr = format!("{src}:0").parse().unwrap();
-    s.bind(&bind.into()).unwrap();
-    s.connect(&to.into()).unwrap();
-    let mut s: TcpStream = s.into();
-    s.write_all(raw.as_bytes()).unwrap();
-    read_to_close(&mut s)
-}
 
 fn get(path: &str, extra: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}Connection: close\r\n\r\n")
@@ -38,9 +27,18 @@ fn allow_and_deny_lists() {
     assert_eq!(s.h2("/local/x", &[]).body_str(), "local");
     // Other loopback sources on the plain listener: deny wins over allow.
     let plain = s.addr("plain");
-    assert_eq!(from("127.0.0.2", plain, &get("/open/x", "")).0, 403);
-    assert_eq!(from("127.0.0.3", plain, &get("/local/x", "")).0, 403);
-    assert_eq!(from("127.0.0.4", plain, &get("/local/x", "")).0, 200);
+    assert_eq!(
+        request_from("127.0.0.2", plain, get("/open/x", "").as_bytes()).0,
+        403
+    );
+    assert_eq!(
+        request_from("127.0.0.3", plain, get("/local/x", "").as_bytes()).0,
+        403
+    );
+    assert_eq!(
+        request_from("127.0.0.4", plain, get("/local/x", "").as_bytes()).0,
+        200
+    );
 }
 
 #[test]
@@ -81,10 +79,19 @@ fn real_client_ip_from_trusted_proxies_only() {
     // From an untrusted peer (127.0.0.2) the header is ignored: a spoofed address gains
     // nothing.
     let plain = s.addr("plain");
-    let (_, raw) = from("127.0.0.2", plain, &get("/who", &xff("203.0.113.7")));
+    let (_, raw) = request_from(
+        "127.0.0.2",
+        plain,
+        get("/who", &xff("203.0.113.7")).as_bytes(),
+    );
     assert_eq!(raw_header(&raw, "x-client"), Some("127.0.0.2"));
     assert_eq!(
-        from("127.0.0.2", plain, &get("/lan/x", &xff("203.0.113.7"))).0,
+        request_from(
+            "127.0.0.2",
+            plain,
+            get("/lan/x", &xff("203.0.113.7")).as_bytes()
+        )
+        .0,
         403
     );
 }
@@ -251,7 +258,7 @@ fn proxy_protocol_v1_and_v2_from_trusted_peers_only() {
     let req = get("/", "");
     // v1 from the trusted balancer: the client is the header's source.
     let v1 = format!("PROXY TCP4 192.0.2.7 10.0.0.1 56324 80\r\n{req}");
-    let (status, raw) = from("127.0.0.1", plain, &v1);
+    let (status, raw) = request_from("127.0.0.1", plain, v1.as_bytes());
     assert_eq!(status, 200, "{raw}");
     assert_eq!(raw_header(&raw, "x-client"), Some("192.0.2.7"));
     // v2 (binary), IPv6 source.
@@ -268,6 +275,12 @@ fn proxy_protocol_v1_and_v2_from_trusted_peers_only() {
     assert_eq!(status, 200, "{raw}");
     assert_eq!(raw_header(&raw, "x-client"), Some("2001:db8::9"));
     // An untrusted peer, and a connection without a header: closed, unanswered.
-    assert_eq!(from("127.0.0.2", plain, &v1), (0, String::new()));
-    assert_eq!(from("127.0.0.1", plain, &req), (0, String::new()));
+    assert_eq!(
+        request_from("127.0.0.2", plain, v1.as_bytes()),
+        (0, String::new())
+    );
+    assert_eq!(
+        request_from("127.0.0.1", plain, req.as_bytes()),
+        (0, String::new())
+    );
 }

@@ -104,17 +104,6 @@ fn sni_passthrough_relays_matching_names_and_terminates_the_others() {
     assert_eq!(ask("localhost"), (200, "front".to_owned()));
 }
 
-/// A request from source address `src` (another loopback address), read to the end.
-fn from(src: &str, to: std::net::SocketAddr, raw: &str) -> (u16, String) {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    let bind: std::net::SocketAddr = format!("{src}:0").parse().unwrap();
-    s.bind(&bind.into()).unwrap();
-    s.connect(&to.into()).unwrap();
-    let mut s: TcpStream = s.into();
-    s.write_all(raw.as_bytes()).unwrap();
-    read_to_close(&mut s)
-}
-
 #[test]
 fn proxy_protocol_out_of_a_stream_and_into_a_listener() {
     // The back: an HTTP listener that takes PROXY headers from 127.0.0.1 and shows the client.
@@ -134,7 +123,7 @@ fn proxy_protocol_out_of_a_stream_and_into_a_listener() {
             back.addr
         ));
         let req = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-        let (status, raw) = from("127.0.0.3", front.addr, req);
+        let (status, raw) = request_from("127.0.0.3", front.addr, req.as_bytes());
         assert_eq!(status, 200, "{version}: {raw}");
         assert_eq!(raw_header(&raw, "x-client"), Some("127.0.0.3"), "{version}");
     }

@@ -9,6 +9,7 @@
 //! [`Record::finish`] (access log, metrics, `on_done`). Each of those exists in one place.
 
 pub(crate) mod answer;
+mod apply;
 pub(crate) mod attempt;
 pub(crate) mod edit;
 pub(crate) mod forward_auth;
@@ -19,6 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub(crate) use answer::Answer;
+use apply::{real_client, response_edit, upstream_edit};
 pub(crate) use record::Record;
 
 use crate::error::{ErrorKind, ProxyError};
@@ -184,6 +186,65 @@ pub(crate) struct ProxyTarget {
     pub forward_auth: Option<Box<forward_auth::AuthRequest>>,
 }
 
+/// The first backend: the one a `sticky` cookie names while it is usable, else the group's
+/// policy's pick. Returns it and whether the cookie chose it.
+fn choose_backend(
+    gen: &Generation,
+    upstream: usize,
+    head: &Head,
+    client: SocketAddr,
+    hash: u64,
+) -> (Option<usize>, Option<usize>) {
+    let group = &gen.snapshot.upstreams[upstream];
+    let excluded = group.health.down_mask();
+    let stuck = group.sticky.as_ref().and_then(|s| {
+        let b = s.backend(crate::http1::cookie_value(
+            head.fields.cookies(),
+            &s.cookie,
+        )?)?;
+        (excluded & (1 << b) == 0).then_some(b)
+    });
+    let mut groups = gen.groups.borrow_mut();
+    let state = &mut groups[upstream];
+    state.budget.earn();
+    let picked = stuck.or_else(|| {
+        state.picker.pick(&PickContext {
+            client,
+            excluded,
+            hash,
+        })
+    });
+    (picked, stuck)
+}
+
+/// The request is the route's from here on: counted under it (refusals before this, no route
+/// or rate limited, count as unrouted), its group named for the log, and the `on_request`
+/// hook run.
+fn enter_route(
+    worker: &Worker,
+    snapshot: &crate::config::Snapshot,
+    peer: &Peer,
+    head: &Head,
+    listener: &str,
+    route: &crate::router::Route,
+    record: &mut Record,
+) -> Result<(), ProxyError> {
+    record.route = Some(route.index);
+    let group = match &route.target {
+        RouteTarget::Proxy { upstream, .. } => Some(&snapshot.upstreams[*upstream]),
+        _ => None,
+    };
+    if let Some(g) = group {
+        if record.logs() {
+            record.upstream.clone_from(&g.name);
+        }
+    }
+    if let Some(hooks) = &worker.shared.hooks {
+        record.ctx = Some(run_on_request(hooks.as_ref(), peer, head, listener, group)?);
+    }
+    Ok(())
+}
+
 /// The listener's index in `gen`; `None` when a reload removed it (its routes are gone).
 fn listener_index(gen: &Generation, peer: &Peer) -> Option<usize> {
     let (cached_gen, cached) = peer.listener_index.get();
@@ -241,27 +302,7 @@ pub(crate) fn admit(
         rl.check(keys().rate_key(&rl.key))
             .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
     }
-    // Counted under the route from here on; refusals before this (no route, rate limited)
-    // are counted as unrouted.
-    record.route = Some(route.index);
-    let group = match &route.target {
-        RouteTarget::Proxy { upstream, .. } => Some(&snapshot.upstreams[*upstream]),
-        _ => None,
-    };
-    if let Some(g) = group {
-        if record.logs() {
-            record.upstream.clone_from(&g.name);
-        }
-    }
-    if let Some(hooks) = &worker.shared.hooks {
-        record.ctx = Some(run_on_request(
-            hooks.as_ref(),
-            peer,
-            head,
-            &listener.name,
-            group,
-        )?);
-    }
+    enter_route(worker, snapshot, peer, head, &listener.name, route, record)?;
     let id_field = snapshot.settings.request_id.as_deref();
     let id = id_field.map(|f| edit::request_id(head.fields.get(&f.to_ascii_lowercase())));
     let vars = answer::RequestVars {
@@ -276,34 +317,8 @@ pub(crate) fn admit(
     };
     record.client_ip = real.as_ref().map(|(ip, _)| *ip);
     let rules = route.rules.as_ref();
-    // Only what acts on answers needs an edit: a route with request rules alone has none.
-    let on_answers = |r: &Arc<crate::rules::RouteRules>| {
-        r.response.is_some() || !r.error_pages.is_empty() || r.location_rewrite
-    };
-    if rules.is_some_and(on_answers) || id.is_some() {
-        record.edit = Some(response_edit(route, id_field, &vars));
-    }
-    if let Some(cors) = rules.and_then(|r| r.cors.as_ref()) {
-        if let Some(answer) = apply_cors(cors, head, record, route, id_field, &vars) {
-            return Ok(Admitted::Answer(answer));
-        }
-    }
-    // After the answer edit exists: the challenge carries the route's response rules.
-    if let Some(auth) = route.rules.as_ref().and_then(|r| r.basic_auth.as_ref()) {
-        match auth.check(head.fields.get("authorization"), client_ip) {
-            Ok(()) => {}
-            Err(crate::auth::Refusal::Challenge) => {
-                return Ok(Admitted::Answer(Answer::unauthorized(&auth.realm)))
-            }
-            Err(crate::auth::Refusal::TooMany) => {
-                return Err(ProxyError::downstream(ErrorKind::RateLimited))
-            }
-        }
-    }
-    if let Some(max) = rules.and_then(|r| r.max_body) {
-        if declared_length(head).is_some_and(|n| n > max) {
-            return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
-        }
+    if let Some(answer) = apply::gate(route, head, record, id_field, id.is_some(), &vars)? {
+        return Ok(Admitted::Answer(answer));
     }
     let path;
     let (upstream, compress) = match &route.target {
@@ -337,28 +352,7 @@ pub(crate) fn admit(
     } else {
         0
     };
-    let excluded = group.health.down_mask();
-    // `sticky`: the backend the client's cookie names, while it is usable.
-    let stuck = group.sticky.as_ref().and_then(|s| {
-        let b = s.backend(crate::http1::cookie_value(
-            head.fields.cookies(),
-            &s.cookie,
-        )?)?;
-        (excluded & (1 << b) == 0).then_some(b)
-    });
-    let picked = {
-        let mut groups = gen.groups.borrow_mut();
-        let state = &mut groups[upstream];
-        state.budget.earn();
-        match stuck {
-            Some(b) => Some(b),
-            None => state.picker.pick(&PickContext {
-                client,
-                excluded,
-                hash,
-            }),
-        }
-    };
+    let (picked, stuck) = choose_backend(gen, upstream, head, client, hash);
     let Some(backend) = picked else {
         record.request_id = id;
         return Err(ProxyError::upstream(ErrorKind::NoBackend));
@@ -392,115 +386,6 @@ pub(crate) fn admit(
             .map(|fa| Box::new(forward_auth::AuthRequest::new(fa, head, peer, client_ip))),
         client_ip: real.map(|(_, s)| s),
     }))
-}
-
-/// The client's address from `client_ip_header` when the peer is a trusted proxy.
-fn real_client(
-    settings: &crate::config::Settings,
-    peer: &Peer,
-    head: &Head,
-) -> Option<(std::net::IpAddr, String)> {
-    let real = settings.real_ip.as_ref()?;
-    let values: Vec<&[u8]> = head
-        .fields
-        .iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case(&real.header))
-        .map(|(_, v)| v)
-        .collect();
-    let ip = real.client(peer.addr.ip(), values.into_iter())?;
-    Some((ip, ip.to_string()))
-}
-
-/// `cors`: a preflight's answer, or the response fields added for an allowed origin.
-fn apply_cors(
-    cors: &crate::cors::Cors,
-    head: &Head,
-    record: &mut Record,
-    route: &crate::router::Route,
-    id_field: Option<&str>,
-    vars: &answer::RequestVars,
-) -> Option<Answer> {
-    let origin = std::str::from_utf8(head.fields.get("origin")?).ok()?;
-    if head.method == "OPTIONS" && head.fields.get("access-control-request-method").is_some() {
-        return Some(Answer::preflight(cors.preflight(origin)));
-    }
-    let edit = record
-        .edit
-        .get_or_insert_with(|| response_edit(route, id_field, vars));
-    cors.response_lines(origin, edit.lines_mut());
-    None
-}
-
-/// The body length a request declares (Content-Length), if any.
-fn declared_length(head: &Head) -> Option<u64> {
-    head.fields
-        .get("content-length")
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// Renders the route's `request_headers` and the request ID for the upstream request.
-fn upstream_edit(
-    route: &crate::router::Route,
-    id_field: Option<&str>,
-    vars: &answer::RequestVars,
-) -> edit::UpstreamEdit {
-    let mut lines = Vec::new();
-    let rules = route.rules.clone();
-    if let Some(r) = rules.as_ref().and_then(|r| r.request.as_ref()) {
-        if r.fixed().is_none() {
-            lines = edit::line_buffer();
-            r.render(vars, &mut lines);
-        }
-    }
-    push_id(&mut lines, id_field, vars.request_id);
-    edit::UpstreamEdit::new(rules, id_field.map(Into::into), lines)
-}
-
-/// Renders the route's `response_headers` and the request ID for every answer.
-fn response_edit(
-    route: &crate::router::Route,
-    id_field: Option<&str>,
-    vars: &answer::RequestVars,
-) -> edit::ResponseEdit {
-    use crate::template::Vars;
-    let mut lines = Vec::new();
-    let rules = route.rules.clone();
-    if let Some(r) = rules.as_ref().and_then(|r| r.response.as_ref()) {
-        if r.fixed().is_none() {
-            lines = edit::line_buffer();
-            r.render(vars, &mut lines);
-        }
-    }
-    push_id(&mut lines, id_field, vars.request_id);
-    let location = rules.as_ref().filter(|r| r.location_rewrite).map(|r| {
-        let mut base = String::new();
-        vars.value(&crate::template::Var::Scheme, &mut base);
-        base.push_str("://");
-        base.push_str(&String::from_utf8_lossy(vars.head.host));
-        let sent_host = r.request.as_ref().and_then(|req| {
-            let mut l = Vec::new();
-            req.render(vars, &mut l);
-            let host = edit::lines(&l)
-                .find(|(n, _)| n.eq_ignore_ascii_case(b"host"))
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
-            host
-        });
-        Box::new((base, sent_host))
-    });
-    edit::ResponseEdit::new(rules, id_field.map(Into::into), lines, location)
-}
-
-fn push_id(lines: &mut Vec<u8>, field: Option<&str>, id: &str) {
-    if let Some(f) = field {
-        if lines.capacity() == 0 {
-            *lines = edit::line_buffer();
-        }
-        lines.extend_from_slice(f.as_bytes());
-        lines.extend_from_slice(b": ");
-        lines.extend_from_slice(id.as_bytes());
-        lines.extend_from_slice(b"\r\n");
-    }
 }
 
 /// How much of a request body is read before an upstream connection is taken.
