@@ -51,6 +51,8 @@ pub struct Entry<'a> {
     /// `[server] request_id`: the request's ID (appended to combined lines as a quoted last
     /// field, a `request_id` member in JSON).
     pub request_id: Option<&'a str>,
+    /// L4 streams: the bytes received from the client (`bytes_received` in JSON).
+    pub bytes_received: Option<u64>,
 }
 
 /// The workers' side of the log.
@@ -296,7 +298,11 @@ fn json(e: &Entry) -> String {
         s.push_str("\",\"request_id\":\"");
         quoted(&mut s, id.as_bytes(), true);
     }
-    s.push_str("\"}\n");
+    s.push('"');
+    if let Some(n) = e.bytes_received {
+        let _ = write!(s, ",\"bytes_received\":{n}");
+    }
+    s.push_str("}\n");
     s
 }
 
@@ -305,9 +311,13 @@ fn protocol(version: u8) -> &'static str {
     match version {
         0 => "HTTP/1.0",
         1 => "HTTP/1.1",
+        STREAM => "TCP",
         _ => "HTTP/2.0",
     }
 }
+
+/// The `version` of an L4 stream's entry (its protocol is logged as `TCP`).
+pub(crate) const STREAM: u8 = 255;
 
 #[cfg(test)]
 mod tests {
@@ -327,6 +337,7 @@ mod tests {
             upstream: "app",
             backend: Some("127.0.0.1:9001".parse().unwrap()),
             request_id: None,
+            bytes_received: None,
         }
     }
 

@@ -128,3 +128,36 @@ fn proxy_protocol_out_of_a_stream_and_into_a_listener() {
         assert_eq!(raw_header(&raw, "x-client"), Some("127.0.0.3"), "{version}");
     }
 }
+
+#[test]
+fn stream_connections_are_logged_with_bytes_each_way() {
+    let echo = echo_server();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("access.log");
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[server.access_log]\npath = \"{}\"\nformat = \"json\"\n\
+         [listeners.db]\naddr = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
+         [[streams]]\nlistener = \"db\"\nupstream = \"echo\"\n\
+         [upstreams.echo]\nservers = [\"{echo}\"]\n",
+        log.display()
+    ));
+    let mut c = TcpStream::connect(v.addr).unwrap();
+    c.write_all(&[7u8; 1000]).unwrap();
+    let mut got = [0u8; 1000];
+    c.read_exact(&mut got).unwrap();
+    drop(c);
+    let logged = eventually(std::time::Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| {
+            t.contains("\"method\":\"TCP\"")
+                && t.contains("\"protocol\":\"TCP\"")
+                && t.contains("\"bytes_sent\":1000")
+                && t.contains("\"bytes_received\":1000")
+                && t.contains(&format!("\"backend\":\"{echo}\""))
+        })
+    });
+    assert!(
+        logged,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}

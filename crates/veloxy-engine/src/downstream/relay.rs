@@ -332,7 +332,9 @@ pub(crate) async fn relay_response_body(
 
 /// Relays an upgraded connection (WebSocket) both ways until both sides have closed, an error
 /// occurs, or nothing moves for `idle`. Each direction is half-closed when its reader ends.
-pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Duration) {
+/// Returns the bytes received from the client.
+pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Duration) -> u64 {
+    let mut received = 0u64;
     let mut from_down = vec![0u8; READ_CHUNK];
     let mut from_up = vec![0u8; READ_CHUNK];
     let (mut down_open, mut up_open) = (true, true);
@@ -341,11 +343,12 @@ pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Dur
             r = down.stream.read(&mut from_down), if down_open => match r {
                 Ok(n) if n > 0 => {
                     down.metrics.bytes_in.add(n as u64);
+                    received += n as u64;
                     // A peer that stops reading must not pin the tunnel: every write and
                     // shutdown is bounded by the idle limit too.
                     let sent = timeout(idle, crate::tls::send_all(up, &from_down[..n])).await;
                     if !matches!(sent, Ok(Ok(()))) {
-                        return;
+                        return received;
                     }
                 }
                 _ => {
@@ -357,7 +360,7 @@ pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Dur
                 Ok(n) if n > 0 => {
                     let sent = timeout(idle, write_down(down, &from_up[..n])).await;
                     if !matches!(sent, Ok(Ok(()))) {
-                        return;
+                        return received;
                     }
                 }
                 _ => {
@@ -365,9 +368,10 @@ pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Dur
                     let _ = timeout(idle, down.stream.shutdown()).await;
                 }
             },
-            _ = tokio::time::sleep(idle) => return,
+            _ = tokio::time::sleep(idle) => return received,
         }
     }
+    received
 }
 
 #[cfg(test)]

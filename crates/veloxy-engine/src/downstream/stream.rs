@@ -37,13 +37,16 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
                     }
                 }
                 worker.metrics.upgrades.inc();
-                crate::downstream::relay::tunnel(down, &mut conn.stream, group.idle_timeout).await;
-                tracing::debug!(
-                    client = %down.peer,
-                    backend = %group.backends[backend].addr,
-                    bytes_sent = down.bytes_sent,
-                    duration_ms = started.elapsed().as_millis() as u64,
-                    "stream closed"
+                let received =
+                    crate::downstream::relay::tunnel(down, &mut conn.stream, group.idle_timeout)
+                        .await;
+                log(
+                    worker,
+                    down,
+                    &group.name,
+                    group.backends[backend].addr,
+                    received,
+                    started,
                 );
                 return;
             }
@@ -52,5 +55,38 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
                 excluded |= 1 << backend;
             }
         }
+    }
+}
+
+/// The stream's access log line: protocol `TCP`, the listener as the target, bytes each way
+/// and the duration.
+fn log(
+    worker: &Worker,
+    down: &Downstream,
+    upstream: &str,
+    backend: std::net::SocketAddr,
+    received: u64,
+    started: tokio::time::Instant,
+) {
+    let Some(log) = &worker.shared.access_log else {
+        return;
+    };
+    let entry = crate::access_log::Entry {
+        client: down.peer,
+        method: "TCP",
+        target: &down.listener.name,
+        version: crate::access_log::STREAM,
+        status: 0,
+        bytes_sent: down.bytes_sent,
+        duration: started.elapsed(),
+        referer: b"",
+        user_agent: b"",
+        upstream,
+        backend: Some(backend),
+        request_id: None,
+        bytes_received: Some(received),
+    };
+    if !log.log(&entry) {
+        worker.metrics.access_log_dropped.inc();
     }
 }

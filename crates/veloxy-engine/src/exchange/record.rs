@@ -118,6 +118,7 @@ impl Record {
                 upstream: &self.upstream,
                 backend: self.backend,
                 request_id: self.request_id.as_deref(),
+                bytes_received: None,
             };
             if !log.log(&entry) {
                 worker.metrics.access_log_dropped.inc();
