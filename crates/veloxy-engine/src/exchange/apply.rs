@@ -51,21 +51,34 @@ fn declared_length(head: &Head) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The lines one side's rules render for this request (none when all their values are fixed:
+/// those are added by reference), then the request ID's.
+fn rendered(
+    rules: Option<&crate::rules::HeaderRules>,
+    id_field: Option<&str>,
+    vars: &answer::RequestVars,
+) -> Vec<u8> {
+    let mut lines = Vec::new();
+    if let Some(r) = rules.filter(|r| r.fixed().is_none()) {
+        lines = edit::line_buffer();
+        r.render(vars, &mut lines);
+    }
+    push_id(&mut lines, id_field, vars.request_id);
+    lines
+}
+
 /// Renders the route's `request_headers` and the request ID for the upstream request.
 pub(super) fn upstream_edit(
     route: &crate::router::Route,
     id_field: Option<&str>,
     vars: &answer::RequestVars,
 ) -> edit::UpstreamEdit {
-    let mut lines = Vec::new();
     let rules = route.rules.clone();
-    if let Some(r) = rules.as_ref().and_then(|r| r.request.as_ref()) {
-        if r.fixed().is_none() {
-            lines = edit::line_buffer();
-            r.render(vars, &mut lines);
-        }
-    }
-    push_id(&mut lines, id_field, vars.request_id);
+    let lines = rendered(
+        rules.as_ref().and_then(|r| r.request.as_ref()),
+        id_field,
+        vars,
+    );
     edit::UpstreamEdit::new(rules, id_field.map(Into::into), lines)
 }
 
@@ -76,15 +89,12 @@ pub(super) fn response_edit(
     vars: &answer::RequestVars,
 ) -> edit::ResponseEdit {
     use crate::template::Vars;
-    let mut lines = Vec::new();
     let rules = route.rules.clone();
-    if let Some(r) = rules.as_ref().and_then(|r| r.response.as_ref()) {
-        if r.fixed().is_none() {
-            lines = edit::line_buffer();
-            r.render(vars, &mut lines);
-        }
-    }
-    push_id(&mut lines, id_field, vars.request_id);
+    let lines = rendered(
+        rules.as_ref().and_then(|r| r.response.as_ref()),
+        id_field,
+        vars,
+    );
     let location = rules.as_ref().filter(|r| r.location_rewrite).map(|r| {
         let mut base = String::new();
         vars.value(&crate::template::Var::Scheme, &mut base);

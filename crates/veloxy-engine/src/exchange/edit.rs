@@ -379,13 +379,20 @@ impl ResponseView<'_> {
             }
         }
         for raw in self.added() {
-            for (n, v) in lines(raw) {
-                if let (Ok(n), Ok(v)) =
-                    (http::HeaderName::from_bytes(n), HeaderValue::from_bytes(v))
-                {
-                    map.append(n, v);
-                }
-            }
+            append_fields(lines(raw), map);
+        }
+    }
+}
+
+/// Appends (name, value) fields to a header map, leaving out any that are not valid HTTP.
+/// The one way "Name: value" lines (rules, hooks, forward_auth) enter an HTTP/2 message.
+pub(crate) fn append_fields<'a>(
+    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    map: &mut HeaderMap,
+) {
+    for (n, v) in fields {
+        if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
+            map.append(n, v);
         }
     }
 }

@@ -516,18 +516,7 @@ pub(crate) fn hyper_error(upstream: bool, e: &hyper::Error) -> ProxyError {
 
 /// Headers the hooks asked to add to the response ("Name: value\r\n" lines).
 pub(crate) fn add_hook_headers(raw: &[u8], headers: &mut HeaderMap) {
-    for line in raw.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        if let (Ok(n), Ok(v)) = (
-            http::HeaderName::from_bytes(&line[..colon]),
-            HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
-        ) {
-            headers.append(n, v);
-        }
-    }
+    crate::exchange::edit::append_fields(crate::exchange::edit::lines(raw), headers);
 }
 
 /// The request fields not forwarded as they are: the one list in [`crate::http1::classify`]

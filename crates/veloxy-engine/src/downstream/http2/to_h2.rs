@@ -187,15 +187,13 @@ pub(crate) fn upstream_headers(fields: Fields, fwd: &Forwarding) -> HeaderMap {
         }
     }
     if let Some(e) = fwd.edit {
-        for (n, v) in e.added().into_iter().flat_map(crate::exchange::edit::lines) {
-            // The Host the rules set goes as `:authority` (the caller's URI).
-            if n.eq_ignore_ascii_case(b"host") {
-                continue;
-            }
-            if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
-                headers.append(n, v);
-            }
-        }
+        // The Host the rules set goes as `:authority` (the caller's URI).
+        let fields = e
+            .added()
+            .into_iter()
+            .flat_map(crate::exchange::edit::lines)
+            .filter(|(n, _)| !n.eq_ignore_ascii_case(b"host"));
+        crate::exchange::edit::append_fields(fields, &mut headers);
     }
     headers
 }
