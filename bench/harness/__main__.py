@@ -1,4 +1,4 @@
-"""Entry point: `bench/run [--quick|--smoke|--vs-nginx] [options]` (see bench/README.md)."""
+"""Entry point: `bench/run [--quick|--smoke|--vs-nginx|--tcp] [options]` (see bench/README.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import report, runner, vs_nginx
+from . import report, runner, tcp, vs_nginx
 from .peers import ALL_PROXIES
 from .runner import SetupError
 from .ui import fmt_s, say
@@ -30,6 +30,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                            "per scenario, ruff check; exits non-zero when broken")
     mode.add_argument("--vs-nginx", action="store_true",
                       help="veloxy vs nginx, 1 worker each, alternating wrk rounds, CPU per request")
+    mode.add_argument("--tcp", action="store_true",
+                      help="L4: veloxy vs HAProxy (mode tcp) vs nginx (stream), plain TCP and SNI "
+                           "passthrough, 1 worker each, alternating wrk rounds, CPU per transfer")
     p.add_argument("--proxies", help=f"comma list (default: all: {','.join(ALL_PROXIES)})")
     p.add_argument("--scenarios", help="comma list of scenario names (default: all)")
     p.add_argument("--cores", help="core split PROXY:LOAD, e.g. 0:1 or 0-3:4-15 "
@@ -42,10 +45,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-install", action="store_true", help="use only what is already installed")
     p.add_argument("--no-build", action="store_true",
                    help="do not cargo build the workspace if target/release binaries are missing")
-    p.add_argument("--rounds", type=int, default=3, help="--vs-nginx: alternating rounds (>= 3)")
-    p.add_argument("--duration", type=float, default=10, help="--vs-nginx: seconds per run")
-    p.add_argument("--warmup", type=float, default=2, help="--vs-nginx: warm-up seconds per run")
-    p.add_argument("--connections", type=int, default=64, help="--vs-nginx: wrk connections")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="--vs-nginx (>= 3), --tcp (>= 1; below 3 only a smoke check): alternating rounds")
+    p.add_argument("--duration", type=float, default=10, help="--vs-nginx, --tcp: seconds per run")
+    p.add_argument("--warmup", type=float, default=2, help="--vs-nginx, --tcp: warm-up seconds per run")
+    p.add_argument("--connections", type=int, default=64, help="--vs-nginx, --tcp: wrk connections")
     p.add_argument("--rules", action="store_true",
                    help="--vs-nginx: the route-rules scenario (regex, stripped prefix, header rules)")
     p.add_argument("--strace", action="store_true",
@@ -90,7 +94,7 @@ def main(argv: list[str]) -> int:
         print("proxies:  ", ", ".join(ALL_PROXIES))
         return 0
     profile = ("smoke" if args.smoke else "quick" if args.quick
-               else "vs-nginx" if args.vs_nginx else "full")
+               else "vs-nginx" if args.vs_nginx else "tcp" if args.tcp else "full")
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
@@ -105,6 +109,8 @@ def main(argv: list[str]) -> int:
         requested = ["veloxy", "nginx"]
     elif profile == "vs-nginx":
         requested = ["veloxy", "nginx"]
+    elif profile == "tcp":
+        requested = list(tcp.TCP_PEERS)
     else:
         requested = list(ALL_PROXIES)
     scenarios = [s for s in all_sc if profile in s.PROFILES]
@@ -138,6 +144,8 @@ def main(argv: list[str]) -> int:
             f"{ctx.workers} worker(s) per proxy")
         if profile == "vs-nginx":
             return vs_nginx.run(ctx, args)
+        if profile == "tcp":
+            return tcp.run(ctx, args, requested)
         wanted = ["wrk", *requested]
         if profile != "smoke":
             wanted.append("h2load")  # for HTTP/2 scenarios; installed up front with the others

@@ -47,11 +47,13 @@ def parse_wrk(stdout: str) -> dict:
 
 def wrk(url: str, *, connections: int, duration: float, threads: int, cpus: list[int],
         method: str = "GET", body_file: Path | None = None, timeout_s: int = 4,
-        headers: list[str] | None = None) -> dict:
+        headers: list[str] | None = None, script: Path | None = None) -> dict:
+    """`script`: another wrk Lua script (it must print the WRKJSON line, e.g. by loading
+    lua/report.lua with dofile); default lua/report.lua."""
     threads = max(1, min(threads, connections))
     duration = max(1, math.ceil(duration))  # wrk takes whole seconds only
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration}s",
-           "--timeout", f"{timeout_s}s", "-s", str(WRK_LUA)]
+           "--timeout", f"{timeout_s}s", "-s", str(script or WRK_LUA)]
     for h in headers or []:
         cmd += ["-H", h]
     cmd.append(url)

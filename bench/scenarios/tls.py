@@ -71,14 +71,15 @@ def _nginx_new_http2(ctx) -> bool:
     return bool(v) and tuple(int(x) for x in v.groups()) >= (1, 25, 1)
 
 
-def make_cert(dest) -> dict[str, str]:
-    """One ECDSA P-256 self-signed certificate for localhost and 127.0.0.1 (openssl):
-    cert.pem, key.pem (PKCS#8) and bundle.pem (cert + key, for HAProxy)."""
+def make_cert(dest, cn: str = "localhost",
+              san: str = "DNS:localhost,IP:127.0.0.1") -> dict[str, str]:
+    """One ECDSA P-256 self-signed certificate for `cn` / `san` (default localhost and
+    127.0.0.1; openssl): cert.pem, key.pem (PKCS#8) and bundle.pem (cert + key, for HAProxy)."""
     dest.mkdir(parents=True, exist_ok=True)
     cert, key, bundle = dest / "cert.pem", dest / "key.pem", dest / "bundle.pem"
     cmd = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "30",
-           "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"]
+           "-subj", f"/CN={cn}", "-addext", f"subjectAltName={san}"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if r.returncode != 0 or not cert.exists() or not key.exists():
         raise RuntimeError(f"openssl req failed ({r.returncode}): {(r.stderr or r.stdout)[-300:]}")

@@ -47,7 +47,7 @@ pub struct Entry<'a> {
     pub referer: &'a [u8],
     pub user_agent: &'a [u8],
     pub upstream: &'a str,
-    pub backend: Option<SocketAddr>,
+    pub backend: Option<&'a crate::upstream::addr::BackendAddr>,
     /// `[server] request_id`: the request's ID (appended to combined lines as a quoted last
     /// field, a `request_id` member in JSON).
     pub request_id: Option<&'a str>,
@@ -324,6 +324,8 @@ mod tests {
     use super::*;
 
     fn entry() -> Entry<'static> {
+        static BACKEND: std::sync::LazyLock<crate::upstream::addr::BackendAddr> =
+            std::sync::LazyLock::new(|| "127.0.0.1:9001".parse().unwrap());
         Entry {
             client: "10.1.2.3:5555".parse().unwrap(),
             method: "GET",
@@ -335,7 +337,7 @@ mod tests {
             referer: b"",
             user_agent: b"curl/8\x01",
             upstream: "app",
-            backend: Some("127.0.0.1:9001".parse().unwrap()),
+            backend: Some(&BACKEND),
             request_id: None,
             bytes_received: None,
         }

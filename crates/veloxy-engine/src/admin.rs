@@ -117,7 +117,7 @@ fn metric_labels<'a>(
                 g.health.backends.iter().enumerate().map(move |(i, b)| {
                     crate::metrics::BackendLabels {
                         upstream: &g.name,
-                        addr: b.addr,
+                        addr: b.addr.clone(),
                         open_connections: b.open_connections.load(Ordering::Relaxed) as u64,
                         up: down & (1 << i) == 0,
                         checks_passed: b.checks_passed.load(Ordering::Relaxed),

@@ -104,7 +104,7 @@ pub struct RequestSummary {
     /// From the request head to the end of the exchange.
     pub duration: Duration,
     /// The backend of the last attempt (`None` for file routes and refusals).
-    pub backend: Option<SocketAddr>,
+    pub backend: Option<crate::upstream::addr::BackendAddr>,
 }
 
 /// Request/response hooks. Implementations must be cheap: they run on the request path.

@@ -225,7 +225,7 @@ pub struct Labels<'a> {
 /// One backend's live figures.
 pub struct BackendLabels<'a> {
     pub upstream: &'a str,
-    pub addr: std::net::SocketAddr,
+    pub addr: crate::upstream::addr::BackendAddr,
     pub open_connections: u64,
     pub up: bool,
     pub checks_passed: u64,

@@ -347,18 +347,11 @@ delegate_io!(DownstreamIo, Plain, Tls);
 pub enum UpstreamIo {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// A unix-socket backend (`unix:/path`).
+    Unix(tokio::net::UnixStream),
 }
 
-impl UpstreamIo {
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            UpstreamIo::Plain(s) => s,
-            UpstreamIo::Tls(s) => s.get_ref().0,
-        }
-    }
-}
-
-delegate_io!(UpstreamIo, Plain, Tls);
+delegate_io!(UpstreamIo, Plain, Tls, Unix);
 
 /// A stream with bytes already read from it put back in front (an HTTP/2 preface found
 /// while looking for an HTTP/1 request head).

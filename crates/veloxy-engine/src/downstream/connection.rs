@@ -28,6 +28,9 @@ const HEAD_BUF: usize = 8 * 1024;
 pub(crate) struct Downstream {
     pub stream: DownstreamIo,
     pub peer: SocketAddr,
+    /// The address the client connected to: known when some upstream group sends PROXY
+    /// headers (which name it), else `None` (no syscall spent on it).
+    pub local: Option<SocketAddr>,
     /// Formatted once per connection for X-Forwarded-For.
     pub client_ip: String,
     pub rbuf: BytesMut,
@@ -152,7 +155,7 @@ pub(crate) async fn serve(
     listener: std::sync::Arc<crate::runtime::ListenerState>,
 ) {
     worker.metrics.downstream_connections.inc();
-    let (tls, http2, header_timeout, settings, stream_group, sni_streams) = {
+    let (tls, http2, header_timeout, settings, stream_group, sni_streams, local) = {
         let gen = worker.current();
         let spec = gen
             .snapshot
@@ -179,6 +182,12 @@ pub(crate) async fn serve(
             ),
             spec.and_then(|l| l.stream),
             spec.map_or_else(Vec::new, |l| l.sni_streams.clone()),
+            gen.snapshot
+                .upstreams
+                .iter()
+                .any(|g| g.proxy_protocol > 0)
+                .then(|| stream.local_addr().ok())
+                .flatten(),
         )
     };
     // SNI passthrough: a ClientHello naming a `[[streams]] sni` host is relayed untouched.
@@ -199,7 +208,11 @@ pub(crate) async fn serve(
             None => return,
             Some((io, true)) => {
                 Box::pin(crate::downstream::http2::serve(
-                    worker, io, peer, listener, true,
+                    worker,
+                    io,
+                    (peer, local),
+                    listener,
+                    true,
                 ))
                 .await;
                 return;
@@ -210,6 +223,7 @@ pub(crate) async fn serve(
     let mut down = Downstream {
         stream,
         peer,
+        local,
         client_ip: peer.ip().to_string(),
         rbuf: BytesMut::with_capacity(HEAD_BUF),
         listener,
@@ -235,6 +249,7 @@ pub(crate) async fn serve(
                     stream,
                     rbuf,
                     peer,
+                    local,
                     listener,
                     ..
                 } = down;
@@ -243,7 +258,11 @@ pub(crate) async fn serve(
                 };
                 let io = crate::tls::Prefixed::new(rbuf.freeze(), tcp);
                 Box::pin(crate::downstream::http2::serve(
-                    worker, io, peer, listener, false,
+                    worker,
+                    io,
+                    (peer, local),
+                    listener,
+                    false,
                 ))
                 .await;
                 return;
@@ -561,6 +580,7 @@ fn prepare(
     };
     let peer = Peer {
         addr: down.peer,
+        local: down.local,
         client_ip: &down.client_ip,
         listener: &down.listener.name,
         listener_index: &down.listener_index,
@@ -605,7 +625,7 @@ fn prepare(
         }
         if req.host.is_none() && !target.edit.as_ref().is_some_and(|e| e.drops("host")) {
             // An HTTP/1.0 request without Host: HTTP/1.1 upstreams require one.
-            let addr = group.backends[target.backend].addr;
+            let addr = group.backends[target.backend].authority();
             head.extend_from_slice(format!("Host: {addr}\r\n").as_bytes());
         }
         if let Some(c) = &record.ctx {

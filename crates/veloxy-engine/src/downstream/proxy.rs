@@ -149,7 +149,7 @@ pub(crate) async fn forward(
             (false, 0, false)
         }
     };
-    record.backend = backend.map(|b| group.backends[b].addr);
+    record.backend = backend.map(|b| group.backends[b].addr.clone());
     crate::downstream::connection::finish_record(worker, down, &mut record, status);
     if linger {
         linger_close(&mut down.stream).await;
@@ -303,7 +303,7 @@ fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {
         Side::Upstream => tracing::warn!(
             upstream = %group.name,
             // Left out when no backend was picked, rather than logged as `Some(...)`/`None`.
-            backend = backend.map(|b| tracing::field::display(group.backends[b].addr)),
+            backend = backend.map(|b| tracing::field::display(&group.backends[b].addr)),
             error = %e.kind,
             "upstream error"
         ),
@@ -377,9 +377,14 @@ struct Run<'a> {
 
 impl Run<'_> {
     async fn connect(&self, backend: usize) -> Result<UpstreamConn, AttemptFail> {
-        connect_backend(&self.worker.metrics, self.group, backend)
-            .await
-            .map_err(|(error, health)| AttemptFail::NotSent { error, health })
+        connect_backend(
+            &self.worker.metrics,
+            self.group,
+            backend,
+            self.p.target.origin,
+        )
+        .await
+        .map_err(|(error, health)| AttemptFail::NotSent { error, health })
     }
 
     /// One attempt against `backend`. On success the response has been relayed downstream.
@@ -395,7 +400,7 @@ impl Run<'_> {
         let t0 = Instant::now();
         let pooled = self.gen.groups.borrow_mut()[p.target.upstream]
             .pool
-            .take(backend);
+            .take(backend, p.target.origin);
         let (mut conn, mut reused) = match pooled {
             Some(c) => {
                 self.worker.metrics.pool_hits.inc();
@@ -587,7 +592,7 @@ impl Run<'_> {
             return Ok(meta);
         }
         // `location_rewrite` recognizes the backend's address.
-        self.record.backend = Some(self.group.backends[backend].addr);
+        self.record.backend = Some(self.group.backends[backend].addr.clone());
         if let Some(view) = exchange::on_response(self.worker, self.record, meta.status) {
             view.apply_h1(self.obuf);
         }

@@ -12,8 +12,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-/// The v2 signature.
-const V2_SIG: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
+use crate::upstream::proxy_header::V2_SIG;
 /// The longest header read: v1 is at most 107 bytes; v2 with IPv6 addresses is 52, and TLVs
 /// past what is needed here are consumed but not kept.
 const MAX_HEADER: usize = 536;
@@ -70,55 +69,6 @@ pub(crate) async fn accept(
             }
             Parsed::Partial => return None,
         }
-    }
-}
-
-/// The PROXY header (version 1 or 2) telling a backend that `client` connected to `local`.
-pub(crate) fn header(version: u8, client: SocketAddr, local: SocketAddr) -> Vec<u8> {
-    let (client, local) = match (client.ip().to_canonical(), local.ip().to_canonical()) {
-        (c @ IpAddr::V4(_), l @ IpAddr::V4(_)) | (c @ IpAddr::V6(_), l @ IpAddr::V6(_)) => (
-            SocketAddr::new(c, client.port()),
-            SocketAddr::new(l, local.port()),
-        ),
-        // Mixed families: both as IPv6.
-        (c, l) => (
-            SocketAddr::new(IpAddr::V6(to_v6(c)), client.port()),
-            SocketAddr::new(IpAddr::V6(to_v6(l)), local.port()),
-        ),
-    };
-    if version == 1 {
-        let family = if client.is_ipv4() { "TCP4" } else { "TCP6" };
-        return format!(
-            "PROXY {family} {} {} {} {}\r\n",
-            client.ip(),
-            local.ip(),
-            client.port(),
-            local.port()
-        )
-        .into_bytes();
-    }
-    let mut h = V2_SIG.to_vec();
-    match (client.ip(), local.ip()) {
-        (IpAddr::V4(c), IpAddr::V4(l)) => {
-            h.extend_from_slice(&[0x21, 0x11, 0, 12]);
-            h.extend_from_slice(&c.octets());
-            h.extend_from_slice(&l.octets());
-        }
-        (c, l) => {
-            h.extend_from_slice(&[0x21, 0x21, 0, 36]);
-            h.extend_from_slice(&to_v6(c).octets());
-            h.extend_from_slice(&to_v6(l).octets());
-        }
-    }
-    h.extend_from_slice(&client.port().to_be_bytes());
-    h.extend_from_slice(&local.port().to_be_bytes());
-    h
-}
-
-fn to_v6(ip: IpAddr) -> Ipv6Addr {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
     }
 }
 
@@ -223,7 +173,7 @@ mod tests {
         let c: SocketAddr = "192.0.2.7:56324".parse().unwrap();
         let l: SocketAddr = "10.0.0.1:443".parse().unwrap();
         for v in [1, 2] {
-            let h = header(v, c, l);
+            let h = crate::upstream::proxy_header::header(v, c, l);
             assert_eq!(parse(&h), Parsed::Done(h.len(), Some(c)), "v{v}");
         }
     }

@@ -21,21 +21,12 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
             hash: 0,
         });
         let Some(backend) = pick else { break };
-        match crate::upstream::connect::connect_backend(&worker.metrics, group, backend).await {
+        // The backend learns the client's address when the group sends a PROXY header.
+        let origin = crate::upstream::connect::origin(group, down.peer, None, down.local);
+        match crate::upstream::connect::connect_backend(&worker.metrics, group, backend, origin)
+            .await
+        {
             Ok(mut conn) => {
-                if group.proxy_protocol > 0 {
-                    // The backend learns the client's address (a PROXY header first).
-                    let local = down.stream.tcp().local_addr().unwrap_or(down.peer);
-                    let h = crate::downstream::proxy_protocol::header(
-                        group.proxy_protocol,
-                        down.peer,
-                        local,
-                    );
-                    if crate::tls::send_all(&mut conn.stream, &h).await.is_err() {
-                        excluded |= 1 << backend;
-                        continue;
-                    }
-                }
                 worker.metrics.upgrades.inc();
                 let received =
                     crate::downstream::relay::tunnel(down, &mut conn.stream, group.idle_timeout)
@@ -44,7 +35,7 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
                     worker,
                     down,
                     &group.name,
-                    group.backends[backend].addr,
+                    &group.backends[backend].addr,
                     received,
                     started,
                 );
@@ -64,7 +55,7 @@ fn log(
     worker: &Worker,
     down: &Downstream,
     upstream: &str,
-    backend: std::net::SocketAddr,
+    backend: &crate::upstream::addr::BackendAddr,
     received: u64,
     started: tokio::time::Instant,
 ) {

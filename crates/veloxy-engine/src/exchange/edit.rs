@@ -6,7 +6,7 @@
 //! only drop fields by name, rewrite `Location`, and append the rendered lines. A route
 //! without rules and a server without `request_id` build no edit at all.
 
-use std::net::SocketAddr;
+use crate::upstream::addr::BackendAddr;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue};
@@ -223,7 +223,7 @@ pub(crate) struct ResponseView<'a> {
     pub(crate) edit: Option<&'a ResponseEdit>,
     pub(crate) hooks: &'a [u8],
     /// The backend that answered (a proxied response), for `location_rewrite`.
-    pub(crate) backend: Option<SocketAddr>,
+    pub(crate) backend: Option<&'a BackendAddr>,
 }
 
 impl ResponseView<'_> {
@@ -424,7 +424,7 @@ pub(crate) fn lines(raw: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
 fn rewrite_location(
     value: &[u8],
     base: &str,
-    backend: Option<SocketAddr>,
+    backend: Option<&BackendAddr>,
     host: Option<&str>,
 ) -> Option<Vec<u8>> {
     let text = std::str::from_utf8(value).ok()?;
@@ -486,9 +486,9 @@ mod tests {
 
     #[test]
     fn location_rewrites() {
-        let b: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let b: BackendAddr = "127.0.0.1:8080".parse().unwrap();
         let r = |v: &str, h: Option<&str>| {
-            rewrite_location(v.as_bytes(), "https://example.com", Some(b), h)
+            rewrite_location(v.as_bytes(), "https://example.com", Some(&b), h)
                 .map(|v| String::from_utf8(v).unwrap())
         };
         assert_eq!(

@@ -88,7 +88,7 @@ impl AuthRequest {
             .ok_or_else(down)?;
         let exchange = async {
             let mut conn =
-                crate::upstream::connect::connect_backend(&worker.metrics, group, backend)
+                crate::upstream::connect::connect_backend(&worker.metrics, group, backend, None)
                     .await
                     .map_err(|_| down())?;
             conn.stream

@@ -138,6 +138,8 @@ impl crate::rules::Request for Head<'_> {
 /// The downstream connection a request came on.
 pub(crate) struct Peer<'a> {
     pub addr: SocketAddr,
+    /// The address the client connected to, when some group sends PROXY headers.
+    pub local: Option<SocketAddr>,
     /// `addr`'s IP, formatted once per connection.
     pub client_ip: &'a str,
     pub listener: &'a str,
@@ -181,6 +183,9 @@ pub(crate) struct ProxyTarget {
     /// The client's address from a trusted proxy's header (`None`: the peer's), for the
     /// X-Forwarded-For sent upstream.
     pub client_ip: Option<String>,
+    /// The client a PROXY header names, for groups that send one (their connections are
+    /// opened and reused for this client only).
+    pub origin: Option<crate::upstream::proxy_header::Origin>,
     /// `forward_auth`: the subrequest the codec runs before forwarding (see
     /// [`forward_auth`]); taken when run.
     pub forward_auth: Option<Box<forward_auth::AuthRequest>>,
@@ -384,6 +389,12 @@ pub(crate) fn admit(
         forward_auth: rules
             .and_then(|r| r.forward_auth.as_ref())
             .map(|fa| Box::new(forward_auth::AuthRequest::new(fa, head, peer, client_ip))),
+        origin: crate::upstream::connect::origin(
+            &snapshot.upstreams[upstream],
+            peer.addr,
+            real.as_ref().map(|(ip, _)| *ip),
+            peer.local,
+        ),
         client_ip: real.map(|(_, s)| s),
     }))
 }
@@ -496,7 +507,7 @@ pub(crate) fn on_response<'c>(
     Some(edit::ResponseView {
         edit: record.edit.as_ref(),
         hooks: hooks.unwrap_or(&[]),
-        backend: record.backend,
+        backend: record.backend.as_ref(),
     })
 }
 

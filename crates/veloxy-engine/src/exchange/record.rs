@@ -29,7 +29,7 @@ pub(crate) struct Record {
     /// The upstream group, for the access log.
     pub upstream: String,
     /// The backend of the last attempt.
-    pub backend: Option<SocketAddr>,
+    pub backend: Option<crate::upstream::addr::BackendAddr>,
     /// The downstream connection's bytes-sent counter when the exchange began (HTTP/1, where
     /// the counter spans the connection).
     pub bytes_before: u64,
@@ -116,7 +116,7 @@ impl Record {
                 referer: &f.referer,
                 user_agent: &f.user_agent,
                 upstream: &self.upstream,
-                backend: self.backend,
+                backend: self.backend.as_ref(),
                 request_id: self.request_id.as_deref(),
                 bytes_received: None,
             };
@@ -128,7 +128,7 @@ impl Record {
             let summary = RequestSummary {
                 status,
                 duration,
-                backend: self.backend,
+                backend: self.backend.clone(),
             };
             hooks.on_done(&summary, ctx);
         }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct BackendInfo {
     /// The backend's address.
-    pub addr: SocketAddr,
+    pub addr: crate::upstream::addr::BackendAddr,
     /// Its `weight` (default 1).
     pub weight: u32,
 }

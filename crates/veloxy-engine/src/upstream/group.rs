@@ -1,11 +1,11 @@
 //! Compiled upstream groups: the plain data the config compiler builds for each
 //! `[upstreams.NAME]` (re-exported by [`crate::config`]), with the group's shared health state.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::upstream::addr::BackendAddr;
 use crate::upstream::balancer::Policy;
 use crate::upstream::health::{GroupHealth, HealthCheck, Outlier};
 
@@ -37,7 +37,7 @@ pub enum HashKey {
 #[derive(Debug, Clone)]
 pub struct Backend {
     /// The address connected to (resolved at load time).
-    pub addr: SocketAddr,
+    pub addr: BackendAddr,
     /// The server as written, without its scheme (`host:port`); `addr` is what it resolved to
     /// at load time. Kept because a name means more than one address: it is resolved again
     /// on each load, and it is the default TLS name.
@@ -46,6 +46,18 @@ pub struct Backend {
     pub tls_name: Option<rustls::pki_types::ServerName<'static>>,
     /// Relative share of traffic under weighted policies. Default 1.
     pub weight: u32,
+}
+
+impl Backend {
+    /// The name a request to this backend carries when it has none of its own (an HTTP/1.0
+    /// request without `Host`, a `forward_auth` call): its address, or `localhost` for a
+    /// unix socket.
+    pub fn authority(&self) -> String {
+        match &self.addr {
+            BackendAddr::Tcp(a) => a.to_string(),
+            BackendAddr::Unix(_) => "localhost".to_owned(),
+        }
+    }
 }
 
 /// A compiled upstream group.
@@ -145,7 +157,7 @@ pub struct Sticky {
 
 impl Sticky {
     /// The token of a backend of group `name` at `addr`.
-    pub fn token(name: &str, addr: &std::net::SocketAddr) -> String {
+    pub fn token(name: &str, addr: &BackendAddr) -> String {
         use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
         let h = BuildHasherDefault::<DefaultHasher>::default().hash_one((name, addr));
         format!("{h:016x}")

@@ -5,7 +5,7 @@
 //! request. So the state is a handful of atomics per backend plus one bitmask per group, and
 //! one `veloxy-health` thread for the whole process runs the active checks and ends ejections.
 
-use std::net::SocketAddr;
+use crate::upstream::addr::BackendAddr;
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -71,7 +71,7 @@ impl Default for Outlier {
 #[derive(Debug)]
 pub struct BackendHealth {
     /// The backend's address.
-    pub addr: SocketAddr,
+    pub addr: BackendAddr,
     /// Result of active checks (true until a check says otherwise).
     pub active_up: AtomicBool,
     /// Consecutive active-check results against the current state.
@@ -106,12 +106,12 @@ pub struct WorkerView {
 
 impl BackendHealth {
     /// Health state for a backend served by one worker.
-    pub fn new(addr: SocketAddr) -> Self {
+    pub fn new(addr: BackendAddr) -> Self {
         Self::with_workers(addr, 1)
     }
 
     /// A backend's record with a published-view slot for each of `workers` workers.
-    pub fn with_workers(addr: SocketAddr, workers: usize) -> Self {
+    pub fn with_workers(addr: BackendAddr, workers: usize) -> Self {
         BackendHealth {
             addr,
             active_up: AtomicBool::new(true),
@@ -288,7 +288,9 @@ pub fn adopt(old: &[UpstreamGroup], new: &mut [UpstreamGroup], workers: usize) {
                     .iter()
                     .find(|h| h.addr == b.addr)
                     .cloned()
-                    .unwrap_or_else(|| Arc::new(BackendHealth::with_workers(b.addr, workers)))
+                    .unwrap_or_else(|| {
+                        Arc::new(BackendHealth::with_workers(b.addr.clone(), workers))
+                    })
             })
             .collect();
         g.health = Arc::new(GroupHealth::new(backends));
@@ -305,9 +307,23 @@ pub type ProbeTls = (
 /// whose status must fall in `expect_status`. `None` when the probe could not even open its
 /// socket because this process is out of descriptors, ports or memory: that says nothing
 /// about the backend, so it is no result at all.
-pub async fn probe(addr: SocketAddr, check: &HealthCheck, tls: Option<&ProbeTls>) -> Option<bool> {
+pub async fn probe(
+    addr: &BackendAddr,
+    check: &HealthCheck,
+    tls: Option<&ProbeTls>,
+) -> Option<bool> {
     let attempt = async {
-        let tcp = match tokio::net::TcpStream::connect(addr).await {
+        let tcp_addr = match addr {
+            BackendAddr::Tcp(a) => *a,
+            BackendAddr::Unix(path) => {
+                return match tokio::net::UnixStream::connect(path).await {
+                    Ok(s) => Ok(http_probe(s, addr, check).await == Some(true)),
+                    Err(e) if crate::error::is_local_resource_error(&e) => Err(e),
+                    Err(_) => Ok(false),
+                };
+            }
+        };
+        let tcp = match tokio::net::TcpStream::connect(tcp_addr).await {
             Ok(tcp) => tcp,
             Err(e) if crate::error::is_local_resource_error(&e) => return Err(e),
             Err(_) => return Ok(false),
@@ -334,7 +350,7 @@ pub async fn probe(addr: SocketAddr, check: &HealthCheck, tls: Option<&ProbeTls>
     }
 }
 
-async fn http_probe<S>(mut s: S, addr: SocketAddr, check: &HealthCheck) -> Option<bool>
+async fn http_probe<S>(mut s: S, addr: &BackendAddr, check: &HealthCheck) -> Option<bool>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -342,7 +358,11 @@ where
         let Some(path) = &check.path else {
             return Some(true);
         };
-        let host = check.host.clone().unwrap_or_else(|| addr.to_string());
+        let host = match (&check.host, addr) {
+            (Some(h), _) => h.clone(),
+            (None, BackendAddr::Tcp(a)) => a.to_string(),
+            (None, BackendAddr::Unix(_)) => "localhost".to_owned(),
+        };
         let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: veloxy-health\r\nConnection: close\r\n\r\n");
         crate::tls::send_all(&mut s, req.as_bytes()).await.ok()?;
         let mut buf = Vec::with_capacity(1024);
@@ -398,7 +418,7 @@ pub(crate) fn spawn_thread(
                                 let tls: Option<ProbeTls> =
                                     group.tls.clone().zip(group.backends[i].tls_name.clone());
                                 tasks.spawn(async move {
-                                    let addr = health.backends[i].addr;
+                                    let addr = health.backends[i].addr.clone();
                                     let mut tick = tokio::time::interval(check.interval);
                                     tick.set_missed_tick_behavior(
                                         tokio::time::MissedTickBehavior::Delay,
@@ -406,7 +426,7 @@ pub(crate) fn spawn_thread(
                                     loop {
                                         tick.tick().await;
                                         if let Some(passed) =
-                                            probe(addr, &check, tls.as_ref()).await
+                                            probe(&addr, &check, tls.as_ref()).await
                                         {
                                             health.apply_check(i, passed, &check);
                                         }

@@ -1,11 +1,13 @@
 //! Upstream side: balancing policies, per-worker group state and connection pools.
 
+pub mod addr;
 pub mod balancer;
 pub(crate) mod connect;
 pub mod group;
 pub mod health;
 pub mod policies;
 pub(crate) mod pool;
+pub(crate) mod proxy_header;
 
 use balancer::{BackendInfo, Picker};
 use pool::Pool;
@@ -146,7 +148,7 @@ impl GroupState {
             .backends
             .iter()
             .map(|b| BackendInfo {
-                addr: b.addr,
+                addr: b.addr.clone(),
                 weight: b.weight,
             })
             .collect();

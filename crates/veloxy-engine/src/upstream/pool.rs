@@ -15,17 +15,30 @@ use tokio::time::Instant;
 use crate::tls::UpstreamIo;
 
 use super::health::BackendHealth;
+use super::proxy_header::Origin;
 
 /// An open upstream connection, counted in its backend's `open_connections` while it lives.
 pub(crate) struct UpstreamConn {
     pub stream: UpstreamIo,
     backend: Arc<BackendHealth>,
+    /// The client its PROXY header named, if it sent one: it serves that client only.
+    origin: Option<Origin>,
 }
 
 impl UpstreamConn {
     /// Wraps a connection whose slot [`reserve_slot`] already counted.
     pub fn with_reserved_slot(stream: UpstreamIo, backend: Arc<BackendHealth>) -> Self {
-        UpstreamConn { stream, backend }
+        UpstreamConn {
+            stream,
+            backend,
+            origin: None,
+        }
+    }
+
+    /// Marks a connection whose PROXY header named `origin`.
+    pub fn for_origin(mut self, origin: Option<Origin>) -> Self {
+        self.origin = origin;
+        self
     }
 }
 
@@ -117,11 +130,23 @@ impl Pool {
         }
     }
 
-    /// An idle connection to `backend` that still looks usable.
-    pub fn take(&mut self, backend: usize) -> Option<UpstreamConn> {
+    /// An idle connection to `backend` that still looks usable and was opened for `origin`
+    /// (`None`: the usual shared connections; `Some`: a connection whose PROXY header named
+    /// that client, so it is reused only for the same downstream connection).
+    pub fn take(&mut self, backend: usize, origin: Option<Origin>) -> Option<UpstreamConn> {
         let list = self.idle.get_mut(backend)?;
+        if origin.is_some() {
+            let i = list.iter().rposition(|c| c.stream.origin == origin)?;
+            let mut idle = list.remove(i);
+            let usable =
+                idle.since.elapsed() < self.idle_timeout && still_open(&mut idle.stream.stream);
+            return usable.then_some(idle.stream);
+        }
         while let Some(mut idle) = list.pop() {
-            if idle.since.elapsed() < self.idle_timeout && still_open(&mut idle.stream.stream) {
+            if idle.stream.origin.is_none()
+                && idle.since.elapsed() < self.idle_timeout
+                && still_open(&mut idle.stream.stream)
+            {
                 return Some(idle.stream);
             }
         }
@@ -138,6 +163,11 @@ impl Pool {
             .first()
             .is_some_and(|oldest| oldest.since.elapsed() >= timeout)
         {
+            list.remove(0);
+        }
+        if list.len() >= self.max_per_backend && stream.origin.is_some() && !list.is_empty() {
+            // Connections tied to clients go stale when their client leaves: the oldest
+            // makes room rather than the newest being closed.
             list.remove(0);
         }
         if list.len() < self.max_per_backend {
@@ -195,15 +225,20 @@ fn still_open(io: &mut UpstreamIo) -> bool {
             Poll::Ready(Err(_)) => false,
         };
     }
-    let stream = io.tcp();
-    match stream.poll_read_ready(&mut cx) {
-        Poll::Pending => true,
-        Poll::Ready(Err(_)) => false,
-        Poll::Ready(Ok(())) => {
-            let mut probe = [0u8; 1];
-            matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-        }
-    }
+    // A plain socket: ready to read means a FIN, a reset or a stray byte.
+    let mut probe = [0u8; 1];
+    let read = match io {
+        UpstreamIo::Plain(s) => match s.poll_read_ready(&mut cx) {
+            Poll::Ready(Ok(())) => s.try_read(&mut probe),
+            other => return other.is_pending(),
+        },
+        UpstreamIo::Unix(s) => match s.poll_read_ready(&mut cx) {
+            Poll::Ready(Ok(())) => s.try_read(&mut probe),
+            other => return other.is_pending(),
+        },
+        UpstreamIo::Tls(_) => unreachable!("handled above"),
+    };
+    matches!(read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 #[cfg(test)]
@@ -217,7 +252,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut pool = Pool::new(1, 2, Duration::from_secs(60));
-        let health = Arc::new(BackendHealth::new(addr));
+        let health = Arc::new(BackendHealth::new(addr.into()));
         let conn = |s| {
             assert!(reserve_slot(&health, 0));
             UpstreamConn::with_reserved_slot(UpstreamIo::Plain(s), health.clone())
@@ -240,9 +275,9 @@ mod tests {
         server_a.shutdown().await.unwrap();
         drop(server_a);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(pool.take(0).is_some());
+        assert!(pool.take(0, None).is_some());
         assert!(
-            pool.take(0).is_none(),
+            pool.take(0, None).is_none(),
             "the closed connection must be discarded"
         );
     }

@@ -79,13 +79,16 @@ fn compile_route(
         },
         (None, None) => answer_target(src, &key, r, regex)?,
     };
-    if let Some(u) = upstream.filter(|&u| groups[u].proxy_protocol > 0) {
+    let h2_proxy = |g: &crate::config::UpstreamGroup| {
+        g.proxy_protocol > 0 && g.protocol != crate::config::UpstreamProtocol::Http1
+    };
+    if let Some(u) = upstream.filter(|&u| h2_proxy(&groups[u])) {
         return Err(src.error(
             r.upstream.as_ref().map_or(0..0, |s| s.span()),
             format!("{key}.upstream"),
             format!(
-                "upstream {:?} sends PROXY headers: that is for [[streams]] groups (HTTP upstream \
-                 connections are pooled across clients)",
+                "upstream {:?} sends PROXY headers over HTTP/2: one HTTP/2 connection carries \
+                 every client's requests, so it cannot name one client (use protocol = \"http1\")",
                 groups[u].name
             ),
         ));

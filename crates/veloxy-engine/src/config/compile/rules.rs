@@ -355,6 +355,13 @@ pub(super) fn forward_auth(
             format!("upstream {name:?} is not defined (add [upstreams.{name}])"),
         )
     })?;
+    if groups[upstream].proxy_protocol > 0 {
+        return Err(src.error(
+            f.upstream.span(),
+            format!("{key}.forward_auth.upstream"),
+            format!("upstream {name:?} sends PROXY headers: an auth service gets plain requests"),
+        ));
+    }
     let path = f.path.clone().unwrap_or_else(|| "/".to_owned());
     if !path.starts_with('/') || path.contains(['\r', '\n', ' ']) {
         return Err(src.error(
@@ -374,7 +381,7 @@ pub(super) fn forward_auth(
     }
     Ok(crate::rules::ForwardAuth {
         upstream,
-        host: groups[upstream].backends[0].addr.to_string(),
+        host: groups[upstream].backends[0].authority(),
         path,
         copy_headers: copy.into(),
         timeout: f.timeout.map_or(std::time::Duration::from_secs(2), |d| d.0),

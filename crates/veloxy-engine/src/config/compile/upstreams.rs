@@ -12,6 +12,7 @@ use super::{absolute, dur, resolve, valid_name};
 use crate::config::error::{ConfigError, Source};
 use crate::config::file::{HealthSection, OutlierSection, UpstreamSection};
 use crate::config::{Backend, HashKey, UpstreamGroup, UpstreamProtocol};
+use crate::upstream::addr::BackendAddr;
 use crate::upstream::balancer::{Policy, PolicyRegistry};
 use crate::upstream::health::{BackendHealth, GroupHealth, HealthCheck, Outlier, MAX_BACKENDS};
 
@@ -106,7 +107,7 @@ fn compile_group(
     let health = Arc::new(GroupHealth::new(
         backends
             .iter()
-            .map(|b| Arc::new(BackendHealth::with_workers(b.addr, workers)))
+            .map(|b| Arc::new(BackendHealth::with_workers(b.addr.clone(), workers)))
             .collect(),
     ));
     Ok(UpstreamGroup {
@@ -162,10 +163,15 @@ fn compile_backends(
     for (i, entry) in u.servers.get_ref().iter().enumerate() {
         let ekey = format!("{key}.servers[{i}]");
         let e = entry.get_ref();
+        let weight = e.weight.unwrap_or(1);
+        if let Some(path) = e.addr.strip_prefix("unix:") {
+            schemes.1 += 1;
+            backends.push(unix_backend(src, entry.span(), &ekey, path, weight)?);
+            continue;
+        }
         let (https, hostport) =
             split_scheme(&e.addr).map_err(|m| src.error(entry.span(), &ekey, m))?;
         let addr = resolve(hostport).map_err(|m| src.error(entry.span(), &ekey, m))?;
-        let weight = e.weight.unwrap_or(1);
         if weight == 0 {
             return Err(src.error(entry.span(), &ekey, "weight must be at least 1"));
         }
@@ -189,7 +195,7 @@ fn compile_backends(
             None
         };
         backends.push(Backend {
-            addr,
+            addr: BackendAddr::Tcp(addr),
             server: hostport.to_owned(),
             tls_name,
             weight,
@@ -449,6 +455,35 @@ fn compile_outlier(
 }
 
 /// Splits an optional `http://` or `https://` scheme off a server address.
+/// `unix:PATH`: a unix-socket backend, its path relative to the config file's folder.
+/// The socket need not exist yet (the application may start after veloxy): a missing one is
+/// a failed connection, like a TCP backend that is down.
+fn unix_backend(
+    src: &Source,
+    span: Range<usize>,
+    ekey: &str,
+    path: &str,
+    weight: u32,
+) -> Result<Backend, ConfigError> {
+    if path.is_empty() {
+        return Err(src.error(
+            span,
+            ekey,
+            "\"unix:\" needs a socket path, as in \"unix:/run/app.sock\"",
+        ));
+    }
+    if weight == 0 {
+        return Err(src.error(span, ekey, "weight must be at least 1"));
+    }
+    let full = absolute(&src.relative(path));
+    Ok(Backend {
+        addr: BackendAddr::Unix(full.into()),
+        server: format!("unix:{path}"),
+        tls_name: None,
+        weight,
+    })
+}
+
 fn split_scheme(addr: &str) -> Result<(bool, &str), String> {
     if let Some(rest) = addr.strip_prefix("https://") {
         return Ok((true, rest.trim_end_matches('/')));

@@ -40,7 +40,7 @@ pub(crate) async fn forward(
         Err(e) => Err(e),
         Ok(_admitted) => exchange(worker, gen, down, &p, &mut record).await,
     };
-    record.backend = Some(group.backends[p.target.backend].addr);
+    record.backend = Some(group.backends[p.target.backend].addr.clone());
     let (keep, status, linger) = match result {
         Ok((keep, status)) => (keep, status, false),
         Err(_) if down.bytes_sent > sent_before => {

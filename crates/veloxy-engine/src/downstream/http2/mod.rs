@@ -71,6 +71,8 @@ where
 pub(crate) struct ConnCtx {
     worker: Rc<Worker>,
     peer: SocketAddr,
+    /// The address the client connected to, when a PROXY-sending group needs it.
+    local: Option<SocketAddr>,
     client_ip: String,
     listener: Arc<crate::runtime::ListenerState>,
     listener_index: Cell<(u64, usize)>,
@@ -89,7 +91,7 @@ pub(crate) struct ConnCtx {
 pub(crate) async fn serve<IO>(
     worker: Rc<Worker>,
     io: IO,
-    peer: SocketAddr,
+    (peer, local): (SocketAddr, Option<SocketAddr>),
     listener: Arc<crate::runtime::ListenerState>,
     tls: bool,
 ) where
@@ -122,6 +124,7 @@ pub(crate) async fn serve<IO>(
     let ctx = Rc::new(ConnCtx {
         worker: worker.clone(),
         peer,
+        local,
         client_ip: peer.ip().to_string(),
         listener,
         listener_index: Cell::new((0, 0)),
@@ -454,6 +457,7 @@ async fn forward(
     };
     let peer = Peer {
         addr: c.peer,
+        local: c.local,
         client_ip: &c.client_ip,
         listener: &c.listener.name,
         listener_index: &c.listener_index,

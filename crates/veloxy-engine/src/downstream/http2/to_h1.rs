@@ -135,7 +135,7 @@ async fn forward_with(
     )
     .await;
     if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
-        f.record.backend = Some(group.backends[b].addr);
+        f.record.backend = Some(group.backends[b].addr.clone());
     }
     let (backend, conn, head, rest) = result?;
     if let Some(page) = super::files::upstream_error_page(c.worker(), head.status, is_head, fin) {
@@ -336,9 +336,11 @@ async fn attempt(
 ) -> Result<(UpstreamConn, ForeignHead, BytesMut), Fail> {
     let group = &gen.snapshot.upstreams[t.upstream];
     let worker = c.worker();
-    let pooled = gen.groups.borrow_mut()[t.upstream].pool.take(backend);
+    let pooled = gen.groups.borrow_mut()[t.upstream]
+        .pool
+        .take(backend, t.origin);
     let connect = || async {
-        connect_backend(&worker.metrics, group, backend)
+        connect_backend(&worker.metrics, group, backend, t.origin)
             .await
             .map_err(|(e, health)| Fail::NotSent { error: e, health })
     };

@@ -95,7 +95,7 @@ pub(super) async fn forward(
     })
     .await;
     if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
-        f.record.backend = Some(group.backends[b].addr);
+        f.record.backend = Some(group.backends[b].addr.clone());
     }
     let resp = result?;
     let status = resp.status().as_u16();
@@ -267,7 +267,8 @@ pub(crate) async fn sender_for(
         }
     }
     let group = &gen.snapshot.upstreams[upstream];
-    let conn = connect_backend(&worker.metrics, group, backend).await?;
+    // HTTP/2 groups never send PROXY headers (one connection carries every client).
+    let conn = connect_backend(&worker.metrics, group, backend, None).await?;
     let mut builder = hyper::client::conn::http2::Builder::new(LocalExec);
     builder
         .timer(TokioTimer::new())
@@ -284,7 +285,7 @@ pub(crate) async fn sender_for(
             Ok(Err(e)) => return Err((super::hyper_error(true, &e), true)),
             Err(_) => return Err((up(ErrorKind::ConnectTimeout), true)),
         };
-    let addr = group.backends[backend].addr;
+    let addr = group.backends[backend].addr.clone();
     tokio::task::spawn_local(async move {
         if let Err(e) = connection.await {
             tracing::debug!(backend = %addr, error = %e, "HTTP/2 upstream connection ended");
