@@ -173,13 +173,19 @@ async fn handle(
                     })
                     .collect()
             };
-            let body = crate::metrics::render(&shared.metrics, &metric_labels(&snapshot, &conns));
+            let mut body =
+                crate::metrics::render(&shared.metrics, &metric_labels(&snapshot, &conns));
+            crate::acme::report::metrics(&snapshot, &mut body);
             respond(&mut s, 200, "text/plain; version=0.0.4", &body).await
         }
         ("GET", "/healthz") if shared.shutdown.load(Ordering::Relaxed) => {
             respond(&mut s, 503, "text/plain", "shutting down\n").await
         }
         ("GET", "/healthz") => respond(&mut s, 200, "text/plain", "ok\n").await,
+        ("GET", "/certificates") => {
+            let body = crate::acme::report::certificates_json(&shared.snapshot.load_full());
+            respond(&mut s, 200, "application/json", &body).await
+        }
         ("GET", "/upstreams") => {
             let body = upstreams_json(&shared);
             respond(&mut s, 200, "application/json", &body).await
@@ -211,7 +217,7 @@ async fn handle(
                 }
             }
         }
-        (_, "/metrics" | "/healthz" | "/upstreams" | "/reload") => {
+        (_, "/metrics" | "/healthz" | "/upstreams" | "/certificates" | "/reload") => {
             respond(&mut s, 405, "text/plain", "method not allowed\n").await
         }
         _ => {
@@ -219,7 +225,7 @@ async fn handle(
                 &mut s,
                 404,
                 "text/plain",
-                "not found: try /metrics, /healthz, /upstreams, POST /reload\n",
+                "not found: try /metrics, /healthz, /upstreams, /certificates, POST /reload\n",
             )
             .await
         }

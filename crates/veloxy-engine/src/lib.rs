@@ -58,6 +58,7 @@
 pub(crate) mod accept;
 pub(crate) mod access;
 pub(crate) mod access_log;
+pub mod acme;
 pub(crate) mod admin;
 pub(crate) mod auth;
 pub(crate) mod clock;

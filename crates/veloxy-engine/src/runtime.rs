@@ -23,6 +23,8 @@ pub(crate) struct Shared {
     pub listeners: std::sync::Mutex<Vec<Arc<ListenerState>>>,
     /// Feeds the health thread the snapshot to check.
     pub health_tx: watch::Sender<Arc<[crate::config::UpstreamGroup]>>,
+    /// Tells the ACME thread which names to keep.
+    pub acme_tx: watch::Sender<crate::acme::manager::Plan>,
     /// Every worker's counters, summed by the admin endpoint.
     pub metrics: crate::metrics::Metrics,
     pub access_log: Option<crate::access_log::AccessLog>,

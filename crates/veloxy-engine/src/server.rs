@@ -135,6 +135,8 @@ impl Server {
         let snapshot = Arc::new(self.snapshot);
         let (health_tx, health_rx) = watch::channel(snapshot.upstreams.clone().into());
         crate::upstream::health::spawn_thread(health_rx).map_err(ServerError::Thread)?;
+        let (acme_tx, acme_rx) = watch::channel(crate::acme::manager::Plan::of(&snapshot));
+        crate::acme::manager::spawn_thread(acme_rx).map_err(ServerError::Thread)?;
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::new(snapshot),
             generation: AtomicU64::new(1),
@@ -142,6 +144,7 @@ impl Server {
             hooks: self.hooks,
             listeners: std::sync::Mutex::new(states),
             health_tx,
+            acme_tx,
             metrics: crate::metrics::Metrics {
                 workers: worker_metrics.clone(),
                 admin_accept_errors: Default::default(),
@@ -325,6 +328,10 @@ impl Running {
             .shared
             .health_tx
             .send(snapshot.upstreams.clone().into());
+        // Only a changed plan wakes the ACME thread (names kept keep their certificates).
+        self.shared
+            .acme_tx
+            .send_if_modified(|plan| crate::acme::manager::Plan::update(plan, &snapshot));
 
         let mut states = self
             .shared

@@ -117,6 +117,61 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
     }
 }
 
+/// A chain and its key (DER) as a rustls key, for certificates made in memory (ACME).
+pub fn certified_key(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<CertifiedKey, rustls::Error> {
+    let signing = provider().key_provider.load_private_key(key)?;
+    Ok(CertifiedKey::new(chain, signing))
+}
+
+/// What `/certificates` shows of a leaf certificate.
+#[derive(Debug, Clone)]
+pub struct LeafInfo {
+    pub not_before: std::time::SystemTime,
+    pub not_after: std::time::SystemTime,
+    /// The issuer's common name, or its whole name when it has none.
+    pub issuer: String,
+    /// The subject alternative names (DNS).
+    pub names: Vec<String>,
+}
+
+/// Reads a leaf certificate's validity, issuer and names.
+pub fn leaf_info(leaf: &CertificateDer<'_>) -> Option<LeafInfo> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(leaf).ok()?;
+    let at = |t: x509_parser::time::ASN1Time| {
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(t.timestamp().max(0) as u64)
+    };
+    let issuer = parsed
+        .issuer()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok().map(str::to_owned))
+        .unwrap_or_else(|| parsed.issuer().to_string());
+    let names = parsed
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(LeafInfo {
+        not_before: at(parsed.validity().not_before),
+        not_after: at(parsed.validity().not_after),
+        issuer,
+        names,
+    })
+}
+
 fn check_validity(path: &Path, leaf: &CertificateDer<'_>) -> Result<(), TlsError> {
     let (_, parsed) =
         x509_parser::parse_x509_certificate(leaf).map_err(|e| TlsError::BadCertificate {
@@ -147,21 +202,37 @@ pub struct CertEntry {
     pub key: Arc<CertifiedKey>,
 }
 
-/// Picks the certificate by SNI: exact name, then wildcard (one label), then the default
-/// (the listener's `cert`, or its first `certs` entry). Clients without SNI get the default.
+/// Picks the certificate by SNI: a tls-alpn-01 validation certificate for ACME's validation
+/// handshakes, the ACME certificate of the name (on listeners with `acme`), the exact name,
+/// then a wildcard (one label), then the default (the listener's `cert`, or its first `certs`
+/// entry). Clients without SNI get the default. With no certificate at all (an ACME name
+/// before its first issuance, on a listener without files) the handshake fails with an alert.
 #[derive(Debug)]
 struct SniResolver {
     exact: HashMap<String, Arc<CertifiedKey>>,
     wildcard: HashMap<String, Arc<CertifiedKey>>,
-    default: Arc<CertifiedKey>,
+    default: Option<Arc<CertifiedKey>>,
+    acme: bool,
 }
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let Some(name) = hello.server_name() else {
-            return Some(self.default.clone());
+            return self.default.clone();
         };
         let name = name.to_ascii_lowercase();
+        if self.acme {
+            let store = crate::acme::store();
+            let validation = hello
+                .alpn()
+                .is_some_and(|mut p| p.any(|p| p == crate::acme::ACME_TLS_ALPN));
+            if validation {
+                return store.alpn_cert(&name);
+            }
+            if let Some(k) = store.cert(&name) {
+                return Some(k);
+            }
+        }
         if let Some(k) = self.exact.get(&name) {
             return Some(k.clone());
         }
@@ -170,18 +241,20 @@ impl ResolvesServerCert for SniResolver {
                 return Some(k.clone());
             }
         }
-        Some(self.default.clone())
+        self.default.clone()
     }
 }
 
-/// Builds a listener's server config. `certs[0]` is the default certificate.
+/// Builds a listener's server config. `certs[0]` is the default certificate; `acme`: the
+/// listener also serves ACME certificates (and answers tls-alpn-01), so `certs` may be empty.
 pub fn server_config(
     certs: Vec<CertEntry>,
     http2: bool,
+    acme: bool,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let mut exact = HashMap::new();
     let mut wildcard = HashMap::new();
-    let default = certs[0].key.clone();
+    let default = certs.first().map(|c| c.key.clone());
     for c in &certs {
         for h in &c.hosts {
             let h = h.to_ascii_lowercase();
@@ -195,6 +268,7 @@ pub fn server_config(
         exact,
         wildcard,
         default,
+        acme,
     };
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
@@ -205,6 +279,12 @@ pub fn server_config(
     } else {
         vec![b"http/1.1".to_vec()]
     };
+    if acme {
+        // Offered only by ACME validation clients; the connection closes after the handshake.
+        config
+            .alpn_protocols
+            .push(crate::acme::ACME_TLS_ALPN.to_vec());
+    }
     // Resumption: stateless tickets (TLS 1.2 and 1.3) plus a session-id cache for TLS 1.2
     // clients without ticket support. One TLS 1.3 ticket per handshake is enough for clients
     // that reconnect one connection at a time, and halves the ticket work of rustls' default.

@@ -138,6 +138,27 @@ pub struct TlsArgs {
     /// Accept HTTP/2 without TLS (h2c prior knowledge). With TLS, HTTP/2 is always offered.
     #[arg(long)]
     pub http2: bool,
+    /// Serve HTTPS with a certificate for NAME obtained (and renewed) by ACME; repeat for
+    /// more names. Also listens on --acme-http-listen for the http-01 challenge, redirecting
+    /// everything else to HTTPS.
+    #[arg(long, value_name = "NAME", conflicts_with = "tls_self_signed")]
+    pub acme: Vec<String>,
+    /// The ACME account's contact email.
+    #[arg(long, value_name = "EMAIL", requires = "acme")]
+    pub acme_email: Option<String>,
+    /// The ACME directory URL (default: Let's Encrypt).
+    #[arg(long, value_name = "URL", requires = "acme")]
+    pub acme_directory: Option<String>,
+    /// CA certificates (PEM) trusted for the ACME directory (a private or test CA).
+    #[arg(long, value_name = "FILE", requires = "acme")]
+    pub acme_ca_file: Option<PathBuf>,
+    /// Where ACME accounts and certificates are kept (default: $XDG_DATA_HOME/veloxy/acme).
+    #[arg(long, value_name = "DIR", requires = "acme")]
+    pub acme_storage: Option<PathBuf>,
+    /// The plain HTTP listener started with --acme: HTTP -> HTTPS redirects and http-01
+    /// challenges. "off": none (certificates then come by tls-alpn-01 only).
+    #[arg(long, value_name = "ADDR", default_value = ":80", requires = "acme")]
+    pub acme_http_listen: String,
 }
 
 /// The certificate and key a one-line mode serves.
@@ -178,17 +199,51 @@ impl TlsArgs {
         }
     }
 
-    /// TOML lines for the listener `main`.
+    /// TOML lines for the listener `main` (and, with --acme, the plain `http` listener and
+    /// `[server.acme]`).
     pub fn listener_toml(&self, tls: Option<&Tls>) -> String {
         let mut s = String::new();
         if self.http2 {
             s.push_str("http2 = true\n");
         }
+        if tls.is_some() || !self.acme.is_empty() {
+            s.push_str("[listeners.main.tls]\n");
+        }
         if let Some(Tls { cert, key, .. }) = tls {
             s.push_str(&format!(
-                "[listeners.main.tls]\ncert = {}\nkey = {}\n",
+                "cert = {}\nkey = {}\n",
                 quote(&cert.to_string_lossy()),
                 quote(&key.to_string_lossy())
+            ));
+        }
+        if self.acme.is_empty() {
+            return s;
+        }
+        let names: Vec<String> = self.acme.iter().map(|n| quote(n)).collect();
+        s.push_str(&format!("acme = [{}]\n", names.join(", ")));
+        if self.acme_http_listen != "off" {
+            s.push_str(&format!(
+                "[listeners.http]\naddr = {}\nredirect_https = true\n",
+                quote(&self.acme_http_listen)
+            ));
+        }
+        s.push_str("[server.acme]\n");
+        if let Some(e) = &self.acme_email {
+            s.push_str(&format!("email = {}\n", quote(e)));
+        }
+        if let Some(d) = &self.acme_directory {
+            s.push_str(&format!("directory = {}\n", quote(d)));
+        }
+        if let Some(c) = &self.acme_ca_file {
+            s.push_str(&format!(
+                "ca_file = {}\n",
+                quote(&absolute(c).to_string_lossy())
+            ));
+        }
+        if let Some(d) = &self.acme_storage {
+            s.push_str(&format!(
+                "storage = {}\n",
+                quote(&absolute(d).to_string_lossy())
             ));
         }
         s

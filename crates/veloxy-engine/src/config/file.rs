@@ -59,6 +59,27 @@ pub struct ServerSection {
     pub log_level: Option<Spanned<String>>,
     pub admin: Option<Spanned<String>>,
     pub access_log: Option<Spanned<AccessLogSection>>,
+    pub acme: Option<Spanned<AcmeSection>>,
+}
+
+/// `[server.acme]`: the ACME account and how certificates are obtained.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeSection {
+    pub email: Option<Spanned<String>>,
+    pub directory: Option<Spanned<String>>,
+    pub storage: Option<Spanned<String>>,
+    pub ca_file: Option<Spanned<String>>,
+    pub challenge: Option<Spanned<String>>,
+    pub renew_before: Option<DurationValue>,
+}
+
+/// `acme = true` (the hosts of the listener's routes) or `acme = ["name", ...]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum AcmeNames {
+    All(bool),
+    List(Vec<String>),
 }
 
 /// `[server.access_log]`.
@@ -101,6 +122,7 @@ pub struct ListenerSection {
 pub struct TlsSection {
     pub cert: Option<Spanned<String>>,
     pub key: Option<Spanned<String>>,
+    pub acme: Option<Spanned<AcmeNames>>,
     #[serde(default)]
     pub certs: Vec<Spanned<CertSection>>,
 }

@@ -79,6 +79,8 @@ pub struct Settings {
     pub admin: Option<SocketAddr>,
     /// Access log. Default: off. Read at start; changing it needs a restart.
     pub access_log: Option<crate::access_log::AccessLogConfig>,
+    /// `[server.acme]`, when some listener has `tls.acme`.
+    pub acme: Option<Arc<crate::acme::AcmeSettings>>,
 }
 
 /// `[server] request_buffering`: when a request body is read before the upstream is chosen.
@@ -129,6 +131,8 @@ pub struct ListenerSpec {
     /// Upgraded (WebSocket) connections close after this long without a byte in either
     /// direction. Default 10 minutes.
     pub upgrade_idle_timeout: Duration,
+    /// `tls.acme`: the names this listener serves with ACME certificates (lowercase, sorted).
+    pub acme: Vec<String>,
 }
 
 /// A certificate chain and key of a TLS listener, as configured.

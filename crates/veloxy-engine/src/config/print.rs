@@ -109,6 +109,21 @@ fn settings(out: &mut Toml, s: &Settings) {
         out.str("format", format);
         out.int("buffer", a.buffer);
     }
+    if let Some(a) = &s.acme {
+        out.table("[server.acme]");
+        if let Some(e) = &a.email {
+            out.str("email", e);
+        }
+        out.str("directory", &a.directory);
+        out.path("storage", &a.storage);
+        if let Some(c) = &a.ca_file {
+            out.path("ca_file", c);
+        }
+        if let Some(c) = a.challenge {
+            out.str("challenge", c.as_str());
+        }
+        out.duration("renew_before", a.renew_before);
+    }
 }
 
 fn listener(out: &mut Toml, l: &ListenerSpec) {
@@ -138,6 +153,10 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
     for f in l.tls_files.iter().filter(|f| f.hosts.is_empty()) {
         out.path("cert", &f.cert);
         out.path("key", &f.key);
+    }
+    if !l.acme.is_empty() {
+        // `acme = true` is written as the names it stood for.
+        out.raw("acme", &str_list(&l.acme));
     }
     for f in l.tls_files.iter().filter(|f| !f.hosts.is_empty()) {
         out.table(&format!("[[listeners.{name}.tls.certs]]"));

@@ -295,7 +295,12 @@ async fn handshake(
     let accept = Box::pin(tokio::time::timeout(limit, acceptor.accept(stream)));
     match accept.await {
         Ok(Ok(tls)) => {
-            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let alpn = tls.get_ref().1.alpn_protocol();
+            if alpn == Some(crate::acme::ACME_TLS_ALPN) {
+                // A tls-alpn-01 validation: the handshake was the whole exchange (RFC 8737).
+                return None;
+            }
+            let h2 = alpn == Some(b"h2");
             Some((DownstreamIo::Tls(Box::new(tls)), h2))
         }
         Ok(Err(e)) => {

@@ -277,6 +277,14 @@ pub(crate) fn admit(
     let no_route = || ProxyError::downstream(ErrorKind::NoRoute);
     let snapshot = &gen.snapshot;
     let listener = &snapshot.listeners[listener_index(gen, peer).ok_or_else(no_route)?];
+    // ACME http-01, before routes and redirects (one atomic load when none is pending).
+    if let Some(key_auth) = crate::acme::store().http01(head.target) {
+        return Ok(Admitted::Answer(Answer::fixed(
+            200,
+            &bytes::Bytes::from(key_auth),
+            "application/octet-stream",
+        )));
+    }
     if let Some(port) = listener.redirect_https {
         return Ok(Admitted::Answer(Answer::to_https(head, port)));
     }

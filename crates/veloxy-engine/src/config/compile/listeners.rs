@@ -138,6 +138,8 @@ fn compile_listener(
         http2,
         h2_max_concurrent_streams: streams,
         upgrade_idle_timeout: dur(&l.upgrade_idle_timeout, Duration::from_secs(600)),
+        // Filled once routes are known (`acme = true` takes their hosts).
+        acme: Vec::new(),
     })
 }
 
@@ -242,14 +244,18 @@ fn compile_tls(
         entries.push(entry);
         files.push(f);
     }
-    if entries.is_empty() {
+    let acme = t
+        .acme
+        .as_ref()
+        .is_some_and(|a| !matches!(a.get_ref(), crate::config::file::AcmeNames::All(false)));
+    if entries.is_empty() && !acme {
         return Err(src.error(
             span.clone(),
             key,
-            "needs cert and key, or [[...tls.certs]] entries",
+            "needs cert and key, [[...tls.certs]] entries, or acme",
         ));
     }
-    let config = crate::tls::server_config(entries, http2)
+    let config = crate::tls::server_config(entries, http2, acme)
         .map_err(|e| src.error(span.clone(), key, e.to_string()))?;
     Ok((config, files))
 }

@@ -6,6 +6,7 @@
 //! ones: backends' health state is sized by the worker count, routes name upstream groups
 //! and listeners.
 
+mod acme;
 mod listeners;
 mod routes;
 mod rules;
@@ -72,6 +73,8 @@ fn compile(
         &mut listeners,
     )?;
     compile_streams(src, &file, &upstream_index, &mut listeners)?;
+    let mut settings = settings;
+    settings.acme = acme::compile_acme(src, &file, &mut listeners)?;
     let warnings = server::admin_warnings(src, s, &settings);
     Ok(Snapshot {
         settings,
@@ -99,9 +102,15 @@ fn positive(
 }
 
 /// Resolves `host:port` (an IP literal, or a name resolved once at load time).
+/// `:PORT` means every IPv4 address (`0.0.0.0:PORT`), as in Caddy and Go.
 fn resolve(addr: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = addr.parse::<SocketAddr>() {
         return Ok(a);
+    }
+    if let Some(port) = addr.strip_prefix(':') {
+        if let Ok(p) = port.parse::<u16>() {
+            return Ok(SocketAddr::from(([0, 0, 0, 0], p)));
+        }
     }
     if !addr.contains(':') {
         return Err(format!("invalid address {addr:?}: expected host:port"));

@@ -33,6 +33,7 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
             None => None,
             Some(a) => Some(compile_access_log(src, a)?),
         },
+        acme: None,
         admin: match &s.admin {
             None => None,
             Some(a) => {

@@ -1,0 +1,264 @@
+//! The ACME thread: one task per name keeps that name's certificate. It installs the stored
+//! certificate when there is a usable one, orders one when there is none or renewal is due,
+//! retries failures with backoff, and sleeps until the next renewal. Reloads add and remove
+//! names: a name kept by a reload keeps its task (no new order); a new name starts one.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{watch, Mutex};
+
+use super::order::{self, OrderError};
+use super::{storage, store, AcmeSettings, CertStore, Challenge};
+
+/// What the ACME thread is asked to keep: sent at start and after every reload.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// `[server.acme]`; `None` when no listener uses ACME.
+    pub settings: Option<Arc<AcmeSettings>>,
+    /// Every ACME name of every TLS listener.
+    pub names: BTreeSet<String>,
+}
+
+impl Plan {
+    /// The plan of a config.
+    pub fn of(snapshot: &crate::config::Snapshot) -> Plan {
+        Plan {
+            settings: snapshot.settings.acme.clone(),
+            names: snapshot
+                .listeners
+                .iter()
+                .flat_map(|l| l.acme.iter().cloned())
+                .collect(),
+        }
+    }
+
+    /// Replaces `plan` with `snapshot`'s; true when it changed.
+    pub fn update(plan: &mut Plan, snapshot: &crate::config::Snapshot) -> bool {
+        let new = Plan::of(snapshot);
+        let changed = *plan != new;
+        *plan = new;
+        changed
+    }
+}
+
+/// The account, created or loaded by the first task that needs it and shared by all.
+type AccountSlot = Arc<Mutex<Option<instant_acme::Account>>>;
+
+/// Starts the ACME thread; it follows `plans` until the sender is dropped.
+pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("veloxy-acme".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!(error = %e, "ACME thread: no runtime"),
+            };
+            rt.block_on(async move {
+                let mut tasks: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+                let mut current: Option<Arc<AcmeSettings>> = None;
+                let mut account: AccountSlot = Arc::default();
+                loop {
+                    let plan = plans.borrow_and_update().clone();
+                    if plan.settings != current {
+                        // Another CA, account or storage: every name starts over.
+                        tasks.drain().for_each(|(_, t)| t.abort());
+                        current = plan.settings.clone();
+                        account = Arc::default();
+                    }
+                    let wanted: HashSet<String> = plan.names.iter().cloned().collect();
+                    tasks.retain(|name, t| {
+                        let keep = wanted.contains(name);
+                        if !keep {
+                            t.abort();
+                        }
+                        keep
+                    });
+                    store().retain(&wanted);
+                    if let Some(settings) = &current {
+                        for name in &plan.names {
+                            if !tasks.contains_key(name) {
+                                let task = keep(name.clone(), settings.clone(), account.clone());
+                                tasks.insert(name.clone(), tokio::spawn(task));
+                            }
+                        }
+                    }
+                    if plans.changed().await.is_err() {
+                        return;
+                    }
+                }
+            });
+        })?;
+    Ok(())
+}
+
+/// Keeps `name`'s certificate for as long as the name is configured.
+async fn keep(name: String, settings: Arc<AcmeSettings>, account: AccountSlot) {
+    let store = store();
+    let folder = storage::directory_folder(&settings.storage, &settings.directory);
+    let (crt, key) = storage::cert_paths(&folder, &name);
+    let mut failures = 0u32;
+    let mut challenge = settings.challenge.unwrap_or(Challenge::TlsAlpn01);
+    loop {
+        if let Some(renew_at) = install_stored(store, &name, &crt, &key, &settings) {
+            if let Ok(wait) = renew_at.duration_since(SystemTime::now()) {
+                store.set_status(&name, |s| s.next_attempt = Some(renew_at));
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+        }
+        store.set_status(&name, |s| s.orders += 1);
+        tracing::info!(name = %name, challenge = challenge.as_str(), directory = %settings.directory, "ACME: ordering a certificate");
+        match obtain(&settings, &account, store, &name, challenge).await {
+            Ok((chain, key_pem)) => {
+                let saved = storage::write_private(&key, key_pem.as_bytes())
+                    .and_then(|()| storage::write_private(&crt, chain.as_bytes()));
+                if let Err(e) = saved {
+                    fail(store, &name, &format!("storing the certificate: {e}"));
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    continue;
+                }
+                failures = 0;
+                store.set_status(&name, |s| s.last_error = None);
+                tracing::info!(name = %name, "ACME: certificate obtained");
+            }
+            Err(e) => {
+                failures += 1;
+                fail(store, &name, &e.to_string());
+                if e.lost_account() {
+                    order::forget_account(&settings);
+                    *account.lock().await = None;
+                }
+                // The default: tls-alpn-01, and http-01 when it fails and a plain listener
+                // can answer.
+                if settings.challenge.is_none() && settings.plain_listener && e.is_refusal() {
+                    challenge = match challenge {
+                        Challenge::TlsAlpn01 => Challenge::Http01,
+                        Challenge::Http01 => Challenge::TlsAlpn01,
+                    };
+                }
+                let delay = backoff(&e, failures);
+                store.set_status(&name, |s| {
+                    s.next_attempt = Some(SystemTime::now() + delay);
+                });
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+fn fail(store: &CertStore, name: &str, error: &str) {
+    store
+        .failures
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tracing::warn!(name = %name, error = %error, "ACME: issuance failed");
+    store.set_status(name, |s| s.last_error = Some(error.to_owned()));
+}
+
+/// Installs the stored certificate of `name` when it is valid; returns when to renew it.
+fn install_stored(
+    store: &CertStore,
+    name: &str,
+    crt: &std::path::Path,
+    key: &std::path::Path,
+    settings: &AcmeSettings,
+) -> Option<SystemTime> {
+    if !crt.exists() {
+        return None;
+    }
+    let certified = match order::load(crt, key) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::info!(name = %name, error = %e, "ACME: stored certificate not usable");
+            return None;
+        }
+    };
+    let info = crate::tls::leaf_info(certified.cert.first()?)?;
+    store.install(name, Arc::new(certified));
+    store.set_status(name, |s| {
+        s.issuer = Some(info.issuer.clone());
+        s.not_after = Some(info.not_after);
+    });
+    Some(renewal_time(
+        info.not_before,
+        info.not_after,
+        settings.renew_before,
+    ))
+}
+
+/// `renew_before` ahead of expiry, but never before a third of the lifetime has passed (a
+/// short-lived certificate with the default 30 days would otherwise renew at once, forever).
+fn renewal_time(not_before: SystemTime, not_after: SystemTime, before: Duration) -> SystemTime {
+    let lifetime = not_after.duration_since(not_before).unwrap_or_default();
+    let by_setting = not_after.checked_sub(before).unwrap_or(not_before);
+    by_setting.max(not_before + lifetime / 3)
+}
+
+/// The account (loaded or created once), then one order.
+async fn obtain(
+    settings: &AcmeSettings,
+    account: &AccountSlot,
+    store: &CertStore,
+    name: &str,
+    challenge: Challenge,
+) -> Result<(String, String), OrderError> {
+    let acct = {
+        let mut slot = account.lock().await;
+        if slot.is_none() {
+            *slot = Some(order::account(settings).await?);
+        }
+        slot.clone().expect("set above")
+    };
+    order::issue(&acct, settings, store, name, challenge).await
+}
+
+/// When to try again: a network failure soon (1 s, doubling to 5 minutes: it costs the CA
+/// nothing); a refusal slowly (1 minute, doubling to a day: CAs limit failed validations,
+/// Let's Encrypt to 5 per name and hour); a rate limit no sooner than an hour.
+fn backoff(e: &OrderError, failures: u32) -> Duration {
+    let exp = |base: u64, cap: u64| {
+        Duration::from_secs(
+            base.saturating_mul(1u64 << failures.saturating_sub(1).min(20))
+                .min(cap),
+        )
+    };
+    if e.is_rate_limit() {
+        exp(3600, 86400)
+    } else if e.is_refusal() {
+        exp(60, 86400)
+    } else {
+        exp(1, 300)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_leaves_a_third_of_the_lifetime_at_least() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let day = Duration::from_secs(86400);
+        // Let's Encrypt: 90 days, renew 30 days before.
+        assert_eq!(renewal_time(t0, t0 + day * 90, day * 30), t0 + day * 60);
+        // A 60 s test certificate with the default 30 days: after 20 s, not at once.
+        let r = renewal_time(t0, t0 + Duration::from_secs(60), day * 30);
+        assert_eq!(r, t0 + Duration::from_secs(20));
+    }
+
+    #[test]
+    fn refusals_back_off_slower_than_network_failures() {
+        let net = OrderError::Timeout(Duration::from_secs(1));
+        let refused = OrderError::Refused("unauthorized".into());
+        let limited = OrderError::Refused("urn:ietf:params:acme:error:rateLimited".into());
+        assert_eq!(backoff(&net, 1), Duration::from_secs(1));
+        assert_eq!(backoff(&net, 4), Duration::from_secs(8));
+        assert_eq!(backoff(&net, 30), Duration::from_secs(300));
+        assert_eq!(backoff(&refused, 1), Duration::from_secs(60));
+        assert_eq!(backoff(&limited, 1), Duration::from_secs(3600));
+    }
+}

@@ -1,0 +1,226 @@
+//! Automatic certificates (ACME, RFC 8555): names listed by `[listeners.NAME.tls] acme` get
+//! certificates from the `[server.acme]` directory, kept on disk, renewed, and swapped into
+//! the listeners' SNI selection without a restart.
+//!
+//! # Layout
+//! * [`CertStore`] (one per process, [`store`]): the live state every listener's SNI resolver
+//!   and the exchange read: the ACME certificates by name, the pending challenges, and each
+//!   name's status for `GET /certificates`. It survives reloads: a reload that keeps a name
+//!   keeps its certificate and its renewal schedule.
+//! * [`storage`]: the account and certificates on disk (0600, written atomically, reused
+//!   across restarts).
+//! * [`order`]: one issuance with `instant-acme` (account, order, challenges, CSR, chain).
+//! * [`manager`]: the background thread: one task per name, which loads or orders its
+//!   certificate, retries with backoff, and sleeps until the renewal time. It never runs on a
+//!   worker, so issuance adds nothing to the data path.
+//!
+//! Challenges: `http-01` is answered by the exchange on every listener, before routes and
+//! redirects (a pending-challenge counter keeps that check to one atomic load when nothing
+//! is pending); `tls-alpn-01` by the TLS listeners' certificate resolver (ALPN `acme-tls/1`),
+//! after which the connection closes.
+
+pub(crate) mod manager;
+mod order;
+pub(crate) mod report;
+pub(crate) mod storage;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use rustls::sign::CertifiedKey;
+
+/// The ALPN protocol of tls-alpn-01 validation connections (RFC 8737).
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
+
+/// The path prefix of http-01 challenges (RFC 8555 section 8.3).
+pub const HTTP01_PREFIX: &str = "/.well-known/acme-challenge/";
+
+/// Let's Encrypt's production directory, the default.
+pub const DEFAULT_DIRECTORY: &str = "https://acme-v02.api.letsencrypt.org/directory";
+
+/// How a name proves control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Challenge {
+    /// A file under `/.well-known/acme-challenge/` on port 80 (or the CA's HTTP port).
+    Http01,
+    /// A special certificate on port 443 for ALPN `acme-tls/1`.
+    TlsAlpn01,
+}
+
+impl Challenge {
+    /// The name used in the config and in `/certificates`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Challenge::Http01 => "http-01",
+            Challenge::TlsAlpn01 => "tls-alpn-01",
+        }
+    }
+}
+
+/// `[server.acme]`, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcmeSettings {
+    /// The account's contact (`mailto:`); `None`: an account without contact.
+    pub email: Option<String>,
+    /// The directory URL.
+    pub directory: String,
+    /// Where the account and certificates are kept.
+    pub storage: PathBuf,
+    /// Extra CAs trusted for the directory's HTTPS (a private or test CA); `None`: the
+    /// system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The challenge to use; `None`: tls-alpn-01 first, http-01 when a plain listener exists
+    /// and tls-alpn-01 failed.
+    pub challenge: Option<Challenge>,
+    /// Renew this long before expiry (at least a third of the lifetime is always left).
+    pub renew_before: Duration,
+    /// A plain HTTP listener exists (http-01 can be answered).
+    pub plain_listener: bool,
+}
+
+/// One name's state, for `GET /certificates` and the metrics.
+#[derive(Debug, Clone, Default)]
+pub struct CertStatus {
+    /// The issuer's common name (or full DN), once a certificate is held.
+    pub issuer: Option<String>,
+    /// When the held certificate expires.
+    pub not_after: Option<SystemTime>,
+    /// When the next renewal (or retry) is due.
+    pub next_attempt: Option<SystemTime>,
+    /// The last failure, as the CA or the network said it; cleared on success.
+    pub last_error: Option<String>,
+    /// Orders placed by this process for the name.
+    pub orders: u64,
+}
+
+/// The process's ACME state (see the module doc).
+pub struct CertStore {
+    certs: ArcSwap<HashMap<String, Arc<CertifiedKey>>>,
+    /// http-01 tokens -> key authorizations.
+    tokens: Mutex<HashMap<String, String>>,
+    /// tls-alpn-01 validation certificates by name.
+    alpn: Mutex<HashMap<String, Arc<CertifiedKey>>>,
+    /// Challenges being served: when 0, no request or handshake looks any further.
+    pending: AtomicUsize,
+    status: Mutex<BTreeMap<String, CertStatus>>,
+    /// Issuance failures since start (`veloxy_acme_failures_total`).
+    pub failures: AtomicUsize,
+}
+
+static STORE: LazyLock<CertStore> = LazyLock::new(|| CertStore {
+    certs: ArcSwap::from_pointee(HashMap::new()),
+    tokens: Mutex::default(),
+    alpn: Mutex::default(),
+    pending: AtomicUsize::new(0),
+    status: Mutex::default(),
+    failures: AtomicUsize::new(0),
+});
+
+/// The process's certificate store.
+pub fn store() -> &'static CertStore {
+    &STORE
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CertStore {
+    /// The ACME certificate held for `name` (lowercase), if any.
+    pub fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        self.certs.load().get(name).cloned()
+    }
+
+    /// Installs (or replaces) `name`'s certificate: new handshakes use it at once.
+    pub(crate) fn install(&self, name: &str, key: Arc<CertifiedKey>) {
+        self.certs.rcu(|m| {
+            let mut m = HashMap::clone(m);
+            m.insert(name.to_owned(), key.clone());
+            m
+        });
+    }
+
+    /// Forgets names no longer configured (after a reload).
+    pub(crate) fn retain(&self, names: &std::collections::HashSet<String>) {
+        self.certs.rcu(|m| {
+            m.iter()
+                .filter(|(n, _)| names.contains(*n))
+                .map(|(n, k)| (n.clone(), k.clone()))
+                .collect::<HashMap<_, _>>()
+        });
+        lock(&self.status).retain(|n, _| names.contains(n));
+    }
+
+    /// The key authorization for an http-01 request `target`, when that challenge is
+    /// pending. One atomic load when nothing is.
+    #[inline]
+    pub fn http01(&self, target: &str) -> Option<String> {
+        if self.pending.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let token = target.strip_prefix(HTTP01_PREFIX)?;
+        let token = token.split('?').next().unwrap_or("");
+        lock(&self.tokens).get(token).cloned()
+    }
+
+    /// The tls-alpn-01 validation certificate for `name`, when pending.
+    pub fn alpn_cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        if self.pending.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        lock(&self.alpn).get(name).cloned()
+    }
+
+    pub(crate) fn add_token(&self, token: &str, key_auth: &str) {
+        lock(&self.tokens).insert(token.to_owned(), key_auth.to_owned());
+        self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn remove_token(&self, token: &str) {
+        if lock(&self.tokens).remove(token).is_some() {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn add_alpn(&self, name: &str, cert: Arc<CertifiedKey>) {
+        lock(&self.alpn).insert(name.to_owned(), cert);
+        self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn remove_alpn(&self, name: &str) {
+        if lock(&self.alpn).remove(name).is_some() {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Updates `name`'s status.
+    pub(crate) fn set_status(&self, name: &str, f: impl FnOnce(&mut CertStatus)) {
+        f(lock(&self.status).entry(name.to_owned()).or_default());
+    }
+
+    /// Every name's status, by name.
+    pub fn statuses(&self) -> BTreeMap<String, CertStatus> {
+        lock(&self.status).clone()
+    }
+}
+
+/// The default storage folder: `$XDG_DATA_HOME/veloxy/acme`, else
+/// `$HOME/.local/share/veloxy/acme`, else `./veloxy-acme`.
+pub fn default_storage() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/share"))
+        });
+    match base {
+        Some(b) => b.join("veloxy").join("acme"),
+        None => PathBuf::from("veloxy-acme"),
+    }
+}

@@ -1,0 +1,172 @@
+//! `[server.acme]` and the listeners' `tls.acme`: which names get ACME certificates, from
+//! which CA, and how they prove control.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::{absolute, dur};
+use crate::acme::{AcmeSettings, Challenge};
+use crate::config::error::{ConfigError, Source};
+use crate::config::file::{AcmeNames, FileConfig, ListenerSection};
+use crate::config::ListenerSpec;
+
+/// Fills each TLS listener's ACME names (an explicit list, or the hosts of the routes on it)
+/// and compiles `[server.acme]` when any listener uses ACME.
+pub(super) fn compile_acme(
+    src: &Source,
+    file: &FileConfig,
+    listeners: &mut [ListenerSpec],
+) -> Result<Option<Arc<AcmeSettings>>, ConfigError> {
+    let mut any = false;
+    for l in listeners.iter_mut() {
+        let Some(section) = file.listeners.get(&l.name) else {
+            continue;
+        };
+        let Some(acme) = section.get_ref().tls.as_ref().and_then(|t| t.acme.as_ref()) else {
+            continue;
+        };
+        let key = format!("listeners.{}.tls.acme", l.name);
+        l.acme = names(src, &key, acme, file, &l.name)?;
+        any |= !l.acme.is_empty();
+    }
+    if !any {
+        return Ok(None);
+    }
+    let plain_listener = file.listeners.values().any(|l| is_plain_http(l.get_ref()));
+    settings(src, file, plain_listener).map(|s| Some(Arc::new(s)))
+}
+
+fn is_plain_http(l: &ListenerSection) -> bool {
+    l.tls.is_none() && l.protocol.as_ref().is_none_or(|p| p.get_ref() == "http")
+}
+
+/// The names of one listener's `acme`: checked exact DNS names, lowercase, sorted.
+fn names(
+    src: &Source,
+    key: &str,
+    acme: &Spanned<AcmeNames>,
+    file: &FileConfig,
+    listener: &str,
+) -> Result<Vec<String>, ConfigError> {
+    let listed: Vec<String> = match acme.get_ref() {
+        AcmeNames::All(false) => return Ok(Vec::new()),
+        AcmeNames::List(names) => names.clone(),
+        AcmeNames::All(true) => file
+            .routes
+            .iter()
+            .filter(|r| {
+                r.get_ref()
+                    .listener
+                    .as_ref()
+                    .is_none_or(|l| l.get_ref() == listener)
+            })
+            .filter_map(|r| r.get_ref().host.as_ref().map(|h| h.get_ref().clone()))
+            .collect(),
+    };
+    let mut out = std::collections::BTreeSet::new();
+    for name in listed {
+        let lower = name.to_ascii_lowercase();
+        if lower.contains('*') {
+            return Err(src.error(
+                acme.span(),
+                key,
+                format!(
+                    "{name:?} is a wildcard: wildcard certificates need the DNS-01 challenge, \
+                     which veloxy does not do; list the exact names, or use a certificate file"
+                ),
+            ));
+        }
+        let valid = !lower.is_empty()
+            && lower.parse::<std::net::IpAddr>().is_err()
+            && matches!(
+                rustls::pki_types::ServerName::try_from(lower.as_str()),
+                Ok(rustls::pki_types::ServerName::DnsName(_))
+            );
+        if !valid {
+            return Err(src.error(
+                acme.span(),
+                key,
+                format!("{name:?} is not a DNS name a CA can issue for"),
+            ));
+        }
+        out.insert(lower);
+    }
+    if out.is_empty() {
+        return Err(src.error(
+            acme.span(),
+            key,
+            "no names: no route on this listener has a `host` (list the names: acme = [\"example.com\"])",
+        ));
+    }
+    Ok(out.into_iter().collect())
+}
+
+fn settings(
+    src: &Source,
+    file: &FileConfig,
+    plain_listener: bool,
+) -> Result<AcmeSettings, ConfigError> {
+    let default = Default::default();
+    let a = file.server.acme.as_ref().map_or(&default, |a| a.get_ref());
+    let text = |v: &Option<Spanned<String>>| v.as_ref().map(|s| s.get_ref().clone());
+    if let Some(e) = &a.email {
+        let ok = e.get_ref().contains('@') && !e.get_ref().contains([' ', ':', '<', '>']);
+        if !ok {
+            return Err(src.error(e.span(), "server.acme.email", "not an email address"));
+        }
+    }
+    let directory = text(&a.directory).unwrap_or_else(|| crate::acme::DEFAULT_DIRECTORY.into());
+    if !directory.starts_with("https://") {
+        let span = a.directory.as_ref().map_or(0..0, |d| d.span());
+        return Err(src.error(span, "server.acme.directory", "must be an https:// URL"));
+    }
+    let ca_file = match &a.ca_file {
+        None => None,
+        Some(c) => {
+            let p = absolute(&src.relative(c.get_ref()));
+            crate::tls::client_config(Some(&p), false)
+                .map_err(|e| src.error(c.span(), "server.acme.ca_file", e.to_string()))?;
+            Some(p)
+        }
+    };
+    let challenge = match a
+        .challenge
+        .as_ref()
+        .map(|c| (c.get_ref().as_str(), c.span()))
+    {
+        None => None,
+        Some(("http-01", _)) => Some(Challenge::Http01),
+        Some(("tls-alpn-01", _)) => Some(Challenge::TlsAlpn01),
+        Some((other, span)) => {
+            return Err(src.error(
+                span,
+                "server.acme.challenge",
+                format!("{other:?}: use \"http-01\" or \"tls-alpn-01\""),
+            ))
+        }
+    };
+    if challenge == Some(Challenge::Http01) && !plain_listener {
+        let span = a.challenge.as_ref().map_or(0..0, |c| c.span());
+        return Err(src.error(
+            span,
+            "server.acme.challenge",
+            "http-01 needs a plain HTTP listener (on port 80, where the CA connects)",
+        ));
+    }
+    Ok(AcmeSettings {
+        email: text(&a.email),
+        directory,
+        storage: a
+            .storage
+            .as_ref()
+            .map_or_else(crate::acme::default_storage, |s| {
+                absolute(&src.relative(s.get_ref()))
+            }),
+        ca_file,
+        challenge,
+        renew_before: dur(&a.renew_before, Duration::from_secs(30 * 86400)),
+        plain_listener,
+    })
+}

@@ -1,0 +1,346 @@
+//! Automatic certificates (issue 14) against a real ACME server: Debian's pebble, with
+//! pebble-challtestsrv resolving every name to 127.0.0.1. veloxy starts first (pebble must be
+//! told veloxy's ports), so every test also starts with the CA down.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use veloxy_testkit::*;
+
+/// A veloxy with an ACME listener `web` (plus a file certificate for `files.test`), a plain
+/// listener `plain` and the admin endpoint; returns it with its ports.
+struct Setup {
+    v: Veloxy,
+    web: SocketAddr,
+    plain: SocketAddr,
+    admin: SocketAddr,
+}
+
+fn config(acme_port: u16, ca_pem: &Path, storage: &Path, acme: &str, extra: &str) -> String {
+    let dir = storage.parent().unwrap();
+    let pki = Pki::new(dir);
+    let (cert, key) = pki.leaf("files", &["files.test"], KeyKind::Ecdsa);
+    format!(
+        "[server]\nworkers = 1\nadmin = \"127.0.0.1:0\"\n\
+         [server.acme]\nemail = \"ops@example.test\"\n\
+         directory = \"https://127.0.0.1:{acme_port}/dir\"\nca_file = \"{}\"\nstorage = \"{}\"\n{extra}\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [listeners.web.tls]\nacme = {acme}\n\
+         [[listeners.web.tls.certs]]\nhosts = [\"files.test\"]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [listeners.plain]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\nrespond = {{ body = \"hello\" }}\n",
+        ca_pem.display(),
+        storage.display(),
+        cert.display(),
+        key.display(),
+    )
+}
+
+fn start(config: &str) -> Setup {
+    let v = veloxy(config);
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let plain = logged_addr(&v, "listening listener=plain addr=");
+    let admin = admin_addr(&v);
+    Setup {
+        v,
+        web,
+        plain,
+        admin,
+    }
+}
+
+/// The CA file pebble's own HTTPS is signed with must exist before veloxy loads the config:
+/// a placeholder CA is written first and replaced by pebble's once it runs.
+fn placeholder_ca(dir: &Path) -> std::path::PathBuf {
+    let sub = dir.join("placeholder");
+    std::fs::create_dir_all(&sub).unwrap();
+    Pki::new(&sub).ca_pem
+}
+
+/// GET / over HTTPS + HTTP/1.1 with SNI `name`, trusting only `root`: the body, or why not.
+fn get_verified(addr: SocketAddr, name: &str, root: &Path) -> Result<String, String> {
+    let client = default_client(root, &[b"http/1.1"]);
+    let (mut s, _) = tls_connect(addr, name, client).map_err(|e| e.to_string())?;
+    let (status, raw) = https1(&mut s, name, "/");
+    (status == 200)
+        .then(|| raw_body(&raw).to_owned())
+        .ok_or(raw)
+}
+
+fn certificates(admin: SocketAddr) -> serde_json::Value {
+    let r = request(
+        admin,
+        "GET /certificates HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    serde_json::from_str(&r.body_str()).unwrap()
+}
+
+fn acme_entry(admin: SocketAddr, name: &str) -> serde_json::Value {
+    certificates(admin)["certificates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["source"] == "acme" && c["names"][0] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} not in /certificates"))
+}
+
+/// Pebble's root, written to `path`, once pebble runs.
+fn trust_pebble(p: &Pebble, dir: &Path) -> std::path::PathBuf {
+    let root = dir.join("pebble-root.pem");
+    p.write_root(&root);
+    root
+}
+
+#[test]
+fn http01_issuance_with_the_ca_down_at_first_then_restart_reuses_the_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("acme");
+    let acme_port = free_port();
+    let ca = dir.path().join("pebble-ca.pem");
+    std::fs::copy(placeholder_ca(dir.path()), &ca).unwrap();
+    let conf = config(
+        acme_port,
+        &ca,
+        &storage,
+        "[\"a.example.test\"]",
+        "challenge = \"http-01\"",
+    );
+    let s = start(&conf);
+    // The CA is down: the failure is logged and retried; the file host is unaffected.
+    assert!(eventually(Duration::from_secs(10), || s
+        .v
+        .proc
+        .log_text()
+        .contains("ACME: issuance failed")));
+    let files_ca = dir.path().join("ca.pem");
+    assert_eq!(
+        get_verified(s.web, "files.test", &files_ca).as_deref(),
+        Ok("hello")
+    );
+    let Some(p) = Pebble::start(&PebbleSetup {
+        port: acme_port,
+        http_port: s.plain.port(),
+        tls_port: s.web.port(),
+        validity_s: None,
+        blocklist: &[],
+    }) else {
+        return;
+    };
+    std::fs::copy(&p.ca_pem, &ca).unwrap();
+    let root = trust_pebble(&p, dir.path());
+    let issued = eventually(Duration::from_secs(40), || {
+        get_verified(s.web, "a.example.test", &root).is_ok()
+    });
+    assert!(
+        issued,
+        "no certificate:\n{}\n{}",
+        s.v.proc.log_text(),
+        p.log_text()
+    );
+    // HTTP/2 too, and curl verifies the chain against pebble's root.
+    let h2 = runtime().block_on(async {
+        let config = default_client(&root, &[b"h2"]);
+        let mut c = h2_connect(s.web, Some((config, "a.example.test"))).await;
+        h2_send(&mut c, h2_get("a.example.test", "/", true), None)
+            .await
+            .unwrap()
+    });
+    assert_eq!(h2.body_str(), "hello");
+    curl_verifies(s.web, "a.example.test", &root);
+    let entry = acme_entry(s.admin, "a.example.test");
+    assert!(
+        entry["issuer"].as_str().unwrap_or("").contains("Pebble"),
+        "{entry}"
+    );
+    assert!(entry["last_error"].is_null(), "{entry}");
+    let key = storage_files(&storage, "a.example.test.key");
+    assert_eq!(mode(&key), 0o600);
+    // A restart serves the stored certificate at once, without a new order.
+    drop(s);
+    let s = start(&conf);
+    assert_eq!(
+        get_verified(s.web, "a.example.test", &root).as_deref(),
+        Ok("hello")
+    );
+    assert!(
+        !s.v.proc.log_text().contains("ordering a certificate"),
+        "{}",
+        s.v.proc.log_text()
+    );
+}
+
+fn storage_files(storage: &Path, file: &str) -> std::path::PathBuf {
+    let folder = std::fs::read_dir(storage)
+        .unwrap()
+        .next()
+        .expect("a directory folder")
+        .unwrap()
+        .path();
+    folder.join("certs").join(file)
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+fn curl_verifies(addr: SocketAddr, name: &str, root: &Path) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(root)
+        .args(["--resolve", &format!("{name}:{}:127.0.0.1", addr.port())])
+        .arg(format!("https://{name}:{}/", addr.port()))
+        .output();
+    match out {
+        Err(_) => skip("curl is not installed"),
+        Ok(o) => assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "hello",
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    }
+}
+
+/// Starts veloxy and pebble for `acme` with `extra` `[server.acme]` keys.
+fn running(
+    dir: &Path,
+    acme: &str,
+    extra: &str,
+    validity_s: Option<u64>,
+    blocklist: &[&str],
+) -> Option<(Setup, Pebble, std::path::PathBuf, String)> {
+    let storage = dir.join("acme");
+    let acme_port = free_port();
+    let ca = dir.join("pebble-ca.pem");
+    std::fs::copy(placeholder_ca(dir), &ca).unwrap();
+    let conf = config(acme_port, &ca, &storage, acme, extra);
+    let s = start(&conf);
+    let p = Pebble::start(&PebbleSetup {
+        port: acme_port,
+        http_port: s.plain.port(),
+        tls_port: s.web.port(),
+        validity_s,
+        blocklist,
+    })?;
+    std::fs::copy(&p.ca_pem, &ca).unwrap();
+    let root = trust_pebble(&p, dir);
+    Some((s, p, root, conf))
+}
+
+#[test]
+fn tls_alpn01_issuance() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((s, p, root, _)) = running(
+        dir.path(),
+        "[\"alpn.example.test\"]",
+        "challenge = \"tls-alpn-01\"",
+        None,
+        &[],
+    ) else {
+        return;
+    };
+    let issued = eventually(Duration::from_secs(40), || {
+        get_verified(s.web, "alpn.example.test", &root).is_ok()
+    });
+    assert!(issued, "{}\n{}", s.v.proc.log_text(), p.log_text());
+}
+
+#[test]
+fn renewal_swaps_the_certificate_while_a_keepalive_connection_stays_open() {
+    let dir = tempfile::tempdir().unwrap();
+    // 30 s certificates: renewal is due after 10 s (a third of the lifetime).
+    let Some((s, p, root, _)) = running(
+        dir.path(),
+        "[\"renew.example.test\"]",
+        "challenge = \"http-01\"",
+        Some(30),
+        &[],
+    ) else {
+        return;
+    };
+    let client = default_client(&root, &[b"http/1.1"]);
+    let first = eventually(Duration::from_secs(40), || {
+        tls_connect(s.web, "renew.example.test", client.clone()).is_ok()
+    });
+    assert!(first, "{}\n{}", s.v.proc.log_text(), p.log_text());
+    let (mut kept, _) = tls_connect(s.web, "renew.example.test", client.clone()).unwrap();
+    let serial = |c: &rustls::ClientConnection| c.peer_certificates().unwrap()[0].to_vec();
+    let before = serial(&kept.conn);
+    let renewed = eventually(Duration::from_secs(40), || {
+        tls_connect(s.web, "renew.example.test", client.clone())
+            .is_ok_and(|(c, _)| serial(&c.conn) != before)
+    });
+    assert!(renewed, "{}\n{}", s.v.proc.log_text(), p.log_text());
+    // The connection opened on the old certificate still serves requests.
+    use std::io::Write;
+    kept.write_all(b"GET / HTTP/1.1\r\nHost: renew.example.test\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (status, raw) = read_to_close(&mut kept);
+    assert_eq!((status, raw_body(&raw)), (200, "hello"));
+}
+
+#[test]
+fn a_refused_order_shows_the_ca_error_and_a_reload_orders_only_the_new_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((s, p, root, conf)) = running(
+        dir.path(),
+        "[\"ok.example.test\", \"blocked.example.test\"]",
+        "challenge = \"http-01\"",
+        None,
+        &["blocked.example.test"],
+    ) else {
+        return;
+    };
+    let refused = eventually(Duration::from_secs(30), || {
+        acme_entry(s.admin, "blocked.example.test")["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("forbidden by policy"))
+    });
+    assert!(
+        refused,
+        "{}\n{}",
+        certificates(s.admin),
+        s.v.proc.log_text()
+    );
+    assert!(s.v.proc.log_text().contains("forbidden by policy"));
+    assert!(eventually(Duration::from_secs(40), || get_verified(
+        s.web,
+        "ok.example.test",
+        &root
+    )
+    .is_ok()));
+    // A reload adding a name orders that name only.
+    let orders = |name: &str| {
+        s.v.proc
+            .log_text()
+            .matches(&format!("ordering a certificate name={name}"))
+            .count()
+    };
+    let ok_orders = orders("ok.example.test");
+    let conf2 = conf.replace(
+        "\"blocked.example.test\"]",
+        "\"blocked.example.test\", \"new.example.test\"]",
+    );
+    reload_with(&s.v, &conf2, "reloaded");
+    assert!(
+        eventually(Duration::from_secs(40), || get_verified(
+            s.web,
+            "new.example.test",
+            &root
+        )
+        .is_ok()),
+        "{}\n{}",
+        s.v.proc.log_text(),
+        p.log_text()
+    );
+    assert_eq!(
+        orders("ok.example.test"),
+        ok_orders,
+        "ok was not ordered again"
+    );
+    assert_eq!(orders("new.example.test"), 1);
+}
