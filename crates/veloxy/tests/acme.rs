@@ -344,3 +344,74 @@ fn a_refused_order_shows_the_ca_error_and_a_reload_orders_only_the_new_host() {
     );
     assert_eq!(orders("new.example.test"), 1);
 }
+
+#[test]
+fn one_line_proxy_with_acme_gets_a_certificate_and_redirects_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream(&["--name", "app"]);
+    let acme_port = free_port();
+    let ca = dir.path().join("pebble-ca.pem");
+    std::fs::copy(placeholder_ca(dir.path()), &ca).unwrap();
+    let storage = dir.path().join("acme");
+    let directory = format!("https://127.0.0.1:{acme_port}/dir");
+    let (to, ca_s, storage_s) = (
+        up.addr.to_string(),
+        ca.display().to_string(),
+        storage.display().to_string(),
+    );
+    let args = [
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--to",
+        &to,
+        "--workers",
+        "1",
+        "--acme",
+        "one.example.test",
+        "--acme-email",
+        "ops@example.test",
+        "--acme-directory",
+        &directory,
+        "--acme-ca-file",
+        &ca_s,
+        "--acme-storage",
+        &storage_s,
+        "--acme-http-listen",
+        "127.0.0.1:0",
+    ];
+    let v = veloxy_cmd(
+        std::process::Command::new(VELOXY),
+        &args,
+        tempfile::tempdir().unwrap(),
+    );
+    let main = logged_addr(&v, "listening listener=main addr=");
+    let http = logged_addr(&v, "listening listener=http addr=");
+    let Some(p) = Pebble::start(&PebbleSetup {
+        port: acme_port,
+        http_port: http.port(),
+        tls_port: main.port(),
+        validity_s: None,
+        blocklist: &[],
+    }) else {
+        return;
+    };
+    std::fs::copy(&p.ca_pem, &ca).unwrap();
+    let root = trust_pebble(&p, dir.path());
+    // tls-alpn-01 by default: the certificate comes, and requests reach the backend.
+    let client = default_client(&root, &[b"http/1.1"]);
+    let served = eventually(Duration::from_secs(40), || {
+        tls_connect(main, "one.example.test", client.clone()).is_ok_and(|(mut s, _)| {
+            let (status, raw) = https1(&mut s, "one.example.test", "/");
+            status == 200 && raw_header(&raw, "x-upstream") == Some("app")
+        })
+    });
+    assert!(served, "{}\n{}", v.proc.log_text(), p.log_text());
+    // The plain listener redirects to HTTPS.
+    let r = request(
+        http,
+        "GET /x HTTP/1.1\r\nHost: one.example.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 308);
+    assert_eq!(r.header("location"), Some("https://one.example.test/x"));
+}

@@ -1,4 +1,4 @@
-//! Human durations in the config: `"500ms"`, `"2s"`, `"1m"`, `"1h"`, `"250us"`.
+//! Human durations in the config: `"500ms"`, `"2s"`, `"1m"`, `"1h"`, `"30d"`, `"250us"`.
 
 use std::fmt;
 use std::time::Duration;
@@ -10,12 +10,14 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DurationValue(pub Duration);
 
-/// Parses `<number><unit>` where unit is `us`, `ms`, `s`, `m` or `h`; the number may have a fraction.
+/// Parses `<number><unit>` where unit is `us`, `ms`, `s`, `m`, `h` or `d`; the number may have a fraction.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("invalid duration {s:?}: missing unit (use us, ms, s, m or h)"))?;
+        .ok_or_else(|| {
+            format!("invalid duration {s:?}: missing unit (use us, ms, s, m, h or d)")
+        })?;
     let (num, unit) = s.split_at(split);
     if unit.starts_with(char::is_whitespace) {
         return Err(format!(
@@ -31,9 +33,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
+        "d" => 86400.0,
         _ => {
             return Err(format!(
-                "invalid duration {s:?}: unknown unit {unit:?} (use us, ms, s, m or h)"
+                "invalid duration {s:?}: unknown unit {unit:?} (use us, ms, s, m, h or d)"
             ))
         }
     };
@@ -71,6 +74,10 @@ mod tests {
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
         assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(
+            parse_duration("30d").unwrap(),
+            Duration::from_secs(30 * 86400)
+        );
     }
 
     #[test]

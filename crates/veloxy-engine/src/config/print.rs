@@ -624,7 +624,8 @@ fn key(name: &str) -> String {
 /// Below a microsecond (only reachable with fractions such as `"0.0001ms"`) it is fractional
 /// microseconds, which parse back to the same nanoseconds.
 fn duration(d: Duration) -> String {
-    const UNITS: [(&str, u128); 5] = [
+    const UNITS: [(&str, u128); 6] = [
+        ("d", 86_400_000_000_000),
         ("h", 3_600_000_000_000),
         ("m", 60_000_000_000),
         ("s", 1_000_000_000),
