@@ -135,7 +135,9 @@ impl Server {
         let snapshot = Arc::new(self.snapshot);
         let (health_tx, health_rx) = watch::channel(snapshot.upstreams.clone().into());
         crate::upstream::health::spawn_thread(health_rx).map_err(ServerError::Thread)?;
-        let (acme_tx, acme_rx) = watch::channel(crate::acme::manager::Plan::of(&snapshot));
+        let plan = crate::acme::manager::Plan::of(&snapshot);
+        crate::acme::manager::preload(&plan);
+        let (acme_tx, acme_rx) = watch::channel(plan);
         crate::acme::manager::spawn_thread(acme_rx).map_err(ServerError::Thread)?;
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::new(snapshot),
@@ -322,6 +324,7 @@ impl Running {
         crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
         crate::runtime::carry_over(&current, &mut snapshot);
         let snapshot = Arc::new(snapshot);
+        crate::acme::manager::preload(&crate::acme::manager::Plan::of(&snapshot));
         self.shared.snapshot.store(snapshot.clone());
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         let _ = self

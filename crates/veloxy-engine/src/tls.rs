@@ -217,19 +217,27 @@ struct SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let Some(name) = hello.server_name() else {
+        if self.acme
+            && hello
+                .alpn()
+                .is_some_and(|mut p| p.any(|p| p == crate::acme::ACME_TLS_ALPN))
+        {
+            // A tls-alpn-01 validation: its own certificate, or none.
+            return crate::acme::store().alpn_cert(&hello.server_name()?.to_ascii_lowercase());
+        }
+        self.choose(hello.server_name())
+            .map(|k| crate::acme::store().stapled(k))
+    }
+}
+
+impl SniResolver {
+    fn choose(&self, name: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        let Some(name) = name else {
             return self.default.clone();
         };
         let name = name.to_ascii_lowercase();
         if self.acme {
-            let store = crate::acme::store();
-            let validation = hello
-                .alpn()
-                .is_some_and(|mut p| p.any(|p| p == crate::acme::ACME_TLS_ALPN));
-            if validation {
-                return store.alpn_cert(&name);
-            }
-            if let Some(k) = store.cert(&name) {
+            if let Some(k) = crate::acme::store().cert(&name) {
                 return Some(k);
             }
         }

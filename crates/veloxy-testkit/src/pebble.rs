@@ -46,6 +46,8 @@ pub struct PebbleSetup<'a> {
     pub validity_s: Option<u64>,
     /// Names pebble refuses to issue for.
     pub blocklist: &'a [&'a str],
+    /// The OCSP responder URL written into issued certificates (pebble runs none itself).
+    pub ocsp_url: Option<String>,
 }
 
 fn spawn_logged(cmd: &mut Command, log: Arc<Mutex<Vec<u8>>>) -> std::process::Child {
@@ -90,7 +92,7 @@ impl Pebble {
             "privateKey": key,
             "httpPort": setup.http_port,
             "tlsPort": setup.tls_port,
-            "ocspResponderURL": "",
+            "ocspResponderURL": setup.ocsp_url.clone().unwrap_or_default(),
             "externalAccountBindingRequired": false,
             "domainBlocklist": setup.blocklist,
             "certificateValidityPeriod": setup.validity_s.unwrap_or(157_766_400),
@@ -146,9 +148,15 @@ impl Pebble {
 
     /// The root that pebble's issued chains lead to (new on every start), as PEM.
     pub fn root_pem(&self) -> String {
+        self.management_get("/roots/0")
+    }
+
+    /// A PEM from pebble's management API (`/roots/0`, `/intermediates/0`,
+    /// `/intermediate-keys/0`).
+    pub fn management_get(&self, path: &str) -> String {
         let client = default_client(&self.ca_pem, &[b"http/1.1"]);
         let (mut s, _) = tls_connect(self.management, "localhost", client).unwrap();
-        let (status, body) = https1(&mut s, "localhost", "/roots/0");
+        let (status, body) = https1(&mut s, "localhost", path);
         assert_eq!(status, 200, "{body}");
         body.split_once("\r\n\r\n")
             .map_or(body.clone(), |(_, b)| b.to_owned())

@@ -126,6 +126,7 @@ fn http01_issuance_with_the_ca_down_at_first_then_restart_reuses_the_certificate
         tls_port: s.web.port(),
         validity_s: None,
         blocklist: &[],
+        ocsp_url: None,
     }) else {
         return;
     };
@@ -213,6 +214,17 @@ fn running(
     validity_s: Option<u64>,
     blocklist: &[&str],
 ) -> Option<(Setup, Pebble, std::path::PathBuf, String)> {
+    running_with_ocsp(dir, acme, extra, validity_s, blocklist, None)
+}
+
+fn running_with_ocsp(
+    dir: &Path,
+    acme: &str,
+    extra: &str,
+    validity_s: Option<u64>,
+    blocklist: &[&str],
+    ocsp_url: Option<String>,
+) -> Option<(Setup, Pebble, std::path::PathBuf, String)> {
     let storage = dir.join("acme");
     let acme_port = free_port();
     let ca = dir.join("pebble-ca.pem");
@@ -225,6 +237,7 @@ fn running(
         tls_port: s.web.port(),
         validity_s,
         blocklist,
+        ocsp_url,
     })?;
     std::fs::copy(&p.ca_pem, &ca).unwrap();
     let root = trust_pebble(&p, dir);
@@ -393,6 +406,7 @@ fn one_line_proxy_with_acme_gets_a_certificate_and_redirects_http() {
         tls_port: main.port(),
         validity_s: None,
         blocklist: &[],
+        ocsp_url: None,
     }) else {
         return;
     };
@@ -414,4 +428,94 @@ fn one_line_proxy_with_acme_gets_a_certificate_and_redirects_http() {
     );
     assert_eq!(r.status, 308);
     assert_eq!(r.header("location"), Some("https://one.example.test/x"));
+}
+
+#[test]
+fn ocsp_responses_are_stapled() {
+    let dir = tempfile::tempdir().unwrap();
+    let ocsp_port = free_port();
+    let Some((s, p, root, _)) = running_with_ocsp(
+        dir.path(),
+        "[\"ocsp.example.test\"]",
+        "challenge = \"http-01\"",
+        None,
+        &[],
+        Some(format!("http://127.0.0.1:{ocsp_port}")),
+    ) else {
+        return;
+    };
+    assert!(
+        eventually(Duration::from_secs(40), || get_verified(
+            s.web,
+            "ocsp.example.test",
+            &root
+        )
+        .is_ok()),
+        "{}",
+        s.v.proc.log_text()
+    );
+    // A real OCSP responder (openssl ocsp) signing with pebble's intermediate, knowing the
+    // issued certificate as good.
+    let leaf = storage_files(&dir.path().join("acme"), "ocsp.example.test.crt");
+    let out = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-serial", "-in"])
+        .arg(&leaf)
+        .output();
+    let Ok(out) = out else {
+        return skip("openssl is not installed");
+    };
+    let serial = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("serial=")
+        .to_owned();
+    let d = dir.path();
+    std::fs::write(d.join("inter.pem"), p.management_get("/intermediates/0")).unwrap();
+    std::fs::write(
+        d.join("inter-key.pem"),
+        p.management_get("/intermediate-keys/0"),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("index.txt"),
+        format!("V\t491231235959Z\t\t{serial}\tunknown\t/CN=ocsp.example.test\n"),
+    )
+    .unwrap();
+    let responder = std::process::Command::new("openssl")
+        .current_dir(d)
+        .args([
+            "ocsp",
+            "-index",
+            "index.txt",
+            "-port",
+            &ocsp_port.to_string(),
+        ])
+        .args([
+            "-rsigner",
+            "inter.pem",
+            "-rkey",
+            "inter-key.pem",
+            "-CA",
+            "inter.pem",
+        ])
+        .args(["-ndays", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _responder = Proc {
+        child: responder,
+        log: Default::default(),
+    };
+    let stapled = eventually(Duration::from_secs(40), || {
+        let out = std::process::Command::new("openssl")
+            .args(["s_client", "-connect", &s.web.to_string()])
+            .args(["-servername", "ocsp.example.test", "-status"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.contains("OCSP Response Status: successful") && text.contains("Cert Status: good")
+    });
+    assert!(stapled, "{}", s.v.proc.log_text());
+    assert!(s.v.proc.log_text().contains("OCSP response stapled"));
 }

@@ -4,6 +4,7 @@
 //! names: a name kept by a reload keeps its task (no new order); a new name starts one.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -19,18 +20,33 @@ pub struct Plan {
     pub settings: Option<Arc<AcmeSettings>>,
     /// Every ACME name of every TLS listener.
     pub names: BTreeSet<String>,
+    /// Every certificate (chain, key) whose OCSP staple is kept: the listeners' files and
+    /// the ACME certificates in storage.
+    pub staple: BTreeSet<(PathBuf, PathBuf)>,
 }
 
 impl Plan {
     /// The plan of a config.
     pub fn of(snapshot: &crate::config::Snapshot) -> Plan {
+        let settings = snapshot.settings.acme.clone();
+        let names: BTreeSet<String> = snapshot
+            .listeners
+            .iter()
+            .flat_map(|l| l.acme.iter().cloned())
+            .collect();
+        let mut staple: BTreeSet<(PathBuf, PathBuf)> = snapshot
+            .listeners
+            .iter()
+            .flat_map(|l| l.tls_files.iter().map(|f| (f.cert.clone(), f.key.clone())))
+            .collect();
+        if let Some(s) = &settings {
+            let folder = storage::directory_folder(&s.storage, &s.directory);
+            staple.extend(names.iter().map(|n| storage::cert_paths(&folder, n)));
+        }
         Plan {
-            settings: snapshot.settings.acme.clone(),
-            names: snapshot
-                .listeners
-                .iter()
-                .flat_map(|l| l.acme.iter().cloned())
-                .collect(),
+            settings,
+            names,
+            staple,
         }
     }
 
@@ -40,6 +56,22 @@ impl Plan {
         let changed = *plan != new;
         *plan = new;
         changed
+    }
+}
+
+/// Installs the stored certificates of `plan`'s names that are still valid, before listeners
+/// accept (at start) or before a reloaded config is swapped in: a restart serves them from its
+/// first handshake, without waiting for the ACME thread.
+pub(crate) fn preload(plan: &Plan) {
+    let Some(settings) = &plan.settings else {
+        return;
+    };
+    let folder = storage::directory_folder(&settings.storage, &settings.directory);
+    for name in &plan.names {
+        if store().cert(name).is_none() {
+            let (crt, key) = storage::cert_paths(&folder, name);
+            install_stored(store(), name, &crt, &key, settings);
+        }
     }
 }
 
@@ -60,6 +92,8 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
             };
             rt.block_on(async move {
                 let mut tasks: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+                let mut staples: HashMap<(PathBuf, PathBuf), tokio::task::JoinHandle<()>> =
+                    HashMap::new();
                 let mut current: Option<Arc<AcmeSettings>> = None;
                 let mut account: AccountSlot = Arc::default();
                 loop {
@@ -79,6 +113,19 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
                         keep
                     });
                     store().retain(&wanted);
+                    staples.retain(|pair, t| {
+                        let keep = plan.staple.contains(pair);
+                        if !keep {
+                            t.abort();
+                        }
+                        keep
+                    });
+                    for pair in &plan.staple {
+                        if !staples.contains_key(pair) {
+                            let task = super::ocsp::keep(pair.0.clone(), pair.1.clone());
+                            staples.insert(pair.clone(), tokio::spawn(task));
+                        }
+                    }
                     if let Some(settings) = &current {
                         for name in &plan.names {
                             if !tasks.contains_key(name) {

@@ -14,19 +14,23 @@
 //!   certificate, retries with backoff, and sleeps until the renewal time. It never runs on a
 //!   worker, so issuance adds nothing to the data path.
 //!
+//! * [`ocsp`]: OCSP staples for every certificate that names a responder (files too), kept
+//!   by the same thread.
+//!
 //! Challenges: `http-01` is answered by the exchange on every listener, before routes and
 //! redirects (a pending-challenge counter keeps that check to one atomic load when nothing
 //! is pending); `tls-alpn-01` by the TLS listeners' certificate resolver (ALPN `acme-tls/1`),
 //! after which the connection closes.
 
 pub(crate) mod manager;
+pub(crate) mod ocsp;
 mod order;
 pub(crate) mod report;
 pub(crate) mod storage;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -97,6 +101,9 @@ pub struct CertStatus {
     pub orders: u64,
 }
 
+/// A stapled key and when its OCSP response goes stale (`nextUpdate`).
+type Staple = (Arc<CertifiedKey>, Option<SystemTime>);
+
 /// The process's ACME state (see the module doc).
 pub struct CertStore {
     certs: ArcSwap<HashMap<String, Arc<CertifiedKey>>>,
@@ -109,6 +116,10 @@ pub struct CertStore {
     status: Mutex<BTreeMap<String, CertStatus>>,
     /// Issuance failures since start (`veloxy_acme_failures_total`).
     pub failures: AtomicUsize,
+    /// Stapled keys by leaf certificate (DER), with the response's `nextUpdate`.
+    staples: ArcSwap<HashMap<Vec<u8>, Staple>>,
+    /// Any staple held: when false, handshakes skip the lookup.
+    stapling: AtomicBool,
 }
 
 static STORE: LazyLock<CertStore> = LazyLock::new(|| CertStore {
@@ -118,6 +129,8 @@ static STORE: LazyLock<CertStore> = LazyLock::new(|| CertStore {
     pending: AtomicUsize::new(0),
     status: Mutex::default(),
     failures: AtomicUsize::new(0),
+    staples: ArcSwap::from_pointee(HashMap::new()),
+    stapling: AtomicBool::new(false),
 });
 
 /// The process's certificate store.
@@ -200,6 +213,46 @@ impl CertStore {
     /// Updates `name`'s status.
     pub(crate) fn set_status(&self, name: &str, f: impl FnOnce(&mut CertStatus)) {
         f(lock(&self.status).entry(name.to_owned()).or_default());
+    }
+
+    /// `key` with its OCSP staple, when one is held for its leaf. One atomic load when no
+    /// staple is held at all.
+    #[inline]
+    pub fn stapled(&self, key: Arc<CertifiedKey>) -> Arc<CertifiedKey> {
+        if !self.stapling.load(Ordering::Relaxed) {
+            return key;
+        }
+        let Some(leaf) = key.cert.first() else {
+            return key;
+        };
+        match self.staples.load().get(leaf.as_ref()) {
+            Some((stapled, _)) => stapled.clone(),
+            None => key,
+        }
+    }
+
+    /// Holds `key` (which carries its OCSP response) for its leaf until `until`.
+    pub(crate) fn staple(&self, key: Arc<CertifiedKey>, until: Option<SystemTime>) {
+        let Some(leaf) = key.cert.first().map(|c| c.as_ref().to_vec()) else {
+            return;
+        };
+        self.staples.rcu(|m| {
+            let mut m = HashMap::clone(m);
+            m.insert(leaf.clone(), (key.clone(), until));
+            m
+        });
+        self.stapling.store(true, Ordering::Relaxed);
+    }
+
+    /// Drops staples whose `nextUpdate` has passed (a stale response is worse than none).
+    pub(crate) fn expire_staples(&self) {
+        let now = SystemTime::now();
+        self.staples.rcu(|m| {
+            m.iter()
+                .filter(|(_, (_, until))| until.is_none_or(|u| u > now))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<HashMap<_, _>>()
+        });
     }
 
     /// Every name's status, by name.
