@@ -12,6 +12,55 @@ use crate::config::error::{ConfigError, Source};
 use crate::config::file::{AcmeNames, FileConfig, ListenerSection};
 use crate::config::ListenerSpec;
 
+/// Listed ACME names that no route on their listener serves: a certificate nobody will use
+/// (usually a typo in `acme` or in a route's `host`).
+pub(super) fn unserved_names(
+    src: &Source,
+    file: &FileConfig,
+    listeners: &[ListenerSpec],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in listeners.iter().filter(|l| !l.acme.is_empty()) {
+        let Some(acme) = file
+            .listeners
+            .get(&l.name)
+            .and_then(|s| s.get_ref().tls.as_ref())
+            .and_then(|t| t.acme.as_ref())
+        else {
+            continue;
+        };
+        let hosts: Vec<Option<crate::router::HostMatch>> = file
+            .routes
+            .iter()
+            .filter(|r| {
+                r.get_ref()
+                    .listener
+                    .as_ref()
+                    .is_none_or(|n| *n.get_ref() == l.name)
+            })
+            .map(|r| {
+                r.get_ref()
+                    .host
+                    .as_ref()
+                    .and_then(|h| crate::router::HostMatch::parse(h.get_ref()).ok())
+            })
+            .collect();
+        for name in &l.acme {
+            let served = hosts
+                .iter()
+                .any(|h| h.as_ref().is_none_or(|h| h.matches(name.as_bytes())));
+            if !served {
+                out.push(src.warning(
+                    acme.span(),
+                    &format!("listeners.{}.tls.acme", l.name),
+                    &format!("{name:?}: no route on this listener serves this name"),
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Fills each TLS listener's ACME names (an explicit list, or the hosts of the routes on it)
 /// and compiles `[server.acme]` when any listener uses ACME.
 pub(super) fn compile_acme(

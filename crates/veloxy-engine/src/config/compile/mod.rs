@@ -75,7 +75,8 @@ fn compile(
     compile_streams(src, &file, &upstream_index, &mut listeners)?;
     let mut settings = settings;
     settings.acme = acme::compile_acme(src, &file, &mut listeners)?;
-    let warnings = server::admin_warnings(src, s, &settings);
+    let mut warnings = server::admin_warnings(src, s, &settings);
+    warnings.extend(acme::unserved_names(src, &file, &listeners));
     Ok(Snapshot {
         settings,
         listeners,
