@@ -36,6 +36,7 @@ pub fn free_port() -> u16 {
 }
 
 /// How to run pebble.
+#[derive(Default)]
 pub struct PebbleSetup<'a> {
     /// The ACME API's port (choose it before veloxy starts, with [`free_port`]).
     pub port: u16,

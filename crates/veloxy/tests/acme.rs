@@ -124,9 +124,7 @@ fn http01_issuance_with_the_ca_down_at_first_then_restart_reuses_the_certificate
         port: acme_port,
         http_port: s.plain.port(),
         tls_port: s.web.port(),
-        validity_s: None,
-        blocklist: &[],
-        ocsp_url: None,
+        ..Default::default()
     }) else {
         return;
     };
@@ -404,9 +402,7 @@ fn one_line_proxy_with_acme_gets_a_certificate_and_redirects_http() {
         port: acme_port,
         http_port: http.port(),
         tls_port: main.port(),
-        validity_s: None,
-        blocklist: &[],
-        ocsp_url: None,
+        ..Default::default()
     }) else {
         return;
     };

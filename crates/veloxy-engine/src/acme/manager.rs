@@ -105,35 +105,20 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
                         account = Arc::default();
                     }
                     let wanted: HashSet<String> = plan.names.iter().cloned().collect();
-                    tasks.retain(|name, t| {
-                        let keep = wanted.contains(name);
-                        if !keep {
-                            t.abort();
-                        }
-                        keep
-                    });
                     store().retain(&wanted);
-                    staples.retain(|pair, t| {
-                        let keep = plan.staple.contains(pair);
-                        if !keep {
-                            t.abort();
-                        }
-                        keep
+                    sync(&mut staples, &plan.staple, |(cert, key)| {
+                        super::ocsp::keep(cert.clone(), key.clone())
                     });
-                    for pair in &plan.staple {
-                        if !staples.contains_key(pair) {
-                            let task = super::ocsp::keep(pair.0.clone(), pair.1.clone());
-                            staples.insert(pair.clone(), tokio::spawn(task));
-                        }
-                    }
-                    if let Some(settings) = &current {
-                        for name in &plan.names {
-                            if !tasks.contains_key(name) {
-                                let task = keep(name.clone(), settings.clone(), account.clone());
-                                tasks.insert(name.clone(), tokio::spawn(task));
-                            }
-                        }
-                    }
+                    let none = BTreeSet::new();
+                    let names = if current.is_some() {
+                        &plan.names
+                    } else {
+                        &none
+                    };
+                    sync(&mut tasks, names, |name| {
+                        let settings = current.clone().expect("names only with settings");
+                        keep(name.clone(), settings, account.clone())
+                    });
                     if plans.changed().await.is_err() {
                         return;
                     }
@@ -141,6 +126,30 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
             });
         })?;
     Ok(())
+}
+
+/// Makes `tasks` one task per key of `wanted`: aborts the others, spawns the missing ones
+/// (keys kept keep their running task).
+fn sync<K, F>(
+    tasks: &mut HashMap<K, tokio::task::JoinHandle<()>>,
+    wanted: &BTreeSet<K>,
+    spawn: impl Fn(&K) -> F,
+) where
+    K: Ord + std::hash::Hash + Clone,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    tasks.retain(|k, t| {
+        let keep = wanted.contains(k);
+        if !keep {
+            t.abort();
+        }
+        keep
+    });
+    for k in wanted {
+        if !tasks.contains_key(k) {
+            tasks.insert(k.clone(), tokio::spawn(spawn(k)));
+        }
+    }
 }
 
 /// Keeps `name`'s certificate for as long as the name is configured.

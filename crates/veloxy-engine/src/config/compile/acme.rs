@@ -12,6 +12,28 @@ use crate::config::error::{ConfigError, Source};
 use crate::config::file::{AcmeNames, FileConfig, ListenerSection};
 use crate::config::ListenerSpec;
 
+/// A listener's `tls.acme`, as written.
+fn acme_of<'a>(file: &'a FileConfig, listener: &str) -> Option<&'a Spanned<AcmeNames>> {
+    file.listeners
+        .get(listener)?
+        .get_ref()
+        .tls
+        .as_ref()?
+        .acme
+        .as_ref()
+}
+
+/// The routes that apply to `listener` (theirs, and those on every listener).
+fn routes_of<'a>(
+    file: &'a FileConfig,
+    listener: &'a str,
+) -> impl Iterator<Item = &'a crate::config::file::RouteSection> + 'a {
+    file.routes
+        .iter()
+        .map(|r| r.get_ref())
+        .filter(move |r| r.listener.as_ref().is_none_or(|n| n.get_ref() == listener))
+}
+
 /// Listed ACME names that no route on their listener serves: a certificate nobody will use
 /// (usually a typo in `acme` or in a route's `host`).
 pub(super) fn unserved_names(
@@ -21,26 +43,12 @@ pub(super) fn unserved_names(
 ) -> Vec<String> {
     let mut out = Vec::new();
     for l in listeners.iter().filter(|l| !l.acme.is_empty()) {
-        let Some(acme) = file
-            .listeners
-            .get(&l.name)
-            .and_then(|s| s.get_ref().tls.as_ref())
-            .and_then(|t| t.acme.as_ref())
-        else {
+        let Some(acme) = acme_of(file, &l.name) else {
             continue;
         };
-        let hosts: Vec<Option<crate::router::HostMatch>> = file
-            .routes
-            .iter()
-            .filter(|r| {
-                r.get_ref()
-                    .listener
-                    .as_ref()
-                    .is_none_or(|n| *n.get_ref() == l.name)
-            })
+        let hosts: Vec<Option<crate::router::HostMatch>> = routes_of(file, &l.name)
             .map(|r| {
-                r.get_ref()
-                    .host
+                r.host
                     .as_ref()
                     .and_then(|h| crate::router::HostMatch::parse(h.get_ref()).ok())
             })
@@ -70,10 +78,7 @@ pub(super) fn compile_acme(
 ) -> Result<Option<Arc<AcmeSettings>>, ConfigError> {
     let mut any = false;
     for l in listeners.iter_mut() {
-        let Some(section) = file.listeners.get(&l.name) else {
-            continue;
-        };
-        let Some(acme) = section.get_ref().tls.as_ref().and_then(|t| t.acme.as_ref()) else {
+        let Some(acme) = acme_of(file, &l.name) else {
             continue;
         };
         let key = format!("listeners.{}.tls.acme", l.name);
@@ -102,16 +107,8 @@ fn names(
     let listed: Vec<String> = match acme.get_ref() {
         AcmeNames::All(false) => return Ok(Vec::new()),
         AcmeNames::List(names) => names.clone(),
-        AcmeNames::All(true) => file
-            .routes
-            .iter()
-            .filter(|r| {
-                r.get_ref()
-                    .listener
-                    .as_ref()
-                    .is_none_or(|l| l.get_ref() == listener)
-            })
-            .filter_map(|r| r.get_ref().host.as_ref().map(|h| h.get_ref().clone()))
+        AcmeNames::All(true) => routes_of(file, listener)
+            .filter_map(|r| r.host.as_ref().map(|h| h.get_ref().clone()))
             .collect(),
     };
     let mut out = std::collections::BTreeSet::new();
