@@ -52,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--connections", type=int, default=64, help="--vs-nginx, --tcp: wrk connections")
     p.add_argument("--rules", action="store_true",
                    help="--vs-nginx: the route-rules scenario (regex, stripped prefix, header rules)")
+    p.add_argument("--auth", action="store_true",
+                   help="--vs-nginx: the basic-auth scenario (a bcrypt htpasswd route, one user, "
+                        "every request with its credentials)")
     p.add_argument("--strace", action="store_true",
                    help="--vs-nginx: also count syscalls per request (strace -c -f, short run)")
     p.add_argument("--list", action="store_true", help="list scenarios and proxies, then exit")

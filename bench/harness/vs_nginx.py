@@ -51,8 +51,49 @@ NGINX_RULES = """
 """
 
 
-def _entries(args) -> list[tuple[str, str, dict | None, str]]:
+# `--auth`: basic auth with a cached credential. Every request carries the same valid
+# `Authorization` (so the plain runs send the same bytes); veloxy-auth checks it on a
+# `basic_auth` route whose users file is a bcrypt htpasswd made by Apache's `htpasswd -B`
+# (cost 5, its default). nginx-auth is nginx's `auth_basic` on the same file: nginx keeps no
+# verified credentials, so each of its requests pays a bcrypt (glibc/libxcrypt crypt()).
+AUTH_PATH = "/auth/item"
+AUTH_USER, AUTH_PASSWORD = "bench", "s3cret-bench"
+AUTH_HEADER = "Authorization: Basic YmVuY2g6czNjcmV0LWJlbmNo"  # base64("bench:s3cret-bench")
+
+
+def _htpasswd(ctx) -> str:
+    """The users file (made once per run, with Apache's htpasswd)."""
+    path = ctx.tmp / "htpasswd"
+    if not path.exists():
+        try:
+            out = subprocess.run(["htpasswd", "-nbB", AUTH_USER, AUTH_PASSWORD], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise SetupError(f"--auth needs Apache's htpasswd (apt-get install apache2-utils): {e}") from e
+        path.write_text(out + "\n")
+    return str(path)
+
+
+def _auth_entries(ctx) -> list[tuple[str, str, dict | None, str]]:
+    users = _htpasswd(ctx)
+    veloxy_auth = (f'\n[[routes]]\npath = "/auth/"\nupstream = "app"\n'
+                   f'basic_auth = {{ realm = "bench", users_file = "{users}" }}\n')
+    nginx_auth = (f"\n        location /auth/ {{\n            auth_basic bench;\n"
+                  f"            auth_basic_user_file {users};\n"
+                  "            proxy_pass http://backend;\n            proxy_http_version 1.1;\n"
+                  '            proxy_set_header Connection "";\n'
+                  "            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n"
+                  "            proxy_request_buffering off;\n        }\n")
+    return [("veloxy", "veloxy", None, AUTH_PATH),
+            ("veloxy-auth", "veloxy", {"ROUTE_EXTRA": veloxy_auth}, AUTH_PATH),
+            ("nginx", "nginx", None, AUTH_PATH),
+            ("nginx-auth", "nginx", {"SERVER_EXTRA": nginx_auth}, AUTH_PATH)]
+
+
+def _entries(args, ctx=None) -> list[tuple[str, str, dict | None, str]]:
     """(label, peer, config extras, request path) of each contender."""
+    if getattr(args, "auth", False):
+        return _auth_entries(ctx)
     if not getattr(args, "rules", False):
         return [(n, n, None, "/") for n in PAIR]
     return [("veloxy", "veloxy", None, RULES_PATH),
@@ -127,7 +168,8 @@ def run(ctx, args) -> int:
     ctx.proxy_cpus = ctx.proxy_cpus[:1]  # both proxies on the same single core
     runner.start_upstreams(ctx)
     running = {}
-    entries = _entries(args)
+    entries = _entries(args, ctx)
+    headers = [AUTH_HEADER] if getattr(args, "auth", False) else None
     labels = [e[0] for e in entries]
     paths = {e[0]: e[3] for e in entries}
     try:
@@ -149,7 +191,7 @@ def run(ctx, args) -> int:
                 say(f"[~{fmt_s(left)} left] round {i + 1}/{args.rounds}: {name}")
                 try:
                     r = measure.wrk(ctx, running[name], paths[name], connections=args.connections,
-                                    duration=args.duration, warmup=args.warmup)
+                                    duration=args.duration, warmup=args.warmup, headers=headers)
                 except LoadError as e:
                     r = {"error": str(e)}
                 r["round"] = i + 1
@@ -216,6 +258,15 @@ def summarize(ctx, args) -> str:
     if med.get("nginx-rules") and med.get("veloxy-rules"):
         lines.append(f"nginx-rules CPU/req / veloxy-rules CPU/req = "
                      f"{med['nginx-rules'] / med['veloxy-rules']:.2f} (goal: at least 1.1)")
+    if getattr(args, "auth", False):
+        lines.insert(1, f"auth scenario: GET {AUTH_PATH} with one valid Authorization; veloxy-auth = "
+                        "basic_auth (bcrypt htpasswd, cached credential), nginx-auth = auth_basic")
+    if med.get("veloxy-auth") and med.get("veloxy"):
+        lines.append(f"veloxy-auth CPU/req / veloxy CPU/req = "
+                     f"{med['veloxy-auth'] / med['veloxy']:.3f} (goal: below 1.05)")
+    if med.get("nginx-auth") and med.get("veloxy-auth"):
+        lines.append(f"nginx-auth CPU/req / veloxy-auth CPU/req = "
+                     f"{med['nginx-auth'] / med['veloxy-auth']:.1f}")
     if med.get("nginx") and med.get("veloxy"):
         lines.append(f"nginx CPU/req / veloxy CPU/req = {med['nginx'] / med['veloxy']:.2f} "
                      "(above 1 = veloxy uses less CPU per request)")

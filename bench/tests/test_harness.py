@@ -139,3 +139,20 @@ def test_scenarios_discovered():
         for prof, cfg in s.PROFILES.items():
             steps = s.steps(SimpleNamespace(), cfg)
             assert steps and all("label" in x and x["seconds"] > 0 for x in steps), (s.NAME, prof)
+
+
+def test_auth_scenario_renders_one_users_file_for_both_proxies(tmp_path):
+    import shutil
+
+    if not shutil.which("htpasswd"):
+        pytest.skip("htpasswd (apache2-utils) not installed")
+    ctx = SimpleNamespace(tmp=tmp_path)
+    entries = vs_nginx._entries(SimpleNamespace(auth=True, rules=False), ctx)
+    labels = [e[0] for e in entries]
+    assert labels == ["veloxy", "veloxy-auth", "nginx", "nginx-auth"]
+    users = (tmp_path / "htpasswd").read_text()
+    assert users.startswith("bench:$2y$")
+    extras = {e[0]: e[2] for e in entries}
+    assert str(tmp_path / "htpasswd") in extras["veloxy-auth"]["ROUTE_EXTRA"]
+    assert "auth_basic_user_file" in extras["nginx-auth"]["SERVER_EXTRA"]
+    assert all(e[3] == vs_nginx.AUTH_PATH for e in entries)
