@@ -484,7 +484,7 @@ fn spawn_connection(
     worker.connection_opened();
     let (w, st) = (worker.clone(), state.clone());
     tokio::task::spawn_local(async move {
-        crate::downstream::connection::serve(w.clone(), stream, peer, st.clone()).await;
+        crate::downstream::setup::serve(w.clone(), stream, peer, st.clone()).await;
         st.open.fetch_sub(1, Ordering::Relaxed);
         w.connection_closed();
     });

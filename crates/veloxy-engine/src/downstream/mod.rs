@@ -1,7 +1,8 @@
 //! Downstream codecs: the client side of the proxy, one per protocol.
 //!
-//! * [`connection`]: a client connection; TLS termination, protocol detection, and the HTTP/1
-//!   codec (request heads, keep-alive, pipelining).
+//! * [`setup`]: a new client connection: PROXY header, SNI passthrough, TLS termination and
+//!   protocol detection.
+//! * [`connection`]: the HTTP/1 codec (request heads, keep-alive, pipelining).
 //! * [`proxy`] and [`relay`]: forwarding an admitted HTTP/1 request to an HTTP/1 upstream and
 //!   streaming bodies both ways; [`files`]: writing a file route's answer to an HTTP/1 client
 //!   (with `sendfile`).
@@ -19,5 +20,6 @@ pub(crate) mod http2;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
 pub(crate) mod relay;
+pub(crate) mod setup;
 pub(crate) mod sni;
 pub(crate) mod stream;

@@ -1,0 +1,217 @@
+//! A new client connection, before its first request: the PROXY protocol header (trusted
+//! peers), SNI passthrough to `[[streams]]`, the TLS handshake (and the tls-alpn-01 validation
+//! handshakes it ends), then the protocol: an L4 stream, HTTP/2 (ALPN `h2` or the h2c
+//! preface) or HTTP/1, whose codec is [`super::connection`].
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::connection::{serve_requests, Downstream, HEAD_BUF};
+use crate::tls::DownstreamIo;
+use crate::worker::Worker;
+
+/// Serves one accepted connection to its end.
+pub(crate) async fn serve(
+    worker: Rc<Worker>,
+    mut stream: TcpStream,
+    mut peer: SocketAddr,
+    listener: std::sync::Arc<crate::runtime::ListenerState>,
+) {
+    worker.metrics.downstream_connections.inc();
+    let (tls, http2, header_timeout, settings, stream_group, sni_streams, local) = {
+        let gen = worker.current();
+        let spec = gen
+            .snapshot
+            .listeners
+            .iter()
+            .find(|l| *l.name == *listener.name);
+        if spec.is_some_and(|l| l.proxy_protocol) {
+            let trusted = gen.snapshot.settings.real_ip.as_ref();
+            let limit = gen.snapshot.settings.header_timeout;
+            match crate::downstream::proxy_protocol::accept(&mut stream, peer, trusted, limit).await
+            {
+                Some(client) => peer = client,
+                None => return,
+            }
+        }
+        (
+            spec.and_then(|l| l.tls.clone()),
+            spec.is_some_and(|l| l.http2),
+            gen.snapshot.settings.header_timeout,
+            (
+                gen.snapshot.settings.send_timeout,
+                gen.snapshot.settings.body_timeout,
+                gen.snapshot.settings.request_buffering,
+            ),
+            spec.and_then(|l| l.stream),
+            spec.map_or_else(Vec::new, |l| l.sni_streams.clone()),
+            gen.snapshot
+                .upstreams
+                .iter()
+                .any(|g| g.proxy_protocol > 0)
+                .then(|| stream.local_addr().ok())
+                .flatten(),
+        )
+    };
+    // SNI passthrough: a ClientHello naming a `[[streams]] sni` host is relayed untouched.
+    let mut passthrough = None;
+    if !sni_streams.is_empty() {
+        if let Some(name) = crate::downstream::sni::peek_server_name(&stream, header_timeout).await
+        {
+            passthrough = sni_streams
+                .iter()
+                .find(|(m, _)| m.matches(name.as_bytes()))
+                .map(|(_, g)| *g);
+        }
+    }
+    let tls = if passthrough.is_some() { None } else { tls };
+    let stream = match tls {
+        None => DownstreamIo::Plain(stream),
+        Some(config) => match handshake(&worker, config, stream, peer, header_timeout).await {
+            None => return,
+            Some((io, true)) => {
+                Box::pin(crate::downstream::http2::serve(
+                    worker,
+                    io,
+                    (peer, local),
+                    listener,
+                    true,
+                ))
+                .await;
+                return;
+            }
+            Some((io, false)) => io,
+        },
+    };
+    let mut down = Downstream {
+        stream,
+        peer,
+        local,
+        client_ip: peer.ip().to_string(),
+        rbuf: BytesMut::with_capacity(HEAD_BUF),
+        listener,
+        listener_index: std::cell::Cell::new((0, 0)),
+        metrics: worker.metrics.clone(),
+        bytes_sent: 0,
+        reset: false,
+        http2,
+        send_timeout: settings.0,
+        body_timeout: settings.1,
+        request_buffering: settings.2,
+    };
+    if let Some(group) = stream_group.or(passthrough) {
+        crate::downstream::stream::serve(&worker, &mut down, group).await;
+        return;
+    }
+    if down.http2 && !down.stream.is_tls() {
+        // h2c prior knowledge: the connection opens with the HTTP/2 preface instead of a
+        // request head. Anything else is HTTP/1 and goes on below with the bytes read.
+        match sniff_preface(&mut down, header_timeout).await {
+            Sniffed::Http2 => {
+                let Downstream {
+                    stream,
+                    rbuf,
+                    peer,
+                    local,
+                    listener,
+                    ..
+                } = down;
+                let DownstreamIo::Plain(tcp) = stream else {
+                    unreachable!("checked plain above")
+                };
+                let io = crate::tls::Prefixed::new(rbuf.freeze(), tcp);
+                Box::pin(crate::downstream::http2::serve(
+                    worker,
+                    io,
+                    (peer, local),
+                    listener,
+                    false,
+                ))
+                .await;
+                return;
+            }
+            Sniffed::Gone => return,
+            Sniffed::Http1 => {}
+        }
+    }
+    let mut fresh = true;
+    worker.fresh.set(worker.fresh.get() + 1);
+    serve_requests(&worker, &mut down, &mut fresh).await;
+    if fresh {
+        worker.fresh.set(worker.fresh.get() - 1);
+    }
+}
+
+/// The TLS handshake, bounded by the header timeout: a client that sends garbage or stalls
+/// mid-handshake costs this one connection. Returns the stream and whether ALPN chose h2;
+/// `None` when the handshake failed (counted).
+async fn handshake(
+    worker: &Worker,
+    config: std::sync::Arc<rustls::ServerConfig>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    limit: Duration,
+) -> Option<(DownstreamIo, bool)> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    // Boxed: the handshake state is large and would otherwise sit in every connection's
+    // future for its whole life.
+    let accept = Box::pin(tokio::time::timeout(limit, acceptor.accept(stream)));
+    match accept.await {
+        Ok(Ok(tls)) => {
+            let alpn = tls.get_ref().1.alpn_protocol();
+            if alpn == Some(crate::acme::ACME_TLS_ALPN) {
+                // A tls-alpn-01 validation: the handshake was the whole exchange (RFC 8737).
+                return None;
+            }
+            let h2 = alpn == Some(b"h2");
+            Some((DownstreamIo::Tls(Box::new(tls)), h2))
+        }
+        Ok(Err(e)) => {
+            worker.metrics.tls_handshake_errors.inc();
+            tracing::debug!(client = %peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            worker.metrics.tls_handshake_errors.inc();
+            None
+        }
+    }
+}
+
+/// The HTTP/2 connection preface (RFC 9113 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+enum Sniffed {
+    Http1,
+    Http2,
+    Gone,
+}
+
+/// Reads until the bytes either complete the HTTP/2 preface or differ from it.
+async fn sniff_preface(down: &mut Downstream, limit: Duration) -> Sniffed {
+    let deadline = Instant::now() + limit;
+    loop {
+        let n = down.rbuf.len().min(H2_PREFACE.len());
+        if down.rbuf[..n] != H2_PREFACE[..n] {
+            // "PRI" is reserved for the preface (RFC 9113 3.4): a broken preface is closed
+            // as HTTP/2 requires, not answered as an HTTP/1 request.
+            if n >= 4 && down.rbuf.starts_with(b"PRI ") {
+                return Sniffed::Gone;
+            }
+            return Sniffed::Http1;
+        }
+        if n == H2_PREFACE.len() {
+            return Sniffed::Http2;
+        }
+        match tokio::time::timeout_at(deadline, down.stream.read_buf(&mut down.rbuf)).await {
+            Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
+            _ => return Sniffed::Gone,
+        }
+    }
+}
