@@ -9,7 +9,8 @@ use std::time::Duration;
 use veloxy_testkit::*;
 
 /// A veloxy with an ACME listener `web` (plus a file certificate for `files.test`), a plain
-/// listener `plain` and the admin endpoint; returns it with its ports.
+/// listener `plain` that redirects everything to HTTPS (http-01 challenges must be answered
+/// before that redirect), and the admin endpoint; returns it with its ports.
 struct Setup {
     v: Veloxy,
     web: SocketAddr,
@@ -28,7 +29,7 @@ fn config(acme_port: u16, ca_pem: &Path, storage: &Path, acme: &str, extra: &str
          [listeners.web]\naddr = \"127.0.0.1:0\"\n\
          [listeners.web.tls]\nacme = {acme}\n\
          [[listeners.web.tls.certs]]\nhosts = [\"files.test\"]\ncert = \"{}\"\nkey = \"{}\"\n\
-         [listeners.plain]\naddr = \"127.0.0.1:0\"\n\
+         [listeners.plain]\naddr = \"127.0.0.1:0\"\nredirect_https = true\n\
          [[routes]]\nrespond = {{ body = \"hello\" }}\n",
         ca_pem.display(),
         storage.display(),
