@@ -306,12 +306,13 @@ fn json(e: &Entry) -> String {
     s
 }
 
-/// The protocol name for an entry's version: 0 and 1 are HTTP/1.x, 2 is HTTP/2.
+/// The protocol name for an entry's version: 0 and 1 are HTTP/1.x, 2 is HTTP/2, 3 HTTP/3.
 fn protocol(version: u8) -> &'static str {
     match version {
         0 => "HTTP/1.0",
         1 => "HTTP/1.1",
         STREAM => "TCP",
+        3 => "HTTP/3",
         _ => "HTTP/2.0",
     }
 }

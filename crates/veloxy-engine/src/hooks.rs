@@ -33,7 +33,7 @@ pub struct RequestInfo<'a> {
     pub method: &'a str,
     /// The request target: path and query.
     pub path: &'a str,
-    /// 0 for HTTP/1.0, 1 for HTTP/1.1, 2 for HTTP/2.
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1, 2 for HTTP/2, 3 for HTTP/3.
     pub version: u8,
     /// The client's address.
     pub client: SocketAddr,

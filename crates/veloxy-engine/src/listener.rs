@@ -23,6 +23,25 @@ pub fn probe_free(addr: SocketAddr) -> std::io::Result<()> {
     socket.bind(&addr.into())
 }
 
+/// Binds `count` UDP sockets on `addr` (HTTP/3), SO_REUSEPORT like the TCP ones: the kernel
+/// hashes each client's address and port to one socket, so all of a connection's packets
+/// reach the worker that owns it while the set of sockets stays the same (see the README).
+pub fn bind_udp_reuseport(
+    addr: SocketAddr,
+    count: usize,
+) -> std::io::Result<Vec<std::net::UdpSocket>> {
+    let mut sockets = Vec::with_capacity(count);
+    for _ in 0..count {
+        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        sockets.push(socket.into());
+    }
+    Ok(sockets)
+}
+
 /// Binds `count` sockets on `addr`. With port 0 the first socket picks the port and the others
 /// join it, so every worker listens on the same ephemeral port.
 pub fn bind_reuseport(addr: SocketAddr, count: usize) -> std::io::Result<Vec<TcpListener>> {

@@ -102,6 +102,7 @@ impl Server {
             (0..workers).map(|_| Vec::new()).collect();
         let mut bound = Vec::new();
         let mut states = Vec::new();
+        let mut quic: Vec<Vec<Quic>> = (0..workers).map(|_| Vec::new()).collect();
         let probe = !self.upgrade;
         for spec in &self.snapshot.listeners {
             let (addr, sockets) = bind(&spec.name, spec.addr, workers, probe)?;
@@ -114,6 +115,19 @@ impl Server {
             states.push(state.clone());
             for (w, s) in sockets.into_iter().enumerate() {
                 per_worker[w].push((state.clone(), s));
+            }
+            if let Some(h3) = &spec.http3 {
+                // The same port number over UDP (the TCP port, when it was chosen at bind).
+                let udp = crate::listener::bind_udp_reuseport(addr, workers).map_err(|source| {
+                    ServerError::Bind {
+                        name: format!("{} (HTTP/3, UDP)", spec.name),
+                        addr,
+                        source,
+                    }
+                })?;
+                for (w, s) in udp.into_iter().enumerate() {
+                    quic[w].push((state.clone(), s, h3.clone()));
+                }
             }
         }
         let admin_listener = match self.snapshot.settings.admin {
@@ -161,7 +175,7 @@ impl Server {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(workers);
         let mut commands = Vec::with_capacity(workers);
-        for (id, listeners) in per_worker.into_iter().enumerate() {
+        for (id, (listeners, quic)) in per_worker.into_iter().zip(quic).enumerate() {
             let shared = shared.clone();
             let stop = stop_rx.clone();
             let metrics = worker_metrics[id].clone();
@@ -170,7 +184,15 @@ impl Server {
             let t = std::thread::Builder::new()
                 .name(format!("veloxy-w{id}"))
                 .spawn(move || {
-                    run_worker(id, shared, metrics, listeners, rx, stop, shutdown_timeout)
+                    run_worker(
+                        id,
+                        shared,
+                        metrics,
+                        (listeners, quic),
+                        rx,
+                        stop,
+                        shutdown_timeout,
+                    )
                 })
                 .map_err(ServerError::Thread)?;
             threads.push(t);
@@ -377,11 +399,18 @@ impl Running {
     }
 }
 
+/// A worker's HTTP/3 endpoint: its listener, UDP socket and settings.
+type Quic = (
+    Arc<ListenerState>,
+    std::net::UdpSocket,
+    Arc<crate::config::Http3Spec>,
+);
+
 fn run_worker(
     id: usize,
     shared: Arc<Shared>,
     metrics: Arc<crate::metrics::WorkerMetrics>,
-    listeners: Vec<(Arc<ListenerState>, std::net::TcpListener)>,
+    (listeners, quic): (Vec<(Arc<ListenerState>, std::net::TcpListener)>, Vec<Quic>),
     mut commands: tokio::sync::mpsc::UnboundedReceiver<WorkerCommand>,
     mut stop: watch::Receiver<bool>,
     shutdown_timeout: Duration,
@@ -412,6 +441,15 @@ fn run_worker(
         };
         for (state, l) in listeners {
             listen(state, l, &mut closers);
+        }
+        for (state, socket, spec) in quic {
+            tokio::task::spawn_local(crate::downstream::http3::serve_endpoint(
+                worker.clone(),
+                socket,
+                state,
+                spec,
+                stop.clone(),
+            ));
         }
         let mut commands_open = true;
         loop {

@@ -302,6 +302,36 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// The QUIC (HTTP/3) server config of a TLS listener: the same certificate choice as
+/// `tcp` (its resolver), TLS 1.3 only, ALPN `h3`, no 0-RTT, and the stream and idle limits.
+pub fn quic_server_config(
+    tcp: &rustls::ServerConfig,
+    max_streams: u32,
+    idle: std::time::Duration,
+) -> Result<quinn::ServerConfig, String> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_cert_resolver(tcp.cert_resolver.clone());
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.max_early_data_size = 0;
+    tls.ticketer = tcp.ticketer.clone();
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
+        .map_err(|e| e.to_string())?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(max_streams.into())
+        // A client needs a control stream and two QPACK streams (plus grease): a few.
+        .max_concurrent_uni_streams(8u32.into())
+        .max_idle_timeout(Some(
+            quinn::IdleTimeout::try_from(idle).map_err(|e| e.to_string())?,
+        ));
+    config.transport_config(Arc::new(transport));
+    Ok(config)
+}
+
 /// A client config for `https://` upstreams: the system's roots, or only the CA file's.
 pub fn client_config(
     ca_file: Option<&Path>,

@@ -114,6 +114,12 @@ pub struct ListenerSection {
     pub proxy_protocol: Option<Spanned<bool>>,
     /// `"http"` (default) or `"tcp"` (an L4 listener for `[[streams]]`).
     pub protocol: Option<Spanned<String>>,
+    /// HTTP/3 over QUIC on the same port number (UDP), TLS listeners only.
+    pub http3: Option<Spanned<bool>>,
+    pub h3_max_concurrent_streams: Option<Spanned<u32>>,
+    pub quic_idle_timeout: Option<DurationValue>,
+    pub quic_max_connections: Option<Spanned<usize>>,
+    pub quic_0rtt: Option<Spanned<bool>>,
 }
 
 /// `[listeners.NAME.tls]`.

@@ -133,6 +133,32 @@ pub struct ListenerSpec {
     pub upgrade_idle_timeout: Duration,
     /// `tls.acme`: the names this listener serves with ACME certificates (lowercase, sorted).
     pub acme: Vec<String>,
+    /// `http3 = true`: QUIC on the same port number over UDP.
+    pub http3: Option<Arc<Http3Spec>>,
+}
+
+/// A listener's HTTP/3 settings.
+#[derive(Clone)]
+pub struct Http3Spec {
+    /// The QUIC server config: the listener's certificates (the same SNI choice), ALPN `h3`,
+    /// TLS 1.3, the stream and idle limits below.
+    pub quic: quinn::ServerConfig,
+    /// `h3_max_concurrent_streams` (default: `h2_max_concurrent_streams`).
+    pub max_streams: u32,
+    /// `quic_idle_timeout` (default: `[server] keepalive_timeout`).
+    pub idle_timeout: Duration,
+    /// `quic_max_connections` (default: `max_connections`; 0 = unlimited).
+    pub max_connections: usize,
+}
+
+impl std::fmt::Debug for Http3Spec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Http3Spec")
+            .field("max_streams", &self.max_streams)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
 }
 
 /// A certificate chain and key of a TLS listener, as configured.

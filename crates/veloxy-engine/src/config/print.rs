@@ -144,6 +144,12 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
     if l.tcp {
         out.str("protocol", "tcp");
     }
+    if let Some(h3) = &l.http3 {
+        out.bool("http3", true);
+        out.int("h3_max_concurrent_streams", h3.max_streams);
+        out.duration("quic_idle_timeout", h3.idle_timeout);
+        out.int("quic_max_connections", h3.max_connections);
+    }
     if l.tls.is_none() {
         return;
     }

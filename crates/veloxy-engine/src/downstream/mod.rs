@@ -17,6 +17,7 @@
 pub(crate) mod connection;
 pub(crate) mod files;
 pub(crate) mod http2;
+pub(crate) mod http3;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
 pub(crate) mod relay;

@@ -81,7 +81,7 @@ pub(crate) async fn serve(
                     io,
                     (peer, local),
                     listener,
-                    true,
+                    (true, 2),
                 ))
                 .await;
                 return;
@@ -131,7 +131,7 @@ pub(crate) async fn serve(
                     io,
                     (peer, local),
                     listener,
-                    false,
+                    (false, 2),
                 ))
                 .await;
                 return;

@@ -133,8 +133,8 @@ pub(super) fn gate(
     route: &crate::router::Route,
     head: &Head,
     record: &mut Record,
-    id_field: Option<&str>,
-    has_id: bool,
+    (id_field, has_id): (Option<&str>, bool),
+    alt_svc: Option<u16>,
     vars: &answer::RequestVars,
 ) -> Result<Option<Answer>, ProxyError> {
     let rules = route.rules.as_ref();
@@ -142,8 +142,19 @@ pub(super) fn gate(
     let on_answers = |r: &Arc<crate::rules::RouteRules>| {
         r.response.is_some() || !r.error_pages.is_empty() || r.location_rewrite
     };
-    if rules.is_some_and(on_answers) || has_id {
-        record.edit = Some(response_edit(route, id_field, vars));
+    if rules.is_some_and(on_answers) || has_id || alt_svc.is_some() {
+        let mut edit = response_edit(route, id_field, vars);
+        if let Some(port) = alt_svc {
+            let lines = edit.lines_mut();
+            if lines.capacity() == 0 {
+                *lines = edit::line_buffer();
+            }
+            let _ = std::io::Write::write_fmt(
+                lines,
+                format_args!("Alt-Svc: h3=\":{port}\"; ma=86400\r\n"),
+            );
+        }
+        record.edit = Some(edit);
     }
     if let Some(cors) = rules.and_then(|r| r.cors.as_ref()) {
         if let Some(answer) = apply_cors(cors, head, record, route, id_field, vars) {

@@ -330,7 +330,16 @@ pub(crate) fn admit(
     };
     record.client_ip = real.as_ref().map(|(ip, _)| *ip);
     let rules = route.rules.as_ref();
-    if let Some(answer) = apply::gate(route, head, record, id_field, id.is_some(), &vars)? {
+    // HTTP/1.1 and HTTP/2 answers on an HTTP/3 listener advertise it.
+    let alt_svc = (listener.http3.is_some() && head.version != 3).then_some(peer.server_port);
+    if let Some(answer) = apply::gate(
+        route,
+        head,
+        record,
+        (id_field, id.is_some()),
+        alt_svc,
+        &vars,
+    )? {
         return Ok(Admitted::Answer(answer));
     }
     let path;

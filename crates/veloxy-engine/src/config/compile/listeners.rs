@@ -140,6 +140,7 @@ fn compile_listener(
         upgrade_idle_timeout: dur(&l.upgrade_idle_timeout, Duration::from_secs(600)),
         // Filled once routes are known (`acme = true` takes their hosts).
         acme: Vec::new(),
+        http3: None,
     })
 }
 

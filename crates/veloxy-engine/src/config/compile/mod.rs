@@ -7,6 +7,7 @@
 //! and listeners.
 
 mod acme;
+mod http3;
 mod listeners;
 mod routes;
 mod rules;
@@ -75,6 +76,7 @@ fn compile(
     compile_streams(src, &file, &upstream_index, &mut listeners)?;
     let mut settings = settings;
     settings.acme = acme::compile_acme(src, &file, &mut listeners)?;
+    http3::compile_http3(src, &file, &settings, &mut listeners)?;
     let mut warnings = server::admin_warnings(src, s, &settings);
     warnings.extend(acme::unserved_names(src, &file, &listeners));
     Ok(Snapshot {

@@ -46,8 +46,8 @@ pub(crate) mod to_h2;
 
 /// Per-stream receive window: how much request body a client may send ahead of the proxy.
 /// Memory per connection is bounded by the connection window below.
-const STREAM_WINDOW: u32 = 256 * 1024;
-const CONNECTION_WINDOW: u32 = 1024 * 1024;
+pub(crate) const STREAM_WINDOW: u32 = 256 * 1024;
+pub(crate) const CONNECTION_WINDOW: u32 = 1024 * 1024;
 /// Streams a client may reset before they are even accepted (rapid reset).
 const MAX_PENDING_RESETS: usize = 64;
 /// Streams veloxy may reset because of client errors before closing the connection.
@@ -77,6 +77,8 @@ pub(crate) struct ConnCtx {
     listener: Arc<crate::runtime::ListenerState>,
     listener_index: Cell<(u64, usize)>,
     tls: bool,
+    /// 2, or 3 for HTTP/3 streams bridged through this codec (logs and metrics).
+    version: u8,
     /// Streams in progress, and when the last one ended (idle timeout).
     active: Cell<usize>,
     last_active: Cell<Instant>,
@@ -93,7 +95,7 @@ pub(crate) async fn serve<IO>(
     io: IO,
     (peer, local): (SocketAddr, Option<SocketAddr>),
     listener: Arc<crate::runtime::ListenerState>,
-    tls: bool,
+    (tls, version): (bool, u8),
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + 'static,
 {
@@ -129,6 +131,7 @@ pub(crate) async fn serve<IO>(
         listener,
         listener_index: Cell::new((0, 0)),
         tls,
+        version,
         active: Cell::new(0),
         last_active: Cell::new(Instant::now()),
         body_timeout,
@@ -309,7 +312,7 @@ async fn handle(c: Rc<ConnCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
         (
             req.method().as_str().to_owned(),
             target,
-            2,
+            c.version,
             header(http::header::REFERER),
             header(http::header::USER_AGENT),
         )
@@ -452,7 +455,7 @@ async fn forward(
         method: req.method().as_str(),
         target: path,
         host: host.as_bytes(),
-        version: 2,
+        version: c.version,
         fields: Fields::H2(req.headers()),
     };
     let peer = Peer {

@@ -1,0 +1,180 @@
+//! HTTP/3 (issue 15, first part): a real HTTP/3 client (h3 over quinn) against `http3 = true`
+//! on a TLS listener; every request goes through the same exchange core as HTTP/2.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use veloxy_testkit::*;
+
+struct H3Site {
+    v: Veloxy,
+    pki: Pki,
+    web: SocketAddr,
+    log: std::path::PathBuf,
+    _certs: tempfile::TempDir,
+}
+
+fn start(routes: &str) -> H3Site {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let (other, other_key) = pki.leaf("other", &["other.test"], KeyKind::Ecdsa);
+    let log = certs.path().join("access.log");
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[server.access_log]\npath = \"{}\"\nformat = \"json\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[listeners.web.tls.certs]]\nhosts = [\"other.test\"]\ncert = \"{}\"\nkey = \"{}\"\n{routes}",
+        log.display(),
+        cert.display(),
+        key.display(),
+        other.display(),
+        other_key.display()
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    H3Site {
+        v,
+        pki,
+        web,
+        log,
+        _certs: certs,
+    }
+}
+
+#[test]
+fn get_and_post_through_the_exchange_core_with_sni_and_many_streams() {
+    let up = upstream(&["--name", "app"]);
+    let s = start(&format!(
+        "[[routes]]\npath = \"/hello\"\nrespond = {{ body = \"hello h3\" }}\n\
+         response_headers = {{ add = {{ \"X-Rule\" = \"on\" }} }}\n\
+         [[routes]]\nupstream = \"app\"\n\
+         [upstreams.app]\nservers = [\"{}\"]\n",
+        up.addr
+    ));
+    let ca = s.pki.ca_pem.clone();
+    runtime().block_on(async {
+        let mut c = h3_connect(s.web, "localhost", &ca)
+            .await
+            .expect("h3 connect");
+        // An answer of veloxy's own, with a response header rule.
+        let r = h3_send(&mut c, h3_get("localhost", "/hello"), None)
+            .await
+            .unwrap();
+        assert_eq!((r.status, r.body_str().as_str()), (200, "hello h3"));
+        assert_eq!(r.header("x-rule"), Some("on"));
+        // Proxied, with a body each way.
+        let body = Bytes::from(vec![7u8; 300_000]);
+        let req = http::Request::post("https://localhost/sink")
+            .body(())
+            .unwrap();
+        let r = h3_send(&mut c, req, Some(body)).await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body_str());
+        assert_eq!(
+            r.body_str(),
+            format!("{{\"bytes\":300000,\"sum\":{}}}", 7 * 300_000)
+        );
+        let r = h3_send(&mut c, h3_get("localhost", "/size/1000000"), None)
+            .await
+            .unwrap();
+        assert_eq!((r.status, r.body.len()), (200, 1_000_000));
+        assert_eq!(r.header("x-upstream"), Some("app"));
+        // 100 concurrent streams on the one connection.
+        let mut tasks = Vec::new();
+        for i in 0..100 {
+            let mut c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                h3_send(
+                    &mut c,
+                    h3_get("localhost", &format!("/size/{}", 1000 + i)),
+                    None,
+                )
+                .await
+                .map(|r| (r.status, r.body.len()))
+            }));
+        }
+        for (i, t) in tasks.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap(), Ok((200, 1000 + i)));
+        }
+    });
+    // SNI picks the certificate, as for TCP: a client trusting the CA, asking for
+    // other.test, verifies the other certificate's name.
+    runtime().block_on(async {
+        let mut c = h3_connect(s.web, "other.test", &ca)
+            .await
+            .expect("SNI other.test");
+        let r = h3_send(&mut c, h3_get("other.test", "/hello"), None)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    });
+    // The access log names the protocol.
+    let logged = eventually(Duration::from_secs(5), || {
+        std::fs::read_to_string(&s.log).is_ok_and(|t| t.contains("\"protocol\":\"HTTP/3\""))
+    });
+    assert!(
+        logged,
+        "{}",
+        std::fs::read_to_string(&s.log).unwrap_or_default()
+    );
+    let _ = &s.v;
+}
+
+#[test]
+fn garbage_datagrams_do_not_disturb_served_connections() {
+    let s = start("[[routes]]\nrespond = { body = \"ok\" }\n");
+    let ca = s.pki.ca_pem.clone();
+    runtime().block_on(async {
+        let mut c = h3_connect(s.web, "localhost", &ca)
+            .await
+            .expect("h3 connect");
+        let junk = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for i in 0..2000u32 {
+            let len = 1 + (i as usize * 7919) % 1400;
+            let datagram: Vec<u8> = (0..len).map(|j| (i as usize * 31 + j) as u8).collect();
+            let _ = junk.send_to(&datagram, s.web);
+        }
+        for _ in 0..5 {
+            let r = h3_send(&mut c, h3_get("localhost", "/"), None)
+                .await
+                .unwrap();
+            assert_eq!((r.status, r.body_str().as_str()), (200, "ok"));
+        }
+        // New connections too.
+        let mut c2 = h3_connect(s.web, "localhost", &ca)
+            .await
+            .expect("h3 connect");
+        let r = h3_send(&mut c2, h3_get("localhost", "/"), None)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    });
+}
+
+#[test]
+fn http1_and_http2_answers_advertise_http3() {
+    let s = start("[[routes]]\nrespond = { body = \"ok\" }\n");
+    let ca = s.pki.ca_pem.clone();
+    let want = format!("h3=\":{}\"; ma=86400", s.web.port());
+    let client = default_client(&ca, &[b"http/1.1"]);
+    let (mut tls, _) = tls_connect(s.web, "localhost", client).unwrap();
+    let (status, raw) = https1(&mut tls, "localhost", "/");
+    assert_eq!(status, 200);
+    assert_eq!(raw_header(&raw, "alt-svc"), Some(want.as_str()));
+    let r = runtime().block_on(async {
+        let config = default_client(&ca, &[b"h2"]);
+        let mut c = h2_connect(s.web, Some((config, "localhost"))).await;
+        h2_send(&mut c, h2_get("localhost", "/", true), None)
+            .await
+            .unwrap()
+    });
+    assert_eq!(r.header("alt-svc"), Some(want.as_str()));
+    // Not on HTTP/3 answers themselves.
+    let r = runtime().block_on(async {
+        let mut c = h3_connect(s.web, "localhost", &ca).await.unwrap();
+        h3_send(&mut c, h3_get("localhost", "/"), None)
+            .await
+            .unwrap()
+    });
+    assert_eq!((r.status, r.header("alt-svc")), (200, None));
+}
