@@ -138,6 +138,9 @@ pub struct TlsArgs {
     /// Accept HTTP/2 without TLS (h2c prior knowledge). With TLS, HTTP/2 is always offered.
     #[arg(long)]
     pub http2: bool,
+    /// Also serve HTTP/3 (QUIC, UDP on the same port); needs TLS (--tls-*, or --acme).
+    #[arg(long)]
+    pub http3: bool,
     /// Serve HTTPS with a certificate for NAME obtained (and renewed) by ACME; repeat for
     /// more names. Also listens on --acme-http-listen for the http-01 challenge, redirecting
     /// everything else to HTTPS.
@@ -205,6 +208,9 @@ impl TlsArgs {
         let mut s = String::new();
         if self.http2 {
             s.push_str("http2 = true\n");
+        }
+        if self.http3 {
+            s.push_str("http3 = true\n");
         }
         if tls.is_some() || !self.acme.is_empty() {
             s.push_str("[listeners.main.tls]\n");

@@ -295,3 +295,42 @@ fn http1_clients_reach_h2c_groups_with_trailers() {
     let _ = s.read_to_end(&mut out);
     assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 413"));
 }
+
+#[test]
+fn http3_clients_reach_h2c_groups_with_trailers() {
+    let server = grpc_server();
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nupstream = \"greeter\"\n\
+         [upstreams.greeter]\nservers = [\"{server}\"]\nprotocol = \"h2c\"\n",
+        cert.display(),
+        key.display()
+    ));
+    let msg = [0x0a, 0x03, b'a', b'd', b'a'];
+    let mut body = vec![0u8, 0, 0, 0, msg.len() as u8];
+    body.extend_from_slice(&msg);
+    let r = runtime().block_on(async {
+        let mut c = h3_connect(v.addr, "localhost", &pki.ca_pem).await.unwrap();
+        let req = http::Request::post("https://localhost/hello.Greeter/SayHello")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        h3_send(&mut c, req, Some(body.into())).await.unwrap()
+    });
+    assert_eq!(r.status, 200);
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("hello ada"),
+        "{:?}",
+        r.body
+    );
+    let trailers = r.trailers.expect("trailers over HTTP/3");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..])
+    );
+}

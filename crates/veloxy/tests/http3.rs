@@ -178,3 +178,146 @@ fn http1_and_http2_answers_advertise_http3() {
     });
     assert_eq!((r.status, r.header("alt-svc")), (200, None));
 }
+
+#[test]
+fn shutdown_lets_a_stream_in_flight_finish() {
+    let up = upstream(&["--name", "app"]);
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\nadmin = \"127.0.0.1:0\"\nshutdown_timeout = \"10s\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{}\"]\n",
+        cert.display(),
+        key.display(),
+        up.addr
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let admin = admin_addr(&v);
+    let ca = pki.ca_pem.clone();
+    let pid = v.proc.pid();
+    runtime().block_on(async move {
+        let mut c = h3_connect(web, "localhost", &ca).await.unwrap();
+        let slow =
+            tokio::spawn(
+                async move { h3_send(&mut c, h3_get("localhost", "/delay/1500"), None).await },
+            );
+        // Once the request is in flight, SIGTERM.
+        let in_flight = tokio::task::spawn_blocking(move || {
+            eventually(Duration::from_secs(5), || {
+                get(admin, "/metrics")
+                    .body_str()
+                    .lines()
+                    .any(|l| l.starts_with("veloxy_requests_in_flight ") && !l.ends_with(" 0"))
+            })
+        })
+        .await
+        .unwrap();
+        assert!(in_flight);
+        signal(pid, "-TERM");
+        let r = slow.await.unwrap().expect("the stream in flight completes");
+        assert_eq!(r.status, 200);
+    });
+    let mut v = v;
+    let status = v.proc.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_64_mib_download_streams_with_bounded_memory() {
+    let up = upstream(&["--name", "app"]);
+    let s = start(&format!(
+        "[[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{}\"]\n",
+        up.addr
+    ));
+    let before = s.v.proc.rss_kib();
+    let ca = s.pki.ca_pem.clone();
+    let (status, len) = runtime().block_on(async {
+        let mut c = h3_connect(s.web, "localhost", &ca).await.unwrap();
+        let r = h3_send(&mut c, h3_get("localhost", "/size/67108864"), None)
+            .await
+            .unwrap();
+        (r.status, r.body.len())
+    });
+    assert_eq!((status, len), (200, 64 << 20));
+    let grown = s.v.proc.rss_kib().saturating_sub(before);
+    assert!(
+        grown < 32 * 1024,
+        "veloxy grew by {grown} KiB for a 64 MiB response"
+    );
+}
+
+/// The Python with aioquic that `.ci/run` prepares (VELOXY_AIOQUIC_PYTHON).
+fn aioquic_python() -> Option<String> {
+    let p = std::env::var("VELOXY_AIOQUIC_PYTHON").ok().or_else(|| {
+        let local = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../target/py-aioquic/bin/python"
+        );
+        std::path::Path::new(local)
+            .exists()
+            .then(|| local.to_owned())
+    })?;
+    let ok = std::process::Command::new(&p)
+        .args(["-c", "import aioquic"])
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(p)
+}
+
+#[test]
+fn an_independent_quic_stack_interoperates() {
+    let Some(python) = aioquic_python() else {
+        return skip("aioquic is not installed (.ci/run prepares target/py-aioquic)");
+    };
+    let s = start(
+        "[[routes]]\nrespond = { body = \"hello aioquic\" }\n\
+         response_headers = { add = { \"X-Rule\" = \"on\" } }\n",
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/h3_get.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(["127.0.0.1", &s.web.port().to_string(), "localhost"])
+        .arg(&s.pki.ca_pem)
+        .arg("/")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text, "200\nhello aioquic");
+}
+
+#[test]
+fn a_file_route_with_compression() {
+    let root = tempfile::tempdir().unwrap();
+    let text = "veloxy over http/3 ".repeat(2000);
+    std::fs::write(root.path().join("page.txt"), &text).unwrap();
+    let s = start(&format!(
+        "[[routes]]\nroot = \"{}\"\n",
+        root.path().display()
+    ));
+    let ca = s.pki.ca_pem.clone();
+    let r = runtime().block_on(async {
+        let mut c = h3_connect(s.web, "localhost", &ca).await.unwrap();
+        let req = http::Request::get("https://localhost/page.txt")
+            .header("accept-encoding", "gzip")
+            .body(())
+            .unwrap();
+        h3_send(&mut c, req, None).await.unwrap()
+    });
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert!(r.body.len() < text.len() / 10, "{} bytes", r.body.len());
+    let mut plain = String::new();
+    use std::io::Read;
+    flate2::read::GzDecoder::new(&r.body[..])
+        .read_to_string(&mut plain)
+        .unwrap();
+    assert_eq!(plain, text);
+}

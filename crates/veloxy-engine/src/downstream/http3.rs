@@ -50,11 +50,37 @@ pub(crate) async fn serve_endpoint(
         }
     };
     let open = Rc::new(std::cell::Cell::new(0usize));
+    let mut spec = spec;
+    let mut generation = worker.current().number;
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => match i { Some(i) => i, None => break },
             _ = stop.wait_for(|s| *s) => break,
         };
+        // A reload may have changed the listener's certificates or limits.
+        let current = worker.current();
+        if current.number != generation {
+            generation = current.number;
+            let now = current
+                .snapshot
+                .listeners
+                .iter()
+                .find(|l| *l.name == *listener.name);
+            match now.and_then(|l| l.http3.clone()) {
+                Some(new) => {
+                    if !Arc::ptr_eq(&new, &spec) {
+                        endpoint.set_server_config(Some(new.quic.clone()));
+                        spec = new;
+                    }
+                }
+                None => {
+                    // HTTP/3 (or the listener) was removed: no new connections.
+                    incoming.refuse();
+                    endpoint.set_server_config(None);
+                    continue;
+                }
+            }
+        }
         if spec.max_connections > 0 && open.get() >= spec.max_connections {
             incoming.refuse();
             continue;
@@ -65,16 +91,18 @@ pub(crate) async fn serve_endpoint(
             let _ = incoming.retry();
             continue;
         }
-        let (w, l, open) = (worker.clone(), listener.clone(), open.clone());
+        let (w, l, open, stop) = (worker.clone(), listener.clone(), open.clone(), stop.clone());
         open.set(open.get() + 1);
         tokio::task::spawn_local(async move {
             if let Ok(conn) = incoming.await {
-                serve_connection(w, conn, l).await;
+                serve_connection(w, conn, l, stop).await;
             }
             open.set(open.get() - 1);
         });
     }
-    endpoint.close(quinn::VarInt::from_u32(0), b"shutting down");
+    // Shutting down: no new connections; open ones get GOAWAY and finish their streams
+    // (the worker waits for them up to `shutdown_timeout`).
+    endpoint.set_server_config(None);
 }
 
 /// Open connections per worker above which new clients get a Retry first.
@@ -85,6 +113,7 @@ async fn serve_connection(
     worker: Rc<Worker>,
     conn: quinn::Connection,
     listener: Arc<ListenerState>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let peer: SocketAddr = conn.remote_address();
     let (client_io, server_io) = tokio::io::duplex(256 * 1024);
@@ -109,8 +138,18 @@ async fn serve_connection(
             Ok(h3) => h3,
             Err(e) => return tracing::debug!(client = %peer, error = %e, "HTTP/3 setup failed"),
         };
+    let mut stopping = false;
     loop {
-        match h3.accept().await {
+        let accepted = tokio::select! {
+            a = h3.accept() => a,
+            _ = stop.wait_for(|s| *s), if !stopping => {
+                stopping = true;
+                // GOAWAY: requests already open finish, no new ones start.
+                let _ = h3.shutdown(0).await;
+                continue;
+            }
+        };
+        match accepted {
             Ok(Some(resolver)) => {
                 let sender = sender.clone();
                 tokio::task::spawn_local(async move {
