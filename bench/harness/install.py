@@ -254,6 +254,27 @@ class Installer:
             return Tool("oha", str(b), seconds=time.monotonic() - t0, cached=False)
         return Tool("oha", reason=f"cargo install oha failed (rc={rc}): {_log_tail(log)}")
 
+    def oha_h3(self) -> Tool:
+        """oha with its `http3` feature (quinn + h3), for `--h3`: its own root so the plain
+        oha above stays as it is. Built only where builds are allowed."""
+        root = self.cache / "oha-h3"
+        b = root / "bin" / "oha"
+        if b.exists():
+            return Tool("oha-h3", str(b))
+        if not self.allow:
+            return Tool("oha-h3", reason=f"not built yet ({b}; installs disabled)")
+        log = self.logs / "oha-h3.log"
+        say(f"building oha with HTTP/3 (cargo install oha --features http3; first time: a few "
+            f"minutes; log: {log})")
+        t0 = time.monotonic()
+        rc = _run_logged(["cargo", "install", "oha", "--locked", "--features", "http3",
+                          "--root", str(root)], log, cwd=str(self.cache), env=STOCK_RUST,
+                         timeout=3600)
+        if b.exists():
+            return Tool("oha-h3", str(b), seconds=time.monotonic() - t0, cached=False)
+        return Tool("oha-h3", reason=f"cargo install oha --features http3 failed (rc={rc}): "
+                                     f"{_log_tail(log)}")
+
     # -- crates.io: the pingora peer crate (bench/peers/pingora) -------------------
     def pingora(self) -> Tool:
         crate = BENCH / "peers" / "pingora"
@@ -314,7 +335,8 @@ def versions(tools: dict[str, Tool]) -> dict[str, str]:
     """One-line version string per available tool."""
     cmds = {
         "nginx": ["-v"], "haproxy": ["-v"], "envoy": ["--version"], "caddy": ["version"],
-        "traefik": ["version"], "wrk": ["-v"], "oha": ["--version"], "h2load": ["--version"],
+        "traefik": ["version"], "wrk": ["-v"], "oha": ["--version"], "oha-h3": ["--version"],
+        "h2load": ["--version"],
         "veloxy": ["--version"], "strace": ["-V"],
     }
     out = {}

@@ -321,3 +321,29 @@ fn a_file_route_with_compression() {
         .unwrap();
     assert_eq!(plain, text);
 }
+
+#[test]
+fn oversized_header_sections_are_refused() {
+    let s = start("[[routes]]\nrespond = { body = \"ok\" }\n");
+    let ca = s.pki.ca_pem.clone();
+    runtime().block_on(async {
+        let mut c = h3_connect(s.web, "localhost", &ca).await.unwrap();
+        let req = http::Request::get("https://localhost/")
+            .header("x-big", "a".repeat(100_000))
+            .body(())
+            .unwrap();
+        let r = h3_send(&mut c, req, None).await;
+        // Refused (the server's QPACK limit is max_header_bytes), never served.
+        assert!(
+            r.as_ref().map_or(true, |r| r.status == 431),
+            "a 100 KB header section was served: {:?}",
+            r.map(|r| r.status)
+        );
+        // The server is fine: a new connection gets an answer.
+        let mut c2 = h3_connect(s.web, "localhost", &ca).await.unwrap();
+        let r = h3_send(&mut c2, h3_get("localhost", "/"), None)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    });
+}

@@ -133,11 +133,16 @@ async fn serve_connection(
         return;
     };
     tokio::task::spawn_local(driver);
-    let mut h3 =
-        match h3::server::Connection::<_, Bytes>::new(h3_quinn::Connection::new(conn)).await {
-            Ok(h3) => h3,
-            Err(e) => return tracing::debug!(client = %peer, error = %e, "HTTP/3 setup failed"),
-        };
+    // Header sections (QPACK) are limited like HTTP/1 and HTTP/2 heads: h3's default is none.
+    let max_head = worker.current().snapshot.settings.max_header_bytes as u64;
+    let built = h3::server::builder()
+        .max_field_section_size(max_head)
+        .build::<_, Bytes>(h3_quinn::Connection::new(conn))
+        .await;
+    let mut h3 = match built {
+        Ok(h3) => h3,
+        Err(e) => return tracing::debug!(client = %peer, error = %e, "HTTP/3 setup failed"),
+    };
     let mut stopping = false;
     loop {
         let accepted = tokio::select! {

@@ -1,0 +1,601 @@
+"""`bench/run --h3`: HTTP/3 (QUIC), veloxy against Caddy, and against veloxy's own HTTP/2.
+
+One worker each (veloxy `workers = 1`, Caddy `GOMAXPROCS=1`), both pinned to the same proxy
+core and running side by side; oha (built with its `http3` feature) and the one upstream (the
+workspace's veloxy-upstream) on the load core(s). Each proxy has one TLS listener with the same
+self-signed certificate that serves HTTP/2 (ALPN h2) and HTTP/3 (UDP, same port number), and
+the same two routes:
+
+- fixed: GET /fixed answers a fixed 100-byte body from the proxy itself (veloxy `respond`,
+  Caddy `respond`): the protocol's own cost, no upstream;
+- proxy: GET / goes to the upstream (~100-byte JSON) over HTTP/1.1 keep-alive.
+
+Contenders: veloxy-h3, veloxy-h2 (the same veloxy process, `oha --http2`), caddy-h3, caddy-h2;
+the same client (oha: `-c` connections, `-p` concurrent requests on each, closed loop) for every
+one, in alternating rounds (the first contender rotates each round; medians). CPU per request =
+utime+stime of the proxy's process tree (/proc/PID/stat) over the measured run / requests, as in
+the other modes; "per core" = 1 s / CPU per request, what one busy core of the proxy serves.
+
+Before measuring, every contender must answer 200s over the protocol claimed: oha with
+`--http-version 3` (an h3-only client: it never falls back) and `--http2`, plus a TLS handshake
+offering h2 that must select h2, and a UDP socket on the port owned by the proxy's processes.
+Goals: veloxy HTTP/3 CPU per request / veloxy HTTP/2 CPU per request <= 2.0; veloxy HTTP/3
+requests per core >= 3x Caddy's HTTP/3.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import shutil
+import socket
+import ssl
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from . import charts as ch
+from . import measure, peers, procs, report, runner
+from .install import Installer, versions
+from .loadgen import LoadError, parse_oha
+from .measure import fmt_ms, fmt_rate, fmt_us
+from .procs import StartError
+from .runner import SetupError
+from .ui import fmt_s, say, warn
+
+H3_PEERS = ["veloxy", "caddy"]
+PROTOS = ["h3", "h2"]
+FIXED_PATH = "/fixed"
+# 100 bytes, plain ASCII without quotes or backslashes (the same literal in TOML and Caddyfile).
+BODY = ("veloxy bench h3 fixed response " * 4)[:99] + "."
+CASES = {"fixed": FIXED_PATH, "proxy": "/"}
+TITLES = {"fixed": f"fixed response (GET {FIXED_PATH}, 100-byte body from the proxy, no upstream)",
+          "proxy": "proxied (GET / to the upstream, ~100-byte JSON, HTTP/1.1 keep-alive)"}
+GOAL_H3_H2 = 2.0  # veloxy HTTP/3 CPU per request / veloxy HTTP/2 CPU per request, at most
+GOAL_VS_CADDY = 3.0  # veloxy HTTP/3 requests per core / Caddy's HTTP/3, at least
+TEMPLATES = {"veloxy": ("veloxy-h3.toml.tmpl", "veloxy.toml"),
+             "caddy": ("Caddyfile-h3.tmpl", "Caddyfile")}
+SETTINGS_NOTES = {
+    "veloxy": "`[listeners.web] http3 = true` + `[listeners.web.tls] cert, key` (rustls; QUIC by "
+              "quinn, HTTP/3 by h3; one SO_REUSEPORT UDP socket per worker), `workers = 1`; "
+              f"`[[routes]] path_exact = \"{FIXED_PATH}\"` `respond`, `[[routes]] upstream` with "
+              "`keepalive`; defaults otherwise (128 streams per connection, h2 and h3)",
+    "caddy": "`servers { protocols h1 h2 h3 }`, `https://127.0.0.1:PORT` site with `tls CERT "
+             f"KEY`, `respond {FIXED_PATH} ... 200`, `reverse_proxy` with keep-alive, "
+             "`GOMAXPROCS=1`; defaults otherwise (quic-go, Go's TLS)",
+}
+ORDER = [f"{n}-{p}" for n in H3_PEERS for p in PROTOS]
+
+
+# --- configs ------------------------------------------------------------------------------
+
+def values(ctx, name: str, port: int, upstream: str, cert: dict[str, str]) -> dict[str, object]:
+    """Template values for proxy `name` (bench/peers/veloxy-h3.toml.tmpl, Caddyfile-h3.tmpl)."""
+    return {"WORKERS": ctx.workers, "PORT": port, "UPSTREAM": upstream, "KEEPALIVE": ctx.keepalive,
+            "CERT": cert["cert"], "KEY": cert["key"], "FIXED_PATH": FIXED_PATH, "BODY": BODY}
+
+
+def command(ctx, name: str, conf: Path) -> tuple[list[str], dict[str, str]]:
+    if name == "veloxy":
+        return [ctx.tools["veloxy"], "run", "--config", str(conf)], {}
+    return ([ctx.tools["caddy"], "run", "--config", str(conf), "--adapter", "caddyfile"],
+            peers._go_env(ctx, conf.parent))
+
+
+def render(ctx, name: str, wd: Path, port: int, upstream: str,
+           cert: dict[str, str]) -> tuple[list[str], dict[str, str], Path]:
+    tmpl, fname = TEMPLATES[name]
+    conf = peers.render_file(tmpl, wd / fname, values(ctx, name, port, upstream, cert))
+    cmd, env = command(ctx, name, conf)
+    return cmd, env, conf
+
+
+# --- oha ----------------------------------------------------------------------------------
+
+def oha_cmd(binary: str, url: str, proto: str, *, connections: int, streams: int,
+            duration: float | None = None, requests: int | None = None,
+            timeout_s: float = 4) -> list[str]:
+    """oha, closed loop (no -q): `duration` seconds (whole, at least 1) or `requests` requests,
+    `connections` connections with `streams` concurrent requests each, HTTP/3 (`--http-version
+    3`: QUIC only, no fallback) or HTTP/2 (`--http2`, ALPN h2), self-signed certificate
+    accepted, no Accept-Encoding, JSON summary."""
+    cmd = [binary]
+    if duration is not None:
+        cmd += ["-z", f"{max(1, math.ceil(duration))}s"]
+    else:
+        cmd += ["-n", str(requests or 1)]
+    cmd += ["-c", str(connections), "-p", str(streams), "--no-tui", "--output-format", "json",
+            "--insecure", "--disable-compression", "-t", f"{timeout_s:g}s"]
+    cmd += ["--http-version", "3"] if proto == "h3" else ["--http2"]
+    cmd.append(url)
+    return cmd
+
+
+def oha_run(binary: str, url: str, proto: str, *, cpus: list[int], connections: int,
+            streams: int, duration: float | None = None, requests: int | None = None) -> dict:
+    cmd = oha_cmd(binary, url, proto, connections=connections, streams=streams,
+                  duration=duration, requests=requests)
+    bound = (duration or 0) + 30
+    env = {"TOKIO_WORKER_THREADS": str(max(1, len(cpus)))}
+    rc, out, err = procs.run_bounded(cmd, timeout=bound, cpus=cpus, env=env)
+    if rc != 0:
+        raise LoadError(f"oha exited {rc}: {(err or out)[-600:]}")
+    try:
+        res = parse_oha(out)
+    except (ValueError, KeyError) as e:
+        raise LoadError(f"cannot parse oha output ({e}): {(out or err)[-400:]}") from e
+    res["protocol"] = proto
+    return res
+
+
+# --- probes -------------------------------------------------------------------------------
+
+def udp_inodes(port: int, tables: tuple[str, ...] = ("/proc/net/udp", "/proc/net/udp6")) -> set[str]:
+    """Socket inodes of the UDP sockets bound to local port `port` (any address)."""
+    out = set()
+    for t in tables:
+        try:
+            lines = Path(t).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port:
+                out.add(f[9])
+    return out
+
+
+def owned_sockets(pids: list[int], inodes: set[str]) -> int:
+    """How many of `inodes` are open in the processes `pids`."""
+    want = {f"socket:[{i}]" for i in inodes}
+    seen = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link in want:
+                seen.add(link)
+    return len(seen)
+
+
+def selected_alpn(port: int, offer: tuple[str, ...] = ("h2", "http/1.1"),
+                  timeout: float = 5) -> str | None:
+    """The ALPN protocol 127.0.0.1:port selects among `offer` (TLS, no verification)."""
+    c = ssl.create_default_context()
+    c.check_hostname = False
+    c.verify_mode = ssl.CERT_NONE
+    c.set_alpn_protocols(list(offer))
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw, \
+            c.wrap_socket(raw, server_hostname="localhost") as s:
+        return s.selected_alpn_protocol()
+
+
+def check_answers(res: dict, want: int) -> str | None:
+    """None when an oha probe of `want` requests got only 200s with a body, else what's wrong."""
+    codes = res.get("status_codes") or {}
+    ok = codes.get("200", 0)
+    if ok == want and set(codes) == {"200"} and not res.get("socket_errors"):
+        if not res.get("bytes"):
+            return "200s with no body"
+        return None
+    errs = "; ".join(f"{k} x{v}" for k, v in (res.get("errors_detail") or {}).items())
+    return f"{ok}/{want} answered 200 (statuses {codes or 'none'}{'; errors: ' + errs if errs else ''})"
+
+
+def verify(ctx, run, oha: str) -> str | None:
+    """None when `run` answers GET on every case over HTTP/3 and HTTP/2 (oha), selects h2 by
+    ALPN, and owns a UDP socket on its port; else what is wrong."""
+    try:
+        alpn = selected_alpn(run.port)
+    except OSError as e:
+        return f"TLS handshake offering h2 failed: {e}"
+    if alpn != "h2":
+        return f"ALPN offering h2, http/1.1 selected {alpn!r}, not h2"
+    deadline = time.monotonic() + 5
+    while True:
+        n = owned_sockets(run.pids(), udp_inodes(run.port))
+        if n or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if not n:
+        return f"no UDP socket on port {run.port} owned by the proxy (HTTP/3 not listening)"
+    run.udp_sockets = n
+    want = 20
+    for case, path in CASES.items():
+        for proto in PROTOS:
+            try:
+                res = oha_run(oha, run.base_url + path, proto, cpus=ctx.load_cpus, connections=2,
+                              streams=1, requests=want)
+            except LoadError as e:
+                return f"{proto} GET {path}: {e}"
+            bad = check_answers(res, want)
+            if bad:
+                return f"{proto} GET {path} ({case}): {bad}"
+            if case == "fixed" and res["bytes"] != want * len(BODY):
+                return (f"{proto} GET {path}: {res['bytes']} body bytes for {want} requests, not "
+                        f"{want} x {len(BODY)}")
+    return None
+
+
+# --- processes ----------------------------------------------------------------------------
+
+def start_proxy(ctx, name: str, upstream: str, cert: dict[str, str]) -> peers.Running:
+    ctx.seq += 1
+    wd = ctx.tmp / f"{name}-h3-{ctx.seq}"
+    wd.mkdir(parents=True)
+    port = procs.free_port()
+    cmd, env, conf = render(ctx, name, wd, port, upstream, cert)
+    (wd / "command.txt").write_text(" ".join(cmd) + "\n")
+    if name == "veloxy":  # a crisp error for a veloxy build without http3
+        r = subprocess.run([ctx.tools["veloxy"], "check", "--config", str(conf)],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise StartError("`veloxy check` refuses the HTTP/3 config (a build without "
+                             "http3? rebuild, or set VELOXY_BIN): "
+                             + (r.stdout + r.stderr).strip()[-400:])
+    log = wd / "output.log"
+    t0 = time.monotonic()
+    p = procs.REGISTRY.spawn(cmd, cpus=ctx.proxy_cpus, env=env, log=log, cwd=str(wd))
+    run = peers.Running(name, port, p, wd, log, scheme="https")
+    try:
+        timeout = peers.STARTUP_TIMEOUT.get(name, 15)
+        procs.wait_port(port, p, timeout)
+        procs.wait_http_ok(run.base_url + FIXED_PATH, p, timeout)
+    except StartError as e:
+        procs.REGISTRY.stop(p)
+        raise StartError(f"{e}\n--- {log} ---\n{procs.tail(log)}") from e
+    run.started_s = time.monotonic() - t0
+    return run
+
+
+def udp_buffers() -> dict[str, int | None]:
+    """The kernel's socket buffer ceilings (quinn and quic-go ask for more than the default)."""
+    out: dict[str, int | None] = {}
+    for k in ("rmem_max", "wmem_max", "rmem_default", "wmem_default"):
+        try:
+            out[k] = int(Path(f"/proc/sys/net/core/{k}").read_text())
+        except (OSError, ValueError):
+            out[k] = None
+    return out
+
+
+# --- measurement --------------------------------------------------------------------------
+
+def one_round(ctx, run, oha: str, case: str, proto: str, *, connections: int, streams: int,
+              duration: float, warmup: float) -> dict:
+    url = run.base_url + CASES[case]
+    kw = dict(cpus=ctx.load_cpus, connections=connections, streams=streams)
+    if warmup > 0:
+        oha_run(oha, url, proto, duration=warmup, **kw)
+    res = measure.measured(ctx, run, lambda: oha_run(oha, url, proto, duration=duration, **kw))
+    res.update({"connections": connections, "streams": streams, "path": CASES[case],
+                "case": case, "protocol": proto})
+    cpu = res.get("cpu_us_per_req")
+    res["req_per_core"] = 1e6 / cpu if cpu else None
+    ok = (res.get("status_codes") or {}).get("200", 0)
+    if not ok:
+        res["error"] = "no request answered 200"
+    return res
+
+
+def rotation(labels: list[str], i: int) -> list[str]:
+    """Round i's order: the first contender rotates, so none always runs first (or last)."""
+    k = i % len(labels) if labels else 0
+    return labels[k:] + labels[:k]
+
+
+def run(ctx, args, requested: list[str]) -> int:
+    rounds_n = max(1, args.rounds)
+    streams = max(1, getattr(args, "streams", 1) or 1)
+    wanted = [p for p in requested if p in H3_PEERS]
+    for p in requested:
+        if p not in H3_PEERS:
+            warn(f"--h3 compares {', '.join(H3_PEERS)} only: {p} ignored")
+    if "veloxy" not in wanted:
+        raise SetupError("--h3 needs veloxy among the proxies")
+    allow = not args.no_install
+    # Caddy: the harness's cached build if an earlier run made one, else Debian's (no build here).
+    runner.install_tools(ctx, ["caddy"] if "caddy" in wanted else [], allow=allow, builds=False,
+                         build_ws=not args.no_build)
+    inst = Installer(ctx.cache, allow_install=allow)
+    oha_tool = inst.oha_h3()
+    ctx.tool_info["oha-h3"] = oha_tool
+    ctx.versions = versions(ctx.tool_info)
+    for t in ("veloxy", "upstream"):
+        if t not in ctx.tools:
+            raise SetupError(f"{t} is required for --h3: {ctx.tool_info[t].reason}")
+    if not oha_tool.ok:
+        raise SetupError(f"oha with HTTP/3 is required for --h3: {oha_tool.reason}")
+    oha = oha_tool.path
+    if not shutil.which("openssl"):
+        raise SetupError("openssl is required for --h3 (the certificate)")
+    ctx.workers = 1
+    ctx.proxy_cpus = ctx.proxy_cpus[:1]  # every proxy on the same single core
+    ctx.n_upstreams = 1
+    for name in wanted:
+        ctx.peer_status[name] = {"status": "ok", "reason": ""}
+    if "caddy" in wanted and "caddy" not in ctx.tools:
+        ctx.peer_status["caddy"] = {"status": "skipped", "reason": ctx.tool_info["caddy"].reason}
+        warn(f"caddy skipped: {ctx.tool_info['caddy'].reason}")
+
+    from scenarios import tls  # the tls scenario's openssl helper
+
+    try:
+        cert = tls.make_cert(ctx.tmp / "tls")
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        raise SetupError(f"cannot make the certificate (openssl): {e}") from e
+    shutil.copy2(cert["cert"], ctx.outdir / "tls-cert.pem")
+    try:
+        up_proc, up_addr = peers.start_upstream(ctx.tools["upstream"], "u1", ctx.load_cpus, ctx.tmp)
+    except StartError as e:
+        raise SetupError(f"the upstream failed to start: {e}") from e
+    ctx.upstreams = peers.Upstreams(addrs=[up_addr], procs=[up_proc])
+    say(f"upstream (veloxy-upstream) on core(s) {procs.cpu_list(ctx.load_cpus)}: {up_addr}")
+    ctx.results["h3_env"] = {"udp_buffers": udp_buffers(), "body_bytes": len(BODY),
+                             "oha": oha, "streams": streams}
+
+    running: dict[str, peers.Running] = {}
+    results: dict[str, dict[str, list]] = {c: {} for c in CASES}
+    ctx.results["h3"] = results
+    try:
+        for name in wanted:
+            if ctx.peer_status[name]["status"] != "ok":
+                continue
+            try:
+                r = start_proxy(ctx, name, up_addr, cert)
+            except StartError as e:
+                if name == "veloxy":
+                    raise SetupError(f"veloxy failed to start: {e}") from e
+                warn(f"{name} failed to start: {e}")
+                ctx.peer_status[name] = {"status": "start failed", "reason": str(e)[-400:]}
+                continue
+            report.save_config(ctx, r, variant="h3")
+            bad = verify(ctx, r, oha)
+            if bad:
+                peers.stop(r)
+                if name == "veloxy":
+                    raise SetupError(f"veloxy does not answer as claimed: {bad}")
+                warn(f"{name} does not answer as claimed: {bad}")
+                ctx.peer_status[name] = {"status": "protocol check failed", "reason": bad}
+                continue
+            ctx.peer_status[name]["reason"] = (f"h3 (UDP, {r.udp_sockets} socket(s)) and h2 "
+                                               "(ALPN) checked: 200s on every case")
+            say(f"{name}: HTTP/3 and HTTP/2 answer on 127.0.0.1:{r.port} "
+                f"({r.udp_sockets} UDP socket(s))")
+            running[name] = r
+        labels = [f"{n}-{p}" for n in wanted if n in running for p in PROTOS]
+        for c in CASES:
+            results[c] = {lb: [] for lb in labels}
+        per_run = args.warmup + max(1, math.ceil(args.duration)) + 0.7
+        total = per_run * len(labels) * len(CASES) * rounds_n
+        say(f"{rounds_n} round(s) x {len(CASES)} cases x {labels}, {args.connections} connections "
+            f"x {streams} stream(s), {args.duration:g}s + {args.warmup:g}s warm-up each: "
+            f"~{fmt_s(total)}")
+        if rounds_n < 3:
+            warn(f"{rounds_n} round(s): a smoke check, not a measurement (use --rounds 3 or more)")
+        left = total
+        for i in range(rounds_n):
+            for case in CASES:
+                for label in rotation(labels, i):
+                    name, proto = label.rsplit("-", 1)
+                    if name not in running:
+                        continue
+                    say(f"[~{fmt_s(left)} left] round {i + 1}/{rounds_n}: {case}: {label}")
+                    try:
+                        r = one_round(ctx, running[name], oha, case, proto,
+                                      connections=args.connections, streams=streams,
+                                      duration=args.duration, warmup=args.warmup)
+                    except LoadError as e:
+                        r = {"error": str(e), "case": case, "protocol": proto}
+                    r["round"] = i + 1
+                    results[case][label].append(r)
+                    say("    " + one_line(r))
+                    left -= per_run
+                    if up_proc.poll() is not None:
+                        raise SetupError(f"the upstream exited during round {i + 1}: "
+                                         f"{procs.tail(ctx.tmp / 'upstream-u1.log')}")
+                    if not running[name].alive():
+                        msg = (f"exited (code {running[name].proc.returncode}) during round "
+                               f"{i + 1} / {case} / {proto}: {procs.tail(running[name].log, 4)}")
+                        warn(f"{name} {msg}")
+                        ctx.peer_status[name] = {"status": "crashed", "reason": msg}
+                        peers.stop(running.pop(name))
+            report.write_results(ctx)
+    finally:
+        for r in running.values():
+            peers.stop(r)
+        procs.REGISTRY.stop(up_proc)
+    text = summarize(ctx, args)
+    print("\n" + text, flush=True)
+    made = make_charts(ctx)
+    (ctx.outdir / "report.md").write_text(_md(ctx, args, text, made))
+    report.write_results(ctx)
+    say(f"report: {ctx.outdir / 'report.md'}")
+    return 0
+
+
+# --- report -------------------------------------------------------------------------------
+
+def one_line(r: dict) -> str:
+    if r.get("error"):
+        return f"error: {r['error'][:160]}"
+    lat = r.get("latency_ms") or {}
+    return (f"{fmt_rate(r.get('rps'))} req/s, errors {r.get('errors', 0)}, cpu/req "
+            f"{fmt_us(r.get('cpu_us_per_req'))} ({fmt_rate(r.get('req_per_core'))}/core), p50 "
+            f"{fmt_ms(lat.get('p50'))}, p99 {fmt_ms(lat.get('p99'))}, proxy cpu "
+            f"{r.get('proxy_cpu_pct', 0):.0f}%, busiest {r.get('bottleneck')}")
+
+
+def _med(rs: list[dict], key: str, sub: str | None = None) -> float | None:
+    vals = []
+    for r in rs:
+        if r.get("error"):
+            continue
+        v = r.get(key)
+        if sub is not None:
+            v = (v or {}).get(sub)
+        if v is not None:
+            vals.append(v)
+    return statistics.median(vals) if vals else None
+
+
+def medians(results: dict) -> dict[str, dict[str, dict]]:
+    """case -> contender -> median req/s, CPU us per request, requests per core, p50, p99,
+    proxy CPU %, errors (sum), most frequent busiest core, rounds ok."""
+    out: dict[str, dict[str, dict]] = {}
+    for case, per in results.items():
+        out[case] = {}
+        for label, rs in per.items():
+            good = [r for r in rs if not r.get("error")]
+            busiest = collections.Counter(r.get("bottleneck") for r in good if r.get("bottleneck"))
+            out[case][label] = {
+                "rps": _med(rs, "rps"), "cpu_us": _med(rs, "cpu_us_per_req"),
+                "per_core": _med(rs, "req_per_core"), "p50": _med(rs, "latency_ms", "p50"),
+                "p99": _med(rs, "latency_ms", "p99"), "cpu_pct": _med(rs, "proxy_cpu_pct"),
+                "errors": sum(r.get("errors", 0) for r in good),
+                "busiest": busiest.most_common(1)[0][0] if busiest else None,
+                "ok": len(good), "rounds": len(rs)}
+    return out
+
+
+def _get(med: dict, label: str, key: str) -> float | None:
+    return (med.get(label) or {}).get(key)
+
+
+def h3_h2_ratio(med: dict, name: str = "veloxy") -> float | None:
+    """`name`'s HTTP/3 CPU per request / its HTTP/2 CPU per request."""
+    a, b = _get(med, f"{name}-h3", "cpu_us"), _get(med, f"{name}-h2", "cpu_us")
+    return a / b if a and b else None
+
+
+def vs_caddy(med: dict, key: str = "per_core") -> float | None:
+    """veloxy-h3 / caddy-h3 on `key` (per_core: requests per CPU-second; rps: requests/s)."""
+    a, b = _get(med, "veloxy-h3", key), _get(med, "caddy-h3", key)
+    return a / b if a and b else None
+
+
+def summarize(ctx, args) -> str:
+    results = ctx.results.get("h3") or {}
+    meds = medians(results)
+    rounds_n = max(1, args.rounds)
+    streams = (ctx.results.get("h3_env") or {}).get("streams", getattr(args, "streams", 1))
+    lines = [f"HTTP/3 vs HTTP/2 (veloxy) and vs Caddy: 1 worker each on core(s) {ctx.proxy_cpus}, "
+             f"oha + the upstream on core(s) {ctx.load_cpus}, {args.connections} connections x "
+             f"{streams} concurrent request(s), {rounds_n} alternating round(s) of "
+             f"{args.duration:g}s (median)"]
+    if rounds_n < 3:
+        lines.append(f"ONLY {rounds_n} ROUND(S): a smoke check, the numbers are noise")
+    for name, st in ctx.peer_status.items():
+        if st.get("status") != "ok":
+            lines.append(f"{name}: {st['status']}: {st['reason'][:300]}")
+    goals = []
+    for case, per in results.items():
+        lines.append("")
+        lines.append(TITLES[case])
+        lines.append(f"{'':10} {'req/s':>9} {'CPU/req':>9} {'req/s/core':>11} {'p50':>8} {'p99':>8} "
+                     f"{'proxy%':>7} {'errors':>7}  busiest   per round (req/s / CPU us)")
+        for label, rs in per.items():
+            m = meds[case][label]
+            per_round = ", ".join("failed" if r.get("error") else
+                                  f"{fmt_rate(r['rps'])}/{r.get('cpu_us_per_req') or 0:.1f}"
+                                  for r in rs)
+            cpu = "-" if m["cpu_pct"] is None else f"{m['cpu_pct']:.0f}%"
+            lines.append(f"{label:10} {fmt_rate(m['rps']):>9} {fmt_us(m['cpu_us']):>9} "
+                         f"{fmt_rate(m['per_core']):>11} {fmt_ms(m['p50']):>8} {fmt_ms(m['p99']):>8} "
+                         f"{cpu:>7} {m['errors']:>7}  {m['busiest'] or '-':9} {per_round}")
+        r = h3_h2_ratio(meds[case])
+        if r is not None:
+            met = r <= GOAL_H3_H2
+            lines.append(f"veloxy HTTP/3 CPU/req / veloxy HTTP/2 CPU/req = {r:.2f} "
+                         f"(goal <= {GOAL_H3_H2:.1f}: {'met' if met else 'NOT met'})")
+            goals.append(f"{case} h3/h2 CPU {r:.2f} {'met' if met else 'NOT met'}")
+        rc = h3_h2_ratio(meds[case], "caddy")
+        if rc is not None:
+            lines.append(f"caddy HTTP/3 CPU/req / caddy HTTP/2 CPU/req = {rc:.2f}")
+        v = vs_caddy(meds[case])
+        if v is not None:
+            met = v >= GOAL_VS_CADDY
+            raw = vs_caddy(meds[case], "rps")
+            raw_s = f"{raw:.2f}x" if raw else "-"
+            lines.append(f"veloxy HTTP/3 / caddy HTTP/3 requests per core = {v:.2f}x "
+                         f"(goal >= {GOAL_VS_CADDY:.1f}x: {'met' if met else 'NOT met'}); "
+                         f"requests/s {raw_s}")
+            goals.append(f"{case} vs caddy {v:.2f}x {'met' if met else 'NOT met'}")
+        fails = [f"{lb} round {r['round']}: {r['error'][:160]}" for lb, rs in per.items()
+                 for r in rs if r.get("error")]
+        lines += [f"failed: {f}" for f in fails]
+    if goals:
+        lines.append("")
+        lines.append(f"goals (h3/h2 CPU <= {GOAL_H3_H2:.1f}; vs caddy h3 per core >= "
+                     f"{GOAL_VS_CADDY:.1f}x): " + "; ".join(goals))
+    return "\n".join(lines)
+
+
+def make_charts(ctx) -> list[tuple[str, str]]:
+    results = ctx.results.get("h3") or {}
+    if not ch.HAVE or not results:
+        return []
+    meds = medians(results)
+    labels = [lb for lb in ORDER if any(lb in per for per in results.values())]
+    made = []
+
+    def series(key):
+        return {case: [_get(meds[case], lb, key) for lb in labels] for case in results}
+
+    if ch.grouped_bars(ctx.outdir / "h3_rps.png", "HTTP/3 and HTTP/2: requests/s (1 core each)",
+                       "requests/s", labels, series("rps")):
+        made.append(("Requests/s per contender (h3)", "h3_rps.png"))
+    if ch.grouped_bars(ctx.outdir / "h3_cpu_per_req.png", "HTTP/3 and HTTP/2: proxy CPU per request",
+                       "microseconds of CPU", labels, series("cpu_us"), fmt=lambda v: f"{v:.1f}"):
+        made.append(("Proxy CPU per request (h3)", "h3_cpu_per_req.png"))
+    if ch.grouped_bars(ctx.outdir / "h3_per_core.png",
+                       "Requests per core (1 s / CPU per request)", "requests/s per core",
+                       labels, series("per_core")):
+        made.append(("Requests per core (h3)", "h3_per_core.png"))
+    return made
+
+
+def _md(ctx, args, text: str, made: list[tuple[str, str]]) -> str:
+    m = report.meta(ctx)
+    mach = m["machine"]
+    vers = "\n".join(f"- {k}: {v}" for k, v in ctx.versions.items())
+    peers_md = "\n".join(f"| {n} | {st['status']} | {st.get('reason') or '-'} | "
+                         f"{SETTINGS_NOTES.get(n, '-')} |" for n, st in ctx.peer_status.items())
+    charts_md = "".join(f"![{t}]({f})\n\n" for t, f in made)
+    env = ctx.results.get("h3_env") or {}
+    bufs = ", ".join(f"{k} {v}" for k, v in (env.get("udp_buffers") or {}).items())
+    return (f"# HTTP/3: {m['name']}\n\n"
+            f"Machine: {mach['cpu']}, {mach['cores']} cores, Linux {mach['kernel']}. "
+            f"Command: `bench/run {' '.join(ctx.argv)}`\n\n"
+            "veloxy and Caddy, 1 worker each (`workers = 1`, `GOMAXPROCS=1`) on the same proxy "
+            "core, each with one TLS listener (the same self-signed ECDSA P-256 certificate, "
+            "`tls-cert.pem`) serving HTTP/2 and HTTP/3 (UDP, same port number). oha (built with "
+            "`--features http3`) is the client for both protocols: closed loop, `-c` connections "
+            "with `-p` concurrent requests each, `--http-version 3` (QUIC only, no fallback) or "
+            f"`--http2`, `--insecure`, `--disable-compression`. Cases: `GET {FIXED_PATH}` (a "
+            f"{len(BODY)}-byte body answered by the proxy: the protocol's cost) and `GET /` "
+            "proxied to one veloxy-upstream (~100-byte JSON, HTTP/1.1 keep-alive) on the load "
+            "core. Before measuring, each proxy answered 200s over h3 and h2 on both paths, "
+            "selected h2 by ALPN and owned a UDP socket on its port.\n\n"
+            "CPU per request = the proxy process tree's utime+stime over the measured run / "
+            "requests; requests per core = 1 s / CPU per request (what one fully busy core "
+            "serves at that cost; equal to requests/s when the proxy's core is the bottleneck). "
+            "Where the busiest core is the load core (oha's QUIC client is expensive), the "
+            "proxies run below 100% of their core and requests/s measure the client; compare "
+            "CPU per request and requests per core there. Goals: veloxy HTTP/3 CPU per request "
+            f"/ veloxy HTTP/2 CPU per request <= {GOAL_H3_H2:.1f}; veloxy HTTP/3 requests per core "
+            f">= {GOAL_VS_CADDY:.1f}x Caddy's HTTP/3.\n\n"
+            f"```\n{text}\n```\n\n{charts_md}"
+            "## Proxies\n\n| Proxy | Status | Note | Settings |\n|---|---|---|---|\n"
+            f"{peers_md}\n\nConfigs: `configs/` (rendered from `bench/peers/veloxy-h3.toml.tmpl` and "
+            f"`bench/peers/Caddyfile-h3.tmpl`). Kernel socket buffer limits (net.core, bytes; "
+            f"left as they are, the same for both): {bufs or '?'}.\n\n## Versions\n\n"
+            f"{vers}\n")
