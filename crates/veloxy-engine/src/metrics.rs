@@ -103,6 +103,8 @@ pub struct WorkerMetrics {
     pub tls_handshake_errors: Counter,
     /// HTTP/2 streams opened by clients.
     pub h2_streams: Counter,
+    /// HTTP/3 request streams opened by clients.
+    pub h3_streams: Counter,
     /// WebSocket (and other HTTP/1.1 Upgrade) tunnels established.
     pub upgrades: Counter,
     /// Responses cut because the client accepted no bytes for `send_timeout`.
@@ -140,6 +142,7 @@ impl Default for WorkerMetrics {
             access_log_dropped: Counter::default(),
             tls_handshake_errors: Counter::default(),
             h2_streams: Counter::default(),
+            h3_streams: Counter::default(),
             upgrades: Counter::default(),
             send_timeouts: Counter::default(),
             body_timeouts: Counter::default(),
@@ -387,6 +390,13 @@ pub fn render(m: &Metrics, labels: &Labels) -> String {
         "counter",
         "HTTP/2 streams opened by clients.",
         sum(m, |w| w.h2_streams.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_http3_streams_total",
+        "counter",
+        "HTTP/3 request streams opened by clients.",
+        sum(m, |w| w.h3_streams.get()),
     );
     counter(
         &mut out,

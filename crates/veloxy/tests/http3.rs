@@ -207,10 +207,11 @@ fn shutdown_lets_a_stream_in_flight_finish() {
         // Once the request is in flight, SIGTERM.
         let in_flight = tokio::task::spawn_blocking(move || {
             eventually(Duration::from_secs(5), || {
-                get(admin, "/metrics")
-                    .body_str()
-                    .lines()
-                    .any(|l| l.starts_with("veloxy_requests_in_flight ") && !l.ends_with(" 0"))
+                let m = get(admin, "/metrics").body_str();
+                // Counted as an HTTP/3 stream (not HTTP/2), and in flight.
+                m.lines().any(|l| l == "veloxy_http3_streams_total 1")
+                    && m.lines()
+                        .any(|l| l.starts_with("veloxy_requests_in_flight ") && !l.ends_with(" 0"))
             })
         })
         .await

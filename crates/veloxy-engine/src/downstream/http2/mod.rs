@@ -296,7 +296,11 @@ impl Body for ProxyBody {
 
 async fn handle(c: Rc<ConnCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
     let w = c.worker.clone();
-    w.metrics.h2_streams.inc();
+    if c.version == 3 {
+        w.metrics.h3_streams.inc();
+    } else {
+        w.metrics.h2_streams.inc();
+    }
     w.metrics.in_flight.inc();
     c.active.set(c.active.get() + 1);
     let record = Record::start(&w, || {
