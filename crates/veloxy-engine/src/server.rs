@@ -59,6 +59,8 @@ enum WorkerCommand {
     Listen(Arc<ListenerState>, std::net::TcpListener),
     /// Stop accepting on the named listener (after taking what is already queued).
     Close(Arc<str>),
+    /// Serve HTTP/3 on this UDP socket (a reload turned `http3` on).
+    Quic(Quic),
 }
 
 /// A configured server, not yet started.
@@ -341,6 +343,33 @@ impl Running {
             let (addr, sockets) = bind(&spec.name, spec.addr, workers, !ours)?;
             added.push((spec.name.clone(), addr, sockets));
         }
+        // HTTP/3 turned on (a new listener, or one that had none): its UDP sockets, bound
+        // before anything is swapped so a failure refuses the reload.
+        let mut quic_added = Vec::new();
+        for spec in &snapshot.listeners {
+            let Some(h3) = &spec.http3 else { continue };
+            let had = current
+                .listeners
+                .iter()
+                .any(|o| o.name == spec.name && o.http3.is_some() && keeps(&spec.name, spec.addr));
+            if had {
+                continue;
+            }
+            let addr = added
+                .iter()
+                .find(|(n, _, _)| *n == spec.name)
+                .map(|(_, a, _)| *a)
+                .or_else(|| bound.iter().find(|(n, _)| *n == spec.name).map(|(_, a)| *a))
+                .unwrap_or(spec.addr);
+            let udp = crate::listener::bind_udp_reuseport(addr, workers).map_err(|source| {
+                ServerError::Bind {
+                    name: format!("{} (HTTP/3, UDP)", spec.name),
+                    addr,
+                    source,
+                }
+            })?;
+            quic_added.push((spec.name.clone(), udp, h3.clone()));
+        }
 
         let workers = snapshot.settings.workers;
         crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
@@ -384,6 +413,15 @@ impl Running {
             states.push(state);
             tracing::info!(listener = %name, %addr, "listening");
             bound.push((name, addr));
+        }
+        for (name, sockets, h3) in quic_added {
+            let Some(state) = states.iter().find(|s| *s.name == *name) else {
+                continue;
+            };
+            for (tx, socket) in self.commands.iter().zip(sockets) {
+                let _ = tx.send(WorkerCommand::Quic((state.clone(), socket, h3.clone())));
+            }
+            tracing::info!(listener = %name, "HTTP/3 on");
         }
         Ok(())
     }
@@ -457,6 +495,15 @@ fn run_worker(
                 _ = stop.wait_for(|s| *s) => break,
                 cmd = commands.recv(), if commands_open => match cmd {
                     Some(WorkerCommand::Listen(state, l)) => listen(state, l, &mut closers),
+                    Some(WorkerCommand::Quic((state, socket, spec))) => {
+                        tokio::task::spawn_local(crate::downstream::http3::serve_endpoint(
+                            worker.clone(),
+                            socket,
+                            state,
+                            spec,
+                            loops_stop.clone(),
+                        ));
+                    }
                     Some(WorkerCommand::Close(name)) => {
                         if let Some(tx) = closers.remove(&name) {
                             let _ = tx.send(true);

@@ -348,3 +348,44 @@ fn oversized_header_sections_are_refused() {
         assert_eq!(r.status, 200);
     });
 }
+
+#[test]
+fn a_reload_turns_http3_on_and_off() {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let config = |h3: bool| {
+        format!(
+            "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = {h3}\n\
+             [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+             [[routes]]\nrespond = {{ body = \"ok\" }}\n",
+            cert.display(),
+            key.display()
+        )
+    };
+    let v = veloxy(&config(false));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    // The port the reload keeps is the one bound at start, also for UDP.
+    let kept = config(true).replace("127.0.0.1:0", &web.to_string());
+    let ca = pki.ca_pem.clone();
+    let h3_get_ok = || {
+        runtime().block_on(async {
+            let connect = h3_connect(web, "localhost", &ca);
+            match tokio::time::timeout(Duration::from_secs(3), connect).await {
+                Ok(Ok(mut c)) => h3_send(&mut c, h3_get("localhost", "/"), None)
+                    .await
+                    .is_ok_and(|r| r.status == 200),
+                _ => false,
+            }
+        })
+    };
+    assert!(!h3_get_ok(), "no HTTP/3 before the reload");
+    reload_with(&v, &kept, "HTTP/3 on");
+    assert!(h3_get_ok(), "{}", v.proc.log_text());
+    reload_with(
+        &v,
+        &config(false).replace("127.0.0.1:0", &web.to_string()),
+        "reloaded",
+    );
+    assert!(!h3_get_ok(), "HTTP/3 still served after it was turned off");
+}

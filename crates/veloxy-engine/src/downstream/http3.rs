@@ -74,10 +74,11 @@ pub(crate) async fn serve_endpoint(
                     }
                 }
                 None => {
-                    // HTTP/3 (or the listener) was removed: no new connections.
+                    // HTTP/3 (or the listener) was removed: no new connections, and the
+                    // socket closes once the open ones end (so turning it on again later
+                    // binds afresh, with no stale socket sharing the port).
                     incoming.refuse();
-                    endpoint.set_server_config(None);
-                    continue;
+                    break;
                 }
             }
         }
