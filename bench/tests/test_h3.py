@@ -4,16 +4,21 @@ summary (no network, no peers)."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 BENCH = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BENCH))
 
 from harness import h3  # noqa: E402
 from harness.__main__ import parse_args  # noqa: E402
+from harness.loadgen import LoadError  # noqa: E402
 
 CERT = {"cert": "/tls/cert.pem", "key": "/tls/key.pem", "bundle": "/tls/bundle.pem"}
 UP = "127.0.0.1:9101"
@@ -61,8 +66,8 @@ def test_veloxy_config_is_the_contract(tmp_path):
 def test_caddy_config_serves_h3(tmp_path):
     _, _, conf = h3.render(_ctx(), "caddy", tmp_path, 8443, UP, CERT)
     text = conf.read_text()
-    for needle in ("admin off", "auto_https off", "protocols h1 h2 h3",
-                   "https://127.0.0.1:8443 {", f"tls {CERT['cert']} {CERT['key']}",
+    for needle in ("admin off", "auto_https off", "protocols h1 h2 h3", "idle 1s",
+                   "https://127.0.0.1:8443 {", "bind 127.0.0.1", f"tls {CERT['cert']} {CERT['key']}",
                    f'respond {h3.FIXED_PATH} "{h3.BODY}" 200', f"reverse_proxy {UP} {{",
                    "keepalive_idle_conns_per_host 128"):
         assert needle in text, needle
@@ -78,9 +83,55 @@ def test_oha_command_lines():
         assert c3[i:i + 2] == flag
     assert "--insecure" in c3 and "--no-tui" in c3 and "--http2" not in c3
     assert c3[-1] == "https://127.0.0.1:1/fixed"
-    c2 = h3.oha_cmd("/o", "https://127.0.0.1:1/", "h2", connections=2, streams=1, requests=20)
-    assert "--http2" in c2 and "--http-version" not in c2
-    assert c2[c2.index("-n") + 1] == "20" and "-z" not in c2
+    c2 = h3.oha_cmd("/o", "https://127.0.0.1:1/", "h2", connections=2, streams=1, duration=0.2)
+    assert "--http2" in c2 and "--http-version" not in c2 and c2[1:3] == ["-z", "1s"]
+
+
+def _fake_oha(tmp_path, body: str, sleep_s: float = 0) -> str:
+    """A stand-in for oha: prints `body` after `sleep_s` seconds."""
+    script = tmp_path / "oha"
+    script.write_text(f"""#!/usr/bin/env python3
+import sys, time
+time.sleep({sleep_s})
+sys.stdout.write({body!r})
+""")
+    script.chmod(0o755)
+    return str(script)
+
+
+OHA_JSON = json.dumps({"summary": {"total": 2.4, "slowest": 0.01, "totalData": 1000},
+                       "latencyPercentiles": {"p50": 0.001, "p99": 0.002},
+                       "statusCodeDistribution": {"200": 10},
+                       "errorDistribution": {"aborted due to deadline": 2}})
+
+
+def test_oha_run_window_and_rate(tmp_path):
+    """The window callback fires at oha's deadline, before oha has shut down (a server that
+    keeps its QUIC connections open a while); requests/s are over the -z time."""
+    oha = _fake_oha(tmp_path, OHA_JSON, sleep_s=2.4)
+    marks = []
+    t0 = time.monotonic()
+    res = h3.oha_run(oha, "https://127.0.0.1:1/fixed", "h3", cpus=[], connections=1, streams=1,
+                     duration=1, on_deadline=lambda: marks.append(time.monotonic() - t0))
+    assert marks and 0.9 < marks[0] < 2
+    assert res["protocol"] == "h3" and res["oha_shutdown_s"] > 1
+    assert res["duration_s"] == 1.0 and res["oha_total_s"] == 2.4 and res["rps"] == 10
+    assert res["errors"] == 0 and res["deadline_aborted"] == 2
+    with pytest.raises(LoadError, match="still running"):
+        h3.oha_run(_fake_oha(tmp_path, OHA_JSON, sleep_s=30), "https://127.0.0.1:1/", "h3",
+                   cpus=[], connections=1, streams=1, duration=1, grace=0.5)
+
+
+def test_oha_run_quick_exit(tmp_path):
+    oha = _fake_oha(tmp_path, OHA_JSON.replace("2.4", "0.5"))
+    marks = []
+    res = h3.oha_run(oha, "https://127.0.0.1:1/", "h2", cpus=[], connections=1, streams=1,
+                     duration=5, on_deadline=lambda: marks.append(1))
+    assert marks == [1] and res["duration_s"] == 0.5 and res["oha_shutdown_s"] == 0
+    bad = _fake_oha(tmp_path, "not json")
+    with pytest.raises(LoadError):
+        h3.oha_run(bad, "https://127.0.0.1:1/", "h2", cpus=[], connections=1, streams=1,
+                   duration=1)
 
 
 def test_udp_inodes(tmp_path):
@@ -97,13 +148,17 @@ def test_udp_inodes(tmp_path):
 
 
 def test_check_answers():
-    ok = {"status_codes": {"200": 20}, "socket_errors": 0, "bytes": 2000}
-    assert h3.check_answers(ok, 20) is None
-    assert "no body" in h3.check_answers({**ok, "bytes": 0}, 20)
+    ok = {"status_codes": {"200": 20}, "socket_errors": 0, "bytes": 20 * len(h3.BODY)}
+    assert h3.check_answers(ok, fixed=True) is None
+    assert "not 20 x 100" in h3.check_answers({**ok, "bytes": 19 * len(h3.BODY)}, fixed=True)
+    assert h3.check_answers({**ok, "bytes": 1234}, fixed=False) is None
+    assert "no body" in h3.check_answers({**ok, "bytes": 0}, fixed=False)
     bad = h3.check_answers({"status_codes": {}, "socket_errors": 20, "bytes": 0,
-                            "errors_detail": {"connection refused": 20}}, 20)
-    assert "0/20" in bad and "connection refused x20" in bad
-    assert "404" in h3.check_answers({"status_codes": {"200": 10, "404": 10}, "bytes": 1}, 20)
+                            "errors_detail": {"connection refused": 20,
+                                              "aborted due to deadline": 1}}, fixed=False)
+    assert "0 answered" in bad and "connection refused x20" in bad and "deadline" not in bad
+    assert "404" in h3.check_answers({"status_codes": {"200": 10, "404": 10}, "bytes": 1}, False)
+    assert h3.check_answers({"status_codes": {"200": 3}, "bytes": 300}, False)  # too few
 
 
 def test_cli():
