@@ -120,13 +120,7 @@ impl Server {
             }
             if let Some(h3) = &spec.http3 {
                 // The same port number over UDP (the TCP port, when it was chosen at bind).
-                let udp = crate::listener::bind_udp_reuseport(addr, workers).map_err(|source| {
-                    ServerError::Bind {
-                        name: format!("{} (HTTP/3, UDP)", spec.name),
-                        addr,
-                        source,
-                    }
-                })?;
+                let udp = bind_quic(&spec.name, addr, workers)?;
                 for (w, s) in udp.into_iter().enumerate() {
                     quic[w].push((state.clone(), s, h3.clone()));
                 }
@@ -265,6 +259,19 @@ fn bind(
     Ok((bound, sockets))
 }
 
+/// Binds a listener's per-worker UDP sockets for HTTP/3 on `addr` (the TCP port's number).
+fn bind_quic(
+    name: &str,
+    addr: SocketAddr,
+    workers: usize,
+) -> Result<Vec<std::net::UdpSocket>, ServerError> {
+    crate::listener::bind_udp_reuseport(addr, workers).map_err(|source| ServerError::Bind {
+        name: format!("{name} (HTTP/3, UDP)"),
+        addr,
+        source,
+    })
+}
+
 /// A started server.
 pub struct Running {
     shared: Arc<Shared>,
@@ -361,13 +368,7 @@ impl Running {
                 .map(|(_, a, _)| *a)
                 .or_else(|| bound.iter().find(|(n, _)| *n == spec.name).map(|(_, a)| *a))
                 .unwrap_or(spec.addr);
-            let udp = crate::listener::bind_udp_reuseport(addr, workers).map_err(|source| {
-                ServerError::Bind {
-                    name: format!("{} (HTTP/3, UDP)", spec.name),
-                    addr,
-                    source,
-                }
-            })?;
+            let udp = bind_quic(&spec.name, addr, workers)?;
             quic_added.push((spec.name.clone(), udp, h3.clone()));
         }
 
