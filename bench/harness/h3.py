@@ -31,20 +31,17 @@ import os
 import shutil
 import socket
 import ssl
-import statistics
 import subprocess
 import time
 from pathlib import Path
 
-from . import charts as ch
-from . import measure, peers, procs, report, runner
+from . import measure, modes, peers, procs, runner
 from .install import Installer, versions
 from .loadgen import LoadError, parse_oha
 from .measure import fmt_ms, fmt_rate, fmt_us
 from .procs import StartError
 from .runner import SetupError
-from .sysstat import Sampler, bottleneck
-from .ui import fmt_s, say, warn
+from .ui import say, warn
 
 H3_PEERS = ["veloxy", "caddy"]
 PROTOS = ["h3", "h2"]
@@ -175,31 +172,6 @@ def oha_run(binary: str, url: str, proto: str, *, cpus: list[int], connections: 
     return res
 
 
-def measured(ctx, run, load) -> dict:
-    """measure.measured() with the window ended by `load`'s deadline callback: CPU of the proxy
-    tree, the upstreams and each core over the oha `-z` time only (not oha's shutdown)."""
-    s = Sampler({"proxy": run.pids, "upstreams": ctx.upstreams.pids}).start()
-    stats: dict = {}
-
-    def stop():
-        if not stats:
-            stats.update(s.stop())
-
-    try:
-        res = load(stop)
-    finally:
-        stop()
-    res.update(stats)
-    done = res.get("requests") or 0
-    res["cpu_us_per_req"] = (stats["proxy_cpu_s"] * 1e6 / done) if done else None
-    res["bottleneck"] = bottleneck(stats["core_busy"], measure.core_roles(ctx))
-    res["samples"] = [
-        {k: v for k, v in x.items() if k in ("t", "cores", "proxy_cpu", "proxy_rss", "upstreams_cpu")}
-        for x in s.samples
-    ]
-    return res
-
-
 # --- probes -------------------------------------------------------------------------------
 
 def udp_inodes(port: int, tables: tuple[str, ...] = ("/proc/net/udp", "/proc/net/udp6")) -> set[str]:
@@ -298,32 +270,18 @@ def verify(ctx, run, oha: str) -> str | None:
 # --- processes ----------------------------------------------------------------------------
 
 def start_proxy(ctx, name: str, upstream: str, cert: dict[str, str]) -> peers.Running:
-    ctx.seq += 1
-    wd = ctx.tmp / f"{name}-h3-{ctx.seq}"
-    wd.mkdir(parents=True)
+    wd = modes.workdir(ctx, f"{name}-h3")
     port = procs.free_port()
     cmd, env, conf = render(ctx, name, wd, port, upstream, cert)
-    (wd / "command.txt").write_text(" ".join(cmd) + "\n")
     if name == "veloxy":  # a crisp error for a veloxy build without http3
-        r = subprocess.run([ctx.tools["veloxy"], "check", "--config", str(conf)],
-                           capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            raise StartError("`veloxy check` refuses the HTTP/3 config (a build without "
-                             "http3? rebuild, or set VELOXY_BIN): "
-                             + (r.stdout + r.stderr).strip()[-400:])
-    log = wd / "output.log"
-    t0 = time.monotonic()
-    p = procs.REGISTRY.spawn(cmd, cpus=ctx.proxy_cpus, env=env, log=log, cwd=str(wd))
-    run = peers.Running(name, port, p, wd, log, scheme="https")
-    try:
-        timeout = peers.STARTUP_TIMEOUT.get(name, 15)
-        procs.wait_port(port, p, timeout)
-        procs.wait_http_ok(run.base_url + FIXED_PATH, p, timeout)
-    except StartError as e:
-        procs.REGISTRY.stop(p)
-        raise StartError(f"{e}\n--- {log} ---\n{procs.tail(log)}") from e
-    run.started_s = time.monotonic() - t0
-    return run
+        modes.veloxy_check(ctx, conf, "the HTTP/3 config", "http3")
+    timeout = peers.STARTUP_TIMEOUT.get(name, 15)
+
+    def ready(run: peers.Running) -> None:
+        procs.wait_port(port, run.proc, timeout)
+        procs.wait_http_ok(run.base_url + FIXED_PATH, run.proc, timeout)
+
+    return modes.spawn(ctx, name, cmd, wd, port, ctx.proxy_cpus, ready, env=env, scheme="https")
 
 
 def udp_buffers() -> dict[str, int | None]:
@@ -345,8 +303,9 @@ def one_round(ctx, run, oha: str, case: str, proto: str, *, connections: int, st
     kw = dict(cpus=ctx.load_cpus, connections=connections, streams=streams)
     if warmup > 0:
         oha_run(oha, url, proto, duration=warmup, **kw)
-    res = measured(ctx, run, lambda stop: oha_run(oha, url, proto, duration=duration,
-                                                  on_deadline=stop, **kw))
+    # The measured window ends at oha's deadline, not after its shutdown.
+    res = measure.measured(ctx, run, lambda stop: oha_run(oha, url, proto, duration=duration,
+                                                          on_deadline=stop, **kw), window=True)
     res.update({"connections": connections, "streams": streams, "path": CASES[case],
                 "case": case, "protocol": proto})
     cpu = res.get("cpu_us_per_req")
@@ -357,21 +316,10 @@ def one_round(ctx, run, oha: str, case: str, proto: str, *, connections: int, st
     return res
 
 
-def rotation(labels: list[str], i: int) -> list[str]:
-    """Round i's order: the first contender rotates, so none always runs first (or last)."""
-    k = i % len(labels) if labels else 0
-    return labels[k:] + labels[:k]
-
-
 def run(ctx, args, requested: list[str]) -> int:
     rounds_n = max(1, args.rounds)
     streams = max(1, getattr(args, "streams", 1) or 1)
-    wanted = [p for p in requested if p in H3_PEERS]
-    for p in requested:
-        if p not in H3_PEERS:
-            warn(f"--h3 compares {', '.join(H3_PEERS)} only: {p} ignored")
-    if "veloxy" not in wanted:
-        raise SetupError("--h3 needs veloxy among the proxies")
+    wanted = modes.choose(requested, H3_PEERS, "--h3")
     allow = not args.no_install
     # Caddy as in the other modes: the cached `go install ...@latest` build (made now if
     # missing and installs are allowed), else Debian's (whose HTTP/3 may not work with oha's).
@@ -389,11 +337,8 @@ def run(ctx, args, requested: list[str]) -> int:
     oha = oha_tool.path
     if not shutil.which("openssl"):
         raise SetupError("openssl is required for --h3 (the certificate)")
-    ctx.workers = 1
-    ctx.proxy_cpus = ctx.proxy_cpus[:1]  # every proxy on the same single core
+    modes.one_core(ctx, wanted)
     ctx.n_upstreams = 1
-    for name in wanted:
-        ctx.peer_status[name] = {"status": "ok", "reason": ""}
     if "caddy" in wanted and "caddy" not in ctx.tools:
         ctx.peer_status["caddy"] = {"status": "skipped", "reason": ctx.tool_info["caddy"].reason}
         warn(f"caddy skipped: {ctx.tool_info['caddy'].reason}")
@@ -414,85 +359,39 @@ def run(ctx, args, requested: list[str]) -> int:
     ctx.results["h3_env"] = {"udp_buffers": udp_buffers(), "body_bytes": len(BODY),
                              "oha": oha, "streams": streams}
 
+    def check(r: peers.Running) -> str | None:
+        bad = verify(ctx, r, oha)
+        if not bad:
+            ctx.peer_status[r.name]["reason"] = (f"h3 (UDP, {r.udp_sockets} socket(s)) and h2 "
+                                                 "(ALPN) checked: 200s on every case")
+            say(f"{r.name}: HTTP/3 and HTTP/2 answer on 127.0.0.1:{r.port} "
+                f"({r.udp_sockets} UDP socket(s))")
+        return bad
+
     running: dict[str, peers.Running] = {}
     results: dict[str, dict[str, list]] = {c: {} for c in CASES}
     ctx.results["h3"] = results
     try:
-        for name in wanted:
-            if ctx.peer_status[name]["status"] != "ok":
-                continue
-            try:
-                r = start_proxy(ctx, name, up_addr, cert)
-            except StartError as e:
-                if name == "veloxy":
-                    raise SetupError(f"veloxy failed to start: {e}") from e
-                warn(f"{name} failed to start: {e}")
-                ctx.peer_status[name] = {"status": "start failed", "reason": str(e)[-400:]}
-                continue
-            report.save_config(ctx, r, variant="h3")
-            bad = verify(ctx, r, oha)
-            if bad:
-                peers.stop(r)
-                if name == "veloxy":
-                    raise SetupError(f"veloxy does not answer as claimed: {bad}")
-                warn(f"{name} does not answer as claimed: {bad}")
-                ctx.peer_status[name] = {"status": "protocol check failed", "reason": bad}
-                continue
-            ctx.peer_status[name]["reason"] = (f"h3 (UDP, {r.udp_sockets} socket(s)) and h2 "
-                                               "(ALPN) checked: 200s on every case")
-            say(f"{name}: HTTP/3 and HTTP/2 answer on 127.0.0.1:{r.port} "
-                f"({r.udp_sockets} UDP socket(s))")
-            running[name] = r
-        labels = [f"{n}-{p}" for n in wanted if n in running for p in PROTOS]
-        for c in CASES:
-            results[c] = {lb: [] for lb in labels}
-        # + oha's shutdown (up to 1.5 s after its deadline: see oha_run) after each oha run
-        per_run = (whole(args.warmup) + 1.5 if args.warmup > 0 else 0) + whole(args.duration) + 2
-        total = per_run * len(labels) * len(CASES) * rounds_n
-        say(f"{rounds_n} round(s) x {len(CASES)} cases x {labels}, {args.connections} connections "
-            f"x {streams} stream(s), {args.duration:g}s + {args.warmup:g}s warm-up each: "
-            f"~{fmt_s(total)}")
-        if rounds_n < 3:
-            warn(f"{rounds_n} round(s): a smoke check, not a measurement (use --rounds 3 or more)")
-        left = total
-        for i in range(rounds_n):
-            for case in CASES:
-                for label in rotation(labels, i):
-                    name, proto = label.rsplit("-", 1)
-                    if name not in running:
-                        continue
-                    say(f"[~{fmt_s(left)} left] round {i + 1}/{rounds_n}: {case}: {label}")
-                    try:
-                        r = one_round(ctx, running[name], oha, case, proto,
-                                      connections=args.connections, streams=streams,
-                                      duration=args.duration, warmup=args.warmup)
-                    except LoadError as e:
-                        r = {"error": str(e), "case": case, "protocol": proto}
-                    r["round"] = i + 1
-                    results[case][label].append(r)
-                    say("    " + one_line(r))
-                    left -= per_run
-                    if up_proc.poll() is not None:
-                        raise SetupError(f"the upstream exited during round {i + 1}: "
-                                         f"{procs.tail(ctx.tmp / 'upstream-u1.log')}")
-                    if not running[name].alive():
-                        msg = (f"exited (code {running[name].proc.returncode}) during round "
-                               f"{i + 1} / {case} / {proto}: {procs.tail(running[name].log, 4)}")
-                        warn(f"{name} {msg}")
-                        ctx.peer_status[name] = {"status": "crashed", "reason": msg}
-                        peers.stop(running.pop(name))
-            report.write_results(ctx)
+        modes.start_checked(ctx, wanted, running, lambda name: start_proxy(ctx, name, up_addr, cert),
+                            check, variant="h3", failing="does not answer as claimed",
+                            status="protocol check failed")
+        modes.alternate(
+            ctx, results, running,
+            {f"{n}-{p}": (n, {"protocol": p}) for n in wanted if n in running for p in PROTOS},
+            rounds_n=rounds_n,
+            # + oha's shutdown (up to 1.5 s after its deadline: see oha_run) after each oha run
+            per_run=(whole(args.warmup) + 1.5 if args.warmup > 0 else 0) + whole(args.duration) + 2,
+            plan=(f"{args.connections} connections x {streams} stream(s), {args.duration:g}s + "
+                  f"{args.warmup:g}s warm-up each"),
+            one=lambda run, case, protocol: one_round(
+                ctx, run, oha, case, protocol, connections=args.connections, streams=streams,
+                duration=args.duration, warmup=args.warmup),
+            line=one_line, upstream=("the upstream", up_proc, ctx.tmp / "upstream-u1.log"))
     finally:
         for r in running.values():
             peers.stop(r)
         procs.REGISTRY.stop(up_proc)
-    text = summarize(ctx, args)
-    print("\n" + text, flush=True)
-    made = make_charts(ctx)
-    (ctx.outdir / "report.md").write_text(_md(ctx, args, text, made))
-    report.write_results(ctx)
-    say(f"report: {ctx.outdir / 'report.md'}")
-    return 0
+    return modes.finish(ctx, args, summarize, make_charts, _md)
 
 
 # --- report -------------------------------------------------------------------------------
@@ -507,36 +406,17 @@ def one_line(r: dict) -> str:
             f"{r.get('proxy_cpu_pct', 0):.0f}%, busiest {r.get('bottleneck')}")
 
 
-def _med(rs: list[dict], key: str, sub: str | None = None) -> float | None:
-    vals = []
-    for r in rs:
-        if r.get("error"):
-            continue
-        v = r.get(key)
-        if sub is not None:
-            v = (v or {}).get(sub)
-        if v is not None:
-            vals.append(v)
-    return statistics.median(vals) if vals else None
-
-
 def medians(results: dict) -> dict[str, dict[str, dict]]:
     """case -> contender -> median req/s, CPU us per request, requests per core, p50, p99,
     proxy CPU %, errors (sum), most frequent busiest core, rounds ok."""
-    out: dict[str, dict[str, dict]] = {}
-    for case, per in results.items():
-        out[case] = {}
-        for label, rs in per.items():
-            good = [r for r in rs if not r.get("error")]
-            busiest = collections.Counter(r.get("bottleneck") for r in good if r.get("bottleneck"))
-            out[case][label] = {
-                "rps": _med(rs, "rps"), "cpu_us": _med(rs, "cpu_us_per_req"),
-                "per_core": _med(rs, "req_per_core"), "p50": _med(rs, "latency_ms", "p50"),
-                "p99": _med(rs, "latency_ms", "p99"), "cpu_pct": _med(rs, "proxy_cpu_pct"),
-                "errors": sum(r.get("errors", 0) for r in good),
-                "busiest": busiest.most_common(1)[0][0] if busiest else None,
-                "ok": len(good), "rounds": len(rs)}
-    return out
+    def more(good):
+        med = modes.median_of
+        busiest = collections.Counter(r.get("bottleneck") for r in good if r.get("bottleneck"))
+        return {"per_core": med(good, "req_per_core"), "p50": med(good, "latency_ms", "p50"),
+                "p99": med(good, "latency_ms", "p99"), "cpu_pct": med(good, "proxy_cpu_pct"),
+                "busiest": busiest.most_common(1)[0][0] if busiest else None}
+
+    return modes.medians(results, more)
 
 
 def _get(med: dict, label: str, key: str) -> float | None:
@@ -564,11 +444,7 @@ def summarize(ctx, args) -> str:
              f"oha + the upstream on core(s) {ctx.load_cpus}, {args.connections} connections x "
              f"{streams} concurrent request(s), {rounds_n} alternating round(s) of "
              f"{args.duration:g}s (median)"]
-    if rounds_n < 3:
-        lines.append(f"ONLY {rounds_n} ROUND(S): a smoke check, the numbers are noise")
-    for name, st in ctx.peer_status.items():
-        if st.get("status") != "ok":
-            lines.append(f"{name}: {st['status']}: {st['reason'][:300]}")
+    lines += modes.status_lines(ctx, rounds_n)
     goals = []
     for case, per in results.items():
         lines.append("")
@@ -577,9 +453,7 @@ def summarize(ctx, args) -> str:
                      f"{'proxy%':>7} {'errors':>7}  busiest   per round (req/s / CPU us)")
         for label, rs in per.items():
             m = meds[case][label]
-            per_round = ", ".join("failed" if r.get("error") else
-                                  f"{fmt_rate(r['rps'])}/{r.get('cpu_us_per_req') or 0:.1f}"
-                                  for r in rs)
+            per_round = modes.per_round(rs)
             cpu = "-" if m["cpu_pct"] is None else f"{m['cpu_pct']:.0f}%"
             lines.append(f"{label:10} {fmt_rate(m['rps']):>9} {fmt_us(m['cpu_us']):>9} "
                          f"{fmt_rate(m['per_core']):>11} {fmt_ms(m['p50']):>8} {fmt_ms(m['p99']):>8} "
@@ -602,9 +476,7 @@ def summarize(ctx, args) -> str:
                          f"(goal >= {GOAL_VS_CADDY:.1f}x: {'met' if met else 'NOT met'}); "
                          f"requests/s {raw_s}")
             goals.append(f"{case} vs caddy {v:.2f}x {'met' if met else 'NOT met'}")
-        fails = [f"{lb} round {r['round']}: {r['error'][:160]}" for lb, rs in per.items()
-                 for r in rs if r.get("error")]
-        lines += [f"failed: {f}" for f in fails]
+        lines += modes.failures(per)
     if goals:
         lines.append("")
         lines.append(f"goals (h3/h2 CPU <= {GOAL_H3_H2:.1f}; vs caddy h3 per core >= "
@@ -613,62 +485,40 @@ def summarize(ctx, args) -> str:
 
 
 def make_charts(ctx) -> list[tuple[str, str]]:
-    results = ctx.results.get("h3") or {}
-    if not ch.HAVE or not results:
-        return []
-    meds = medians(results)
-    labels = [lb for lb in ORDER if any(lb in per for per in results.values())]
-    made = []
-
-    def series(key):
-        return {case: [_get(meds[case], lb, key) for lb in labels] for case in results}
-
-    if ch.grouped_bars(ctx.outdir / "h3_rps.png", "HTTP/3 and HTTP/2: requests/s (1 core each)",
-                       "requests/s", labels, series("rps")):
-        made.append(("Requests/s per contender (h3)", "h3_rps.png"))
-    if ch.grouped_bars(ctx.outdir / "h3_cpu_per_req.png", "HTTP/3 and HTTP/2: proxy CPU per request",
-                       "microseconds of CPU", labels, series("cpu_us"), fmt=lambda v: f"{v:.1f}"):
-        made.append(("Proxy CPU per request (h3)", "h3_cpu_per_req.png"))
-    if ch.grouped_bars(ctx.outdir / "h3_per_core.png",
-                       "Requests per core (1 s / CPU per request)", "requests/s per core",
-                       labels, series("per_core")):
-        made.append(("Requests per core (h3)", "h3_per_core.png"))
-    return made
+    return modes.bar_charts(ctx, "h3", medians, ORDER, [
+        ("h3_rps.png", "HTTP/3 and HTTP/2: requests/s (1 core each)", "requests/s", "rps",
+         "Requests/s per contender (h3)", None),
+        ("h3_cpu_per_req.png", "HTTP/3 and HTTP/2: proxy CPU per request", "microseconds of CPU",
+         "cpu_us", "Proxy CPU per request (h3)", lambda v: f"{v:.1f}"),
+        ("h3_per_core.png", "Requests per core (1 s / CPU per request)", "requests/s per core",
+         "per_core", "Requests per core (h3)", None),
+    ])
 
 
 def _md(ctx, args, text: str, made: list[tuple[str, str]]) -> str:
-    m = report.meta(ctx)
-    mach = m["machine"]
-    vers = "\n".join(f"- {k}: {v}" for k, v in ctx.versions.items())
-    peers_md = "\n".join(f"| {n} | {st['status']} | {st.get('reason') or '-'} | "
-                         f"{SETTINGS_NOTES.get(n, '-')} |" for n, st in ctx.peer_status.items())
-    charts_md = "".join(f"![{t}]({f})\n\n" for t, f in made)
     env = ctx.results.get("h3_env") or {}
     bufs = ", ".join(f"{k} {v}" for k, v in (env.get("udp_buffers") or {}).items())
-    return (f"# HTTP/3: {m['name']}\n\n"
-            f"Machine: {mach['cpu']}, {mach['cores']} cores, Linux {mach['kernel']}. "
-            f"Command: `bench/run {' '.join(ctx.argv)}`\n\n"
-            "veloxy and Caddy, 1 worker each (`workers = 1`, `GOMAXPROCS=1`) on the same proxy "
-            "core, each with one TLS listener (the same self-signed ECDSA P-256 certificate, "
-            "`tls-cert.pem`) serving HTTP/2 and HTTP/3 (UDP, same port number). oha (built with "
-            "`--features http3`) is the client for both protocols: closed loop, `-c` connections "
-            "with `-p` concurrent requests each, `--http-version 3` (QUIC only, no fallback) or "
-            f"`--http2`, `--insecure`, `--disable-compression`. Cases: `GET {FIXED_PATH}` (a "
-            f"{len(BODY)}-byte body answered by the proxy: the protocol's cost) and `GET /` "
-            "proxied to one veloxy-upstream (~100-byte JSON, HTTP/1.1 keep-alive) on the load "
-            "core. Before measuring, each proxy answered 200s over h3 and h2 on both paths, "
-            "selected h2 by ALPN and owned a UDP socket on its port.\n\n"
-            "CPU per request = the proxy process tree's utime+stime over the measured run / "
-            "requests; requests per core = 1 s / CPU per request (what one fully busy core "
-            "serves at that cost; equal to requests/s when the proxy's core is the bottleneck). "
-            "Where the busiest core is the load core (oha's QUIC client is expensive), the "
-            "proxies run below 100% of their core and requests/s measure the client; compare "
-            "CPU per request and requests per core there. Goals: veloxy HTTP/3 CPU per request "
-            f"/ veloxy HTTP/2 CPU per request <= {GOAL_H3_H2:.1f}; veloxy HTTP/3 requests per core "
-            f">= {GOAL_VS_CADDY:.1f}x Caddy's HTTP/3.\n\n"
-            f"```\n{text}\n```\n\n{charts_md}"
-            "## Proxies\n\n| Proxy | Status | Note | Settings |\n|---|---|---|---|\n"
-            f"{peers_md}\n\nConfigs: `configs/` (rendered from `bench/peers/veloxy-h3.toml.tmpl` and "
-            f"`bench/peers/Caddyfile-h3.tmpl`). Kernel socket buffer limits (net.core, bytes; "
-            f"left as they are, the same for both): {bufs or '?'}.\n\n## Versions\n\n"
-            f"{vers}\n")
+    return modes.md(
+        ctx, "HTTP/3",
+        "veloxy and Caddy, 1 worker each (`workers = 1`, `GOMAXPROCS=1`) on the same proxy "
+        "core, each with one TLS listener (the same self-signed ECDSA P-256 certificate, "
+        "`tls-cert.pem`) serving HTTP/2 and HTTP/3 (UDP, same port number). oha (built with "
+        "`--features http3`) is the client for both protocols: closed loop, `-c` connections "
+        "with `-p` concurrent requests each, `--http-version 3` (QUIC only, no fallback) or "
+        f"`--http2`, `--insecure`, `--disable-compression`. Cases: `GET {FIXED_PATH}` (a "
+        f"{len(BODY)}-byte body answered by the proxy: the protocol's cost) and `GET /` "
+        "proxied to one veloxy-upstream (~100-byte JSON, HTTP/1.1 keep-alive) on the load "
+        "core. Before measuring, each proxy answered 200s over h3 and h2 on both paths, "
+        "selected h2 by ALPN and owned a UDP socket on its port.\n\n"
+        "CPU per request = the proxy process tree's utime+stime over the measured run / "
+        "requests; requests per core = 1 s / CPU per request (what one fully busy core "
+        "serves at that cost; equal to requests/s when the proxy's core is the bottleneck). "
+        "Where the busiest core is the load core (oha's QUIC client is expensive), the "
+        "proxies run below 100% of their core and requests/s measure the client; compare "
+        "CPU per request and requests per core there. Goals: veloxy HTTP/3 CPU per request "
+        f"/ veloxy HTTP/2 CPU per request <= {GOAL_H3_H2:.1f}; veloxy HTTP/3 requests per core "
+        f">= {GOAL_VS_CADDY:.1f}x Caddy's HTTP/3.",
+        text, made, SETTINGS_NOTES,
+        "Configs: `configs/` (rendered from `bench/peers/veloxy-h3.toml.tmpl` and "
+        "`bench/peers/Caddyfile-h3.tmpl`). Kernel socket buffer limits (net.core, bytes; "
+        f"left as they are, the same for both): {bufs or '?'}.")

@@ -17,16 +17,24 @@ def core_roles(ctx) -> dict[int, str]:
     return roles
 
 
-def measured(ctx, run, load: Callable[[], dict]) -> dict:
-    """Run `load()` while sampling CPU of the proxy tree, the upstreams and each core."""
+def measured(ctx, run, load: Callable[..., dict], *, window: bool = False) -> dict:
+    """Run `load()` while sampling CPU of the proxy tree, the upstreams and each core. With
+    `window`, `load(stop)` is given a callback that ends the sampling early: the end of the
+    measured time when the load generator takes longer to finish (see h3.oha_run)."""
     groups = {"proxy": run.pids, "upstreams": ctx.upstreams.pids}
     if run.name == "direct":
         groups = {"proxy": run.pids, "upstreams": lambda: []}
     s = Sampler(groups).start()
+    stats: dict = {}
+
+    def stop():
+        if not stats:
+            stats.update(s.stop())
+
     try:
-        res = load()
+        res = load(stop) if window else load()
     finally:
-        stats = s.stop()
+        stop()
     res.update(stats)
     done = res.get("requests") or 0
     res["cpu_us_per_req"] = (stats["proxy_cpu_s"] * 1e6 / done) if done else None

@@ -27,19 +27,17 @@ import random
 import re
 import socket
 import ssl
-import statistics
 import subprocess
 import time
 from pathlib import Path
 
-from . import charts as ch
-from . import loadgen, measure, peers, procs, report, runner
+from . import loadgen, measure, modes, peers, procs, report, runner
 from .install import Installer
-from .loadgen import WRK_LUA, LoadError
+from .loadgen import WRK_LUA
 from .measure import fmt_rate, fmt_us
 from .procs import StartError
 from .runner import SetupError
-from .ui import fmt_s, say, warn
+from .ui import say, warn
 
 TCP_PEERS = ["veloxy", "haproxy", "nginx"]
 SNI = "bench.test"
@@ -267,59 +265,35 @@ def wait_sni(tls_port: int, proc, timeout: float) -> None:
 
 def start_upstream(ctx, root: Path, certs: dict) -> tuple[peers.Running, dict[str, str]]:
     """nginx serving `root` over HTTP and HTTPS, pinned with the load generator."""
-    ctx.seq += 1
-    wd = ctx.tmp / f"upstream-nginx-{ctx.seq}"
-    wd.mkdir(parents=True)
+    wd = modes.workdir(ctx, "upstream-nginx")
     port, tls_port = _two_ports()
     conf = peers.render_file("nginx-files.conf.tmpl", wd / "nginx.conf", {
         "WORKERS": len(ctx.load_cpus), "WORKDIR": wd, "NOFILE": ctx.nofile,
         "MAXCONN": peers._maxconn(ctx), "PORT": port, "TLS_PORT": tls_port, "ROOT": root,
         "SNI": SNI, "CERT": certs["upstream"]["cert"], "KEY": certs["upstream"]["key"]})
-    cmd = command(ctx, "nginx", conf)
-    (wd / "command.txt").write_text(" ".join(cmd) + "\n")
-    log = wd / "output.log"
-    p = procs.REGISTRY.spawn(cmd, cpus=ctx.load_cpus, log=log, cwd=str(wd))
-    run = peers.Running("upstream-nginx", port, p, wd, log)
-    try:
-        procs.wait_port(port, p, 10)
-        procs.wait_port(tls_port, p, 10)
-        procs.wait_http_ok(f"http://127.0.0.1:{port}/", p, 10)
-        wait_sni(tls_port, p, 10)
-    except StartError as e:
-        procs.REGISTRY.stop(p)
-        raise StartError(f"{e}\n--- {wd / 'error.log'} ---\n{procs.tail(wd / 'error.log')}") from e
+    run = modes.spawn(ctx, "upstream-nginx", command(ctx, "nginx", conf), wd, port, ctx.load_cpus,
+                      lambda r: wait_both(r, tls_port, 10), errlog=wd / "error.log")
     return run, {"plain": f"127.0.0.1:{port}", "tls": f"127.0.0.1:{tls_port}"}
 
 
 def start_proxy(ctx, name: str, up: dict, certs: dict, load_module: str = "") -> peers.Running:
-    ctx.seq += 1
-    wd = ctx.tmp / f"{name}-tcp-{ctx.seq}"
-    wd.mkdir(parents=True)
+    wd = modes.workdir(ctx, f"{name}-tcp")
     port, tls_port = _two_ports()
     cmd, conf = render(ctx, name, wd, port, tls_port, up, certs, load_module)
-    (wd / "command.txt").write_text(" ".join(cmd) + "\n")
     if name == "veloxy":  # a crisp error for a veloxy build without [[streams]]
-        r = subprocess.run([ctx.tools["veloxy"], "check", "--config", str(conf)],
-                           capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            raise StartError("`veloxy check` refuses the L4 config (a build without "
-                             "[[streams]]? rebuild, or set VELOXY_BIN): "
-                             + (r.stdout + r.stderr).strip()[-400:])
-    log = wd / "output.log"
-    t0 = time.monotonic()
-    p = procs.REGISTRY.spawn(cmd, cpus=ctx.proxy_cpus, log=log, cwd=str(wd))
-    run = peers.Running(name, port, p, wd, log)
+        modes.veloxy_check(ctx, conf, "the L4 config", "[[streams]]")
+    run = modes.spawn(ctx, name, cmd, wd, port, ctx.proxy_cpus,
+                      lambda r: wait_both(r, tls_port, 15))
     run.tls_port = tls_port
-    try:
-        procs.wait_port(port, p, 15)
-        procs.wait_port(tls_port, p, 15)
-        procs.wait_http_ok(f"http://127.0.0.1:{port}/", p, 15)
-        wait_sni(tls_port, p, 15)
-    except StartError as e:
-        procs.REGISTRY.stop(p)
-        raise StartError(f"{e}\n--- {log} ---\n{procs.tail(log)}") from e
-    run.started_s = time.monotonic() - t0
     return run
+
+
+def wait_both(run: peers.Running, tls_port: int, timeout: float) -> None:
+    """Wait until `run` answers on its plain port (HTTP) and on `tls_port` (SNI)."""
+    procs.wait_port(run.port, run.proc, timeout)
+    procs.wait_port(tls_port, run.proc, timeout)
+    procs.wait_http_ok(f"http://127.0.0.1:{run.port}/", run.proc, timeout)
+    wait_sni(tls_port, run.proc, timeout)
 
 
 # --- measurement --------------------------------------------------------------------------
@@ -358,20 +332,9 @@ def one_round(ctx, run, case: str, *, connections: int, duration: float, warmup:
     return res
 
 
-def rotation(labels: list[str], i: int) -> list[str]:
-    """Round i's order: the first proxy rotates, so none always runs first (or last)."""
-    k = i % len(labels) if labels else 0
-    return labels[k:] + labels[:k]
-
-
 def run(ctx, args, requested: list[str]) -> int:
     rounds_n = max(1, args.rounds)
-    wanted = [p for p in requested if p in TCP_PEERS]
-    for p in requested:
-        if p not in TCP_PEERS:
-            warn(f"--tcp compares {', '.join(TCP_PEERS)} only: {p} ignored")
-    if "veloxy" not in wanted:
-        raise SetupError("--tcp needs veloxy among the proxies")
+    wanted = modes.choose(requested, TCP_PEERS, "--tcp")
     allow = not args.no_install
     runner.install_tools(ctx, ["wrk", "nginx", "haproxy"], allow=allow, builds=False,
                          build_ws=not args.no_build)
@@ -379,10 +342,7 @@ def run(ctx, args, requested: list[str]) -> int:
         if t not in ctx.tools:
             raise SetupError(f"{t} is required for --tcp (nginx is also the upstream): "
                              f"{ctx.tool_info[t].reason}")
-    ctx.workers = 1
-    ctx.proxy_cpus = ctx.proxy_cpus[:1]  # every proxy on the same single core
-    for name in wanted:
-        ctx.peer_status[name] = {"status": "ok", "reason": ""}
+    modes.one_core(ctx, wanted)
     if "haproxy" in wanted and "haproxy" not in ctx.tools:
         ctx.peer_status["haproxy"] = {"status": "skipped", "reason": ctx.tool_info["haproxy"].reason}
     load_module = ""
@@ -415,74 +375,27 @@ def run(ctx, args, requested: list[str]) -> int:
     results: dict[str, dict[str, list]] = {c: {} for c in CASES}
     ctx.results["tcp"] = results
     try:
-        for name in wanted:
-            if ctx.peer_status[name]["status"] != "ok":
-                continue
-            try:
-                r = start_proxy(ctx, name, up, certs, load_module if name == "nginx" else "")
-            except StartError as e:
-                if name == "veloxy":
-                    raise SetupError(f"veloxy failed to start: {e}") from e
-                warn(f"{name} failed to start: {e}")
-                ctx.peer_status[name] = {"status": "start failed", "reason": str(e)[-400:]}
-                continue
-            report.save_config(ctx, r, variant="tcp")
-            bad = verify(r.port, r.tls_port, sums, certs["upstream"]["cert"])
-            if bad:
-                peers.stop(r)
-                if name == "veloxy":
-                    raise SetupError(f"veloxy does not relay the files intact: {bad}")
-                warn(f"{name} does not relay the files intact: {bad}")
-                ctx.peer_status[name] = {"status": "wrong bytes", "reason": bad}
-                continue
-            running[name] = r
-        labels = [n for n in wanted if n in running]
-        for c in CASES:
-            results[c] = {n: [] for n in labels}
-        per_run = args.warmup + max(1, args.duration) + 0.5
-        total = per_run * len(labels) * len(CASES) * rounds_n
-        say(f"{rounds_n} round(s) x {len(CASES)} cases x {labels}, {args.connections} connections, "
-            f"{args.duration:g}s + {args.warmup:g}s warm-up each: ~{fmt_s(total)}")
-        if rounds_n < 3:
-            warn(f"{rounds_n} round(s): a smoke check, not a measurement (use --rounds 3 or more)")
-        left = total
+        modes.start_checked(
+            ctx, wanted, running,
+            lambda name: start_proxy(ctx, name, up, certs, load_module if name == "nginx" else ""),
+            lambda r: verify(r.port, r.tls_port, sums, certs["upstream"]["cert"]),
+            variant="tcp", failing="does not relay the files intact", status="wrong bytes")
         script = sni_script(ctx.tmp)
-        for i in range(rounds_n):
-            for case in CASES:
-                for name in rotation(labels, i):
-                    if name not in running:
-                        continue
-                    say(f"[~{fmt_s(left)} left] round {i + 1}/{rounds_n}: {case}: {name}")
-                    try:
-                        r = one_round(ctx, running[name], case, connections=args.connections,
-                                      duration=args.duration, warmup=args.warmup, script=script)
-                    except LoadError as e:
-                        r = {"error": str(e), "case": case}
-                    r["round"] = i + 1
-                    results[case][name].append(r)
-                    say("    " + one_line(r, CASES[case][2]))
-                    left -= per_run
-                    if upstream.proc.poll() is not None:
-                        raise SetupError(f"the upstream nginx exited during round {i + 1}: "
-                                         f"{procs.tail(upstream.workdir / 'error.log')}")
-                    if not running[name].alive():
-                        msg = (f"exited (code {running[name].proc.returncode}) during round "
-                               f"{i + 1} / {case}: {procs.tail(running[name].log, 4)}")
-                        warn(f"{name} {msg}")
-                        ctx.peer_status[name] = {"status": "crashed", "reason": msg}
-                        peers.stop(running.pop(name))
-            report.write_results(ctx)
+        modes.alternate(
+            ctx, results, running, {n: (n, {}) for n in wanted if n in running},
+            rounds_n=rounds_n, per_run=args.warmup + max(1, args.duration) + 0.5,
+            plan=(f"{args.connections} connections, {args.duration:g}s + {args.warmup:g}s "
+                  "warm-up each"),
+            one=lambda run, case: one_round(ctx, run, case, connections=args.connections,
+                                            duration=args.duration, warmup=args.warmup,
+                                            script=script),
+            line=lambda r: one_line(r, CASES[r["case"]][2]),
+            upstream=("the upstream nginx", upstream.proc, upstream.workdir / "error.log"))
     finally:
         for r in running.values():
             peers.stop(r)
         peers.stop(upstream)
-    text = summarize(ctx, args)
-    print("\n" + text, flush=True)
-    made = make_charts(ctx)
-    (ctx.outdir / "report.md").write_text(_md(ctx, args, text, made))
-    report.write_results(ctx)
-    say(f"report: {ctx.outdir / 'report.md'}")
-    return 0
+    return modes.finish(ctx, args, summarize, make_charts, _md)
 
 
 # --- report -------------------------------------------------------------------------------
@@ -496,23 +409,13 @@ def one_line(r: dict, unit: str) -> str:
             f"busiest {r.get('bottleneck')}")
 
 
-def _med(rs: list[dict], key: str) -> float | None:
-    vals = [r.get(key) for r in rs if not r.get("error") and r.get(key) is not None]
-    return statistics.median(vals) if vals else None
-
-
 def medians(results: dict) -> dict[str, dict[str, dict]]:
     """case -> proxy -> median rps, MiB/s, CPU us per request, errors (sum), rounds ok."""
-    out: dict[str, dict[str, dict]] = {}
-    for case, per in results.items():
-        out[case] = {}
-        for name, rs in per.items():
-            bps = _med(rs, "transfer_bps")
-            out[case][name] = {"rps": _med(rs, "rps"), "mibs": bps / MIB if bps is not None else None,
-                               "cpu_us": _med(rs, "cpu_us_per_req"),
-                               "errors": sum(r.get("errors", 0) for r in rs if not r.get("error")),
-                               "ok": sum(1 for r in rs if not r.get("error")), "rounds": len(rs)}
-    return out
+    def mibs(good):
+        bps = modes.median_of(good, "transfer_bps")
+        return {"mibs": bps / MIB if bps is not None else None}
+
+    return modes.medians(results, mibs)
 
 
 def cpu_ratio(med: dict[str, dict], other: str) -> float | None:
@@ -529,11 +432,7 @@ def summarize(ctx, args) -> str:
              f"nginx on core(s) {ctx.load_cpus}, {args.connections} connections, {rounds_n} "
              f"alternating round(s) of {args.duration:g}s (median), Connection: close "
              "(one TCP connection per request)"]
-    if rounds_n < 3:
-        lines.append(f"ONLY {rounds_n} ROUND(S): a smoke check, the numbers are noise")
-    for name, st in ctx.peer_status.items():
-        if st.get("status") != "ok":
-            lines.append(f"{name}: {st['status']}: {st['reason'][:300]}")
+    lines += modes.status_lines(ctx, rounds_n)
     goals = []
     for case, per in results.items():
         unit = CASES[case][2]
@@ -543,9 +442,7 @@ def summarize(ctx, args) -> str:
                      "per round (rate, CPU us)")
         for name, rs in per.items():
             m = meds[case][name]
-            per_round = ", ".join("failed" if r.get("error") else
-                                  f"{fmt_rate(r['rps'])}/{r.get('cpu_us_per_req') or 0:.1f}"
-                                  for r in rs)
+            per_round = modes.per_round(rs)
             mibs = "-" if m["mibs"] is None else f"{m['mibs']:.0f}"
             lines.append(f"{name:10} {fmt_rate(m['rps']):>14} {mibs:>8} {fmt_us(m['cpu_us']):>15} "
                          f"{m['errors']:>7}   {per_round}")
@@ -559,9 +456,7 @@ def summarize(ctx, args) -> str:
                 goal = f" (goal >= {GOAL:.1f}: {'met' if met else 'NOT met'})"
                 goals.append(f"{case}: {r:.2f} {'met' if met else 'NOT met'}")
             lines.append(f"{other} CPU/{unit} / veloxy CPU/{unit} = {r:.2f}{goal}")
-        fails = [f"{n} round {r['round']}: {r['error'][:160]}" for n, rs in per.items()
-                 for r in rs if r.get("error")]
-        lines += [f"failed: {f}" for f in fails]
+        lines += modes.failures(per)
     if goals:
         lines.append("")
         lines.append("goal, haproxy CPU / veloxy CPU >= 1.0: " + "; ".join(goals))
@@ -569,50 +464,30 @@ def summarize(ctx, args) -> str:
 
 
 def make_charts(ctx) -> list[tuple[str, str]]:
-    results = ctx.results.get("tcp") or {}
-    if not ch.HAVE or not results:
-        return []
-    meds = medians(results)
-    names = [n for n in TCP_PEERS if any(n in per for per in results.values())]
     labels = {"plain-1m": "plain 1 MiB", "plain-conn": "plain conn", "sni-1m": "SNI 1 MiB",
               "sni-conn": "SNI conn"}
-    made = []
-
-    def series(key):
-        return {labels[c]: [(meds[c].get(n) or {}).get(key) for n in names] for c in results}
-
-    if ch.grouped_bars(ctx.outdir / "tcp_rate.png", "TCP: transfers (1 MiB) or connections per second",
-                       "per second", names, series("rps")):
-        made.append(("Transfers/s (1 MiB) and connections/s per proxy (tcp)", "tcp_rate.png"))
-    if ch.grouped_bars(ctx.outdir / "tcp_cpu.png", "TCP: proxy CPU time per transfer / connection",
-                       "microseconds of CPU", names, series("cpu_us"), fmt=lambda v: f"{v:.0f}"):
-        made.append(("Proxy CPU per transfer / connection (tcp)", "tcp_cpu.png"))
-    return made
+    return modes.bar_charts(ctx, "tcp", medians, TCP_PEERS, [
+        ("tcp_rate.png", "TCP: transfers (1 MiB) or connections per second", "per second", "rps",
+         "Transfers/s (1 MiB) and connections/s per proxy (tcp)", None),
+        ("tcp_cpu.png", "TCP: proxy CPU time per transfer / connection", "microseconds of CPU",
+         "cpu_us", "Proxy CPU per transfer / connection (tcp)", lambda v: f"{v:.0f}"),
+    ], labels.get)
 
 
 def _md(ctx, args, text: str, made: list[tuple[str, str]]) -> str:
-    m = report.meta(ctx)
-    mach = m["machine"]
-    vers = "\n".join(f"- {k}: {v}" for k, v in ctx.versions.items())
-    peers_md = "\n".join(f"| {n} | {st['status']} | {st.get('reason') or '-'} | "
-                         f"{SETTINGS_NOTES.get(n, '-')} |" for n, st in ctx.peer_status.items())
-    charts_md = "".join(f"![{t}]({f})\n\n" for t, f in made)
     sizes = ", ".join(f"`/{k}` {v:,} bytes" for k, v in FILES.items())
-    return (f"# TCP (L4) proxying: {m['name']}\n\n"
-            f"Machine: {mach['cpu']}, {mach['cores']} cores, Linux {mach['kernel']}. "
-            f"Command: `bench/run {' '.join(ctx.argv)}`\n\n"
-            "Every request is `GET` with `Connection: close` (wrk), so each one is a new TCP "
-            "connection through the proxy to the upstream nginx (files: " + sizes + "); for SNI "
-            f"a TLS connection with SNI `{SNI}` that the proxy relays untouched to the upstream's "
-            "HTTPS port (the upstream terminates TLS). CPU per transfer/connection = the proxy "
-            "process tree's utime+stime over the measured run / requests completed. Goal: "
-            f"haproxy CPU / veloxy CPU >= {GOAL:.1f}.\n\n"
-            "Where the busiest core is the load core (the SNI cases on a small machine: wrk and "
-            "the upstream do the TLS handshakes and encryption there), the proxies run below "
-            "100% of their core and the rates say more about the load core than the proxies; "
-            "compare CPU per transfer/connection there, at similar rates.\n\n"
-            f"```\n{text}\n```\n\n{charts_md}"
-            "## Proxies\n\n| Proxy | Status | Note | Settings |\n|---|---|---|---|\n"
-            f"{peers_md}\n\nConfigs: `configs/` (rendered from `bench/peers/*-tcp.*.tmpl`; the "
-            "upstream from `bench/peers/nginx-files.conf.tmpl`).\n\n## Versions\n\n"
-            f"{vers}\n")
+    return modes.md(
+        ctx, "TCP (L4) proxying",
+        "Every request is `GET` with `Connection: close` (wrk), so each one is a new TCP "
+        "connection through the proxy to the upstream nginx (files: " + sizes + "); for SNI "
+        f"a TLS connection with SNI `{SNI}` that the proxy relays untouched to the upstream's "
+        "HTTPS port (the upstream terminates TLS). CPU per transfer/connection = the proxy "
+        "process tree's utime+stime over the measured run / requests completed. Goal: "
+        f"haproxy CPU / veloxy CPU >= {GOAL:.1f}.\n\n"
+        "Where the busiest core is the load core (the SNI cases on a small machine: wrk and "
+        "the upstream do the TLS handshakes and encryption there), the proxies run below "
+        "100% of their core and the rates say more about the load core than the proxies; "
+        "compare CPU per transfer/connection there, at similar rates.",
+        text, made, SETTINGS_NOTES,
+        "Configs: `configs/` (rendered from `bench/peers/*-tcp.*.tmpl`; the upstream from "
+        "`bench/peers/nginx-files.conf.tmpl`).")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 BENCH = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BENCH))
 
-from harness import peers, tcp  # noqa: E402
+from harness import modes, peers, tcp  # noqa: E402
 
 UP = {"plain": "127.0.0.1:9101", "tls": "127.0.0.1:9102"}
 CERTS = {"proxy": {"cert": "/tls/p.pem", "key": "/tls/p.key", "bundle": "/tls/pb.pem"},
@@ -108,9 +108,9 @@ def test_make_files(tmp_path):
 
 def test_rotation():
     labels = ["veloxy", "haproxy", "nginx"]
-    firsts = [tcp.rotation(labels, i)[0] for i in range(3)]
+    firsts = [modes.rotation(labels, i)[0] for i in range(3)]
     assert sorted(firsts) == sorted(labels)
-    assert all(sorted(tcp.rotation(labels, i)) == sorted(labels) for i in range(5))
+    assert all(sorted(modes.rotation(labels, i)) == sorted(labels) for i in range(5))
 
 
 def _r(rps, cpu, err=None, rnd=1):
