@@ -226,6 +226,17 @@ def _med(rs: list[dict], key) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+# The ratios reported when both contenders ran: (numerator, denominator, decimals, note).
+RATIOS = [
+    ("veloxy-rules", "veloxy", 3, "(goal: at most 1.05)"),
+    ("nginx-rules", "nginx", 3, "(nginx's own price for the same rules)"),
+    ("nginx-rules", "veloxy-rules", 2, "(goal: at least 1.1)"),
+    ("veloxy-auth", "veloxy", 3, "(goal: below 1.05)"),
+    ("nginx-auth", "veloxy-auth", 1, ""),
+    ("nginx", "veloxy", 2, "(above 1 = veloxy uses less CPU per request)"),
+]
+
+
 def summarize(ctx, args) -> str:
     rounds = ctx.results["vs-nginx"]
     labels = list(rounds)
@@ -249,27 +260,13 @@ def summarize(ctx, args) -> str:
                         for r in rs)
         lines.append(f"{name:12} {measure.fmt_rate(rps):>10} {measure.fmt_ms(p99):>9} "
                      f"{measure.fmt_us(cpu):>10}   {per}")
-    if med.get("veloxy-rules") and med.get("veloxy"):
-        lines.append(f"veloxy-rules CPU/req / veloxy CPU/req = "
-                     f"{med['veloxy-rules'] / med['veloxy']:.3f} (goal: at most 1.05)")
-    if med.get("nginx-rules") and med.get("nginx"):
-        lines.append(f"nginx-rules CPU/req / nginx CPU/req = "
-                     f"{med['nginx-rules'] / med['nginx']:.3f} (nginx's own price for the same rules)")
-    if med.get("nginx-rules") and med.get("veloxy-rules"):
-        lines.append(f"nginx-rules CPU/req / veloxy-rules CPU/req = "
-                     f"{med['nginx-rules'] / med['veloxy-rules']:.2f} (goal: at least 1.1)")
     if getattr(args, "auth", False):
         lines.insert(1, f"auth scenario: GET {AUTH_PATH} with one valid Authorization; veloxy-auth = "
                         "basic_auth (bcrypt htpasswd, cached credential), nginx-auth = auth_basic")
-    if med.get("veloxy-auth") and med.get("veloxy"):
-        lines.append(f"veloxy-auth CPU/req / veloxy CPU/req = "
-                     f"{med['veloxy-auth'] / med['veloxy']:.3f} (goal: below 1.05)")
-    if med.get("nginx-auth") and med.get("veloxy-auth"):
-        lines.append(f"nginx-auth CPU/req / veloxy-auth CPU/req = "
-                     f"{med['nginx-auth'] / med['veloxy-auth']:.1f}")
-    if med.get("nginx") and med.get("veloxy"):
-        lines.append(f"nginx CPU/req / veloxy CPU/req = {med['nginx'] / med['veloxy']:.2f} "
-                     "(above 1 = veloxy uses less CPU per request)")
+    for num, den, digits, note in RATIOS:
+        if med.get(num) and med.get(den):
+            lines.append(f"{num} CPU/req / {den} CPU/req = {med[num] / med[den]:.{digits}f}"
+                         + (f" {note}" if note else ""))
     st = ctx.results.get("strace")
     if st:
         if "error" in st:

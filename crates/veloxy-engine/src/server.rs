@@ -376,7 +376,8 @@ impl Running {
         crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
         crate::runtime::carry_over(&current, &mut snapshot);
         let snapshot = Arc::new(snapshot);
-        crate::acme::manager::preload(&crate::acme::manager::Plan::of(&snapshot));
+        let plan = crate::acme::manager::Plan::of(&snapshot);
+        crate::acme::manager::preload(&plan);
         self.shared.snapshot.store(snapshot.clone());
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         let _ = self
@@ -384,9 +385,11 @@ impl Running {
             .health_tx
             .send(snapshot.upstreams.clone().into());
         // Only a changed plan wakes the ACME thread (names kept keep their certificates).
-        self.shared
-            .acme_tx
-            .send_if_modified(|plan| crate::acme::manager::Plan::update(plan, &snapshot));
+        self.shared.acme_tx.send_if_modified(|current| {
+            let changed = *current != plan;
+            *current = plan;
+            changed
+        });
 
         let mut states = self
             .shared

@@ -7,8 +7,6 @@
 //! and `::1`. Keys are ECDSA P-256 and written with mode 0600.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -20,13 +18,7 @@ use rcgen::{
 /// Where the local CA lives unless `--tls-dir` says otherwise:
 /// `$XDG_DATA_HOME/veloxy/pki`, else `~/.local/share/veloxy/pki`, else `./.veloxy/pki`.
 pub fn default_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("veloxy/pki");
-    }
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(h).join(".local/share/veloxy/pki");
-    }
-    PathBuf::from(".veloxy/pki")
+    veloxy_engine::acme::data_dir("pki")
 }
 
 /// Paths of a leaf certificate issued by the local CA.
@@ -36,15 +28,9 @@ pub struct Issued {
     pub key: PathBuf,
 }
 
+/// Keys are written like ACME's: mode 0600, atomically.
 fn write_private(path: &Path, data: &str) -> Result<()> {
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("{}: cannot write", path.display()))?;
-    f.write_all(data.as_bytes())
+    veloxy_engine::acme::storage::write_private(path, data.as_bytes())
         .with_context(|| format!("{}: cannot write", path.display()))
 }
 

@@ -49,14 +49,6 @@ impl Plan {
             staple,
         }
     }
-
-    /// Replaces `plan` with `snapshot`'s; true when it changed.
-    pub fn update(plan: &mut Plan, snapshot: &crate::config::Snapshot) -> bool {
-        let new = Plan::of(snapshot);
-        let changed = *plan != new;
-        *plan = new;
-        changed
-    }
 }
 
 /// Installs the stored certificates of `plan`'s names that are still valid, before listeners

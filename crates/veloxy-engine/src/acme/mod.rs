@@ -26,7 +26,7 @@ pub(crate) mod manager;
 pub(crate) mod ocsp;
 mod order;
 pub(crate) mod report;
-pub(crate) mod storage;
+pub mod storage;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -261,19 +261,15 @@ impl CertStore {
     }
 }
 
-/// The default storage folder: `$XDG_DATA_HOME/veloxy/acme`, else
-/// `$HOME/.local/share/veloxy/acme`, else `./veloxy-acme`.
-pub fn default_storage() -> PathBuf {
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".local/share"))
-        });
-    match base {
-        Some(b) => b.join("veloxy").join("acme"),
-        None => PathBuf::from("veloxy-acme"),
+/// veloxy's folder `sub` for data it keeps (ACME storage, the local CA of
+/// `--tls-self-signed`): `$XDG_DATA_HOME/veloxy/SUB`, else `$HOME/.local/share/veloxy/SUB`,
+/// else `./.veloxy/SUB`.
+pub fn data_dir(sub: &str) -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("veloxy").join(sub);
     }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h).join(".local/share/veloxy").join(sub);
+    }
+    PathBuf::from(".veloxy").join(sub)
 }

@@ -204,12 +204,10 @@ fn settings(
     Ok(AcmeSettings {
         email: text(&a.email),
         directory,
-        storage: a
-            .storage
-            .as_ref()
-            .map_or_else(crate::acme::default_storage, |s| {
-                absolute(&src.relative(s.get_ref()))
-            }),
+        storage: a.storage.as_ref().map_or_else(
+            || crate::acme::data_dir("acme"),
+            |s| absolute(&src.relative(s.get_ref())),
+        ),
         ca_file,
         challenge,
         renew_before: dur(&a.renew_before, Duration::from_secs(30 * 86400)),
