@@ -78,8 +78,8 @@ pub(crate) struct Worker {
     /// Accepted connections whose first request head has not arrived yet: shutdown waits for
     /// them too, so a connection accepted just before SIGTERM still gets its answer.
     pub fresh: Cell<usize>,
-    /// Open HTTP/2 connections: shutdown waits for them to finish their GOAWAY, so the last
-    /// frames of a response are written before the worker exits.
+    /// Open HTTP/2 and HTTP/3 connections: shutdown waits for them to finish their GOAWAY, so
+    /// the last frames of a response are written before the worker exits.
     pub h2_connections: Cell<usize>,
     /// This worker's counters (it is their only writer).
     pub metrics: Arc<WorkerMetrics>,

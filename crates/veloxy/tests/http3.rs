@@ -63,6 +63,19 @@ fn get_and_post_through_the_exchange_core_with_sni_and_many_streams() {
             .unwrap();
         assert_eq!((r.status, r.body_str().as_str()), (200, "hello h3"));
         assert_eq!(r.header("x-rule"), Some("on"));
+        assert!(r.header("date").is_some(), "HTTP/3 answers carry Date");
+        // A GET whose FIN came with its headers reaches the HTTP/1.1 upstream with no body
+        // framing at all (not an empty chunked body), as from HTTP/1.1 and HTTP/2 clients.
+        let r = h3_send(&mut c, h3_get("localhost", "/echo"), None)
+            .await
+            .unwrap();
+        let seen = r.body_str().to_ascii_lowercase();
+        assert_eq!(r.status, 200);
+        assert!(seen.starts_with("get /echo http/1.1"), "{seen}");
+        assert!(
+            !seen.contains("transfer-encoding") && !seen.contains("content-length"),
+            "{seen}"
+        );
         // Proxied, with a body each way.
         let body = Bytes::from(vec![7u8; 300_000]);
         let req = http::Request::post("https://localhost/sink")

@@ -138,20 +138,34 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, mut reply: Sta
 }
 
 thread_local! {
-    /// The formatted `Date` of the current second.
-    static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    /// The `Date` of the current second.
+    static DATE: RefCell<(u64, http::HeaderValue)> =
+        const { RefCell::new((u64::MAX, http::HeaderValue::from_static(""))) };
 }
 
-fn push_date(out: &mut Vec<u8>) {
+/// Calls `f` with the `Date` field's value now, formatted once a second per worker.
+fn with_date<R>(f: impl FnOnce(&http::HeaderValue) -> R) -> R {
     let now = SystemTime::now();
     let secs = crate::static_files::conditional::secs(now);
     DATE.with(|d| {
         let mut d = d.borrow_mut();
         if d.0 != secs {
-            *d = (secs, httpdate::fmt_http_date(now));
+            let text = httpdate::fmt_http_date(now);
+            *d = (secs, http::HeaderValue::from_str(&text).expect("an HTTP date is ASCII"));
         }
+        f(&d.1)
+    })
+}
+
+/// The `Date` field's value now.
+pub(crate) fn date_value() -> http::HeaderValue {
+    with_date(Clone::clone)
+}
+
+fn push_date(out: &mut Vec<u8>) {
+    with_date(|date| {
         out.extend_from_slice(b"date: ");
-        out.extend_from_slice(d.1.as_bytes());
+        out.extend_from_slice(date.as_bytes());
         out.extend_from_slice(b"\r\n");
     });
 }

@@ -1,11 +1,9 @@
 //! HTTP/3 clients (`http3 = true` on a TLS listener): QUIC by quinn, HTTP/3 framing by h3.
 //!
-//! Each QUIC connection is served by the HTTP/2 codec ([`super::http2`]) over an in-memory
-//! pipe: the connection's request streams become streams of one HTTP/2 connection to it, so
-//! every request goes through the same exchange core (routes, rules, limits, hooks, retries,
-//! pools, files, compression, access log and metrics, where the protocol is `HTTP/3`) with no
-//! second copy of that code. The price is one HTTP/2 framing pass in memory per request;
-//! QUIC's own encryption and packet work costs far more.
+//! Each request stream goes to the stream handler HTTP/2 uses ([`http2::handle`]), with its
+//! body as a [`RequestBody::H3`]: the same exchange core (routes, rules, limits, hooks,
+//! retries, pools, files, compression, access log and metrics, where the protocol is
+//! `HTTP/3`), written once for both protocols.
 //!
 //! One UDP socket per worker per listener, bound with SO_REUSEPORT on the listener's port:
 //! the kernel hashes the client's address and port, so every packet of a connection reaches
@@ -13,22 +11,21 @@
 //! dropped, and reconnects) and the set of sockets does not change.
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
-use bytes::{Buf, Bytes};
-use http_body::Frame;
+use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper_util::rt::TokioIo;
+use tokio::time::timeout;
 
+use super::http2::request_body::H3Body;
+use super::http2::{self, ConnCtx, RequestBody};
 use crate::config::Http3Spec;
 use crate::runtime::ListenerState;
 use crate::worker::Worker;
 
 type H3Stream = h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
-type H3Recv = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// Accepts QUIC connections on `socket` until the worker stops.
 pub(crate) async fn serve_endpoint(
@@ -49,6 +46,7 @@ pub(crate) async fn serve_endpoint(
             return tracing::error!(listener = %listener.name, error = %e, "HTTP/3: cannot start QUIC")
         }
     };
+    let local = endpoint.local_addr().ok();
     let open = Rc::new(std::cell::Cell::new(0usize));
     let mut spec = spec;
     let mut generation = worker.current().number;
@@ -96,7 +94,7 @@ pub(crate) async fn serve_endpoint(
         open.set(open.get() + 1);
         tokio::task::spawn_local(async move {
             if let Ok(conn) = incoming.await {
-                serve_connection(w, conn, l, stop).await;
+                serve_connection(w, conn, (l, local), stop).await;
             }
             open.set(open.get() - 1);
         });
@@ -109,33 +107,20 @@ pub(crate) async fn serve_endpoint(
 /// Open connections per worker above which new clients get a Retry first.
 const RETRY_ABOVE: usize = 1000;
 
-/// Serves one QUIC connection: each request stream through the HTTP/2 codec.
+/// Serves one QUIC connection: each request stream through the stream handler it shares
+/// with HTTP/2.
 async fn serve_connection(
     worker: Rc<Worker>,
     conn: quinn::Connection,
-    listener: Arc<ListenerState>,
+    (listener, local): (Arc<ListenerState>, Option<SocketAddr>),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let peer: SocketAddr = conn.remote_address();
-    let (client_io, server_io) = tokio::io::duplex(256 * 1024);
-    tokio::task::spawn_local(super::http2::serve(
-        worker.clone(),
-        server_io,
-        (peer, None),
-        listener,
-        (true, 3),
-    ));
-    let handshake = hyper::client::conn::http2::Builder::new(super::http2::LocalExec)
-        .initial_stream_window_size(super::http2::STREAM_WINDOW)
-        .initial_connection_window_size(super::http2::CONNECTION_WINDOW)
-        .handshake::<_, H3Body>(TokioIo::new(client_io))
-        .await;
-    let Ok((sender, driver)) = handshake else {
-        return;
+    let (max_head, body_timeout, send_timeout) = {
+        let s = &worker.current().snapshot.settings;
+        (s.max_header_bytes as u64, s.body_timeout, s.send_timeout)
     };
-    tokio::task::spawn_local(driver);
     // Header sections (QPACK) are limited like HTTP/1 and HTTP/2 heads: h3's default is none.
-    let max_head = worker.current().snapshot.settings.max_header_bytes as u64;
     let built = h3::server::builder()
         .max_field_section_size(max_head)
         .build::<_, Bytes>(h3_quinn::Connection::new(conn))
@@ -144,6 +129,13 @@ async fn serve_connection(
         Ok(h3) => h3,
         Err(e) => return tracing::debug!(client = %peer, error = %e, "HTTP/3 setup failed"),
     };
+    let ctx = Rc::new(ConnCtx::new(
+        worker,
+        (peer, local),
+        listener,
+        (true, 3),
+        body_timeout,
+    ));
     let mut stopping = false;
     loop {
         let accepted = tokio::select! {
@@ -157,10 +149,10 @@ async fn serve_connection(
         };
         match accepted {
             Ok(Some(resolver)) => {
-                let sender = sender.clone();
+                let ctx = ctx.clone();
                 tokio::task::spawn_local(async move {
                     if let Ok((req, stream)) = resolver.resolve_request().await {
-                        relay(sender, req, stream).await;
+                        exchange(ctx, req, stream, send_timeout).await;
                     }
                 });
             }
@@ -173,89 +165,47 @@ async fn serve_connection(
     }
 }
 
-/// One request: to the codec, and its answer back to the client.
-async fn relay(
-    mut sender: hyper::client::conn::http2::SendRequest<H3Body>,
+/// One request stream: through the exchange, and its answer back to the client. Each write
+/// waits at most `send_timeout` for the client's flow-control window, as on HTTP/2.
+async fn exchange(
+    ctx: Rc<ConnCtx>,
     req: http::Request<()>,
     stream: H3Stream,
+    send_timeout: Duration,
 ) {
     let (mut send, recv) = stream.split();
-    let (parts, ()) = req.into_parts();
-    let req = http::Request::from_parts(parts, H3Body { recv, done: false });
-    let resp = match sender.send_request(req).await {
-        Ok(r) => r,
-        Err(_) => {
-            let _ = send
-                .send_response(
-                    http::Response::builder()
-                        .status(502)
-                        .body(())
-                        .expect("static response"),
-                )
-                .await;
-            let _ = send.finish().await;
-            return;
-        }
-    };
-    let (parts, mut body) = resp.into_parts();
-    if send
-        .send_response(http::Response::from_parts(parts, ()))
-        .await
-        .is_err()
-    {
+    let req = req.map(|()| RequestBody::H3(H3Body::new(recv)));
+    let (mut parts, mut body) = http2::handle(ctx.clone(), req).await.into_parts();
+    parts
+        .headers
+        .entry(http::header::DATE)
+        .or_insert_with(super::files::date_value);
+    let head = send.send_response(http::Response::from_parts(parts, ()));
+    if !matches!(timeout(send_timeout, head).await, Ok(Ok(()))) {
         return;
     }
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
-            // The codec cut the response short: so does the client's stream.
+            // The response was cut short upstream: so is the client's stream.
             send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
             return;
         };
         let sent = match frame.into_data() {
-            Ok(data) => send.send_data(data).await,
+            Ok(data) => timeout(send_timeout, send.send_data(data)).await,
             Err(frame) => match frame.into_trailers() {
-                Ok(trailers) => send.send_trailers(trailers).await,
-                Err(_) => Ok(()),
+                Ok(trailers) => timeout(send_timeout, send.send_trailers(trailers)).await,
+                Err(_) => Ok(Ok(())),
             },
         };
-        if sent.is_err() {
-            return;
-        }
-    }
-    let _ = send.finish().await;
-}
-
-/// A request body read from the client's HTTP/3 stream.
-pub(crate) struct H3Body {
-    recv: H3Recv,
-    done: bool,
-}
-
-impl http_body::Body for H3Body {
-    type Data = Bytes;
-    type Error = h3::error::StreamError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        if !this.done {
-            match this.recv.poll_recv_data(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(Ok(Some(mut buf))) => {
-                    let data = buf.copy_to_bytes(buf.remaining());
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Poll::Ready(Ok(None)) => this.done = true,
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return, // the client reset the stream or left
+            Err(_) => {
+                ctx.worker().metrics.send_timeouts.inc();
+                send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+                return;
             }
         }
-        match this.recv.poll_recv_trailers(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(Ok(Some(t))) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
-            Poll::Ready(Ok(None)) => Poll::Ready(None),
-        }
     }
+    let _ = timeout(send_timeout, send.finish()).await;
 }

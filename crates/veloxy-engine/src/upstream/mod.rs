@@ -75,7 +75,10 @@ impl GroupState {
 }
 
 /// The request body type sent to HTTP/2 upstreams.
-pub(crate) type H2Body = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, hyper::Error>;
+pub(crate) type H2Body = http_body_util::combinators::UnsyncBoxBody<
+    bytes::Bytes,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
 
 /// The sending half of an HTTP/2 upstream connection (its driver runs as a task).
 pub(crate) type H2Sender = hyper::client::conn::http2::SendRequest<H2Body>;

@@ -3,7 +3,6 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
-use hyper::body::Incoming;
 
 use super::{Finish, ProxyBody};
 use crate::error::{ErrorKind, ProxyError};
@@ -24,7 +23,7 @@ impl crate::static_files::Headers for H2Headers<'_> {
 pub(super) fn serve_file(
     worker: &Worker,
     files: &crate::static_files::StaticRoute,
-    req: &Request<Incoming>,
+    req: &Request<super::RequestBody>,
     target: &str,
     fin: Box<Finish>,
 ) -> Response<ProxyBody> {

@@ -36,10 +36,12 @@ use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::{self, Admitted, Fields, Head, Peer, Record};
 use crate::worker::{Generation, Worker};
+pub(crate) use request_body::RequestBody;
 
 pub(crate) mod bridge;
 mod files;
 mod h1_body;
+pub(crate) mod request_body;
 mod stall;
 mod to_h1;
 pub(crate) mod to_h2;
@@ -77,7 +79,7 @@ pub(crate) struct ConnCtx {
     listener: Arc<crate::runtime::ListenerState>,
     listener_index: Cell<(u64, usize)>,
     tls: bool,
-    /// 2, or 3 for HTTP/3 streams bridged through this codec (logs and metrics).
+    /// 2, or 3 for HTTP/3 request streams, which share this stream handler (logs, metrics).
     version: u8,
     /// Streams in progress, and when the last one ended (idle timeout).
     active: Cell<usize>,
@@ -115,34 +117,19 @@ pub(crate) async fn serve<IO>(
             s.settings.body_timeout,
         )
     };
-    struct Open<'a>(&'a Worker);
-    impl Drop for Open<'_> {
-        fn drop(&mut self) {
-            self.0.h2_connections.set(self.0.h2_connections.get() - 1);
-        }
-    }
-    worker.h2_connections.set(worker.h2_connections.get() + 1);
-    let _open = Open(&worker);
-    let ctx = Rc::new(ConnCtx {
-        worker: worker.clone(),
-        peer,
-        local,
-        client_ip: peer.ip().to_string(),
+    let ctx = Rc::new(ConnCtx::new(
+        worker.clone(),
+        (peer, local),
         listener,
-        listener_index: Cell::new((0, 0)),
-        tls,
-        version,
-        active: Cell::new(0),
-        last_active: Cell::new(Instant::now()),
+        (tls, version),
         body_timeout,
-        stalls: stall::Watch::default(),
-    });
+    ));
     let builder = server_builder(streams, header_bytes);
     let svc_ctx = ctx.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let c = svc_ctx.clone();
         async move {
-            let resp = handle(c.clone(), req).await;
+            let resp = handle(c.clone(), req.map(RequestBody::H2)).await;
             Ok::<_, Infallible>(resp.map(|body| c.stalls.wrap(body)))
         }
     });
@@ -203,6 +190,13 @@ fn server_builder(
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
     builder
+}
+
+impl Drop for ConnCtx {
+    fn drop(&mut self) {
+        let open = &self.worker.h2_connections;
+        open.set(open.get() - 1);
+    }
 }
 
 /// Ends a stream's exchange: its record (metrics, access log, `on_done`) and the connection's
@@ -294,7 +288,7 @@ impl Body for ProxyBody {
     }
 }
 
-async fn handle(c: Rc<ConnCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
+pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Response<ProxyBody> {
     let w = c.worker.clone();
     if c.version == 3 {
         w.metrics.h3_streams.inc();
@@ -416,7 +410,7 @@ fn error_response(e: &ProxyError, grpc: bool, mut fin: Box<Finish>) -> Response<
 }
 
 /// The request's host: `:authority`, else the Host header.
-pub(crate) fn authority(req: &Request<Incoming>) -> &str {
+pub(crate) fn authority(req: &Request<RequestBody>) -> &str {
     authority_of_parts(req.uri(), req.headers())
 }
 
@@ -440,7 +434,7 @@ fn authority_of_parts<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> &'a str
 async fn forward(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = authority(&req);
@@ -543,6 +537,32 @@ pub(crate) fn dropped_underscore(name: &http::HeaderName, keep_underscores: bool
 }
 
 impl ConnCtx {
+    /// The shared state of one client connection (HTTP/2, or HTTP/3 with `version` 3),
+    /// counted in the worker's open multiplexed connections until its last stream ends:
+    /// shutdown waits for them.
+    pub(crate) fn new(
+        worker: Rc<Worker>,
+        (peer, local): (SocketAddr, Option<SocketAddr>),
+        listener: Arc<crate::runtime::ListenerState>,
+        (tls, version): (bool, u8),
+        body_timeout: Duration,
+    ) -> ConnCtx {
+        worker.h2_connections.set(worker.h2_connections.get() + 1);
+        ConnCtx {
+            worker,
+            peer,
+            local,
+            client_ip: peer.ip().to_string(),
+            listener,
+            listener_index: Cell::new((0, 0)),
+            tls,
+            version,
+            active: Cell::new(0),
+            last_active: Cell::new(Instant::now()),
+            body_timeout,
+            stalls: stall::Watch::default(),
+        }
+    }
     pub(crate) fn worker(&self) -> &Rc<Worker> {
         &self.worker
     }

@@ -13,11 +13,11 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::io::AsyncReadExt;
 use tokio::time::{timeout, timeout_at, Instant};
 
 use super::h1_body::H1Body;
+use super::request_body::{BodyError, RequestBody};
 use super::{ConnCtx, Finish, ProxyBody};
 use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
@@ -39,7 +39,7 @@ pub(super) async fn forward(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
     t: &ProxyTarget,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut wbuf = c.worker().take_vec();
@@ -52,7 +52,7 @@ async fn forward_with(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
     t: &ProxyTarget,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     fin: &mut Option<Box<Finish>>,
     wbuf: &mut Vec<u8>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -149,7 +149,7 @@ async fn forward_with(
 /// so what is read is chunk-encoded and the rest streams after it.
 async fn buffer_body(
     c: &ConnCtx,
-    body: &mut Incoming,
+    body: &mut RequestBody,
     buffering: Buffering,
     framing: BodyKind,
     wbuf: &mut Vec<u8>,
@@ -221,16 +221,16 @@ impl MinNone for BodyKind {
 /// slot) forever.
 async fn next_frame(
     c: &ConnCtx,
-    body: &mut Incoming,
-) -> Result<Option<Result<Frame<Bytes>, hyper::Error>>, ProxyError> {
+    body: &mut RequestBody,
+) -> Result<Option<Result<Frame<Bytes>, BodyError>>, ProxyError> {
     timeout(c.body_timeout(), body.frame()).await.map_err(|_| {
         c.worker().metrics.body_timeouts.inc();
         ProxyError::downstream(ErrorKind::BodyTimeout)
     })
 }
 
-fn client_gone(e: &hyper::Error) -> ProxyError {
-    super::hyper_error(false, e)
+fn client_gone(e: &BodyError) -> ProxyError {
+    ProxyError::downstream(ErrorKind::Io(std::io::Error::other(e.to_string())))
 }
 
 /// Writes the HTTP/1.1 request head for an HTTP/2 request (names with `_` dropped unless
@@ -328,7 +328,7 @@ async fn attempt(
     t: &ProxyTarget,
     backend: usize,
     wbuf: &[u8],
-    mut body: Option<(&mut Incoming, Option<u64>)>,
+    mut body: Option<(&mut RequestBody, Option<u64>)>,
     framing: BodyKind,
     is_head: bool,
     replayable: bool,
@@ -426,7 +426,7 @@ async fn stream_body(
     c: &ConnCtx,
     write_timeout: Duration,
     conn: &mut UpstreamConn,
-    body: &mut Incoming,
+    body: &mut RequestBody,
     framing: BodyKind,
     mut budget: Option<u64>,
 ) -> Result<(), Fail> {

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::time::{timeout, Instant};
 
+use super::request_body::RequestBody;
 use super::{ConnCtx, Finish, LocalExec, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
@@ -28,7 +29,7 @@ pub(super) async fn forward(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
     t: &ProxyTarget,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let group = &gen.snapshot.upstreams[t.upstream];
@@ -207,7 +208,7 @@ fn upstream_request(
     method: http::Method,
     (uri, target): (&Uri, Option<&str>),
     headers: HeaderMap,
-    body: Incoming,
+    body: RequestBody,
 ) -> Result<Request<crate::upstream::H2Body>, ProxyError> {
     let scheme = if group.protocol == UpstreamProtocol::H2 {
         "https"
