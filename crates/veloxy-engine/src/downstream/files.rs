@@ -151,7 +151,10 @@ fn with_date<R>(f: impl FnOnce(&http::HeaderValue) -> R) -> R {
         let mut d = d.borrow_mut();
         if d.0 != secs {
             let text = httpdate::fmt_http_date(now);
-            *d = (secs, http::HeaderValue::from_str(&text).expect("an HTTP date is ASCII"));
+            *d = (
+                secs,
+                http::HeaderValue::from_str(&text).expect("an HTTP date is ASCII"),
+            );
         }
         f(&d.1)
     })
