@@ -325,6 +325,12 @@ pub fn quic_server_config(
         .max_concurrent_bidi_streams(max_streams.into())
         // A client needs a control stream and two QPACK streams (plus grease): a few.
         .max_concurrent_uni_streams(8u32.into())
+        // Flow-control windows as for HTTP/2 (256 KiB per stream, 1 MiB per connection):
+        // what a client may send ahead (quinn's default connection window is unbounded), and
+        // what veloxy keeps unacknowledged per connection (quinn's default is 10 MB).
+        .stream_receive_window((256u32 * 1024).into())
+        .receive_window((1024u32 * 1024).into())
+        .send_window(2 * 1024 * 1024)
         .max_idle_timeout(Some(
             quinn::IdleTimeout::try_from(idle).map_err(|e| e.to_string())?,
         ));
