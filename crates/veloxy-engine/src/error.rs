@@ -77,6 +77,10 @@ pub enum ErrorKind {
     /// Refused with this status by a hook or a protocol rule (CONNECT over HTTP/2: 501).
     #[error("rejected by a filter with status {0}")]
     Rejected(u16),
+    /// A request that is not replay-safe arrived in TLS early data (QUIC 0-RTT): 425, and the
+    /// client sends it again once the handshake is complete (RFC 8470).
+    #[error("too early: a request that is not replay-safe was sent in 0-RTT early data")]
+    TooEarly,
     /// The route's `allow` / `deny` refuse the client's address: 403.
     #[error("forbidden: this address may not use this route")]
     Forbidden,
@@ -185,6 +189,7 @@ impl ProxyError {
             ErrorKind::Rejected(s) => *s,
             ErrorKind::BodyTooLarge => 413,
             ErrorKind::Forbidden => 403,
+            ErrorKind::TooEarly => 425,
         }
     }
 }

@@ -303,11 +303,13 @@ pub fn server_config(
 }
 
 /// The QUIC (HTTP/3) server config of a TLS listener: the same certificate choice as
-/// `tcp` (its resolver), TLS 1.3 only, ALPN `h3`, no 0-RTT, and the stream and idle limits.
+/// `tcp` (its resolver and session tickets), TLS 1.3 only, ALPN `h3`, 0-RTT only when
+/// `zero_rtt`, and the stream and idle limits.
 pub fn quic_server_config(
     tcp: &rustls::ServerConfig,
     max_streams: u32,
     idle: std::time::Duration,
+    zero_rtt: bool,
 ) -> Result<quinn::ServerConfig, String> {
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -315,8 +317,18 @@ pub fn quic_server_config(
         .with_no_client_auth()
         .with_cert_resolver(tcp.cert_resolver.clone());
     tls.alpn_protocols = vec![b"h3".to_vec()];
-    tls.max_early_data_size = 0;
-    tls.ticketer = tcp.ticketer.clone();
+    // QUIC requires the maximum (0xffffffff) when early data is on: its own flow control
+    // bounds what 0-RTT may carry.
+    tls.max_early_data_size = if zero_rtt { u32::MAX } else { 0 };
+    if zero_rtt {
+        // rustls accepts early data only with stateful resumption: tickets are kept in memory
+        // and each can be used once, so a captured 0-RTT flight replayed to this listener
+        // finds its ticket gone and gets a full handshake.
+        tls.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
+        tls.send_tls13_tickets = 1;
+    } else {
+        tls.ticketer = tcp.ticketer.clone();
+    }
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
         .map_err(|e| e.to_string())?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));

@@ -68,3 +68,54 @@ pub fn h3_get(authority: &str, path: &str) -> http::Request<()> {
         .body(())
         .unwrap()
 }
+
+/// An HTTP/3 client that keeps its TLS session tickets across connections, for 0-RTT.
+pub struct H3Client {
+    endpoint: quinn::Endpoint,
+}
+
+/// A connection of an [`H3Client`], and whether its requests went out in 0-RTT data.
+pub struct H3Conn {
+    pub send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    /// `Some` when the connection was opened with 0-RTT: resolves, once the handshake is
+    /// complete, to whether the server accepted the early data.
+    pub zero_rtt: Option<quinn::ZeroRttAccepted>,
+}
+
+impl H3Client {
+    /// A client trusting only the CA file `ca`, with early data enabled.
+    pub fn new(ca: &Path) -> Result<H3Client, String> {
+        let mut tls = rustls::ClientConfig::clone(&crate::client_config(
+            ca,
+            &[b"h3"],
+            &[&rustls::version::TLS13],
+        ));
+        tls.enable_early_data = true;
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(Arc::new(tls))
+            .map_err(|e| e.to_string())?;
+        let mut endpoint =
+            quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).map_err(|e| e.to_string())?;
+        endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+        Ok(H3Client { endpoint })
+    }
+
+    /// Connects; with a ticket from an earlier connection, requests are sent in 0-RTT data
+    /// before the handshake completes.
+    pub async fn connect(&self, addr: SocketAddr, sni: &str) -> Result<H3Conn, String> {
+        let connecting = self
+            .endpoint
+            .connect(addr, sni)
+            .map_err(|e| e.to_string())?;
+        let (conn, zero_rtt) = match connecting.into_0rtt() {
+            Ok((conn, accepted)) => (conn, Some(accepted)),
+            Err(connecting) => (connecting.await.map_err(|e| e.to_string())?, None),
+        };
+        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        });
+        Ok(H3Conn { send, zero_rtt })
+    }
+}

@@ -16,6 +16,11 @@ struct H3Site {
 }
 
 fn start(routes: &str) -> H3Site {
+    start_with("", routes)
+}
+
+/// `listener`: more keys of `[listeners.web]`.
+fn start_with(listener: &str, routes: &str) -> H3Site {
     let certs = tempfile::tempdir().unwrap();
     let pki = Pki::new(certs.path());
     let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
@@ -23,7 +28,7 @@ fn start(routes: &str) -> H3Site {
     let log = certs.path().join("access.log");
     let v = veloxy(&format!(
         "[server]\nworkers = 1\n[server.access_log]\npath = \"{}\"\nformat = \"json\"\n\
-         [listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\n{listener}\
          [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
          [[listeners.web.tls.certs]]\nhosts = [\"other.test\"]\ncert = \"{}\"\nkey = \"{}\"\n{routes}",
         log.display(),
@@ -401,4 +406,75 @@ fn a_reload_turns_http3_on_and_off() {
         "reloaded",
     );
     assert!(!h3_get_ok(), "HTTP/3 still served after it was turned off");
+}
+
+#[test]
+fn zero_rtt_serves_only_replay_safe_requests_early() {
+    let up = upstream(&["--name", "app"]);
+    let routes = format!(
+        "[[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{}\"]\n",
+        up.addr
+    );
+    let on = start_with("quic_0rtt = true\n", &routes);
+    let off = start(&routes);
+    let ca = on.pki.ca_pem.clone();
+    runtime().block_on(async {
+        let client = H3Client::new(&ca).unwrap();
+        // A first connection: a full handshake, and a session ticket for the next one.
+        let mut first = client.connect(on.web, "localhost").await.unwrap();
+        assert!(first.zero_rtt.is_none(), "no ticket yet");
+        let r = h3_send(&mut first.send, h3_get("localhost", "/echo"), None)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+        assert!(!r.body_str().to_ascii_lowercase().contains("early-data"));
+        drop(first);
+
+        // The second sends a GET and a POST in 0-RTT data, before the handshake completes.
+        let mut c = client.connect(on.web, "localhost").await.unwrap();
+        let accepted = c.zero_rtt.take().expect("0-RTT tried with the ticket");
+        let (mut a, mut b) = (c.send.clone(), c.send.clone());
+        let post = http::Request::post("https://localhost/sink")
+            .body(())
+            .unwrap();
+        let (get, post) = tokio::join!(
+            h3_send(&mut a, h3_get("localhost", "/echo"), None),
+            h3_send(&mut b, post, Some(Bytes::from_static(b"replayable?"))),
+        );
+        assert!(accepted.await, "the server accepted the early data");
+        let get = get.unwrap();
+        assert_eq!(get.status, 200);
+        // RFC 8470: the upstream is told the request came in early data.
+        let seen = get.body_str().to_ascii_lowercase();
+        assert!(seen.contains("early-data: 1"), "{seen}");
+        // Not replay-safe: 425 Too Early, and the client retries after the handshake.
+        assert_eq!(post.unwrap().status, 425);
+        let post = http::Request::post("https://localhost/sink")
+            .body(())
+            .unwrap();
+        let again = h3_send(&mut c.send, post, Some(Bytes::from_static(b"now")))
+            .await
+            .unwrap();
+        assert_eq!(
+            (again.status, again.body_str().as_str()),
+            (200, "{\"bytes\":3,\"sum\":340}")
+        );
+    });
+    // Off by default: the server refuses early data (the client falls back to 1-RTT).
+    let ca = off.pki.ca_pem.clone();
+    runtime().block_on(async {
+        let client = H3Client::new(&ca).unwrap();
+        let mut first = client.connect(off.web, "localhost").await.unwrap();
+        let r = h3_send(&mut first.send, h3_get("localhost", "/echo"), None)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+        drop(first);
+        let mut c = client.connect(off.web, "localhost").await.unwrap();
+        if let Some(accepted) = c.zero_rtt.take() {
+            let mut s = c.send.clone();
+            let _ = h3_send(&mut s, h3_get("localhost", "/echo"), None).await;
+            assert!(!accepted.await, "0-RTT accepted without quic_0rtt");
+        }
+    });
 }

@@ -149,6 +149,8 @@ pub struct Http3Spec {
     pub idle_timeout: Duration,
     /// `quic_max_connections` (default: `max_connections`; 0 = unlimited).
     pub max_connections: usize,
+    /// `quic_0rtt`: accept TLS early data; requests in it that are not replay-safe get 425.
+    pub zero_rtt: bool,
 }
 
 impl std::fmt::Debug for Http3Spec {
@@ -157,6 +159,7 @@ impl std::fmt::Debug for Http3Spec {
             .field("max_streams", &self.max_streams)
             .field("idle_timeout", &self.idle_timeout)
             .field("max_connections", &self.max_connections)
+            .field("zero_rtt", &self.zero_rtt)
             .finish()
     }
 }

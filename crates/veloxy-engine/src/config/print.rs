@@ -149,6 +149,9 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
         out.int("h3_max_concurrent_streams", h3.max_streams);
         out.duration("quic_idle_timeout", h3.idle_timeout);
         out.int("quic_max_connections", h3.max_connections);
+        if h3.zero_rtt {
+            out.bool("quic_0rtt", true);
+        }
     }
     if l.tls.is_none() {
         return;

@@ -10,6 +10,7 @@
 //! the worker that owns it as long as the client keeps its address (a migrating client is
 //! dropped, and reconnects) and the set of sockets does not change.
 
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -92,9 +93,10 @@ pub(crate) async fn serve_endpoint(
         }
         let (w, l, open, stop) = (worker.clone(), listener.clone(), open.clone(), stop.clone());
         open.set(open.get() + 1);
+        let zero_rtt = spec.zero_rtt;
         tokio::task::spawn_local(async move {
-            if let Ok(conn) = incoming.await {
-                serve_connection(w, conn, (l, local), stop).await;
+            if let Some((conn, early)) = establish(incoming, zero_rtt).await {
+                serve_connection(w, conn, (l, local, early), stop).await;
             }
             open.set(open.get() - 1);
         });
@@ -102,6 +104,31 @@ pub(crate) async fn serve_endpoint(
     // Shutting down: no new connections; open ones get GOAWAY and finish their streams
     // (the worker waits for them up to `shutdown_timeout`).
     endpoint.set_server_config(None);
+}
+
+/// Completes the handshake, or with `quic_0rtt` lets the connection serve requests before it
+/// completes; then the flag says whether the handshake is still under way (requests read
+/// until then may be replayed copies).
+async fn establish(
+    incoming: quinn::Incoming,
+    zero_rtt: bool,
+) -> Option<(quinn::Connection, Option<Rc<Cell<bool>>>)> {
+    if !zero_rtt {
+        return incoming.await.ok().map(|c| (c, None));
+    }
+    let connecting = incoming.accept().ok()?;
+    match connecting.into_0rtt() {
+        Ok((conn, done)) => {
+            let early = Rc::new(Cell::new(true));
+            let flag = early.clone();
+            tokio::task::spawn_local(async move {
+                done.await;
+                flag.set(false);
+            });
+            Some((conn, Some(early)))
+        }
+        Err(connecting) => connecting.await.ok().map(|c| (c, None)),
+    }
 }
 
 /// Open connections per worker above which new clients get a Retry first.
@@ -112,7 +139,11 @@ const RETRY_ABOVE: usize = 1000;
 async fn serve_connection(
     worker: Rc<Worker>,
     conn: quinn::Connection,
-    (listener, local): (Arc<ListenerState>, Option<SocketAddr>),
+    (listener, local, early): (
+        Arc<ListenerState>,
+        Option<SocketAddr>,
+        Option<Rc<Cell<bool>>>,
+    ),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let peer: SocketAddr = conn.remote_address();
@@ -150,8 +181,13 @@ async fn serve_connection(
         match accepted {
             Ok(Some(resolver)) => {
                 let ctx = ctx.clone();
+                // Opened before the handshake completed: the request came in 0-RTT data.
+                let in_early_data = early.as_ref().is_some_and(|e| e.get());
                 tokio::task::spawn_local(async move {
-                    if let Ok((req, stream)) = resolver.resolve_request().await {
+                    if let Ok((mut req, stream)) = resolver.resolve_request().await {
+                        if in_early_data {
+                            req.extensions_mut().insert(http2::EarlyData);
+                        }
                         exchange(ctx, req, stream, send_timeout).await;
                     }
                 });

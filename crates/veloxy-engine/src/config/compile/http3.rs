@@ -29,24 +29,19 @@ pub(super) fn compile_http3(
                 "HTTP/3 needs TLS: add [listeners.NAME.tls] (QUIC is always encrypted)",
             ));
         };
-        if let Some(z) = section.quic_0rtt.as_ref().filter(|z| *z.get_ref()) {
-            return Err(src.error(
-                z.span(),
-                format!("{key}.quic_0rtt"),
-                "0-RTT is not built yet (it stays off)",
-            ));
-        }
+        let zero_rtt = section.quic_0rtt.as_ref().is_some_and(|z| *z.get_ref());
         let max_streams = section
             .h3_max_concurrent_streams
             .as_ref()
             .map_or(l.h2_max_concurrent_streams, |s| *s.get_ref());
         let idle_timeout = dur(&section.quic_idle_timeout, settings.keepalive_timeout);
-        let quic = crate::tls::quic_server_config(tls, max_streams, idle_timeout)
+        let quic = crate::tls::quic_server_config(tls, max_streams, idle_timeout, zero_rtt)
             .map_err(|e| src.error(on.span(), format!("{key}.http3"), e))?;
         l.http3 = Some(Arc::new(Http3Spec {
             quic,
             max_streams,
             idle_timeout,
+            zero_rtt,
             max_connections: section
                 .quic_max_connections
                 .as_ref()

@@ -429,6 +429,20 @@ fn authority_of_parts<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> &'a str
         .unwrap_or("")
 }
 
+/// Marks a request that arrived in TLS early data (QUIC 0-RTT, `quic_0rtt = true`).
+#[derive(Clone, Copy)]
+pub(crate) struct EarlyData;
+
+/// Whether a request may be served from early data, where an attacker can replay it: only the
+/// safe methods. (PUT and DELETE are idempotent, but a replay after a later change undoes
+/// that change, so they wait for the handshake too.)
+fn replay_safe(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+    )
+}
+
 /// Admits one stream through the exchange core, then serves the file or forwards it by the
 /// group's protocol.
 async fn forward(
@@ -447,6 +461,10 @@ async fn forward(
     }
     if *req.method() == http::Method::CONNECT {
         return Err(ProxyError::downstream(ErrorKind::Rejected(501)));
+    }
+    let early = req.extensions().get::<EarlyData>().is_some();
+    if early && !replay_safe(req.method()) {
+        return Err(ProxyError::downstream(ErrorKind::TooEarly));
     }
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let head = Head {
@@ -479,6 +497,13 @@ async fn forward(
         Admitted::Proxy(t) => t,
     };
     let mut target = target;
+    if early {
+        // RFC 8470: the upstream learns the request may be a replay (and may answer 425).
+        target
+            .edit
+            .get_or_insert_with(crate::exchange::edit::UpstreamEdit::empty)
+            .push_lines(b"Early-Data: 1\r\n");
+    }
     if let Some(auth) = target.forward_auth.take() {
         use crate::exchange::forward_auth::Outcome;
         match auth.run(&c.worker, gen).await? {
