@@ -156,8 +156,14 @@ async fn handle(
             Err(_) => return respond(&mut s, 400, "text/plain", "bad request\n").await,
         }
     };
+    let full = path.clone();
     let path = path.split('?').next().unwrap_or("");
     match (method.as_str(), path) {
+        ("POST", "/cache/purge") => {
+            let query = full.split_once('?').map_or("", |(_, q)| q);
+            let (status, body) = cache_purge(query);
+            respond(&mut s, status, "application/json", &body).await
+        }
         ("GET", "/metrics") => {
             let snapshot = shared.snapshot.load_full();
             let conns: Vec<u64> = {
@@ -176,6 +182,7 @@ async fn handle(
             let mut body =
                 crate::metrics::render(&shared.metrics, &metric_labels(&snapshot, &conns));
             crate::acme::report::metrics(&snapshot, &mut body);
+            crate::cache::metrics(&mut body);
             respond(&mut s, 200, "text/plain; version=0.0.4", &body).await
         }
         ("GET", "/healthz") if shared.shutdown.load(Ordering::Relaxed) => {
@@ -230,6 +237,44 @@ async fn handle(
             .await
         }
     }
+}
+
+/// `POST /cache/purge?key=K` (or `prefix=P`, or `tag=T`; `&cache=NAME` for one cache):
+/// removes matching objects from every cache and says how many.
+fn cache_purge(query: &str) -> (u16, String) {
+    let mut selector = None;
+    let mut only = None;
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = v.replace('+', " ");
+        let Some(v) = crate::static_files::path::percent_decode(v.as_bytes())
+            .and_then(|v| String::from_utf8(v).ok())
+        else {
+            return (400, "{\"error\":\"bad percent-encoding\"}\n".into());
+        };
+        match k {
+            "key" => selector = Some(crate::cache::Purge::Key(v)),
+            "prefix" => selector = Some(crate::cache::Purge::Prefix(v)),
+            "tag" => selector = Some(crate::cache::Purge::Tag(v)),
+            "cache" => only = Some(v),
+            _ => {}
+        }
+    }
+    let Some(selector) = selector else {
+        return (400, "{\"error\":\"give key=, prefix= or tag=\"}\n".into());
+    };
+    let stores = crate::cache::stores();
+    if let Some(name) = &only {
+        if !stores.iter().any(|s| *s.name == **name) {
+            return (404, format!("{{\"error\":\"no cache named {name:?}\"}}\n"));
+        }
+    }
+    let purged: usize = stores
+        .iter()
+        .filter(|s| only.as_deref().is_none_or(|n| *s.name == *n))
+        .map(|s| s.purge(&selector))
+        .sum();
+    (200, format!("{{\"purged\":{purged}}}\n"))
 }
 
 fn upstreams_json(shared: &Shared) -> String {

@@ -328,6 +328,8 @@ pub struct RouteRules {
     pub cors: Option<crate::cors::Cors>,
     /// `forward_auth`.
     pub forward_auth: Option<ForwardAuth>,
+    /// `cache`: responses stored and answered from a `[caches.NAME]` store.
+    pub cache: Option<std::sync::Arc<crate::cache::lookup::RouteCache>>,
 }
 
 /// A route's `forward_auth`, compiled.
@@ -370,6 +372,7 @@ impl RouteRules {
             && self.basic_auth.is_none()
             && self.cors.is_none()
             && self.forward_auth.is_none()
+            && self.cache.is_none()
     }
 }
 

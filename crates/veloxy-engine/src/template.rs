@@ -6,6 +6,8 @@ use std::fmt;
 /// One variable a template can use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Var {
+    /// The request method.
+    Method,
     /// The request's host, without its port.
     Host,
     /// Path and query as received.
@@ -231,6 +233,7 @@ fn var(name: &str) -> Result<Var, String> {
             .map(str::to_owned)
     };
     Ok(match name {
+        "method" => Var::Method,
         "host" => Var::Host,
         "uri" => Var::Uri,
         "path" => Var::Path,
@@ -254,7 +257,7 @@ fn var(name: &str) -> Result<Var, String> {
                 })
             } else {
                 return Err(format!(
-                    "unknown template variable {{{name}}}: use host, uri, path, query, scheme, \
+                    "unknown template variable {{{name}}}: use method, host, uri, path, query, scheme, \
                      client_ip, client_port, server_port, request_id, header.NAME, cookie.NAME, \
                      query.NAME, re.N or re.NAME"
                 ));

@@ -27,6 +27,43 @@ pub struct FileConfig {
     pub upstreams: BTreeMap<String, Spanned<UpstreamSection>>,
     #[serde(default)]
     pub streams: Vec<Spanned<StreamSection>>,
+    #[serde(default)]
+    pub caches: BTreeMap<String, Spanned<CacheSection>>,
+}
+
+/// `[caches.NAME]`: a response cache routes can use.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSection {
+    pub memory: Option<Spanned<SizeValue>>,
+    pub disk: Option<Spanned<CacheDiskSection>>,
+    pub max_object: Option<Spanned<SizeValue>>,
+    /// The answer's cache status field (default `X-Cache`; `""` turns it off).
+    pub cache_status_header: Option<Spanned<String>>,
+}
+
+/// `disk = { path = "...", size = "10GiB" }` of a cache.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheDiskSection {
+    pub path: Spanned<String>,
+    pub size: Option<Spanned<SizeValue>>,
+}
+
+/// A route's `cache = { store = "NAME", ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteCacheSection {
+    pub store: Spanned<String>,
+    pub key: Option<Spanned<String>>,
+    pub default_ttl: Option<DurationValue>,
+    pub methods: Option<Spanned<Vec<String>>>,
+    pub stale_while_revalidate: Option<DurationValue>,
+    pub stale_if_error: Option<DurationValue>,
+    pub ignore_cache_control: Option<Spanned<bool>>,
+    pub cache_status_header: Option<Spanned<String>>,
+    /// Clients that may send `PURGE` on the route's URLs.
+    pub purge: Option<Spanned<Vec<String>>>,
 }
 
 /// One `[[streams]]` entry: bytes relayed between a TCP listener and an upstream group.
@@ -197,6 +234,8 @@ pub struct RouteSection {
     pub queue: Option<Spanned<usize>>,
     pub queue_timeout: Option<DurationValue>,
     pub rate_limit: Option<Spanned<RateLimitSection>>,
+    /// Proxied routes: cache responses in a `[caches.NAME]` store.
+    pub cache: Option<Spanned<RouteCacheSection>>,
 }
 
 /// `redirect = { to = "https://{host}{uri}", status = 308 }` on a route.

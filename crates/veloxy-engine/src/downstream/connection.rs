@@ -208,6 +208,9 @@ pub(super) async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, f
                 ))
                 .await
             }
+            Next::Forward(p) if p.target.cache.is_some() => {
+                Box::pin(crate::downstream::cached::forward(worker, &gen, down, p)).await
+            }
             // Boxed: the forwarding state machine is ~5 KiB, and inline it would make every
             // connection's future that big for its whole life, idle keep-alive time included.
             Next::Forward(p) => {
@@ -400,6 +403,10 @@ fn prepare(
         }
         Ok(Admitted::Answer(answer)) => {
             let reply = crate::downstream::files::answer(worker, answer, req, record);
+            return Ok(Next::Static(Box::new(reply)));
+        }
+        Ok(Admitted::Cached(r)) => {
+            let reply = crate::downstream::files::StaticReply::cached(worker, r, req, record);
             return Ok(Next::Static(Box::new(reply)));
         }
         Ok(Admitted::Proxy(t)) => t,

@@ -73,6 +73,27 @@ impl StaticReply {
         StaticReply::build(worker, response, req.version, keep_alive, record)
     }
 
+    /// A cached answer to a request already prepared for forwarding (a cache fill's).
+    pub(crate) fn for_response(
+        worker: &Worker,
+        response: crate::static_files::Response,
+        p: &crate::downstream::connection::Prepared,
+        record: Record,
+    ) -> StaticReply {
+        let keep_alive = p.keep_alive && p.body == BodyKind::None;
+        StaticReply::build(worker, response, p.version, keep_alive, record)
+    }
+
+    /// An answer from the route's cache, decided at admission.
+    pub(crate) fn cached(
+        worker: &Worker,
+        response: crate::static_files::Response,
+        req: &RequestView,
+        record: Record,
+    ) -> StaticReply {
+        StaticReply::new(worker, response, req, record)
+    }
+
     /// An answer of veloxy's own to a request already prepared for forwarding (a
     /// forward_auth refusal).
     pub(crate) fn for_answer(
@@ -187,6 +208,9 @@ pub(crate) fn write_head(r: &Response, version: u8, keep_alive: bool, out: &mut 
         out.extend_from_slice(b": ");
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
+    }
+    for lines in &r.raw {
+        out.extend_from_slice(lines);
     }
     if !keep_alive {
         out.extend_from_slice(b"connection: close\r\n");

@@ -14,6 +14,7 @@
 //! Every codec admits requests through [`crate::exchange`] and records them there; they call
 //! downward only (exchange, upstream, the HTTP/1 codec, IO).
 
+pub(crate) mod cached;
 pub(crate) mod connection;
 pub(crate) mod files;
 pub(crate) mod http2;

@@ -115,6 +115,7 @@ impl Answer {
             status: self.status,
             headers,
             body,
+            raw: Default::default(),
         }
     }
 }
@@ -139,6 +140,7 @@ impl Vars for RequestVars<'_, '_> {
         };
         let query = || crate::rules::Request::query(self.head);
         match var {
+            Var::Method => out.push_str(self.head.method),
             Var::Host => lossy(crate::http1::host_without_port(self.head.host), out),
             Var::Uri => out.push_str(self.head.target),
             Var::Path => out.push_str(self.head.path()),

@@ -179,6 +179,16 @@ pub(crate) struct ResponseEdit {
 }
 
 impl ResponseEdit {
+    /// An edit that only adds these lines (a cache status field).
+    pub(crate) fn with_lines(lines: Vec<u8>) -> ResponseEdit {
+        ResponseEdit {
+            rules: None,
+            id_field: None,
+            lines,
+            location: None,
+        }
+    }
+
     /// This answer's own lines, to add more (CORS fields).
     pub(crate) fn lines_mut(&mut self) -> &mut Vec<u8> {
         &mut self.lines

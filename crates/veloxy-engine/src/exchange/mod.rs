@@ -157,7 +157,20 @@ pub(crate) enum Admitted {
     Files(Arc<StaticRoute>),
     /// veloxy's own answer: a redirect or a fixed response.
     Answer(Answer),
+    /// An answer from the route's cache (a fresh hit, or a purge).
+    Cached(crate::static_files::Response),
     Proxy(ProxyTarget),
+}
+
+/// Adds a field line (`Name: value\r\n`) to the request's answer, whatever answers it.
+pub(crate) fn add_answer_line(record: &mut Record, line: &[u8]) {
+    if line.is_empty() {
+        return;
+    }
+    match &mut record.edit {
+        Some(e) => e.lines_mut().extend_from_slice(line),
+        None => record.edit = Some(edit::ResponseEdit::with_lines(line.to_vec())),
+    }
 }
 
 /// A proxied request's destination and the limits it runs under.
@@ -189,6 +202,9 @@ pub(crate) struct ProxyTarget {
     /// `forward_auth`: the subrequest the codec runs before forwarding (see
     /// [`forward_auth`]); taken when run.
     pub forward_auth: Option<Box<forward_auth::AuthRequest>>,
+    /// The route caches and the request goes upstream through the cache: the codec runs
+    /// [`crate::cache::fill::run`] instead of forwarding (taken when run).
+    pub cache: Option<Box<crate::cache::fill::Fill>>,
 }
 
 /// The first backend: the one a `sticky` cookie names while it is usable, else the group's
@@ -365,6 +381,19 @@ pub(crate) fn admit(
             (*upstream, *compress)
         }
     };
+    let fill = match rules.and_then(|r| r.cache.as_ref()) {
+        None => None,
+        Some(rc) => {
+            match crate::cache::lookup::admit(rc, head, rc.key.render(&vars), client.ip()) {
+                crate::cache::lookup::Step::Answer(r) => return Ok(Admitted::Cached(r)),
+                crate::cache::lookup::Step::Bypass => {
+                    add_answer_line(record, &rc.status_line("BYPASS"));
+                    None
+                }
+                crate::cache::lookup::Step::Fill(f) => Some(f),
+            }
+        }
+    };
     let upstream_edit = (rules.is_some_and(|r| r.request.is_some() || r.forward_auth.is_some())
         || id.is_some())
     .then(|| upstream_edit(route, id_field, &vars));
@@ -393,7 +422,7 @@ pub(crate) fn admit(
             crate::compress::Accepted::parse(head.fields.get("accept-encoding")).choose(|_| true)
         })
         .flatten();
-    Ok(Admitted::Proxy(ProxyTarget {
+    let mut target = ProxyTarget {
         upstream,
         backend,
         hash,
@@ -413,7 +442,22 @@ pub(crate) fn admit(
             peer.local,
         ),
         client_ip: real.map(|(_, s)| s),
-    }))
+        cache: None,
+    };
+    if let Some(mut f) = fill {
+        let fwd = (
+            target.client_ip.as_deref().unwrap_or(peer.client_ip),
+            if peer.tls { "https" } else { "http" },
+            snapshot.settings.underscores_in_headers,
+        );
+        let hooks = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
+        let host = group.backends[backend].authority();
+        f.set_head(crate::cache::fill::upstream_head(
+            head, &target, fwd, hooks, &host,
+        ));
+        target.cache = Some(f);
+    }
+    Ok(Admitted::Proxy(target))
 }
 
 /// How much of a request body is read before an upstream connection is taken.

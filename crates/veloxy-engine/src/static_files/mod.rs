@@ -100,6 +100,9 @@ pub struct Response {
     pub status: u16,
     pub headers: Vec<(&'static str, Bytes)>,
     pub body: Body,
+    /// More fields, already serialized as `name: value\r\n` lines (a cached response's
+    /// stored fields, and its cache status line); empty for file routes.
+    pub raw: [Bytes; 2],
 }
 
 impl Response {
@@ -186,6 +189,7 @@ fn simple(status: u16, message: &'static str, is_head: bool) -> Response {
         } else {
             Body::Bytes(Bytes::from_static(message.as_bytes()))
         },
+        raw: Default::default(),
     };
     r.push(
         "content-type",
@@ -258,6 +262,7 @@ pub fn respond(route: &StaticRoute, req: &Request<'_>) -> Response {
                         status: 200,
                         headers: Vec::with_capacity(3),
                         body: Body::Empty,
+                        raw: Default::default(),
                     };
                     r.push(
                         "content-type",
@@ -559,6 +564,7 @@ fn serve_entry(
         status: 200,
         headers: Vec::with_capacity(10),
         body: Body::Empty,
+        raw: Default::default(),
     };
     let outcome = conditional::evaluate(h, etag_str, mtime);
     if outcome == conditional::Outcome::Failed {

@@ -7,6 +7,7 @@
 //! and listeners.
 
 mod acme;
+mod cache;
 mod http3;
 mod listeners;
 mod routes;
@@ -66,11 +67,12 @@ fn compile(
             ));
         }
     }
+    let caches = cache::compile_caches(src, &file)?;
     routes::compile_routes(
         src,
         &file.routes,
-        &upstream_index,
-        &upstreams,
+        (&upstream_index, &upstreams),
+        &caches,
         &mut listeners,
     )?;
     compile_streams(src, &file, &upstream_index, &mut listeners)?;

@@ -24,12 +24,12 @@ const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 pub(super) fn compile_routes(
     src: &Source,
     routes: &[Spanned<RouteSection>],
-    upstream_index: &HashMap<String, usize>,
-    groups: &[crate::config::UpstreamGroup],
+    (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
+    caches: &HashMap<String, super::cache::CacheSpec>,
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
     for (i, route) in routes.iter().enumerate() {
-        compile_route(src, i, route, upstream_index, groups, listeners)?;
+        compile_route(src, i, route, (upstream_index, groups), caches, listeners)?;
     }
     for l in listeners {
         l.router.finish();
@@ -41,8 +41,8 @@ fn compile_route(
     src: &Source,
     i: usize,
     route: &Spanned<RouteSection>,
-    upstream_index: &HashMap<String, usize>,
-    groups: &[crate::config::UpstreamGroup],
+    (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
+    caches: &HashMap<String, super::cache::CacheSpec>,
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
     let key = format!("routes[{i}]");
@@ -106,6 +106,18 @@ fn compile_route(
         let fa = super::rules::forward_auth(src, &key, fa, upstream_index, groups)?;
         let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
         r.forward_auth = Some(fa);
+        rules = Some(Arc::new(r));
+    }
+    if let Some(c) = &r.cache {
+        let http1 = match (&target, upstream) {
+            (RouteTarget::Proxy { .. }, Some(u)) => {
+                Some(groups[u].protocol == crate::config::UpstreamProtocol::Http1)
+            }
+            _ => None,
+        };
+        let c = super::cache::route_cache(src, &key, c, caches, http1)?;
+        let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
+        r.cache = Some(c);
         rules = Some(Arc::new(r));
     }
     let compiled = Route {

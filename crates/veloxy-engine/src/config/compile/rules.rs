@@ -180,8 +180,9 @@ pub(super) fn compile_rules(
         access: ip_rules(src, key, r)?,
         basic_auth: basic_auth(src, key, r)?,
         cors: cors(src, key, r)?,
-        // Set by the route, which knows the upstream groups.
+        // Set by the route, which knows the upstream groups (and the caches).
         forward_auth: None,
+        cache: None,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }

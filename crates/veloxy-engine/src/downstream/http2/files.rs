@@ -57,6 +57,9 @@ fn serve_response(
             map.append(n, v);
         }
     }
+    for lines in &r.raw {
+        crate::exchange::edit::append_fields(crate::exchange::edit::lines(lines), &mut map);
+    }
     if let Some(view) = exchange::on_response(worker, &mut fin.record, r.status) {
         view.apply_map(&mut map);
     }
@@ -137,6 +140,15 @@ pub(super) fn upstream_error_page(
 }
 
 /// An answer of veloxy's own (redirect, fixed response) to an HTTP/2 stream.
+/// An answer from the route's cache.
+pub(super) fn serve_cached(
+    worker: &Worker,
+    r: crate::static_files::Response,
+    fin: Box<Finish>,
+) -> Response<ProxyBody> {
+    serve_response(worker, r, fin)
+}
+
 pub(super) fn serve_answer(
     worker: &Worker,
     answer: exchange::Answer,

@@ -494,6 +494,10 @@ async fn forward(
             let is_head = req.method() == http::Method::HEAD;
             return Ok(files::serve_answer(&c.worker, answer, is_head, f));
         }
+        Admitted::Cached(r) => {
+            let f = fin.take().expect("present until success");
+            return Ok(files::serve_cached(&c.worker, r, f));
+        }
         Admitted::Proxy(t) => t,
     };
     let mut target = target;
@@ -524,6 +528,18 @@ async fn forward(
             .await
             .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
         fin.as_deref_mut().expect("present").admission = Some(admission);
+    }
+    if let Some(fill) = target.cache.take() {
+        match crate::cache::fill::run(&c.worker, gen, &target, fill).await? {
+            crate::cache::fill::Filled::Answer(r) => {
+                let f = fin.take().expect("present until success");
+                return Ok(files::serve_cached(&c.worker, r, f));
+            }
+            crate::cache::fill::Filled::Forward(line) => {
+                let f = fin.as_deref_mut().expect("present until success");
+                crate::exchange::add_answer_line(&mut f.record, &line);
+            }
+        }
     }
     match gen.snapshot.upstreams[target.upstream].protocol {
         UpstreamProtocol::Http1 => to_h1::forward(c, gen, &target, req, fin).await,

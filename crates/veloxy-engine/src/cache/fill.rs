@@ -1,0 +1,535 @@
+//! Filling the cache: the upstream request of a miss, a revalidation or a refresh, run by the
+//! codec after admission (the same code for every downstream protocol).
+//!
+//! One fill per key at a time: the first miss becomes the leader and registers a flight;
+//! misses on the same key, in any worker, wait for its outcome (at most [`COLLAPSE_WAIT`])
+//! and are answered from the stored object, or go upstream themselves when it was not
+//! storable. The fill reads the whole response (up to `max_object`) before answering; a larger
+//! one is not stored, the key becomes a hit-for-pass, and the request is forwarded as usual.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::lookup::{usable_on_error, ClientHead, RouteCache};
+use super::policy::{self, CacheControl};
+use super::{now_ms, Entry, Object, Stats};
+use crate::error::ProxyError;
+use crate::exchange::{Head, ProxyTarget};
+use crate::static_files::Response;
+use crate::worker::{Generation, Worker};
+
+/// The longest a miss waits for another request's fill of the same key.
+pub(crate) const COLLAPSE_WAIT: Duration = Duration::from_secs(10);
+
+/// How a flight ended, for the misses that waited for it.
+#[derive(Clone)]
+pub(crate) enum Outcome {
+    /// Stored (or revalidated): answer from it.
+    Stored(Arc<Object>),
+    /// The upstream failed and this stale object answers instead.
+    Stale(Arc<Object>),
+    /// Nothing to share: go upstream.
+    NotStored,
+}
+
+/// A fill in progress; followers subscribe to its outcome.
+pub(crate) type Flight = tokio::sync::watch::Sender<Option<Outcome>>;
+
+/// Why the client asked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Normal,
+    /// The client sent `no-cache`: the stored object may not answer without revalidation.
+    Refresh,
+}
+
+/// A request going upstream through the cache, with everything the fill needs (the request
+/// head itself is gone by then on HTTP/1).
+#[derive(Clone)]
+pub(crate) struct Fill {
+    rc: Arc<RouteCache>,
+    primary: Arc<str>,
+    key: Arc<str>,
+    stale: Option<Arc<Object>>,
+    mode: Mode,
+    client: ClientHead,
+    /// The request's fields, for the response's Vary and the storage rules.
+    fields: Arc<[(Box<str>, Vec<u8>)]>,
+    authorization: bool,
+    /// The upstream GET head, without validators and the final blank line.
+    head: Vec<u8>,
+}
+
+/// What the codec does after a fill.
+pub(crate) enum Filled {
+    Answer(Response),
+    /// Forward the request as usual; the answer carries this status-header line.
+    Forward(Bytes),
+}
+
+impl Fill {
+    pub(crate) fn new(
+        rc: Arc<RouteCache>,
+        (primary, key): (Arc<str>, Arc<str>),
+        stale: Option<Arc<Object>>,
+        mode: Mode,
+        head: &Head,
+    ) -> Fill {
+        let fields: Vec<(Box<str>, Vec<u8>)> = head
+            .fields
+            .iter()
+            .map(|(n, v)| (n.to_ascii_lowercase().into_boxed_str(), v.to_vec()))
+            .collect();
+        Fill {
+            rc,
+            primary,
+            key,
+            stale,
+            mode,
+            client: super::lookup::head_view(head),
+            authorization: head.fields.get("authorization").is_some(),
+            fields: fields.into(),
+            head: Vec::new(),
+        }
+    }
+
+    /// Sets the upstream request head (written by the exchange, which knows the target).
+    pub(crate) fn set_head(&mut self, head: Vec<u8>) {
+        self.head = head;
+    }
+
+    /// The status-header line for a request forwarded past the cache.
+    pub(crate) fn miss_line(&self) -> Bytes {
+        self.rc.status_line("MISS")
+    }
+
+    fn field(&self, name: &str) -> Option<Vec<u8>> {
+        self.fields
+            .iter()
+            .find(|(n, _)| **n == *name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+/// Runs the fill for one request.
+pub(crate) async fn run(
+    worker: &Rc<Worker>,
+    gen: &Rc<Generation>,
+    t: &ProxyTarget,
+    fill: Box<Fill>,
+) -> Result<Filled, ProxyError> {
+    let store = fill.rc.store.clone();
+    let now = now_ms();
+    if let (Some(obj), Mode::Normal) = (&fill.stale, fill.mode) {
+        let swr = obj.life.stale_while_revalidate.as_millis() as u64;
+        if swr > 0 && obj.staleness_ms(now) <= swr {
+            Stats::inc(&store.stats.stale);
+            let answer = super::serve::respond(&fill.rc, obj, fill.client.clone(), "STALE", now);
+            if let Some(flight) = lead(&store, &fill.key) {
+                let (w, g, t, f) = (worker.clone(), gen.clone(), t.clone(), fill.clone());
+                tokio::task::spawn_local(async move {
+                    let _ = lead_fill(&w, &g, &t, &f, flight).await;
+                });
+            }
+            return Ok(Filled::Answer(answer));
+        }
+    }
+    let Some(flight) = lead(&store, &fill.key) else {
+        return follow(&fill).await;
+    };
+    Stats::inc(&store.stats.misses);
+    lead_fill(worker, gen, t, &fill, flight).await
+}
+
+/// Registers this request as the key's fill, unless one is under way.
+fn lead(store: &Arc<super::Store>, key: &Arc<str>) -> Option<FlightGuard> {
+    let mut flights = store.flights.lock().unwrap_or_else(|e| e.into_inner());
+    if flights.contains_key(key) {
+        return None;
+    }
+    let (tx, _) = tokio::sync::watch::channel(None);
+    flights.insert(key.clone(), tx);
+    Some(FlightGuard {
+        store: store.clone(),
+        key: key.clone(),
+    })
+}
+
+/// The leader's registration: ends the flight with an outcome, or, when the leader is
+/// dropped (its client left), with none, so that its waiters go upstream themselves.
+pub(crate) struct FlightGuard {
+    store: Arc<super::Store>,
+    key: Arc<str>,
+}
+
+impl FlightGuard {
+    fn finish(self, outcome: Outcome) {
+        self.end(outcome);
+    }
+
+    fn end(&self, outcome: Outcome) {
+        let tx = self
+            .store
+            .flights
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+        if let Some(tx) = tx {
+            let _ = tx.send(Some(outcome));
+        }
+    }
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        self.end(Outcome::NotStored);
+    }
+}
+
+/// Waits for the key's fill in progress.
+async fn follow(fill: &Fill) -> Result<Filled, ProxyError> {
+    let store = &fill.rc.store;
+    let rx = {
+        let flights = store.flights.lock().unwrap_or_else(|e| e.into_inner());
+        flights.get(&fill.key).map(|tx| tx.subscribe())
+    };
+    let outcome = match rx {
+        None => None,
+        Some(mut rx) => tokio::time::timeout(COLLAPSE_WAIT, rx.wait_for(|o| o.is_some()))
+            .await
+            .ok()
+            .and_then(|r| r.ok().and_then(|o| o.clone())),
+    };
+    let now = now_ms();
+    match outcome {
+        Some(Outcome::Stored(obj)) => {
+            Stats::inc(&store.stats.collapsed);
+            Stats::inc(&store.stats.hits);
+            let a = super::serve::respond(&fill.rc, &obj, fill.client.clone(), "HIT", now);
+            Ok(Filled::Answer(a))
+        }
+        Some(Outcome::Stale(obj)) => {
+            Stats::inc(&store.stats.stale);
+            let a = super::serve::respond(&fill.rc, &obj, fill.client.clone(), "STALE", now);
+            Ok(Filled::Answer(a))
+        }
+        _ => Ok(Filled::Forward(fill.miss_line())),
+    }
+}
+
+/// The leader's fill: fetch, store, answer (and tell the waiters).
+async fn lead_fill(
+    worker: &Worker,
+    gen: &Generation,
+    t: &ProxyTarget,
+    fill: &Fill,
+    flight: FlightGuard,
+) -> Result<Filled, ProxyError> {
+    let store = fill.rc.store.clone();
+    let mut head = fill.head.clone();
+    if let Some(obj) = &fill.stale {
+        if let Some(etag) = &obj.etag {
+            head.extend_from_slice(b"If-None-Match: ");
+            head.extend_from_slice(etag);
+            head.extend_from_slice(b"\r\n");
+        }
+        if let Some((lm, _)) = &obj.last_modified {
+            head.extend_from_slice(b"If-Modified-Since: ");
+            head.extend_from_slice(lm);
+            head.extend_from_slice(b"\r\n");
+        }
+    }
+    head.extend_from_slice(b"\r\n");
+    let requested = now_ms();
+    let fetched = super::fetch::fetch(worker, gen, t, &head, fill.rc.max_object).await;
+    let now = now_ms();
+    let stale_ok = |obj: &Arc<Object>| fill.mode == Mode::Normal || usable_on_error(obj, now);
+    let fetched = match fetched {
+        Err(e) => {
+            return match fill
+                .stale
+                .as_ref()
+                .filter(|o| usable_on_error(o, now) && stale_ok(o))
+            {
+                Some(obj) => {
+                    Stats::inc(&store.stats.stale);
+                    flight.finish(Outcome::Stale(obj.clone()));
+                    let r = super::serve::respond(&fill.rc, obj, fill.client.clone(), "STALE", now);
+                    Ok(Filled::Answer(r))
+                }
+                None => {
+                    flight.finish(Outcome::NotStored);
+                    Err(e)
+                }
+            };
+        }
+        Ok(None) => {
+            // Larger than max_object: not stored; requests go straight upstream for a while.
+            store.entries.insert(
+                fill.primary.clone(),
+                Entry::Pass(now + super::PASS_FOR.as_millis() as u64),
+            );
+            flight.finish(Outcome::NotStored);
+            return Ok(Filled::Forward(fill.miss_line()));
+        }
+        Ok(Some(f)) => f,
+    };
+    if fetched.status >= 500 {
+        if let Some(obj) = fill.stale.as_ref().filter(|o| usable_on_error(o, now)) {
+            Stats::inc(&store.stats.stale);
+            flight.finish(Outcome::Stale(obj.clone()));
+            let r = super::serve::respond(&fill.rc, obj, fill.client.clone(), "STALE", now);
+            return Ok(Filled::Answer(r));
+        }
+    }
+    let (obj, label) = match (&fill.stale, fetched.status) {
+        (Some(old), 304) => {
+            Stats::inc(&store.stats.revalidated);
+            (
+                revalidated(old, &fetched, fill, requested, now),
+                "REVALIDATED",
+            )
+        }
+        _ => (build(&fetched, fill, requested, now), "MISS"),
+    };
+    let stored = obj.as_ref().is_some_and(|(_, life)| life.is_some());
+    let obj = match obj {
+        Some((o, _)) => Arc::new(o),
+        None => {
+            // A 304 the client's own conditionals did not ask for, with nothing stored.
+            flight.finish(Outcome::NotStored);
+            return Ok(Filled::Forward(fill.miss_line()));
+        }
+    };
+    if stored {
+        insert(fill, &fetched.headers, obj.clone());
+        flight.finish(Outcome::Stored(obj.clone()));
+    } else {
+        flight.finish(Outcome::NotStored);
+    }
+    let r = super::serve::respond(&fill.rc, &obj, fill.client.clone(), label, now);
+    Ok(Filled::Answer(r))
+}
+
+/// Stores `obj` under the request's key (its variant's, when the response varies).
+fn insert(fill: &Fill, headers: &http::HeaderMap, obj: Arc<Object>) {
+    let store = &fill.rc.store;
+    let vary = vary_names(headers);
+    if vary.is_empty() {
+        store
+            .entries
+            .insert(fill.primary.clone(), Entry::Object(obj));
+        return;
+    }
+    let key = super::lookup::variant_key_with(&fill.primary, &vary, |n| fill.field(n));
+    store
+        .entries
+        .insert(fill.primary.clone(), Entry::Vary(vary.into()));
+    store.entries.insert(Arc::from(key), Entry::Object(obj));
+}
+
+fn vary_names(headers: &http::HeaderMap) -> Vec<Box<str>> {
+    let mut names: Vec<Box<str>> = headers
+        .get_all(http::header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase().into_boxed_str())
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+type Built = Option<(Object, Option<policy::Lifetime>)>;
+
+/// The fetched response as an object, with its lifetime when it may be stored.
+fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now: u64) -> Built {
+    let h = &f.headers;
+    if f.status == 304 {
+        return None;
+    }
+    let cc = CacheControl::parse(
+        h.get_all(http::header::CACHE_CONTROL)
+            .iter()
+            .map(|v| v.as_bytes()),
+    );
+    let date = h
+        .get(http::header::DATE)
+        .and_then(|v| policy::http_date(v.as_bytes()));
+    let facts = policy::Facts {
+        status: f.status,
+        cc: &cc,
+        expires: h
+            .get(http::header::EXPIRES)
+            .map(|v| policy::http_date(v.as_bytes())),
+        date,
+        has_validator: h.contains_key(http::header::ETAG)
+            || h.contains_key(http::header::LAST_MODIFIED),
+        set_cookie: h.contains_key(http::header::SET_COOKIE),
+        vary_star: vary_names(h).iter().any(|n| &**n == "*"),
+        authorization: fill.authorization,
+        request_no_store: false,
+    };
+    let life = policy::lifetime(&facts, &fill.rc.settings);
+    let age = h
+        .get(http::header::AGE)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let initial = policy::initial_age_ms(age, date, requested, now);
+    let obj = Object {
+        status: f.status,
+        lines: lines_of(h),
+        body: f.body.clone(),
+        etag: h
+            .get(http::header::ETAG)
+            .map(|v| Bytes::copy_from_slice(v.as_bytes())),
+        last_modified: h.get(http::header::LAST_MODIFIED).and_then(|v| {
+            Some((
+                Bytes::copy_from_slice(v.as_bytes()),
+                policy::http_date(v.as_bytes())?,
+            ))
+        }),
+        tags: tags_of(h),
+        born_ms: now.saturating_sub(initial),
+        life: life.unwrap_or(policy::Lifetime {
+            fresh: Duration::ZERO,
+            stale_while_revalidate: Duration::ZERO,
+            stale_if_error: Duration::ZERO,
+            always_revalidate: true,
+        }),
+    };
+    Some((obj, life))
+}
+
+/// A 304 for a stored object: its fields updated from the 304's (RFC 9111 4.3.4), the body
+/// kept, the lifetime computed afresh.
+fn revalidated(
+    old: &Object,
+    f: &super::fetch::Fetched,
+    fill: &Fill,
+    requested: u64,
+    now: u64,
+) -> Built {
+    let mut merged = http::HeaderMap::new();
+    for (n, v) in crate::exchange::edit::lines(&old.lines) {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(n),
+            http::HeaderValue::from_bytes(v),
+        ) {
+            merged.append(n, v);
+        }
+    }
+    for name in f.headers.keys() {
+        merged.remove(name);
+    }
+    for (n, v) in &f.headers {
+        merged.append(n.clone(), v.clone());
+    }
+    let fetched = super::fetch::Fetched {
+        status: old.status,
+        headers: merged,
+        body: old.body.clone(),
+    };
+    let (obj, life) = build(&fetched, fill, requested, now)?;
+    Some((obj, life))
+}
+
+/// Fields kept with an object: not veloxy's own (Date, Age, Server), not Set-Cookie (a
+/// stored response is shared), framing and hop-by-hop fields are already gone.
+fn lines_of(h: &http::HeaderMap) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    for (n, v) in h {
+        if matches!(
+            n.as_str(),
+            "date" | "age" | "server" | "set-cookie" | "content-length"
+        ) {
+            continue;
+        }
+        out.extend_from_slice(n.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    Bytes::from(out)
+}
+
+/// `Surrogate-Key` and `Cache-Tag` values (space- or comma-separated).
+fn tags_of(h: &http::HeaderMap) -> Box<[Box<str>]> {
+    ["surrogate-key", "cache-tag"]
+        .iter()
+        .flat_map(|n| h.get_all(*n).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split([' ', ',']))
+        .filter(|t| !t.is_empty())
+        .map(Into::into)
+        .collect()
+}
+
+/// The upstream GET head of a fill (no validators, no final blank line): the client's
+/// end-to-end fields, minus its conditionals and range (the cache answers those), with the
+/// X-Forwarded fields and the route's edits, as the codec's own head would have them.
+pub(crate) fn upstream_head(
+    head: &Head,
+    t: &ProxyTarget,
+    fwd: (&str, &str, bool),
+    hook_lines: Option<&[u8]>,
+    fallback_host: &str,
+) -> Vec<u8> {
+    let (client_ip, proto, keep_underscores) = fwd;
+    let edit = t.edit.as_ref();
+    let dropped = |n: &str| edit.is_some_and(|e| e.drops(n));
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(b"GET ");
+    out.extend_from_slice(t.path.as_deref().unwrap_or(head.target).as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let host: &[u8] = if head.host.is_empty() {
+        fallback_host.as_bytes()
+    } else {
+        head.host
+    };
+    if !dropped("host") {
+        out.extend_from_slice(b"Host: ");
+        out.extend_from_slice(host);
+        out.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in head.fields.iter() {
+        let lower = name.to_ascii_lowercase();
+        let conditional = matches!(
+            lower.as_str(),
+            "if-none-match"
+                | "if-modified-since"
+                | "if-match"
+                | "if-unmodified-since"
+                | "if-range"
+                | "range"
+        );
+        if conditional
+            || crate::http1::classify(&lower) != crate::http1::Special::None
+            || (!keep_underscores && lower.contains('_'))
+            || dropped(&lower)
+        {
+            continue;
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    let prior = head
+        .fields
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("x-forwarded-for"))
+        .map(|(_, v)| v);
+    crate::http1::write_forwarded(&mut out, prior, client_ip, proto, Some(host), edit);
+    if let Some(e) = edit {
+        e.added().into_iter().for_each(|l| out.extend_from_slice(l));
+    }
+    if let Some(lines) = hook_lines {
+        out.extend_from_slice(lines);
+    }
+    out
+}

@@ -1,0 +1,246 @@
+//! The cache step of admission: a route's compiled cache settings, and the synchronous lookup
+//! that answers fresh hits at once and hands everything else to [`super::fill`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::fill::{Fill, Mode};
+use super::policy::{self, CacheControl};
+use super::{now_ms, Entry, Object, Stats, Store};
+use crate::exchange::Head;
+use crate::template::Template;
+
+/// Separates a key from its variant's request values.
+pub(crate) const VARIANT_MARK: char = '\u{1f}';
+
+/// A route's `cache = {...}`, compiled.
+pub struct RouteCache {
+    pub(crate) store: Arc<Store>,
+    /// `[caches.NAME] max_object`: larger responses are not stored.
+    pub max_object: u64,
+    /// `key`: the template rendered per request.
+    pub key: Template,
+    /// `methods`: GET and/or HEAD (a HEAD is filled with a GET, so a later GET hits).
+    pub get: bool,
+    pub head: bool,
+    pub(crate) settings: policy::Settings,
+    /// `cache_status_header` ("X-Cache" unless renamed; `None`: off), as `Name: ` bytes.
+    pub status_header: Option<Bytes>,
+    /// `purge`: clients that may send `PURGE` for the route's keys.
+    pub purge: Option<crate::access::IpRules>,
+}
+
+impl std::fmt::Debug for RouteCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteCache")
+            .field("store", &self.store.name)
+            .field("max_object", &self.max_object)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteCache {
+    /// Builds the compiled settings (the config compiler's entry point).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        (name, memory, max_object): (&str, u64, u64),
+        key: Template,
+        (get, head): (bool, bool),
+        (default_ttl, stale_while_revalidate, stale_if_error): (Duration, Duration, Duration),
+        ignore_cache_control: bool,
+        status_header: Option<&str>,
+        purge: Option<crate::access::IpRules>,
+    ) -> RouteCache {
+        RouteCache {
+            store: super::store(name, memory),
+            max_object,
+            key,
+            get,
+            head,
+            settings: policy::Settings {
+                default_ttl,
+                stale_while_revalidate,
+                stale_if_error,
+                ignore_cache_control,
+            },
+            status_header: status_header.map(|h| Bytes::from(format!("{h}: "))),
+            purge,
+        }
+    }
+
+    /// The status field line (`X-Cache: HIT\r\n`), if the header is on.
+    pub(crate) fn status_line(&self, status: &str) -> Bytes {
+        match &self.status_header {
+            None => Bytes::new(),
+            Some(name) => {
+                let mut v = Vec::with_capacity(name.len() + status.len() + 2);
+                v.extend_from_slice(name);
+                v.extend_from_slice(status.as_bytes());
+                v.extend_from_slice(b"\r\n");
+                Bytes::from(v)
+            }
+        }
+    }
+}
+
+/// What admission does with a request on a caching route.
+pub(crate) enum Step {
+    /// Answer now (a fresh hit, or a purge).
+    Answer(crate::static_files::Response),
+    /// Go upstream through the cache (miss, stale, revalidation).
+    Fill(Box<Fill>),
+    /// Forward as if the route did not cache; the answer says so in the status header.
+    Bypass,
+}
+
+/// Looks the request up. `key` is the rendered key template.
+pub(crate) fn admit(
+    rc: &Arc<RouteCache>,
+    head: &Head,
+    key: String,
+    client: std::net::IpAddr,
+) -> Step {
+    let store = &rc.store;
+    if head.method == "PURGE" {
+        if let Some(allowed) = &rc.purge {
+            let get_key = key.strip_prefix("PURGE").map(|k| format!("GET{k}"));
+            return Step::Answer(purge_answer(store, allowed, client, get_key.unwrap_or(key)));
+        }
+    }
+    let cacheable = match head.method {
+        "GET" => rc.get,
+        "HEAD" => rc.head,
+        _ => false,
+    };
+    // A HEAD shares the GET's object: it is filled with a GET.
+    let key = match key.strip_prefix("HEAD") {
+        Some(rest) if cacheable => format!("GET{rest}"),
+        _ => key,
+    };
+    let req_cc = CacheControl::parse(head.fields.get("cache-control").into_iter());
+    if !cacheable || req_cc.no_store {
+        Stats::inc(&store.stats.bypass);
+        return Step::Bypass;
+    }
+    // `no-cache` (or `Pragma: no-cache`, or max-age=0) from the client: revalidate first.
+    let refresh = req_cc.no_cache
+        || req_cc.max_age == Some(0)
+        || head
+            .fields
+            .get("pragma")
+            .is_some_and(|p| p.eq_ignore_ascii_case(b"no-cache"));
+    let now = now_ms();
+    let primary: Arc<str> = Arc::from(key);
+    let (key, found) = match store.entries.get(&primary) {
+        Some(Entry::Vary(names)) => {
+            let v: Arc<str> = Arc::from(variant_key(&primary, &names, head));
+            let found = match store.entries.get(&v) {
+                Some(Entry::Object(o)) => Some(o),
+                _ => None,
+            };
+            (v, found)
+        }
+        Some(Entry::Object(o)) => (primary.clone(), Some(o)),
+        Some(Entry::Pass(until)) if until > now => {
+            Stats::inc(&store.stats.bypass);
+            return Step::Bypass;
+        }
+        Some(Entry::Pass(_)) | None => (primary.clone(), None),
+    };
+    match found {
+        Some(obj) if !refresh && obj.is_fresh(now) => {
+            Stats::inc(&store.stats.hits);
+            Step::Answer(super::serve::respond(rc, &obj, head_view(head), "HIT", now))
+        }
+        stale => Step::Fill(Box::new(Fill::new(
+            rc.clone(),
+            (primary, key),
+            stale,
+            if refresh { Mode::Refresh } else { Mode::Normal },
+            head,
+        ))),
+    }
+}
+
+/// The request fields a stored answer depends on.
+#[derive(Clone, Default)]
+pub(crate) struct ClientHead {
+    pub is_head: bool,
+    pub if_none_match: Option<Bytes>,
+    pub if_modified_since: Option<u64>,
+    pub range: Option<Bytes>,
+    pub if_range: Option<Bytes>,
+}
+
+pub(crate) fn head_view(head: &Head) -> ClientHead {
+    let owned = |n: &str| head.fields.get(n).map(Bytes::copy_from_slice);
+    ClientHead {
+        is_head: head.method == "HEAD",
+        if_none_match: owned("if-none-match"),
+        if_modified_since: head
+            .fields
+            .get("if-modified-since")
+            .and_then(policy::http_date),
+        range: owned("range"),
+        if_range: owned("if-range"),
+    }
+}
+
+/// The key of the variant the request selects: the key, then each Vary field's value.
+pub(crate) fn variant_key(primary: &str, names: &[Box<str>], head: &Head) -> String {
+    variant_key_with(primary, names, |n| head.fields.get(n).map(<[u8]>::to_vec))
+}
+
+pub(crate) fn variant_key_with(
+    primary: &str,
+    names: &[Box<str>],
+    value: impl Fn(&str) -> Option<Vec<u8>>,
+) -> String {
+    let mut k = String::with_capacity(primary.len() + 32);
+    k.push_str(primary);
+    for n in names {
+        k.push(VARIANT_MARK);
+        k.push_str(n);
+        k.push('=');
+        if let Some(v) = value(n) {
+            // Normalized a little: whitespace around commas does not make a new variant.
+            let v = String::from_utf8_lossy(&v).replace(", ", ",");
+            k.push_str(v.trim());
+        }
+    }
+    k
+}
+
+/// `PURGE` from a permitted client: removes the key (and its variants).
+fn purge_answer(
+    store: &Store,
+    allowed: &crate::access::IpRules,
+    client: std::net::IpAddr,
+    key: String,
+) -> crate::static_files::Response {
+    let (status, body) = if allowed.permits(client) {
+        let n = store.purge(&super::Purge::Key(key));
+        (
+            if n > 0 { 200 } else { 404 },
+            format!("{{\"purged\":{n}}}\n"),
+        )
+    } else {
+        (
+            403,
+            "{\"error\":\"PURGE is not allowed from this address\"}\n".to_owned(),
+        )
+    };
+    crate::exchange::Answer {
+        status,
+        headers: vec![("content-type", Bytes::from_static(b"application/json"))],
+        body: Bytes::from(body),
+    }
+    .into_response(false)
+}
+
+/// Whether `obj` may be served stale now for the upstream's failure.
+pub(crate) fn usable_on_error(obj: &Object, now: u64) -> bool {
+    obj.staleness_ms(now) <= obj.life.stale_if_error.as_millis() as u64
+}

@@ -1,0 +1,284 @@
+//! The response cache (`[caches.NAME]`, a route's `cache = {...}`): RFC 9111 caching of
+//! upstream responses in memory.
+//!
+//! # Layout
+//! * [`policy`]: what may be stored and for how long (pure RFC 9111 rules).
+//! * this module: the stores. One per `[caches.NAME]`, shared by every worker and kept across
+//!   reloads by name: a concurrent map with TinyLFU admission and LRU eviction by bytes (moka),
+//!   whose reads take no lock, so a hit costs no lock shared across workers.
+//! * [`lookup`]: at admission (synchronous), a fresh object becomes the answer at once;
+//!   anything else becomes a [`fill::Fill`] the codec runs.
+//! * [`fill`]: misses, revalidation and stale serving: one upstream request per key at a time
+//!   (collapsing across workers), `stale-while-revalidate` refreshes in the background,
+//!   `stale-if-error` answers when the upstream fails.
+//! * [`serve`]: an object as an answer: `Age`, the status header, client conditionals
+//!   (304), ranges (206), HEAD.
+
+pub(crate) mod fetch;
+pub(crate) mod fill;
+pub(crate) mod lookup;
+pub(crate) mod policy;
+pub(crate) mod serve;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+
+/// A stored response.
+pub(crate) struct Object {
+    pub status: u16,
+    /// The stored header fields as `name: value\r\n` lines: the upstream's, without framing,
+    /// hop-by-hop fields, `Date`, `Age` and `Server` (veloxy writes those itself).
+    pub lines: Bytes,
+    pub body: Bytes,
+    pub etag: Option<Bytes>,
+    pub last_modified: Option<(Bytes, u64)>,
+    /// `Surrogate-Key` / `Cache-Tag` values, for purges by tag.
+    pub tags: Box<[Box<str>]>,
+    /// When the response was generated (wall clock, ms): stored time minus its initial age.
+    pub born_ms: u64,
+    pub life: policy::Lifetime,
+}
+
+impl Object {
+    pub fn age_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.born_ms)
+    }
+
+    /// Fresh: may be served without asking the upstream.
+    pub fn is_fresh(&self, now_ms: u64) -> bool {
+        !self.life.always_revalidate && self.age_ms(now_ms) < self.life.fresh.as_millis() as u64
+    }
+
+    /// How long past freshness it is (0 while fresh).
+    pub fn staleness_ms(&self, now_ms: u64) -> u64 {
+        let fresh = if self.life.always_revalidate {
+            0
+        } else {
+            self.life.fresh.as_millis() as u64
+        };
+        self.age_ms(now_ms).saturating_sub(fresh)
+    }
+
+    fn weight(&self, key: &str) -> u32 {
+        (key.len() + self.lines.len() + self.body.len() + 256).min(u32::MAX as usize) as u32
+    }
+}
+
+/// What a key holds.
+#[derive(Clone)]
+pub(crate) enum Entry {
+    Object(Arc<Object>),
+    /// The response varies on these request fields: each variant is stored under the key
+    /// extended with their values ([`lookup::variant_key`]).
+    Vary(Arc<[Box<str>]>),
+    /// Not storable, or larger than `max_object` (wall-clock ms until which requests go
+    /// straight upstream): a hit-for-pass, as Varnish calls it, so that only the first
+    /// request of such a URL pays for a fill attempt.
+    Pass(u64),
+}
+
+/// The counters of one cache (exported on `/metrics`).
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub stale: AtomicU64,
+    pub revalidated: AtomicU64,
+    pub collapsed: AtomicU64,
+    pub bypass: AtomicU64,
+    pub evictions: Arc<AtomicU64>,
+}
+
+impl Stats {
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One `[caches.NAME]` store.
+pub(crate) struct Store {
+    pub name: Box<str>,
+    pub memory: u64,
+    pub entries: moka::sync::Cache<Arc<str>, Entry>,
+    /// Fills in progress, by key: later misses wait for them (see [`fill`]).
+    pub flights: Mutex<HashMap<Arc<str>, fill::Flight>>,
+    pub stats: Stats,
+}
+
+impl Store {
+    fn new(name: &str, memory: u64) -> Store {
+        let evictions = Arc::new(AtomicU64::new(0));
+        let counter = evictions.clone();
+        let entries = moka::sync::Cache::builder()
+            .max_capacity(memory)
+            .weigher(|k: &Arc<str>, e: &Entry| match e {
+                Entry::Object(o) => o.weight(k),
+                _ => (k.len() + 64) as u32,
+            })
+            .eviction_listener(move |_k, _v, cause| {
+                if cause == moka::notification::RemovalCause::Size {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+            .support_invalidation_closures()
+            .build();
+        Store {
+            name: name.into(),
+            memory,
+            entries,
+            flights: Mutex::new(HashMap::new()),
+            stats: Stats {
+                evictions,
+                ..Stats::default()
+            },
+        }
+    }
+
+    /// Removes what `selector` picks; returns how many keys were removed.
+    pub fn purge(&self, selector: &Purge) -> usize {
+        if let Purge::Key(k) = selector {
+            // The key and its variants (keyed by the key plus their Vary values).
+            let variants = self.purge(&Purge::Prefix(format!("{k}{}", lookup::VARIANT_MARK)));
+            let had = self.entries.remove(k.as_str()).is_some();
+            return variants + usize::from(had);
+        }
+        let matches = |k: &str, e: &Entry| match selector {
+            Purge::Key(_) => false,
+            Purge::Prefix(p) => k.starts_with(p.as_str()),
+            Purge::Tag(t) => {
+                matches!(e, Entry::Object(o) if o.tags.iter().any(|x| **x == **t))
+            }
+        };
+        let keys: Vec<Arc<str>> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| matches(k, e))
+            .map(|(k, _)| (*k).clone())
+            .collect();
+        for k in &keys {
+            self.entries.invalidate(k);
+        }
+        keys.len()
+    }
+
+    /// Bytes held (weighted size).
+    pub fn bytes(&self) -> u64 {
+        self.entries.run_pending_tasks();
+        self.entries.weighted_size()
+    }
+}
+
+/// What a purge removes.
+pub(crate) enum Purge {
+    Key(String),
+    Prefix(String),
+    Tag(String),
+}
+
+/// Every store by name: live state that outlives a config generation, so a reload keeps the
+/// cached objects (a store whose `memory` changed starts empty).
+fn registry() -> &'static Mutex<HashMap<String, Arc<Store>>> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<Store>>>> = OnceLock::new();
+    STORES.get_or_init(Default::default)
+}
+
+/// The store named `name`, created (or replaced, when its size changed) as needed.
+pub(crate) fn store(name: &str, memory: u64) -> Arc<Store> {
+    let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
+    match all.get(name) {
+        Some(s) if s.memory == memory => s.clone(),
+        _ => {
+            let s = Arc::new(Store::new(name, memory));
+            all.insert(name.to_owned(), s.clone());
+            s
+        }
+    }
+}
+
+/// Every store, for purges and metrics.
+pub(crate) fn stores() -> Vec<Arc<Store>> {
+    let all = registry().lock().unwrap_or_else(|e| e.into_inner());
+    let mut v: Vec<_> = all.values().cloned().collect();
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    v
+}
+
+/// Wall-clock milliseconds (cache ages are wall-clock, as `Date` and `Age` are).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How long a hit-for-pass lasts.
+pub(crate) const PASS_FOR: Duration = Duration::from_secs(60);
+
+/// `/metrics` lines for every cache.
+pub(crate) fn metrics(out: &mut String) {
+    use std::fmt::Write;
+    let stores = stores();
+    if stores.is_empty() {
+        return;
+    }
+    type Counter = (&'static str, &'static str, fn(&Stats) -> u64);
+    let counters: [Counter; 7] = [
+        ("hits", "Requests answered from the cache.", |s| {
+            s.hits.load(Ordering::Relaxed)
+        }),
+        (
+            "misses",
+            "Requests that went upstream to fill the cache.",
+            |s| s.misses.load(Ordering::Relaxed),
+        ),
+        (
+            "stale_total",
+            "Stale answers (stale-while-revalidate, stale-if-error).",
+            |s| s.stale.load(Ordering::Relaxed),
+        ),
+        (
+            "revalidated",
+            "Stored responses revalidated with a 304.",
+            |s| s.revalidated.load(Ordering::Relaxed),
+        ),
+        (
+            "collapsed",
+            "Misses that waited for another request's fill.",
+            |s| s.collapsed.load(Ordering::Relaxed),
+        ),
+        (
+            "bypass",
+            "Cacheable-route requests that bypassed the cache.",
+            |s| s.bypass.load(Ordering::Relaxed),
+        ),
+        ("evictions", "Objects evicted for space.", |s| {
+            s.evictions.load(Ordering::Relaxed)
+        }),
+    ];
+    for (name, help, get) in counters {
+        let metric = if name.ends_with("_total") {
+            format!("veloxy_cache_{name}")
+        } else {
+            format!("veloxy_cache_{name}_total")
+        };
+        let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} counter");
+        for s in &stores {
+            let _ = writeln!(out, "{metric}{{cache=\"{}\"}} {}", s.name, get(&s.stats));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP veloxy_cache_bytes Bytes stored.\n# TYPE veloxy_cache_bytes gauge"
+    );
+    for s in &stores {
+        let _ = writeln!(
+            out,
+            "veloxy_cache_bytes{{cache=\"{}\"}} {}",
+            s.name,
+            s.bytes()
+        );
+    }
+}

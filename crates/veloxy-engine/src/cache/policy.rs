@@ -1,0 +1,316 @@
+//! RFC 9111 decisions for a shared cache: what may be stored, for how long it is fresh, how
+//! old a stored response is. Pure functions over header values, unit-tested here.
+
+use std::time::Duration;
+
+/// The `Cache-Control` directives veloxy acts on (request or response).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct CacheControl {
+    pub max_age: Option<u64>,
+    pub s_maxage: Option<u64>,
+    pub no_store: bool,
+    pub no_cache: bool,
+    pub private: bool,
+    pub public: bool,
+    pub must_revalidate: bool,
+    pub proxy_revalidate: bool,
+    pub stale_while_revalidate: Option<u64>,
+    pub stale_if_error: Option<u64>,
+}
+
+impl CacheControl {
+    /// Parses every `Cache-Control` value (comma-separated directives, case-insensitive
+    /// names, quoted or bare arguments). Unknown directives are ignored; a malformed number
+    /// makes its directive count as absent, except `max-age`, which then means stale (0), as
+    /// RFC 9111 section 4.2.1 advises.
+    pub fn parse<'a>(values: impl Iterator<Item = &'a [u8]>) -> CacheControl {
+        let mut cc = CacheControl::default();
+        for value in values {
+            let Ok(text) = std::str::from_utf8(value) else {
+                continue;
+            };
+            for item in text.split(',') {
+                let item = item.trim();
+                let (name, arg) = match item.split_once('=') {
+                    Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
+                    None => (item, None),
+                };
+                let secs = || arg.and_then(|a| a.parse::<u64>().ok());
+                match name.to_ascii_lowercase().as_str() {
+                    "max-age" => cc.max_age = Some(secs().unwrap_or(0)),
+                    "s-maxage" => cc.s_maxage = Some(secs().unwrap_or(0)),
+                    "no-store" => cc.no_store = true,
+                    // `no-cache="field"` (a qualified form) is treated as plain no-cache.
+                    "no-cache" => cc.no_cache = true,
+                    "private" => cc.private = true,
+                    "public" => cc.public = true,
+                    "must-revalidate" => cc.must_revalidate = true,
+                    "proxy-revalidate" => cc.proxy_revalidate = true,
+                    "stale-while-revalidate" => cc.stale_while_revalidate = secs(),
+                    "stale-if-error" => cc.stale_if_error = secs(),
+                    _ => {}
+                }
+            }
+        }
+        cc
+    }
+
+    /// A shared cache must not serve the response stale (RFC 9111 5.2.2.2, 5.2.2.8).
+    pub fn forbids_stale(&self) -> bool {
+        self.must_revalidate || self.proxy_revalidate || self.s_maxage.is_some()
+    }
+}
+
+/// Statuses a cache may store with heuristic freshness (RFC 9110 15.1): here, with the
+/// route's `default_ttl`.
+pub(crate) fn heuristically_cacheable(status: u16) -> bool {
+    matches!(
+        status,
+        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
+}
+
+/// What a response says about its own storage, with the route's settings applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lifetime {
+    /// How long the response is fresh from its generation.
+    pub fresh: Duration,
+    /// May be served stale while a refresh runs, for this long past freshness.
+    pub stale_while_revalidate: Duration,
+    /// May be served stale when the upstream fails, for this long past freshness.
+    pub stale_if_error: Duration,
+    /// Must be revalidated before every use (`no-cache`).
+    pub always_revalidate: bool,
+}
+
+/// The route's cache settings that enter storage decisions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub default_ttl: Duration,
+    pub stale_while_revalidate: Duration,
+    pub stale_if_error: Duration,
+    pub ignore_cache_control: bool,
+}
+
+/// The facts about one response (and the request that fetched it) that decide storage.
+pub(crate) struct Facts<'a> {
+    pub status: u16,
+    pub cc: &'a CacheControl,
+    /// `Expires`, `Date` as Unix seconds (`None`: absent or unparsable).
+    pub expires: Option<Option<u64>>,
+    pub date: Option<u64>,
+    pub has_validator: bool,
+    pub set_cookie: bool,
+    pub vary_star: bool,
+    /// The request carried `Authorization`.
+    pub authorization: bool,
+    /// The request said `Cache-Control: no-store`.
+    pub request_no_store: bool,
+}
+
+/// Whether a shared cache may store the response, and for how long it is fresh (RFC 9111
+/// section 3 and 4.2.1). `None`: do not store.
+pub(crate) fn lifetime(f: &Facts, s: &Settings) -> Option<Lifetime> {
+    if f.request_no_store || f.vary_star || !(200..600).contains(&f.status) || f.status == 206 {
+        return None;
+    }
+    let cc = f.cc;
+    // `public` or `s-maxage` make a response with credentials (or cookies) shareable.
+    let shareable = cc.public || cc.s_maxage.is_some();
+    if (f.authorization && !(shareable || cc.must_revalidate)) || (f.set_cookie && !shareable) {
+        return None;
+    }
+    let route_stale = |d: Duration, own: Option<u64>| own.map_or(d, Duration::from_secs).max(d);
+    if s.ignore_cache_control {
+        return (!s.default_ttl.is_zero()).then_some(Lifetime {
+            fresh: s.default_ttl,
+            stale_while_revalidate: s.stale_while_revalidate,
+            stale_if_error: s.stale_if_error,
+            always_revalidate: false,
+        });
+    }
+    if cc.no_store || cc.private {
+        return None;
+    }
+    let explicit = cc.s_maxage.or(cc.max_age).or_else(|| match f.expires {
+        // An invalid Expires (like "0") means already expired.
+        Some(None) => Some(0),
+        Some(Some(exp)) => Some(exp.saturating_sub(f.date.unwrap_or(exp))),
+        None => None,
+    });
+    let fresh = match explicit {
+        Some(secs) => Duration::from_secs(secs),
+        None if heuristically_cacheable(f.status) && !s.default_ttl.is_zero() => s.default_ttl,
+        None => Duration::ZERO,
+    };
+    let always_revalidate = cc.no_cache;
+    if fresh.is_zero() && !(always_revalidate && f.has_validator) {
+        // Stale on arrival with no way to revalidate cheaply: not worth storing.
+        return None;
+    }
+    let (swr, sie) = if cc.forbids_stale() {
+        (Duration::ZERO, Duration::ZERO)
+    } else {
+        (
+            route_stale(s.stale_while_revalidate, cc.stale_while_revalidate),
+            route_stale(s.stale_if_error, cc.stale_if_error),
+        )
+    };
+    Some(Lifetime {
+        fresh,
+        stale_while_revalidate: swr,
+        stale_if_error: sie,
+        always_revalidate,
+    })
+}
+
+/// The response's age when it arrived (RFC 9111 4.2.3's corrected initial age), from its
+/// `Age` and `Date` and the request's round trip, in milliseconds.
+pub(crate) fn initial_age_ms(
+    age: Option<u64>,
+    date: Option<u64>,
+    request_ms: u64,
+    response_ms: u64,
+) -> u64 {
+    let apparent = date.map_or(0, |d| response_ms.saturating_sub(d * 1000));
+    let corrected = age.unwrap_or(0) * 1000 + response_ms.saturating_sub(request_ms);
+    // Clocks: a Date far in the past (a skewed origin) would make every response stale on
+    // arrival; a shared cache on one host trusts its own round trip more than that.
+    apparent.min(corrected.max(1000) + 60_000).max(corrected)
+}
+
+/// An `HTTP-date` as Unix seconds.
+pub(crate) fn http_date(v: &[u8]) -> Option<u64> {
+    let t = httpdate::parse_http_date(std::str::from_utf8(v).ok()?).ok()?;
+    Some(crate::static_files::conditional::secs(t))
+}
+
+/// Whether `If-None-Match` (a list, or `*`) matches `etag` by the weak comparison.
+pub(crate) fn none_match(header: &[u8], etag: &[u8]) -> bool {
+    let weak = |t: &[u8]| t.strip_prefix(b"W/").unwrap_or(t).to_vec();
+    let tag = weak(etag);
+    header
+        .split(|&b| b == b',')
+        .map(|t| t.trim_ascii())
+        .any(|t| t == b"*" || weak(t) == tag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cc(s: &str) -> CacheControl {
+        CacheControl::parse([s.as_bytes()].into_iter())
+    }
+
+    const ROUTE: Settings = Settings {
+        default_ttl: Duration::ZERO,
+        stale_while_revalidate: Duration::ZERO,
+        stale_if_error: Duration::ZERO,
+        ignore_cache_control: false,
+    };
+
+    fn facts(c: &CacheControl) -> Facts<'_> {
+        Facts {
+            status: 200,
+            cc: c,
+            expires: None,
+            date: None,
+            has_validator: false,
+            set_cookie: false,
+            vary_star: false,
+            authorization: false,
+            request_no_store: false,
+        }
+    }
+
+    #[test]
+    fn directives_parse_case_insensitively_with_quotes() {
+        let c = cc("Public, MAX-AGE=\"60\", s-maxage=30, stale-while-revalidate=5, x-y=1");
+        assert!(c.public);
+        assert_eq!((c.max_age, c.s_maxage), (Some(60), Some(30)));
+        assert_eq!(c.stale_while_revalidate, Some(5));
+        assert_eq!(cc("max-age=abc").max_age, Some(0));
+    }
+
+    #[test]
+    fn s_maxage_beats_max_age_and_expires_counts_from_date() {
+        let c = cc("max-age=10, s-maxage=100");
+        let l = lifetime(&facts(&c), &ROUTE).unwrap();
+        assert_eq!(l.fresh, Duration::from_secs(100));
+        let none = CacheControl::default();
+        let mut f = facts(&none);
+        f.expires = Some(Some(1_000_060));
+        f.date = Some(1_000_000);
+        assert_eq!(lifetime(&f, &ROUTE).unwrap().fresh, Duration::from_secs(60));
+        f.expires = Some(None);
+        assert_eq!(lifetime(&f, &ROUTE), None, "an invalid Expires is stale");
+    }
+
+    #[test]
+    fn private_no_store_cookies_and_credentials_are_not_shared() {
+        for v in ["private, max-age=60", "no-store, max-age=60"] {
+            assert_eq!(lifetime(&facts(&cc(v)), &ROUTE), None, "{v}");
+        }
+        let c = cc("max-age=60");
+        let mut f = facts(&c);
+        f.set_cookie = true;
+        assert_eq!(lifetime(&f, &ROUTE), None);
+        let p = cc("public, max-age=60");
+        let mut f = facts(&p);
+        f.set_cookie = true;
+        f.authorization = true;
+        assert!(lifetime(&f, &ROUTE).is_some());
+        let mut f = facts(&c);
+        f.authorization = true;
+        assert_eq!(lifetime(&f, &ROUTE), None);
+    }
+
+    #[test]
+    fn default_ttl_only_for_heuristic_statuses_and_no_cache_needs_a_validator() {
+        let none = CacheControl::default();
+        assert_eq!(lifetime(&facts(&none), &ROUTE), None);
+        let ttl = Settings {
+            default_ttl: Duration::from_secs(30),
+            ..ROUTE
+        };
+        assert_eq!(
+            lifetime(&facts(&none), &ttl).unwrap().fresh,
+            Duration::from_secs(30)
+        );
+        let mut f = facts(&none);
+        f.status = 302;
+        assert_eq!(lifetime(&f, &ttl), None);
+        let nc = cc("no-cache");
+        assert_eq!(lifetime(&facts(&nc), &ROUTE), None);
+        let mut f = facts(&nc);
+        f.has_validator = true;
+        assert!(lifetime(&f, &ROUTE).unwrap().always_revalidate);
+    }
+
+    #[test]
+    fn stale_windows_take_the_longer_and_must_revalidate_forbids_them() {
+        let route = Settings {
+            stale_if_error: Duration::from_secs(60),
+            ..ROUTE
+        };
+        let c = cc("max-age=1, stale-while-revalidate=30");
+        let l = lifetime(&facts(&c), &route).unwrap();
+        assert_eq!(l.stale_while_revalidate, Duration::from_secs(30));
+        assert_eq!(l.stale_if_error, Duration::from_secs(60));
+        let m = cc("max-age=1, must-revalidate, stale-if-error=60");
+        assert_eq!(
+            lifetime(&facts(&m), &route).unwrap().stale_if_error,
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn ages_and_validators() {
+        assert_eq!(initial_age_ms(Some(5), None, 1_000, 1_200), 5_200);
+        assert_eq!(initial_age_ms(None, Some(10), 10_000, 12_000), 2_000);
+        assert!(none_match(b"\"a\", W/\"b\"", b"\"b\""));
+        assert!(none_match(b"*", b"\"x\""));
+        assert!(!none_match(b"\"a\"", b"\"b\""));
+    }
+}

@@ -1,0 +1,207 @@
+//! `[caches.NAME]` and a route's `cache = {...}`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::dur;
+use crate::cache::lookup::RouteCache;
+use crate::config::error::{ConfigError, Source};
+use crate::config::file::{CacheSection, FileConfig, RouteCacheSection, SizeValue};
+
+/// A `[caches.NAME]`, checked.
+pub(super) struct CacheSpec {
+    memory: u64,
+    max_object: u64,
+    status_header: Option<String>,
+}
+
+const DEFAULT_MEMORY: u64 = 256 << 20;
+const DEFAULT_MAX_OBJECT: u64 = 8 << 20;
+
+fn size(src: &Source, key: &str, v: &Spanned<SizeValue>) -> Result<u64, ConfigError> {
+    match v.get_ref() {
+        SizeValue::Bytes(n) => Ok(*n),
+        SizeValue::Text(t) => crate::rules::parse_size(t).map_err(|m| src.error(v.span(), key, m)),
+    }
+}
+
+/// Checks every `[caches.NAME]`.
+pub(super) fn compile_caches(
+    src: &Source,
+    file: &FileConfig,
+) -> Result<HashMap<String, CacheSpec>, ConfigError> {
+    let mut out = HashMap::new();
+    for (name, section) in &file.caches {
+        let key = format!("caches.{name}");
+        let c: &CacheSection = section.get_ref();
+        if !super::valid_name(name) {
+            return Err(src.error(section.span(), key, "names use letters, digits, _ - ."));
+        }
+        if let Some(disk) = &c.disk {
+            let d = disk.get_ref();
+            let size = d
+                .size
+                .as_ref()
+                .map(|s| size(src, &format!("{key}.disk.size"), s));
+            return Err(src.error(
+                disk.span(),
+                format!("{key}.disk"),
+                format!(
+                    "the disk tier is not built yet (path {:?}{}): caches are in memory only \
+                     for now; remove disk",
+                    d.path.get_ref(),
+                    if matches!(size, Some(Ok(_))) {
+                        ", size"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        let memory = c
+            .memory
+            .as_ref()
+            .map(|m| size(src, &format!("{key}.memory"), m))
+            .transpose()?
+            .unwrap_or(DEFAULT_MEMORY);
+        let max_object = c
+            .max_object
+            .as_ref()
+            .map(|m| size(src, &format!("{key}.max_object"), m))
+            .transpose()?
+            .unwrap_or(DEFAULT_MAX_OBJECT);
+        if memory < (1 << 20) {
+            let span = c.memory.as_ref().map_or(section.span(), |m| m.span());
+            return Err(src.error(span, format!("{key}.memory"), "must be at least 1MiB"));
+        }
+        if max_object == 0 || max_object > memory / 4 {
+            let span = c.max_object.as_ref().map_or(section.span(), |m| m.span());
+            return Err(src.error(
+                span,
+                format!("{key}.max_object"),
+                "must be above 0 and at most a quarter of memory",
+            ));
+        }
+        let status_header = status_header(src, &key, c.cache_status_header.as_ref())?;
+        out.insert(
+            name.clone(),
+            CacheSpec {
+                memory,
+                max_object,
+                status_header: status_header.unwrap_or(Some("X-Cache".to_owned())),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// `cache_status_header`: `Some(None)` turns it off ("").
+fn status_header(
+    src: &Source,
+    key: &str,
+    v: Option<&Spanned<String>>,
+) -> Result<Option<Option<String>>, ConfigError> {
+    let Some(v) = v else { return Ok(None) };
+    let name = v.get_ref().trim();
+    if name.is_empty() {
+        return Ok(Some(None));
+    }
+    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        return Err(src.error(
+            v.span(),
+            format!("{key}.cache_status_header"),
+            "not a valid header field name",
+        ));
+    }
+    Ok(Some(Some(name.to_owned())))
+}
+
+/// A route's `cache = {...}`; `http1` says whether the route's group speaks HTTP/1.1.
+pub(super) fn route_cache(
+    src: &Source,
+    key: &str,
+    c: &Spanned<RouteCacheSection>,
+    caches: &HashMap<String, CacheSpec>,
+    http1: Option<bool>,
+) -> Result<Arc<RouteCache>, ConfigError> {
+    let key = format!("{key}.cache");
+    let r = c.get_ref();
+    let store = r.store.get_ref();
+    let spec = caches.get(store).ok_or_else(|| {
+        src.error(
+            r.store.span(),
+            format!("{key}.store"),
+            format!("cache {store:?} is not defined (add [caches.{store}])"),
+        )
+    })?;
+    match http1 {
+        None => {
+            return Err(src.error(c.span(), key, "is for proxied routes (with upstream)"));
+        }
+        Some(false) => {
+            return Err(src.error(
+                c.span(),
+                key,
+                "caching is built for HTTP/1.1 upstream groups so far (protocol = \"http1\")",
+            ));
+        }
+        Some(true) => {}
+    }
+    let template_text = r
+        .key
+        .as_ref()
+        .map_or("{method}{host}{uri}", |k| k.get_ref().as_str());
+    let span = r.key.as_ref().map_or(c.span(), |k| k.span());
+    let template = super::rules::template(src, span, &format!("{key}.key"), template_text, None)?;
+    let (mut get, mut head) = (true, true);
+    if let Some(m) = &r.methods {
+        (get, head) = (false, false);
+        for method in m.get_ref() {
+            match method.to_ascii_uppercase().as_str() {
+                "GET" => get = true,
+                "HEAD" => head = true,
+                other => {
+                    return Err(src.error(
+                        m.span(),
+                        format!("{key}.methods"),
+                        format!("{other:?} responses are not cacheable here: GET and HEAD"),
+                    ))
+                }
+            }
+        }
+    }
+    let purge = r
+        .purge
+        .as_ref()
+        .map(|l| {
+            crate::access::IpList::parse(l.get_ref())
+                .map(|allow| crate::access::IpRules {
+                    allow: Some(allow),
+                    deny: Default::default(),
+                })
+                .map_err(|m| src.error(l.span(), format!("{key}.purge"), m))
+        })
+        .transpose()?;
+    let status = match status_header(src, &key, r.cache_status_header.as_ref())? {
+        Some(s) => s,
+        None => spec.status_header.clone(),
+    };
+    Ok(Arc::new(RouteCache::new(
+        (store, spec.memory, spec.max_object),
+        template,
+        (get, head),
+        (
+            dur(&r.default_ttl, Duration::ZERO),
+            dur(&r.stale_while_revalidate, Duration::ZERO),
+            dur(&r.stale_if_error, Duration::ZERO),
+        ),
+        r.ignore_cache_control
+            .as_ref()
+            .is_some_and(|b| *b.get_ref()),
+        status.as_deref(),
+        purge,
+    )))
+}
