@@ -128,7 +128,7 @@ pub(crate) async fn run(
         if swr > 0 && obj.staleness_ms(now) <= swr {
             Stats::inc(&store.stats.stale);
             let answer = super::serve::respond(&fill.rc, obj, fill.client.clone(), "STALE", now);
-            if let Some(flight) = lead(&store, &fill.key) {
+            if let Join::Lead(flight) = join(&store, &fill.key) {
                 let (w, g, t, f) = (worker.clone(), gen.clone(), t.clone(), fill.clone());
                 tokio::task::spawn_local(async move {
                     let _ = lead_fill(&w, &g, &t, &f, flight).await;
@@ -137,22 +137,29 @@ pub(crate) async fn run(
             return Ok(Filled::Answer(answer));
         }
     }
-    let Some(flight) = lead(&store, &fill.key) else {
-        return follow(&fill).await;
+    let flight = match join(&store, &fill.key) {
+        Join::Lead(flight) => flight,
+        Join::Follow(rx) => return follow(&fill, rx).await,
     };
     Stats::inc(&store.stats.misses);
     lead_fill(worker, gen, t, &fill, flight).await
 }
 
-/// Registers this request as the key's fill, unless one is under way.
-fn lead(store: &Arc<super::Store>, key: &Arc<str>) -> Option<FlightGuard> {
+/// Either leads the key's fill, or follows the one under way (decided under one lock, so a
+/// follower never misses the outcome of the flight it saw).
+enum Join {
+    Lead(FlightGuard),
+    Follow(tokio::sync::watch::Receiver<Option<Outcome>>),
+}
+
+fn join(store: &Arc<super::Store>, key: &Arc<str>) -> Join {
     let mut flights = store.flights.lock().unwrap_or_else(|e| e.into_inner());
-    if flights.contains_key(key) {
-        return None;
+    if let Some(tx) = flights.get(key) {
+        return Join::Follow(tx.subscribe());
     }
     let (tx, _) = tokio::sync::watch::channel(None);
     flights.insert(key.clone(), tx);
-    Some(FlightGuard {
+    Join::Lead(FlightGuard {
         store: store.clone(),
         key: key.clone(),
     })
@@ -190,19 +197,15 @@ impl Drop for FlightGuard {
 }
 
 /// Waits for the key's fill in progress.
-async fn follow(fill: &Fill) -> Result<Filled, ProxyError> {
+async fn follow(
+    fill: &Fill,
+    mut rx: tokio::sync::watch::Receiver<Option<Outcome>>,
+) -> Result<Filled, ProxyError> {
     let store = &fill.rc.store;
-    let rx = {
-        let flights = store.flights.lock().unwrap_or_else(|e| e.into_inner());
-        flights.get(&fill.key).map(|tx| tx.subscribe())
-    };
-    let outcome = match rx {
-        None => None,
-        Some(mut rx) => tokio::time::timeout(COLLAPSE_WAIT, rx.wait_for(|o| o.is_some()))
-            .await
-            .ok()
-            .and_then(|r| r.ok().and_then(|o| o.clone())),
-    };
+    let outcome = tokio::time::timeout(COLLAPSE_WAIT, rx.wait_for(|o| o.is_some()))
+        .await
+        .ok()
+        .and_then(|r| r.ok().and_then(|o| o.clone()));
     let now = now_ms();
     match outcome {
         Some(Outcome::Stored(obj)) => {
