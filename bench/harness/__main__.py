@@ -1,4 +1,5 @@
-"""Entry point: `bench/run [--quick|--smoke|--vs-nginx|--tcp|--h3] [options]` (see bench/README.md)."""
+"""Entry point: `bench/run [--quick|--smoke|--vs-nginx|--tcp|--h3|--cache] [options]` (see
+bench/README.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import h3, report, runner, tcp, vs_nginx
+from . import cache, h3, report, runner, tcp, vs_nginx
 from .peers import ALL_PROXIES
 from .runner import SetupError
 from .ui import fmt_s, say
@@ -36,6 +37,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     mode.add_argument("--h3", action="store_true",
                       help="HTTP/3: veloxy h3 vs veloxy h2 vs Caddy h3 (and h2), 1 worker each, "
                            "alternating oha rounds, CPU per request")
+    mode.add_argument("--cache", action="store_true",
+                      help="HTTP cache: veloxy vs nginx proxy_cache vs Varnish, 1 worker each, "
+                           "cache hits (1 KB, 100 KB), a 90%%-hit mix and a miss storm")
     p.add_argument("--proxies", help=f"comma list (default: all: {','.join(ALL_PROXIES)})")
     p.add_argument("--scenarios", help="comma list of scenario names (default: all)")
     p.add_argument("--cores", help="core split PROXY:LOAD, e.g. 0:1 or 0-3:4-15 "
@@ -49,14 +53,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-build", action="store_true",
                    help="do not cargo build the workspace if target/release binaries are missing")
     p.add_argument("--rounds", type=int, default=3,
-                   help="--vs-nginx (>= 3), --tcp, --h3 (>= 1; below 3 only a smoke check): "
-                        "alternating rounds")
+                   help="--vs-nginx (>= 3), --tcp, --h3, --cache (>= 1; below 3 only a smoke "
+                        "check): alternating rounds")
     p.add_argument("--duration", type=float, default=10,
-                   help="--vs-nginx, --tcp, --h3: seconds per run")
+                   help="--vs-nginx, --tcp, --h3, --cache: seconds per run")
     p.add_argument("--warmup", type=float, default=2,
-                   help="--vs-nginx, --tcp, --h3: warm-up seconds per run")
+                   help="--vs-nginx, --tcp, --h3, --cache: warm-up seconds per run")
     p.add_argument("--connections", type=int, default=64,
-                   help="--vs-nginx, --tcp: wrk connections; --h3: oha connections (-c)")
+                   help="--vs-nginx, --tcp, --cache: wrk connections; --h3: oha connections (-c)")
     p.add_argument("--streams", type=int, default=1,
                    help="--h3: concurrent requests per connection (oha -p), for h3 and h2 alike")
     p.add_argument("--rules", action="store_true",
@@ -107,16 +111,17 @@ def main(argv: list[str]) -> int:
         return 0
     profile = ("smoke" if args.smoke else "quick" if args.quick
                else "vs-nginx" if args.vs_nginx else "tcp" if args.tcp else "h3" if args.h3
-               else "full")
+               else "cache" if args.cache else "full")
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
 
     if args.proxies:
         requested = [x.strip() for x in args.proxies.split(",") if x.strip()]
-        unknown = [x for x in requested if x not in ALL_PROXIES]
+        known = ALL_PROXIES + (cache.CACHE_ONLY if profile == "cache" else [])
+        unknown = [x for x in requested if x not in known]
         if unknown:
-            print(f"unknown proxies: {unknown}; known: {ALL_PROXIES}", file=sys.stderr)
+            print(f"unknown proxies: {unknown}; known: {known}", file=sys.stderr)
             return 2
     elif profile == "smoke":
         requested = ["veloxy", "nginx"]
@@ -126,6 +131,8 @@ def main(argv: list[str]) -> int:
         requested = list(tcp.TCP_PEERS)
     elif profile == "h3":
         requested = list(h3.H3_PEERS)
+    elif profile == "cache":
+        requested = list(cache.CACHE_PEERS)
     else:
         requested = list(ALL_PROXIES)
     scenarios = [s for s in all_sc if profile in s.PROFILES]
@@ -163,6 +170,8 @@ def main(argv: list[str]) -> int:
             return tcp.run(ctx, args, requested)
         if profile == "h3":
             return h3.run(ctx, args, requested)
+        if profile == "cache":
+            return cache.run(ctx, args, requested)
         wanted = ["wrk", *requested]
         if profile != "smoke":
             wanted.append("h2load")  # for HTTP/2 scenarios; installed up front with the others

@@ -20,11 +20,12 @@ BENCH = Path(__file__).resolve().parent.parent
 REPO = BENCH.parent
 TRAEFIK_VERSION = "v3.6.12"
 APT_PACKAGES = {"nginx": "nginx", "haproxy": "haproxy", "wrk": "wrk",
-                "h2load": "nghttp2-client", "strace": "strace"}
+                "h2load": "nghttp2-client", "strace": "strace", "varnish": "varnish"}
 # Peers and tools are stock release builds: an explicit empty RUSTFLAGS keeps the
 # workspace's .cargo/config.toml (found by walking up from bench/) out of them.
 STOCK_RUST = {"RUSTFLAGS": ""}
-APT_BINARIES = {"nginx": "/usr/sbin/nginx", "haproxy": "/usr/sbin/haproxy"}
+APT_BINARIES = {"nginx": "/usr/sbin/nginx", "haproxy": "/usr/sbin/haproxy",
+                "varnish": "/usr/sbin/varnishd"}
 
 
 @dataclass
@@ -71,8 +72,10 @@ def _log_tail(log: Path, n: int = 3) -> str:
 
 
 def _which(name: str) -> str | None:
-    return APT_BINARIES.get(name) if Path(APT_BINARIES.get(name, "/nonexistent")).exists() \
-        else shutil.which(name)
+    known = APT_BINARIES.get(name)
+    if known and Path(known).exists():
+        return known
+    return shutil.which(Path(known).name if known else name)  # e.g. varnish: varnishd
 
 
 class Installer:
@@ -122,9 +125,9 @@ class Installer:
 
     @staticmethod
     def _stop_system_services(log: Path) -> None:
-        """Debian's nginx/haproxy packages may start system services: stop them so they
-        never share the machine with a measurement (we run our own in the foreground)."""
-        for svc in ("nginx", "haproxy"):
+        """Debian's nginx/haproxy/varnish packages may start system services: stop them so
+        they never share the machine with a measurement (we run our own in the foreground)."""
+        for svc in ("nginx", "haproxy", "varnish"):
             pidfile = Path(f"/run/{svc}.pid")
             if pidfile.exists():
                 _run_logged(["service", svc, "stop"], log, timeout=30)
@@ -336,7 +339,7 @@ def versions(tools: dict[str, Tool]) -> dict[str, str]:
     cmds = {
         "nginx": ["-v"], "haproxy": ["-v"], "envoy": ["--version"], "caddy": ["version"],
         "traefik": ["version"], "wrk": ["-v"], "oha": ["--version"], "oha-h3": ["--version"],
-        "h2load": ["--version"],
+        "h2load": ["--version"], "varnish": ["-V"],
         "veloxy": ["--version"], "strace": ["-V"],
     }
     out = {}

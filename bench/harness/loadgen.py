@@ -47,9 +47,10 @@ def parse_wrk(stdout: str) -> dict:
 
 def wrk(url: str, *, connections: int, duration: float, threads: int, cpus: list[int],
         method: str = "GET", body_file: Path | None = None, timeout_s: int = 4,
-        headers: list[str] | None = None, script: Path | None = None) -> dict:
+        headers: list[str] | None = None, script: Path | None = None,
+        env: dict[str, str] | None = None) -> dict:
     """`script`: another wrk Lua script (it must print the WRKJSON line, e.g. by loading
-    lua/report.lua with dofile); default lua/report.lua."""
+    lua/report.lua with dofile); default lua/report.lua. `env`: more environment for it."""
     threads = max(1, min(threads, connections))
     duration = max(1, math.ceil(duration))  # wrk takes whole seconds only
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration}s",
@@ -57,7 +58,8 @@ def wrk(url: str, *, connections: int, duration: float, threads: int, cpus: list
     for h in headers or []:
         cmd += ["-H", h]
     cmd.append(url)
-    env = {"WRK_METHOD": method, "WRK_BODY_FILE": str(body_file) if body_file else ""}
+    env = {"WRK_METHOD": method, "WRK_BODY_FILE": str(body_file) if body_file else "",
+           **(env or {})}
     rc, out, err = procs.run_bounded(cmd, timeout=duration + 30, cpus=cpus, env=env)
     if rc != 0:
         raise LoadError(f"wrk exited {rc}: {(err or out)[-600:]}")

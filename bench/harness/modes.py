@@ -26,14 +26,18 @@ from .ui import fmt_s, say, warn
 # --- set-up -------------------------------------------------------------------------------
 
 
-def choose(requested: list[str], known: list[str], mode: str) -> list[str]:
-    """The requested proxies that `mode` (e.g. "--tcp") compares; veloxy must be one."""
+def choose(requested: list[str], known: list[str], mode: str, *,
+           need_veloxy: bool = True) -> list[str]:
+    """The requested proxies that `mode` (e.g. "--tcp") compares; veloxy must be one (unless
+    not `need_veloxy`; at least one then)."""
     wanted = [p for p in requested if p in known]
     for p in requested:
         if p not in known:
             warn(f"{mode} compares {', '.join(known)} only: {p} ignored")
-    if "veloxy" not in wanted:
+    if need_veloxy and "veloxy" not in wanted:
         raise SetupError(f"{mode} needs veloxy among the proxies")
+    if not wanted:
+        raise SetupError(f"{mode} compares {', '.join(known)}: none of them requested")
     return wanted
 
 
@@ -86,18 +90,20 @@ def spawn(ctx, name: str, cmd: list[str], wd: Path, port: int, cpus: list[int],
 
 def start_checked(ctx, wanted: list[str], running: dict[str, peers.Running],
                   start: Callable[[str], peers.Running], check: Callable[[peers.Running], str | None],
-                  *, variant: str, failing: str, status: str) -> None:
+                  *, variant: str, failing: str, status: str,
+                  veloxy_required: bool = True) -> None:
     """Start each of `wanted` still "ok" (`start(name)`), keep its config and `check(run)` it
     (None, or what is wrong) before it goes into `running`. A proxy that fails to start or
     the check is stopped and marked in ctx.peer_status (the check: `status`, and the warning
-    says NAME `failing`: ...); veloxy failing either is a SetupError."""
+    says NAME `failing`: ...); veloxy failing either is a SetupError (with `veloxy_required`;
+    else it is marked like the others and the mode goes on without it)."""
     for name in wanted:
         if ctx.peer_status[name]["status"] != "ok":
             continue
         try:
             r = start(name)
         except StartError as e:
-            if name == "veloxy":
+            if name == "veloxy" and veloxy_required:
                 raise SetupError(f"veloxy failed to start: {e}") from e
             warn(f"{name} failed to start: {e}")
             ctx.peer_status[name] = {"status": "start failed", "reason": str(e)[-400:]}
@@ -106,7 +112,7 @@ def start_checked(ctx, wanted: list[str], running: dict[str, peers.Running],
         bad = check(r)
         if bad:
             peers.stop(r)
-            if name == "veloxy":
+            if name == "veloxy" and veloxy_required:
                 raise SetupError(f"veloxy {failing}: {bad}")
             warn(f"{name} {failing}: {bad}")
             ctx.peer_status[name] = {"status": status, "reason": bad}

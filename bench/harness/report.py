@@ -13,7 +13,7 @@ from . import charts as ch
 from .measure import fmt_bytes, fmt_ms, fmt_rate, fmt_us, ratio
 
 CONFIG_FILES = ("nginx.conf", "haproxy.cfg", "envoy.yaml", "Caddyfile", "traefik.yml",
-                "dynamic.yml", "veloxy.toml", "command.txt")
+                "dynamic.yml", "veloxy.toml", "varnish.vcl", "command.txt")
 
 
 def save_config(ctx, run, variant: str | None = None) -> None:
