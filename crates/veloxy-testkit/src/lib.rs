@@ -19,6 +19,9 @@
 //!   * [`client`]: [`Client`], a raw HTTP/1.1 client (exact bytes on the wire), and the
 //!     one-shot [`request`] / [`get`];
 //!   * [`origin`](mod@origin): [`origin`](origin()), a threaded origin scripted per request;
+//!   * [`script_origin`](mod@script_origin): [`script_origin`](script_origin()), a keep-alive
+//!     origin answering each request with what the test computes from all of it (status,
+//!     headers, body, delay), with a request log and a `stop` that makes it refuse connections;
 //!   * [`tls`]: [`Pki`], a throwaway CA issuing leaf certificates, rustls client configs and
 //!     [`tls_connect`] / [`https1`];
 //!   * [`http2`]: an HTTP/2 client ([`h2_connect`], [`h2_send`], [`h2_get`]) over TLS or h2c
@@ -55,6 +58,7 @@ pub mod http3;
 pub mod origin;
 pub mod pebble;
 pub mod proc;
+pub mod script_origin;
 pub mod site;
 pub mod tls;
 pub mod ws;
@@ -69,6 +73,7 @@ pub use http3::*;
 pub use origin::*;
 pub use pebble::*;
 pub use proc::*;
+pub use script_origin::*;
 pub use site::*;
 pub use tls::*;
 pub use ws::*;

@@ -21,6 +21,10 @@ pub(crate) struct Fetched {
     pub body: Bytes,
 }
 
+/// A fill reads a body this large into memory to answer it even when it is too large to
+/// store (above `max_object`); only larger ones make the request go upstream a second time.
+pub(crate) const SERVE_LIMIT: u64 = 16 << 20;
+
 type Fail = AttemptFail<ProxyError>;
 
 fn up(kind: ErrorKind) -> ProxyError {

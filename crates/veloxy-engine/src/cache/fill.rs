@@ -4,8 +4,11 @@
 //! One fill per key at a time: the first miss becomes the leader and registers a flight;
 //! misses on the same key, in any worker, wait for its outcome (at most [`COLLAPSE_WAIT`])
 //! and are answered from the stored object, or go upstream themselves when it was not
-//! storable. The fill reads the whole response (up to `max_object`) before answering; a larger
-//! one is not stored, the key becomes a hit-for-pass, and the request is forwarded as usual.
+//! storable. The fill reads the whole response before answering. One larger than
+//! `max_object` is answered from memory but not stored, and the key becomes a hit-for-pass
+//! (later requests go straight upstream, streamed, for [`super::PASS_FOR`]); one larger than
+//! [`super::fetch::SERVE_LIMIT`] as well is dropped and the request forwarded as usual, so
+//! only that first request of a huge URL costs a second upstream request.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -247,7 +250,8 @@ async fn lead_fill(
     }
     head.extend_from_slice(b"\r\n");
     let requested = now_ms();
-    let fetched = super::fetch::fetch(worker, gen, t, &head, fill.rc.max_object).await;
+    let limit = fill.rc.max_object.max(super::fetch::SERVE_LIMIT);
+    let fetched = super::fetch::fetch(worker, gen, t, &head, limit).await;
     let now = now_ms();
     let stale_ok = |obj: &Arc<Object>| fill.mode == Mode::Normal || usable_on_error(obj, now);
     let fetched = match fetched {
@@ -298,7 +302,15 @@ async fn lead_fill(
         }
         _ => (build(&fetched, fill, requested, now), "MISS"),
     };
-    let stored = obj.as_ref().is_some_and(|(_, life)| life.is_some());
+    let too_big = fetched.body.len() as u64 > fill.rc.max_object;
+    if too_big {
+        // Served from memory this once; not stored, and a hit-for-pass for a while.
+        store.entries.insert(
+            fill.primary.clone(),
+            Entry::Pass(now + super::PASS_FOR.as_millis() as u64),
+        );
+    }
+    let stored = !too_big && obj.as_ref().is_some_and(|(_, life)| life.is_some());
     let obj = match obj {
         Some((o, _)) => Arc::new(o),
         None => {

@@ -86,6 +86,9 @@ pub(super) fn compile_caches(
             ));
         }
         let status_header = status_header(src, &key, c.cache_status_header.as_ref())?;
+        // The live store exists as soon as the cache is configured (purges and metrics name
+        // it even before a route uses it).
+        crate::cache::store(name, memory);
         out.insert(
             name.clone(),
             CacheSpec {
