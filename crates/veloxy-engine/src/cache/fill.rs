@@ -235,8 +235,21 @@ async fn lead_fill(
     flight: FlightGuard,
 ) -> Result<Filled, ProxyError> {
     let store = fill.rc.store.clone();
+    let mut stale = fill.stale.clone();
+    if stale.is_none() && store.disk.is_some() {
+        if let Some(obj) = from_disk(fill).await {
+            let now = now_ms();
+            if fill.mode == Mode::Normal && obj.is_fresh(now) {
+                Stats::inc(&store.stats.hits);
+                flight.finish(Outcome::Stored(obj.clone()));
+                let r = super::serve::respond(&fill.rc, &obj, fill.client.clone(), "HIT", now);
+                return Ok(Filled::Answer(r));
+            }
+            stale = Some(obj);
+        }
+    }
     let mut head = fill.head.clone();
-    if let Some(obj) = &fill.stale {
+    if let Some(obj) = &stale {
         if let Some(etag) = &obj.etag {
             head.extend_from_slice(b"If-None-Match: ");
             head.extend_from_slice(etag);
@@ -285,14 +298,14 @@ async fn lead_fill(
         Ok(Some(f)) => f,
     };
     if fetched.status >= 500 {
-        if let Some(obj) = fill.stale.as_ref().filter(|o| usable_on_error(o, now)) {
+        if let Some(obj) = stale.as_ref().filter(|o| usable_on_error(o, now)) {
             Stats::inc(&store.stats.stale);
             flight.finish(Outcome::Stale(obj.clone()));
             let r = super::serve::respond(&fill.rc, obj, fill.client.clone(), "STALE", now);
             return Ok(Filled::Answer(r));
         }
     }
-    let (obj, label) = match (&fill.stale, fetched.status) {
+    let (obj, label) = match (&stale, fetched.status) {
         (Some(old), 304) => {
             Stats::inc(&store.stats.revalidated);
             (
@@ -332,18 +345,43 @@ async fn lead_fill(
 /// Stores `obj` under the request's key (its variant's, when the response varies).
 fn insert(fill: &Fill, headers: &http::HeaderMap, obj: Arc<Object>) {
     let store = &fill.rc.store;
+    let put = |key: Arc<str>, e: Entry| {
+        if let Some((disk, _)) = &store.disk {
+            disk.save(key.clone(), e.clone());
+        }
+        store.entries.insert(key, e);
+    };
     let vary = vary_names(headers);
     if vary.is_empty() {
-        store
-            .entries
-            .insert(fill.primary.clone(), Entry::Object(obj));
+        put(fill.primary.clone(), Entry::Object(obj));
         return;
     }
     let key = super::lookup::variant_key_with(&fill.primary, &vary, |n| fill.field(n));
-    store
-        .entries
-        .insert(fill.primary.clone(), Entry::Vary(vary.into()));
-    store.entries.insert(Arc::from(key), Entry::Object(obj));
+    put(fill.primary.clone(), Entry::Vary(vary.into()));
+    put(Arc::from(key), Entry::Object(obj));
+}
+
+/// The request's entry in the disk tier (a memory miss), put back in memory.
+async fn from_disk(fill: &Fill) -> Option<Arc<Object>> {
+    let store = &fill.rc.store;
+    let (disk, _) = store.disk.as_ref()?;
+    let entry = disk.load(fill.key.clone()).await?;
+    let (key, entry) = match entry {
+        Entry::Vary(names) if fill.key == fill.primary => {
+            store
+                .entries
+                .insert(fill.primary.clone(), Entry::Vary(names.clone()));
+            let v = super::lookup::variant_key_with(&fill.primary, &names, |n| fill.field(n));
+            let v: Arc<str> = Arc::from(v);
+            (v.clone(), disk.load(v).await?)
+        }
+        e => (fill.key.clone(), e),
+    };
+    let Entry::Object(obj) = entry else {
+        return None;
+    };
+    store.entries.insert(key, Entry::Object(obj.clone()));
+    Some(obj)
 }
 
 fn vary_names(headers: &http::HeaderMap) -> Vec<Box<str>> {

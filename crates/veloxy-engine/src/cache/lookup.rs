@@ -45,7 +45,7 @@ impl RouteCache {
     /// Builds the compiled settings (the config compiler's entry point).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        (name, memory, max_object): (&str, u64, u64),
+        (store, max_object): (Arc<Store>, u64),
         key: Template,
         (get, head): (bool, bool),
         (default_ttl, stale_while_revalidate, stale_if_error): (Duration, Duration, Duration),
@@ -54,7 +54,7 @@ impl RouteCache {
         purge: Option<crate::access::IpRules>,
     ) -> RouteCache {
         RouteCache {
-            store: super::store(name, memory),
+            store,
             max_object,
             key,
             get,

@@ -14,6 +14,7 @@
 //! * [`serve`]: an object as an answer: `Age`, the status header, client conditionals
 //!   (304), ranges (206), HEAD.
 
+pub(crate) mod disk;
 pub(crate) mod fetch;
 pub(crate) mod fill;
 pub(crate) mod lookup;
@@ -107,10 +108,19 @@ pub(crate) struct Store {
     /// Fills in progress, by key: later misses wait for them (see [`fill`]).
     pub flights: Mutex<HashMap<Arc<str>, fill::Flight>>,
     pub stats: Stats,
+    /// The disk tier, with its directory and size as configured.
+    pub disk: Option<(Arc<disk::Disk>, DiskSpec)>,
+}
+
+/// `disk = { path, size }` of a cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DiskSpec {
+    pub path: std::path::PathBuf,
+    pub size: u64,
 }
 
 impl Store {
-    fn new(name: &str, memory: u64) -> Store {
+    fn new(name: &str, memory: u64, disk: Option<(Arc<disk::Disk>, DiskSpec)>) -> Store {
         let evictions = Arc::new(AtomicU64::new(0));
         let counter = evictions.clone();
         let entries = moka::sync::Cache::builder()
@@ -135,14 +145,21 @@ impl Store {
                 evictions,
                 ..Stats::default()
             },
+            disk,
         }
     }
 
     /// Removes what `selector` picks; returns how many keys were removed.
     pub fn purge(&self, selector: &Purge) -> usize {
+        let on_disk = self.disk.as_ref().map_or(0, |(d, _)| d.purge(selector));
+        self.purge_memory(selector).max(on_disk)
+    }
+
+    fn purge_memory(&self, selector: &Purge) -> usize {
         if let Purge::Key(k) = selector {
             // The key and its variants (keyed by the key plus their Vary values).
-            let variants = self.purge(&Purge::Prefix(format!("{k}{}", lookup::VARIANT_MARK)));
+            let variants =
+                self.purge_memory(&Purge::Prefix(format!("{k}{}", lookup::VARIANT_MARK)));
             let had = self.entries.remove(k.as_str()).is_some();
             return variants + usize::from(had);
         }
@@ -186,15 +203,25 @@ fn registry() -> &'static Mutex<HashMap<String, Arc<Store>>> {
     STORES.get_or_init(Default::default)
 }
 
-/// The store named `name`, created (or replaced, when its size changed) as needed.
-pub(crate) fn store(name: &str, memory: u64) -> Arc<Store> {
+/// The store named `name`, created (or replaced, when its size or disk changed) as needed.
+pub(crate) fn store(
+    name: &str,
+    memory: u64,
+    disk: Option<DiskSpec>,
+) -> std::io::Result<Arc<Store>> {
     let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
     match all.get(name) {
-        Some(s) if s.memory == memory => s.clone(),
+        Some(s) if s.memory == memory && s.disk.as_ref().map(|(_, d)| d) == disk.as_ref() => {
+            Ok(s.clone())
+        }
         _ => {
-            let s = Arc::new(Store::new(name, memory));
+            let disk = match disk {
+                Some(spec) => Some((disk::Disk::open(&spec.path, spec.size)?, spec)),
+                None => None,
+            };
+            let s = Arc::new(Store::new(name, memory, disk));
             all.insert(name.to_owned(), s.clone());
-            s
+            Ok(s)
         }
     }
 }
@@ -280,5 +307,27 @@ pub(crate) fn metrics(out: &mut String) {
             s.name,
             s.bytes()
         );
+    }
+    let disks: Vec<_> = stores
+        .iter()
+        .filter_map(|s| Some((&s.name, &s.disk.as_ref()?.0)))
+        .collect();
+    if disks.is_empty() {
+        return;
+    }
+    type Gauge = (&'static str, &'static str, fn(&disk::Disk) -> u64);
+    let gauges: [Gauge; 2] = [
+        ("veloxy_cache_disk_bytes", "gauge", |d| {
+            d.bytes.load(Ordering::Relaxed)
+        }),
+        ("veloxy_cache_disk_errors_total", "counter", |d| {
+            d.errors.load(Ordering::Relaxed)
+        }),
+    ];
+    for (metric, kind, get) in gauges {
+        let _ = writeln!(out, "# HELP {metric} Disk tier: bytes held; entries found corrupt (deleted) or not written.\n# TYPE {metric} {kind}");
+        for (n, d) in &disks {
+            let _ = writeln!(out, "{metric}{{cache=\"{n}\"}} {}", get(d));
+        }
     }
 }

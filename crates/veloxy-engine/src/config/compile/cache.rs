@@ -13,13 +13,14 @@ use crate::config::file::{CacheSection, FileConfig, RouteCacheSection, SizeValue
 
 /// A `[caches.NAME]`, checked.
 pub(super) struct CacheSpec {
-    memory: u64,
+    store: Arc<crate::cache::Store>,
     max_object: u64,
     status_header: Option<String>,
 }
 
 const DEFAULT_MEMORY: u64 = 256 << 20;
 const DEFAULT_MAX_OBJECT: u64 = 8 << 20;
+const DEFAULT_DISK: u64 = 10 << 30;
 
 fn size(src: &Source, key: &str, v: &Spanned<SizeValue>) -> Result<u64, ConfigError> {
     match v.get_ref() {
@@ -39,27 +40,6 @@ pub(super) fn compile_caches(
         let c: &CacheSection = section.get_ref();
         if !super::valid_name(name) {
             return Err(src.error(section.span(), key, "names use letters, digits, _ - ."));
-        }
-        if let Some(disk) = &c.disk {
-            let d = disk.get_ref();
-            let size = d
-                .size
-                .as_ref()
-                .map(|s| size(src, &format!("{key}.disk.size"), s));
-            return Err(src.error(
-                disk.span(),
-                format!("{key}.disk"),
-                format!(
-                    "the disk tier is not built yet (path {:?}{}): caches are in memory only \
-                     for now; remove disk",
-                    d.path.get_ref(),
-                    if matches!(size, Some(Ok(_))) {
-                        ", size"
-                    } else {
-                        ""
-                    }
-                ),
-            ));
         }
         let memory = c
             .memory
@@ -86,13 +66,45 @@ pub(super) fn compile_caches(
             ));
         }
         let status_header = status_header(src, &key, c.cache_status_header.as_ref())?;
+        let disk = match &c.disk {
+            None => None,
+            Some(d) => {
+                let dk = format!("{key}.disk");
+                let spec = d.get_ref();
+                let size = spec
+                    .size
+                    .as_ref()
+                    .map(|s| size(src, &format!("{dk}.size"), s))
+                    .transpose()?
+                    .unwrap_or(DEFAULT_DISK);
+                if size < max_object {
+                    return Err(src.error(
+                        d.span(),
+                        format!("{dk}.size"),
+                        "must be at least max_object",
+                    ));
+                }
+                Some(crate::cache::DiskSpec {
+                    path: super::absolute(&src.relative(spec.path.get_ref())),
+                    size,
+                })
+            }
+        };
         // The live store exists as soon as the cache is configured (purges and metrics name
-        // it even before a route uses it).
-        crate::cache::store(name, memory);
+        // it even before a route uses it); its disk directory is created now, as nginx -t
+        // creates a proxy_cache_path.
+        let span = c.disk.as_ref().map_or(section.span(), |d| d.span());
+        let store = crate::cache::store(name, memory, disk).map_err(|e| {
+            src.error(
+                span,
+                format!("{key}.disk.path"),
+                format!("cannot use the directory: {e}"),
+            )
+        })?;
         out.insert(
             name.clone(),
             CacheSpec {
-                memory,
+                store,
                 max_object,
                 status_header: status_header.unwrap_or(Some("X-Cache".to_owned())),
             },
@@ -193,7 +205,7 @@ pub(super) fn route_cache(
         None => spec.status_header.clone(),
     };
     Ok(Arc::new(RouteCache::new(
-        (store, spec.memory, spec.max_object),
+        (spec.store.clone(), spec.max_object),
         template,
         (get, head),
         (

@@ -1,0 +1,174 @@
+//! The disk tier of the response cache (`[caches.NAME] disk = { path, size }`): entries
+//! survive a restart, a corrupt entry is a miss (and deleted), the directory stays under its
+//! size, and a disk that fails to write costs only the copy on disk.
+
+use std::path::Path;
+use std::time::Duration;
+
+use veloxy_testkit::*;
+
+#[path = "support/cache.rs"]
+mod support;
+use support::*;
+
+fn disk_lines(dir: &Path, size: &str) -> String {
+    format!(
+        "disk = {{ path = \"{}\", size = \"{size}\" }}\n",
+        dir.display()
+    )
+}
+
+/// The `.vxc` entry files under `dir`.
+fn entry_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for sub in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(sub.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if f.path().extension().is_some_and(|e| e == "vxc") {
+                out.push(f.path());
+            }
+        }
+    }
+    out
+}
+
+fn metric(v: &Veloxy, name: &str) -> f64 {
+    let text = admin(v, "GET", "/metrics").body_str();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn entries_survive_a_restart_and_a_corrupt_entry_is_a_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = script_origin(|r| {
+        Scripted::ok(format!("v{}", r.seq)).header("cache-control", "max-age=600")
+    });
+    let lines = disk_lines(dir.path(), "64MiB");
+    let setup = || Setup {
+        caches: &lines,
+        ..Setup::default()
+    };
+    let v = start_with(&o, setup());
+    assert_eq!(
+        summary(&get1(&v, "/a", &[])),
+        (200, "v1".into(), Some("MISS"))
+    );
+    assert_eq!(
+        summary(&get1(&v, "/b", &[])),
+        (200, "v2".into(), Some("MISS"))
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || entry_files(dir.path()).len()
+            == 2),
+        "both entries written: {:?}",
+        entry_files(dir.path())
+    );
+    drop(v);
+
+    // A new process: the objects come from the disk, over HTTP/1.1 and HTTP/2.
+    let v = start_with(&o, setup());
+    assert_eq!(
+        summary(&get1(&v, "/a", &[])),
+        (200, "v1".into(), Some("HIT"))
+    );
+    let r = fetch(&v, Proto::H2, "GET", "/b", &[]);
+    assert_eq!(summary(&r), (200, "v2".into(), Some("HIT")));
+    assert_eq!(o.hits(), 2, "nothing went upstream after the restart");
+    drop(v);
+
+    // Every entry damaged by one flipped byte: each is a miss and is replaced.
+    for f in entry_files(dir.path()) {
+        let mut data = std::fs::read(&f).unwrap();
+        let mid = data.len() / 2;
+        data[mid] ^= 0x20;
+        std::fs::write(&f, data).unwrap();
+    }
+    let v = start_with(&o, setup());
+    assert_eq!(
+        summary(&get1(&v, "/a", &[])),
+        (200, "v3".into(), Some("MISS"))
+    );
+    assert_eq!(
+        summary(&get1(&v, "/a", &[])),
+        (200, "v3".into(), Some("HIT"))
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &v,
+            "veloxy_cache_disk_errors_total"
+        ) >= 2.0),
+        "corrupt entries counted"
+    );
+}
+
+#[test]
+fn the_directory_stays_under_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let o =
+        script_origin(|_| Scripted::ok(vec![b'x'; 400_000]).header("cache-control", "max-age=600"));
+    let lines = disk_lines(dir.path(), "1MiB");
+    let v = start_with(
+        &o,
+        Setup {
+            caches: &lines,
+            ..Setup::default()
+        },
+    );
+    for p in ["/1", "/2", "/3", "/4"] {
+        assert_eq!(get1(&v, p, &[]).status, 200);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let files = entry_files(dir.path());
+            let total: u64 = files
+                .iter()
+                .map(|f| f.metadata().map_or(0, |m| m.len()))
+                .sum();
+            files.len() == 2 && total <= 1 << 20
+        }),
+        "{:?}",
+        entry_files(dir.path())
+    );
+    assert!(metric(&v, "veloxy_cache_disk_bytes") <= f64::from(1u32 << 20));
+}
+
+#[test]
+fn a_disk_that_cannot_be_written_only_loses_the_disk_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = dir.path().join("c");
+    let o = script_origin(|r| {
+        Scripted::ok(format!("v{}", r.seq)).header("cache-control", "max-age=600")
+    });
+    let lines = disk_lines(&cache_dir, "64MiB");
+    let v = start_with(
+        &o,
+        Setup {
+            caches: &lines,
+            ..Setup::default()
+        },
+    );
+    // The directory becomes a file: every write fails (ENOTDIR), as on a broken disk.
+    std::fs::remove_dir_all(&cache_dir).unwrap();
+    std::fs::write(&cache_dir, b"not a directory").unwrap();
+    assert_eq!(
+        summary(&get1(&v, "/a", &[])),
+        (200, "v1".into(), Some("MISS"))
+    );
+    assert_eq!(
+        summary(&get1(&v, "/a", &[])),
+        (200, "v1".into(), Some("HIT"))
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &v,
+            "veloxy_cache_disk_errors_total"
+        ) >= 1.0),
+        "the failed write is counted"
+    );
+}
