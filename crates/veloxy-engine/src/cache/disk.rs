@@ -22,7 +22,7 @@ use sha1::Digest;
 use super::policy::Lifetime;
 use super::{Entry, Object, Purge};
 
-const MAGIC: &[u8; 4] = b"VXC1";
+const MAGIC: &[u8; 4] = b"VXC2";
 
 /// A cache's directory of entries.
 pub(crate) struct Disk {
@@ -292,6 +292,7 @@ fn encode(key: &str, entry: &Entry) -> Vec<u8> {
                 o.life.stale_while_revalidate.as_millis() as u64,
                 o.life.stale_if_error.as_millis() as u64,
                 u64::from(o.life.always_revalidate),
+                u64::from(o.compressible),
             ] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
@@ -325,7 +326,7 @@ fn decode(data: &[u8]) -> Option<(String, Entry)> {
         }
         0 => {
             let status = u16::from_le_bytes(r.take(2)?.try_into().ok()?);
-            let mut n = [0u64; 5];
+            let mut n = [0u64; 6];
             for v in &mut n {
                 *v = r.u64()?;
             }
@@ -347,6 +348,8 @@ fn decode(data: &[u8]) -> Option<(String, Entry)> {
                     .map(Into::into)
                     .collect(),
                 born_ms: n[0],
+                compressible: n[5] != 0,
+                encoded: Default::default(),
                 life: Lifetime {
                     fresh: Duration::from_millis(n[1]),
                     stale_while_revalidate: Duration::from_millis(n[2]),
@@ -391,6 +394,8 @@ mod tests {
             last_modified: None,
             tags: vec!["a".into(), "b".into()].into(),
             born_ms: 123,
+            compressible: true,
+            encoded: Default::default(),
             life: Lifetime {
                 fresh: Duration::from_secs(60),
                 stale_while_revalidate: Duration::ZERO,

@@ -79,7 +79,7 @@ impl Fill {
         (primary, key): (Arc<str>, Arc<str>),
         stale: Option<Arc<Object>>,
         mode: Mode,
-        head: &Head,
+        (head, encoding): (&Head, Option<crate::compress::Encoding>),
     ) -> Fill {
         let fields: Vec<(Box<str>, Vec<u8>)> = head
             .fields
@@ -92,7 +92,7 @@ impl Fill {
             key,
             stale,
             mode,
-            client: super::lookup::head_view(head),
+            client: super::lookup::head_view(head, encoding),
             authorization: head.fields.get("authorization").is_some(),
             fields: fields.into(),
             head: Vec::new(),
@@ -448,6 +448,8 @@ fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now: u64) -> Bu
         }),
         tags: tags_of(h),
         born_ms: now.saturating_sub(initial),
+        compressible: Object::may_compress(f.status, h, f.body.len()),
+        encoded: Default::default(),
         life: life.unwrap_or(policy::Lifetime {
             fresh: Duration::ZERO,
             stale_while_revalidate: Duration::ZERO,

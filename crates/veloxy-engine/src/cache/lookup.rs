@@ -30,6 +30,8 @@ pub struct RouteCache {
     pub status_header: Option<Bytes>,
     /// `purge`: clients that may send `PURGE` for the route's keys.
     pub purge: Option<crate::access::IpRules>,
+    /// The route compresses (`compress = true`): answers carry a coded copy of the body.
+    pub compress: bool,
 }
 
 impl std::fmt::Debug for RouteCache {
@@ -51,7 +53,7 @@ impl RouteCache {
         (default_ttl, stale_while_revalidate, stale_if_error): (Duration, Duration, Duration),
         ignore_cache_control: bool,
         status_header: Option<&str>,
-        purge: Option<crate::access::IpRules>,
+        (purge, compress): (Option<crate::access::IpRules>, bool),
     ) -> RouteCache {
         RouteCache {
             store,
@@ -67,6 +69,7 @@ impl RouteCache {
             },
             status_header: status_header.map(|h| Bytes::from(format!("{h}: "))),
             purge,
+            compress,
         }
     }
 
@@ -100,7 +103,7 @@ pub(crate) fn admit(
     rc: &Arc<RouteCache>,
     head: &Head,
     key: String,
-    client: std::net::IpAddr,
+    (client, encoding): (std::net::IpAddr, Option<crate::compress::Encoding>),
 ) -> Step {
     let store = &rc.store;
     if head.method == "PURGE" {
@@ -152,14 +155,15 @@ pub(crate) fn admit(
     match found {
         Some(obj) if !refresh && obj.is_fresh(now) => {
             Stats::inc(&store.stats.hits);
-            Step::Answer(super::serve::respond(rc, &obj, head_view(head), "HIT", now))
+            let client = head_view(head, encoding);
+            Step::Answer(super::serve::respond(rc, &obj, client, "HIT", now))
         }
         stale => Step::Fill(Box::new(Fill::new(
             rc.clone(),
             (primary, key),
             stale,
             if refresh { Mode::Refresh } else { Mode::Normal },
-            head,
+            (head, encoding),
         ))),
     }
 }
@@ -172,9 +176,11 @@ pub(crate) struct ClientHead {
     pub if_modified_since: Option<u64>,
     pub range: Option<Bytes>,
     pub if_range: Option<Bytes>,
+    /// The coding the route would compress in for this client (`compress = true`).
+    pub encoding: Option<crate::compress::Encoding>,
 }
 
-pub(crate) fn head_view(head: &Head) -> ClientHead {
+pub(crate) fn head_view(head: &Head, encoding: Option<crate::compress::Encoding>) -> ClientHead {
     let owned = |n: &str| head.fields.get(n).map(Bytes::copy_from_slice);
     ClientHead {
         is_head: head.method == "HEAD",
@@ -185,6 +191,7 @@ pub(crate) fn head_view(head: &Head) -> ClientHead {
             .and_then(policy::http_date),
         range: owned("range"),
         if_range: owned("if-range"),
+        encoding,
     }
 }
 

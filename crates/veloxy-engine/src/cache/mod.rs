@@ -42,6 +42,10 @@ pub(crate) struct Object {
     /// When the response was generated (wall clock, ms): stored time minus its initial age.
     pub born_ms: u64,
     pub life: policy::Lifetime,
+    /// The route may compress it (see [`Object::encoded`]).
+    pub compressible: bool,
+    /// Compressed copies of the body, made on the first request that wants each coding.
+    pub encoded: [OnceLock<Option<Bytes>>; 3],
 }
 
 impl Object {
@@ -65,7 +69,40 @@ impl Object {
     }
 
     fn weight(&self, key: &str) -> u32 {
-        (key.len() + self.lines.len() + self.body.len() + 256).min(u32::MAX as usize) as u32
+        // Room for the compressed copies too (typically well under half the body each).
+        let copies = if self.compressible {
+            self.body.len() / 2
+        } else {
+            0
+        };
+        (key.len() + self.lines.len() + self.body.len() + copies + 256).min(u32::MAX as usize)
+            as u32
+    }
+
+    /// Whether a stored response may be compressed by veloxy: a 200 not already encoded,
+    /// of a compressible type, big enough, and without `no-transform`.
+    pub fn may_compress(status: u16, headers: &http::HeaderMap, len: usize) -> bool {
+        status == 200
+            && len as u64 >= crate::compress::MIN_SIZE
+            && !headers.contains_key(http::header::CONTENT_ENCODING)
+            && headers
+                .get(http::header::CONTENT_TYPE)
+                .is_some_and(|v| crate::compress::is_compressible(v.as_bytes()))
+            && !headers
+                .get_all(http::header::CACHE_CONTROL)
+                .iter()
+                .any(|v| crate::http1::has_token(v.as_bytes(), "no-transform"))
+    }
+
+    /// The body in coding `e`, compressed once and kept with the object.
+    pub fn encoded(&self, e: crate::compress::Encoding) -> Option<Bytes> {
+        self.encoded[e.index()]
+            .get_or_init(|| {
+                crate::compress::compress(e, &self.body)
+                    .ok()
+                    .map(Bytes::from)
+            })
+            .clone()
     }
 }
 
@@ -329,5 +366,39 @@ pub(crate) fn metrics(out: &mut String) {
         for (n, d) in &disks {
             let _ = writeln!(out, "{metric}{{cache=\"{n}\"}} {}", get(d));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_coded_copy_is_made_once_per_object_and_coding() {
+        let obj = Object {
+            status: 200,
+            lines: Bytes::new(),
+            body: Bytes::from(vec![b'a'; 10_000]),
+            etag: None,
+            last_modified: None,
+            tags: Box::default(),
+            born_ms: 0,
+            life: policy::Lifetime {
+                fresh: Duration::from_secs(1),
+                stale_while_revalidate: Duration::ZERO,
+                stale_if_error: Duration::ZERO,
+                always_revalidate: false,
+            },
+            compressible: true,
+            encoded: Default::default(),
+        };
+        let e = crate::compress::Encoding::Gzip;
+        let (a, b) = (obj.encoded(e).unwrap(), obj.encoded(e).unwrap());
+        assert!(a.len() < 200);
+        assert_eq!(
+            a.as_ptr(),
+            b.as_ptr(),
+            "the same bytes, not a second compression"
+        );
     }
 }

@@ -19,7 +19,17 @@ pub(crate) fn respond(
 ) -> Response {
     let mut headers = Vec::with_capacity(3);
     headers.push(("age", Bytes::from((obj.age_ms(now_ms) / 1000).to_string())));
-    let raw = [obj.lines.clone(), rc.status_line(label)];
+    let status_line = rc.status_line(label);
+    // A body veloxy may compress varies on Accept-Encoding, whichever coding this answer has.
+    let compress = obj.compressible && rc.compress;
+    let own = if compress {
+        let mut l = status_line.to_vec();
+        l.extend_from_slice(b"vary: Accept-Encoding\r\n");
+        Bytes::from(l)
+    } else {
+        status_line
+    };
+    let raw = [obj.lines.clone(), own];
     if obj.status == 200 && not_modified(obj, &client) {
         return Response {
             status: 304,
@@ -27,6 +37,24 @@ pub(crate) fn respond(
             body: Body::Empty,
             raw,
         };
+    }
+    if let (true, Some(e), None) = (compress, client.encoding, &client.range) {
+        // The route compresses: the coded copy, made once per object and coding.
+        if let Some(coded) = obj.encoded(e) {
+            headers.push(("content-encoding", Bytes::from_static(e.token().as_bytes())));
+            headers.push(("content-length", Bytes::from(coded.len().to_string())));
+            let body = if client.is_head {
+                Body::Empty
+            } else {
+                Body::Bytes(coded)
+            };
+            return Response {
+                status: 200,
+                headers,
+                body,
+                raw,
+            };
+        }
     }
     let len = obj.body.len() as u64;
     if let (200, Some(r)) = (obj.status, client.range.as_deref()) {

@@ -381,10 +381,21 @@ pub(crate) fn admit(
             (*upstream, *compress)
         }
     };
+    // HTTP/1.0 clients cannot take the chunked stream a coder produces.
+    let encoding = (compress && head.version >= 1 && head.method != "HEAD")
+        .then(|| {
+            crate::compress::Accepted::parse(head.fields.get("accept-encoding")).choose(|_| true)
+        })
+        .flatten();
     let fill = match rules.and_then(|r| r.cache.as_ref()) {
         None => None,
         Some(rc) => {
-            match crate::cache::lookup::admit(rc, head, rc.key.render(&vars), client.ip()) {
+            match crate::cache::lookup::admit(
+                rc,
+                head,
+                rc.key.render(&vars),
+                (client.ip(), encoding),
+            ) {
                 crate::cache::lookup::Step::Answer(r) => return Ok(Admitted::Cached(r)),
                 crate::cache::lookup::Step::Bypass => {
                     add_answer_line(record, &rc.status_line("BYPASS"));
@@ -416,12 +427,6 @@ pub(crate) fn admit(
         s.set_cookie(backend, edit.lines_mut());
     }
     record.request_id = id;
-    // HTTP/1.0 clients cannot take the chunked stream a coder produces.
-    let encoding = (compress && head.version >= 1 && head.method != "HEAD")
-        .then(|| {
-            crate::compress::Accepted::parse(head.fields.get("accept-encoding")).choose(|_| true)
-        })
-        .flatten();
     let mut target = ProxyTarget {
         upstream,
         backend,

@@ -140,7 +140,7 @@ pub(super) fn route_cache(
     key: &str,
     c: &Spanned<RouteCacheSection>,
     caches: &HashMap<String, CacheSpec>,
-    http1: Option<bool>,
+    (http1, compress): (Option<bool>, bool),
 ) -> Result<Arc<RouteCache>, ConfigError> {
     let key = format!("{key}.cache");
     let r = c.get_ref();
@@ -217,6 +217,6 @@ pub(super) fn route_cache(
             .as_ref()
             .is_some_and(|b| *b.get_ref()),
         status.as_deref(),
-        purge,
+        (purge, compress),
     )))
 }
