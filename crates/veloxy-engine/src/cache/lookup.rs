@@ -88,6 +88,58 @@ impl RouteCache {
     }
 }
 
+/// The route's `cache = {...}` as `veloxy check --print` writes it, every value explicit.
+pub(crate) fn describe(rc: &RouteCache) -> String {
+    let secs = |d: Duration| format!("\"{}s\"", d.as_secs_f64());
+    let mut methods = Vec::new();
+    if rc.get {
+        methods.push("\"GET\"");
+    }
+    if rc.head {
+        methods.push("\"HEAD\"");
+    }
+    let status = rc.status_header.as_ref().map_or(String::new(), |h| {
+        String::from_utf8_lossy(&h[..h.len() - 2]).into_owned()
+    });
+    let purge = rc
+        .purge
+        .as_ref()
+        .and_then(|p| p.allow.as_ref())
+        .map_or(String::new(), |a| format!(", purge = {:?}", a.entries()));
+    format!(
+        "{{ store = {:?}, key = {:?}, default_ttl = {}, methods = [{}], \
+         stale_while_revalidate = {}, stale_if_error = {}, ignore_cache_control = {}, \
+         cache_status_header = {:?}{purge} }}",
+        &*rc.store.name,
+        rc.key.to_string(),
+        secs(rc.settings.default_ttl),
+        methods.join(", "),
+        secs(rc.settings.stale_while_revalidate),
+        secs(rc.settings.stale_if_error),
+        rc.settings.ignore_cache_control,
+        status,
+    )
+}
+
+/// The `[caches.NAME]` keys of the route's store, for `veloxy check --print`.
+pub(crate) fn describe_store(rc: &RouteCache) -> (String, Vec<(&'static str, String)>) {
+    let mut keys = vec![
+        ("memory", rc.store.memory.to_string()),
+        ("max_object", rc.max_object.to_string()),
+    ];
+    if let Some((_, d)) = &rc.store.disk {
+        keys.push((
+            "disk",
+            format!(
+                "{{ path = {:?}, size = {} }}",
+                d.path.display().to_string(),
+                d.size
+            ),
+        ));
+    }
+    (rc.store.name.to_string(), keys)
+}
+
 /// What admission does with a request on a caching route.
 pub(crate) enum Step {
     /// Answer now (a fresh hit, or a purge).

@@ -39,6 +39,7 @@ pub fn render(snapshot: &Snapshot) -> String {
         listener(&mut out, l);
     }
     routes(&mut out, snapshot);
+    caches(&mut out, snapshot);
     for l in &snapshot.listeners {
         if let Some(u) = l.stream {
             out.table("[[streams]]");
@@ -256,6 +257,9 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
                         string(&duration(f.timeout))
                     ),
                 );
+            }
+            if let Some(c) = &rules.cache {
+                out.raw("cache", &crate::cache::lookup::describe(c));
             }
         }
         // Written when on, or when the route turns its group's default off.
@@ -589,6 +593,25 @@ impl Toml {
     /// Paths that are not UTF-8 are written lossily: TOML strings are UTF-8.
     fn path(&mut self, key: &str, value: &Path) {
         self.str(key, &value.to_string_lossy());
+    }
+}
+
+/// `[caches.NAME]` of every store a route uses, once each, in name order.
+fn caches(out: &mut Toml, snapshot: &Snapshot) {
+    let mut seen = std::collections::BTreeMap::new();
+    for l in &snapshot.listeners {
+        for r in l.router.routes() {
+            if let Some(c) = r.rules.as_ref().and_then(|x| x.cache.as_ref()) {
+                let (name, keys) = crate::cache::lookup::describe_store(c);
+                seen.entry(name).or_insert(keys);
+            }
+        }
+    }
+    for (name, keys) in seen {
+        out.table(&format!("[caches.{name}]"));
+        for (k, v) in keys {
+            out.raw(k, &v);
+        }
     }
 }
 
