@@ -499,14 +499,7 @@ def one_line(r: dict) -> str:
 def medians(results: dict) -> dict[str, dict[str, dict]]:
     """case -> contender -> median req/s, CPU us per request, requests per core, p50, p99,
     proxy CPU %, errors (sum), most frequent busiest core, rounds ok."""
-    def more(good):
-        med = modes.median_of
-        busiest = collections.Counter(r.get("bottleneck") for r in good if r.get("bottleneck"))
-        return {"per_core": med(good, "req_per_core"), "p50": med(good, "latency_ms", "p50"),
-                "p99": med(good, "latency_ms", "p99"), "cpu_pct": med(good, "proxy_cpu_pct"),
-                "busiest": busiest.most_common(1)[0][0] if busiest else None}
-
-    return modes.medians(results, more)
+    return modes.medians_with_latency(results)
 
 
 def versus(med: dict[str, dict], other: str) -> dict | None:

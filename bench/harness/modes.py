@@ -9,6 +9,7 @@ a contender is a proxy (tcp: "haproxy") or a proxy and what else it is run with 
 
 from __future__ import annotations
 
+import collections
 import statistics
 import subprocess
 import time
@@ -206,6 +207,20 @@ def medians(results: dict, more: Callable[[list[dict]], dict] | None = None
                       "rounds": len(rs)})
             out[case][label] = m
     return out
+
+
+def medians_with_latency(results: dict) -> dict[str, dict[str, dict]]:
+    """[`medians`] plus requests per core, p50, p99, proxy CPU % and the most frequent
+    busiest core (the --h3 and --cache tables)."""
+    def more(good):
+        busiest = collections.Counter(r.get("bottleneck") for r in good if r.get("bottleneck"))
+        return {"per_core": median_of(good, "req_per_core"),
+                "p50": median_of(good, "latency_ms", "p50"),
+                "p99": median_of(good, "latency_ms", "p99"),
+                "cpu_pct": median_of(good, "proxy_cpu_pct"),
+                "busiest": busiest.most_common(1)[0][0] if busiest else None}
+
+    return medians(results, more)
 
 
 def status_lines(ctx, rounds_n: int) -> list[str]:
