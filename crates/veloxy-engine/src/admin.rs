@@ -183,6 +183,7 @@ async fn handle(
                 crate::metrics::render(&shared.metrics, &metric_labels(&snapshot, &conns));
             crate::acme::report::metrics(&snapshot, &mut body);
             crate::cache::metrics(&mut body);
+            crate::fleet::metrics(&mut body);
             respond(&mut s, 200, "text/plain; version=0.0.4", &body).await
         }
         ("GET", "/healthz") if shared.shutdown.load(Ordering::Relaxed) => {

@@ -69,6 +69,7 @@ pub(crate) mod cors;
 pub(crate) mod downstream;
 pub mod error;
 pub(crate) mod exchange;
+pub(crate) mod fleet;
 pub mod hooks;
 pub(crate) mod http1;
 pub(crate) mod limits;

@@ -236,6 +236,8 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
 pub struct RouteLimits {
     pub concurrency: Option<Arc<ConcurrencyLimit>>,
     pub rate: Option<Arc<RateLimiter>>,
+    /// `scope = "global"`: the limit is Redis' (`rate` is then the per-instance fallback).
+    pub global: Option<Arc<crate::fleet::global_limit::GlobalLimit>>,
 }
 
 #[cfg(test)]

@@ -97,6 +97,20 @@ pub struct ServerSection {
     pub admin: Option<Spanned<String>>,
     pub access_log: Option<Spanned<AccessLogSection>>,
     pub acme: Option<Spanned<AcmeSection>>,
+    /// The Redis server instances share state through (global rate limits).
+    pub redis: Option<Spanned<RedisSection>>,
+}
+
+/// `[server.redis]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSection {
+    pub url: Spanned<String>,
+    pub username: Option<Spanned<String>>,
+    pub password: Option<Spanned<String>>,
+    pub password_file: Option<Spanned<String>>,
+    pub timeout: Option<DurationValue>,
+    pub pool: Option<Spanned<usize>>,
 }
 
 /// `[server.acme]`: the ACME account and how certificates are obtained.
@@ -313,6 +327,10 @@ pub struct RateLimitSection {
     pub burst: Option<Spanned<u32>>,
     pub key: Option<Spanned<String>>,
     pub max_keys: Option<Spanned<usize>>,
+    /// `"local"` (default: per instance) or `"global"` (shared through `[server.redis]`).
+    pub scope: Option<Spanned<String>>,
+    /// `"local"` (default), `"allow"` or `"deny"`: global limits while Redis fails.
+    pub on_store_error: Option<Spanned<String>>,
 }
 
 /// `[upstreams.NAME.health]`: active health checks.

@@ -328,8 +328,12 @@ pub(crate) fn admit(
         cookies: head.fields.cookies(),
     };
     if let Some(rl) = &route.limits.rate {
-        rl.check(keys().rate_key(&rl.key))
-            .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
+        let key = keys().rate_key(&rl.key);
+        match &route.limits.global {
+            Some(g) => g.check(key, rl),
+            None => rl.check(key),
+        }
+        .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
     }
     enter_route(worker, snapshot, peer, head, &listener.name, route, record)?;
     let id_field = snapshot.settings.request_id.as_deref();

@@ -68,11 +68,12 @@ fn compile(
         }
     }
     let caches = cache::compile_caches(src, &file)?;
+    let redis = server::compile_redis(src, s)?.map(|spec| crate::fleet::redis::client(&spec));
     routes::compile_routes(
         src,
         &file.routes,
         (&upstream_index, &upstreams),
-        &caches,
+        (&caches, redis.as_ref()),
         &mut listeners,
     )?;
     compile_streams(src, &file, &upstream_index, &mut listeners)?;

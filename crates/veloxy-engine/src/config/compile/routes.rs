@@ -25,7 +25,10 @@ pub(super) fn compile_routes(
     src: &Source,
     routes: &[Spanned<RouteSection>],
     (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
-    caches: &HashMap<String, super::cache::CacheSpec>,
+    caches: (
+        &HashMap<String, super::cache::CacheSpec>,
+        Option<&Arc<crate::fleet::redis::RedisClient>>,
+    ),
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
     for (i, route) in routes.iter().enumerate() {
@@ -42,7 +45,10 @@ fn compile_route(
     i: usize,
     route: &Spanned<RouteSection>,
     (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
-    caches: &HashMap<String, super::cache::CacheSpec>,
+    caches: (
+        &HashMap<String, super::cache::CacheSpec>,
+        Option<&Arc<crate::fleet::redis::RedisClient>>,
+    ),
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
     let key = format!("routes[{i}]");
@@ -116,7 +122,7 @@ fn compile_route(
             _ => None,
         };
         let compress = r.compress.as_ref().is_some_and(|c| *c.get_ref());
-        let c = super::cache::route_cache(src, &key, c, caches, (http1, compress))?;
+        let c = super::cache::route_cache(src, &key, c, caches.0, (http1, compress))?;
         let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
         r.cache = Some(c);
         rules = Some(Arc::new(r));
@@ -131,7 +137,7 @@ fn compile_route(
         conditions: m.conditions,
         rules,
         target,
-        limits: compile_limits(src, &key, r)?,
+        limits: compile_limits(src, &key, r, caches.1)?,
     };
     attach(src, &key, route, compiled, listeners)
 }
@@ -450,7 +456,58 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-fn compile_limits(src: &Source, key: &str, r: &RouteSection) -> Result<RouteLimits, ConfigError> {
+/// `scope = "global"` (and `on_store_error`) of a route's rate limit.
+fn global_limit(
+    src: &Source,
+    key: &str,
+    s: &crate::config::file::RateLimitSection,
+    redis: Option<&Arc<crate::fleet::redis::RedisClient>>,
+    (per_second, burst): (f64, u32),
+) -> Result<Option<Arc<crate::fleet::global_limit::GlobalLimit>>, ConfigError> {
+    use crate::fleet::global_limit::{GlobalLimit, OnStoreError};
+    let k = |name: &str| format!("{key}.rate_limit.{name}");
+    let on_error = match s
+        .on_store_error
+        .as_ref()
+        .map(|v| (v.get_ref().as_str(), v.span()))
+    {
+        None | Some(("local", _)) => OnStoreError::Local,
+        Some(("allow", _)) => OnStoreError::Allow,
+        Some(("deny", _)) => OnStoreError::Deny,
+        Some((_, span)) => {
+            return Err(src.error(
+                span,
+                k("on_store_error"),
+                "use \"local\", \"allow\" or \"deny\"",
+            ))
+        }
+    };
+    match s.scope.as_ref().map(|v| (v.get_ref().as_str(), v.span())) {
+        None | Some(("local", _)) => Ok(None),
+        Some(("global", span)) => {
+            let redis = redis.ok_or_else(|| {
+                src.error(span, k("scope"), "a global limit needs [server.redis]")
+            })?;
+            let burst = f64::from(burst.max(1));
+            Ok(Some(Arc::new(GlobalLimit {
+                name: key.to_owned(),
+                per_second,
+                burst,
+                lease: GlobalLimit::lease_for(per_second, burst),
+                on_error,
+                redis: redis.clone(),
+            })))
+        }
+        Some((_, span)) => Err(src.error(span, k("scope"), "use \"local\" or \"global\"")),
+    }
+}
+
+fn compile_limits(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+    redis: Option<&Arc<crate::fleet::redis::RedisClient>>,
+) -> Result<RouteLimits, ConfigError> {
     let mut limits = RouteLimits::default();
     if let Some(max) = &r.max_concurrency {
         if *max.get_ref() == 0 || *max.get_ref() > 1 << 30 {
@@ -495,6 +552,7 @@ fn compile_limits(src: &Source, key: &str, r: &RouteSection) -> Result<RouteLimi
             .as_ref()
             .map_or_else(|| per_second.ceil().max(1.0) as u32, |b| *b.get_ref());
         let max_keys = s.max_keys.as_ref().map_or(100_000, |m| *m.get_ref());
+        limits.global = global_limit(src, key, s, redis, (per_second, burst))?;
         limits.rate = Some(Arc::new(RateLimiter::new(
             per_second, burst, rate_key, max_keys,
         )));

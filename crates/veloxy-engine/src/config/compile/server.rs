@@ -185,3 +185,84 @@ pub(super) fn admin_warnings(src: &Source, s: &ServerSection, settings: &Setting
         ),
     )]
 }
+
+/// `[server.redis]`: the URL with its credentials (a `password_file` is read now).
+pub(super) fn compile_redis(
+    src: &Source,
+    s: &ServerSection,
+) -> Result<Option<crate::fleet::redis::RedisSpec>, ConfigError> {
+    let Some(section) = &s.redis else {
+        return Ok(None);
+    };
+    let r = section.get_ref();
+    let key = |k: &str| format!("server.redis.{k}");
+    let mut url = url_parts(r.url.get_ref()).ok_or_else(|| {
+        src.error(
+            r.url.span(),
+            key("url"),
+            "use redis://host:port/db or rediss://...",
+        )
+    })?;
+    let password = match (&r.password, &r.password_file) {
+        (Some(_), Some(f)) => {
+            return Err(src.error(
+                f.span(),
+                key("password_file"),
+                "give password or password_file, not both",
+            ))
+        }
+        (Some(p), None) => Some(p.get_ref().clone()),
+        (None, Some(f)) => {
+            let path = src.relative(f.get_ref());
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                src.error(
+                    f.span(),
+                    key("password_file"),
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            Some(text.trim_end_matches(['\r', '\n']).to_owned())
+        }
+        (None, None) => None,
+    };
+    if let Some(p) = password {
+        let user = r.username.as_ref().map_or("", |u| u.get_ref().as_str());
+        url.1 = format!("{}:{}@", pct(user), pct(&p));
+    }
+    let pool = match &r.pool {
+        Some(p) if *p.get_ref() == 0 => {
+            return Err(src.error(p.span(), key("pool"), "must be at least 1"))
+        }
+        Some(p) => *p.get_ref(),
+        None => 8,
+    };
+    Ok(Some(crate::fleet::redis::RedisSpec {
+        url: format!("{}{}{}", url.0, url.1, url.2),
+        timeout: dur(&r.timeout, Duration::from_millis(50)),
+        pool,
+    }))
+}
+
+/// (`redis://`, userinfo with `@`, the rest).
+fn url_parts(url: &str) -> Option<(String, String, String)> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme != "redis" && scheme != "rediss" {
+        return None;
+    }
+    let (user, host) = match rest.split_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), rest),
+    };
+    (!host.is_empty()).then(|| (format!("{scheme}://"), user, host.to_owned()))
+}
+
+fn pct(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

@@ -1,0 +1,142 @@
+//! `rate_limit = { ..., scope = "global" }`: one token bucket per key in Redis, shared by every
+//! instance, without a Redis round trip per request.
+//!
+//! Each worker takes tokens from Redis in small **leases** (about 50 ms of the rate, at most
+//! the burst) and spends them locally; when half a lease is left it asks for the next one in
+//! the background. A key a worker has never seen is let through once while its first lease is
+//! on the way. So the limit is exceeded by at most one request per key per worker per instance
+//! (the first), and leased tokens a worker does not spend before the bucket would have refilled
+//! are lost (the limit errs on the strict side). When Redis fails or is slower than `timeout`,
+//! `on_store_error` decides for the next second: `local` (the default) applies the same limit
+//! per instance, `allow` lets everything through, `deny` refuses everything;
+//! `veloxy_ratelimit_store_fallbacks_total` counts those requests.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::redis::RedisClient;
+use crate::limits::RateLimiter;
+
+/// What to do while the store is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    Local,
+    Allow,
+    Deny,
+}
+
+/// A route's global limit.
+#[derive(Debug)]
+pub struct GlobalLimit {
+    /// The Redis key prefix: the route's limit, so routes do not share buckets.
+    pub name: String,
+    pub per_second: f64,
+    pub burst: f64,
+    /// Tokens asked per lease.
+    pub lease: u32,
+    pub on_error: OnStoreError,
+    pub(crate) redis: Arc<RedisClient>,
+}
+
+/// Requests decided by `on_store_error` because the store was unreachable.
+pub(crate) static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// One worker's tokens for one key.
+#[derive(Default)]
+pub(crate) struct Slot {
+    tokens: AtomicI64,
+    inflight: AtomicBool,
+    /// [`crate::clock::now_ms`] of the last lease request.
+    asked_ms: AtomicU64,
+    /// Until when the store counts as failed.
+    failed_until_ms: AtomicU64,
+}
+
+impl Slot {
+    pub(crate) fn granted(&self, n: i64) {
+        self.tokens.fetch_add(n, Ordering::AcqRel);
+        self.failed_until_ms.store(0, Ordering::Release);
+        self.inflight.store(false, Ordering::Release);
+    }
+
+    pub(crate) fn failed(&self) {
+        let until = crate::clock::now_ms() + 1000;
+        self.failed_until_ms.store(until, Ordering::Release);
+        self.inflight.store(false, Ordering::Release);
+    }
+}
+
+thread_local! {
+    /// This worker's slots, by (limit, key).
+    static SLOTS: RefCell<HashMap<(usize, u64), Arc<Slot>>> = RefCell::new(HashMap::new());
+}
+
+/// Keys remembered per worker before the map is cleared (their leases are then forgotten).
+const MAX_SLOTS: usize = 100_000;
+
+impl GlobalLimit {
+    /// The lease size for a rate: about 50 ms of it, at least 1, at most the burst.
+    pub fn lease_for(per_second: f64, burst: f64) -> u32 {
+        (per_second / 20.0).ceil().clamp(1.0, burst.max(1.0)) as u32
+    }
+
+    /// Admits one request of `key` (its hash) or refuses it.
+    pub(crate) fn check(&self, key: u64, local: &RateLimiter) -> Result<(), std::time::Duration> {
+        let id = (self as *const GlobalLimit as usize, key);
+        let (slot, fresh) = SLOTS.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() >= MAX_SLOTS && !s.contains_key(&id) {
+                s.clear();
+            }
+            let fresh = !s.contains_key(&id);
+            (s.entry(id).or_default().clone(), fresh)
+        });
+        let now = crate::clock::now_ms();
+        if slot.failed_until_ms.load(Ordering::Acquire) > now {
+            FALLBACKS.fetch_add(1, Ordering::Relaxed);
+            if !slot.inflight.load(Ordering::Acquire)
+                && now >= slot.asked_ms.load(Ordering::Relaxed) + 1000
+            {
+                self.ask(&slot, key, now); // a probe: is the store back?
+            }
+            return match self.on_error {
+                OnStoreError::Local => local.check(key),
+                OnStoreError::Allow => Ok(()),
+                OnStoreError::Deny => Err(std::time::Duration::from_secs(1)),
+            };
+        }
+        let left = slot.tokens.fetch_sub(1, Ordering::AcqRel);
+        let inflight = slot.inflight.load(Ordering::Acquire);
+        if left > 0 {
+            if left - 1 < i64::from(self.lease / 2).max(1) && !inflight {
+                self.ask(&slot, key, now);
+            }
+            return Ok(());
+        }
+        slot.tokens.fetch_add(1, Ordering::AcqRel);
+        if fresh {
+            self.ask(&slot, key, now);
+            return Ok(());
+        }
+        // Empty: ask again once the bucket may have refilled a lease's worth.
+        let refill_ms = (f64::from(self.lease) * 1000.0 / self.per_second).max(5.0) as u64;
+        if !inflight && now >= slot.asked_ms.load(Ordering::Relaxed) + refill_ms {
+            self.ask(&slot, key, now);
+        }
+        Err(std::time::Duration::from_millis(refill_ms.max(1000)))
+    }
+
+    fn ask(&self, slot: &Arc<Slot>, key: u64, now: u64) {
+        slot.inflight.store(true, Ordering::Release);
+        slot.asked_ms.store(now, Ordering::Relaxed);
+        let rkey = format!("veloxy:rl:{}:{key:016x}", self.name);
+        self.redis.lease(
+            rkey,
+            (self.per_second, self.burst),
+            self.lease,
+            slot.clone(),
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! The connection to `[server.redis]`: one thread with its own runtime and a reconnecting
+//! multiplexed connection (redis-rs' `ConnectionManager`), fed through a channel, so no worker
+//! ever waits on Redis: workers send lease requests and read the answers from shared slots.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use super::global_limit::Slot;
+
+/// `[server.redis]`, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSpec {
+    /// `redis://` (or `rediss://`) URL, credentials included when configured.
+    pub url: String,
+    /// `timeout`: the longest wait for one answer (default 50ms).
+    pub timeout: Duration,
+    /// `pool`: connections (each multiplexed) the client thread keeps (default 8).
+    pub pool: usize,
+}
+
+/// One lease request: take up to `want` tokens from the bucket `key`.
+struct Lease {
+    key: String,
+    rate: f64,
+    burst: f64,
+    want: u32,
+    slot: Arc<Slot>,
+}
+
+/// The client of one Redis server.
+pub struct RedisClient {
+    spec: RedisSpec,
+    tx: tokio::sync::mpsc::UnboundedSender<Lease>,
+    /// Lease requests that failed (timeout, connection refused, script error).
+    pub errors: AtomicU64,
+    /// A request failed: the connections are dropped and made afresh (at most once a
+    /// second), rather than trusting them to recover by themselves.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for RedisClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisClient").finish_non_exhaustive()
+    }
+}
+
+/// A token bucket in Redis, refilled from Redis' own clock (`TIME`), so instances with skewed
+/// clocks agree: takes up to ARGV[3] tokens and returns how many it took.
+const TAKE: &str = r"
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local b = redis.call('HMGET', KEYS[1], 't', 'ts')
+local tokens = tonumber(b[1])
+local ts = tonumber(b[2])
+if tokens == nil then tokens = burst; ts = now end
+tokens = math.min(burst, tokens + math.max(0, now - ts) * rate / 1000)
+local grant = math.min(want, math.floor(tokens))
+tokens = tokens - grant
+redis.call('HSET', KEYS[1], 't', tostring(tokens), 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+return grant
+";
+
+impl RedisClient {
+    fn start(spec: RedisSpec) -> Arc<RedisClient> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = Arc::new(RedisClient {
+            spec,
+            tx,
+            errors: AtomicU64::new(0),
+            broken: std::sync::atomic::AtomicBool::new(false),
+        });
+        let c = client.clone();
+        let spawned = std::thread::Builder::new()
+            .name("veloxy-redis".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                if let Ok(rt) = rt {
+                    rt.block_on(run(c, rx));
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "redis: cannot start the client thread");
+        }
+        client
+    }
+
+    /// Asks for tokens; the answer lands in `slot` (or marks it failed).
+    pub(crate) fn lease(&self, key: String, (rate, burst): (f64, f64), want: u32, slot: Arc<Slot>) {
+        let _ = self.tx.send(Lease {
+            key,
+            rate,
+            burst,
+            want,
+            slot,
+        });
+    }
+}
+
+async fn run(client: Arc<RedisClient>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Lease>) {
+    let script = redis::Script::new(TAKE);
+    let mut conns: Vec<redis::aio::ConnectionManager> = Vec::new();
+    let mut next = 0usize;
+    let mut last_try: Option<tokio::time::Instant> = None;
+    while let Some(lease) = rx.recv().await {
+        if client.broken.swap(false, Ordering::AcqRel) {
+            conns.clear();
+        }
+        // While Redis is unreachable, one connection attempt a second; leases in between fail
+        // at once (their limits fall back as `on_store_error` says).
+        if conns.is_empty() && last_try.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            last_try = Some(tokio::time::Instant::now());
+            conns = connect(&client.spec).await;
+        }
+        if conns.is_empty() {
+            fail(&client, &lease);
+            continue;
+        }
+        next = (next + 1) % conns.len();
+        let mut conn = conns[next].clone();
+        let (script, client) = (script.clone(), client.clone());
+        tokio::spawn(async move {
+            let mut invocation = script.key(&lease.key);
+            invocation.arg(lease.rate).arg(lease.burst).arg(lease.want);
+            let call = invocation.invoke_async::<i64>(&mut conn);
+            match tokio::time::timeout(client.spec.timeout, call).await {
+                Ok(Ok(granted)) => lease.slot.granted(granted.max(0)),
+                _ => fail(&client, &lease),
+            }
+        });
+    }
+}
+
+fn fail(client: &RedisClient, lease: &Lease) {
+    client.errors.fetch_add(1, Ordering::Relaxed);
+    client.broken.store(true, Ordering::Release);
+    lease.slot.failed();
+}
+
+async fn connect(spec: &RedisSpec) -> Vec<redis::aio::ConnectionManager> {
+    let Ok(c) = redis::Client::open(spec.url.as_str()) else {
+        return Vec::new();
+    };
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(spec.timeout.max(Duration::from_millis(100)))
+        .set_response_timeout(spec.timeout)
+        .set_number_of_retries(1);
+    let mut out = Vec::new();
+    for _ in 0..spec.pool.max(1) {
+        let made = tokio::time::timeout(
+            spec.timeout.max(Duration::from_millis(200)),
+            redis::aio::ConnectionManager::new_with_config(c.clone(), config.clone()),
+        )
+        .await;
+        match made {
+            Ok(Ok(m)) => out.push(m),
+            _ => break,
+        }
+    }
+    out
+}
+
+static CLIENTS: OnceLock<Mutex<Vec<Arc<RedisClient>>>> = OnceLock::new();
+
+/// Failed requests over every client.
+pub(crate) fn errors() -> u64 {
+    CLIENTS.get().map_or(0, |all| {
+        let all = all.lock().unwrap_or_else(|e| e.into_inner());
+        all.iter().map(|c| c.errors.load(Ordering::Relaxed)).sum()
+    })
+}
+
+/// The client for `spec`, started once and shared by every route and reload that uses it.
+pub(crate) fn client(spec: &RedisSpec) -> Arc<RedisClient> {
+    let mut all = CLIENTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = all.iter().find(|c| c.spec == *spec) {
+        return c.clone();
+    }
+    let c = RedisClient::start(spec.clone());
+    all.push(c.clone());
+    c
+}
