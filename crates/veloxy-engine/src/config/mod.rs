@@ -81,6 +81,8 @@ pub struct Settings {
     pub access_log: Option<crate::access_log::AccessLogConfig>,
     /// `[server.acme]`, when some listener has `tls.acme`.
     pub acme: Option<Arc<crate::acme::AcmeSettings>>,
+    /// `[server.redis]`.
+    pub redis: Option<crate::fleet::redis::RedisSpec>,
 }
 
 /// `[server] request_buffering`: when a request body is read before the upstream is chosen.

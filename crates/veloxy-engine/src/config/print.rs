@@ -110,6 +110,12 @@ fn settings(out: &mut Toml, s: &Settings) {
         out.str("format", format);
         out.int("buffer", a.buffer);
     }
+    if let Some(r) = &s.redis {
+        out.table("[server.redis]");
+        out.str("url", &crate::fleet::redis::redacted(&r.url));
+        out.duration("timeout", r.timeout);
+        out.int("pool", r.pool);
+    }
     if let Some(a) = &s.acme {
         out.table("[server.acme]");
         if let Some(e) = &a.email {
@@ -392,8 +398,17 @@ fn limits(out: &mut Toml, l: &RouteLimits) {
             RateKey::Header(h) => format!("header:{h}"),
         };
         // `burst` is stored as f64 but was compiled from a u32, so the cast is exact.
+        let global = l.global.as_ref().map_or(String::new(), |g| {
+            use crate::fleet::global_limit::OnStoreError;
+            let on = match g.on_error {
+                OnStoreError::Local => "local",
+                OnStoreError::Allow => "allow",
+                OnStoreError::Deny => "deny",
+            };
+            format!(", scope = \"global\", on_store_error = \"{on}\"")
+        });
         let table = format!(
-            "{{ rate = {}, burst = {}, key = {}, max_keys = {} }}",
+            "{{ rate = {}, burst = {}, key = {}, max_keys = {}{global} }}",
             string(&rate(r.per_second)),
             r.burst as u64,
             string(&key),

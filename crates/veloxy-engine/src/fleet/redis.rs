@@ -19,6 +19,18 @@ pub struct RedisSpec {
     pub pool: usize,
 }
 
+/// `url` with its password replaced by `****` (for `veloxy check --print`).
+pub(crate) fn redacted(url: &str) -> String {
+    match url.split_once("://").and_then(|(scheme, rest)| {
+        let (user, host) = rest.split_once('@')?;
+        let name = user.split_once(':').map_or(user, |(n, _)| n);
+        Some(format!("{scheme}://{name}:****@{host}"))
+    }) {
+        Some(r) => r,
+        None => url.to_owned(),
+    }
+}
+
 /// One lease request: take up to `want` tokens from the bucket `key`.
 struct Lease {
     key: String,

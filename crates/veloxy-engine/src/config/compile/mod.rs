@@ -68,7 +68,8 @@ fn compile(
         }
     }
     let caches = cache::compile_caches(src, &file)?;
-    let redis = server::compile_redis(src, s)?.map(|spec| crate::fleet::redis::client(&spec));
+    let redis_spec = server::compile_redis(src, s)?;
+    let redis = redis_spec.as_ref().map(crate::fleet::redis::client);
     routes::compile_routes(
         src,
         &file.routes,
@@ -79,6 +80,7 @@ fn compile(
     compile_streams(src, &file, &upstream_index, &mut listeners)?;
     let mut settings = settings;
     settings.acme = acme::compile_acme(src, &file, &mut listeners)?;
+    settings.redis = redis_spec;
     http3::compile_http3(src, &file, &settings, &mut listeners)?;
     let mut warnings = server::admin_warnings(src, s, &settings);
     warnings.extend(acme::unserved_names(src, &file, &listeners));

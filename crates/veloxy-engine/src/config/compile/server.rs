@@ -34,6 +34,7 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
             Some(a) => Some(compile_access_log(src, a)?),
         },
         acme: None,
+        redis: None,
         admin: match &s.admin {
             None => None,
             Some(a) => {
