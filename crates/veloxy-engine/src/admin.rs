@@ -139,7 +139,7 @@ async fn handle(
     reloads: mpsc::Sender<ReloadRequest>,
 ) {
     let mut buf = Vec::with_capacity(1024);
-    let (method, path) = loop {
+    let (method, path, bearer) = loop {
         if s.read_buf(&mut buf).await.unwrap_or(0) == 0 || buf.len() > 16 * 1024 {
             return;
         }
@@ -147,17 +147,42 @@ async fn handle(
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf) {
             Ok(httparse::Status::Complete(_)) => {
+                let bearer = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .map(|t| t.trim().to_owned());
                 break (
                     req.method.unwrap_or("").to_owned(),
                     req.path.unwrap_or("").to_owned(),
+                    bearer,
                 );
             }
             Ok(httparse::Status::Partial) => {}
             Err(_) => return respond(&mut s, 400, "text/plain", "bad request\n").await,
         }
     };
+    if let Some(token) = &shared.snapshot.load().settings.admin_token {
+        let given = bearer.as_deref().unwrap_or("");
+        // Compared in constant time: the token is the endpoint's only protection.
+        let same = given.len() == token.len()
+            && given
+                .bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if !same {
+            return respond(&mut s, 401, "text/plain", "a bearer token is required\n").await;
+        }
+    }
     let full = path.clone();
     let path = path.split('?').next().unwrap_or("");
+    if let Some(rest) = path.strip_prefix("/upstreams/") {
+        let (status, body) = runtime_change(&shared, &method, rest);
+        return respond(&mut s, status, "application/json", &body).await;
+    }
     match (method.as_str(), path) {
         ("POST", "/cache/purge") => {
             let query = full.split_once('?').map_or("", |(_, q)| q);
@@ -238,6 +263,54 @@ async fn handle(
             .await
         }
     }
+}
+
+/// The runtime API on `/upstreams/NAME/servers[/ADDR[/drain|/enable]]`: drains, enables or
+/// removes one backend of the running config, for every worker at once (their next pick).
+fn runtime_change(shared: &Shared, method: &str, rest: &str) -> (u16, String) {
+    let parts: Vec<&str> = rest.split('/').collect();
+    let snapshot = shared.snapshot.load_full();
+    let Some(group) = snapshot.upstreams.iter().find(|g| *g.name == *parts[0]) else {
+        return (
+            404,
+            format!("{{\"error\":\"no upstream group {:?}\"}}\n", parts[0]),
+        );
+    };
+    let (addr, action) = match (method, parts.as_slice()) {
+        ("PUT", [_, "servers"]) => {
+            return (
+                501,
+                "{\"error\":\"replacing the set of servers at run time is not built yet; drain, enable and DELETE are\"}\n".into(),
+            )
+        }
+        ("POST", [_, "servers", addr, "drain"]) => (*addr, 1),
+        ("POST", [_, "servers", addr, "enable"]) => (*addr, 0),
+        ("DELETE", [_, "servers", addr]) => (*addr, 2),
+        _ => return (404, "{\"error\":\"try POST /upstreams/NAME/servers/ADDR/drain or /enable, DELETE /upstreams/NAME/servers/ADDR\"}\n".into()),
+    };
+    let addr = crate::static_files::path::percent_decode(addr.as_bytes())
+        .and_then(|a| String::from_utf8(a).ok())
+        .unwrap_or_default();
+    let Some(i) = group
+        .backends
+        .iter()
+        .position(|b| b.addr.to_string() == addr)
+    else {
+        return (
+            404,
+            format!("{{\"error\":\"no server {addr:?} in {:?}\"}}\n", group.name),
+        );
+    };
+    group.health.set_drained(i, action);
+    let state = ["in service", "drained", "removed"][usize::from(action)];
+    tracing::info!(upstream = %group.name, server = %addr, state, "runtime API");
+    (
+        200,
+        format!(
+            "{{\"upstream\":{:?},\"server\":{addr:?},\"state\":{state:?}}}\n",
+            group.name
+        ),
+    )
 }
 
 /// `POST /cache/purge?key=K` (or `prefix=P`, or `tag=T`; `&cache=NAME` for one cache):
@@ -332,7 +405,7 @@ fn upstreams_json(shared: &Shared) -> String {
             };
             let _ = write!(
                 out,
-                "{{\"addr\":\"{}\",\"weight\":{},\"usable\":{},\"active_check_up\":{},\"ejected_for_ms\":{},\"consecutive_failures\":{},\"open_connections\":{},\"checks_passed\":{},\"checks_failed\":{},\"in_flight\":{in_flight},\"idle_connections\":{idle},\"ewma_latency_ms\":{ewma_ms:.3},\"workers\":{workers}}}",
+                "{{\"addr\":\"{}\",\"weight\":{},\"usable\":{},\"active_check_up\":{},\"ejected_for_ms\":{},\"consecutive_failures\":{},\"open_connections\":{},\"checks_passed\":{},\"checks_failed\":{},\"state\":\"{}\",\"in_flight\":{in_flight},\"idle_connections\":{idle},\"ewma_latency_ms\":{ewma_ms:.3},\"workers\":{workers}}}",
                 b.addr,
                 g.backends.get(i).map_or(1, |x| x.weight),
                 down & (1 << i) == 0,
@@ -342,6 +415,7 @@ fn upstreams_json(shared: &Shared) -> String {
                 b.open_connections.load(Ordering::Relaxed),
                 b.checks_passed.load(Ordering::Relaxed),
                 b.checks_failed.load(Ordering::Relaxed),
+                ["in service", "drained", "removed"][usize::from(b.drained.load(Ordering::Relaxed).min(2))],
             );
         }
         out.push_str("]}");

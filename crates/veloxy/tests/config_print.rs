@@ -85,16 +85,21 @@ fn print_leaves_warnings_on_stderr_and_errors_print_nothing() {
     let path = tmp.path().join("admin.toml");
     std::fs::write(
         &path,
-        "[server]\nadmin = \"0.0.0.0:9900\"\n[listeners.web]\naddr = \"127.0.0.1:0\"\n",
+        "[listeners.web]\naddr = \"127.0.0.1:0\"\n[listeners.web.tls]\n\
+         acme = [\"example.com\", \"typo.example.com\"]\n\
+         [[routes]]\nhost = \"example.com\"\nrespond = {}\n",
     )
     .unwrap();
     let out = print(&path);
     assert!(out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("admin = \"0.0.0.0:9900\"\n"), "{stdout}");
+    assert!(stdout.contains("typo.example.com"), "{stdout}");
     assert!(!stdout.contains("warning"), "{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("server.admin: warning:"), "{stderr}");
+    assert!(
+        stderr.contains("listeners.web.tls.acme: warning:"),
+        "{stderr}"
+    );
 
     std::fs::write(&path, "[listeners.web]\naddr = \"nowhere\"\n").unwrap();
     let out = print(&path);

@@ -105,3 +105,129 @@ fn a_global_limit_holds_across_instances_and_falls_back_while_redis_is_down() {
         "global again"
     );
 }
+
+fn admin_call(v: &Veloxy, method: &str, path: &str, token: Option<&str>) -> Response {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    request(
+        admin_addr(v),
+        &format!("{method} {path} HTTP/1.1\r\nHost: a\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+#[test]
+fn the_runtime_api_drains_and_enables_a_backend_under_load_with_a_token() {
+    let (a, b) = (upstream(&["--name", "a"]), upstream(&["--name", "b"]));
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    let token = "fleet-token-0123456789abcdef";
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let v = veloxy(&format!(
+        "[server]\nworkers = 2\nadmin = \"127.0.0.1:0\"\nadmin_token_file = \"{}\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\nupstream = \"app\"\n\
+         [upstreams.app]\nservers = [\"{}\", \"{}\"]\n",
+        token_file.display(),
+        a.addr,
+        b.addr
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    // The token is required on every admin request.
+    assert_eq!(admin_call(&v, "GET", "/upstreams", None).status, 401);
+    assert_eq!(
+        admin_call(&v, "GET", "/upstreams", Some("wrong")).status,
+        401
+    );
+    assert_eq!(admin_call(&v, "GET", "/upstreams", Some(token)).status, 200);
+    assert_eq!(admin_call(&v, "GET", "/metrics", None).status, 401);
+
+    // Load in the background for the whole test: not one request may fail.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(Instant, String)>::new()));
+    let (s2, seen2) = (stop.clone(), seen.clone());
+    let load = std::thread::spawn(move || {
+        let mut failures = 0;
+        let started = Instant::now();
+        while !s2.load(std::sync::atomic::Ordering::Relaxed)
+            && started.elapsed() < Duration::from_secs(20)
+        {
+            let r = get(web, "/");
+            if r.status != 200 {
+                failures += 1;
+            }
+            let name = r.header("x-upstream").unwrap_or("").to_owned();
+            seen2.lock().unwrap().push((Instant::now(), name));
+        }
+        failures
+    });
+    let names_since = |t: Instant| -> Vec<String> {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|(at, _)| *at > t)
+            .map(|(_, n)| n.clone())
+            .collect()
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let b_addr = b.addr.to_string();
+    let r = admin_call(
+        &v,
+        "POST",
+        &format!("/upstreams/app/servers/{b_addr}/drain"),
+        Some(token),
+    );
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert!(r.body_str().contains("drained"));
+    // Applied to every worker within 100 ms.
+    let drained_at = Instant::now() + Duration::from_millis(100);
+    std::thread::sleep(Duration::from_millis(600));
+    let after = names_since(drained_at);
+    assert!(after.len() > 20, "load kept flowing: {}", after.len());
+    assert!(
+        after.iter().all(|n| n == "a"),
+        "only a after the drain: {after:?}"
+    );
+    let ups = admin_call(&v, "GET", "/upstreams", Some(token)).body_str();
+    assert!(ups.contains("\"state\":\"drained\""), "{ups}");
+
+    let r = admin_call(
+        &v,
+        "POST",
+        &format!("/upstreams/app/servers/{b_addr}/enable"),
+        Some(token),
+    );
+    assert_eq!(r.status, 200);
+    let enabled_at = Instant::now() + Duration::from_millis(100);
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        names_since(enabled_at).iter().any(|n| n == "b"),
+        "b serves again"
+    );
+
+    // DELETE takes it out too; a reload brings back the file's set.
+    let r = admin_call(
+        &v,
+        "DELETE",
+        &format!("/upstreams/app/servers/{b_addr}"),
+        Some(token),
+    );
+    assert_eq!(r.status, 200);
+    assert!(admin_call(&v, "GET", "/upstreams", Some(token))
+        .body_str()
+        .contains("\"state\":\"removed\""));
+    assert_eq!(admin_call(&v, "POST", "/reload", Some(token)).status, 200);
+    assert!(admin_call(&v, "GET", "/upstreams", Some(token))
+        .body_str()
+        .contains("\"state\":\"in service\""));
+    assert_eq!(
+        admin_call(
+            &v,
+            "POST",
+            "/upstreams/app/servers/10.9.9.9:1/drain",
+            Some(token)
+        )
+        .status,
+        404
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(load.join().unwrap(), 0, "no request failed");
+}

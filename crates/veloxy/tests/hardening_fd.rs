@@ -341,44 +341,46 @@ fn active_checks_skip_probes_that_fail_locally() {
     assert_eq!(get(v.addr, "/").status, 200);
 }
 
-/// Issue #10, 12: an admin endpoint on a non-loopback address (no authentication, backend
-/// addresses, `POST /reload`) used to pass `veloxy check` silently.
+/// Issue #10, 12, 17: an admin endpoint on a non-loopback address (backend addresses,
+/// `POST /reload`, the runtime API) is refused without `admin_token_file`.
 #[test]
-fn admin_on_a_public_address_is_warned_about_by_check_and_run() {
+fn admin_on_a_public_address_needs_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("veloxy.toml");
     let public = simple_config(&["127.0.0.1:9".parse().unwrap()], "")
         .replace("workers = 1", "workers = 1\nadmin = \"0.0.0.0:0\"");
     std::fs::write(&path, &public).unwrap();
-    let out = Command::new(VELOXY)
-        .args(["check", "--config", path.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let check = |path: &std::path::Path| {
+        Command::new(VELOXY)
+            .args(["check", "--config", path.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = check(&path);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "still valid: {stderr}");
+    assert!(!out.status.success(), "refused: {stderr}");
     assert!(
-        stderr.contains("warning")
-            && stderr.contains("server.admin")
-            && stderr.contains("0.0.0.0:0 is not a loopback address"),
-        "check warns: {stderr}"
+        stderr.contains("server.admin") && stderr.contains("admin_token_file"),
+        "{stderr}"
     );
 
-    let v = veloxy(&public);
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token-0123456789\n").unwrap();
+    let with_token = public.replace(
+        "workers = 1",
+        &format!("workers = 1\nadmin_token_file = \"{}\"", token.display()),
+    );
+    std::fs::write(&path, &with_token).unwrap();
+    let out = check(&path);
     assert!(
-        eventually(Duration::from_secs(5), || v
-            .proc
-            .log_text()
-            .contains("is not a loopback address")),
-        "run logs the warning: {}",
-        v.proc.log_text()
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 
     let private = public.replace("0.0.0.0:0", "127.0.0.1:0");
     std::fs::write(&path, &private).unwrap();
-    let out = Command::new(VELOXY)
-        .args(["check", "--config", path.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = check(&path);
     assert!(out.status.success());
     assert!(
         !String::from_utf8_lossy(&out.stderr).contains("warning"),

@@ -95,6 +95,8 @@ pub struct ServerSection {
     pub client_ip_header: Option<Spanned<String>>,
     pub log_level: Option<Spanned<String>>,
     pub admin: Option<Spanned<String>>,
+    /// A file holding the bearer token every admin request must carry.
+    pub admin_token_file: Option<Spanned<String>>,
     pub access_log: Option<Spanned<AccessLogSection>>,
     pub acme: Option<Spanned<AcmeSection>>,
     /// The Redis server instances share state through (global rate limits).
@@ -387,6 +389,9 @@ pub struct UpstreamSection {
     pub location_rewrite: Option<Spanned<bool>>,
     pub sticky: Option<Spanned<StickySection>>,
     pub proxy_protocol: Option<Spanned<String>>,
+    /// `"reset"` (default): a reload restores the file's servers over runtime API changes;
+    /// `"keep"`: drained and removed servers stay so.
+    pub runtime_overrides: Option<Spanned<String>>,
 }
 
 /// `sticky = { cookie, ttl, secure, http_only }`.

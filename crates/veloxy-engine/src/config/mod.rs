@@ -77,6 +77,8 @@ pub struct Settings {
     pub log_level: String,
     /// Admin endpoint address (`/metrics`, `/healthz`, `/upstreams`, `POST /reload`). Default: off.
     pub admin: Option<SocketAddr>,
+    /// `admin_token_file`'s token: `Authorization: Bearer TOKEN` on every admin request.
+    pub admin_token: Option<String>,
     /// Access log. Default: off. Read at start; changing it needs a restart.
     pub access_log: Option<crate::access_log::AccessLogConfig>,
     /// `[server.acme]`, when some listener has `tls.acme`.

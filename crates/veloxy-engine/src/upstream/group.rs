@@ -106,6 +106,8 @@ pub struct UpstreamGroup {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// Absolute path of the `ca_file` that `tls` trusts; `None`: the system's roots.
     pub ca_file: Option<PathBuf>,
+    /// `runtime_overrides = "keep"`: runtime API drains survive a reload.
+    pub keep_runtime_overrides: bool,
     /// `location_rewrite = true`: the default of the group's routes.
     pub location_rewrite: bool,
     /// `sticky`: cookie-based backend affinity.

@@ -91,6 +91,10 @@ pub struct BackendHealth {
     /// What each worker last published about this backend (index = worker id); each slot has
     /// one writer, its worker's heartbeat, so the request path touches none of it.
     pub workers: Box<[WorkerView]>,
+    /// Runtime API: 1 drained (`POST .../drain`: no new requests, in-flight ones finish),
+    /// 2 removed (`DELETE`), 0 in service. Kept over a reload only with
+    /// `runtime_overrides = "keep"`.
+    pub drained: std::sync::atomic::AtomicU8,
 }
 
 /// One worker's view of a backend, published every heartbeat tick (50 ms) for `/upstreams`.
@@ -123,12 +127,14 @@ impl BackendHealth {
             checks_passed: AtomicU64::new(0),
             checks_failed: AtomicU64::new(0),
             workers: (0..workers.max(1)).map(|_| WorkerView::default()).collect(),
+            drained: std::sync::atomic::AtomicU8::new(0),
         }
     }
 
     fn is_down(&self) -> bool {
         !self.active_up.load(Ordering::Relaxed)
             || self.ejected_until_ms.load(Ordering::Relaxed) != 0
+            || self.drained.load(Ordering::Relaxed) != 0
     }
 }
 
@@ -149,6 +155,15 @@ impl GroupHealth {
         };
         g.recompute();
         g
+    }
+
+    /// Runtime API: sets backend `i`'s state (0 in service, 1 drained, 2 removed); every
+    /// worker sees it at its next pick.
+    pub fn set_drained(&self, i: usize, state: u8) {
+        if let Some(b) = self.backends.get(i) {
+            b.drained.store(state, Ordering::Relaxed);
+            self.recompute();
+        }
     }
 
     /// Backends that must not be picked now.
@@ -279,6 +294,12 @@ pub fn adopt(old: &[UpstreamGroup], new: &mut [UpstreamGroup], workers: usize) {
         let Some(prev) = old.iter().find(|o| o.name == g.name) else {
             continue;
         };
+        if !g.keep_runtime_overrides {
+            // The file's set wins: backends drained or removed at run time serve again.
+            for b in &prev.health.backends {
+                b.drained.store(0, Ordering::Relaxed);
+            }
+        }
         let backends: Vec<Arc<BackendHealth>> = g
             .backends
             .iter()

@@ -35,6 +35,7 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
         },
         acme: None,
         redis: None,
+        admin_token: admin_token(src, s)?,
         admin: match &s.admin {
             None => None,
             Some(a) => {
@@ -169,22 +170,26 @@ fn compile_access_log(
 /// The admin endpoint has no authentication: on anything but loopback it shows backend
 /// addresses and metrics to whoever can reach it, and lets them trigger reloads. Valid (a
 /// firewalled private address can be deliberate), but worth saying.
-pub(super) fn admin_warnings(src: &Source, s: &ServerSection, settings: &Settings) -> Vec<String> {
+/// An admin endpoint on a non-loopback address needs `admin_token_file`.
+pub(super) fn check_admin_exposure(
+    src: &Source,
+    s: &ServerSection,
+    settings: &Settings,
+) -> Result<(), ConfigError> {
     let (Some(addr), Some(spanned)) = (settings.admin, &s.admin) else {
-        return Vec::new();
+        return Ok(());
     };
-    if addr.ip().to_canonical().is_loopback() {
-        return Vec::new();
+    if addr.ip().to_canonical().is_loopback() || settings.admin_token.is_some() {
+        return Ok(());
     }
-    vec![src.warning(
+    Err(src.error(
         spanned.span(),
         "server.admin",
-        &format!(
-            "{addr} is not a loopback address: the admin endpoint has no authentication, \
-             and anyone who can reach it sees backend addresses and metrics and can POST \
-             /reload; bind it to 127.0.0.1 (or ::1), or make sure a firewall keeps others out"
+        format!(
+            "{addr} is not a loopback address: set [server] admin_token_file (a bearer token \
+             every admin request must carry), or bind the admin endpoint to 127.0.0.1 (or ::1)"
         ),
-    )]
+    ))
 }
 
 /// `[server.redis]`: the URL with its credentials (a `password_file` is read now).
@@ -266,4 +271,28 @@ fn pct(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// `admin_token_file`: its first line, which must not be empty.
+fn admin_token(src: &Source, s: &ServerSection) -> Result<Option<String>, ConfigError> {
+    let Some(f) = &s.admin_token_file else {
+        return Ok(None);
+    };
+    let path = src.relative(f.get_ref());
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        src.error(
+            f.span(),
+            "server.admin_token_file",
+            format!("{}: {e}", path.display()),
+        )
+    })?;
+    let token = text.lines().next().unwrap_or("").trim().to_owned();
+    if token.len() < 16 {
+        return Err(src.error(
+            f.span(),
+            "server.admin_token_file",
+            "the token must be at least 16 characters",
+        ));
+    }
+    Ok(Some(token))
 }

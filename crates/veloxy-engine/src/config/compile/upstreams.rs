@@ -133,6 +133,20 @@ fn compile_group(
         tls,
         ca_file,
         location_rewrite: u.location_rewrite.as_ref().is_some_and(|b| *b.get_ref()),
+        keep_runtime_overrides: match u.runtime_overrides.as_ref() {
+            None => false,
+            Some(v) => match v.get_ref().as_str() {
+                "reset" => false,
+                "keep" => true,
+                _ => {
+                    return Err(src.error(
+                        v.span(),
+                        format!("upstreams.{name}.runtime_overrides"),
+                        "use \"reset\" (the default) or \"keep\"",
+                    ))
+                }
+            },
+        },
         sticky,
         proxy_protocol,
     })
