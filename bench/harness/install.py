@@ -20,12 +20,16 @@ BENCH = Path(__file__).resolve().parent.parent
 REPO = BENCH.parent
 TRAEFIK_VERSION = "v3.6.12"
 APT_PACKAGES = {"nginx": "nginx", "haproxy": "haproxy", "wrk": "wrk",
-                "h2load": "nghttp2-client", "strace": "strace", "varnish": "varnish"}
+                "h2load": "nghttp2-client", "strace": "strace", "varnish": "varnish",
+                "redis": "redis-server"}
 # Peers and tools are stock release builds: an explicit empty RUSTFLAGS keeps the
 # workspace's .cargo/config.toml (found by walking up from bench/) out of them.
 STOCK_RUST = {"RUSTFLAGS": ""}
 APT_BINARIES = {"nginx": "/usr/sbin/nginx", "haproxy": "/usr/sbin/haproxy",
-                "varnish": "/usr/sbin/varnishd"}
+                "varnish": "/usr/sbin/varnishd", "redis": "/usr/bin/redis-server"}
+# The system services those packages may start (service name, pid file): stopped after an install.
+SYSTEM_SERVICES = (("nginx", "/run/nginx.pid"), ("haproxy", "/run/haproxy.pid"),
+                   ("varnish", "/run/varnish.pid"), ("redis-server", "/run/redis/redis-server.pid"))
 
 
 @dataclass
@@ -125,10 +129,11 @@ class Installer:
 
     @staticmethod
     def _stop_system_services(log: Path) -> None:
-        """Debian's nginx/haproxy/varnish packages may start system services: stop them so
-        they never share the machine with a measurement (we run our own in the foreground)."""
-        for svc in ("nginx", "haproxy", "varnish"):
-            pidfile = Path(f"/run/{svc}.pid")
+        """Debian's nginx/haproxy/varnish/redis-server packages may start system services: stop
+        them so they never share the machine with a measurement (we run our own in the
+        foreground)."""
+        for svc, pid_path in SYSTEM_SERVICES:
+            pidfile = Path(pid_path)
             if pidfile.exists():
                 _run_logged(["service", svc, "stop"], log, timeout=30)
                 try:
@@ -339,7 +344,7 @@ def versions(tools: dict[str, Tool]) -> dict[str, str]:
     cmds = {
         "nginx": ["-v"], "haproxy": ["-v"], "envoy": ["--version"], "caddy": ["version"],
         "traefik": ["version"], "wrk": ["-v"], "oha": ["--version"], "oha-h3": ["--version"],
-        "h2load": ["--version"], "varnish": ["-V"],
+        "h2load": ["--version"], "varnish": ["-V"], "redis": ["--version"],
         "veloxy": ["--version"], "strace": ["-V"],
     }
     out = {}

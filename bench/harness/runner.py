@@ -122,7 +122,7 @@ def install_tools(ctx: Ctx, wanted: list[str], *, allow: bool, builds: bool, bui
     inst = Installer(ctx.cache, allow_install=allow)
     info: dict[str, Tool] = {}
     info.update(inst.workspace(build=build_ws))
-    apt_names = [n for n in ("wrk", "nginx", "haproxy", "h2load", "strace", "varnish")
+    apt_names = [n for n in ("wrk", "nginx", "haproxy", "h2load", "strace", "varnish", "redis")
                  if n in wanted]
     info.update(inst.apt(apt_names))
     for n in ("envoy", "caddy", "pingora", "oha", "traefik"):
