@@ -68,10 +68,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--auth", action="store_true",
                    help="--vs-nginx: the basic-auth scenario (a bcrypt htpasswd route, one user, "
                         "every request with its credentials)")
+    p.add_argument("--ratelimit", action="store_true",
+                   help="--vs-nginx: the ratelimit-global scenario: veloxy without a rate limit, "
+                        "with a local and with a global limit (a redis-server on the load core), "
+                        "CPU per request, then a Redis outage under load (implies --vs-nginx)")
     p.add_argument("--strace", action="store_true",
                    help="--vs-nginx: also count syscalls per request (strace -c -f, short run)")
     p.add_argument("--list", action="store_true", help="list scenarios and proxies, then exit")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.ratelimit:
+        if args.rules or args.auth:
+            p.error("--ratelimit is a scenario of its own: not with --rules or --auth")
+        if args.quick or args.smoke or args.tcp or args.h3 or args.cache:
+            p.error("--ratelimit is a --vs-nginx scenario")
+        args.vs_nginx = True
+        if not args.name:
+            args.name = f"ratelimit-global-{time.strftime('%Y%m%d-%H%M%S')}"
+    return args
 
 
 def _interrupt(signum, frame):

@@ -1,6 +1,8 @@
 """`bench/run --vs-nginx`: veloxy against nginx, one worker each, the same 4 upstreams,
 alternating wrk rounds (veloxy, nginx, veloxy, nginx, ...) with warm-up, CPU per request,
-and optionally syscalls per request with strace -c -f."""
+and optionally syscalls per request with strace -c -f. `--ratelimit` runs the bench scenario
+`ratelimit-global` instead (veloxy without a limit, with a local and with a global limit; see
+harness/ratelimit.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import statistics
 import subprocess
 import time
 
-from . import measure, peers, procs, report, runner
+from . import measure, peers, procs, ratelimit, report, runner
 from .loadgen import LoadError
 from .procs import StartError
 from .runner import SetupError
@@ -155,6 +157,8 @@ def strace_run(ctx, run, connections: int) -> dict:
 
 
 def run(ctx, args) -> int:
+    if getattr(args, "ratelimit", False):
+        return ratelimit.run(ctx, args)
     if args.rounds < 3:
         say("--rounds below 3: using 3")
         args.rounds = 3

@@ -231,3 +231,31 @@ fn the_runtime_api_drains_and_enables_a_backend_under_load_with_a_token() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(load.join().unwrap(), 0, "no request failed");
 }
+
+#[test]
+fn requests_under_a_global_limit_are_not_refused_while_a_lease_is_on_the_way() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let up = upstream(&["--name", "app"]);
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[server.redis]\nurl = \"{}\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\nupstream = \"app\"\n\
+         rate_limit = {{ rate = \"1000/s\", burst = 1000, key = \"header:x-key\", scope = \"global\" }}\n\
+         [upstreams.app]\nservers = [\"{}\"]\n",
+        redis.url(),
+        up.addr
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    // Back-to-back requests on new keys, far under their limit: the first lease of each is
+    // still on its way for the first few, which borrow from it instead of getting 429.
+    let mut conn = Client::connect(web);
+    for k in 0..5 {
+        for i in 0..8 {
+            conn.send(format!("GET / HTTP/1.1\r\nHost: a\r\nx-key: k{k}\r\n\r\n").as_bytes());
+            let r = conn.read_response(false);
+            assert_eq!(r.status, 200, "key k{k}, request {i}");
+        }
+    }
+}

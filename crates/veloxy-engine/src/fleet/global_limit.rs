@@ -3,10 +3,11 @@
 //!
 //! Each worker takes tokens from Redis in small **leases** (about 50 ms of the rate, at most
 //! the burst) and spends them locally; when half a lease is left it asks for the next one in
-//! the background. A key a worker has never seen is let through once while its first lease is
-//! on the way. So the limit is exceeded by at most one request per key per worker per instance
-//! (the first), and leased tokens a worker does not spend before the bucket would have refilled
-//! are lost (the limit errs on the strict side). When Redis fails or is slower than `timeout`,
+//! the background. While a lease is on the way, requests borrow from it (up to one lease), so
+//! no request is refused for want of an answer from Redis, unless the last lease came back
+//! empty (the bucket is dry). So the limit is exceeded by at most one lease per key per
+//! worker per instance, each time the shared bucket runs dry (or at a key's first requests),
+//! and leased tokens a worker does not spend are lost (the limit errs on the strict side). When Redis fails or is slower than `timeout`,
 //! `on_store_error` decides for the next second: `local` (the default) applies the same limit
 //! per instance, `allow` lets everything through, `deny` refuses everything;
 //! `veloxy_ratelimit_store_fallbacks_total` counts those requests.
@@ -44,9 +45,11 @@ pub struct GlobalLimit {
 pub(crate) static FALLBACKS: AtomicU64 = AtomicU64::new(0);
 
 /// One worker's tokens for one key.
-#[derive(Default)]
 pub(crate) struct Slot {
+    /// Tokens left; below zero while requests borrow from a lease on its way.
     tokens: AtomicI64,
+    /// The size of the last lease granted (-1: none asked yet); 0 means the bucket was dry.
+    last_grant: AtomicI64,
     inflight: AtomicBool,
     /// [`crate::clock::now_ms`] of the last lease request.
     asked_ms: AtomicU64,
@@ -54,8 +57,21 @@ pub(crate) struct Slot {
     failed_until_ms: AtomicU64,
 }
 
+impl Default for Slot {
+    fn default() -> Slot {
+        Slot {
+            tokens: AtomicI64::new(0),
+            last_grant: AtomicI64::new(-1),
+            inflight: AtomicBool::new(false),
+            asked_ms: AtomicU64::new(0),
+            failed_until_ms: AtomicU64::new(0),
+        }
+    }
+}
+
 impl Slot {
     pub(crate) fn granted(&self, n: i64) {
+        self.last_grant.store(n, Ordering::Release);
         self.tokens.fetch_add(n, Ordering::AcqRel);
         self.failed_until_ms.store(0, Ordering::Release);
         self.inflight.store(false, Ordering::Release);
@@ -108,23 +124,28 @@ impl GlobalLimit {
             };
         }
         let left = slot.tokens.fetch_sub(1, Ordering::AcqRel);
-        let inflight = slot.inflight.load(Ordering::Acquire);
+        let mut inflight = slot.inflight.load(Ordering::Acquire);
         if left > 0 {
             if left - 1 < i64::from(self.lease / 2).max(1) && !inflight {
                 self.ask(&slot, key, now);
             }
             return Ok(());
         }
-        slot.tokens.fetch_add(1, Ordering::AcqRel);
-        if fresh {
+        // No token of our own: ask (at once for a new key, else once the bucket may have
+        // refilled a lease's worth), and borrow from the lease on its way unless the last one
+        // came back empty.
+        let refill_ms = (f64::from(self.lease) * 1000.0 / self.per_second).max(5.0) as u64;
+        let asked = slot.asked_ms.load(Ordering::Relaxed);
+        if !inflight && (fresh || asked == 0 || now >= asked + refill_ms) {
             self.ask(&slot, key, now);
+            inflight = true;
+        }
+        let debt = 1 - left;
+        if inflight && slot.last_grant.load(Ordering::Acquire) != 0 && debt <= i64::from(self.lease)
+        {
             return Ok(());
         }
-        // Empty: ask again once the bucket may have refilled a lease's worth.
-        let refill_ms = (f64::from(self.lease) * 1000.0 / self.per_second).max(5.0) as u64;
-        if !inflight && now >= slot.asked_ms.load(Ordering::Relaxed) + refill_ms {
-            self.ask(&slot, key, now);
-        }
+        slot.tokens.fetch_add(1, Ordering::AcqRel);
         Err(std::time::Duration::from_millis(refill_ms.max(1000)))
     }
 
