@@ -78,6 +78,9 @@ impl Slot {
     }
 
     pub(crate) fn failed(&self) {
+        // What was borrowed from the lease that never came is forgiven: the fallback decides
+        // for now, and a later lease must not start in debt.
+        self.tokens.fetch_max(0, Ordering::AcqRel);
         let until = crate::clock::now_ms() + 1000;
         self.failed_until_ms.store(until, Ordering::Release);
         self.inflight.store(false, Ordering::Release);
