@@ -89,7 +89,25 @@ fn a_global_limit_holds_across_instances_and_falls_back_while_redis_is_down() {
 
     // Redis back (empty): global again once the instances' probes succeed.
     redis.restart();
-    std::thread::sleep(Duration::from_millis(2500));
+    // Ready once neither instance falls back any more for half a second of requests.
+    let fallbacks = || {
+        metric(&a, "veloxy_ratelimit_store_fallbacks_total")
+            + metric(&b, "veloxy_ratelimit_store_fallbacks_total")
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let before = fallbacks();
+        load(&addrs, Duration::from_millis(500));
+        if fallbacks() == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still falling back after Redis came back"
+        );
+    }
+    // A fresh second for the buckets (the shared one refills to its burst).
+    std::thread::sleep(Duration::from_secs(1));
     let before = metric(&a, "veloxy_ratelimit_store_fallbacks_total");
     let (ok, limited, other, secs, _) = load(&addrs, Duration::from_secs(2));
     let budget = 20.0 + 20.0 * secs;

@@ -117,18 +117,35 @@ impl RedisClient {
 
 async fn run(client: Arc<RedisClient>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Lease>) {
     let script = redis::Script::new(TAKE);
-    let mut conns: Vec<redis::aio::ConnectionManager> = Vec::new();
+    // Connected before the first lease, so a fresh start does not fall back.
+    let mut conns: Vec<redis::aio::ConnectionManager> = connect(&client.spec).await;
     let mut next = 0usize;
-    let mut last_try: Option<tokio::time::Instant> = None;
+    let mut last_try = tokio::time::Instant::now();
+    let mut connecting: Option<tokio::sync::oneshot::Receiver<Vec<redis::aio::ConnectionManager>>> =
+        None;
     while let Some(lease) = rx.recv().await {
         if client.broken.swap(false, Ordering::AcqRel) {
             conns.clear();
         }
-        // While Redis is unreachable, one connection attempt a second; leases in between fail
-        // at once (their limits fall back as `on_store_error` says).
-        if conns.is_empty() && last_try.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            last_try = Some(tokio::time::Instant::now());
-            conns = connect(&client.spec).await;
+        if let Some(rx) = connecting.as_mut() {
+            match rx.try_recv() {
+                Ok(made) => (conns, connecting) = (made, None),
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => connecting = None,
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+            }
+        }
+        // While Redis is unreachable, one connection attempt a second, in the background:
+        // leases meanwhile fail at once (their limits fall back as `on_store_error` says)
+        // rather than wait, so no request waits for a reconnection.
+        if conns.is_empty() && connecting.is_none() && last_try.elapsed() >= Duration::from_secs(1)
+        {
+            last_try = tokio::time::Instant::now();
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let spec = client.spec.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(connect(&spec).await);
+            });
+            connecting = Some(rx);
         }
         if conns.is_empty() {
             fail(&client, &lease);
