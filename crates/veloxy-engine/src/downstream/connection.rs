@@ -406,7 +406,7 @@ fn prepare(
             return Ok(Next::Static(Box::new(reply)));
         }
         Ok(Admitted::Cached(r)) => {
-            let reply = crate::downstream::files::StaticReply::cached(worker, r, req, record);
+            let reply = crate::downstream::files::StaticReply::new(worker, r, req, record);
             return Ok(Next::Static(Box::new(reply)));
         }
         Ok(Admitted::Proxy(t)) => t,

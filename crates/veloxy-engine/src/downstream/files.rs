@@ -62,8 +62,9 @@ pub(crate) fn answer(
 }
 
 impl StaticReply {
-    /// A reply ready to write, with the `on_response` hooks' fields.
-    fn new(
+    /// A reply ready to write, with the `on_response` hooks' fields (also a cached answer
+    /// decided at admission).
+    pub(crate) fn new(
         worker: &Worker,
         response: crate::static_files::Response,
         req: &RequestView,
@@ -84,16 +85,6 @@ impl StaticReply {
         StaticReply::build(worker, response, p.version, keep_alive, record)
     }
 
-    /// An answer from the route's cache, decided at admission.
-    pub(crate) fn cached(
-        worker: &Worker,
-        response: crate::static_files::Response,
-        req: &RequestView,
-        record: Record,
-    ) -> StaticReply {
-        StaticReply::new(worker, response, req, record)
-    }
-
     /// An answer of veloxy's own to a request already prepared for forwarding (a
     /// forward_auth refusal).
     pub(crate) fn for_answer(
@@ -102,9 +93,7 @@ impl StaticReply {
         p: &crate::downstream::connection::Prepared,
         record: Record,
     ) -> StaticReply {
-        let keep_alive = p.keep_alive && p.body == BodyKind::None;
-        let response = answer.into_response(p.is_head);
-        StaticReply::build(worker, response, p.version, keep_alive, record)
+        StaticReply::for_response(worker, answer.into_response(p.is_head), p, record)
     }
 
     fn build(
