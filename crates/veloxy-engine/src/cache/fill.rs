@@ -109,6 +109,32 @@ impl Fill {
         self.rc.status_line("MISS")
     }
 
+    /// The answer from `obj`, labelled in the status header.
+    fn answer(&self, obj: &Object, label: &str, now: u64) -> Filled {
+        Filled::Answer(super::serve::respond(
+            &self.rc,
+            obj,
+            self.client.clone(),
+            label,
+            now,
+        ))
+    }
+
+    /// A stale answer (`stale-while-revalidate`, `stale-if-error`), counted.
+    fn stale_answer(&self, obj: &Object, now: u64) -> Filled {
+        Stats::inc(&self.rc.store.stats.stale);
+        self.answer(obj, "STALE", now)
+    }
+
+    /// Requests for this key go straight upstream for a while (a hit-for-pass).
+    fn pass(&self, now: u64) {
+        let until = now + super::PASS_FOR.as_millis() as u64;
+        self.rc
+            .store
+            .entries
+            .insert(self.primary.clone(), Entry::Pass(until));
+    }
+
     fn field(&self, name: &str) -> Option<Vec<u8>> {
         self.fields
             .iter()
@@ -129,15 +155,14 @@ pub(crate) async fn run(
     if let (Some(obj), Mode::Normal) = (&fill.stale, fill.mode) {
         let swr = obj.life.stale_while_revalidate.as_millis() as u64;
         if swr > 0 && obj.staleness_ms(now) <= swr {
-            Stats::inc(&store.stats.stale);
-            let answer = super::serve::respond(&fill.rc, obj, fill.client.clone(), "STALE", now);
+            let answer = fill.stale_answer(obj, now);
             if let Join::Lead(flight) = join(&store, &fill.key) {
                 let (w, g, t, f) = (worker.clone(), gen.clone(), t.clone(), fill.clone());
                 tokio::task::spawn_local(async move {
                     let _ = lead_fill(&w, &g, &t, &f, flight).await;
                 });
             }
-            return Ok(Filled::Answer(answer));
+            return Ok(answer);
         }
     }
     let flight = match join(&store, &fill.key) {
@@ -214,14 +239,9 @@ async fn follow(
         Some(Outcome::Stored(obj)) => {
             Stats::inc(&store.stats.collapsed);
             Stats::inc(&store.stats.hits);
-            let a = super::serve::respond(&fill.rc, &obj, fill.client.clone(), "HIT", now);
-            Ok(Filled::Answer(a))
+            Ok(fill.answer(&obj, "HIT", now))
         }
-        Some(Outcome::Stale(obj)) => {
-            Stats::inc(&store.stats.stale);
-            let a = super::serve::respond(&fill.rc, &obj, fill.client.clone(), "STALE", now);
-            Ok(Filled::Answer(a))
-        }
+        Some(Outcome::Stale(obj)) => Ok(fill.stale_answer(&obj, now)),
         _ => Ok(Filled::Forward(fill.miss_line())),
     }
 }
@@ -242,8 +262,7 @@ async fn lead_fill(
             if fill.mode == Mode::Normal && obj.is_fresh(now) {
                 Stats::inc(&store.stats.hits);
                 flight.finish(Outcome::Stored(obj.clone()));
-                let r = super::serve::respond(&fill.rc, &obj, fill.client.clone(), "HIT", now);
-                return Ok(Filled::Answer(r));
+                return Ok(fill.answer(&obj, "HIT", now));
             }
             stale = Some(obj);
         }
@@ -266,44 +285,29 @@ async fn lead_fill(
     let limit = fill.rc.max_object.max(super::fetch::SERVE_LIMIT);
     let fetched = super::fetch::fetch(worker, gen, t, &head, limit).await;
     let now = now_ms();
-    let stale_ok = |obj: &Arc<Object>| fill.mode == Mode::Normal || usable_on_error(obj, now);
+    // The upstream failed (no answer, or a 5xx): a stale object within its stale-if-error
+    // window answers instead.
+    let usable_stale = stale.as_ref().filter(|o| usable_on_error(o, now));
     let fetched = match fetched {
         Err(e) => {
-            return match fill
-                .stale
-                .as_ref()
-                .filter(|o| usable_on_error(o, now) && stale_ok(o))
-            {
-                Some(obj) => {
-                    Stats::inc(&store.stats.stale);
-                    flight.finish(Outcome::Stale(obj.clone()));
-                    let r = super::serve::respond(&fill.rc, obj, fill.client.clone(), "STALE", now);
-                    Ok(Filled::Answer(r))
-                }
-                None => {
-                    flight.finish(Outcome::NotStored);
-                    Err(e)
-                }
+            let Some(obj) = usable_stale else {
+                flight.finish(Outcome::NotStored);
+                return Err(e);
             };
+            flight.finish(Outcome::Stale(obj.clone()));
+            return Ok(fill.stale_answer(obj, now));
         }
         Ok(None) => {
-            // Larger than max_object: not stored; requests go straight upstream for a while.
-            store.entries.insert(
-                fill.primary.clone(),
-                Entry::Pass(now + super::PASS_FOR.as_millis() as u64),
-            );
+            // Larger than the serve limit: not stored, and the request is forwarded again.
+            fill.pass(now);
             flight.finish(Outcome::NotStored);
             return Ok(Filled::Forward(fill.miss_line()));
         }
         Ok(Some(f)) => f,
     };
-    if fetched.status >= 500 {
-        if let Some(obj) = stale.as_ref().filter(|o| usable_on_error(o, now)) {
-            Stats::inc(&store.stats.stale);
-            flight.finish(Outcome::Stale(obj.clone()));
-            let r = super::serve::respond(&fill.rc, obj, fill.client.clone(), "STALE", now);
-            return Ok(Filled::Answer(r));
-        }
+    if let (500.., Some(obj)) = (fetched.status, usable_stale) {
+        flight.finish(Outcome::Stale(obj.clone()));
+        return Ok(fill.stale_answer(obj, now));
     }
     let (obj, label) = match (&stale, fetched.status) {
         (Some(old), 304) => {
@@ -318,10 +322,7 @@ async fn lead_fill(
     let too_big = fetched.body.len() as u64 > fill.rc.max_object;
     if too_big {
         // Served from memory this once; not stored, and a hit-for-pass for a while.
-        store.entries.insert(
-            fill.primary.clone(),
-            Entry::Pass(now + super::PASS_FOR.as_millis() as u64),
-        );
+        fill.pass(now);
     }
     let stored = !too_big && obj.as_ref().is_some_and(|(_, life)| life.is_some());
     let obj = match obj {
@@ -338,8 +339,7 @@ async fn lead_fill(
     } else {
         flight.finish(Outcome::NotStored);
     }
-    let r = super::serve::respond(&fill.rc, &obj, fill.client.clone(), label, now);
-    Ok(Filled::Answer(r))
+    Ok(fill.answer(&obj, label, now))
 }
 
 /// Stores `obj` under the request's key (its variant's, when the response varies).
