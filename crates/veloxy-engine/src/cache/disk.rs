@@ -73,8 +73,13 @@ impl Disk {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        let path = self.dir.join(&hex[..2]).join(format!("{hex}.vxc"));
+        let path = self.file(&hex);
         (hex, path)
+    }
+
+    /// The file of the entry named `name` (its key's SHA-1 in hex).
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(&name[..2]).join(format!("{name}.vxc"))
     }
 
     /// Writes `entry` under `key`, in the background.
@@ -150,7 +155,7 @@ impl Disk {
             self.bytes.store(ix.total, Ordering::Relaxed);
         }
         for name in victims {
-            let _ = std::fs::remove_file(self.dir.join(&name[..2]).join(format!("{name}.vxc")));
+            let _ = std::fs::remove_file(self.file(&name));
         }
     }
 
@@ -221,8 +226,7 @@ impl Disk {
                 .collect()
         };
         for name in &picked {
-            let path = self.dir.join(&name[..2]).join(format!("{name}.vxc"));
-            self.forget(name, &path);
+            self.forget(name, &self.file(name));
         }
         picked.len()
     }

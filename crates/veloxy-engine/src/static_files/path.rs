@@ -131,9 +131,14 @@ pub fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
 /// Percent-encodes a path for a URL (`Location`, listing links): everything but unreserved
 /// characters and `/`.
 pub fn percent_encode(s: &str) -> String {
+    percent_encode_keeping(s, b"/")
+}
+
+/// Percent-encodes everything in `s` but unreserved characters and the bytes of `keep`.
+pub fn percent_encode_keeping(s: &str, keep: &[u8]) -> String {
     let mut out = String::with_capacity(s.len());
     for &b in s.as_bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.contains(&b) {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));

@@ -7,9 +7,10 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::dur;
+use super::rules::size;
 use crate::cache::lookup::RouteCache;
 use crate::config::error::{ConfigError, Source};
-use crate::config::file::{CacheSection, FileConfig, RouteCacheSection, SizeValue};
+use crate::config::file::{CacheSection, FileConfig, RouteCacheSection};
 
 /// A `[caches.NAME]`, checked.
 pub(super) struct CacheSpec {
@@ -21,13 +22,6 @@ pub(super) struct CacheSpec {
 const DEFAULT_MEMORY: u64 = 256 << 20;
 const DEFAULT_MAX_OBJECT: u64 = 8 << 20;
 const DEFAULT_DISK: u64 = 10 << 30;
-
-fn size(src: &Source, key: &str, v: &Spanned<SizeValue>) -> Result<u64, ConfigError> {
-    match v.get_ref() {
-        SizeValue::Bytes(n) => Ok(*n),
-        SizeValue::Text(t) => crate::rules::parse_size(t).map_err(|m| src.error(v.span(), key, m)),
-    }
-}
 
 /// Checks every `[caches.NAME]`.
 pub(super) fn compile_caches(

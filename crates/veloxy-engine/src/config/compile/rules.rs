@@ -468,7 +468,8 @@ fn ip_rules(
     }))
 }
 
-fn size(src: &Source, key: &str, v: &Spanned<SizeValue>) -> Result<u64, ConfigError> {
+/// A size value (bytes, or a string with a unit) of `key`.
+pub(super) fn size(src: &Source, key: &str, v: &Spanned<SizeValue>) -> Result<u64, ConfigError> {
     match v.get_ref() {
         SizeValue::Bytes(n) => Ok(*n),
         SizeValue::Text(t) => crate::rules::parse_size(t).map_err(|m| src.error(v.span(), key, m)),

@@ -240,7 +240,8 @@ pub(super) fn compile_redis(
     };
     if let Some(p) = password {
         let user = r.username.as_ref().map_or("", |u| u.get_ref().as_str());
-        url.1 = format!("{}:{}@", pct(user), pct(&p));
+        let enc = |v: &str| crate::static_files::path::percent_encode_keeping(v, b"");
+        url.1 = format!("{}:{}@", enc(user), enc(&p));
     }
     let pool = match &r.pool {
         Some(p) if *p.get_ref() == 0 => {
@@ -269,18 +270,7 @@ fn url_parts(url: &str) -> Option<(String, String, String)> {
     (!host.is_empty()).then(|| (format!("{scheme}://"), user, host.to_owned()))
 }
 
-fn pct(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// `admin_token_file`: its first line, which must not be empty.
+/// `admin_token_file`: its first line, at least 16 characters.
 fn admin_token(src: &Source, s: &ServerSection) -> Result<Option<String>, ConfigError> {
     let Some(f) = &s.admin_token_file else {
         return Ok(None);
