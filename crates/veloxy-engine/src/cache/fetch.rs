@@ -2,16 +2,14 @@
 //! the same attempt loop as every request (retries, outlier feedback, health), with the
 //! whole response read into memory up to `max_object`.
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use tokio::io::AsyncReadExt;
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout, Instant};
 
 use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, AttemptFail, Plan};
 use crate::exchange::ProxyTarget;
-use crate::http1::response::{parse_foreign, MAX_RESPONSE_HEAD};
-use crate::upstream::connect::connect_backend;
 use crate::worker::{Generation, Worker};
 
 /// A complete upstream response.
@@ -70,71 +68,15 @@ async fn once(
     may_retry_status: bool,
 ) -> Result<Option<Fetched>, Fail> {
     let group = &gen.snapshot.upstreams[t.upstream];
-    let pooled = gen.groups.borrow_mut()[t.upstream]
-        .pool
-        .take(backend, t.origin);
-    let connect = || async {
-        connect_backend(&worker.metrics, group, backend, t.origin)
-            .await
-            .map_err(|(error, health)| Fail::NotSent { error, health })
-    };
-    let (mut conn, mut reused) = match pooled {
-        Some(c) => (c, true),
-        None => (connect().await?, false),
-    };
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
-    let parsed = loop {
-        match timeout(
-            group.write_timeout,
-            crate::tls::send_all(&mut conn.stream, head),
-        )
-        .await
-        {
-            Err(_) => return Err(Fail::NoResponse(up(ErrorKind::WriteTimeout))),
-            Ok(Err(_)) if reused => {
-                (conn, reused) = (connect().await?, false);
-                continue;
-            }
-            Ok(Err(e)) => return Err(Fail::NoResponse(up(ErrorKind::Io(e)))),
-            Ok(Ok(())) => {}
-        }
-        let deadline = Instant::now() + group.read_timeout;
-        buf.clear();
-        let head = loop {
-            if !buf.is_empty() {
-                match parse_foreign(&buf, false).map_err(Fail::Fatal)? {
-                    None if buf.len() > MAX_RESPONSE_HEAD => {
-                        return Err(Fail::Fatal(up(ErrorKind::BadResponse(
-                            "response head too large",
-                        ))))
-                    }
-                    None => {}
-                    Some(Err(interim)) => {
-                        buf.advance(interim);
-                        continue;
-                    }
-                    Some(Ok(h)) => break Some(h),
-                }
-            }
-            reserve(&mut buf, READ_CHUNK);
-            match timeout_at(deadline, conn.stream.read_buf(&mut buf)).await {
-                Err(_) => return Err(Fail::NoResponse(up(ErrorKind::ReadTimeout))),
-                Ok(Ok(n)) if n > 0 => {}
-                _ if buf.is_empty() && reused => break None,
-                _ if buf.is_empty() => return Err(Fail::NoResponse(up(ErrorKind::UpstreamClosed))),
-                _ => return Err(Fail::Fatal(up(ErrorKind::UpstreamClosed))),
-            }
-        };
-        match head {
-            Some(h) => break h,
-            // A pooled connection the backend had closed: once more on a fresh one.
-            None => (conn, reused) = (connect().await?, false),
-        }
-    };
-    if may_retry_status && group.retry_on.contains(&parsed.status) {
-        return Err(Fail::RetryStatus(parsed.status));
-    }
-    buf.advance(parsed.head_len);
+    let (mut conn, parsed, mut buf) = crate::downstream::relay::exchange_head(
+        worker,
+        gen,
+        (t, backend),
+        head,
+        async |_: &mut crate::upstream::pool::UpstreamConn| Ok(()),
+        (false, true, may_retry_status),
+    )
+    .await?;
     if let crate::http1::BodyKind::Length(n) = parsed.body {
         if n > max {
             return Ok(None);

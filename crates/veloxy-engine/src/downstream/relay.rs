@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::tls::UpstreamIo;
+use crate::upstream::pool::UpstreamConn;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
@@ -373,6 +374,110 @@ pub(crate) async fn tunnel(down: &mut Downstream, up: &mut UpstreamIo, idle: Dur
     }
     received
 }
+
+/// One HTTP/1.1 attempt on `backend` of `t`'s group: a pooled connection (or a new one), the
+/// request head `wbuf`, then what `body` writes, then the response head (interim heads
+/// skipped). Returns the connection, the head and the bytes read after it. A pooled
+/// connection the backend had closed is replaced once by a fresh one when the request is
+/// `replayable`. With `may_retry_status`, a `retry_on` status comes back as
+/// [`attempt::AttemptFail::RetryStatus`].
+pub(crate) async fn exchange_head(
+    worker: &crate::worker::Worker,
+    gen: &crate::worker::Generation,
+    (t, backend): (&crate::exchange::ProxyTarget, usize),
+    wbuf: &[u8],
+    mut body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), HeadFail>,
+    (is_head, replayable, may_retry_status): (bool, bool, bool),
+) -> Result<(UpstreamConn, crate::http1::response::ForeignHead, BytesMut), HeadFail> {
+    use crate::exchange::attempt::AttemptFail;
+    use crate::http1::response::{parse_foreign, MAX_RESPONSE_HEAD};
+    let up = |kind| ProxyError::upstream(kind);
+    let group = &gen.snapshot.upstreams[t.upstream];
+    let pooled = gen.groups.borrow_mut()[t.upstream]
+        .pool
+        .take(backend, t.origin);
+    let connect = || async {
+        crate::upstream::connect::connect_backend(&worker.metrics, group, backend, t.origin)
+            .await
+            .map_err(|(error, health)| AttemptFail::NotSent { error, health })
+    };
+    let (mut conn, mut reused) = match pooled {
+        Some(conn) => {
+            worker.metrics.pool_hits.inc();
+            (conn, true)
+        }
+        None => (connect().await?, false),
+    };
+    // A recycled worker buffer: response bytes are copied out of it into right-sized frames,
+    // so no 16 KiB allocation lives as long as a response body does.
+    let mut ubuf = worker.take_bytes();
+    'attempt: loop {
+        match timeout(
+            group.write_timeout,
+            crate::tls::send_all(&mut conn.stream, wbuf),
+        )
+        .await
+        {
+            Err(_) => return Err(AttemptFail::NoResponse(up(ErrorKind::WriteTimeout))),
+            Ok(Err(_)) if reused && replayable => {
+                conn = connect().await?;
+                reused = false;
+                continue 'attempt;
+            }
+            Ok(Err(e)) => return Err(AttemptFail::NoResponse(up(ErrorKind::Io(e)))),
+            Ok(Ok(())) => {}
+        }
+        body(&mut conn).await?;
+        // `read_timeout` bounds the whole wait for the final head, interim responses included.
+        let head_deadline = tokio::time::Instant::now() + group.read_timeout;
+        ubuf.clear();
+        loop {
+            if !ubuf.is_empty() {
+                match parse_foreign(&ubuf, is_head) {
+                    Err(e) => return Err(AttemptFail::Fatal(e)),
+                    Ok(None) if ubuf.len() > MAX_RESPONSE_HEAD => {
+                        return Err(AttemptFail::Fatal(up(ErrorKind::BadResponse(
+                            "response head too large",
+                        ))))
+                    }
+                    Ok(None) => {}
+                    Ok(Some(Err(interim))) => {
+                        ubuf.advance(interim);
+                        continue;
+                    }
+                    Ok(Some(Ok(head))) => {
+                        if may_retry_status && group.retry_on.contains(&head.status) {
+                            return Err(AttemptFail::RetryStatus(head.status));
+                        }
+                        ubuf.advance(head.head_len);
+                        return Ok((conn, head, ubuf));
+                    }
+                }
+            }
+            reserve(&mut ubuf, READ_CHUNK);
+            let read = conn.stream.read_buf(&mut ubuf);
+            let n = match tokio::time::timeout_at(head_deadline, read).await {
+                Err(_) => return Err(AttemptFail::NoResponse(up(ErrorKind::ReadTimeout))),
+                Ok(Ok(n)) => n,
+                Ok(Err(_)) => 0,
+            };
+            if n == 0 {
+                if ubuf.is_empty() && reused && replayable {
+                    conn = connect().await?;
+                    reused = false;
+                    continue 'attempt;
+                }
+                if ubuf.is_empty() {
+                    return Err(AttemptFail::NoResponse(up(ErrorKind::UpstreamClosed)));
+                }
+                return Err(AttemptFail::Fatal(up(ErrorKind::UpstreamClosed)));
+            }
+        }
+    }
+}
+
+/// How an [`exchange_head`] attempt failed.
+pub(crate) type HeadFail = crate::exchange::attempt::AttemptFail<ProxyError>;
 
 #[cfg(test)]
 mod tests {

@@ -9,23 +9,21 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use tokio::io::AsyncReadExt;
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout, Instant};
 
 use super::h1_body::H1Body;
 use super::request_body::{BodyError, RequestBody};
 use super::{ConnCtx, Finish, ProxyBody};
-use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
+use crate::downstream::relay::{BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, Plan};
 use crate::exchange::{Buffering, ProxyTarget};
-use crate::http1::response::{parse_foreign, ForeignHead, MAX_RESPONSE_HEAD};
+use crate::http1::response::ForeignHead;
 use crate::http1::BodyKind;
-use crate::upstream::connect::connect_backend;
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
 
@@ -334,90 +332,20 @@ async fn attempt(
     replayable: bool,
     may_retry_status: bool,
 ) -> Result<(UpstreamConn, ForeignHead, BytesMut), Fail> {
-    let group = &gen.snapshot.upstreams[t.upstream];
-    let worker = c.worker();
-    let pooled = gen.groups.borrow_mut()[t.upstream]
-        .pool
-        .take(backend, t.origin);
-    let connect = || async {
-        connect_backend(&worker.metrics, group, backend, t.origin)
-            .await
-            .map_err(|(e, health)| Fail::NotSent { error: e, health })
+    let write_timeout = gen.snapshot.upstreams[t.upstream].write_timeout;
+    let stream = async |conn: &mut UpstreamConn| match body.as_mut() {
+        Some((body, budget)) => stream_body(c, write_timeout, conn, body, framing, *budget).await,
+        None => Ok(()),
     };
-    let (mut conn, mut reused) = match pooled {
-        Some(conn) => {
-            worker.metrics.pool_hits.inc();
-            (conn, true)
-        }
-        None => (connect().await?, false),
-    };
-    // A recycled worker buffer: response bytes are copied out of it into right-sized frames,
-    // so no 16 KiB allocation lives as long as a response body does.
-    let mut ubuf = c.worker().take_bytes();
-    'attempt: loop {
-        match timeout(
-            group.write_timeout,
-            crate::tls::send_all(&mut conn.stream, wbuf),
-        )
-        .await
-        {
-            Err(_) => return Err(Fail::NoResponse(up(ErrorKind::WriteTimeout))),
-            Ok(Err(_)) if reused && replayable => {
-                conn = connect().await?;
-                reused = false;
-                continue 'attempt;
-            }
-            Ok(Err(e)) => return Err(Fail::NoResponse(up(ErrorKind::Io(e)))),
-            Ok(Ok(())) => {}
-        }
-        if let Some((body, budget)) = body.as_mut() {
-            stream_body(c, group.write_timeout, &mut conn, body, framing, *budget).await?;
-        }
-        // `read_timeout` bounds the whole wait for the final head, interim responses included.
-        let head_deadline = Instant::now() + group.read_timeout;
-        ubuf.clear();
-        loop {
-            if !ubuf.is_empty() {
-                match parse_foreign(&ubuf, is_head) {
-                    Err(e) => return Err(Fail::Fatal(e)),
-                    Ok(None) if ubuf.len() > MAX_RESPONSE_HEAD => {
-                        return Err(Fail::Fatal(up(ErrorKind::BadResponse(
-                            "response head too large",
-                        ))))
-                    }
-                    Ok(None) => {}
-                    Ok(Some(Err(interim))) => {
-                        ubuf.advance(interim);
-                        continue;
-                    }
-                    Ok(Some(Ok(head))) => {
-                        if may_retry_status && group.retry_on.contains(&head.status) {
-                            return Err(Fail::RetryStatus(head.status));
-                        }
-                        ubuf.advance(head.head_len);
-                        return Ok((conn, head, ubuf));
-                    }
-                }
-            }
-            reserve(&mut ubuf, READ_CHUNK);
-            let n = match timeout_at(head_deadline, conn.stream.read_buf(&mut ubuf)).await {
-                Err(_) => return Err(Fail::NoResponse(up(ErrorKind::ReadTimeout))),
-                Ok(Ok(n)) => n,
-                Ok(Err(_)) => 0,
-            };
-            if n == 0 {
-                if ubuf.is_empty() && reused && replayable {
-                    conn = connect().await?;
-                    reused = false;
-                    continue 'attempt;
-                }
-                if ubuf.is_empty() {
-                    return Err(Fail::NoResponse(up(ErrorKind::UpstreamClosed)));
-                }
-                return Err(Fail::Fatal(up(ErrorKind::UpstreamClosed)));
-            }
-        }
-    }
+    crate::downstream::relay::exchange_head(
+        c.worker(),
+        gen,
+        (t, backend),
+        wbuf,
+        stream,
+        (is_head, replayable, may_retry_status),
+    )
+    .await
 }
 
 /// Streams the request body from the HTTP/2 stream to the upstream (chunk-encoded when its
