@@ -16,6 +16,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::redis::RedisClient;
 use crate::limits::RateLimiter;
@@ -102,45 +103,48 @@ impl GlobalLimit {
     }
 
     /// Admits one request of `key` (its hash) or refuses it.
-    pub(crate) fn check(&self, key: u64, local: &RateLimiter) -> Result<(), std::time::Duration> {
+    pub(crate) fn check(&self, key: u64, local: &RateLimiter) -> Result<(), Duration> {
         let id = (self as *const GlobalLimit as usize, key);
-        let (slot, fresh) = SLOTS.with(|s| {
+        SLOTS.with(|s| {
             let mut s = s.borrow_mut();
             if s.len() >= MAX_SLOTS && !s.contains_key(&id) {
                 s.clear();
             }
-            let fresh = !s.contains_key(&id);
-            (s.entry(id).or_default().clone(), fresh)
-        });
+            self.decide(s.entry(id).or_default(), key, local)
+        })
+    }
+
+    /// [`GlobalLimit::check`] on the worker's slot for the key.
+    fn decide(&self, slot: &Arc<Slot>, key: u64, local: &RateLimiter) -> Result<(), Duration> {
         let now = crate::clock::now_ms();
         if slot.failed_until_ms.load(Ordering::Acquire) > now {
             FALLBACKS.fetch_add(1, Ordering::Relaxed);
             if !slot.inflight.load(Ordering::Acquire)
                 && now >= slot.asked_ms.load(Ordering::Relaxed) + 1000
             {
-                self.ask(&slot, key, now); // a probe: is the store back?
+                self.ask(slot, key, now); // a probe: is the store back?
             }
             return match self.on_error {
                 OnStoreError::Local => local.check(key),
                 OnStoreError::Allow => Ok(()),
-                OnStoreError::Deny => Err(std::time::Duration::from_secs(1)),
+                OnStoreError::Deny => Err(Duration::from_secs(1)),
             };
         }
         let left = slot.tokens.fetch_sub(1, Ordering::AcqRel);
         let mut inflight = slot.inflight.load(Ordering::Acquire);
         if left > 0 {
             if left - 1 < i64::from(self.lease / 2).max(1) && !inflight {
-                self.ask(&slot, key, now);
+                self.ask(slot, key, now);
             }
             return Ok(());
         }
-        // No token of our own: ask (at once for a new key, else once the bucket may have
-        // refilled a lease's worth), and borrow from the lease on its way unless the last one
-        // came back empty.
+        // No token of our own: ask (at once for a new key, never asked, else once the bucket may
+        // have refilled a lease's worth), and borrow from the lease on its way unless the last
+        // one came back empty.
         let refill_ms = (f64::from(self.lease) * 1000.0 / self.per_second).max(5.0) as u64;
         let asked = slot.asked_ms.load(Ordering::Relaxed);
-        if !inflight && (fresh || asked == 0 || now >= asked + refill_ms) {
-            self.ask(&slot, key, now);
+        if !inflight && (asked == 0 || now >= asked + refill_ms) {
+            self.ask(slot, key, now);
             inflight = true;
         }
         let debt = 1 - left;
@@ -149,7 +153,7 @@ impl GlobalLimit {
             return Ok(());
         }
         slot.tokens.fetch_add(1, Ordering::AcqRel);
-        Err(std::time::Duration::from_millis(refill_ms.max(1000)))
+        Err(Duration::from_millis(refill_ms.max(1000)))
     }
 
     fn ask(&self, slot: &Arc<Slot>, key: u64, now: u64) {
