@@ -118,13 +118,8 @@ fn status_header(
     if name.is_empty() {
         return Ok(Some(None));
     }
-    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-        return Err(src.error(
-            v.span(),
-            format!("{key}.cache_status_header"),
-            "not a valid header field name",
-        ));
-    }
+    let field = format!("{key}.cache_status_header");
+    super::rules::field_name(src, v.span(), &field, name)?;
     Ok(Some(Some(name.to_owned())))
 }
 

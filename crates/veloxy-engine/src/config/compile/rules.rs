@@ -101,7 +101,13 @@ fn conditions(src: &Source, key: &str, r: &RouteSection) -> Result<Conditions, C
     Ok(c)
 }
 
-fn field_name(src: &Source, span: Range<usize>, key: &str, name: &str) -> Result<(), ConfigError> {
+/// Checks that `name` is a header field name.
+pub(super) fn field_name(
+    src: &Source,
+    span: Range<usize>,
+    key: &str,
+    name: &str,
+) -> Result<(), ConfigError> {
     if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
         return Err(src.error(span, key, format!("{name:?} is not a header field name")));
     }
