@@ -307,6 +307,15 @@ mod tests {
         assert_eq!(backoff(&net, 4), Duration::from_secs(8));
         assert_eq!(backoff(&net, 30), Duration::from_secs(300));
         assert_eq!(backoff(&refused, 1), Duration::from_secs(60));
+        let nonce = OrderError::Refused(
+            "API error: JWS has an invalid anti-replay nonce (urn:ietf:params:acme:error:badNonce)"
+                .into(),
+        );
+        assert_eq!(
+            backoff(&nonce, 1),
+            Duration::from_secs(1),
+            "badNonce: retry at once"
+        );
         assert_eq!(backoff(&limited, 1), Duration::from_secs(3600));
     }
 }

@@ -35,7 +35,9 @@ impl OrderError {
     /// Counts against the CA's failed-validation limits (retry slowly), as opposed to a
     /// network failure (retry soon).
     pub fn is_refusal(&self) -> bool {
-        matches!(self, OrderError::Refused(_))
+        // A stale anti-replay nonce is not a refusal: RFC 8555 6.5 has the client simply try
+        // again (Pebble rejects 5% of nonces on purpose to exercise this).
+        matches!(self, OrderError::Refused(d) if !d.contains("acme:error:badNonce"))
     }
 
     /// The CA said to slow down.
