@@ -139,14 +139,20 @@ async fn handle(
     reloads: mpsc::Sender<ReloadRequest>,
 ) {
     let mut buf = Vec::with_capacity(1024);
-    let (method, path, bearer) = loop {
+    let (method, path, bearer, head_len, body_len) = loop {
         if s.read_buf(&mut buf).await.unwrap_or(0) == 0 || buf.len() > 16 * 1024 {
             return;
         }
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf) {
-            Ok(httparse::Status::Complete(_)) => {
+            Ok(httparse::Status::Complete(head_len)) => {
+                let body_len = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+                    .unwrap_or(0usize);
                 let bearer = req
                     .headers
                     .iter()
@@ -158,6 +164,8 @@ async fn handle(
                     req.method.unwrap_or("").to_owned(),
                     req.path.unwrap_or("").to_owned(),
                     bearer,
+                    head_len,
+                    body_len,
                 );
             }
             Ok(httparse::Status::Partial) => {}
@@ -180,7 +188,17 @@ async fn handle(
     let full = path.clone();
     let path = path.split('?').next().unwrap_or("");
     if let Some(rest) = path.strip_prefix("/upstreams/") {
-        let (status, body) = runtime_change(&shared, &method, rest);
+        if body_len > MAX_BODY {
+            return respond(&mut s, 413, "text/plain", "the body is too large\n").await;
+        }
+        while buf.len() < head_len + body_len {
+            let read = tokio::time::timeout(Duration::from_secs(10), s.read_buf(&mut buf)).await;
+            if !matches!(read, Ok(Ok(n)) if n > 0) {
+                return;
+            }
+        }
+        let body = &buf[head_len..head_len + body_len];
+        let (status, body) = runtime_change(&shared, &method, rest, body);
         return respond(&mut s, status, "application/json", &body).await;
     }
     match (method.as_str(), path) {
@@ -267,7 +285,7 @@ async fn handle(
 
 /// The runtime API on `/upstreams/NAME/servers[/ADDR[/drain|/enable]]`: drains, enables or
 /// removes one backend of the running config, for every worker at once (their next pick).
-fn runtime_change(shared: &Shared, method: &str, rest: &str) -> (u16, String) {
+fn runtime_change(shared: &Shared, method: &str, rest: &str, body: &[u8]) -> (u16, String) {
     let parts: Vec<&str> = rest.split('/').collect();
     let snapshot = shared.snapshot.load_full();
     let Some(group) = snapshot.upstreams.iter().find(|g| *g.name == *parts[0]) else {
@@ -277,12 +295,7 @@ fn runtime_change(shared: &Shared, method: &str, rest: &str) -> (u16, String) {
         );
     };
     let (addr, action) = match (method, parts.as_slice()) {
-        ("PUT", [_, "servers"]) => {
-            return (
-                501,
-                "{\"error\":\"replacing the set of servers at run time is not built yet; drain, enable and DELETE are\"}\n".into(),
-            )
-        }
+        ("PUT", [_, "servers"]) => return replace_servers(shared, group, body),
         ("POST", [_, "servers", addr, "drain"]) => (*addr, 1),
         ("POST", [_, "servers", addr, "enable"]) => (*addr, 0),
         ("DELETE", [_, "servers", addr]) => (*addr, 2),
@@ -309,6 +322,89 @@ fn runtime_change(shared: &Shared, method: &str, rest: &str) -> (u16, String) {
         format!(
             "{{\"upstream\":{:?},\"server\":{addr:?},\"state\":{state:?}}}\n",
             group.name
+        ),
+    )
+}
+
+/// Largest admin request body (a `PUT` of 64 servers is far smaller).
+const MAX_BODY: usize = 64 * 1024;
+
+/// `PUT /upstreams/NAME/servers` with a JSON list of `"ip:port"` strings or
+/// `{"addr": "ip:port", "weight": 2}` objects (or `{"servers": [...]}`): the group's set from
+/// now on, replacing the file's servers and DNS discovery's until a reload (which keeps it
+/// under `runtime_overrides = "keep"`). Names are resolved once, now.
+fn replace_servers(
+    shared: &Shared,
+    group: &crate::config::UpstreamGroup,
+    body: &[u8],
+) -> (u16, String) {
+    let bad = |m: String| (400, format!("{{\"error\":{m:?}}}\n"));
+    let value: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return bad(format!("the body is not JSON: {e}")),
+    };
+    let list = match &value {
+        serde_json::Value::Array(l) => l,
+        serde_json::Value::Object(o) => match o.get("servers") {
+            Some(serde_json::Value::Array(l)) => l,
+            _ => return bad("expected a list of servers or {\"servers\": [...]}".into()),
+        },
+        _ => return bad("expected a list of servers or {\"servers\": [...]}".into()),
+    };
+    if list.is_empty() || list.len() > crate::upstream::health::MAX_BACKENDS {
+        return bad(format!(
+            "give 1 to {} servers (drain or DELETE takes servers out)",
+            crate::upstream::health::MAX_BACKENDS
+        ));
+    }
+    let mut backends = Vec::with_capacity(list.len());
+    for entry in list {
+        let (addr, weight) = match entry {
+            serde_json::Value::String(a) => (a.as_str(), 1),
+            serde_json::Value::Object(o) => (
+                o.get("addr").and_then(|a| a.as_str()).unwrap_or(""),
+                o.get("weight").and_then(|w| w.as_u64()).unwrap_or(1),
+            ),
+            _ => return bad(format!("{entry} is not a server")),
+        };
+        let weight = match u32::try_from(weight) {
+            Ok(w) if w > 0 => w,
+            _ => return bad(format!("{addr}: weight must be 1 or more")),
+        };
+        let b = match crate::config::backend_at(addr, weight, group.tls_server_name.as_deref()) {
+            Ok(b) => b,
+            Err(m) => return bad(format!("{addr}: {m}")),
+        };
+        if b.tls_name.is_some() != group.tls.is_some() {
+            return bad(format!(
+                "{addr}: the group's servers are {}",
+                if group.tls.is_some() {
+                    "https://"
+                } else {
+                    "plain (no https://)"
+                }
+            ));
+        }
+        if !backends
+            .iter()
+            .any(|o: &crate::upstream::group::Backend| o.addr == b.addr)
+        {
+            backends.push(b);
+        }
+    }
+    let listed: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{:?}", b.addr.to_string()))
+        .collect();
+    shared.found.set_override(&group.name, backends);
+    shared.republish(&group.name);
+    tracing::info!(upstream = %group.name, servers = %listed.join(","), "runtime API: new set of servers");
+    (
+        200,
+        format!(
+            "{{\"upstream\":{:?},\"servers\":[{}]}}\n",
+            group.name,
+            listed.join(",")
         ),
     )
 }

@@ -28,6 +28,35 @@ pub(crate) struct Shared {
     /// Every worker's counters, summed by the admin endpoint.
     pub metrics: crate::metrics::Metrics,
     pub access_log: Option<crate::access_log::AccessLog>,
+    /// Backends found by DNS discovery and set through the runtime API.
+    pub found: Arc<crate::upstream::discovery::Found>,
+    /// Held while a snapshot is derived from the current one and swapped in (reload,
+    /// discovery, runtime API), so two swaps never lose each other's change.
+    pub swap: std::sync::Mutex<()>,
+}
+
+impl Shared {
+    /// Swaps in a snapshot where group `name` has its live set of backends (see
+    /// [`crate::upstream::discovery`]); nothing happens if the set is unchanged.
+    pub fn republish(&self, name: &str) {
+        use crate::upstream::discovery::{regroup, same};
+        let _swap = self.swap.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.snapshot.load_full();
+        let Some(i) = current.upstreams.iter().position(|g| g.name == name) else {
+            return;
+        };
+        let set = self.found.live_set(&current.upstreams[i]);
+        if same(&set, &current.upstreams[i].backends) {
+            return;
+        }
+        let mut next = (*current).clone();
+        regroup(&mut next.upstreams[i], set, next.settings.workers);
+        let next = Arc::new(next);
+        self.snapshot.store(next.clone());
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let _ = self.health_tx.send(next.upstreams.clone().into());
+    }
 }
 
 /// One listener as the workers see it: its name (routes and limits are looked up by name in

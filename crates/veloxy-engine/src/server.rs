@@ -142,6 +142,7 @@ impl Server {
                 }
             })?),
         };
+        let found = Arc::new(crate::upstream::discovery::Found::default());
         let snapshot = Arc::new(self.snapshot);
         let (health_tx, health_rx) = watch::channel(snapshot.upstreams.clone().into());
         crate::upstream::health::spawn_thread(health_rx).map_err(ServerError::Thread)?;
@@ -162,7 +163,10 @@ impl Server {
                 admin_accept_errors: Default::default(),
             },
             access_log,
+            found: found.clone(),
+            swap: std::sync::Mutex::new(()),
         });
+        start_discovery(&shared, found)?;
         let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
         if let Some(l) = admin_listener {
             l.set_nonblocking(true).map_err(ServerError::Thread)?;
@@ -203,6 +207,42 @@ impl Server {
             reloads: std::sync::Mutex::new(Some(reload_rx)),
         })
     }
+}
+
+/// Starts the DNS discovery thread and waits (at most 5 s) for its first round of lookups,
+/// so the workers start with the discovered backends in place.
+fn start_discovery(
+    shared: &Arc<Shared>,
+    found: Arc<crate::upstream::discovery::Found>,
+) -> Result<(), ServerError> {
+    use crate::upstream::discovery::{spawn_thread, Hooks};
+    let weak = Arc::downgrade(shared);
+    let for_resolvers = weak.clone();
+    let hooks = Hooks {
+        resolvers: Box::new(move || {
+            for_resolvers
+                .upgrade()
+                .map(|s| s.snapshot.load().settings.resolvers.clone())
+                .unwrap_or_default()
+        }),
+        publish: Arc::new(move |name: &str| match weak.upgrade() {
+            Some(s) => {
+                s.republish(name);
+                true
+            }
+            None => false,
+        }),
+    };
+    let ready =
+        spawn_thread(found, shared.health_tx.subscribe(), hooks).map_err(ServerError::Thread)?;
+    let _ = ready.recv_timeout(std::time::Duration::from_secs(5));
+    // The first round stored its answers; put them in the snapshot the workers start with.
+    for g in shared.snapshot.load().upstreams.iter() {
+        if !g.discovery.is_empty() {
+            shared.republish(&g.name);
+        }
+    }
+    Ok(())
 }
 
 /// Refuses `addr` if another process holds its port (see [`crate::listener::probe_free`]).
@@ -317,6 +357,7 @@ impl Running {
     /// accepting after taking what is already queued, and their open connections are answered
     /// 404 from then on (their routes are gone).
     pub fn reload(&self, mut snapshot: Snapshot) -> Result<(), ServerError> {
+        let _swap = self.shared.swap.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.shared.snapshot.load();
         let mut bound = self.bound.lock().unwrap_or_else(|e| e.into_inner());
         let workers = current.settings.workers;
@@ -373,6 +414,14 @@ impl Running {
         }
 
         let workers = snapshot.settings.workers;
+        // Discovered and runtime sets carry over, as the groups' live state does.
+        self.shared.found.reset_overrides(&snapshot.upstreams);
+        for g in &mut snapshot.upstreams {
+            g.backends = self.shared.found.live_set(g);
+            if let Some(s) = &mut g.sticky {
+                s.tokens = crate::upstream::group::Sticky::tokens_of(&g.name, &g.backends);
+            }
+        }
         crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
         crate::runtime::carry_over(&current, &mut snapshot);
         let snapshot = Arc::new(snapshot);

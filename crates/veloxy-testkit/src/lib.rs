@@ -28,6 +28,7 @@
 //!     on a current-thread [`runtime`];
 //!   * [`site`]: [`Site`], a veloxy with a TLS and a plain listener, spoken to over HTTP/1.1
 //!     and HTTP/2; [`Nginx`], a real nginx as an upstream;
+//!   * [`dns`]: [`Dns`], a real dnsmasq whose A and SRV records a test changes;
 //!   * [`skip`] (report a test that cannot run here) and [`eventually`] (poll a condition).
 //!
 //! ## How the binaries are located and built
@@ -52,6 +53,7 @@ pub mod auth;
 pub mod bins;
 pub mod client;
 pub mod config;
+pub mod dns;
 pub mod golden;
 pub mod http2;
 pub mod http3;
@@ -68,6 +70,7 @@ pub use auth::*;
 pub use bins::*;
 pub use client::*;
 pub use config::*;
+pub use dns::*;
 pub use golden::*;
 pub use http2::*;
 pub use http3::*;

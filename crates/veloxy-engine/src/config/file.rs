@@ -101,6 +101,8 @@ pub struct ServerSection {
     pub acme: Option<Spanned<AcmeSection>>,
     /// The Redis server instances share state through (global rate limits).
     pub redis: Option<Spanned<RedisSection>>,
+    /// DNS servers (`"ip[:port]"`) for `dns`/`srv` upstream servers; default: the system's.
+    pub resolvers: Option<Spanned<Vec<String>>>,
 }
 
 /// `[server.redis]`.
@@ -404,12 +406,21 @@ pub struct StickySection {
     pub http_only: Option<bool>,
 }
 
-/// A backend in `servers`: either `"host:port"` or `{ addr = "host:port", weight = 2 }`.
-#[derive(Debug)]
+/// A backend in `servers`: `"host:port"`, `{ addr = "host:port", weight = 2 }`, or a name
+/// resolved at run time: `{ dns = "host:port", resolve = "10s" }` (every A/AAAA address) or
+/// `{ srv = "_http._tcp.name", resolve = "10s" }` (SRV targets, ports and weights).
+#[derive(Debug, Default)]
 pub struct ServerEntry {
+    /// `"host:port"` (empty for a `dns`/`srv` entry).
     pub addr: String,
     pub weight: Option<u32>,
+    pub dns: Option<String>,
+    pub srv: Option<String>,
+    /// How often a `dns`/`srv` name is resolved again (`"10s"`).
+    pub resolve: Option<String>,
 }
+
+const ENTRY_FIELDS: &[&str] = &["addr", "weight", "dns", "srv", "resolve"];
 
 impl<'de> Deserialize<'de> for ServerEntry {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -417,28 +428,42 @@ impl<'de> Deserialize<'de> for ServerEntry {
         impl<'de> Visitor<'de> for EntryVisitor {
             type Value = ServerEntry;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(r#"an address string "host:port" or a table { addr = "host:port", weight = N }"#)
+                f.write_str(r#"an address string "host:port" or a table { addr = "host:port", weight = N } or { dns = "host:port" } or { srv = "_service._tcp.name" }"#)
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ServerEntry, E> {
                 Ok(ServerEntry {
                     addr: v.to_owned(),
-                    weight: None,
+                    ..ServerEntry::default()
                 })
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ServerEntry, A::Error> {
+                let mut e = ServerEntry::default();
                 let mut addr = None;
-                let mut weight = None;
                 while let Some(key) = map.next_key::<String>()? {
                     match key.as_str() {
                         "addr" => addr = Some(map.next_value::<String>()?),
-                        "weight" => weight = Some(map.next_value::<u32>()?),
-                        other => {
-                            return Err(de::Error::unknown_field(other, &["addr", "weight"]));
-                        }
+                        "weight" => e.weight = Some(map.next_value::<u32>()?),
+                        "dns" => e.dns = Some(map.next_value::<String>()?),
+                        "srv" => e.srv = Some(map.next_value::<String>()?),
+                        "resolve" => e.resolve = Some(map.next_value::<String>()?),
+                        other => return Err(de::Error::unknown_field(other, ENTRY_FIELDS)),
                     }
                 }
-                let addr = addr.ok_or_else(|| de::Error::missing_field("addr"))?;
-                Ok(ServerEntry { addr, weight })
+                let named = usize::from(addr.is_some())
+                    + usize::from(e.dns.is_some())
+                    + usize::from(e.srv.is_some());
+                if named != 1 {
+                    return Err(de::Error::custom(
+                        "a server table needs exactly one of addr, dns or srv",
+                    ));
+                }
+                if e.resolve.is_some() && addr.is_some() {
+                    return Err(de::Error::custom(
+                        "resolve applies to dns and srv servers, not addr",
+                    ));
+                }
+                e.addr = addr.unwrap_or_default();
+                Ok(e)
             }
         }
         d.deserialize_any(EntryVisitor)

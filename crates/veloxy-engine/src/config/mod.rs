@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use compile::upstreams::backend_at;
 pub use duration::{parse_duration, DurationValue};
 pub use error::ConfigError;
 
@@ -85,6 +86,9 @@ pub struct Settings {
     pub acme: Option<Arc<crate::acme::AcmeSettings>>,
     /// `[server.redis]`.
     pub redis: Option<crate::fleet::redis::RedisSpec>,
+    /// `resolvers`: the DNS servers `dns`/`srv` upstream servers are resolved through; empty:
+    /// the system's (`/etc/resolv.conf`).
+    pub resolvers: Vec<SocketAddr>,
 }
 
 /// `[server] request_buffering`: when a request body is read before the upstream is chosen.

@@ -28,6 +28,7 @@ use crate::limits::{RateKey, RouteLimits};
 use crate::router::RouteTarget;
 use crate::router::{HostMatch, Route};
 use crate::static_files::StaticRoute;
+use crate::upstream::group::DiscoveryName;
 use crate::upstream::health::{HealthCheck, Outlier};
 
 /// Renders `snapshot` as a config file.
@@ -91,6 +92,10 @@ fn settings(out: &mut Toml, s: &Settings) {
     out.str("log_level", &s.log_level);
     if let Some(admin) = s.admin {
         out.str("admin", &admin.to_string());
+    }
+    if !s.resolvers.is_empty() {
+        let list: Vec<String> = s.resolvers.iter().map(|r| r.to_string()).collect();
+        out.raw("resolvers", &str_list(&list));
     }
     if let Some(a) = &s.access_log {
         out.table("[server.access_log]");
@@ -493,7 +498,7 @@ struct Servers {
 fn servers(u: &UpstreamGroup) -> Servers {
     let mut tls_server_name = None;
     let entries: Vec<String> = u
-        .backends
+        .file_backends
         .iter()
         .map(|b| {
             let hostport = match b.server.parse::<std::net::SocketAddr>() {
@@ -513,15 +518,40 @@ fn servers(u: &UpstreamGroup) -> Servers {
             }
         })
         .collect();
-    let list = if u.backends.iter().all(|b| b.weight == 1) {
+    if let Some(name) = u.discovery.iter().find_map(|d| d.tls_name.as_ref()) {
+        let host = match &u.discovery[0].name {
+            DiscoveryName::Dns { host, .. } => host.clone(),
+            DiscoveryName::Srv(name) => name.clone(),
+        };
+        if *name != host {
+            tls_server_name = Some(name.clone());
+        }
+    }
+    let list = if u.discovery.is_empty() && u.file_backends.iter().all(|b| b.weight == 1) {
         str_list(&entries)
     } else {
         // One server a line: inline tables make long lines.
-        let tables: String = entries
+        let mut tables: String = entries
             .iter()
-            .zip(&u.backends)
+            .zip(u.file_backends.iter())
             .map(|(e, b)| format!("    {{ addr = {}, weight = {} }},\n", string(e), b.weight))
             .collect();
+        for d in &u.discovery {
+            let scheme = if d.tls_name.is_some() { "https://" } else { "" };
+            let (key, name) = match &d.name {
+                DiscoveryName::Dns { host, port } => ("dns", format!("{scheme}{host}:{port}")),
+                DiscoveryName::Srv(name) => ("srv", format!("{scheme}{name}")),
+            };
+            let weight = match d.name {
+                DiscoveryName::Dns { .. } => format!(", weight = {}", d.weight),
+                DiscoveryName::Srv(_) => String::new(),
+            };
+            tables.push_str(&format!(
+                "    {{ {key} = {}, resolve = {}{weight} }},\n",
+                string(&name),
+                string(&duration(d.every))
+            ));
+        }
         format!("[\n{tables}]")
     };
     Servers {

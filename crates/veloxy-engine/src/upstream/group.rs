@@ -65,8 +65,13 @@ impl Backend {
 pub struct UpstreamGroup {
     /// `[upstreams.NAME]`.
     pub name: String,
-    /// Its servers, at most 64.
+    /// Its servers now, at most 64: the file's addresses plus what its `dns`/`srv` entries
+    /// last resolved to, or the set a runtime `PUT` gave (see [`crate::upstream::discovery`]).
     pub backends: Vec<Backend>,
+    /// The file's fixed servers (`addr` entries), which `backends` starts from.
+    pub file_backends: Arc<[Backend]>,
+    /// The file's `dns` and `srv` entries, resolved at run time.
+    pub discovery: Vec<Discovery>,
     /// The balancing policy (`policy = ...`, default round robin).
     pub policy: Arc<dyn Policy>,
     /// Idle upstream connections kept per worker and per backend. Default 128; 0 disables pooling.
@@ -104,6 +109,8 @@ pub struct UpstreamGroup {
     pub protocol: UpstreamProtocol,
     /// Client TLS config for `https://` servers (every server of a group uses the same scheme).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// `tls_server_name`: the TLS name of every `https://` server, when not its host.
+    pub tls_server_name: Option<String>,
     /// Absolute path of the `ca_file` that `tls` trusts; `None`: the system's roots.
     pub ca_file: Option<PathBuf>,
     /// `runtime_overrides = "keep"`: runtime API drains survive a reload.
@@ -122,6 +129,7 @@ impl std::fmt::Debug for UpstreamGroup {
         f.debug_struct("UpstreamGroup")
             .field("name", &self.name)
             .field("backends", &self.backends)
+            .field("discovery", &self.discovery)
             .field("policy", &self.policy.name())
             .field("keepalive", &self.keepalive)
             .field("connect_timeout", &self.connect_timeout)
@@ -138,6 +146,44 @@ impl std::fmt::Debug for UpstreamGroup {
             .field("outlier", &self.outlier)
             .field("ca_file", &self.ca_file)
             .finish()
+    }
+}
+
+/// A `dns` or `srv` entry of a group's `servers`: a name resolved again every `every`, each
+/// answer becoming a backend.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Discovery {
+    /// What is looked up.
+    pub name: DiscoveryName,
+    /// `resolve = "10s"`: how often. Default 10s.
+    pub every: Duration,
+    /// `weight` of each address of a `dns` entry (SRV records carry their own).
+    pub weight: u32,
+    /// `https://` entries: the TLS name each backend is verified against.
+    pub tls_name: Option<String>,
+}
+
+/// What a [`Discovery`] resolves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DiscoveryName {
+    /// `dns = "host:port"`: every A and AAAA address of `host`, on `port`.
+    Dns {
+        /// The name looked up.
+        host: String,
+        /// The port of every address.
+        port: u16,
+    },
+    /// `srv = "_service._proto.name"`: the targets of the lowest priority, with their ports
+    /// and weights.
+    Srv(String),
+}
+
+impl std::fmt::Display for DiscoveryName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DiscoveryName::Dns { host, port } => write!(f, "dns {host}:{port}"),
+            DiscoveryName::Srv(name) => write!(f, "srv {name}"),
+        }
     }
 }
 
@@ -163,6 +209,14 @@ impl Sticky {
         use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
         let h = BuildHasherDefault::<DefaultHasher>::default().hash_one((name, addr));
         format!("{h:016x}")
+    }
+
+    /// The tokens of a group's backends, in order.
+    pub fn tokens_of(name: &str, backends: &[Backend]) -> Vec<String> {
+        backends
+            .iter()
+            .map(|b| Sticky::token(name, &b.addr))
+            .collect()
     }
 
     /// The backend a cookie value names, if any.

@@ -300,22 +300,28 @@ pub fn adopt(old: &[UpstreamGroup], new: &mut [UpstreamGroup], workers: usize) {
                 b.drained.store(0, Ordering::Relaxed);
             }
         }
-        let backends: Vec<Arc<BackendHealth>> = g
-            .backends
-            .iter()
-            .map(|b| {
-                prev.health
-                    .backends
-                    .iter()
-                    .find(|h| h.addr == b.addr)
-                    .cloned()
-                    .unwrap_or_else(|| {
-                        Arc::new(BackendHealth::with_workers(b.addr.clone(), workers))
-                    })
-            })
-            .collect();
-        g.health = Arc::new(GroupHealth::new(backends));
+        g.health = carry(&prev.health, &g.backends, workers);
     }
+}
+
+/// The health of a group that now has `backends`: those at an address `prev` knows keep their
+/// state, others start usable.
+pub(crate) fn carry(
+    prev: &GroupHealth,
+    backends: &[crate::config::Backend],
+    workers: usize,
+) -> Arc<GroupHealth> {
+    let backends = backends
+        .iter()
+        .map(|b| {
+            prev.backends
+                .iter()
+                .find(|h| h.addr == b.addr)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(BackendHealth::with_workers(b.addr.clone(), workers)))
+        })
+        .collect();
+    Arc::new(GroupHealth::new(backends))
 }
 
 /// TLS settings for probing `https://` backends: the group's client config and the name.

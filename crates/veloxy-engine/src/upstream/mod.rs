@@ -3,6 +3,7 @@
 pub mod addr;
 pub mod balancer;
 pub(crate) mod connect;
+pub(crate) mod discovery;
 pub mod group;
 pub mod health;
 pub mod policies;
@@ -156,7 +157,12 @@ impl GroupState {
             })
             .collect();
         GroupState {
-            picker: group.policy.new_picker(&infos),
+            // A group whose servers are all discovered has none until DNS answers.
+            picker: if infos.is_empty() {
+                Box::new(NoBackends)
+            } else {
+                group.policy.new_picker(&infos)
+            },
             pool: Pool::new(
                 group.backends.len(),
                 idle_cap(group, workers),
@@ -166,6 +172,15 @@ impl GroupState {
             h2: (0..group.backends.len()).map(|_| None).collect(),
             local: vec![LocalBackend::default(); group.backends.len()],
         }
+    }
+}
+
+/// The picker of a group with no backends (yet): every request is a 503.
+struct NoBackends;
+
+impl balancer::Picker for NoBackends {
+    fn pick(&mut self, _: &balancer::PickContext) -> Option<usize> {
+        None
     }
 }
 

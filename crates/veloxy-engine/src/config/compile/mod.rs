@@ -13,7 +13,7 @@ mod listeners;
 mod routes;
 mod rules;
 mod server;
-mod upstreams;
+pub(crate) mod upstreams;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};

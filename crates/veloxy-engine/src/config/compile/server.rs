@@ -35,6 +35,7 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
         },
         acme: None,
         redis: None,
+        resolvers: resolvers(src, &s.resolvers)?,
         admin_token: admin_token(src, s)?,
         admin: match &s.admin {
             None => None,
@@ -45,6 +46,30 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
     };
     check_limits(src, s, &settings)?;
     Ok(settings)
+}
+
+/// `resolvers = ["127.0.0.1:53", "10.0.0.2"]`: addresses, port 53 unless given.
+fn resolvers(
+    src: &Source,
+    list: &Option<Spanned<Vec<String>>>,
+) -> Result<Vec<std::net::SocketAddr>, ConfigError> {
+    let Some(list) = list else {
+        return Ok(Vec::new());
+    };
+    list.get_ref()
+        .iter()
+        .map(|r| {
+            r.parse::<std::net::SocketAddr>()
+                .or_else(|_| r.parse::<std::net::IpAddr>().map(|ip| (ip, 53).into()))
+                .map_err(|_| {
+                    src.error(
+                        list.span(),
+                        "server.resolvers",
+                        format!("{r:?} is not an IP address (with an optional :port)"),
+                    )
+                })
+        })
+        .collect()
 }
 
 /// `trusted_proxies` and `client_ip_header`.

@@ -10,10 +10,11 @@ use toml::Spanned;
 
 use super::{absolute, dur, resolve, valid_name};
 use crate::config::error::{ConfigError, Source};
-use crate::config::file::{HealthSection, OutlierSection, UpstreamSection};
+use crate::config::file::{HealthSection, OutlierSection, ServerEntry, UpstreamSection};
 use crate::config::{Backend, HashKey, UpstreamGroup, UpstreamProtocol};
 use crate::upstream::addr::BackendAddr;
 use crate::upstream::balancer::{Policy, PolicyRegistry};
+use crate::upstream::group::{Discovery, DiscoveryName};
 use crate::upstream::health::{BackendHealth, GroupHealth, HealthCheck, Outlier, MAX_BACKENDS};
 
 /// Compiles every group, in name order (the file's BTreeMap), with the index each name has at
@@ -50,8 +51,9 @@ fn compile_group(
         ));
     }
     let u = section.get_ref();
-    let backends = compile_backends(src, &key, u)?;
-    let https = backends.iter().any(|b| b.tls_name.is_some());
+    let (backends, discovery) = compile_backends(src, &key, u)?;
+    let https = backends.iter().any(|b| b.tls_name.is_some())
+        || discovery.iter().any(|d| d.tls_name.is_some());
     let protocol = compile_protocol(src, &key, u, https)?;
     let tls = client_tls(src, &key, u, section.span(), https, protocol)?;
     // `client_tls` refused a ca_file on plain servers, so one here belongs to `tls`.
@@ -112,7 +114,9 @@ fn compile_group(
     ));
     Ok(UpstreamGroup {
         name: name.to_owned(),
+        file_backends: backends.clone().into(),
         backends,
+        discovery,
         policy,
         keepalive: u.keepalive.as_ref().map_or(128, |k| *k.get_ref()),
         connect_timeout,
@@ -131,6 +135,7 @@ fn compile_group(
         health,
         protocol,
         tls,
+        tls_server_name: u.tls_server_name.as_ref().map(|n| n.get_ref().clone()),
         ca_file,
         location_rewrite: u.location_rewrite.as_ref().is_some_and(|b| *b.get_ref()),
         keep_runtime_overrides: match u.runtime_overrides.as_ref() {
@@ -152,12 +157,13 @@ fn compile_group(
     })
 }
 
-/// The group's `servers`: addresses resolved, weights checked, one scheme for all.
+/// The group's `servers`: fixed addresses resolved now, `dns`/`srv` entries kept for the
+/// run time, weights checked, one scheme for all.
 fn compile_backends(
     src: &Source,
     key: &str,
     u: &UpstreamSection,
-) -> Result<Vec<Backend>, ConfigError> {
+) -> Result<(Vec<Backend>, Vec<Discovery>), ConfigError> {
     if u.servers.get_ref().is_empty() {
         return Err(src.error(
             u.servers.span(),
@@ -173,47 +179,40 @@ fn compile_backends(
         ));
     }
     let mut backends = Vec::with_capacity(u.servers.get_ref().len());
+    let mut discovery = Vec::new();
     let mut schemes = (0, 0);
+    let tls_server_name = u.tls_server_name.as_ref().map(|n| n.get_ref().as_str());
     for (i, entry) in u.servers.get_ref().iter().enumerate() {
         let ekey = format!("{key}.servers[{i}]");
         let e = entry.get_ref();
         let weight = e.weight.unwrap_or(1);
+        if weight == 0 {
+            return Err(src.error(entry.span(), &ekey, "weight must be at least 1"));
+        }
+        if e.dns.is_some() || e.srv.is_some() {
+            let d = compile_discovery(e, weight, tls_server_name)
+                .map_err(|m| src.error(entry.span(), &ekey, m))?;
+            if d.tls_name.is_some() {
+                schemes.0 += 1;
+            } else {
+                schemes.1 += 1;
+            }
+            discovery.push(d);
+            continue;
+        }
         if let Some(path) = e.addr.strip_prefix("unix:") {
             schemes.1 += 1;
             backends.push(unix_backend(src, entry.span(), &ekey, path, weight)?);
             continue;
         }
-        let (https, hostport) =
-            split_scheme(&e.addr).map_err(|m| src.error(entry.span(), &ekey, m))?;
-        let addr = resolve(hostport).map_err(|m| src.error(entry.span(), &ekey, m))?;
-        if weight == 0 {
-            return Err(src.error(entry.span(), &ekey, "weight must be at least 1"));
-        }
-        let tls_name = if https {
+        let b = backend_at(&e.addr, weight, tls_server_name)
+            .map_err(|m| src.error(entry.span(), &ekey, m))?;
+        if b.tls_name.is_some() {
             schemes.0 += 1;
-            let name = match &u.tls_server_name {
-                Some(n) => n.get_ref().clone(),
-                None => host_of(hostport).to_string(),
-            };
-            Some(
-                rustls::pki_types::ServerName::try_from(name.clone()).map_err(|_| {
-                    src.error(
-                        entry.span(),
-                        &ekey,
-                        format!("{name:?} is not a valid TLS server name"),
-                    )
-                })?,
-            )
         } else {
             schemes.1 += 1;
-            None
-        };
-        backends.push(Backend {
-            addr: BackendAddr::Tcp(addr),
-            server: hostport.to_owned(),
-            tls_name,
-            weight,
-        });
+        }
+        backends.push(b);
     }
     if schemes.0 > 0 && schemes.1 > 0 {
         return Err(src.error(
@@ -222,7 +221,89 @@ fn compile_backends(
             "mixes https:// and plain servers: use one scheme per upstream group",
         ));
     }
-    Ok(backends)
+    Ok((backends, discovery))
+}
+
+/// A backend at `[https://]host:port`, the host resolved now (also used by the runtime API's
+/// `PUT`). `tls_server_name` overrides the TLS name of `https://` servers.
+pub(crate) fn backend_at(
+    addr: &str,
+    weight: u32,
+    tls_server_name: Option<&str>,
+) -> Result<Backend, String> {
+    let (https, hostport) = split_scheme(addr)?;
+    let resolved = resolve(hostport)?;
+    let tls_name = if https {
+        let name = tls_server_name.unwrap_or_else(|| host_of(hostport));
+        Some(
+            rustls::pki_types::ServerName::try_from(name.to_owned())
+                .map_err(|_| format!("{name:?} is not a valid TLS server name"))?,
+        )
+    } else {
+        None
+    };
+    Ok(Backend {
+        addr: BackendAddr::Tcp(resolved),
+        server: hostport.to_owned(),
+        tls_name,
+        weight,
+    })
+}
+
+/// A `dns = "[https://]host:port"` or `srv = "_service._proto.name"` entry.
+fn compile_discovery(
+    e: &ServerEntry,
+    weight: u32,
+    tls_server_name: Option<&str>,
+) -> Result<Discovery, String> {
+    let every = match &e.resolve {
+        None => Duration::from_secs(10),
+        Some(r) => crate::config::parse_duration(r).map_err(|m| format!("resolve: {m}"))?,
+    };
+    if every < Duration::from_millis(100) {
+        return Err("resolve: at least 100ms".into());
+    }
+    let (name, https, host) = if let Some(dns) = &e.dns {
+        let (https, hostport) = split_scheme(dns)?;
+        let (host, port) = hostport
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .ok_or_else(|| format!("dns: {dns:?} is not host:port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() {
+            return Err(format!(
+                "dns: {host:?} is not a name: use addr for an address"
+            ));
+        }
+        let name = DiscoveryName::Dns {
+            host: host.to_owned(),
+            port,
+        };
+        (name, https, host.to_owned())
+    } else {
+        let srv = e.srv.as_deref().unwrap_or_default();
+        let (https, name) = split_scheme(srv)?;
+        if !name.starts_with('_') || name.contains(':') {
+            return Err(format!(
+                "srv: {name:?} is not a service name such as \"_http._tcp.app.internal\""
+            ));
+        }
+        (DiscoveryName::Srv(name.to_owned()), https, name.to_owned())
+    };
+    let tls_name = if https {
+        let n = tls_server_name.unwrap_or(&host).to_owned();
+        rustls::pki_types::ServerName::try_from(n.clone())
+            .map_err(|_| format!("{n:?} is not a valid TLS server name"))?;
+        Some(n)
+    } else {
+        None
+    };
+    Ok(Discovery {
+        name,
+        every,
+        weight,
+        tls_name,
+    })
 }
 
 fn compile_protocol(
@@ -532,9 +613,6 @@ fn compile_sticky(
         ttl: s.ttl.map_or(Duration::from_secs(3600), |d| d.0),
         secure: s.secure.unwrap_or(false),
         http_only: s.http_only.unwrap_or(true),
-        tokens: backends
-            .iter()
-            .map(|b| crate::upstream::group::Sticky::token(name, &b.addr))
-            .collect(),
+        tokens: crate::upstream::group::Sticky::tokens_of(name, backends),
     })
 }
