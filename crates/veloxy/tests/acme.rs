@@ -516,3 +516,96 @@ fn ocsp_responses_are_stapled() {
     assert!(stapled, "{}", s.v.proc.log_text());
     assert!(s.v.proc.log_text().contains("OCSP response stapled"));
 }
+
+/// A veloxy with `storage = "redis"` and its own local folder (`XDG_DATA_HOME`), so nothing is
+/// shared through the file system.
+fn fleet_member(dir: &Path, conf: &str) -> Setup {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut cmd = std::process::Command::new(VELOXY);
+    cmd.env("XDG_DATA_HOME", dir);
+    let v = veloxy_with(cmd, conf, &[]);
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let plain = logged_addr(&v, "listening listener=plain addr=");
+    let admin = admin_addr(&v);
+    Setup {
+        v,
+        web,
+        plain,
+        admin,
+    }
+}
+
+#[test]
+fn two_instances_sharing_redis_order_one_certificate_and_both_take_the_renewal() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let acme_port = free_port();
+    let ca = dir.path().join("pebble-ca.pem");
+    std::fs::copy(placeholder_ca(dir.path()), &ca).unwrap();
+    let name = "fleet.example.test";
+    let conf = config(
+        acme_port,
+        &ca,
+        &dir.path().join("unused"),
+        &format!("[\"{name}\"]"),
+        &format!(
+            "challenge = \"http-01\"\n[server.redis]\nurl = \"{}\"",
+            redis.url()
+        ),
+    )
+    .replace(
+        &format!("storage = \"{}\"", dir.path().join("unused").display()),
+        "storage = \"redis\"",
+    );
+    let a = fleet_member(&dir.path().join("a"), &conf);
+    let b = fleet_member(&dir.path().join("b"), &conf);
+    // The CA validates through a's listeners only: if b wins the lock, a answers b's
+    // challenge from the shared copy.
+    let Some(p) = Pebble::start(&PebbleSetup {
+        port: acme_port,
+        http_port: a.plain.port(),
+        tls_port: a.web.port(),
+        validity_s: Some(30),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    std::fs::copy(&p.ca_pem, &ca).unwrap();
+    let root = trust_pebble(&p, dir.path());
+    let logs = || {
+        format!(
+            "a:\n{}\nb:\n{}\npebble:\n{}",
+            a.v.proc.log_text(),
+            b.v.proc.log_text(),
+            p.log_text()
+        )
+    };
+    let both = eventually(Duration::from_secs(60), || {
+        get_verified(a.web, name, &root).is_ok() && get_verified(b.web, name, &root).is_ok()
+    });
+    assert!(both, "{}", logs());
+    let serial = |s: &Setup| {
+        let client = default_client(&root, &[b"http/1.1"]);
+        let (c, _) = tls_connect(s.web, name, client).unwrap();
+        c.conn.peer_certificates().unwrap()[0].to_vec()
+    };
+    let first = serial(&a);
+    assert_eq!(serial(&b), first, "one certificate for both");
+    let issued = p.log_text().matches("Issued certificate serial").count();
+    assert_eq!(issued, 1, "one order for two instances: {}", logs());
+    let took = format!("{}{}", a.v.proc.log_text(), b.v.proc.log_text());
+    assert!(
+        took.contains("certificate taken from shared storage"),
+        "{}",
+        logs()
+    );
+
+    // The 30 s certificate is renewed after 10 s by one of them; both serve the new one.
+    let renewed = eventually(Duration::from_secs(60), || {
+        let (x, y) = (serial(&a), serial(&b));
+        x != first && x == y
+    });
+    assert!(renewed, "{}", logs());
+}

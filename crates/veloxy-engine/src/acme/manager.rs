@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{watch, Mutex};
 
 use super::order::{self, OrderError};
+use super::shared::SharedStorage;
 use super::{storage, store, AcmeSettings, CertStore, Challenge};
 
 /// What the ACME thread is asked to keep: sent at start and after every reload.
@@ -88,6 +89,8 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
                     HashMap::new();
                 let mut current: Option<Arc<AcmeSettings>> = None;
                 let mut account: AccountSlot = Arc::default();
+                let mut shared: Option<Arc<SharedStorage>> = None;
+                let mut syncing: Option<tokio::task::JoinHandle<()>> = None;
                 loop {
                     let plan = plans.borrow_and_update().clone();
                     if plan.settings != current {
@@ -95,6 +98,13 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
                         tasks.drain().for_each(|(_, t)| t.abort());
                         current = plan.settings.clone();
                         account = Arc::default();
+                        if let Some(t) = syncing.take() {
+                            t.abort();
+                        }
+                        shared = current.as_deref().and_then(shared_storage);
+                        syncing = shared
+                            .clone()
+                            .map(|sh| tokio::spawn(super::shared::sync_challenges(sh, store())));
                     }
                     let wanted: HashSet<String> = plan.names.iter().cloned().collect();
                     store().retain(&wanted);
@@ -109,7 +119,7 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
                     };
                     sync(&mut tasks, names, |name| {
                         let settings = current.clone().expect("names only with settings");
-                        keep(name.clone(), settings, account.clone())
+                        keep(name.clone(), settings, account.clone(), shared.clone())
                     });
                     if plans.changed().await.is_err() {
                         return;
@@ -118,6 +128,20 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
             });
         })?;
     Ok(())
+}
+
+/// The shared storage of `settings`, when it says `storage = "redis"`.
+fn shared_storage(settings: &AcmeSettings) -> Option<Arc<SharedStorage>> {
+    let url = settings.redis_url.as_deref()?;
+    let folder = storage::directory_folder(&settings.storage, &settings.directory);
+    let folder = folder.file_name()?.to_string_lossy().into_owned();
+    match SharedStorage::new(url, &folder) {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            tracing::error!(error = %e, "ACME: shared storage unusable");
+            None
+        }
+    }
 }
 
 /// Makes `tasks` one task per key of `wanted`: aborts the others, spawns the missing ones
@@ -144,33 +168,94 @@ fn sync<K, F>(
     }
 }
 
-/// Keeps `name`'s certificate for as long as the name is configured.
-async fn keep(name: String, settings: Arc<AcmeSettings>, account: AccountSlot) {
+/// How often an instance using shared storage looks for a certificate another instance
+/// renewed.
+const SHARED_POLL: Duration = Duration::from_secs(5);
+
+/// Keeps `name`'s certificate for as long as the name is configured. With shared storage
+/// (`storage = "redis"`) the copy in Redis wins over the local one, and an order is placed
+/// only under the name's lock, after looking once more whether another instance just got one.
+async fn keep(
+    name: String,
+    settings: Arc<AcmeSettings>,
+    account: AccountSlot,
+    shared: Option<Arc<SharedStorage>>,
+) {
     let store = store();
     let folder = storage::directory_folder(&settings.storage, &settings.directory);
     let (crt, key) = storage::cert_paths(&folder, &name);
     let mut failures = 0u32;
     let mut challenge = settings.challenge.unwrap_or(Challenge::TlsAlpn01);
+    let mut renew: Option<SystemTime> = None;
     loop {
-        if let Some(renew_at) = install_stored(store, &name, &crt, &key, &settings) {
+        let pulled = match &shared {
+            Some(sh) => pull(sh, &name, &crt, &key).await,
+            None => false,
+        };
+        if pulled || renew.is_none() {
+            renew = install_stored(store, &name, &crt, &key, &settings);
+        }
+        if let Some(renew_at) = renew {
             if let Ok(wait) = renew_at.duration_since(SystemTime::now()) {
                 store.set_status(&name, |s| s.next_attempt = Some(renew_at));
-                tokio::time::sleep(wait).await;
+                let nap = if shared.is_some() {
+                    wait.min(SHARED_POLL)
+                } else {
+                    wait
+                };
+                tokio::time::sleep(nap).await;
                 continue;
             }
         }
-        store.set_status(&name, |s| s.orders += 1);
-        tracing::info!(name = %name, challenge = challenge.as_str(), directory = %settings.directory, "ACME: ordering a certificate");
-        match obtain(&settings, &account, store, &name, challenge).await {
-            Ok((chain, key_pem)) => {
-                let saved = storage::write_private(&key, key_pem.as_bytes())
-                    .and_then(|()| storage::write_private(&crt, chain.as_bytes()));
-                if let Err(e) = saved {
-                    fail(store, &name, &format!("storing the certificate: {e}"));
-                    tokio::time::sleep(Duration::from_secs(60)).await;
+        let lock = match &shared {
+            None => None,
+            Some(sh) => match sh.lock(&name).await {
+                Ok(Some(lock)) => {
+                    // Another instance may have stored one just before we locked.
+                    if pull(sh, &name, &crt, &key).await {
+                        renew = None;
+                        let _ = sh.unlock(lock).await;
+                        continue;
+                    }
+                    Some(lock)
+                }
+                Ok(None) => {
+                    // Another instance is ordering: its certificate will be in Redis.
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                     continue;
                 }
+                Err(e) => {
+                    failures += 1;
+                    fail(store, &name, &e.to_string());
+                    tokio::time::sleep(backoff(&e, failures)).await;
+                    continue;
+                }
+            },
+        };
+        store.set_status(&name, |s| s.orders += 1);
+        tracing::info!(name = %name, challenge = challenge.as_str(), directory = %settings.directory, "ACME: ordering a certificate");
+        let outcome = obtain(
+            &settings,
+            &account,
+            store,
+            &name,
+            challenge,
+            shared.as_deref(),
+        )
+        .await;
+        let outcome = match outcome {
+            Ok((chain, key_pem)) => save(shared.as_deref(), &name, (&crt, &key), &chain, &key_pem)
+                .await
+                .map_err(|e| OrderError::Other(format!("storing the certificate: {e}"))),
+            Err(e) => Err(e),
+        };
+        if let (Some(sh), Some(lock)) = (&shared, lock) {
+            let _ = sh.unlock(lock).await;
+        }
+        match outcome {
+            Ok(()) => {
                 failures = 0;
+                renew = None;
                 store.set_status(&name, |s| s.last_error = None);
                 tracing::info!(name = %name, "ACME: certificate obtained");
             }
@@ -178,7 +263,7 @@ async fn keep(name: String, settings: Arc<AcmeSettings>, account: AccountSlot) {
                 failures += 1;
                 fail(store, &name, &e.to_string());
                 if e.lost_account() {
-                    order::forget_account(&settings);
+                    order::forget_account(&settings, shared.as_deref()).await;
                     *account.lock().await = None;
                 }
                 // The default: tls-alpn-01, and http-01 when it fails and a plain listener
@@ -189,12 +274,68 @@ async fn keep(name: String, settings: Arc<AcmeSettings>, account: AccountSlot) {
                         Challenge::Http01 => Challenge::TlsAlpn01,
                     };
                 }
-                let delay = backoff(&e, failures);
+                let delay = if matches!(e, OrderError::Other(ref m) if m.starts_with("storing")) {
+                    Duration::from_secs(60)
+                } else {
+                    backoff(&e, failures)
+                };
                 store.set_status(&name, |s| {
                     s.next_attempt = Some(SystemTime::now() + delay);
                 });
                 tokio::time::sleep(delay).await;
             }
+        }
+    }
+}
+
+/// Writes a new certificate to the local folder and, with shared storage, to Redis (first:
+/// the fleet's copy is the one that counts).
+async fn save(
+    shared: Option<&SharedStorage>,
+    name: &str,
+    (crt, key): (&std::path::Path, &std::path::Path),
+    chain: &str,
+    key_pem: &str,
+) -> Result<(), String> {
+    if let Some(sh) = shared {
+        sh.put_cert(name, chain.as_bytes(), key_pem.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    storage::write_private(key, key_pem.as_bytes())
+        .and_then(|()| storage::write_private(crt, chain.as_bytes()))
+        .map_err(|e| e.to_string())
+}
+
+/// Copies `name`'s certificate from Redis into the local files when it differs from them;
+/// says whether it did. A Redis failure keeps the local copy (logged).
+async fn pull(
+    sh: &SharedStorage,
+    name: &str,
+    crt: &std::path::Path,
+    key: &std::path::Path,
+) -> bool {
+    let (chain, pem) = match sh.cert(name).await {
+        Ok(Some(c)) => c,
+        Ok(None) => return false,
+        Err(e) => {
+            tracing::debug!(name = %name, error = %e, "ACME: shared storage unreachable");
+            return false;
+        }
+    };
+    if std::fs::read(crt).is_ok_and(|local| local == chain) {
+        return false;
+    }
+    let written =
+        storage::write_private(key, &pem).and_then(|()| storage::write_private(crt, &chain));
+    match written {
+        Ok(()) => {
+            tracing::info!(name = %name, "ACME: certificate taken from shared storage");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(name = %name, error = %e, "ACME: cannot keep a local copy");
+            false
         }
     }
 }
@@ -253,15 +394,16 @@ async fn obtain(
     store: &CertStore,
     name: &str,
     challenge: Challenge,
+    shared: Option<&SharedStorage>,
 ) -> Result<(String, String), OrderError> {
     let acct = {
         let mut slot = account.lock().await;
         if slot.is_none() {
-            *slot = Some(order::account(settings).await?);
+            *slot = Some(order::account(settings, shared).await?);
         }
         slot.clone().expect("set above")
     };
-    order::issue(&acct, settings, store, name, challenge).await
+    order::issue(&acct, settings, store, name, challenge, shared).await
 }
 
 /// When to try again: a network failure soon (1 s, doubling to 5 minutes: it costs the CA

@@ -26,6 +26,7 @@ pub(crate) mod manager;
 pub(crate) mod ocsp;
 mod order;
 pub(crate) mod report;
+pub(crate) mod shared;
 pub mod storage;
 
 use std::collections::{BTreeMap, HashMap};
@@ -84,6 +85,9 @@ pub struct AcmeSettings {
     pub renew_before: Duration,
     /// A plain HTTP listener exists (http-01 can be answered).
     pub plain_listener: bool,
+    /// `storage = "redis"`: the `[server.redis]` URL the account, certificates, locks and
+    /// challenges are shared through (`storage` then holds the local copies).
+    pub redis_url: Option<String>,
 }
 
 /// One name's state, for `GET /certificates` and the metrics.

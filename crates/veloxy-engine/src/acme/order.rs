@@ -13,6 +13,7 @@ use instant_acme::{
 };
 use rustls::sign::CertifiedKey;
 
+use super::shared::SharedStorage;
 use super::{storage, AcmeSettings, CertStore, Challenge};
 
 /// Why an issuance failed. `Display` is what the log and `/certificates` show.
@@ -107,22 +108,70 @@ fn http_client(settings: &AcmeSettings) -> Result<Box<dyn HttpClient>, OrderErro
     Ok(Box::new(client))
 }
 
-/// Loads the account stored for the directory, or creates one and stores it.
-pub(crate) async fn account(settings: &AcmeSettings) -> Result<Account, OrderError> {
-    let dir = &settings.directory;
-    let folder = storage::directory_folder(&settings.storage, dir);
+/// Loads the account stored for the directory, or creates one and stores it. With shared
+/// storage the fleet's account is used (copied locally), and created under a lock.
+pub(crate) async fn account(
+    settings: &AcmeSettings,
+    shared: Option<&SharedStorage>,
+) -> Result<Account, OrderError> {
+    let folder = storage::directory_folder(&settings.storage, &settings.directory);
     let path = folder.join("account.json");
-    if let Ok(bytes) = std::fs::read(&path) {
-        match serde_json::from_slice::<AccountCredentials>(&bytes) {
-            Ok(creds) => {
-                let builder = Account::builder_with_http(http_client(settings)?);
-                return step(dir, builder.from_credentials(creds)).await;
+    let Some(sh) = shared else {
+        if let Some(a) = load_account(settings, &path, std::fs::read(&path).ok()).await? {
+            return Ok(a);
+        }
+        return create_account(settings, &path).await;
+    };
+    if let Some(a) = load_account(settings, &path, sh.account().await?).await? {
+        return Ok(a);
+    }
+    let Some(lock) = sh.lock("account").await? else {
+        return Err(OrderError::Other(
+            "another instance is creating the ACME account".into(),
+        ));
+    };
+    let made = async {
+        if let Some(a) = load_account(settings, &path, sh.account().await?).await? {
+            return Ok(a);
+        }
+        let a = create_account(settings, &path).await?;
+        let json = std::fs::read(&path).map_err(|e| OrderError::Other(e.to_string()))?;
+        sh.put_account(&json).await?;
+        Ok(a)
+    }
+    .await;
+    let _ = sh.unlock(lock).await;
+    made
+}
+
+/// The account from stored credentials, when there are readable ones (also kept in `path`).
+async fn load_account(
+    settings: &AcmeSettings,
+    path: &Path,
+    bytes: Option<Vec<u8>>,
+) -> Result<Option<Account>, OrderError> {
+    let Some(bytes) = bytes else {
+        return Ok(None);
+    };
+    match serde_json::from_slice::<AccountCredentials>(&bytes) {
+        Ok(creds) => {
+            if std::fs::read(path).ok().as_deref() != Some(&bytes[..]) {
+                let _ = storage::write_private(path, &bytes);
             }
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "ACME account file unreadable: creating a new account")
-            }
+            let builder = Account::builder_with_http(http_client(settings)?);
+            step(&settings.directory, builder.from_credentials(creds))
+                .await
+                .map(Some)
+        }
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "ACME account unreadable: creating a new account");
+            Ok(None)
         }
     }
+}
+
+async fn create_account(settings: &AcmeSettings, path: &Path) -> Result<Account, OrderError> {
+    let dir = &settings.directory;
     let contact = settings.email.as_ref().map(|e| format!("mailto:{e}"));
     let contacts: Vec<&str> = contact.iter().map(String::as_str).collect();
     let new = NewAccount {
@@ -133,16 +182,19 @@ pub(crate) async fn account(settings: &AcmeSettings) -> Result<Account, OrderErr
     let builder = Account::builder_with_http(http_client(settings)?);
     let (account, creds) = step(dir, builder.create(&new, dir.clone(), None)).await?;
     let json = serde_json::to_vec(&creds).map_err(|e| OrderError::Other(e.to_string()))?;
-    storage::write_private(&path, &json)
+    storage::write_private(path, &json)
         .map_err(|e| OrderError::Other(format!("{}: {e}", path.display())))?;
     tracing::info!(directory = %dir, account = %account.id(), "ACME account created");
     Ok(account)
 }
 
 /// Removes the stored account (the CA no longer knows it).
-pub(crate) fn forget_account(settings: &AcmeSettings) {
+pub(crate) async fn forget_account(settings: &AcmeSettings, shared: Option<&SharedStorage>) {
     let folder = storage::directory_folder(&settings.storage, &settings.directory);
     let _ = std::fs::remove_file(folder.join("account.json"));
+    if let Some(sh) = shared {
+        let _ = sh.forget_account().await;
+    }
 }
 
 /// Challenges published for one order; withdrawn when it ends, however it ends.
@@ -150,6 +202,9 @@ struct Published<'a> {
     store: &'a CertStore,
     tokens: Vec<String>,
     alpn: Vec<String>,
+    /// Fields published in shared storage: withdrawn after the validation, or on their own
+    /// when the hash expires if the order failed before.
+    fleet: Vec<String>,
 }
 
 impl Drop for Published<'_> {
@@ -167,6 +222,7 @@ pub(crate) async fn issue(
     store: &CertStore,
     name: &str,
     challenge: Challenge,
+    shared: Option<&SharedStorage>,
 ) -> Result<(String, String), OrderError> {
     let dir = settings.directory.as_str();
     let ids = [Identifier::Dns(name.to_owned())];
@@ -175,6 +231,7 @@ pub(crate) async fn issue(
         store,
         tokens: Vec::new(),
         alpn: Vec::new(),
+        fleet: Vec::new(),
     };
     let kind = match challenge {
         Challenge::Http01 => ChallengeType::Http01,
@@ -190,20 +247,35 @@ pub(crate) async fn issue(
             OrderError::Other(format!("the CA offers no {} challenge", challenge.as_str()))
         })?;
         let ka = ch.key_authorization();
-        match challenge {
+        let field = match challenge {
             Challenge::Http01 => {
                 store.add_token(&ch.token, ka.as_str());
                 published.tokens.push(ch.token.clone());
+                (format!("http:{}", ch.token), ka.as_str().to_owned())
             }
             Challenge::TlsAlpn01 => {
                 store.add_alpn(name, validation_cert(name, ka.digest().as_ref())?);
                 published.alpn.push(name.to_owned());
+                let digest = super::shared::hex(ka.digest().as_ref());
+                (format!("alpn:{name}"), digest)
             }
+        };
+        if let Some(sh) = shared {
+            // The CA may reach any instance: publish the answer to all of them, and give
+            // them a few copies' time to take it before asking the CA to look.
+            sh.publish(&field.0, &field.1).await?;
+            published.fleet.push(field.0);
+            tokio::time::sleep(super::shared::SYNC_EVERY * 3).await;
         }
         step(dir, ch.set_ready()).await?;
     }
     let retry = RetryPolicy::new().timeout(Duration::from_secs(90));
     let status = step_long(dir, order.poll_ready(&retry)).await?;
+    if let Some(sh) = shared {
+        for field in std::mem::take(&mut published.fleet) {
+            let _ = sh.withdraw(&field).await;
+        }
+    }
     if status != OrderStatus::Ready {
         return Err(OrderError::Refused(format!("order ended {status:?}")));
     }
@@ -233,7 +305,7 @@ async fn step_long<T>(
 
 /// The tls-alpn-01 validation certificate (RFC 8737): self-signed, the one name, and the
 /// critical acmeIdentifier extension holding the key authorization's SHA-256.
-fn validation_cert(name: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, OrderError> {
+pub(crate) fn validation_cert(name: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, OrderError> {
     let other = |e: rcgen::Error| OrderError::Other(e.to_string());
     let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).map_err(other)?;
     params.distinguished_name = rcgen::DistinguishedName::new();

@@ -127,7 +127,11 @@ fn settings(out: &mut Toml, s: &Settings) {
             out.str("email", e);
         }
         out.str("directory", &a.directory);
-        out.path("storage", &a.storage);
+        if a.redis_url.is_some() {
+            out.str("storage", "redis");
+        } else {
+            out.path("storage", &a.storage);
+        }
         if let Some(c) = &a.ca_file {
             out.path("ca_file", c);
         }

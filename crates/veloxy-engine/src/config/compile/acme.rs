@@ -75,6 +75,7 @@ pub(super) fn compile_acme(
     src: &Source,
     file: &FileConfig,
     listeners: &mut [ListenerSpec],
+    redis: Option<&crate::fleet::redis::RedisSpec>,
 ) -> Result<Option<Arc<AcmeSettings>>, ConfigError> {
     let mut any = false;
     for l in listeners.iter_mut() {
@@ -89,7 +90,7 @@ pub(super) fn compile_acme(
         return Ok(None);
     }
     let plain_listener = file.listeners.values().any(|l| is_plain_http(l.get_ref()));
-    settings(src, file, plain_listener).map(|s| Some(Arc::new(s)))
+    settings(src, file, plain_listener, redis).map(|s| Some(Arc::new(s)))
 }
 
 fn is_plain_http(l: &ListenerSection) -> bool {
@@ -153,6 +154,7 @@ fn settings(
     src: &Source,
     file: &FileConfig,
     plain_listener: bool,
+    redis: Option<&crate::fleet::redis::RedisSpec>,
 ) -> Result<AcmeSettings, ConfigError> {
     let default = Default::default();
     let a = file.server.acme.as_ref().map_or(&default, |a| a.get_ref());
@@ -201,13 +203,28 @@ fn settings(
             "http-01 needs a plain HTTP listener (on port 80, where the CA connects)",
         ));
     }
+    let shared = a.storage.as_ref().is_some_and(|s| s.get_ref() == "redis");
+    let redis_url = match (shared, redis) {
+        (false, _) => None,
+        (true, Some(r)) => Some(r.url.clone()),
+        (true, None) => {
+            let span = a.storage.as_ref().map_or(0..0, |s| s.span());
+            return Err(src.error(
+                span,
+                "server.acme.storage",
+                "\"redis\" needs [server.redis] (the Redis the instances share)",
+            ));
+        }
+    };
     Ok(AcmeSettings {
         email: text(&a.email),
         directory,
-        storage: a.storage.as_ref().map_or_else(
-            || crate::acme::data_dir("acme"),
-            |s| absolute(&src.relative(s.get_ref())),
-        ),
+        storage: match &a.storage {
+            // Shared storage keeps its local copies in the default folder.
+            Some(s) if !shared => absolute(&src.relative(s.get_ref())),
+            _ => crate::acme::data_dir("acme"),
+        },
+        redis_url,
         ca_file,
         challenge,
         renew_before: dur(&a.renew_before, Duration::from_secs(30 * 86400)),

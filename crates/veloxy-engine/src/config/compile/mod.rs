@@ -80,7 +80,7 @@ fn compile(
     )?;
     compile_streams(src, &file, &upstream_index, &mut listeners)?;
     let mut settings = settings;
-    settings.acme = acme::compile_acme(src, &file, &mut listeners)?;
+    settings.acme = acme::compile_acme(src, &file, &mut listeners, redis_spec.as_ref())?;
     settings.redis = redis_spec;
     http3::compile_http3(src, &file, &settings, &mut listeners)?;
     let mut warnings = Vec::new();
