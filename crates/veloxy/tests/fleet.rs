@@ -277,3 +277,54 @@ fn requests_under_a_global_limit_are_not_refused_while_a_lease_is_on_the_way() {
         }
     }
 }
+
+#[test]
+fn a_global_limit_works_over_rediss_and_an_unverified_server_is_refused() {
+    let Some(redis) = RedisServer::start_tls() else {
+        return;
+    };
+    let up = upstream(&["--name", "app"]);
+    let config = |ca: &str| {
+        format!(
+            "[server]\nworkers = 1\nadmin = \"127.0.0.1:0\"\n\
+             [server.redis]\nurl = \"{}\"\ntimeout = \"500ms\"\npool = 1\n{ca}\n\
+             [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+             [[routes]]\nupstream = \"app\"\n\
+             rate_limit = {{ rate = \"10/s\", burst = 10, key = \"route\", scope = \"global\" }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n",
+            redis.url(),
+            up.addr
+        )
+    };
+    // pool = 1: the rest of a pool connects in the background on the client thread, and
+    // debug-build TLS handshakes there would delay the first leases past the test's window.
+    let ca = format!("ca_file = \"{}\"", redis.ca_pem().unwrap().display());
+    let trusted = veloxy(&config(&ca));
+    let web = logged_addr(&trusted, "listening listener=web addr=");
+    let (ok, limited, other, _, _) = load(&[web], Duration::from_millis(300));
+    assert_eq!(other, 0);
+    assert!(
+        (10..=14).contains(&ok) && limited > 0,
+        "{ok} ok, {limited} limited: {}",
+        trusted.proc.log_text()
+    );
+    assert_eq!(
+        metric(&trusted, "veloxy_ratelimit_store_fallbacks_total"),
+        0.0,
+        "the limit was decided in Redis over TLS: {}",
+        trusted.proc.log_text()
+    );
+
+    // Without the CA the server's certificate is not trusted: no connection, and after the
+    // 500 ms timeout the per-instance fallback decides (10 at once, then 10 a second).
+    let untrusted = veloxy(&config(""));
+    let web = logged_addr(&untrusted, "listening listener=web addr=");
+    let (ok, _, other, _, _) = load(&[web], Duration::from_millis(1200));
+    assert_eq!(other, 0);
+    assert!(ok >= 10, "{ok} ok");
+    assert!(
+        metric(&untrusted, "veloxy_ratelimit_store_fallbacks_total") > 0.0,
+        "{ok} ok: {}",
+        untrusted.proc.log_text()
+    );
+}

@@ -132,10 +132,10 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
 
 /// The shared storage of `settings`, when it says `storage = "redis"`.
 fn shared_storage(settings: &AcmeSettings) -> Option<Arc<SharedStorage>> {
-    let url = settings.redis_url.as_deref()?;
+    let spec = settings.redis.as_ref()?;
     let folder = storage::directory_folder(&settings.storage, &settings.directory);
     let folder = folder.file_name()?.to_string_lossy().into_owned();
-    match SharedStorage::new(url, &folder) {
+    match SharedStorage::new(spec, &folder) {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
             tracing::error!(error = %e, "ACME: shared storage unusable");

@@ -85,9 +85,9 @@ pub struct AcmeSettings {
     pub renew_before: Duration,
     /// A plain HTTP listener exists (http-01 can be answered).
     pub plain_listener: bool,
-    /// `storage = "redis"`: the `[server.redis]` URL the account, certificates, locks and
+    /// `storage = "redis"`: the `[server.redis]` the account, certificates, locks and
     /// challenges are shared through (`storage` then holds the local copies).
-    pub redis_url: Option<String>,
+    pub redis: Option<crate::fleet::redis::RedisSpec>,
 }
 
 /// One name's state, for `GET /certificates` and the metrics.

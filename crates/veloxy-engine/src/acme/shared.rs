@@ -51,10 +51,10 @@ fn err(e: impl std::fmt::Display) -> OrderError {
 }
 
 impl SharedStorage {
-    /// The storage at `url` for the CA whose local folder is named `folder`.
-    pub fn new(url: &str, folder: &str) -> Result<Self, OrderError> {
+    /// The storage in `spec`'s Redis for the CA whose local folder is named `folder`.
+    pub fn new(spec: &crate::fleet::redis::RedisSpec, folder: &str) -> Result<Self, OrderError> {
         Ok(SharedStorage {
-            client: redis::Client::open(url).map_err(err)?,
+            client: crate::fleet::redis::open(spec).map_err(err)?,
             prefix: format!("veloxy:acme:{folder}:"),
             conn: tokio::sync::Mutex::new(None),
         })

@@ -115,6 +115,8 @@ pub struct RedisSection {
     pub password_file: Option<Spanned<String>>,
     pub timeout: Option<DurationValue>,
     pub pool: Option<Spanned<usize>>,
+    /// For `rediss://`: CA certificates (PEM) to verify the server with.
+    pub ca_file: Option<Spanned<String>>,
 }
 
 /// `[server.acme]`: the ACME account and how certificates are obtained.

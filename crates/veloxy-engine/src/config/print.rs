@@ -120,6 +120,9 @@ fn settings(out: &mut Toml, s: &Settings) {
         out.str("url", &crate::fleet::redis::redacted(&r.url));
         out.duration("timeout", r.timeout);
         out.int("pool", r.pool);
+        if let Some(c) = &r.ca_file {
+            out.path("ca_file", c);
+        }
     }
     if let Some(a) = &s.acme {
         out.table("[server.acme]");
@@ -127,7 +130,7 @@ fn settings(out: &mut Toml, s: &Settings) {
             out.str("email", e);
         }
         out.str("directory", &a.directory);
-        if a.redis_url.is_some() {
+        if a.redis.is_some() {
             out.str("storage", "redis");
         } else {
             out.path("storage", &a.storage);

@@ -117,6 +117,14 @@ impl GlobalLimit {
     /// [`GlobalLimit::check`] on the worker's slot for the key.
     fn decide(&self, slot: &Arc<Slot>, key: u64, local: &RateLimiter) -> Result<(), Duration> {
         let now = crate::clock::now_ms();
+        // A lease unanswered for longer than `timeout` is a failure, whatever the client
+        // thread is doing (connecting at start, a stuck connection): the fallback decides
+        // rather than the debt of a lease that may never come.
+        if slot.inflight.load(Ordering::Acquire)
+            && now >= slot.asked_ms.load(Ordering::Relaxed) + self.redis.timeout_ms()
+        {
+            slot.failed();
+        }
         if slot.failed_until_ms.load(Ordering::Acquire) > now {
             FALLBACKS.fetch_add(1, Ordering::Relaxed);
             if !slot.inflight.load(Ordering::Acquire)
@@ -138,12 +146,14 @@ impl GlobalLimit {
             }
             return Ok(());
         }
-        // No token of our own: ask (at once for a new key, never asked, else once the bucket may
+        // No token of our own: ask (at once while the bucket answered with tokens, so a burst
+        // is served at one lease per round trip; after an empty answer, once the bucket may
         // have refilled a lease's worth), and borrow from the lease on its way unless the last
         // one came back empty.
         let refill_ms = (f64::from(self.lease) * 1000.0 / self.per_second).max(5.0) as u64;
         let asked = slot.asked_ms.load(Ordering::Relaxed);
-        if !inflight && (asked == 0 || now >= asked + refill_ms) {
+        let dry = slot.last_grant.load(Ordering::Acquire) == 0;
+        if !inflight && (asked == 0 || !dry || now >= asked + refill_ms) {
             self.ask(slot, key, now);
             inflight = true;
         }

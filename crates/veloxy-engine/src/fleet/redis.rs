@@ -17,6 +17,25 @@ pub struct RedisSpec {
     pub timeout: Duration,
     /// `pool`: connections (each multiplexed) the client thread keeps (default 8).
     pub pool: usize,
+    /// `ca_file`: for `rediss://`, the CA certificates (PEM) the server is verified against
+    /// (default: the system's roots), read at load.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Where `ca_pem` was read from (absolute).
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+/// A client for `spec` (over TLS for `rediss://`, trusting `ca_file` when given).
+pub(crate) fn open(spec: &RedisSpec) -> redis::RedisResult<redis::Client> {
+    match &spec.ca_pem {
+        Some(pem) if spec.url.starts_with("rediss://") => redis::Client::build_with_tls(
+            spec.url.as_str(),
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            },
+        ),
+        _ => redis::Client::open(spec.url.as_str()),
+    }
 }
 
 /// `url` with its password replaced by `****` (for `veloxy check --print`).
@@ -103,6 +122,11 @@ impl RedisClient {
         client
     }
 
+    /// `timeout` in milliseconds (at least 1).
+    pub(crate) fn timeout_ms(&self) -> u64 {
+        (self.spec.timeout.as_millis() as u64).max(1)
+    }
+
     /// Asks for tokens; the answer lands in `slot` (or marks it failed).
     pub(crate) fn lease(&self, key: String, (rate, burst): (f64, f64), want: u32, slot: Arc<Slot>) {
         let _ = self.tx.send(Lease {
@@ -117,18 +141,29 @@ impl RedisClient {
 
 async fn run(client: Arc<RedisClient>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Lease>) {
     let script = redis::Script::new(TAKE);
-    // Connected before the first lease, so a fresh start does not fall back.
-    let mut conns: Vec<redis::aio::ConnectionManager> = connect(&client.spec).await;
+    // One connection before the first lease, so a fresh start does not fall back; the rest of
+    // the pool in the background (a TLS handshake each), replacing it when ready.
+    let mut conns: Vec<redis::aio::ConnectionManager> = connect(&client.spec, 1).await;
     let mut next = 0usize;
     let mut last_try = tokio::time::Instant::now();
     let mut connecting: Option<tokio::sync::oneshot::Receiver<Vec<redis::aio::ConnectionManager>>> =
         None;
+    if !conns.is_empty() && client.spec.pool > 1 {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spec = client.spec.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(connect(&spec, spec.pool).await);
+        });
+        connecting = Some(rx);
+    }
     while let Some(lease) = rx.recv().await {
         if client.broken.swap(false, Ordering::AcqRel) {
             conns.clear();
         }
         if let Some(rx) = connecting.as_mut() {
             match rx.try_recv() {
+                // An empty set (the pool failed to connect) keeps what there is.
+                Ok(made) if made.is_empty() => connecting = None,
                 Ok(made) => (conns, connecting) = (made, None),
                 Err(tokio::sync::oneshot::error::TryRecvError::Closed) => connecting = None,
                 Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
@@ -143,7 +178,7 @@ async fn run(client: Arc<RedisClient>, mut rx: tokio::sync::mpsc::UnboundedRecei
             let (tx, rx) = tokio::sync::oneshot::channel();
             let spec = client.spec.clone();
             tokio::spawn(async move {
-                let _ = tx.send(connect(&spec).await);
+                let _ = tx.send(connect(&spec, spec.pool).await);
             });
             connecting = Some(rx);
         }
@@ -172,16 +207,21 @@ fn fail(client: &RedisClient, lease: &Lease) {
     lease.slot.failed();
 }
 
-async fn connect(spec: &RedisSpec) -> Vec<redis::aio::ConnectionManager> {
-    let Ok(c) = redis::Client::open(spec.url.as_str()) else {
-        return Vec::new();
+/// Up to `n` connections (fewer if one fails).
+async fn connect(spec: &RedisSpec, n: usize) -> Vec<redis::aio::ConnectionManager> {
+    let c = match open(spec) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "redis: unusable client settings");
+            return Vec::new();
+        }
     };
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(spec.timeout.max(Duration::from_millis(100)))
         .set_response_timeout(spec.timeout)
         .set_number_of_retries(1);
     let mut out = Vec::new();
-    for _ in 0..spec.pool.max(1) {
+    for _ in 0..n.max(1) {
         let made = tokio::time::timeout(
             spec.timeout.max(Duration::from_millis(200)),
             redis::aio::ConnectionManager::new_with_config(c.clone(), config.clone()),

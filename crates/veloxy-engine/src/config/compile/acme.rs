@@ -206,7 +206,7 @@ fn settings(
     let shared = a.storage.as_ref().is_some_and(|s| s.get_ref() == "redis");
     let redis_url = match (shared, redis) {
         (false, _) => None,
-        (true, Some(r)) => Some(r.url.clone()),
+        (true, Some(r)) => Some(r.clone()),
         (true, None) => {
             let span = a.storage.as_ref().map_or(0..0, |s| s.span());
             return Err(src.error(
@@ -224,7 +224,7 @@ fn settings(
             Some(s) if !shared => absolute(&src.relative(s.get_ref())),
             _ => crate::acme::data_dir("acme"),
         },
-        redis_url,
+        redis: redis_url,
         ca_file,
         challenge,
         renew_before: dur(&a.renew_before, Duration::from_secs(30 * 86400)),

@@ -227,13 +227,6 @@ pub(super) fn compile_redis(
     };
     let r = section.get_ref();
     let key = |k: &str| format!("server.redis.{k}");
-    if r.url.get_ref().starts_with("rediss://") {
-        return Err(src.error(
-            r.url.span(),
-            key("url"),
-            "rediss:// (Redis over TLS) is not built yet: use redis:// on a trusted network",
-        ));
-    }
     let mut url = url_parts(r.url.get_ref()).ok_or_else(|| {
         src.error(
             r.url.span(),
@@ -275,11 +268,45 @@ pub(super) fn compile_redis(
         Some(p) => *p.get_ref(),
         None => 8,
     };
+    let ca_pem = match &r.ca_file {
+        None => None,
+        Some(_) if url.0 != "rediss://" => {
+            let span = r.ca_file.as_ref().map_or(0..0, |c| c.span());
+            return Err(src.error(span, key("ca_file"), "only applies to rediss:// URLs"));
+        }
+        Some(c) => {
+            let path = src.relative(c.get_ref());
+            let pem = std::fs::read(&path).map_err(|e| {
+                src.error(c.span(), key("ca_file"), format!("{}: {e}", path.display()))
+            })?;
+            let mut reader = &pem[..];
+            let certs = rustls_pemfile_certs(&mut reader);
+            if certs == 0 {
+                return Err(src.error(
+                    c.span(),
+                    key("ca_file"),
+                    format!("{}: no PEM certificates", path.display()),
+                ));
+            }
+            Some((pem, super::absolute(&path)))
+        }
+    };
+    let (ca_pem, ca_file) = ca_pem.unzip();
     Ok(Some(crate::fleet::redis::RedisSpec {
         url: format!("{}{}{}", url.0, url.1, url.2),
         timeout: dur(&r.timeout, Duration::from_millis(50)),
         pool,
+        ca_pem,
+        ca_file,
     }))
+}
+
+/// How many PEM certificates `reader` holds.
+fn rustls_pemfile_certs(reader: &mut &[u8]) -> usize {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_reader_iter(reader)
+        .filter(Result::is_ok)
+        .count()
 }
 
 /// (`redis://`, userinfo with `@`, the rest).
