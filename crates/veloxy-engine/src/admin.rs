@@ -32,25 +32,13 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
     reloads: mpsc::Sender<ReloadRequest>,
 ) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("veloxy-admin".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => return tracing::error!(error = %e, "admin: no runtime"),
-            };
-            rt.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => return tracing::error!(error = %e, "admin: cannot listen"),
-                };
-                accept_loop(listener, shared, reloads).await;
-            });
-        })?;
-    Ok(())
+    crate::background::spawn("veloxy-admin", move || async move {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => return tracing::error!(error = %e, "admin: cannot listen"),
+        };
+        accept_loop(listener, shared, reloads).await;
+    })
 }
 
 /// Accepts admin connections for as long as the process runs. A failed accept (out of

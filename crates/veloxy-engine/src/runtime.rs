@@ -102,3 +102,38 @@ pub(crate) fn carry_over(old: &Snapshot, new: &mut Snapshot) {
         }
     }
 }
+
+/// Starts the DNS discovery thread and waits (at most 5 s) for its first round of lookups,
+/// so the workers start with the discovered backends in place.
+pub(crate) fn start_discovery(
+    shared: &Arc<Shared>,
+    found: Arc<crate::upstream::discovery::Found>,
+) -> std::io::Result<()> {
+    use crate::upstream::discovery::{spawn_thread, Hooks};
+    let weak = Arc::downgrade(shared);
+    let for_resolvers = weak.clone();
+    let hooks = Hooks {
+        resolvers: Box::new(move || {
+            for_resolvers
+                .upgrade()
+                .map(|s| s.snapshot.load().settings.resolvers.clone())
+                .unwrap_or_default()
+        }),
+        publish: Arc::new(move |name: &str| match weak.upgrade() {
+            Some(s) => {
+                s.republish(name);
+                true
+            }
+            None => false,
+        }),
+    };
+    let ready = spawn_thread(found, shared.health_tx.subscribe(), hooks)?;
+    let _ = ready.recv_timeout(std::time::Duration::from_secs(5));
+    // The first round stored its answers; put them in the snapshot the workers start with.
+    for g in shared.snapshot.load().upstreams.iter() {
+        if !g.discovery.is_empty() {
+            shared.republish(&g.name);
+        }
+    }
+    Ok(())
+}

@@ -166,7 +166,7 @@ impl Server {
             found: found.clone(),
             swap: std::sync::Mutex::new(()),
         });
-        start_discovery(&shared, found)?;
+        crate::runtime::start_discovery(&shared, found).map_err(ServerError::Thread)?;
         let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
         if let Some(l) = admin_listener {
             l.set_nonblocking(true).map_err(ServerError::Thread)?;
@@ -207,42 +207,6 @@ impl Server {
             reloads: std::sync::Mutex::new(Some(reload_rx)),
         })
     }
-}
-
-/// Starts the DNS discovery thread and waits (at most 5 s) for its first round of lookups,
-/// so the workers start with the discovered backends in place.
-fn start_discovery(
-    shared: &Arc<Shared>,
-    found: Arc<crate::upstream::discovery::Found>,
-) -> Result<(), ServerError> {
-    use crate::upstream::discovery::{spawn_thread, Hooks};
-    let weak = Arc::downgrade(shared);
-    let for_resolvers = weak.clone();
-    let hooks = Hooks {
-        resolvers: Box::new(move || {
-            for_resolvers
-                .upgrade()
-                .map(|s| s.snapshot.load().settings.resolvers.clone())
-                .unwrap_or_default()
-        }),
-        publish: Arc::new(move |name: &str| match weak.upgrade() {
-            Some(s) => {
-                s.republish(name);
-                true
-            }
-            None => false,
-        }),
-    };
-    let ready =
-        spawn_thread(found, shared.health_tx.subscribe(), hooks).map_err(ServerError::Thread)?;
-    let _ = ready.recv_timeout(std::time::Duration::from_secs(5));
-    // The first round stored its answers; put them in the snapshot the workers start with.
-    for g in shared.snapshot.load().upstreams.iter() {
-        if !g.discovery.is_empty() {
-            shared.republish(&g.name);
-        }
-    }
-    Ok(())
 }
 
 /// Refuses `addr` if another process holds its port (see [`crate::listener::probe_free`]).

@@ -39,7 +39,11 @@ fn config(acme_port: u16, ca_pem: &Path, storage: &Path, acme: &str, extra: &str
 }
 
 fn start(config: &str) -> Setup {
-    let v = veloxy(config);
+    start_with(std::process::Command::new(VELOXY), config)
+}
+
+fn start_with(cmd: std::process::Command, config: &str) -> Setup {
+    let v = veloxy_with(cmd, config, &[]);
     let web = logged_addr(&v, "listening listener=web addr=");
     let plain = logged_addr(&v, "listening listener=plain addr=");
     let admin = admin_addr(&v);
@@ -523,16 +527,7 @@ fn fleet_member(dir: &Path, conf: &str) -> Setup {
     std::fs::create_dir_all(dir).unwrap();
     let mut cmd = std::process::Command::new(VELOXY);
     cmd.env("XDG_DATA_HOME", dir);
-    let v = veloxy_with(cmd, conf, &[]);
-    let web = logged_addr(&v, "listening listener=web addr=");
-    let plain = logged_addr(&v, "listening listener=plain addr=");
-    let admin = admin_addr(&v);
-    Setup {
-        v,
-        web,
-        plain,
-        admin,
-    }
+    start_with(cmd, conf)
 }
 
 #[test]

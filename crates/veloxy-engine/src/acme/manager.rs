@@ -73,60 +73,48 @@ type AccountSlot = Arc<Mutex<Option<instant_acme::Account>>>;
 
 /// Starts the ACME thread; it follows `plans` until the sender is dropped.
 pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("veloxy-acme".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => return tracing::error!(error = %e, "ACME thread: no runtime"),
-            };
-            rt.block_on(async move {
-                let mut tasks: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
-                let mut staples: HashMap<(PathBuf, PathBuf), tokio::task::JoinHandle<()>> =
-                    HashMap::new();
-                let mut current: Option<Arc<AcmeSettings>> = None;
-                let mut account: AccountSlot = Arc::default();
-                let mut shared: Option<Arc<SharedStorage>> = None;
-                let mut syncing: Option<tokio::task::JoinHandle<()>> = None;
-                loop {
-                    let plan = plans.borrow_and_update().clone();
-                    if plan.settings != current {
-                        // Another CA, account or storage: every name starts over.
-                        tasks.drain().for_each(|(_, t)| t.abort());
-                        current = plan.settings.clone();
-                        account = Arc::default();
-                        if let Some(t) = syncing.take() {
-                            t.abort();
-                        }
-                        shared = current.as_deref().and_then(shared_storage);
-                        syncing = shared
-                            .clone()
-                            .map(|sh| tokio::spawn(super::shared::sync_challenges(sh, store())));
-                    }
-                    let wanted: HashSet<String> = plan.names.iter().cloned().collect();
-                    store().retain(&wanted);
-                    sync(&mut staples, &plan.staple, |(cert, key)| {
-                        super::ocsp::keep(cert.clone(), key.clone())
-                    });
-                    let none = BTreeSet::new();
-                    let names = if current.is_some() {
-                        &plan.names
-                    } else {
-                        &none
-                    };
-                    sync(&mut tasks, names, |name| {
-                        let settings = current.clone().expect("names only with settings");
-                        keep(name.clone(), settings, account.clone(), shared.clone())
-                    });
-                    if plans.changed().await.is_err() {
-                        return;
-                    }
+    crate::background::spawn("veloxy-acme", move || async move {
+        let mut tasks: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut staples: HashMap<(PathBuf, PathBuf), tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut current: Option<Arc<AcmeSettings>> = None;
+        let mut account: AccountSlot = Arc::default();
+        let mut shared: Option<Arc<SharedStorage>> = None;
+        let mut syncing: Option<tokio::task::JoinHandle<()>> = None;
+        loop {
+            let plan = plans.borrow_and_update().clone();
+            if plan.settings != current {
+                // Another CA, account or storage: every name starts over.
+                tasks.drain().for_each(|(_, t)| t.abort());
+                current = plan.settings.clone();
+                account = Arc::default();
+                if let Some(t) = syncing.take() {
+                    t.abort();
                 }
+                shared = current.as_deref().and_then(shared_storage);
+                syncing = shared
+                    .clone()
+                    .map(|sh| tokio::spawn(super::shared::sync_challenges(sh, store())));
+            }
+            let wanted: HashSet<String> = plan.names.iter().cloned().collect();
+            store().retain(&wanted);
+            sync(&mut staples, &plan.staple, |(cert, key)| {
+                super::ocsp::keep(cert.clone(), key.clone())
             });
-        })?;
+            let none = BTreeSet::new();
+            let names = if current.is_some() {
+                &plan.names
+            } else {
+                &none
+            };
+            sync(&mut tasks, names, |name| {
+                let settings = current.clone().expect("names only with settings");
+                keep(name.clone(), settings, account.clone(), shared.clone())
+            });
+            if plans.changed().await.is_err() {
+                return;
+            }
+        }
+    })?;
     Ok(())
 }
 

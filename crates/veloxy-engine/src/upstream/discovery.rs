@@ -128,105 +128,92 @@ pub(crate) fn spawn_thread(
     hooks: Hooks,
 ) -> std::io::Result<std::sync::mpsc::Receiver<()>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("veloxy-dns".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => return tracing::error!(error = %e, "discovery thread: no runtime"),
-            };
-            rt.block_on(async move {
-                let mut tasks: HashMap<(String, Discovery), tokio::task::AbortHandle> =
-                    HashMap::new();
-                let mut set = tokio::task::JoinSet::new();
-                let mut resolvers = None;
-                let mut ready = Some(ready_tx);
-                loop {
-                    let snapshot = groups.borrow_and_update().clone();
-                    let wanted: HashSet<(String, Discovery)> = snapshot
-                        .iter()
-                        .flat_map(|g| g.discovery.iter().map(|d| (g.name.clone(), d.clone())))
-                        .collect();
-                    let now = (hooks.resolvers)();
-                    if resolvers.as_ref() != Some(&now) {
-                        // New DNS servers: every entry starts over with a new resolver.
-                        for (_, t) in tasks.drain() {
-                            t.abort();
+    crate::background::spawn("veloxy-dns", move || async move {
+        let mut tasks: HashMap<(String, Discovery), tokio::task::AbortHandle> = HashMap::new();
+        let mut set = tokio::task::JoinSet::new();
+        let mut resolvers = None;
+        let mut ready = Some(ready_tx);
+        loop {
+            let snapshot = groups.borrow_and_update().clone();
+            let wanted: HashSet<(String, Discovery)> = snapshot
+                .iter()
+                .flat_map(|g| g.discovery.iter().map(|d| (g.name.clone(), d.clone())))
+                .collect();
+            let now = (hooks.resolvers)();
+            if resolvers.as_ref() != Some(&now) {
+                // New DNS servers: every entry starts over with a new resolver.
+                for (_, t) in tasks.drain() {
+                    t.abort();
+                }
+                resolvers = Some(now.clone());
+            }
+            tasks.retain(|k, t| {
+                let keep = wanted.contains(k);
+                if !keep {
+                    t.abort();
+                }
+                keep
+            });
+            found.retain(&wanted);
+            if !wanted.is_empty() {
+                let resolver = match build_resolver(&now) {
+                    Ok(r) => Arc::new(r),
+                    Err(e) => {
+                        tracing::error!(error = %e, "DNS discovery: no resolver");
+                        ready.take().map(|r| r.send(()));
+                        if groups.changed().await.is_err() {
+                            return;
                         }
-                        resolvers = Some(now.clone());
+                        continue;
                     }
-                    tasks.retain(|k, t| {
-                        let keep = wanted.contains(k);
-                        if !keep {
-                            t.abort();
-                        }
-                        keep
-                    });
-                    found.retain(&wanted);
-                    if !wanted.is_empty() {
-                        let resolver = match build_resolver(&now) {
-                            Ok(r) => Arc::new(r),
-                            Err(e) => {
-                                tracing::error!(error = %e, "DNS discovery: no resolver");
-                                ready.take().map(|r| r.send(()));
-                                if groups.changed().await.is_err() {
-                                    return;
-                                }
-                                continue;
+                };
+                // The first round runs before the server serves: answers are in place.
+                let first: Vec<_> = wanted
+                    .iter()
+                    .filter(|k| !tasks.contains_key(*k))
+                    .cloned()
+                    .collect();
+                let resolved = ready.is_some();
+                if resolved {
+                    let mut round1 = tokio::task::JoinSet::new();
+                    for k in first.iter().cloned() {
+                        let (r, f) = (resolver.clone(), found.clone());
+                        let publish = hooks.publish.clone();
+                        round1.spawn(async move {
+                            // Bounded: the server waits for this round to start.
+                            let answer = tokio::time::timeout(FIRST_ROUND, round(&r, &f, &k, None));
+                            if let Ok(Some(true)) = answer.await {
+                                publish(&k.0);
                             }
-                        };
-                        // The first round runs before the server serves: answers are in place.
-                        let first: Vec<_> = wanted
-                            .iter()
-                            .filter(|k| !tasks.contains_key(*k))
-                            .cloned()
-                            .collect();
-                        let resolved = ready.is_some();
-                        if resolved {
-                            let mut round1 = tokio::task::JoinSet::new();
-                            for k in first.iter().cloned() {
-                                let (r, f) = (resolver.clone(), found.clone());
-                                let publish = hooks.publish.clone();
-                                round1.spawn(async move {
-                                    // Bounded: the server waits for this round to start.
-                                    let answer =
-                                        tokio::time::timeout(FIRST_ROUND, round(&r, &f, &k, None));
-                                    if let Ok(Some(true)) = answer.await {
-                                        publish(&k.0);
-                                    }
-                                });
-                            }
-                            round1.join_all().await;
-                        }
-                        for key in first {
-                            let t = set.spawn(follow(
-                                resolver.clone(),
-                                found.clone(),
-                                key.clone(),
-                                hooks.publish.clone(),
-                                resolved,
-                            ));
-                            tasks.insert(key, t);
-                        }
+                        });
                     }
-                    ready.take().map(|r| r.send(()));
-                    tokio::select! {
-                        changed = groups.changed() => if changed.is_err() { return },
-                        Some(ended) = set.join_next() => {
-                            // A task ends only when the server is gone, or when aborted.
-                            match ended {
-                                Err(e) if e.is_cancelled() => {}
-                                Err(e) => tracing::error!(error = %e, "DNS discovery task failed"),
-                                Ok(()) => return,
-                            }
-                        }
+                    round1.join_all().await;
+                }
+                for key in first {
+                    let t = set.spawn(follow(
+                        resolver.clone(),
+                        found.clone(),
+                        key.clone(),
+                        hooks.publish.clone(),
+                        resolved,
+                    ));
+                    tasks.insert(key, t);
+                }
+            }
+            ready.take().map(|r| r.send(()));
+            tokio::select! {
+                changed = groups.changed() => if changed.is_err() { return },
+                Some(ended) = set.join_next() => {
+                    // A task ends only when the server is gone, or when aborted.
+                    match ended {
+                        Err(e) if e.is_cancelled() => {}
+                        Err(e) => tracing::error!(error = %e, "DNS discovery task failed"),
+                        Ok(()) => return,
                     }
                 }
-            });
-        })?;
+            }
+        }
+    })?;
     Ok(ready_rx)
 }
 

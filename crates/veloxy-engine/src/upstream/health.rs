@@ -415,60 +415,45 @@ where
 pub(crate) fn spawn_thread(
     mut snapshots: tokio::sync::watch::Receiver<Arc<[UpstreamGroup]>>,
 ) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("veloxy-health".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => return tracing::error!(error = %e, "health thread: no runtime"),
-            };
-            rt.block_on(async move {
-                loop {
-                    let snapshot = snapshots.borrow_and_update().clone();
-                    let mut tasks = tokio::task::JoinSet::new();
-                    for group in snapshot.iter() {
+    crate::background::spawn("veloxy-health", move || async move {
+        loop {
+            let snapshot = snapshots.borrow_and_update().clone();
+            let mut tasks = tokio::task::JoinSet::new();
+            for group in snapshot.iter() {
+                let health = group.health.clone();
+                tasks.spawn(async move {
+                    let mut tick = tokio::time::interval(Duration::from_millis(100));
+                    loop {
+                        tick.tick().await;
+                        health.expire_ejections(clock::now_ms());
+                    }
+                });
+                if let Some(check) = group.health_check.clone() {
+                    for i in 0..group.backends.len() {
                         let health = group.health.clone();
+                        let check = check.clone();
+                        let tls: Option<ProbeTls> =
+                            group.tls.clone().zip(group.backends[i].tls_name.clone());
                         tasks.spawn(async move {
-                            let mut tick = tokio::time::interval(Duration::from_millis(100));
+                            let addr = health.backends[i].addr.clone();
+                            let mut tick = tokio::time::interval(check.interval);
+                            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                             loop {
                                 tick.tick().await;
-                                health.expire_ejections(clock::now_ms());
+                                if let Some(passed) = probe(&addr, &check, tls.as_ref()).await {
+                                    health.apply_check(i, passed, &check);
+                                }
                             }
                         });
-                        if let Some(check) = group.health_check.clone() {
-                            for i in 0..group.backends.len() {
-                                let health = group.health.clone();
-                                let check = check.clone();
-                                let tls: Option<ProbeTls> =
-                                    group.tls.clone().zip(group.backends[i].tls_name.clone());
-                                tasks.spawn(async move {
-                                    let addr = health.backends[i].addr.clone();
-                                    let mut tick = tokio::time::interval(check.interval);
-                                    tick.set_missed_tick_behavior(
-                                        tokio::time::MissedTickBehavior::Delay,
-                                    );
-                                    loop {
-                                        tick.tick().await;
-                                        if let Some(passed) =
-                                            probe(&addr, &check, tls.as_ref()).await
-                                        {
-                                            health.apply_check(i, passed, &check);
-                                        }
-                                    }
-                                });
-                            }
-                        }
                     }
-                    if snapshots.changed().await.is_err() {
-                        return;
-                    }
-                    tasks.abort_all();
                 }
-            });
-        })?;
+            }
+            if snapshots.changed().await.is_err() {
+                return;
+            }
+            tasks.abort_all();
+        }
+    })?;
     Ok(())
 }
 
