@@ -74,3 +74,35 @@ fn ignore_cache_control_stores_by_default_ttl_and_a_custom_key_merges_urls() {
     assert_eq!(x_cache(&r), Some("BYPASS"));
     assert_eq!(o.hits(), 2);
 }
+
+#[test]
+fn a_large_hit_is_byte_exact_whole_and_in_ranges_over_both_protocols() {
+    // 300 KB of a pattern that never repeats at a power of two: a wrong offset shows.
+    let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let sent = body.clone();
+    let o = script_origin(move |_| {
+        Scripted::ok(sent.clone())
+            .header("content-type", "application/octet-stream")
+            .header("cache-control", "max-age=60")
+    });
+    let v = start(&o, "");
+    for (i, p) in [Proto::H1, Proto::H1, Proto::H2].into_iter().enumerate() {
+        let r = fetch(&v, p, "GET", "/big", &[]);
+        assert_eq!(
+            x_cache(&r),
+            Some(if i == 0 { "MISS" } else { "HIT" }),
+            "{p:?}"
+        );
+        assert!(r.body == body, "{p:?}: the whole body, byte for byte");
+        for (from, to) in [(0, 99), (40_000, 140_000), (299_000, 299_999)] {
+            let range = format!("bytes={from}-{to}");
+            let r = fetch(&v, p, "GET", "/big", &[("range", &range)]);
+            assert_eq!(r.status, 206, "{p:?} {range}");
+            assert!(r.body == body[from..=to], "{p:?} {range}: byte for byte");
+        }
+    }
+    let r = fetch(&v, Proto::H1, "HEAD", "/big", &[]);
+    assert_eq!(r.header("content-length"), Some("300000"));
+    assert!(r.body.is_empty());
+    assert_eq!(o.hits(), 1);
+}
