@@ -339,13 +339,11 @@ fn decode(data: &[u8]) -> Option<(String, Entry)> {
             let lm_secs = r.u64()?;
             let tags = std::str::from_utf8(r.bytes()?).ok()?;
             let lines = Bytes::copy_from_slice(r.bytes()?);
-            let (body, file) =
-                crate::static_files::memfd::adopt(Bytes::copy_from_slice(r.bytes()?));
+            let body = Bytes::copy_from_slice(r.bytes()?);
             Entry::Object(Arc::new(Object {
                 status,
                 lines,
                 body,
-                file,
                 etag: (!etag.is_empty()).then(|| Bytes::copy_from_slice(etag)),
                 last_modified: (!lm.is_empty()).then(|| (Bytes::copy_from_slice(lm), lm_secs)),
                 tags: tags
@@ -396,7 +394,6 @@ mod tests {
             status: 200,
             lines: Bytes::from_static(b"content-type: text/plain\r\n"),
             body: Bytes::from_static(b"hello"),
-            file: None,
             etag: Some(Bytes::from_static(b"\"v1\"")),
             last_modified: None,
             tags: vec!["a".into(), "b".into()].into(),

@@ -433,12 +433,10 @@ fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now: u64) -> Bu
         .get(http::header::AGE)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let initial = policy::initial_age_ms(age, date, requested, now);
-    let (body, file) = crate::static_files::memfd::adopt(f.body.clone());
     let obj = Object {
         status: f.status,
         lines: lines_of(h),
-        body,
-        file,
+        body: f.body.clone(),
         etag: h
             .get(http::header::ETAG)
             .map(|v| Bytes::copy_from_slice(v.as_bytes())),

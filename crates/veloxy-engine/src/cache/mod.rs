@@ -35,8 +35,6 @@ pub(crate) struct Object {
     /// hop-by-hop fields, `Date`, `Age` and `Server` (veloxy writes those itself).
     pub lines: Bytes,
     pub body: Bytes,
-    /// A large body's memory file (`body` points into its pages), for `sendfile`.
-    pub file: Option<Arc<crate::static_files::memfd::Memfd>>,
     pub etag: Option<Bytes>,
     pub last_modified: Option<(Bytes, u64)>,
     /// `Surrogate-Key` / `Cache-Tag` values, for purges by tag.
@@ -381,7 +379,6 @@ mod tests {
             status: 200,
             lines: Bytes::new(),
             body: Bytes::from(vec![b'a'; 10_000]),
-            file: None,
             etag: None,
             last_modified: None,
             tags: Box::default(),

@@ -67,15 +67,15 @@ pub(crate) fn respond(
                         Bytes::from(format!("bytes {}-{}/{len}", r.start, r.end())),
                     ));
                     headers.push(("content-length", Bytes::from(r.len.to_string())));
-                    let body = if client.is_head {
-                        Body::Empty
-                    } else {
-                        body_of(obj, r.start as usize..(r.start + r.len) as usize)
-                    };
+                    let body = obj.body.slice(r.start as usize..(r.start + r.len) as usize);
                     return Response {
                         status: 206,
                         headers,
-                        body,
+                        body: if client.is_head {
+                            Body::Empty
+                        } else {
+                            Body::Bytes(body)
+                        },
                         raw,
                     };
                 }
@@ -100,27 +100,13 @@ pub(crate) fn respond(
     let body = if client.is_head || obj.body.is_empty() {
         Body::Empty
     } else {
-        body_of(obj, 0..obj.body.len())
+        Body::Bytes(obj.body.clone())
     };
     Response {
         status: obj.status,
         headers,
         body,
         raw,
-    }
-}
-
-/// `range` of the object's body: from its memory file when it has one (`sendfile` on plain
-/// TCP), else bytes.
-fn body_of(obj: &Object, range: std::ops::Range<usize>) -> Body {
-    let bytes = obj.body.slice(range.clone());
-    match &obj.file {
-        Some(file) if bytes.len() >= crate::static_files::memfd::MIN_LEN => Body::Mapped {
-            bytes,
-            file: file.clone(),
-            offset: range.start as u64,
-        },
-        _ => Body::Bytes(bytes),
     }
 }
 

@@ -232,16 +232,6 @@ async fn write_body(
             send(stream, out, true, &mut written, limit).await?;
             sendfile(stream, file, *offset, *len, &mut written, limit).await?;
         }
-        // The kernel attaches the memory file's pages: no copy of the body.
-        Body::Mapped {
-            bytes,
-            file,
-            offset,
-        } => {
-            send(stream, out, true, &mut written, limit).await?;
-            let len = bytes.len() as u64;
-            sendfile(stream, file.file(), *offset, len, &mut written, limit).await?;
-        }
         Body::Multipart(parts) => {
             for p in parts {
                 match p {
@@ -273,7 +263,7 @@ where
     let mut written = 0u64;
     match body {
         Body::Empty => copy_out(stream, out, &mut written, limit).await?,
-        Body::Bytes(b) | Body::Mapped { bytes: b, .. } => {
+        Body::Bytes(b) => {
             out.extend_from_slice(b);
             copy_out(stream, out, &mut written, limit).await?;
         }

@@ -18,7 +18,6 @@
 pub mod cache;
 pub mod conditional;
 pub mod listing;
-pub(crate) mod memfd;
 pub mod mime;
 pub mod path;
 pub mod range;
@@ -84,14 +83,6 @@ pub enum Body {
     /// No body (HEAD, 304); `content-length` in the headers still tells the GET size.
     Empty,
     Bytes(Bytes),
-    /// Bytes that are also `len` bytes of a memory file from `offset` (a large cached
-    /// answer, see [`memfd`]): plain-TCP HTTP/1 sends the file with `sendfile`, every other
-    /// writer the bytes.
-    Mapped {
-        bytes: Bytes,
-        file: Arc<memfd::Memfd>,
-        offset: u64,
-    },
     File {
         file: Arc<File>,
         offset: u64,

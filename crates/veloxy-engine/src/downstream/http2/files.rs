@@ -65,10 +65,7 @@ fn serve_response(
     }
     let parts: std::collections::VecDeque<crate::static_files::Part> = match r.body {
         crate::static_files::Body::Empty => Default::default(),
-        crate::static_files::Body::Bytes(b)
-        | crate::static_files::Body::Mapped { bytes: b, .. } => {
-            [crate::static_files::Part::Bytes(b)].into()
-        }
+        crate::static_files::Body::Bytes(b) => [crate::static_files::Part::Bytes(b)].into(),
         crate::static_files::Body::File { file, offset, len } => {
             [crate::static_files::Part::File { file, offset, len }].into()
         }
