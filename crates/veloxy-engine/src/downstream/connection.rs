@@ -159,67 +159,20 @@ pub(super) async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, f
         let (prepared, gen) = match outcome {
             Ok(Some(p)) => p,
             Ok(None) => return,
-            Err(Refusal {
-                error: e,
-                must_close,
-                is_head,
-                mut record,
-            }) => {
-                // Errors found before forwarding: answer, then close if the body (or the rest of
-                // a malformed stream) is still unread, or the client asked to.
-                let close = must_close || e.closes_connection();
-                tracing::debug!(client = %down.peer, error = %e, "request refused");
-                let a = crate::downstream::proxy::answer_error(
-                    worker, down, &e, close, is_head, &record,
-                )
-                .await;
-                finish_record(worker, down, &mut record, e.status());
-                if a.linger {
-                    linger_close(&mut down.stream).await;
+            Err(refusal) => {
+                // Boxed, as the request below: an error answer is rare, and inline its state
+                // (the refusal's record among it) would sit in every connection's future for
+                // its whole life.
+                if Box::pin(answer_refusal(worker, down, refusal)).await {
+                    continue;
                 }
-                if !a.keep {
-                    return;
-                }
-                continue;
+                return;
             }
         };
-        let settings = &gen.snapshot.settings;
-        down.send_timeout = settings.send_timeout;
-        down.body_timeout = settings.body_timeout;
-        down.request_buffering = settings.request_buffering;
-        worker.metrics.in_flight.inc();
-        let prepared = match prepared {
-            Next::Forward(mut p) if p.target.forward_auth.is_some() => {
-                match crate::downstream::proxy::authorize(worker, &gen, down, &mut p).await {
-                    None => Next::Forward(p),
-                    Some(keep) => Next::Answered(keep),
-                }
-            }
-            other => other,
-        };
-        let keep = match prepared {
-            Next::Answered(keep) => keep,
-            Next::Forward(p)
-                if gen.snapshot.upstreams[p.target.upstream].protocol
-                    != crate::config::UpstreamProtocol::Http1 =>
-            {
-                Box::pin(crate::downstream::http2::bridge::forward(
-                    worker, &gen, down, p,
-                ))
-                .await
-            }
-            Next::Forward(p) if p.target.cache.is_some() => {
-                Box::pin(crate::downstream::cached::forward(worker, &gen, down, p)).await
-            }
-            // Boxed: the forwarding state machine is ~5 KiB, and inline it would make every
-            // connection's future that big for its whole life, idle keep-alive time included.
-            Next::Forward(p) => {
-                Box::pin(crate::downstream::proxy::forward(worker, &gen, down, p)).await
-            }
-            Next::Static(reply) => {
-                Box::pin(crate::downstream::files::serve(worker, down, *reply)).await
-            }
-        };
+        // Boxed: one request's state (the routed request, forwarding, file answers) is a few
+        // KiB; inline it would make every connection's future that big for its whole life,
+        // idle keep-alive time included. The box is the request's only allocation for it.
+        let keep = Box::pin(handle(worker, down, prepared, gen)).await;
         worker.metrics.in_flight_done.inc();
         if down.reset {
             // SO_LINGER 0 is set: dropping the socket sends a reset, not a FIN.
@@ -231,6 +184,74 @@ pub(super) async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, f
             linger_close(&mut down.stream).await;
             return;
         }
+    }
+}
+
+/// Answers a request refused before forwarding, then closes if the body (or the rest of a
+/// malformed stream) is still unread, or the client asked to; returns whether the connection
+/// may serve another request.
+async fn answer_refusal(worker: &Rc<Worker>, down: &mut Downstream, refusal: Refusal) -> bool {
+    let Refusal {
+        error: e,
+        must_close,
+        is_head,
+        mut record,
+    } = refusal;
+    let close = must_close || e.closes_connection();
+    tracing::debug!(client = %down.peer, error = %e, "request refused");
+    let a = crate::downstream::proxy::answer_error(worker, down, &e, close, is_head, &record).await;
+    finish_record(worker, down, &mut record, e.status());
+    if a.linger {
+        linger_close(&mut down.stream).await;
+    }
+    a.keep
+}
+
+/// One routed request, from its admission to the end of its answer: forward_auth, then
+/// forwarding (HTTP/1, HTTP/2 bridge, cache) or a file answer. Returns whether the connection
+/// may serve another request.
+async fn handle(
+    worker: &Rc<Worker>,
+    down: &mut Downstream,
+    prepared: Next,
+    gen: Rc<Generation>,
+) -> bool {
+    let settings = &gen.snapshot.settings;
+    down.send_timeout = settings.send_timeout;
+    down.body_timeout = settings.body_timeout;
+    down.request_buffering = settings.request_buffering;
+    worker.metrics.in_flight.inc();
+    let prepared = match prepared {
+        Next::Forward(mut p) if p.target.forward_auth.is_some() => {
+            // The rarer paths are boxed on their own, so this future (one allocation per
+            // request) is the size of the common ones: proxying and file answers.
+            match Box::pin(crate::downstream::proxy::authorize(
+                worker, &gen, down, &mut p,
+            ))
+            .await
+            {
+                None => Next::Forward(p),
+                Some(keep) => Next::Answered(keep),
+            }
+        }
+        other => other,
+    };
+    match prepared {
+        Next::Answered(keep) => keep,
+        Next::Forward(p)
+            if gen.snapshot.upstreams[p.target.upstream].protocol
+                != crate::config::UpstreamProtocol::Http1 =>
+        {
+            Box::pin(crate::downstream::http2::bridge::forward(
+                worker, &gen, down, p,
+            ))
+            .await
+        }
+        Next::Forward(p) if p.target.cache.is_some() => {
+            Box::pin(crate::downstream::cached::forward(worker, &gen, down, p)).await
+        }
+        Next::Forward(p) => crate::downstream::proxy::forward(worker, &gen, down, p).await,
+        Next::Static(reply) => crate::downstream::files::serve(worker, down, *reply).await,
     }
 }
 

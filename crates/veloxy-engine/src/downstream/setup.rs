@@ -34,8 +34,11 @@ pub(crate) async fn serve(
         if spec.is_some_and(|l| l.proxy_protocol) {
             let trusted = gen.snapshot.settings.real_ip.as_ref();
             let limit = gen.snapshot.settings.header_timeout;
-            match crate::downstream::proxy_protocol::accept(&mut stream, peer, trusted, limit).await
-            {
+            // Boxed (as the other once-per-connection steps below): a header buffer inline
+            // would stay in every connection's future for its whole life.
+            let accept =
+                crate::downstream::proxy_protocol::accept(&mut stream, peer, trusted, limit);
+            match Box::pin(accept).await {
                 Some(client) => peer = client,
                 None => return,
             }
@@ -62,8 +65,8 @@ pub(crate) async fn serve(
     // SNI passthrough: a ClientHello naming a `[[streams]] sni` host is relayed untouched.
     let mut passthrough = None;
     if !sni_streams.is_empty() {
-        if let Some(name) = crate::downstream::sni::peek_server_name(&stream, header_timeout).await
-        {
+        let peek = crate::downstream::sni::peek_server_name(&stream, header_timeout);
+        if let Some(name) = Box::pin(peek).await {
             passthrough = sni_streams
                 .iter()
                 .find(|(m, _)| m.matches(name.as_bytes()))
@@ -73,21 +76,23 @@ pub(crate) async fn serve(
     let tls = if passthrough.is_some() { None } else { tls };
     let stream = match tls {
         None => DownstreamIo::Plain(stream),
-        Some(config) => match handshake(&worker, config, stream, peer, header_timeout).await {
-            None => return,
-            Some((io, true)) => {
-                Box::pin(crate::downstream::http2::serve(
-                    worker,
-                    io,
-                    (peer, local),
-                    listener,
-                    (true, 2),
-                ))
-                .await;
-                return;
+        Some(config) => {
+            match Box::pin(handshake(&worker, config, stream, peer, header_timeout)).await {
+                None => return,
+                Some((io, true)) => {
+                    Box::pin(crate::downstream::http2::serve(
+                        worker,
+                        io,
+                        (peer, local),
+                        listener,
+                        (true, 2),
+                    ))
+                    .await;
+                    return;
+                }
+                Some((io, false)) => io,
             }
-            Some((io, false)) => io,
-        },
+        }
     };
     let mut down = Downstream {
         stream,
@@ -106,13 +111,13 @@ pub(crate) async fn serve(
         request_buffering: settings.2,
     };
     if let Some(group) = stream_group.or(passthrough) {
-        crate::downstream::stream::serve(&worker, &mut down, group).await;
+        Box::pin(crate::downstream::stream::serve(&worker, &mut down, group)).await;
         return;
     }
     if down.http2 && !down.stream.is_tls() {
         // h2c prior knowledge: the connection opens with the HTTP/2 preface instead of a
         // request head. Anything else is HTTP/1 and goes on below with the bytes read.
-        match sniff_preface(&mut down, header_timeout).await {
+        match Box::pin(sniff_preface(&mut down, header_timeout)).await {
             Sniffed::Http2 => {
                 let Downstream {
                     stream,

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Memory per idle keep-alive client connection: veloxy, nginx and HAProxy, one worker each.
+
+Each proxy fronts one veloxy-upstream. N clients (default 9900: HAProxy needs two descriptors per connection under the 20000 limit) each send one GET, read the
+answer and then sit idle on their keep-alive connection; the proxy's resident memory (VmRSS
+of its worker process) is read before the clients connect and 4 s after the last answer
+(veloxy frees an idle connection's read buffer after 1 s). Prints one line per proxy and the
+figures as JSON. Loopback only; every wait is bounded.
+
+    bench/idle_memory.py [--connections N] [--out results.json]
+
+Needs target/release/veloxy and target/release/veloxy-upstream (cargo build --release), and
+nginx / haproxy on PATH (a proxy that is missing is reported as skipped).
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RELEASE = os.path.join(ROOT, "target", "release")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def wait_port(port, limit=10.0):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def worker_pid(proc, name):
+    """The worker process: the child of the master for nginx, the process itself otherwise."""
+    if name != "nginx":
+        return proc.pid
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        pids = out.stdout.split()
+        if pids:
+            return int(pids[0])
+        time.sleep(0.05)
+    raise RuntimeError("no nginx worker")
+
+
+def start(name, port, upstream, tmp):
+    if name == "veloxy":
+        conf = os.path.join(tmp, "veloxy.toml")
+        with open(conf, "w") as f:
+            f.write(
+                f'[server]\nworkers = 1\nkeepalive_timeout = "10m"\n'
+                f'[listeners.web]\naddr = "127.0.0.1:{port}"\n'
+                f'[[routes]]\nupstream = "app"\n'
+                f'[upstreams.app]\nservers = ["127.0.0.1:{upstream}"]\n'
+            )
+        cmd = [os.path.join(RELEASE, "veloxy"), "run", "--config", conf]
+    elif name == "nginx":
+        conf = os.path.join(tmp, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(
+                f"worker_processes 1; daemon off; pid {tmp}/nginx.pid;\n"
+                f"error_log {tmp}/nginx-error.log; worker_rlimit_nofile 20000;\n"
+                "events { worker_connections 20000; }\n"
+                "http { access_log off; keepalive_timeout 600s; keepalive_requests 100000;\n"
+                f"  upstream app {{ server 127.0.0.1:{upstream}; keepalive 128; }}\n"
+                f"  server {{ listen 127.0.0.1:{port};\n"
+                "    location / { proxy_pass http://app; proxy_http_version 1.1;\n"
+                '      proxy_set_header Connection ""; } } }\n'
+            )
+        cmd = ["nginx", "-c", conf, "-p", tmp]
+    else:
+        conf = os.path.join(tmp, "haproxy.cfg")
+        with open(conf, "w") as f:
+            f.write(
+                "global\n  nbthread 1\n  maxconn 9950\n"
+                "defaults\n  mode http\n  timeout connect 5s\n  timeout client 10m\n"
+                "  timeout server 30s\n  timeout http-keep-alive 10m\n  option http-keep-alive\n"
+                f"frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\n"
+                f"backend app\n  server s1 127.0.0.1:{upstream}\n"
+            )
+        cmd = ["haproxy", "-f", conf]
+    log = open(os.path.join(tmp, f"{name}.log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_port(port)
+    except RuntimeError:
+        proc.kill()
+        with open(os.path.join(tmp, f"{name}.log")) as f:
+            raise RuntimeError(f"{name} did not start: {f.read()[-2000:]}") from None
+    return proc
+
+
+def measure(name, n, upstream, tmp):
+    port = free_port()
+    proc = start(name, port, upstream, tmp)
+    try:
+        pid = worker_pid(proc, name)
+        # One request first, so lazily built state (pools, caches) is not counted per client.
+        probe = socket.create_connection(("127.0.0.1", port), timeout=5)
+        probe.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        while probe.recv(65536):
+            pass
+        probe.close()
+        time.sleep(0.5)
+        before = rss_kib(pid)
+        socks = []
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            socks.append(s)
+        for s in socks:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise RuntimeError(f"{name} closed a connection")
+                data += chunk
+        time.sleep(4)
+        after = rss_kib(pid)
+        for s in socks:
+            s.close()
+        return {"rss_before_kib": before, "rss_idle_kib": after,
+                "bytes_per_connection": round((after - before) * 1024 / n)}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--connections", type=int, default=9900)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    n = min(args.connections, hard - 100)
+    up_port = free_port()
+    upstream = subprocess.Popen(
+        [os.path.join(RELEASE, "veloxy-upstream"), "--listen", f"127.0.0.1:{up_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = {"connections": n}
+    try:
+        wait_port(up_port)
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ["veloxy", "nginx", "haproxy"]:
+                if name != "veloxy" and shutil.which(name) is None:
+                    print(f"{name:8} SKIPPED: not installed")
+                    continue
+                r = measure(name, n, up_port, tmp)
+                results[name] = r
+                print(f"{name:8} {r['bytes_per_connection']:6} bytes per idle connection "
+                      f"(RSS {r['rss_before_kib']} KiB -> {r['rss_idle_kib']} KiB "
+                      f"with {n} idle clients)")
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=10)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
