@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Memory per idle keep-alive client connection: veloxy, nginx and HAProxy, one worker each.
 
-Each proxy fronts one veloxy-upstream. N clients (default 9900: HAProxy needs two descriptors per connection under the 20000 limit) each send one GET, read the
-answer and then sit idle on their keep-alive connection; the proxy's resident memory (VmRSS
+Each proxy fronts one veloxy-upstream. N clients (default 9900: HAProxy wants two
+descriptors per connection, under this machine's 20000) each send one GET, read the answer
+and then sit idle on their keep-alive connection; the proxy's resident memory (VmRSS
 of its worker process) is read before the clients connect and 4 s after the last answer
 (veloxy frees an idle connection's read buffer after 1 s). Prints one line per proxy and the
 figures as JSON. Loopback only; every wait is bounded.
