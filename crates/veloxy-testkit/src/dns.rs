@@ -32,10 +32,7 @@ impl Dns {
             crate::skip("dnsmasq is not installed");
             return None;
         }
-        let port = UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let port = free_dns_port();
         let dir = tempfile::tempdir().expect("tempdir");
         let mut d = Dns {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -146,6 +143,22 @@ impl Dns {
         }
         panic!("dnsmasq never logged {marker:?}: {seen:?}");
     }
+}
+
+/// A port free for both UDP and TCP (dnsmasq takes both), below the kernel's ephemeral range
+/// (32768 and up): the tests' own outgoing connections take ports there, and one holding the
+/// number made dnsmasq fail with "Address already in use", at start or at a restart.
+fn free_dns_port() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    for attempt in 0u64..1000 {
+        let port = 20_000 + (RandomState::new().hash_one(attempt) % 12_000) as u16;
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port for dnsmasq");
 }
 
 impl Drop for Dns {
