@@ -381,10 +381,8 @@ impl Running {
         // Discovered and runtime sets carry over, as the groups' live state does.
         self.shared.found.reset_overrides(&snapshot.upstreams);
         for g in &mut snapshot.upstreams {
-            g.backends = self.shared.found.live_set(g);
-            if let Some(s) = &mut g.sticky {
-                s.tokens = crate::upstream::group::Sticky::tokens_of(&g.name, &g.backends);
-            }
+            let live = self.shared.found.live_set(g);
+            crate::upstream::discovery::set_backends(g, live);
         }
         crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
         crate::runtime::carry_over(&current, &mut snapshot);

@@ -104,6 +104,11 @@ pub(crate) fn same(a: &[Backend], b: &[Backend]) -> bool {
 /// Gives `group` the set `backends`: sticky tokens follow, health is carried by address.
 pub(crate) fn regroup(group: &mut UpstreamGroup, backends: Vec<Backend>, workers: usize) {
     group.health = crate::upstream::health::carry(&group.health, &backends, workers);
+    set_backends(group, backends);
+}
+
+/// Gives `group` the set `backends` with their sticky tokens (health is the caller's).
+pub(crate) fn set_backends(group: &mut UpstreamGroup, backends: Vec<Backend>) {
     if let Some(s) = &mut group.sticky {
         s.tokens = Sticky::tokens_of(&group.name, &backends);
     }

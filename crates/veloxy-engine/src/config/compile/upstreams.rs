@@ -180,7 +180,6 @@ fn compile_backends(
     }
     let mut backends = Vec::with_capacity(u.servers.get_ref().len());
     let mut discovery = Vec::new();
-    let mut schemes = (0, 0);
     let tls_server_name = u.tls_server_name.as_ref().map(|n| n.get_ref().as_str());
     for (i, entry) in u.servers.get_ref().iter().enumerate() {
         let ekey = format!("{key}.servers[{i}]");
@@ -192,29 +191,23 @@ fn compile_backends(
         if e.dns.is_some() || e.srv.is_some() {
             let d = compile_discovery(e, weight, tls_server_name)
                 .map_err(|m| src.error(entry.span(), &ekey, m))?;
-            if d.tls_name.is_some() {
-                schemes.0 += 1;
-            } else {
-                schemes.1 += 1;
-            }
             discovery.push(d);
             continue;
         }
         if let Some(path) = e.addr.strip_prefix("unix:") {
-            schemes.1 += 1;
             backends.push(unix_backend(src, entry.span(), &ekey, path, weight)?);
             continue;
         }
         let b = backend_at(&e.addr, weight, tls_server_name)
             .map_err(|m| src.error(entry.span(), &ekey, m))?;
-        if b.tls_name.is_some() {
-            schemes.0 += 1;
-        } else {
-            schemes.1 += 1;
-        }
         backends.push(b);
     }
-    if schemes.0 > 0 && schemes.1 > 0 {
+    // One scheme per group: every server and discovered name TLS, or none.
+    let tls = backends.iter().map(|b| b.tls_name.is_some());
+    let tls: Vec<bool> = tls
+        .chain(discovery.iter().map(|d| d.tls_name.is_some()))
+        .collect();
+    if tls.contains(&true) && tls.contains(&false) {
         return Err(src.error(
             u.servers.span(),
             format!("{key}.servers"),
