@@ -95,6 +95,17 @@ fn named_upstream(name: &str, ip: &str, port: u16) -> Upstream {
     upstream(&["--name", name, "--listen", &format!("{ip}:{port}")])
 }
 
+/// `workers` workers, an admin endpoint, DNS through `dns`, and every request to group `app`
+/// whose one server is `entry` (`dns = ...` or `srv = ...`), resolved every 200 ms.
+fn discovery_config(workers: usize, dns: SocketAddr, entry: &str) -> String {
+    format!(
+        "[server]\nworkers = {workers}\nadmin = \"127.0.0.1:0\"\nresolvers = [\"{dns}\"]\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\nupstream = \"app\"\n\
+         [upstreams.app]\nservers = [{{ {entry}, resolve = \"200ms\" }}]\n"
+    )
+}
+
 fn upstreams_json(v: &Veloxy) -> String {
     request(
         admin_addr(v),
@@ -113,12 +124,10 @@ fn dns_servers_follow_a_records_with_no_failed_request() {
         named_upstream("a", "127.0.0.2", port),
         named_upstream("b", "127.0.0.3", port),
     );
-    let v = veloxy(&format!(
-        "[server]\nworkers = 2\nadmin = \"127.0.0.1:0\"\nresolvers = [\"{}\"]\n\
-         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
-         [[routes]]\nupstream = \"app\"\n\
-         [upstreams.app]\nservers = [{{ dns = \"app.internal:{port}\", resolve = \"200ms\" }}]\n",
-        dns.addr
+    let v = veloxy(&discovery_config(
+        2,
+        dns.addr,
+        &format!("dns = \"app.internal:{port}\""),
     ));
     let web = logged_addr(&v, "listening listener=web addr=");
     // The first lookup is done before the listener serves.
@@ -163,12 +172,10 @@ fn srv_servers_follow_targets_ports_and_weights() {
         named_upstream("a", "127.0.0.2", pa),
         named_upstream("b", "127.0.0.3", pb),
     );
-    let v = veloxy(&format!(
-        "[server]\nworkers = 2\nadmin = \"127.0.0.1:0\"\nresolvers = [\"{}\"]\n\
-         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
-         [[routes]]\nupstream = \"app\"\n\
-         [upstreams.app]\nservers = [{{ srv = \"_http._tcp.app.internal\", resolve = \"200ms\" }}]\n",
-        dns.addr
+    let v = veloxy(&discovery_config(
+        2,
+        dns.addr,
+        "srv = \"_http._tcp.app.internal\"",
     ));
     let web = logged_addr(&v, "listening listener=web addr=");
     let load = Load::start(web);
@@ -207,12 +214,10 @@ fn a_group_waiting_for_dns_answers_503_fast_then_serves() {
         return;
     };
     dns.stop();
-    let v = veloxy(&format!(
-        "[server]\nworkers = 1\nadmin = \"127.0.0.1:0\"\nresolvers = [\"{}\"]\n\
-         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
-         [[routes]]\nupstream = \"app\"\n\
-         [upstreams.app]\nservers = [{{ dns = \"app.internal:{port}\", resolve = \"200ms\" }}]\n",
-        dns.addr
+    let v = veloxy(&discovery_config(
+        1,
+        dns.addr,
+        &format!("dns = \"app.internal:{port}\""),
     ));
     let web = logged_addr(&v, "listening listener=web addr=");
     let t = Instant::now();
