@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cache, h3, report, runner, tcp, vs_nginx
+from . import cache, h3, report, runner, sweep, tcp, vs_nginx
 from .peers import ALL_PROXIES
 from .runner import SetupError
 from .ui import fmt_s, say
@@ -40,6 +40,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     mode.add_argument("--cache", action="store_true",
                       help="HTTP cache: veloxy vs nginx proxy_cache vs Varnish, 1 worker each, "
                            "cache hits (1 KB, 100 KB), a 90%%-hit mix and a miss storm")
+    mode.add_argument("--sweep", action="store_true",
+                      help="veloxy vs nginx vs HAProxy, 1 worker each, across connection counts "
+                           "(p99, p99.9, CPU per request), then a fixed-rate ramp at 25-90%% of "
+                           "each proxy's own ceiling")
     p.add_argument("--proxies", help=f"comma list (default: all: {','.join(ALL_PROXIES)})")
     p.add_argument("--scenarios", help="comma list of scenario names (default: all)")
     p.add_argument("--cores", help="core split PROXY:LOAD, e.g. 0:1 or 0-3:4-15 "
@@ -74,12 +78,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "CPU per request, then a Redis outage under load (implies --vs-nginx)")
     p.add_argument("--strace", action="store_true",
                    help="--vs-nginx: also count syscalls per request (strace -c -f, short run)")
+    p.add_argument("--sweep-connections",
+                   help="--sweep: comma list of connection counts (default: 64,256,1000,4000,10000)")
     p.add_argument("--list", action="store_true", help="list scenarios and proxies, then exit")
     args = p.parse_args(argv)
     if args.ratelimit:
         if args.rules or args.auth:
             p.error("--ratelimit is a scenario of its own: not with --rules or --auth")
-        if args.quick or args.smoke or args.tcp or args.h3 or args.cache:
+        if args.quick or args.smoke or args.tcp or args.h3 or args.cache or args.sweep:
             p.error("--ratelimit is a --vs-nginx scenario")
         args.vs_nginx = True
         if not args.name:
@@ -124,7 +130,7 @@ def main(argv: list[str]) -> int:
         return 0
     profile = ("smoke" if args.smoke else "quick" if args.quick
                else "vs-nginx" if args.vs_nginx else "tcp" if args.tcp else "h3" if args.h3
-               else "cache" if args.cache else "full")
+               else "cache" if args.cache else "sweep" if args.sweep else "full")
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
@@ -146,6 +152,8 @@ def main(argv: list[str]) -> int:
         requested = list(h3.H3_PEERS)
     elif profile == "cache":
         requested = list(cache.CACHE_PEERS)
+    elif profile == "sweep":
+        requested = list(sweep.SWEEP_PEERS)
     else:
         requested = list(ALL_PROXIES)
     scenarios = [s for s in all_sc if profile in s.PROFILES]
@@ -185,6 +193,8 @@ def main(argv: list[str]) -> int:
             return h3.run(ctx, args, requested)
         if profile == "cache":
             return cache.run(ctx, args, requested)
+        if profile == "sweep":
+            return sweep.run(ctx, args, requested)
         wanted = ["wrk", *requested]
         if profile != "smoke":
             wanted.append("h2load")  # for HTTP/2 scenarios; installed up front with the others

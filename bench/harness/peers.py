@@ -139,7 +139,10 @@ def start_upstreams(binary: str, n: int, cpus: list[int], workdir: Path) -> Upst
 # keepalive_idle_conns) get keepalive x number of backends.
 
 def _maxconn(ctx) -> int:
-    """Connection limit that fits the fd limit (each proxied connection uses two fds)."""
+    """Connection limit that fits the fd limit (each proxied connection uses two fds), unless
+    the mode set its own (`--sweep`: up to the fd limit, so 10000 clients fit)."""
+    if getattr(ctx, "maxconn", None):  # test contexts are plain namespaces
+        return ctx.maxconn
     return max(1024, min(50000, (ctx.nofile - 200) // 2))
 
 
@@ -156,7 +159,10 @@ def _haproxy(ctx, wd: Path, port: int, ups: list[str], extra=None):
     servers = "\n".join(f"    server u{i + 1} {a}" for i, a in enumerate(ups))
     conf = render_file("haproxy.cfg.tmpl", wd / "haproxy.cfg", {
         "WORKERS": ctx.workers, "WORKDIR": wd, "PORT": port, "SERVERS": servers,
-        "KEEPALIVE": ctx.keepalive, "MAXCONN": _maxconn(ctx), "BACKEND_EXTRA": "", "BIND_OPTS": ""},
+        # HAProxy reserves two descriptors per connection and refuses to start when the fd
+        # limit cannot hold 2 x maxconn: it keeps the default share whatever the mode asks.
+        "KEEPALIVE": ctx.keepalive, "MAXCONN": max(1024, (ctx.nofile - 200) // 2),
+        "BACKEND_EXTRA": "", "BIND_OPTS": ""},
         extra)
     return [ctx.tools["haproxy"], "-db", "-f", str(conf)], {}
 

@@ -41,6 +41,7 @@ class Ctx:
     keepalive: int
     n_upstreams: int = 4
     nofile: int = 20000
+    maxconn: int | None = None  # peers' connection limit; None = peers._maxconn's default
     tool_info: dict[str, Tool] = field(default_factory=dict)
     tools: dict[str, str] = field(default_factory=dict)
     upstreams: peers.Upstreams | None = None

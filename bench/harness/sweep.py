@@ -1,0 +1,222 @@
+"""`bench/run --sweep`: veloxy, nginx and HAProxy (one worker each on the same core, the same 4
+upstreams) across connection counts, then a fixed-rate ramp at fractions of each proxy's own
+ceiling. Issue 18's tables: requests/s, p99, p99.9 and CPU per request at 64, 256, 1000, 4000
+and 10000 connections (alternating wrk rounds, medians), and oha's latency-corrected p99 at
+25/50/75/90% of each proxy's ceiling (its median wrk requests/s at the smallest connection
+count).
+
+The machine's hard limit on open files (20000 here) bounds the largest count: wrk holds one
+descriptor per connection and the proxy one per client plus its upstream pool, each in its own
+process, so 10000 fits; a count the limit cannot hold is skipped and said so in the report.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from . import charts as ch
+from . import measure, modes, peers, procs, report, runner
+from .loadgen import LoadError
+from .measure import fmt_ms, fmt_rate, fmt_us
+from .procs import StartError
+from .runner import SetupError
+from .ui import fmt_s, say, warn
+
+SWEEP_PEERS = ["veloxy", "nginx", "haproxy"]
+DEFAULT_COUNTS = [64, 256, 1000, 4000, 10000]
+RAMP_FRACTIONS = [0.25, 0.5, 0.75, 0.9]
+RAMP_CONNECTIONS = 64
+# Descriptors a proxy or wrk needs beside one per connection (listeners, upstream pools, logs).
+FD_SLACK = 600
+
+
+def counts(args) -> list[int]:
+    spec = getattr(args, "sweep_connections", None)
+    if not spec:
+        return list(DEFAULT_COUNTS)
+    try:
+        out = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError as e:
+        raise SetupError(f"--sweep-connections wants a comma list of numbers: {spec!r}") from e
+    if not out or min(out) < 1:
+        raise SetupError(f"--sweep-connections wants positive numbers: {spec!r}")
+    return out
+
+
+def _med(rs: list[dict], key) -> float | None:
+    vals = [v for v in (key(r) for r in rs if not r.get("error")) if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _p(r: dict, q: str) -> float | None:
+    return (r.get("latency_ms") or {}).get(q)
+
+
+def _round(ctx, args, running, names, n: int, i: int) -> None:
+    for name in names[i % len(names):] + names[:i % len(names)]:  # rotate who goes first
+        say(f"  {n} connections, round {i + 1}/{args.rounds}: {name}")
+        try:
+            r = measure.wrk(ctx, running[name], "/", connections=n, duration=args.duration,
+                            warmup=args.warmup, timeout_s=8)
+        except LoadError as e:
+            r = {"error": str(e)}
+        r["round"] = i + 1
+        ctx.results["sweep"].setdefault(str(n), {}).setdefault(name, []).append(r)
+        say("    " + report.one_line(r))
+        if not running[name].alive():
+            raise SetupError(f"{name} exited at {n} connections: {procs.tail(running[name].log)}")
+
+
+def _ramp(ctx, args, running, names) -> None:
+    low = str(min(int(k) for k in ctx.results["sweep"]))
+    ramp = ctx.results["ramp"] = {}
+    for name in names:
+        ceiling = _med(ctx.results["sweep"][low].get(name, []), lambda r: r["rps"])
+        if not ceiling:
+            ramp[name] = {"error": f"no ceiling at {low} connections"}
+            continue
+        ramp[name] = {"ceiling": ceiling, "steps": []}
+        for f in RAMP_FRACTIONS:
+            say(f"  ramp {name}: {int(f * 100)}% of {fmt_rate(ceiling)}")
+            try:
+                r = measure.oha(ctx, running[name], "/", rate=ceiling * f,
+                                connections=RAMP_CONNECTIONS, duration=args.duration)
+            except LoadError as e:
+                r = {"error": str(e)}
+            r["fraction"] = f
+            ramp[name]["steps"].append(r)
+
+
+def run(ctx, args, requested: list[str]) -> int:
+    names = modes.choose(requested, SWEEP_PEERS, "--sweep")
+    runner.install_tools(ctx, ["wrk", "oha", *names], allow=not args.no_install, builds=True,
+                         build_ws=not args.no_build)
+    for t in ("wrk", "upstream", *names):
+        if t not in ctx.tools:
+            if t in ("wrk", "upstream", "veloxy"):
+                raise SetupError(f"{t} is required for --sweep: {ctx.tool_info[t].reason}")
+            warn(f"{t} left out: {ctx.tool_info[t].reason}")
+            names.remove(t)
+    modes.one_core(ctx, names)
+    wanted = counts(args)
+    ok = [n for n in wanted if n + FD_SLACK <= ctx.nofile]
+    ctx.results["sweep_skipped"] = {str(n): f"ulimit -n {ctx.nofile} cannot hold it"
+                                    for n in wanted if n not in ok}
+    for n, why in ctx.results["sweep_skipped"].items():
+        warn(f"{n} connections skipped: {why}")
+    # The peers may use every descriptor: the clients of the largest count plus their upstream
+    # connections (nginx's worker_connections counts both); running out is an error they report.
+    ctx.maxconn = max(1024, ctx.nofile - FD_SLACK)
+    runner.start_upstreams(ctx)
+    running = {}
+    ctx.results["sweep"] = {}
+    try:
+        for name in names:
+            try:
+                running[name] = peers.start(ctx, name)
+            except StartError as e:
+                raise SetupError(f"{name} failed to start: {e}") from e
+            report.save_config(ctx, running[name])
+        per = (args.warmup + args.duration + 1) * len(names)
+        total = per * args.rounds * len(ok) + (args.duration + 1) * len(names) * len(RAMP_FRACTIONS)
+        say(f"sweep {ok} x {names}, {args.rounds} rounds of {args.duration:g}s: ~{fmt_s(total)}")
+        for n in ok:
+            for i in range(args.rounds):
+                _round(ctx, args, running, names, n, i)
+        if "oha" in ctx.tools:
+            _ramp(ctx, args, running, names)
+        else:
+            ctx.results["ramp"] = {"error": ctx.tool_info["oha"].reason}
+    finally:
+        for r in running.values():
+            peers.stop(r)
+    text = summarize(ctx, args)
+    print("\n" + text, flush=True)
+    _charts(ctx)
+    (ctx.outdir / "report.md").write_text(_md(ctx, args, text))
+    report.write_results(ctx)
+    say(f"report: {ctx.outdir / 'report.md'}")
+    return 0
+
+
+def medians(ctx) -> dict[str, dict[str, dict]]:
+    """connections -> proxy -> {rps, p99, p999, cpu, errors} (medians over the rounds)."""
+    out: dict[str, dict[str, dict]] = {}
+    for n, per in ctx.results.get("sweep", {}).items():
+        for name, rs in per.items():
+            out.setdefault(n, {})[name] = {
+                "rps": _med(rs, lambda r: r["rps"]),
+                "p99": _med(rs, lambda r: _p(r, "p99")),
+                "p999": _med(rs, lambda r: _p(r, "p99.9")),
+                "cpu": _med(rs, lambda r: r.get("cpu_us_per_req")),
+                "errors": sum(r.get("socket_errors", 0) + r.get("non2xx", 0) for r in rs
+                              if not r.get("error")),
+                "failed_rounds": sum(1 for r in rs if r.get("error")),
+            }
+    return out
+
+
+def summarize(ctx, args) -> str:
+    med = medians(ctx)
+    names = sorted({p for per in med.values() for p in per}, key=SWEEP_PEERS.index)
+    lines = [f"sweep: 1 worker each on core(s) {ctx.proxy_cpus}, wrk + 4 upstreams on core(s) "
+             f"{ctx.load_cpus}, {args.rounds} rotating rounds of {args.duration:g}s (median)",
+             "connections  proxy      req/s      p99    p99.9   CPU/req  errors  "
+             "nginx CPU/req / veloxy's"]
+    for n in sorted(med, key=int):
+        row = med[n]
+        for name in names:
+            m = row.get(name)
+            if not m:
+                continue
+            ratio = ""
+            if name == "veloxy" and row.get("nginx", {}).get("cpu") and m["cpu"]:
+                ratio = f"{row['nginx']['cpu'] / m['cpu']:.2f}"
+                if row.get("haproxy", {}).get("cpu"):
+                    ratio += f" (HAProxy's: {row['haproxy']['cpu'] / m['cpu']:.2f})"
+            fails = f" ({m['failed_rounds']} failed)" if m["failed_rounds"] else ""
+            lines.append(f"{n:>11}  {name:8} {fmt_rate(m['rps']):>8} {fmt_ms(m['p99']):>8} "
+                         f"{fmt_ms(m['p999']):>8} {fmt_us(m['cpu']):>9} {m['errors']:>7}"
+                         f"{fails}  {ratio}")
+    for n, why in (ctx.results.get("sweep_skipped") or {}).items():
+        lines.append(f"{n:>11}  skipped: {why}")
+    ramp = ctx.results.get("ramp") or {}
+    if "error" in ramp:
+        lines.append(f"ramp: {ramp['error']}")
+    elif ramp:
+        lines.append(f"ramp (oha, {RAMP_CONNECTIONS} connections, fixed rate with latency "
+                     "correction, at fractions of each proxy's own ceiling): p99")
+        lines.append("proxy      ceiling  " + "  ".join(f"{int(f * 100):>7}%" for f in RAMP_FRACTIONS))
+        for name, r in ramp.items():
+            if r.get("error"):
+                lines.append(f"{name:9}  {r['error']}")
+                continue
+            cells = ["  failed " if s.get("error") else f"{fmt_ms(_p(s, 'p99')):>8}"
+                     for s in r["steps"]]
+            lines.append(f"{name:9} {fmt_rate(r['ceiling']):>8}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def _charts(ctx) -> None:
+    med = medians(ctx)
+    xs = sorted(med, key=int)
+    for key, title, unit in (("p99", "p99 by connections", "ms"), ("p999", "p99.9 by connections", "ms"),
+                             ("cpu", "CPU per request by connections", "us")):
+        series = {}
+        for n in xs:
+            for name, m in med[n].items():
+                if m[key] is not None:
+                    series.setdefault(name, []).append((int(n), m[key]))
+        if series:
+            ch.lines(ctx.outdir / f"sweep_{key}.png", title, "connections", unit, series)
+
+
+def _md(ctx, args, text: str) -> str:
+    m = report.meta(ctx)
+    mach = m["machine"]
+    vers = "\n".join(f"- {k}: {v}" for k, v in ctx.versions.items())
+    return (f"# Connection sweep: {m['name']}\n\n"
+            f"Machine: {mach['cpu']}, {mach['cores']} cores, Linux {mach['kernel']}. "
+            f"Command: `bench/run {' '.join(ctx.argv)}`\n\n```\n{text}\n```\n\n"
+            "Charts: `sweep_p99.png`, `sweep_p999.png`, `sweep_cpu.png`. "
+            f"Configs: `configs/` (rendered from `bench/peers/`).\n\n## Versions\n\n{vers}\n")
