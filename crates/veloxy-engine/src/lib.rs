@@ -26,6 +26,10 @@
 //!    `health`, and the h2 sender per backend. The HTTP/1 attempt itself (`downstream::proxy`
 //!    and `relay`) writes the head, streams bodies both ways through bounded buffers and
 //!    parses the response with `http1::response`; `compress` encodes on the fly.
+//! 5. **search gateway** (`search`): on routes with `search = { ... }`, admission refuses
+//!    denied APIs and clamps searches, and a `_bulk` is split by shard (`search::bulk`,
+//!    `search::routing`) and sent to the nodes with the primaries, which the discovery
+//!    thread finds (`upstream::search_cluster`).
 //!
 //! Configuration goes file -> `config::file` (serde structs, `deny_unknown_fields`) ->
 //! `config::compile` (validation, one file per section) -> [`config::Snapshot`], plain data
@@ -79,6 +83,7 @@ pub(crate) mod metrics;
 pub(crate) mod router;
 pub(crate) mod rules;
 pub(crate) mod runtime;
+pub(crate) mod search;
 pub mod server;
 pub(crate) mod static_files;
 pub(crate) mod template;

@@ -330,6 +330,8 @@ pub struct RouteRules {
     pub forward_auth: Option<ForwardAuth>,
     /// `cache`: responses stored and answered from a `[caches.NAME]` store.
     pub cache: Option<std::sync::Arc<crate::cache::lookup::RouteCache>>,
+    /// `search`: the search gateway's guards and bulk routing.
+    pub(crate) search: Option<std::sync::Arc<crate::search::SearchRoute>>,
 }
 
 /// A route's `forward_auth`, compiled.

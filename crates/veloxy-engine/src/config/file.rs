@@ -256,6 +256,8 @@ pub struct RouteSection {
     pub rate_limit: Option<Spanned<RateLimitSection>>,
     /// Proxied routes: cache responses in a `[caches.NAME]` store.
     pub cache: Option<Spanned<RouteCacheSection>>,
+    /// Routes to a search group: bulk routing, query cache and guards.
+    pub search: Option<Spanned<RouteSearchSection>>,
 }
 
 /// `redirect = { to = "https://{host}{uri}", status = 308 }` on a route.
@@ -396,6 +398,44 @@ pub struct UpstreamSection {
     /// `"reset"` (default): a reload restores the file's servers over runtime API changes;
     /// `"keep"`: drained and removed servers stay so.
     pub runtime_overrides: Option<Spanned<String>>,
+    /// `search = { kind = "opensearch", discover = "30s", roles = ["data"] }`: the servers
+    /// are seeds of a search cluster whose nodes veloxy discovers.
+    pub search: Option<Spanned<UpstreamSearchSection>>,
+}
+
+/// `search` on an upstream group.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSearchSection {
+    /// `"opensearch"` (also for Elasticsearch 7+: the same APIs and routing).
+    pub kind: Spanned<String>,
+    /// How often the nodes and the cluster state are read (default 30s; `"0s"`: never, the
+    /// servers are used as they are).
+    pub discover: Option<DurationValue>,
+    /// Only nodes with one of these roles become backends (default: every node with an HTTP
+    /// address).
+    pub roles: Option<Spanned<Vec<String>>>,
+}
+
+/// `search` on a route to a search group.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSearchSection {
+    /// `"forward"` (default) or `"route_to_shards"`.
+    pub bulk: Option<Spanned<String>>,
+    /// A `[caches.NAME]` store for `_search`, `_count` and `_msearch` answers.
+    pub query_cache: Option<Spanned<String>>,
+    /// How long a cached query answer is used (default 60s).
+    pub ttl: Option<DurationValue>,
+    /// Clamp for `size` and `from + size` of searches.
+    pub max_size: Option<Spanned<u32>>,
+    /// APIs refused with 403, e.g. `["_delete_by_query", "_update_by_query"]`.
+    pub deny: Option<Spanned<Vec<String>>>,
+    /// A search `timeout` added to searches that do not set one.
+    pub timeout: Option<DurationValue>,
+    /// Bulk bodies up to this size are routed to shards; larger ones stream through as they
+    /// are (default 64MiB).
+    pub max_bulk_body: Option<Spanned<SizeValue>>,
 }
 
 /// `sticky = { cookie, ttl, secure, http_only }`.

@@ -279,6 +279,9 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
             if let Some(c) = &rules.cache {
                 out.raw("cache", &crate::cache::lookup::describe(c));
             }
+            if let Some(s) = &rules.search {
+                out.raw("search", &crate::search::describe_route(s));
+            }
         }
         // Written when on, or when the route turns its group's default off.
         let rewrites = r.rules.as_ref().is_some_and(|x| x.location_rewrite);
@@ -468,6 +471,9 @@ fn upstream(out: &mut Toml, u: &UpstreamGroup) {
     if u.proxy_protocol > 0 {
         out.str("proxy_protocol", &format!("v{}", u.proxy_protocol));
     }
+    if let Some(s) = &u.search {
+        out.raw("search", &crate::search::describe_group(s));
+    }
     if let Some(s) = &u.sticky {
         out.raw(
             "sticky",
@@ -525,16 +531,23 @@ fn servers(u: &UpstreamGroup) -> Servers {
             }
         })
         .collect();
-    if let Some(name) = u.discovery.iter().find_map(|d| d.tls_name.as_ref()) {
-        let host = match &u.discovery[0].name {
+    // A search group's discovery is printed as its `search` key.
+    let discovery: Vec<&crate::upstream::group::Discovery> = u
+        .discovery
+        .iter()
+        .filter(|d| !matches!(d.name, DiscoveryName::Search { .. }))
+        .collect();
+    if let Some(name) = discovery.iter().find_map(|d| d.tls_name.as_ref()) {
+        let host = match &discovery[0].name {
             DiscoveryName::Dns { host, .. } => host.clone(),
             DiscoveryName::Srv(name) => name.clone(),
+            DiscoveryName::Search { .. } => String::new(),
         };
         if *name != host {
             tls_server_name = Some(name.clone());
         }
     }
-    let list = if u.discovery.is_empty() && u.file_backends.iter().all(|b| b.weight == 1) {
+    let list = if discovery.is_empty() && u.file_backends.iter().all(|b| b.weight == 1) {
         str_list(&entries)
     } else {
         // One server a line: inline tables make long lines.
@@ -543,15 +556,16 @@ fn servers(u: &UpstreamGroup) -> Servers {
             .zip(u.file_backends.iter())
             .map(|(e, b)| format!("    {{ addr = {}, weight = {} }},\n", string(e), b.weight))
             .collect();
-        for d in &u.discovery {
+        for d in &discovery {
             let scheme = if d.tls_name.is_some() { "https://" } else { "" };
             let (key, name) = match &d.name {
                 DiscoveryName::Dns { host, port } => ("dns", format!("{scheme}{host}:{port}")),
                 DiscoveryName::Srv(name) => ("srv", format!("{scheme}{name}")),
+                DiscoveryName::Search { .. } => continue,
             };
             let weight = match d.name {
                 DiscoveryName::Dns { .. } => format!(", weight = {}", d.weight),
-                DiscoveryName::Srv(_) => String::new(),
+                DiscoveryName::Srv(_) | DiscoveryName::Search { .. } => String::new(),
             };
             tables.push_str(&format!(
                 "    {{ {key} = {}, resolve = {}{weight} }},\n",

@@ -247,6 +247,9 @@ async fn handle(
             ))
             .await
         }
+        Next::Forward(p) if p.target.search.is_some() => {
+            Box::pin(crate::downstream::searched::forward(worker, down, p)).await
+        }
         Next::Forward(p) if p.target.cache.is_some() => {
             Box::pin(crate::downstream::cached::forward(worker, &gen, down, p)).await
         }

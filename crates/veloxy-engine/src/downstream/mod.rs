@@ -22,6 +22,7 @@ pub(crate) mod http3;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
 pub(crate) mod relay;
+pub(crate) mod searched;
 pub(crate) mod setup;
 pub(crate) mod sni;
 pub(crate) mod stream;

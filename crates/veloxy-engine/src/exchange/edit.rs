@@ -76,6 +76,13 @@ impl UpstreamTarget {
     }
 }
 
+impl UpstreamTarget {
+    /// A target made elsewhere (the search gateway's clamped query).
+    pub(crate) fn from_string(target: String) -> UpstreamTarget {
+        UpstreamTarget(target)
+    }
+}
+
 impl std::ops::Deref for UpstreamTarget {
     type Target = str;
     fn deref(&self) -> &str {

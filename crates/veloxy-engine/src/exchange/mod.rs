@@ -205,6 +205,10 @@ pub(crate) struct ProxyTarget {
     /// The route caches and the request goes upstream through the cache: the codec runs
     /// [`crate::cache::fill::run`] instead of forwarding (taken when run).
     pub cache: Option<Box<crate::cache::fill::Fill>>,
+    /// The route is a search route and this request a bulk to split or a search body to
+    /// clamp: the codec reads the body whole and runs it instead of forwarding (taken when
+    /// run).
+    pub search: Option<Box<crate::search::Job>>,
 }
 
 /// The first backend: the one a `sticky` cookie names while it is usable, else the group's
@@ -362,7 +366,7 @@ pub(crate) fn admit(
     )? {
         return Ok(Admitted::Answer(answer));
     }
-    let path;
+    let mut path;
     let (upstream, compress) = match &route.target {
         RouteTarget::Files(files) => return Ok(Admitted::Files(files.clone())),
         RouteTarget::Redirect { to, status } => {
@@ -385,6 +389,18 @@ pub(crate) fn admit(
             (*upstream, *compress)
         }
     };
+    let mut search = None;
+    if let Some(s) = rules.and_then(|r| r.search.as_ref()) {
+        let effective = path.as_deref().unwrap_or(head.target);
+        match crate::search::admit(s, head, effective) {
+            crate::search::Step::Pass => {}
+            crate::search::Step::Deny(api) => {
+                return Ok(Admitted::Answer(crate::search::denied(&api)))
+            }
+            crate::search::Step::Target(t) => path = Some(edit::UpstreamTarget::from_string(t)),
+            step => search = Some((s, step, effective.to_owned())),
+        }
+    }
     // HTTP/1.0 clients cannot take the chunked stream a coder produces.
     let encoding = (compress && head.version >= 1 && head.method != "HEAD")
         .then(|| {
@@ -452,6 +468,10 @@ pub(crate) fn admit(
         ),
         client_ip: real.map(|(_, s)| s),
         cache: None,
+        search: search.and_then(|(s, step, effective)| {
+            let node = &group.backends[backend].addr;
+            crate::search::Job::new(step, s, (head, &effective), node, group.read_timeout)
+        }),
     };
     if let Some(mut f) = fill {
         let fwd = (

@@ -44,8 +44,19 @@ impl Found {
         if let Some(set) = lock(&self.overrides).get(&group.name) {
             return set.clone();
         }
-        let mut out: Vec<Backend> = group.file_backends.to_vec();
         let sets = lock(&self.sets);
+        // A search cluster's nodes replace its seeds once they are known.
+        if let Some(d) = group
+            .discovery
+            .iter()
+            .find(|d| matches!(d.name, DiscoveryName::Search { .. }))
+        {
+            return match sets.get(&(group.name.clone(), d.clone())) {
+                Some(nodes) => nodes.iter().take(MAX_BACKENDS).cloned().collect(),
+                None => group.file_backends.to_vec(),
+            };
+        }
+        let mut out: Vec<Backend> = group.file_backends.to_vec();
         for d in &group.discovery {
             let Some(found) = sets.get(&(group.name.clone(), d.clone())) else {
                 continue;
@@ -233,14 +244,27 @@ async fn follow(
 ) {
     let mut failing = false;
     if resolved {
-        tokio::time::sleep(key.1.every).await;
+        pause(&key).await;
     }
     loop {
         match round(&resolver, &found, &key, Some(&mut failing)).await {
             Some(true) if !publish(&key.0) => return,
             _ => {}
         }
-        tokio::time::sleep(key.1.every).await;
+        pause(&key).await;
+    }
+}
+
+/// The wait between two rounds of an entry: its interval (a search cluster's comes early
+/// when a bulk met an index its map lacks).
+async fn pause(key: &(String, Discovery)) {
+    match key.1.name {
+        DiscoveryName::Search { .. } => {
+            crate::upstream::search_cluster::view(&key.0)
+                .wait(key.1.every)
+                .await
+        }
+        _ => tokio::time::sleep(key.1.every).await,
     }
 }
 
@@ -253,24 +277,42 @@ async fn round(
     failing: Option<&mut bool>,
 ) -> Option<bool> {
     let (group, d) = key;
-    let answer = lookup(resolver, d).await;
+    let answer = match &d.name {
+        DiscoveryName::Search { seeds, roles } => {
+            let view = crate::upstream::search_cluster::view(group);
+            crate::upstream::search_cluster::refresh(seeds, roles, &view)
+                .await
+                .and_then(|nodes| {
+                    let mut out: Vec<Backend> = nodes
+                        .iter()
+                        .map(|n| backend(d, &n.http.ip().to_string(), n.http, 1))
+                        .collect();
+                    out.sort_by_key(|b| b.addr.to_string());
+                    if out.is_empty() {
+                        return Err("no node has one of the roles".to_owned());
+                    }
+                    Ok(out)
+                })
+        }
+        _ => lookup(resolver, d).await,
+    };
     let mut quiet = false;
     let failing = failing.unwrap_or(&mut quiet);
     match answer {
         Ok(set) => {
             if std::mem::take(failing) {
-                tracing::info!(upstream = %group, name = %d.name, "DNS discovery answers again");
+                tracing::info!(upstream = %group, name = %d.name, "discovery answers again");
             }
             let changed = found.store(key, set);
             if changed {
-                tracing::info!(upstream = %group, name = %d.name, "DNS discovery: new set of servers");
+                tracing::info!(upstream = %group, name = %d.name, "discovery: new set of servers");
             }
             Some(changed)
         }
         Err(e) => {
             if !std::mem::replace(failing, true) {
                 tracing::warn!(upstream = %group, name = %d.name, error = %e,
-                    "DNS discovery failed: keeping the last good set");
+                    "discovery failed: keeping the last good set");
             }
             None
         }
@@ -318,6 +360,7 @@ async fn lookup(resolver: &TokioResolver, d: &Discovery) -> Result<Vec<Backend>,
                 out.push(backend(d, host, SocketAddr::new(ip, *port), d.weight));
             }
         }
+        DiscoveryName::Search { .. } => return Err("search clusters are read by round()".into()),
         DiscoveryName::Srv(name) => {
             let srv = resolver
                 .srv_lookup(name.as_str())

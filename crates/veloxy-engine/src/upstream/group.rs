@@ -122,6 +122,8 @@ pub struct UpstreamGroup {
     /// `proxy_protocol = "v1" | "v2"`: the version of the PROXY header sent first on each
     /// stream connection to a backend (0: none).
     pub proxy_protocol: u8,
+    /// `search = { kind = "opensearch", ... }`: a search cluster (its servers are seeds).
+    pub(crate) search: Option<crate::upstream::search_cluster::SearchGroup>,
 }
 
 impl std::fmt::Debug for UpstreamGroup {
@@ -176,6 +178,14 @@ pub enum DiscoveryName {
     /// `srv = "_service._proto.name"`: the targets of the lowest priority, with their ports
     /// and weights.
     Srv(String),
+    /// A search group's cluster: its nodes with an HTTP address (and one of `roles`, when
+    /// set), read from `_nodes/http` through the first seed that answers.
+    Search {
+        /// The group's servers.
+        seeds: Vec<std::net::SocketAddr>,
+        /// Node roles that qualify (empty: every node).
+        roles: Vec<String>,
+    },
 }
 
 impl std::fmt::Display for DiscoveryName {
@@ -183,6 +193,7 @@ impl std::fmt::Display for DiscoveryName {
         match self {
             DiscoveryName::Dns { host, port } => write!(f, "dns {host}:{port}"),
             DiscoveryName::Srv(name) => write!(f, "srv {name}"),
+            DiscoveryName::Search { seeds, .. } => write!(f, "search nodes via {seeds:?}"),
         }
     }
 }

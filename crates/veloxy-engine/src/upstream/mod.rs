@@ -9,6 +9,8 @@ pub mod health;
 pub mod policies;
 pub(crate) mod pool;
 pub(crate) mod proxy_header;
+pub(crate) mod search_client;
+pub(crate) mod search_cluster;
 
 use balancer::{BackendInfo, Picker};
 use pool::Pool;

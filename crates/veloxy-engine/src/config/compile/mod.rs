@@ -12,6 +12,7 @@ mod http3;
 mod listeners;
 mod routes;
 mod rules;
+mod search;
 mod server;
 pub(crate) mod upstreams;
 

@@ -127,6 +127,12 @@ fn compile_route(
         r.cache = Some(c);
         rules = Some(Arc::new(r));
     }
+    if let Some(s) = &r.search {
+        let s = super::search::route_search(src, &key, s, upstream.map(|u| &groups[u]))?;
+        let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
+        r.search = Some(s);
+        rules = Some(Arc::new(r));
+    }
     let compiled = Route {
         index: i,
         host,

@@ -188,6 +188,7 @@ pub(super) fn compile_rules(
         cors: cors(src, key, r)?,
         // Set by the route, which knows the upstream groups (and the caches).
         forward_auth: None,
+        search: None,
         cache: None,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))

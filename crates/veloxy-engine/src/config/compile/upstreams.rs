@@ -51,7 +51,22 @@ fn compile_group(
         ));
     }
     let u = section.get_ref();
-    let (backends, discovery) = compile_backends(src, &key, u)?;
+    let (backends, mut discovery) = compile_backends(src, &key, u)?;
+    let search = match &u.search {
+        None => None,
+        Some(s) => {
+            let (group, entry) = super::search::upstream_search(
+                src,
+                &key,
+                name,
+                s,
+                &backends,
+                !discovery.is_empty(),
+            )?;
+            discovery.extend(entry);
+            Some(group)
+        }
+    };
     let https = backends.iter().any(|b| b.tls_name.is_some())
         || discovery.iter().any(|d| d.tls_name.is_some());
     let protocol = compile_protocol(src, &key, u, https)?;
@@ -154,6 +169,7 @@ fn compile_group(
         },
         sticky,
         proxy_protocol,
+        search,
     })
 }
 

@@ -529,6 +529,13 @@ async fn forward(
             .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
         fin.as_deref_mut().expect("present").admission = Some(admission);
     }
+    if let Some(job) = target.search.take() {
+        let is_head = req.method() == http::Method::HEAD;
+        let body = whole_body(c, req.into_body(), job.body_limit()).await?;
+        let answer = job.run(body).await;
+        let f = fin.take().expect("present until success");
+        return Ok(files::serve_answer(&c.worker, answer, is_head, f));
+    }
     if let Some(fill) = target.cache.take() {
         match crate::cache::fill::run(&c.worker, gen, &target, fill).await? {
             crate::cache::fill::Filled::Answer(r) => {
@@ -547,6 +554,26 @@ async fn forward(
             to_h2::forward(c, gen, &target, req, fin).await
         }
     }
+}
+
+/// A request body read whole for the search gateway (at most `limit` bytes: more is 413),
+/// each frame within the body timeout.
+async fn whole_body(
+    c: &ConnCtx,
+    mut body: RequestBody,
+    limit: u64,
+) -> Result<bytes::Bytes, ProxyError> {
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = to_h1::next_frame(c, &mut body).await? {
+        let frame = frame.map_err(|e| to_h1::client_gone(&e))?;
+        if let Ok(data) = frame.into_data() {
+            if (out.len() + data.len()) as u64 > limit {
+                return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.freeze())
 }
 
 /// An HTTP/2 stream or connection failure reported by hyper, as an I/O error of the side it

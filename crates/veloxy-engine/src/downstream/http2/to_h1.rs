@@ -217,7 +217,7 @@ impl MinNone for BodyKind {
 /// The next frame of a request body, waiting at most `body_timeout` for it: a client that
 /// stops sending mid-body must not hold an upstream connection (and a route's concurrency
 /// slot) forever.
-async fn next_frame(
+pub(super) async fn next_frame(
     c: &ConnCtx,
     body: &mut RequestBody,
 ) -> Result<Option<Result<Frame<Bytes>, BodyError>>, ProxyError> {
@@ -227,7 +227,7 @@ async fn next_frame(
     })
 }
 
-fn client_gone(e: &BodyError) -> ProxyError {
+pub(super) fn client_gone(e: &BodyError) -> ProxyError {
     ProxyError::downstream(ErrorKind::Io(std::io::Error::other(e.to_string())))
 }
 

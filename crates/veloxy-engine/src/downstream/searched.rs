@@ -1,0 +1,65 @@
+//! HTTP/1 requests the search gateway runs itself (see [`crate::search`]): the body is read
+//! whole (its declared length was checked at admission), the job splits or clamps it and
+//! talks to the nodes, and its answer goes to the client like any answer of veloxy's own.
+
+use std::rc::Rc;
+
+use bytes::{Buf, Bytes};
+
+use crate::downstream::connection::{finish_record, linger_close, Downstream, Prepared};
+use crate::downstream::files::StaticReply;
+use crate::downstream::proxy::Fail;
+use crate::downstream::relay::{read_body_more, request_body_error, write_down, BodyState};
+use crate::error::ProxyError;
+use crate::exchange::Record;
+use crate::http1::BodyKind;
+use crate::worker::Worker;
+
+/// Runs the search job of `p` (which has one); returns whether the connection stays open.
+pub(crate) async fn forward(worker: &Rc<Worker>, down: &mut Downstream, mut p: Prepared) -> bool {
+    let job = p.target.search.take().expect("a request with a search job");
+    match read_body(down, &mut p).await {
+        Ok(body) => {
+            // Read whole: the connection can take the next request.
+            p.body = BodyKind::None;
+            let answer = job.run(body).await;
+            let record = std::mem::replace(&mut p.record, Record::unlogged());
+            let reply =
+                StaticReply::for_response(worker, answer.into_response(p.is_head), &p, record);
+            crate::downstream::files::serve(worker, down, reply).await
+        }
+        Err(Fail::Abort(_)) => false,
+        Err(Fail::BeforeResponse(e)) => {
+            let mut record = std::mem::replace(&mut p.record, Record::unlogged());
+            let a =
+                crate::downstream::proxy::answer_error(worker, down, &e, true, p.is_head, &record)
+                    .await;
+            finish_record(worker, down, &mut record, e.status());
+            if a.linger {
+                linger_close(&mut down.stream).await;
+            }
+            false
+        }
+    }
+}
+
+/// The request body, decoded, read within the client's body timeout.
+async fn read_body(down: &mut Downstream, p: &mut Prepared) -> Result<Bytes, Fail> {
+    let bad = |e| Fail::BeforeResponse(request_body_error(e));
+    let mut state = BodyState::new(p.body, true);
+    let mut out = Vec::new();
+    if p.expect_continue && !state.is_done() {
+        p.expect_continue = false;
+        write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(|e: ProxyError| Fail::Abort(e))?;
+    }
+    loop {
+        let n = state.take_into(&down.rbuf, &mut out).map_err(bad)?;
+        down.rbuf.advance(n);
+        if state.is_done() {
+            return Ok(out.into());
+        }
+        read_body_more(down).await?;
+    }
+}
