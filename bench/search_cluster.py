@@ -308,7 +308,7 @@ def main():
                         f"replicas, placed {placement}; the text is stored, not indexed (mapping "
                         f"`dynamic: false`, one integer field). Bulks of {DOCS} docs of ~1 KB, 4 "
                         "connections; searches: term queries, 16 connections. A warm-up run "
-                        "each, then the median of the rounds.\n\n```\n{text}\n```\n")
+                        f"each, then the median of the rounds.\n\n```\n{text}\n```\n")
     finally:
         for p in procs:
             p.terminate()
