@@ -22,10 +22,16 @@ struct Reply {
     status: u16,
     json: Value,
     nodes: Option<String>,
+    cache: Option<String>,
 }
 
 /// One request, `body` sent as it is (NDJSON for bulks).
 fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> Reply {
+    call_with(addr, method, path, body, "")
+}
+
+/// [`call`] with more header lines (`extra`, each ending in CRLF).
+fn call_with(addr: SocketAddr, method: &str, path: &str, body: &str, extra: &str) -> Reply {
     let ctype = if path.contains("_bulk") || path.contains("_msearch") {
         "application/x-ndjson"
     } else {
@@ -34,7 +40,7 @@ fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> Reply {
     let r = request(
         addr,
         &format!(
-            "{method} {path} HTTP/1.1\r\nHost: es\r\nContent-Type: {ctype}\r\n\
+            "{method} {path} HTTP/1.1\r\nHost: es\r\nContent-Type: {ctype}\r\n{extra}\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         ),
@@ -43,6 +49,7 @@ fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> Reply {
         status: r.status,
         json: serde_json::from_slice(&r.body).unwrap_or(Value::Null),
         nodes: r.header("x-veloxy-bulk-nodes").map(str::to_owned),
+        cache: r.header("x-cache").map(str::to_owned),
     }
 }
 
@@ -422,4 +429,107 @@ fn nodes_are_discovered_and_a_node_down_mid_bulk_loses_nothing() {
     // exactly the items reported created.
     ok(n2, "POST", "/fleet/_refresh", "");
     assert_eq!(ok(n1, "GET", "/fleet/_count", "")["count"], created as u64);
+}
+
+#[test]
+fn the_query_cache_answers_repeats_and_forgets_what_veloxy_writes() {
+    let Some(os) = cluster() else { return };
+    let node = os.nodes[0];
+    create_index(node, "cached", 2);
+    create_index(node, "other", 1);
+    let docs = |index: &str, from: usize, n: usize| -> String {
+        (from..from + n)
+            .flat_map(|i| {
+                [
+                    json!({"index": {"_index": index, "_id": i.to_string()}}),
+                    json!({"i": i}),
+                ]
+            })
+            .map(|l| l.to_string() + "\n")
+            .collect()
+    };
+    ok(node, "POST", "/_bulk?refresh=true", &docs("cached", 0, 10));
+    ok(node, "POST", "/_bulk?refresh=true", &docs("other", 0, 1));
+    let v = veloxy(&format!(
+        "[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n\
+         [caches.q]\nmemory = \"64MiB\"\n\
+         [[routes]]\nupstream = \"es\"\n\
+         search = {{ bulk = \"route_to_shards\", query_cache = \"q\", ttl = \"1m\" }}\n\
+         [upstreams.es]\nservers = [\"{node}\"]\n\
+         search = {{ kind = \"opensearch\", discover = \"300ms\" }}\n"
+    ));
+    std::thread::sleep(Duration::from_millis(700));
+    let total = |r: &Reply| r.json["hits"]["total"]["value"].as_u64().unwrap();
+    let search = |body: &str| call(v.addr, "POST", "/cached/_search", body);
+    let first = search(r#"{"query":{"match_all":{}},"size":50}"#);
+    assert_eq!(
+        (first.status, first.cache.as_deref(), total(&first)),
+        (200, Some("MISS"), 10)
+    );
+    // The same search written otherwise: one entry.
+    let again = search(r#"{ "size": 50, "query": { "match_all": {} } }"#);
+    assert_eq!(again.cache.as_deref(), Some("HIT"));
+    assert_eq!(again.json, first.json, "the stored answer");
+    // A write veloxy does not see stays unseen until the TTL; one to another index through
+    // veloxy leaves this entry alone.
+    ok(node, "POST", "/_bulk?refresh=true", &docs("cached", 10, 1));
+    ok(v.addr, "POST", "/_bulk?refresh=true", &docs("other", 1, 1));
+    let r = search(r#"{"query":{"match_all":{}},"size":50}"#);
+    assert_eq!((r.cache.as_deref(), total(&r)), (Some("HIT"), 10));
+    // A write to it through veloxy drops it: the next answer is the cluster's, 12 documents.
+    ok(
+        v.addr,
+        "POST",
+        "/_bulk?refresh=true",
+        &docs("cached", 11, 1),
+    );
+    let r = search(r#"{"query":{"match_all":{}},"size":50}"#);
+    assert_eq!((r.cache.as_deref(), total(&r)), (Some("MISS"), 12));
+    // Not stored while the write settles (2 s); stored again after.
+    let r = search(r#"{"query":{"match_all":{}},"size":50}"#);
+    assert_eq!(r.cache.as_deref(), Some("MISS"));
+    std::thread::sleep(Duration::from_millis(2100));
+    let _ = search(r#"{"query":{"match_all":{}},"size":50}"#);
+    let r = search(r#"{"query":{"match_all":{}},"size":50}"#);
+    assert_eq!((r.cache.as_deref(), total(&r)), (Some("HIT"), 12));
+    // A document write (not a bulk) through veloxy counts too.
+    ok(v.addr, "PUT", "/cached/_doc/x?refresh=true", r#"{"i": 99}"#);
+    let r = search(r#"{"query":{"match_all":{}},"size":50}"#);
+    assert_eq!((r.cache.as_deref(), total(&r)), (Some("MISS"), 13));
+    // Bypass: the cluster's request_cache=false skips the cache; no-cache refreshes it.
+    let r = call(
+        v.addr,
+        "POST",
+        "/cached/_search?request_cache=false",
+        r#"{"size":1}"#,
+    );
+    assert_eq!((r.status, r.cache), (200, None));
+    let r = call_with(
+        v.addr,
+        "POST",
+        "/cached/_count",
+        "{}",
+        "Cache-Control: no-cache\r\n",
+    );
+    assert_eq!(
+        (r.cache.as_deref(), r.json["count"].as_u64()),
+        (Some("MISS"), Some(13))
+    );
+    // Over HTTP/2: the same entry.
+    std::thread::sleep(Duration::from_millis(2100));
+    let body = r#"{"query":{"match_all":{}},"size":5}"#;
+    let _ = search(body);
+    let rt = http2::runtime();
+    let reply = rt.block_on(async {
+        let mut c = h2_connect(v.addr, None).await;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{}/cached/_search", v.addr))
+            .header("content-type", "application/json")
+            .header("content-length", body.len())
+            .body(())
+            .unwrap();
+        h2_send(&mut c, req, Some(body.into())).await.unwrap()
+    });
+    assert_eq!((reply.status, reply.header("x-cache")), (200, Some("HIT")));
 }

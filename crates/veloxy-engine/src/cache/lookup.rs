@@ -122,12 +122,15 @@ pub(crate) fn describe(rc: &RouteCache) -> String {
 }
 
 /// The `[caches.NAME]` keys of the route's store, for `veloxy check --print`.
-pub(crate) fn describe_store(rc: &RouteCache) -> (String, Vec<(&'static str, String)>) {
+pub(crate) fn describe_store(
+    store: &super::Store,
+    max_object: u64,
+) -> (String, Vec<(&'static str, String)>) {
     let mut keys = vec![
-        ("memory", rc.store.memory.to_string()),
-        ("max_object", rc.max_object.to_string()),
+        ("memory", store.memory.to_string()),
+        ("max_object", max_object.to_string()),
     ];
-    if let Some((_, d)) = &rc.store.disk {
+    if let Some((_, d)) = &store.disk {
         keys.push((
             "disk",
             format!(
@@ -137,7 +140,7 @@ pub(crate) fn describe_store(rc: &RouteCache) -> (String, Vec<(&'static str, Str
             ),
         ));
     }
-    (rc.store.name.to_string(), keys)
+    (store.name.to_string(), keys)
 }
 
 /// What admission does with a request on a caching route.

@@ -667,8 +667,18 @@ fn caches(out: &mut Toml, snapshot: &Snapshot) {
     let mut seen = std::collections::BTreeMap::new();
     for l in &snapshot.listeners {
         for r in l.router.routes() {
-            if let Some(c) = r.rules.as_ref().and_then(|x| x.cache.as_ref()) {
-                let (name, keys) = crate::cache::lookup::describe_store(c);
+            let rules = r.rules.as_ref();
+            let stores = rules
+                .and_then(|x| x.cache.as_ref())
+                .map(|c| (&c.store, c.max_object))
+                .into_iter()
+                .chain(
+                    rules
+                        .and_then(|x| x.search.as_ref()?.query_cache.as_ref())
+                        .map(|q| (&q.store, q.max_object)),
+                );
+            for (store, max_object) in stores {
+                let (name, keys) = crate::cache::lookup::describe_store(store, max_object);
                 seen.entry(name).or_insert(keys);
             }
         }

@@ -219,6 +219,11 @@ fn with_nodes(mut a: Answer, n: usize) -> Answer {
     a
 }
 
+/// A JSON answer.
+pub(super) fn json_answer(status: u16, body: Bytes) -> Answer {
+    Answer::fixed(status, &body, "application/json; charset=UTF-8")
+}
+
 /// A single node's answer as it is (its status, type and body).
 pub(super) fn passthrough(r: Result<Reply, CallError>) -> Answer {
     match r {

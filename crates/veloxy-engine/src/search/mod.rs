@@ -15,6 +15,7 @@
 //! Everything else on such a route is forwarded as on any proxied route.
 
 pub(crate) mod bulk;
+pub(crate) mod qcache;
 pub(crate) mod query;
 pub(crate) mod routing;
 
@@ -39,6 +40,8 @@ pub(crate) struct SearchRoute {
     pub max_bulk_body: u64,
     /// The cluster the route's group discovered (shared with the discovery thread).
     pub cluster: Arc<ClusterView>,
+    /// `query_cache` (with `ttl`).
+    pub query_cache: Option<Arc<qcache::QueryCache>>,
 }
 
 /// What a search route does with a request.
@@ -82,6 +85,14 @@ pub(crate) fn admit(s: &SearchRoute, head: &Head, target: &str) -> Step {
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
     let path = target.split('?').next().unwrap_or("");
     let (api, index) = api_of(path);
+    if let Some(qc) = &s.query_cache {
+        // A write through veloxy drops the answers that read what it writes (a routed bulk
+        // knows its indices once its body is read: see [`Job::run`]).
+        let routed_bulk = api == Some("_bulk") && s.route_to_shards;
+        if !matches!(head.method, "GET" | "HEAD") && !api.is_some_and(is_read) && !routed_bulk {
+            qc.written(&qcache::indices(path, &s.cluster.load()));
+        }
+    }
     let Some(api) = api else {
         return Step::Pass;
     };
@@ -110,7 +121,12 @@ pub(crate) fn admit(s: &SearchRoute, head: &Head, target: &str) -> Step {
             let rewritten = query_target(s, target, api == "_search");
             let body = content_length.is_some_and(|n| n > 0 && n <= MAX_QUERY_BODY);
             let in_body = s.max_size.is_some() || (api == "_msearch" && s.timeout.is_some());
-            match (in_body && body && api != "_count", rewritten) {
+            // The query cache keys on the body too: it reads bodies (or none) of every size
+            // it takes.
+            let cached = s.query_cache.is_some()
+                && content_length.is_none_or(|n| n <= MAX_QUERY_BODY)
+                && query_param(target, "request_cache").as_deref() != Some("false");
+            match ((in_body && body && api != "_count") || cached, rewritten) {
                 // `size` may be in the body: the codec reads it for [`query::clamp`].
                 (true, t) => Step::Query(t.unwrap_or_else(|| target.to_owned())),
                 (false, Some(t)) => Step::Target(t),
@@ -119,6 +135,31 @@ pub(crate) fn admit(s: &SearchRoute, head: &Head, target: &str) -> Step {
         }
         _ => Step::Pass,
     }
+}
+
+/// APIs that only read: a request to them is no write, whatever its method.
+fn is_read(api: &str) -> bool {
+    matches!(
+        api,
+        "_search"
+            | "_msearch"
+            | "_count"
+            | "_mget"
+            | "_field_caps"
+            | "_validate"
+            | "_explain"
+            | "_search_shards"
+            | "_termvectors"
+            | "_mtermvectors"
+            | "_refresh"
+            | "_flush"
+            | "_cat"
+            | "_cluster"
+            | "_nodes"
+            | "_stats"
+            | "_rank_eval"
+            | "_render"
+    )
 }
 
 /// The target with `size` clamped and `timeout` added, when either changes it.
@@ -213,6 +254,13 @@ pub(crate) fn describe_route(s: &SearchRoute) -> String {
     if let Some(t) = s.timeout {
         out.push_str(&format!(", timeout = \"{}ms\"", t.as_millis()));
     }
+    if let Some(qc) = &s.query_cache {
+        out.push_str(&format!(
+            ", query_cache = {:?}, ttl = \"{}ms\"",
+            &*qc.store.name,
+            qc.ttl.as_millis()
+        ));
+    }
     out.push_str(" }");
     out
 }
@@ -268,6 +316,8 @@ enum JobKind {
     Bulk(bulk::Bulk),
     /// A search body to clamp (`_msearch`: NDJSON).
     Query {
+        /// `Cache-Control: no-cache`: the cache is not read (the fresh answer is stored).
+        refresh: bool,
         max_size: Option<u32>,
         timeout: Option<String>,
         multi: bool,
@@ -303,7 +353,12 @@ impl Job {
             }
             Step::Query(target) => {
                 let multi = target.split('?').next().unwrap_or("").ends_with("_msearch");
+                let no_cache = head
+                    .fields
+                    .get("cache-control")
+                    .is_some_and(|v| v.windows(8).any(|w| w.eq_ignore_ascii_case(b"no-cache")));
                 let kind = JobKind::Query {
+                    refresh: no_cache,
                     max_size: route.max_size,
                     // `_search` got its timeout in the URL.
                     timeout: route
@@ -344,6 +399,13 @@ impl Job {
         match &self.kind {
             JobKind::Bulk(b) => {
                 let map = self.route.cluster.load();
+                // Dropped before (no stale answer is served while it runs) and after (none
+                // stored from a search that raced it).
+                let written = self.route.query_cache.as_ref().map(|qc| {
+                    let w = qcache::bulk_indices(&body, b.default_index.as_deref(), &map);
+                    qc.written(&w);
+                    (qc, w)
+                });
                 let (answer, unknown) = bulk::run(
                     b,
                     &map,
@@ -357,15 +419,28 @@ impl Job {
                 if unknown {
                     self.route.cluster.mark_stale();
                 }
+                if let Some((qc, w)) = written {
+                    qc.written(&w);
+                }
                 answer
             }
             JobKind::Query {
+                refresh,
                 max_size,
                 timeout,
                 multi,
             } => {
                 let body =
                     query::clamp(&body, *max_size, timeout.as_deref(), *multi).unwrap_or(body);
+                let cache = self.route.query_cache.as_ref().and_then(|qc| {
+                    let key = qcache::key(&self.target, &body, *multi)?;
+                    Some((qc, key))
+                });
+                if let Some((qc, key)) = &cache {
+                    if let Some(hit) = (!refresh).then(|| qc.get(key)).flatten() {
+                        return with_status(bulk::json_answer(200, hit), "HIT");
+                    }
+                }
                 let r = crate::upstream::search_client::call(
                     "POST",
                     self.node,
@@ -376,10 +451,27 @@ impl Job {
                     256 << 20,
                 )
                 .await;
-                bulk::passthrough(r)
+                let Some((qc, key)) = cache else {
+                    return bulk::passthrough(r);
+                };
+                if let Ok(reply) = &r {
+                    if reply.status == 200 {
+                        let path = self.target.split('?').next().unwrap_or("");
+                        let read = qcache::indices(path, &self.route.cluster.load());
+                        qc.put(key, &read, reply.body.clone());
+                    }
+                }
+                with_status(bulk::passthrough(r), "MISS")
             }
         }
     }
+}
+
+/// `X-Cache` on the answers of a query-cached route.
+fn with_status(mut a: crate::exchange::Answer, status: &'static str) -> crate::exchange::Answer {
+    a.headers
+        .push(("x-cache", bytes::Bytes::from_static(status.as_bytes())));
+    a
 }
 
 /// The first value of `name` in `target`'s query string (undecoded).
@@ -403,6 +495,7 @@ mod tests {
             timeout: Some(Duration::from_millis(1500)),
             max_bulk_body: 1 << 20,
             cluster: Arc::default(),
+            query_cache: None,
         }
     }
 

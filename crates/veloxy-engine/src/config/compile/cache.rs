@@ -19,6 +19,13 @@ pub(super) struct CacheSpec {
     status_header: Option<String>,
 }
 
+impl CacheSpec {
+    /// The store and its `max_object` (for the search gateway's query cache).
+    pub(super) fn store(&self) -> (Arc<crate::cache::Store>, u64) {
+        (self.store.clone(), self.max_object)
+    }
+}
+
 const DEFAULT_MEMORY: u64 = 256 << 20;
 const DEFAULT_MAX_OBJECT: u64 = 8 << 20;
 const DEFAULT_DISK: u64 = 10 << 30;

@@ -128,7 +128,7 @@ fn compile_route(
         rules = Some(Arc::new(r));
     }
     if let Some(s) = &r.search {
-        let s = super::search::route_search(src, &key, s, upstream.map(|u| &groups[u]))?;
+        let s = super::search::route_search(src, &key, s, upstream.map(|u| &groups[u]), caches.0)?;
         let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
         r.search = Some(s);
         rules = Some(Arc::new(r));

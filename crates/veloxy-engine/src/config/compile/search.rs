@@ -10,6 +10,7 @@ use super::dur;
 use crate::config::error::{ConfigError, Source};
 use crate::config::file::{RouteSearchSection, UpstreamSearchSection};
 use crate::config::{Backend, UpstreamGroup};
+use crate::search::qcache::QueryCache;
 use crate::search::SearchRoute;
 use crate::upstream::addr::BackendAddr;
 use crate::upstream::group::{Discovery, DiscoveryName};
@@ -17,6 +18,7 @@ use crate::upstream::search_cluster::{view, SearchGroup};
 
 const DEFAULT_DISCOVER: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_BULK_BODY: u64 = 64 << 20;
+const DEFAULT_TTL: Duration = Duration::from_secs(60);
 
 /// The group's search settings and, unless `discover = "0s"`, the discovery entry that reads
 /// the cluster through `backends` (the seeds).
@@ -101,6 +103,7 @@ pub(super) fn route_search(
     key: &str,
     s: &Spanned<RouteSearchSection>,
     group: Option<&UpstreamGroup>,
+    caches: &std::collections::HashMap<String, super::cache::CacheSpec>,
 ) -> Result<Arc<SearchRoute>, ConfigError> {
     let key = format!("{key}.search");
     let r = s.get_ref();
@@ -139,13 +142,29 @@ pub(super) fn route_search(
             "is the query cache's: set query_cache too",
         ));
     }
-    if let Some(c) = &r.query_cache {
-        return Err(src.error(
-            c.span(),
-            format!("{key}.query_cache"),
-            "the search query cache is not built yet (see issue 19 in the README)",
-        ));
-    }
+    let query_cache = match &r.query_cache {
+        None => None,
+        Some(c) => {
+            let name = c.get_ref();
+            let spec = caches.get(name).ok_or_else(|| {
+                src.error(
+                    c.span(),
+                    format!("{key}.query_cache"),
+                    format!("cache {name:?} is not defined (add [caches.{name}])"),
+                )
+            })?;
+            let (store, max_object) = spec.store();
+            let ttl = r.ttl.as_ref().map_or(DEFAULT_TTL, |t| t.0);
+            if ttl.is_zero() {
+                return Err(src.error(s.span(), format!("{key}.ttl"), "must be greater than zero"));
+            }
+            Some(Arc::new(QueryCache {
+                store,
+                ttl,
+                max_object,
+            }))
+        }
+    };
     let deny = r
         .deny
         .as_ref()
@@ -179,5 +198,6 @@ pub(super) fn route_search(
         timeout: r.timeout.as_ref().map(|t| t.0).filter(|t| !t.is_zero()),
         max_bulk_body,
         cluster: search.cluster.clone(),
+        query_cache,
     }))
 }
