@@ -109,6 +109,9 @@ pub enum RateKey {
     Header(String),
     /// One bucket for the whole route.
     Route,
+    /// `key = "index"`: the index a search request names (the first path segment, unless it
+    /// is an API such as `_bulk`); requests naming none share one bucket.
+    Index,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -533,3 +533,27 @@ fn the_query_cache_answers_repeats_and_forgets_what_veloxy_writes() {
     });
     assert_eq!((reply.status, reply.header("x-cache")), (200, Some("HIT")));
 }
+
+#[test]
+fn rate_limits_can_be_per_index() {
+    let Some(os) = cluster() else { return };
+    let node = os.nodes[0];
+    create_index(node, "limited-a", 1);
+    create_index(node, "limited-b", 1);
+    let v = veloxy(&format!(
+        "[listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\nupstream = \"es\"\nsearch = {{}}\n\
+         rate_limit = {{ rate = \"1/m\", burst = 2, key = \"index\" }}\n\
+         [upstreams.es]\nservers = [\"{node}\"]\n\
+         search = {{ kind = \"opensearch\", discover = \"300ms\" }}\n"
+    ));
+    let status = |path: &str| call(v.addr, "GET", path, "").status;
+    assert_eq!(status("/limited-a/_search"), 200);
+    assert_eq!(status("/limited-a/_count"), 200);
+    assert_eq!(status("/limited-a/_search"), 429, "index a used its burst");
+    assert_eq!(
+        status("/limited-b/_search"),
+        200,
+        "index b has its own bucket"
+    );
+}

@@ -410,6 +410,7 @@ fn limits(out: &mut Toml, l: &RouteLimits) {
         let key = match &r.key {
             RateKey::ClientIp => "client_ip".to_owned(),
             RateKey::Route => "route".to_owned(),
+            RateKey::Index => "index".to_owned(),
             RateKey::Header(h) => format!("header:{h}"),
         };
         // `burst` is stored as f64 but was compiled from a u32, so the cast is exact.

@@ -235,6 +235,11 @@ where
             RateKey::ClientIp => hash_bytes(self.client_ip.as_bytes(), 0),
             RateKey::Route => 0,
             RateKey::Header(h) => hash_bytes((self.header)(h).unwrap_or(b""), 0),
+            RateKey::Index => {
+                let first = self.path.split('/').find(|s| !s.is_empty()).unwrap_or("");
+                let index = if first.starts_with('_') { "" } else { first };
+                hash_bytes(index.as_bytes(), 0)
+            }
         }
     }
 }

@@ -540,6 +540,7 @@ fn compile_limits(
         let rate_key = match s.key.as_ref().map(|k| (k.get_ref().as_str(), k.span())) {
             None | Some(("client_ip", _)) => RateKey::ClientIp,
             Some(("route", _)) => RateKey::Route,
+            Some(("index", _)) => RateKey::Index,
             Some((k, span)) => match k.strip_prefix("header:") {
                 Some(h) if !h.is_empty() => RateKey::Header(h.to_ascii_lowercase()),
                 _ => {
@@ -547,7 +548,7 @@ fn compile_limits(
                         span,
                         format!("{key}.rate_limit.key"),
                         format!(
-                            "invalid key {k:?}: use \"client_ip\", \"route\" or \"header:NAME\""
+                            "invalid key {k:?}: use \"client_ip\", \"route\", \"index\" or \"header:NAME\""
                         ),
                     ))
                 }
