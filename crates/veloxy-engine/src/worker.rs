@@ -66,6 +66,9 @@ fn carry_idle_connections(old: &Generation, new: &Generation) {
 pub(crate) const SCRATCH: usize = 32 * 1024;
 /// Scratch buffers kept for reuse; more are freed.
 const SCRATCH_KEPT: usize = 256;
+/// Head buffers kept for reuse (8 KiB each): as many as connections a worker serves at once
+/// in practice; connections waiting for a request hold none.
+const HEAD_BUFS_KEPT: usize = 256;
 /// Connections closed since the peak that make the heartbeat return memory to the OS.
 const TRIM_AFTER: usize = 512;
 
@@ -74,6 +77,9 @@ pub(crate) struct Worker {
     pub shared: Arc<Shared>,
     generation: RefCell<Rc<Generation>>,
     bytes: RefCell<Vec<BytesMut>>,
+    /// Request-head read buffers of connections waiting between requests (see
+    /// [`Worker::take_head_buf`]).
+    head_bufs: RefCell<Vec<BytesMut>>,
     vecs: RefCell<Vec<Vec<u8>>>,
     /// Accepted connections whose first request head has not arrived yet: shutdown waits for
     /// them too, so a connection accepted just before SIGTERM still gets its answer.
@@ -103,6 +109,7 @@ impl Worker {
             shared,
             generation: RefCell::new(Rc::new(Generation::new(number, snapshot))),
             bytes: RefCell::new(Vec::new()),
+            head_bufs: RefCell::new(Vec::new()),
             vecs: RefCell::new(Vec::new()),
             fresh: Cell::new(0),
             h2_connections: Cell::new(0),
@@ -151,6 +158,28 @@ impl Worker {
         let mut list = self.bytes.borrow_mut();
         if list.len() < SCRATCH_KEPT && b.capacity() >= SCRATCH / 2 && b.capacity() <= SCRATCH * 4 {
             list.push(b);
+        }
+    }
+
+    /// A buffer for a request head: the one given back last (still in the CPU's cache), or a
+    /// new one of `capacity`.
+    pub fn take_head_buf(&self, capacity: usize) -> BytesMut {
+        self.head_bufs
+            .borrow_mut()
+            .pop()
+            .unwrap_or_else(|| BytesMut::with_capacity(capacity))
+    }
+
+    /// Takes back an empty head buffer; beyond [`HEAD_BUFS_KEPT`] it is freed (and counted
+    /// for [`Worker::trim_memory`]).
+    pub fn give_head_buf(&self, mut b: BytesMut) {
+        b.clear();
+        let mut list = self.head_bufs.borrow_mut();
+        if list.len() < HEAD_BUFS_KEPT && b.capacity() > 0 {
+            list.push(b);
+        } else if b.capacity() > 0 {
+            drop(list);
+            self.idle_buffer_freed();
         }
     }
 

@@ -269,7 +269,7 @@ fn memory_is_returned_after_a_burst_of_idle_connections() {
     for c in &mut conns {
         assert_eq!(c.read_response(false).status, 200);
     }
-    // Idle connections give their read buffers back after a second.
+    // Idle connections hold no read buffer (they give it back between requests).
     let mut idle = 0;
     let lean = eventually(Duration::from_secs(5), || {
         idle = v.proc.rss_kib();
