@@ -27,6 +27,8 @@ const PREFIX: &str = "search:";
 const WRITTEN: &str = "search-written:";
 const SETTLE_MS: u64 = 2000;
 const ANY: &str = "*";
+/// The marker of a write to any index (no index is named so).
+const ANY_WRITE: &str = "#any";
 
 /// A route's query cache.
 pub(crate) struct QueryCache {
@@ -155,7 +157,9 @@ impl QueryCache {
                 self.store.purge(&crate::cache::Purge::Tag(tag(i)));
             }
         }
-        for i in written {
+        // One marker per index written, and one for "some index": what a search over
+        // everything checks (one lookup, not a scan of the markers).
+        for i in written.iter().map(String::as_str).chain([ANY_WRITE]) {
             self.store
                 .entries
                 .insert(Arc::from(format!("{WRITTEN}{i}")), Entry::Pass(until));
@@ -168,14 +172,10 @@ impl QueryCache {
             matches!(self.store.entries.get(format!("{WRITTEN}{i}").as_str()),
                 Some(Entry::Pass(until)) if until > now)
         };
+        // A search over everything: any recent write counts.
         marked(ANY)
             || read.iter().any(|i| marked(i))
-            || (read.iter().any(|i| i == ANY) && {
-                // A search over everything: any recent write counts.
-                self.store.entries.iter().any(|(k, e)| {
-                    k.starts_with(WRITTEN) && matches!(e, Entry::Pass(until) if until > now)
-                })
-            })
+            || (read.iter().any(|i| i == ANY) && marked(ANY_WRITE))
     }
 }
 
