@@ -492,6 +492,13 @@ fn the_query_cache_answers_repeats_and_forgets_what_veloxy_writes() {
     let _ = search(r#"{"query":{"match_all":{}},"size":50}"#);
     let r = search(r#"{"query":{"match_all":{}},"size":50}"#);
     assert_eq!((r.cache.as_deref(), total(&r)), (Some("HIT"), 12));
+    // A search over every index is dropped by a write to any index.
+    let everything = || call(v.addr, "POST", "/_count", r#"{"query":{"match_all":{}}}"#);
+    std::thread::sleep(Duration::from_millis(2100));
+    let _ = everything();
+    assert_eq!(everything().cache.as_deref(), Some("HIT"));
+    ok(v.addr, "POST", "/_bulk?refresh=true", &docs("other", 2, 1));
+    assert_eq!(everything().cache.as_deref(), Some("MISS"));
     // A document write (not a bulk) through veloxy counts too.
     ok(v.addr, "PUT", "/cached/_doc/x?refresh=true", r#"{"i": 99}"#);
     let r = search(r#"{"query":{"match_all":{}},"size":50}"#);
