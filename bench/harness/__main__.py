@@ -40,6 +40,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     mode.add_argument("--cache", action="store_true",
                       help="HTTP cache: veloxy vs nginx proxy_cache vs Varnish, 1 worker each, "
                            "cache hits (1 KB, 100 KB), a 90%%-hit mix and a miss storm")
+    mode.add_argument("--search", action="store_true",
+                      help="search gateway against a real 3-node OpenSearch cluster (runs "
+                           "bench/search_cluster.py): bulk docs/s and search p99 through veloxy "
+                           "route_to_shards / forward / query_cache, nginx, and directly")
     mode.add_argument("--sweep", action="store_true",
                       help="veloxy vs nginx vs HAProxy, 1 worker each, across connection counts "
                            "(p99, p99.9, CPU per request), then a fixed-rate ramp at 25-90%% of "
@@ -128,6 +132,12 @@ def main(argv: list[str]) -> int:
         print("scenarios:", ", ".join(f"{s.NAME} ({'/'.join(s.PROFILES)})" for s in all_sc))
         print("proxies:  ", ", ".join(ALL_PROXIES))
         return 0
+    if args.search:
+        name = args.name or f"search-cluster-{time.strftime('%Y%m%d-%H%M%S')}"
+        out = Path(args.results_dir) if args.results_dir else BENCH / "results"
+        script = BENCH / "search_cluster.py"
+        return subprocess.call([sys.executable, str(script), "--rounds", str(args.rounds),
+                                "--duration", str(int(args.duration)), "--out", str(out / name)])
     profile = ("smoke" if args.smoke else "quick" if args.quick
                else "vs-nginx" if args.vs_nginx else "tcp" if args.tcp else "h3" if args.h3
                else "cache" if args.cache else "sweep" if args.sweep else "full")
