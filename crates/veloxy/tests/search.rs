@@ -53,6 +53,23 @@ fn call_with(addr: SocketAddr, method: &str, path: &str, body: &str, extra: &str
     }
 }
 
+/// One POST over HTTP/2 (h2c prior knowledge).
+fn h2_post(addr: SocketAddr, path: &str, ctype: &str, body: &str) -> H2Reply {
+    http2::runtime().block_on(async {
+        let mut c = h2_connect(addr, None).await;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}{path}"))
+            .header("content-type", ctype)
+            .header("content-length", body.len())
+            .body(())
+            .unwrap();
+        h2_send(&mut c, req, Some(body.to_owned().into()))
+            .await
+            .unwrap()
+    })
+}
+
 fn ok(addr: SocketAddr, method: &str, path: &str, body: &str) -> Value {
     let r = call(addr, method, path, body);
     assert!(r.status < 300, "{method} {path}: {} {}", r.status, r.json);
@@ -188,20 +205,7 @@ fn a_routed_bulk_over_http2_and_with_a_url_index() {
         .flat_map(|i| [json!({"index": {"_id": i.to_string()}}), json!({"i": i})])
         .map(|l| l.to_string() + "\n")
         .collect();
-    let rt = http2::runtime();
-    let reply = rt.block_on(async {
-        let mut c = h2_connect(v.addr, None).await;
-        let req = http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{}/h2bulk/_bulk", v.addr))
-            .header("content-type", "application/x-ndjson")
-            .header("content-length", body.len())
-            .body(())
-            .unwrap();
-        h2_send(&mut c, req, Some(body.clone().into()))
-            .await
-            .unwrap()
-    });
+    let reply = h2_post(v.addr, "/h2bulk/_bulk", "application/x-ndjson", &body);
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("x-veloxy-bulk-nodes"), Some("2"));
     let j: Value = serde_json::from_slice(&reply.body).unwrap();
@@ -526,18 +530,7 @@ fn the_query_cache_answers_repeats_and_forgets_what_veloxy_writes() {
     std::thread::sleep(Duration::from_millis(2100));
     let body = r#"{"query":{"match_all":{}},"size":5}"#;
     let _ = search(body);
-    let rt = http2::runtime();
-    let reply = rt.block_on(async {
-        let mut c = h2_connect(v.addr, None).await;
-        let req = http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{}/cached/_search", v.addr))
-            .header("content-type", "application/json")
-            .header("content-length", body.len())
-            .body(())
-            .unwrap();
-        h2_send(&mut c, req, Some(body.into())).await.unwrap()
-    });
+    let reply = h2_post(v.addr, "/cached/_search", "application/json", body);
     assert_eq!((reply.status, reply.header("x-cache")), (200, Some("HIT")));
 }
 
