@@ -8,7 +8,12 @@ of its worker process) is read before the clients connect and 4 s after the last
 (veloxy frees an idle connection's read buffer after 1 s). Prints one line per proxy and the
 figures as JSON. Loopback only; every wait is bounded.
 
-    bench/idle_memory.py [--connections N] [--out results.json]
+    bench/idle_memory.py [--connections N] [--pooled N] [--out results.json]
+
+With --pooled N, also the memory per idle pooled upstream connection: N clients each send a
+request the upstream answers after 300 ms, then close, leaving N connections in the proxy's
+keep-alive pool (sized N); the RSS growth over them, 3 s later, divided by the connections
+the upstream still has open.
 
 Needs target/release/veloxy and target/release/veloxy-upstream (cargo build --release), and
 nginx / haproxy on PATH (a proxy that is missing is reported as skipped).
@@ -68,7 +73,7 @@ def worker_pid(proc, name):
     raise RuntimeError("no nginx worker")
 
 
-def start(name, port, upstream, tmp):
+def start(name, port, upstream, tmp, pool=128):
     if name == "veloxy":
         conf = os.path.join(tmp, "veloxy.toml")
         with open(conf, "w") as f:
@@ -76,7 +81,7 @@ def start(name, port, upstream, tmp):
                 f'[server]\nworkers = 1\nkeepalive_timeout = "10m"\n'
                 f'[listeners.web]\naddr = "127.0.0.1:{port}"\n'
                 f'[[routes]]\nupstream = "app"\n'
-                f'[upstreams.app]\nservers = ["127.0.0.1:{upstream}"]\n'
+                f'[upstreams.app]\nservers = ["127.0.0.1:{upstream}"]\nkeepalive = {pool}\n'
             )
         cmd = [os.path.join(RELEASE, "veloxy"), "run", "--config", conf]
     elif name == "nginx":
@@ -87,7 +92,7 @@ def start(name, port, upstream, tmp):
                 f"error_log {tmp}/nginx-error.log; worker_rlimit_nofile 20000;\n"
                 "events { worker_connections 20000; }\n"
                 "http { access_log off; keepalive_timeout 600s; keepalive_requests 100000;\n"
-                f"  upstream app {{ server 127.0.0.1:{upstream}; keepalive 128; }}\n"
+                f"  upstream app {{ server 127.0.0.1:{upstream}; keepalive {pool}; }}\n"
                 f"  server {{ listen 127.0.0.1:{port};\n"
                 "    location / { proxy_pass http://app; proxy_http_version 1.1;\n"
                 '      proxy_set_header Connection ""; } } }\n'
@@ -101,7 +106,8 @@ def start(name, port, upstream, tmp):
                 "defaults\n  mode http\n  timeout connect 5s\n  timeout client 10m\n"
                 "  timeout server 30s\n  timeout http-keep-alive 10m\n  option http-keep-alive\n"
                 f"frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\n"
-                f"backend app\n  server s1 127.0.0.1:{upstream}\n"
+                f"backend app\n  http-reuse always\n"
+                f"  server s1 127.0.0.1:{upstream} pool-max-conn {pool} pool-purge-delay 10m\n"
             )
         cmd = ["haproxy", "-f", conf]
     log = open(os.path.join(tmp, f"{name}.log"), "w")
@@ -154,9 +160,59 @@ def measure(name, n, upstream, tmp):
             proc.kill()
 
 
+def established_to(port):
+    """Established TCP connections to 127.0.0.1:port (from /proc/net/tcp)."""
+    n = 0
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            parts = line.split()
+            if parts[3] == "01" and parts[2].endswith(f":{port:04X}"):
+                n += 1
+    return n
+
+
+def measure_pooled(name, n, upstream, up_port, tmp):
+    """Memory per idle pooled upstream connection: n clients each send a request the
+    upstream answers after 300 ms (so n upstream connections open at once), then close; the
+    proxy keeps the n upstream connections in its keep-alive pool (sized n)."""
+    port = free_port()
+    proc = start(name, port, upstream, tmp, pool=n)
+    try:
+        pid = worker_pid(proc, name)
+        probe = socket.create_connection(("127.0.0.1", port), timeout=5)
+        probe.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        while probe.recv(65536):
+            pass
+        probe.close()
+        time.sleep(0.5)
+        before = rss_kib(pid)
+        socks = []
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /delay/300 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            socks.append(s)
+        for s in socks:
+            while s.recv(65536):
+                pass
+            s.close()
+        time.sleep(3)  # closed clients' memory returned (veloxy trims after a burst)
+        after = rss_kib(pid)
+        pooled = established_to(up_port) // 2  # both ends of each connection are listed
+        return {"rss_before_kib": before, "rss_pooled_kib": after, "pooled": pooled,
+                "bytes_per_pooled": round((after - before) * 1024 / max(1, pooled))}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--connections", type=int, default=9900)
+    ap.add_argument("--pooled", type=int, default=0,
+                    help="also measure N idle pooled upstream connections per proxy")
     ap.add_argument("--out")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -179,6 +235,12 @@ def main():
                 print(f"{name:8} {r['bytes_per_connection']:6} bytes per idle connection "
                       f"(RSS {r['rss_before_kib']} KiB -> {r['rss_idle_kib']} KiB "
                       f"with {n} idle clients)")
+                if args.pooled:
+                    p = measure_pooled(name, args.pooled, up_port, up_port, tmp)
+                    results[f"{name}-pooled"] = p
+                    print(f"{name:8} {p['bytes_per_pooled']:6} bytes per pooled upstream "
+                          f"connection ({p['pooled']} pooled; RSS {p['rss_before_kib']} KiB -> "
+                          f"{p['rss_pooled_kib']} KiB)")
     finally:
         upstream.terminate()
         upstream.wait(timeout=10)
