@@ -277,25 +277,7 @@ async fn round(
     failing: Option<&mut bool>,
 ) -> Option<bool> {
     let (group, d) = key;
-    let answer = match &d.name {
-        DiscoveryName::Search { seeds, roles } => {
-            let view = crate::upstream::search_cluster::view(group);
-            crate::upstream::search_cluster::refresh(seeds, roles, &view)
-                .await
-                .and_then(|nodes| {
-                    let mut out: Vec<Backend> = nodes
-                        .iter()
-                        .map(|n| backend(d, &n.http.ip().to_string(), n.http, 1))
-                        .collect();
-                    out.sort_by_key(|b| b.addr.to_string());
-                    if out.is_empty() {
-                        return Err("no node has one of the roles".to_owned());
-                    }
-                    Ok(out)
-                })
-        }
-        _ => lookup(resolver, d).await,
-    };
+    let answer = lookup(resolver, group, d).await;
     let mut quiet = false;
     let failing = failing.unwrap_or(&mut quiet);
     match answer {
@@ -346,11 +328,26 @@ fn build_resolver(servers: &[SocketAddr]) -> Result<TokioResolver, String> {
     builder.build().map_err(|e| e.to_string())
 }
 
-/// Resolves an entry into backends, sorted by address (so an unchanged answer in another
-/// order is no change). An empty answer is a failure.
-async fn lookup(resolver: &TokioResolver, d: &Discovery) -> Result<Vec<Backend>, String> {
+/// Resolves an entry (for a search group: reads its cluster) into backends, sorted by
+/// address (so an unchanged answer in another order is no change). An empty answer is a
+/// failure.
+async fn lookup(
+    resolver: &TokioResolver,
+    group: &str,
+    d: &Discovery,
+) -> Result<Vec<Backend>, String> {
     let mut out = Vec::new();
     match &d.name {
+        DiscoveryName::Search { seeds, roles } => {
+            let view = crate::upstream::search_cluster::view(group);
+            let nodes = crate::upstream::search_cluster::refresh(seeds, roles, &view).await?;
+            if nodes.is_empty() {
+                return Err("no node has one of the roles".to_owned());
+            }
+            for n in nodes {
+                out.push(backend(d, &n.http.ip().to_string(), n.http, 1));
+            }
+        }
         DiscoveryName::Dns { host, port } => {
             let ips = resolver
                 .lookup_ip(host.as_str())
@@ -360,7 +357,6 @@ async fn lookup(resolver: &TokioResolver, d: &Discovery) -> Result<Vec<Backend>,
                 out.push(backend(d, host, SocketAddr::new(ip, *port), d.weight));
             }
         }
-        DiscoveryName::Search { .. } => return Err("search clusters are read by round()".into()),
         DiscoveryName::Srv(name) => {
             let srv = resolver
                 .srv_lookup(name.as_str())
