@@ -59,7 +59,7 @@ enum IdValue {
 }
 
 /// One item: its bytes in the body and where it goes.
-struct Item {
+pub(super) struct Item {
     range: std::ops::Range<usize>,
     op: String,
     index: Option<String>,
@@ -68,7 +68,13 @@ struct Item {
 }
 
 /// Splits `body` into items placed by `map`; `None` when it is not valid bulk NDJSON.
-fn split(body: &[u8], bulk: &Bulk, map: &ClusterMap, unknown: &mut bool) -> Option<Vec<Item>> {
+/// `unknown`: an item named an index the map lacks.
+pub(super) fn split(
+    body: &[u8],
+    bulk: &Bulk,
+    map: &ClusterMap,
+    unknown: &mut bool,
+) -> Option<Vec<Item>> {
     let mut items = Vec::new();
     let mut pos = 0;
     let next_line =
@@ -147,21 +153,29 @@ struct Part<'a> {
     items: Vec<&'a RawValue>,
 }
 
-/// Runs a bulk: `fallback` takes the items no node was found for (the group's balancer's
-/// pick). Answers with the merged results, or the single node's answer as it is.
-pub(crate) async fn run(
-    bulk: &Bulk,
-    map: &ClusterMap,
+/// The index each item writes (`None`: none named; `items` is `None` for a body that is not
+/// bulk NDJSON, which may write anything).
+pub(super) fn written(items: Option<&[Item]>) -> Vec<Option<&str>> {
+    match items {
+        None => vec![None],
+        Some(items) => items.iter().map(|i| i.index.as_deref()).collect(),
+    }
+}
+
+/// Runs a bulk split by [`split`] (`None`: sent as it is): `fallback` takes the items no node
+/// was found for (the group's balancer's pick). Answers with the merged results, or the
+/// single node's answer as it is.
+pub(super) async fn run(
+    items: Option<Vec<Item>>,
     target: &str,
     fields: &[(&str, &[u8])],
     body: Bytes,
     fallback: SocketAddr,
     timeout: Duration,
-) -> (Answer, bool) {
-    let mut unknown = false;
-    let Some(items) = split(&body, bulk, map, &mut unknown) else {
+) -> Answer {
+    let Some(items) = items else {
         let r = call("POST", fallback, target, fields, body, timeout, MAX_ANSWER).await;
-        return (passthrough(r), unknown);
+        return passthrough(r);
     };
     // Unplaced items join a node that gets some anyway (fewer sub-requests), else `fallback`.
     let spare = items.iter().find_map(|i| i.dest).unwrap_or(fallback);
@@ -175,7 +189,7 @@ pub(crate) async fn run(
     }
     if let [(node, _)] = parts.as_slice() {
         let r = call("POST", *node, target, fields, body, timeout, MAX_ANSWER).await;
-        return (with_nodes(passthrough(r), 1), unknown);
+        return with_nodes(passthrough(r), 1);
     }
     let mut set = tokio::task::JoinSet::new();
     for (p, (node, list)) in parts.iter().enumerate() {
@@ -206,10 +220,7 @@ pub(crate) async fn run(
             answers[p] = Some(r);
         }
     }
-    (
-        with_nodes(merge(&items, &parts, answers), parts.len()),
-        unknown,
-    )
+    with_nodes(merge(&items, &parts, answers), parts.len())
 }
 
 /// Says how many nodes a routed bulk went to (`X-Veloxy-Bulk-Nodes`), for operators and tests.

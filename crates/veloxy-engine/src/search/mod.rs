@@ -399,26 +399,20 @@ impl Job {
         match &self.kind {
             JobKind::Bulk(b) => {
                 let map = self.route.cluster.load();
-                // Dropped before (no stale answer is served while it runs) and after (none
-                // stored from a search that raced it).
-                let written = self.route.query_cache.as_ref().map(|qc| {
-                    let w = qcache::bulk_indices(&body, b.default_index.as_deref(), &map);
-                    qc.written(&w);
-                    (qc, w)
-                });
-                let (answer, unknown) = bulk::run(
-                    b,
-                    &map,
-                    &self.target,
-                    &fields,
-                    body,
-                    self.node,
-                    self.timeout,
-                )
-                .await;
+                let mut unknown = false;
+                let items = bulk::split(&body, b, &map, &mut unknown);
                 if unknown {
                     self.route.cluster.mark_stale();
                 }
+                // Dropped before (no stale answer is served while it runs) and after (none
+                // stored from a search that raced it).
+                let written = self.route.query_cache.as_ref().map(|qc| {
+                    let w = qcache::written_indices(bulk::written(items.as_deref()), &map);
+                    qc.written(&w);
+                    (qc, w)
+                });
+                let answer =
+                    bulk::run(items, &self.target, &fields, body, self.node, self.timeout).await;
                 if let Some((qc, w)) = written {
                     qc.written(&w);
                 }

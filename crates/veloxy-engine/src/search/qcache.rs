@@ -179,21 +179,15 @@ impl QueryCache {
     }
 }
 
-/// The indices a bulk body writes (each item's `_index`, else `default`).
-pub(crate) fn bulk_indices(body: &[u8], default: Option<&str>, map: &ClusterMap) -> Vec<String> {
-    let mut out: BTreeMap<String, ()> = BTreeMap::new();
-    for line in body.split(|b| *b == b'\n') {
-        let Ok(Value::Object(action)) = serde_json::from_slice::<Value>(line) else {
-            continue;
-        };
-        let Some((op, meta)) = action.iter().next() else {
-            continue;
-        };
-        if !matches!(op.as_str(), "index" | "create" | "update" | "delete") {
-            continue;
-        }
-        let index = meta.get("_index").and_then(Value::as_str).or(default);
-        for i in indices(&format!("/{}", index.unwrap_or("")), map) {
+/// The indices a bulk's items write (`None`: an item naming none, which counts as `*`),
+/// resolved as [`indices`] resolves a path's.
+pub(crate) fn written_indices<'a>(
+    names: impl IntoIterator<Item = Option<&'a str>>,
+    map: &ClusterMap,
+) -> Vec<String> {
+    let mut out = BTreeMap::new();
+    for name in names {
+        for i in indices(&format!("/{}", name.unwrap_or("")), map) {
             out.insert(i, ());
         }
     }
@@ -247,7 +241,11 @@ mod tests {
         assert_eq!(indices("/logs-*/_search", &map), vec!["*"]);
         assert_eq!(indices("/_search", &map), vec!["*"]);
         assert_eq!(indices("/logs-1,logs/_count", &map), vec!["logs-1"]);
-        let body = b"{\"index\":{\"_index\":\"logs\"}}\n{}\n{\"delete\":{\"_id\":\"1\"}}\n";
-        assert_eq!(bulk_indices(body, Some("x"), &map), vec!["*", "logs-1"]);
+        // An item to the alias, one to an index the map lacks.
+        assert_eq!(
+            written_indices([Some("logs"), Some("x")], &map),
+            vec!["*", "logs-1"]
+        );
+        assert_eq!(written_indices([None], &map), vec!["*"]);
     }
 }
