@@ -121,18 +121,30 @@ def start(name, port, upstream, tmp, pool=128):
     return proc
 
 
+def warm_up(port):
+    """One request first, so lazily built state (pools, caches) is not counted per client."""
+    probe = socket.create_connection(("127.0.0.1", port), timeout=5)
+    probe.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    while probe.recv(65536):
+        pass
+    probe.close()
+    time.sleep(0.5)
+
+
+def stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def measure(name, n, upstream, tmp):
     port = free_port()
     proc = start(name, port, upstream, tmp)
     try:
         pid = worker_pid(proc, name)
-        # One request first, so lazily built state (pools, caches) is not counted per client.
-        probe = socket.create_connection(("127.0.0.1", port), timeout=5)
-        probe.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        while probe.recv(65536):
-            pass
-        probe.close()
-        time.sleep(0.5)
+        warm_up(port)
         before = rss_kib(pid)
         socks = []
         for _ in range(n):
@@ -153,11 +165,7 @@ def measure(name, n, upstream, tmp):
         return {"rss_before_kib": before, "rss_idle_kib": after,
                 "bytes_per_connection": round((after - before) * 1024 / n)}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def established_to(port):
@@ -179,12 +187,7 @@ def measure_pooled(name, n, upstream, up_port, tmp):
     proc = start(name, port, upstream, tmp, pool=n)
     try:
         pid = worker_pid(proc, name)
-        probe = socket.create_connection(("127.0.0.1", port), timeout=5)
-        probe.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        while probe.recv(65536):
-            pass
-        probe.close()
-        time.sleep(0.5)
+        warm_up(port)
         before = rss_kib(pid)
         socks = []
         for _ in range(n):
@@ -201,11 +204,7 @@ def measure_pooled(name, n, upstream, up_port, tmp):
         return {"rss_before_kib": before, "rss_pooled_kib": after, "pooled": pooled,
                 "bytes_per_pooled": round((after - before) * 1024 / max(1, pooled))}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def main():
