@@ -4,7 +4,7 @@
 use std::rc::Rc;
 
 use crate::cache::fill::Filled;
-use crate::downstream::connection::{finish_record, linger_close, Downstream, Prepared};
+use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::files::StaticReply;
 use crate::exchange::Record;
 use crate::http1::BodyKind;
@@ -30,16 +30,8 @@ pub(crate) async fn forward(
         }
         Err(e) => {
             tracing::warn!(error = %e.kind, "upstream error (cache fill)");
-            let mut record = std::mem::replace(&mut p.record, Record::unlogged());
             let close = e.closes_connection() || !p.keep_alive || p.body != BodyKind::None;
-            let a =
-                crate::downstream::proxy::answer_error(worker, down, &e, close, p.is_head, &record)
-                    .await;
-            finish_record(worker, down, &mut record, e.status());
-            if a.linger {
-                linger_close(&mut down.stream).await;
-            }
-            a.keep
+            crate::downstream::proxy::fail_prepared(worker, down, &mut p, &e, close).await
         }
     }
 }

@@ -192,12 +192,7 @@ pub(crate) async fn authorize(
         Err(e) => {
             tracing::warn!(error = %e.kind, "forward_auth: the auth service did not answer");
             let close = p.body != BodyKind::None || !p.keep_alive;
-            let a = answer_error(worker, down, &e, close, p.is_head, &p.record).await;
-            crate::downstream::connection::finish_record(worker, down, &mut p.record, e.status());
-            if a.linger {
-                linger_close(&mut down.stream).await;
-            }
-            Some(a.keep)
+            Some(fail_prepared(worker, down, p, &e, close).await)
         }
     }
 }
@@ -210,6 +205,25 @@ pub(crate) struct Answered {
     /// The answer was sent and the connection must close: linger first (after recording the
     /// exchange, so the record does not wait on the client).
     pub linger: bool,
+}
+
+/// Answers a prepared request that failed before any response (forward_auth's, a cache
+/// fill's or a search job's): the error, its record finished, a lingering close when the answer asks for one.
+/// Returns whether the connection stays open.
+pub(crate) async fn fail_prepared(
+    worker: &Worker,
+    down: &mut Downstream,
+    p: &mut Prepared,
+    e: &ProxyError,
+    close: bool,
+) -> bool {
+    let mut record = std::mem::replace(&mut p.record, Record::unlogged());
+    let a = answer_error(worker, down, e, close, p.is_head, &record).await;
+    crate::downstream::connection::finish_record(worker, down, &mut record, e.status());
+    if a.linger {
+        linger_close(&mut down.stream).await;
+    }
+    a.keep
 }
 
 /// Answers an error before any response byte went out (counting shed or rate-limited

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use bytes::{Buf, Bytes};
 
-use crate::downstream::connection::{finish_record, linger_close, Downstream, Prepared};
+use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::files::StaticReply;
 use crate::downstream::proxy::Fail;
 use crate::downstream::relay::{read_body_more, request_body_error, write_down, BodyState};
@@ -24,20 +24,13 @@ pub(crate) async fn forward(worker: &Rc<Worker>, down: &mut Downstream, mut p: P
             p.body = BodyKind::None;
             let answer = job.run(body).await;
             let record = std::mem::replace(&mut p.record, Record::unlogged());
-            let reply =
-                StaticReply::for_response(worker, answer.into_response(p.is_head), &p, record);
+            let reply = StaticReply::for_answer(worker, answer, &p, record);
             crate::downstream::files::serve(worker, down, reply).await
         }
         Err(Fail::Abort(_)) => false,
         Err(Fail::BeforeResponse(e)) => {
-            let mut record = std::mem::replace(&mut p.record, Record::unlogged());
-            let a =
-                crate::downstream::proxy::answer_error(worker, down, &e, true, p.is_head, &record)
-                    .await;
-            finish_record(worker, down, &mut record, e.status());
-            if a.linger {
-                linger_close(&mut down.stream).await;
-            }
+            // The body was not read whole: the connection cannot take another request.
+            crate::downstream::proxy::fail_prepared(worker, down, &mut p, &e, true).await;
             false
         }
     }
