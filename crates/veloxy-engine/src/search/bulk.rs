@@ -21,6 +21,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::json_answer;
 use super::routing::Sharding;
 use crate::exchange::Answer;
 use crate::upstream::search_client::{call, CallError, Reply};
@@ -230,11 +231,6 @@ fn with_nodes(mut a: Answer, n: usize) -> Answer {
     a
 }
 
-/// A JSON answer.
-pub(super) fn json_answer(status: u16, body: Bytes) -> Answer {
-    Answer::fixed(status, &body, "application/json; charset=UTF-8")
-}
-
 /// A single node's answer as it is (its status, type and body).
 pub(super) fn passthrough(r: Result<Reply, CallError>) -> Answer {
     match r {
@@ -243,14 +239,14 @@ pub(super) fn passthrough(r: Result<Reply, CallError>) -> Answer {
                 .content_type
                 .as_deref()
                 .and_then(|c| std::str::from_utf8(c).ok())
-                .unwrap_or("application/json; charset=UTF-8")
+                .unwrap_or(super::JSON)
                 .to_owned();
             Answer::fixed(r.status, &r.body, &ct)
         }
         Err(e) => {
             tracing::warn!(error = %e, "search: bulk to a node failed");
             let body = super::error_body(503, "veloxy_node_unavailable", &e.to_string());
-            Answer::fixed(503, &body, "application/json; charset=UTF-8")
+            json_answer(503, body)
         }
     }
 }
@@ -304,7 +300,7 @@ fn merge(
         body.push_str(item.as_deref().unwrap_or("null"));
     }
     body.push_str("]}");
-    Answer::fixed(200, &Bytes::from(body), "application/json; charset=UTF-8")
+    json_answer(200, Bytes::from(body))
 }
 
 /// The result of an item whose node did not answer, shaped like the cluster's item errors.

@@ -289,11 +289,15 @@ pub(crate) fn error_body(status: u16, kind: &str, reason: &str) -> bytes::Bytes 
 /// The 403 of a denied API.
 pub(crate) fn denied(api: &str) -> crate::exchange::Answer {
     let reason = format!("{api} is denied on this route by veloxy");
-    crate::exchange::Answer::fixed(
-        403,
-        &error_body(403, "veloxy_denied", &reason),
-        "application/json; charset=UTF-8",
-    )
+    json_answer(403, error_body(403, "veloxy_denied", &reason))
+}
+
+/// The media type of the cluster's answers, and of veloxy's own on search routes.
+const JSON: &str = "application/json; charset=UTF-8";
+
+/// A JSON answer.
+fn json_answer(status: u16, body: bytes::Bytes) -> crate::exchange::Answer {
+    crate::exchange::Answer::fixed(status, &body, JSON)
 }
 
 /// What a codec runs instead of forwarding, once it has read the request body whole.
@@ -432,7 +436,7 @@ impl Job {
                 });
                 if let Some((qc, key)) = &cache {
                     if let Some(hit) = (!refresh).then(|| qc.get(key)).flatten() {
-                        return with_status(bulk::json_answer(200, hit), "HIT");
+                        return with_status(json_answer(200, hit), "HIT");
                     }
                 }
                 let r = crate::upstream::search_client::call(
