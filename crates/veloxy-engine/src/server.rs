@@ -582,12 +582,11 @@ fn spawn_connection(
 ) {
     state.open.fetch_add(1, Ordering::Relaxed);
     worker.connection_opened();
-    let (w, st) = (worker.clone(), state.clone());
-    tokio::task::spawn_local(async move {
-        crate::downstream::setup::serve(w.clone(), stream, peer, st.clone()).await;
-        st.open.fetch_sub(1, Ordering::Relaxed);
-        w.connection_closed();
-    });
+    // The first steps' future is made (and boxed) here, so the task's own future keeps no
+    // copy of the socket and address it was started with: see `setup::serve`.
+    let begin = crate::downstream::setup::begin(worker.clone(), stream, peer, state.clone());
+    let serve = crate::downstream::setup::serve(worker.clone(), Box::pin(begin), state.clone());
+    tokio::task::spawn_local(serve);
 }
 
 /// On shutdown (or when a reload removes the listener), accepts what is already queued on

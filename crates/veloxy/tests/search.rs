@@ -367,6 +367,34 @@ fn guards_refuse_apis_and_clamp_sizes() {
         .map(hits)
         .collect();
     assert_eq!(sizes, vec![5, 1]);
+    // The same guards over HTTP/2: the refusal, the clamp in a body and in an _msearch.
+    let reply = h2_post(
+        v.addr,
+        "/guarded/_update_by_query",
+        "application/json",
+        r#"{"query":{"match_all":{}}}"#,
+    );
+    let json: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    assert_eq!(
+        (reply.status, &json["error"]["type"]),
+        (403, &json!("veloxy_denied"))
+    );
+    let reply = h2_post(
+        v.addr,
+        "/guarded/_search",
+        "application/json",
+        r#"{"size": 25}"#,
+    );
+    assert_eq!(reply.status, 200);
+    assert_eq!(hits(&serde_json::from_slice(&reply.body).unwrap()), 5);
+    let reply = h2_post(
+        v.addr,
+        "/_msearch",
+        "application/x-ndjson",
+        "{\"index\":\"guarded\"}\n{\"from\":1,\"size\":20}\n",
+    );
+    let m: Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(hits(&m["responses"][0]), 4, "{m}");
 }
 
 #[test]
