@@ -502,7 +502,19 @@ fn upstreams_json(shared: &Shared) -> String {
                 ["in service", "drained", "removed"][usize::from(b.drained.load(Ordering::Relaxed).min(2))],
             );
         }
-        out.push_str("]}");
+        out.push(']');
+        if let Some(search) = &g.search {
+            let h = search.cluster.health();
+            let shedding: Vec<String> = h.shedding.iter().map(|a| format!("\"{a}\"")).collect();
+            let _ = write!(
+                out,
+                ",\"cluster\":{{\"status\":{:?},\"nodes\":{},\"shedding\":[{}]}}",
+                h.status,
+                h.nodes,
+                shedding.join(",")
+            );
+        }
+        out.push('}');
     }
     out.push_str("]}\n");
     out

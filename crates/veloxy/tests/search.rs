@@ -585,3 +585,96 @@ fn rate_limits_can_be_per_index() {
         "index b has its own bucket"
     );
 }
+
+/// Puts the cluster's request circuit breaker back when the test ends, failed or not.
+struct BreakerLimit(SocketAddr);
+
+impl BreakerLimit {
+    fn set(node: SocketAddr, limit: Value) -> Self {
+        let body = json!({"transient": {"indices.breaker.request.limit": limit}});
+        ok(node, "PUT", "/_cluster/settings", &body.to_string());
+        BreakerLimit(node)
+    }
+}
+
+impl Drop for BreakerLimit {
+    fn drop(&mut self) {
+        let body = json!({"transient": {"indices.breaker.request.limit": null}});
+        call(self.0, "PUT", "/_cluster/settings", &body.to_string());
+    }
+}
+
+#[test]
+fn a_node_whose_breakers_trip_is_left_out_and_health_is_shown() {
+    let Some(os) = cluster() else { return };
+    let (n1, n2) = (os.nodes[0], os.nodes[1]);
+    // One shard, held by node 2: an aggregation over it runs there.
+    let local = ok(n2, "GET", "/_nodes/_local", "");
+    let name = local["nodes"].as_object().unwrap().values().next().unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let settings = json!({"settings": {"number_of_shards": 1, "number_of_replicas": 0,
+                          "index.routing.allocation.require._name": name}});
+    ok(
+        n1,
+        "PUT",
+        "/hot?wait_for_active_shards=all",
+        &settings.to_string(),
+    );
+    ok(n1, "POST", "/hot/_doc/1?refresh=true", r#"{"k": "a"}"#);
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\nadmin = \"127.0.0.1:0\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\nupstream = \"es\"\nsearch = {{ bulk = \"forward\" }}\n\
+         [upstreams.es]\nservers = [\"{n1}\"]\n\
+         search = {{ kind = \"opensearch\", discover = \"200ms\" }}\n"
+    ));
+    let admin = admin_addr(&v);
+    let group = || -> Value {
+        let r = get(admin, "/upstreams");
+        serde_json::from_slice::<Value>(&r.body).unwrap()["upstreams"][0].clone()
+    };
+    let addrs = |g: &Value| -> Vec<String> {
+        g["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["addr"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || addrs(&group()).len() == 2),
+        "both nodes found: {}",
+        group()
+    );
+    let g = group();
+    assert_eq!(g["cluster"]["status"], "green", "{g}");
+    assert_eq!(g["cluster"]["nodes"], 2);
+    assert_eq!(g["cluster"]["shedding"], json!([]));
+    // Node 2 runs short of memory: its request breaker trips on an aggregation.
+    let limit = BreakerLimit::set(n1, json!("1b"));
+    let agg = r#"{"size": 0, "aggs": {"k": {"terms": {"field": "k.keyword"}}}}"#;
+    // Sent to node 2 itself, so that no other node's breaker is involved.
+    let r = call(n2, "POST", "/hot/_search", agg);
+    let n2s = n2.to_string();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let g = group();
+            g["cluster"]["shedding"] == json!([n2s]) && addrs(&g) == vec![n1.to_string()]
+        }),
+        "node 2 is left out: {} (the aggregation got {} {})",
+        group(),
+        r.status,
+        r.json
+    );
+    // Requests keep working through node 1 meanwhile.
+    assert_eq!(call(v.addr, "GET", "/hot/_count", "").status, 200);
+    drop(limit);
+    assert!(
+        eventually(Duration::from_secs(10), || addrs(&group()).len() == 2),
+        "node 2 is back once its breakers stay quiet: {}",
+        group()
+    );
+    assert_eq!(group()["cluster"]["shedding"], json!([]));
+}

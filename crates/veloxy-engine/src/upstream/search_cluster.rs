@@ -20,6 +20,10 @@ use super::search_client::get_json;
 /// How long one read of the cluster may take.
 const READ_LIMIT: Duration = Duration::from_secs(5);
 
+/// How long a node whose circuit breakers tripped is left out of the backends (and longer
+/// while they keep tripping).
+pub(crate) const SHED_FOR: Duration = Duration::from_secs(3);
+
 /// What the shard computation needs of an index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sharding {
@@ -71,10 +75,29 @@ pub(crate) struct SearchGroup {
     pub cluster: Arc<ClusterView>,
 }
 
+/// What the last round read of the cluster's health.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct ClusterHealth {
+    /// `_cluster/health`'s status (`green`, `yellow`, `red`), or `unknown` when it could not
+    /// be read.
+    pub status: String,
+    /// `_cluster/health`'s `number_of_nodes`.
+    pub nodes: u32,
+    /// Nodes left out of the backends: their circuit breakers tripped within [`SHED_FOR`].
+    pub shedding: Vec<SocketAddr>,
+}
+
+/// Node id -> (breaker trips summed over its breakers, when a trip was last seen).
+type Trips = HashMap<String, (u64, Option<std::time::Instant>)>;
+
 /// The current [`ClusterMap`] of a group, shared by the discovery thread and the workers.
 #[derive(Debug, Default)]
 pub(crate) struct ClusterView {
     map: ArcSwap<ClusterMap>,
+    /// Read by the admin endpoint only (not on any request's path).
+    health: Mutex<ClusterHealth>,
+    /// The discovery thread's memory of each node's breaker trips.
+    trips: Mutex<Trips>,
     /// A bulk met an index missing from the map: the next discovery round comes early.
     stale: AtomicBool,
     wake: tokio::sync::Notify,
@@ -101,6 +124,11 @@ impl ClusterView {
         let _ = tokio::time::timeout(every, self.wake.notified()).await;
     }
 
+    /// The cluster's health as last read.
+    pub(crate) fn health(&self) -> ClusterHealth {
+        lock(&self.health).clone()
+    }
+
     fn store(&self, map: ClusterMap) {
         self.stale.store(false, Ordering::Relaxed);
         if **self.map.load() != map {
@@ -109,14 +137,15 @@ impl ClusterView {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The view of the group `name` (created on first use, kept for the life of the process so
 /// that reloads find it again).
 pub(crate) fn view(name: &str) -> Arc<ClusterView> {
     static VIEWS: OnceLock<Mutex<HashMap<String, Arc<ClusterView>>>> = OnceLock::new();
-    let mut views = VIEWS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut views = lock(VIEWS.get_or_init(Default::default));
     views.entry(name.to_owned()).or_default().clone()
 }
 
@@ -129,7 +158,8 @@ pub(crate) struct Node {
 }
 
 /// Reads the cluster through the first seed that answers: its nodes (those with one of
-/// `roles`, or all when `roles` is empty) and its map, which is stored in `view`.
+/// `roles`, or all when `roles` is empty, less those shedding load while others remain) and
+/// its map, which is stored in `view` with its health.
 pub(crate) async fn refresh(
     seeds: &[SocketAddr],
     roles: &[String],
@@ -138,22 +168,76 @@ pub(crate) async fn refresh(
     let mut last = String::from("no seeds");
     for seed in seeds {
         match read(*seed).await {
-            Ok((nodes, map)) => {
-                view.store(map);
-                let mut out: Vec<Node> = nodes
-                    .into_values()
-                    .filter(|n| roles.is_empty() || n.roles.iter().any(|r| roles.contains(r)))
-                    .collect();
-                out.sort_by_key(|n| n.http);
-                return Ok(out);
-            }
+            Ok(reading) => return Ok(take(reading, roles, view, std::time::Instant::now())),
             Err(e) => last = e,
         }
     }
     Err(last)
 }
 
-async fn read(seed: SocketAddr) -> Result<(HashMap<String, Node>, ClusterMap), String> {
+/// One round's answers from a seed.
+struct Reading {
+    nodes: HashMap<String, Node>,
+    map: ClusterMap,
+    /// `(status, number_of_nodes)`, when `_cluster/health` answered.
+    health: Option<(String, u32)>,
+    /// Node id -> trips summed over its breakers, when node stats answered.
+    trips: HashMap<String, u64>,
+}
+
+/// Stores a reading in `view` and returns the nodes to use as backends.
+fn take(r: Reading, roles: &[String], view: &ClusterView, now: std::time::Instant) -> Vec<Node> {
+    view.store(r.map);
+    let shedding = shedding(&mut lock(&view.trips), &r.trips, now);
+    let mut nodes: Vec<(bool, Node)> = r
+        .nodes
+        .into_iter()
+        .filter(|(_, n)| roles.is_empty() || n.roles.iter().any(|x| roles.contains(x)))
+        .map(|(id, n)| (shedding.contains(&id), n))
+        .collect();
+    if nodes.iter().all(|(shed, _)| *shed) {
+        // A cluster short of memory everywhere is still better asked than refused by veloxy.
+        nodes.iter_mut().for_each(|n| n.0 = false);
+    }
+    let mut shed: Vec<SocketAddr> = nodes.iter().filter(|n| n.0).map(|n| n.1.http).collect();
+    shed.sort();
+    let mut out: Vec<Node> = nodes
+        .into_iter()
+        .filter_map(|(s, n)| (!s).then_some(n))
+        .collect();
+    out.sort_by_key(|n| n.http);
+    let (status, nodes) = r.health.unwrap_or_else(|| ("unknown".to_owned(), 0));
+    *lock(&view.health) = ClusterHealth {
+        status,
+        nodes,
+        shedding: shed,
+    };
+    out
+}
+
+/// Updates each node's remembered trips and returns the ids of the nodes that tripped within
+/// [`SHED_FOR`]. A node seen for the first time has its count taken as the baseline.
+fn shedding(
+    memory: &mut Trips,
+    now_trips: &HashMap<String, u64>,
+    now: std::time::Instant,
+) -> Vec<String> {
+    memory.retain(|id, _| now_trips.contains_key(id));
+    let mut out = Vec::new();
+    for (id, &count) in now_trips {
+        let entry = memory.entry(id.clone()).or_insert((count, None));
+        if count > entry.0 {
+            entry.1 = Some(now);
+        }
+        entry.0 = count;
+        if entry.1.is_some_and(|t| now.duration_since(t) < SHED_FOR) {
+            out.push(id.clone());
+        }
+    }
+    out
+}
+
+async fn read(seed: SocketAddr) -> Result<Reading, String> {
     let nodes = get_json(seed, "/_nodes/http", READ_LIMIT).await?;
     let nodes = parse_nodes(&nodes);
     if nodes.is_empty() {
@@ -172,7 +256,54 @@ async fn read(seed: SocketAddr) -> Result<(HashMap<String, Node>, ClusterMap), S
     )
     .await?;
     let map = parse_state(&state, &nodes);
-    Ok((nodes, map))
+    // Health and stats are extras: a cluster (or a user's permissions) without them still
+    // gives its nodes and map.
+    let health = get_json(
+        seed,
+        "/_cluster/health?filter_path=status,number_of_nodes",
+        READ_LIMIT,
+    )
+    .await
+    .ok()
+    .and_then(|h| parse_health(&h));
+    let trips = get_json(
+        seed,
+        "/_nodes/stats/breaker?filter_path=nodes.*.breakers.*.tripped",
+        READ_LIMIT,
+    )
+    .await
+    .map(|s| parse_trips(&s))
+    .unwrap_or_default();
+    Ok(Reading {
+        nodes,
+        map,
+        health,
+        trips,
+    })
+}
+
+/// `_cluster/health`: its status and node count.
+fn parse_health(v: &Value) -> Option<(String, u32)> {
+    let status = v.get("status")?.as_str()?.to_owned();
+    Some((status, number(v.get("number_of_nodes")).unwrap_or(0)))
+}
+
+/// `_nodes/stats/breaker`: node id -> trips summed over its breakers.
+fn parse_trips(v: &Value) -> HashMap<String, u64> {
+    let Some(nodes) = v.get("nodes").and_then(Value::as_object) else {
+        return HashMap::new();
+    };
+    nodes
+        .iter()
+        .map(|(id, n)| {
+            let sum = n.get("breakers").and_then(Value::as_object).map_or(0, |b| {
+                b.values()
+                    .filter_map(|x| x.get("tripped").and_then(Value::as_u64))
+                    .sum()
+            });
+            (id.clone(), sum)
+        })
+        .collect()
 }
 
 /// `_nodes/http`: node id -> node.
@@ -308,6 +439,62 @@ pub(crate) fn parse_state(v: &Value, nodes: &HashMap<String, Node>) -> ClusterMa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_whose_breakers_trip_is_shed_for_a_while() {
+        let stats = serde_json::json!({"nodes": {
+            "a1": {"breakers": {"request": {"tripped": 0}, "parent": {"tripped": 2}}},
+            "b2": {"breakers": {"request": {"tripped": 5}}}
+        }});
+        let mut memory = Trips::new();
+        let t0 = std::time::Instant::now();
+        let trips = parse_trips(&stats);
+        assert_eq!(trips["a1"], 2);
+        assert!(shedding(&mut memory, &trips, t0).is_empty(), "a baseline");
+        let mut more = trips.clone();
+        more.insert("b2".to_owned(), 6);
+        assert_eq!(shedding(&mut memory, &more, t0), vec!["b2".to_owned()]);
+        let later = t0 + SHED_FOR / 2;
+        assert_eq!(shedding(&mut memory, &more, later), vec!["b2".to_owned()]);
+        assert!(shedding(&mut memory, &more, t0 + SHED_FOR).is_empty());
+        // Shed while others remain; never all of them.
+        let node = |id: &str, port: u16| {
+            (
+                id.to_owned(),
+                Node {
+                    name: id.to_owned(),
+                    http: SocketAddr::from(([127, 0, 0, 1], port)),
+                    roles: vec!["data".to_owned()],
+                },
+            )
+        };
+        let view = ClusterView::default();
+        let reading = |b2: u64| Reading {
+            nodes: [node("a1", 9201), node("b2", 9202)].into_iter().collect(),
+            map: ClusterMap::default(),
+            health: Some(("yellow".to_owned(), 2)),
+            trips: [("a1".to_owned(), 0), ("b2".to_owned(), b2)]
+                .into_iter()
+                .collect(),
+        };
+        assert_eq!(take(reading(0), &[], &view, t0).len(), 2);
+        let kept = take(reading(1), &[], &view, t0);
+        assert_eq!(
+            kept.iter().map(|n| n.http.port()).collect::<Vec<_>>(),
+            vec![9201]
+        );
+        let h = view.health();
+        assert_eq!((h.status.as_str(), h.nodes), ("yellow", 2));
+        assert_eq!(h.shedding, vec![SocketAddr::from(([127, 0, 0, 1], 9202))]);
+        let both = Reading {
+            trips: [("a1".to_owned(), 1), ("b2".to_owned(), 2)]
+                .into_iter()
+                .collect(),
+            ..reading(2)
+        };
+        assert_eq!(take(both, &[], &view, t0).len(), 2, "never all shed");
+        assert!(view.health().shedding.is_empty());
+    }
 
     #[test]
     fn nodes_and_state_are_read() {
