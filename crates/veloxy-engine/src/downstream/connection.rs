@@ -158,7 +158,7 @@ pub(super) async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, f
                 // keep-alive timeout is taken from the current config: holding the whole
                 // generation would keep an old config's pools alive while the client idles.
                 let wait = worker.current().snapshot.settings.keepalive_timeout;
-                match (IdleRead::new(worker, tcp, &mut down.rbuf, wait)).await {
+                match IdleRead::new(worker, tcp, &mut down.rbuf, wait).await {
                     0 => {
                         leave_fresh(worker, fresh);
                         return;
