@@ -11,6 +11,8 @@
 //!    [`server`] starts the workers and reloads; each **worker** (`worker`) runs a
 //!    single-threaded tokio runtime that owns its sockets, upstream pools and pickers, and
 //!    reads the config **generation** it runs on. `runtime` holds what all workers share.
+//!    An HTTP/1 client idle past `park_idle_after` is **parked** (`park`): its task ends
+//!    and its socket waits in the worker's own epoll instance until its next request.
 //! 2. **downstream codecs** (`downstream`): `connection` terminates TLS, detects HTTP/2 (ALPN
 //!    `h2` or the h2c preface) and reads HTTP/1 request heads, parsed by `http1::request`
 //!    (nothing that could smuggle a request gets through); `downstream::http2` serves HTTP/2
@@ -80,6 +82,7 @@ pub(crate) mod http1;
 pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod metrics;
+pub(crate) mod park;
 pub(crate) mod router;
 pub(crate) mod rules;
 pub(crate) mod runtime;

@@ -113,6 +113,10 @@ pub struct WorkerMetrics {
     pub body_timeouts: Counter,
     /// Times the allocator was asked to return freed memory to the OS after a burst.
     pub memory_trims: Counter,
+    /// Idle keep-alive connections parked off the runtime, and taken out again (woken or
+    /// closed); their difference is the parked gauge.
+    pub parked: Counter,
+    pub unparked: Counter,
     /// Requests refused before routing completed (404, 400, 429, ...), by status class.
     unrouted: [Counter; CLASSES],
     /// Failed accepts on the listeners (out of descriptors, mostly).
@@ -147,6 +151,8 @@ impl Default for WorkerMetrics {
             send_timeouts: Counter::default(),
             body_timeouts: Counter::default(),
             memory_trims: Counter::default(),
+            parked: Counter::default(),
+            unparked: Counter::default(),
             unrouted: std::array::from_fn(|_| Counter::default()),
             accept_errors: Counter::default(),
             upstream_local_errors: Counter::default(),
@@ -439,6 +445,13 @@ pub fn render(m: &Metrics, labels: &Labels) -> String {
         "counter",
         "Times freed memory was returned to the OS after a burst of connections closed.",
         sum(m, |w| w.memory_trims.get()),
+    );
+    counter(
+        &mut out,
+        "veloxy_downstream_parked_connections",
+        "gauge",
+        "Idle keep-alive client connections parked off the runtime (park_idle_after).",
+        sum(m, |w| w.parked.get()).saturating_sub(sum(m, |w| w.unparked.get())),
     );
     out
 }

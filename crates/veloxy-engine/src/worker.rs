@@ -98,6 +98,8 @@ pub(crate) struct Worker {
     /// Shared by the worker's accept loops: out of descriptors, every listener fails at once,
     /// and one line a second per worker says so.
     pub accept_log: RefCell<crate::accept::LogLimiter>,
+    /// Idle keep-alive connections parked off the runtime (see [`crate::park`]).
+    pub parking: crate::park::Parking,
 }
 
 impl Worker {
@@ -118,6 +120,7 @@ impl Worker {
             peak_connections: Cell::new(0),
             idle_buffers_freed: Cell::new(0),
             accept_log: RefCell::new(crate::accept::LogLimiter::new(crate::accept::LOG_INTERVAL)),
+            parking: crate::park::Parking::default(),
         }
     }
 

@@ -82,6 +82,8 @@ pub struct ServerSection {
     pub workers: Option<Spanned<usize>>,
     pub header_timeout: Option<DurationValue>,
     pub keepalive_timeout: Option<DurationValue>,
+    /// Idle time after which a plain HTTP/1 keep-alive connection is parked ("0s": never).
+    pub park_idle_after: Option<DurationValue>,
     pub max_header_bytes: Option<Spanned<usize>>,
     pub max_uri_bytes: Option<Spanned<usize>>,
     /// Forward request headers whose names contain `_` (default: dropped).

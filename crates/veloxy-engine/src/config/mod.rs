@@ -49,6 +49,11 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// Time an idle downstream keep-alive connection is kept open. Default 60s.
     pub keepalive_timeout: Duration,
+    /// Idle time after which a plain HTTP/1 keep-alive connection leaves the runtime and
+    /// waits in the worker's parking (about 100 bytes instead of 1.5 KB: see `park`). Zero:
+    /// never parked. Default 1s: a busy connection's next request comes sooner, and an idle
+    /// one pays the four `epoll_ctl` calls of parking once per idle period.
+    pub park_idle_after: Duration,
     /// Largest request head (request line + headers) accepted; more is a 431. Default 65536.
     pub max_header_bytes: usize,
     /// Longest request target accepted; longer is a 414. Default 8192.

@@ -71,6 +71,7 @@ fn settings(out: &mut Toml, s: &Settings) {
     out.int("workers", s.workers);
     out.duration("header_timeout", s.header_timeout);
     out.duration("keepalive_timeout", s.keepalive_timeout);
+    out.duration("park_idle_after", s.park_idle_after);
     out.int("max_header_bytes", s.max_header_bytes);
     out.int("max_uri_bytes", s.max_uri_bytes);
     out.bool("underscores_in_headers", s.underscores_in_headers);

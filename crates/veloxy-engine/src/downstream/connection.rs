@@ -149,7 +149,14 @@ pub(crate) struct Prepared {
     pub record: Record,
 }
 
-pub(super) async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, fresh: &mut bool) {
+/// Serves requests until the connection closes (`None`), or, for a connection idle for
+/// `[server] park_idle_after`, until it should be parked: `Some(deadline)`, the end of its
+/// keep-alive time (see [`crate::park`]).
+pub(super) async fn serve_requests(
+    worker: &Rc<Worker>,
+    down: &mut Downstream,
+    fresh: &mut bool,
+) -> Option<Instant> {
     loop {
         let mut started = false;
         if down.rbuf.is_empty() {
@@ -157,16 +164,22 @@ pub(super) async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, f
                 // Between requests: the wait holds no buffer and no request state. Only the
                 // keep-alive timeout is taken from the current config: holding the whole
                 // generation would keep an old config's pools alive while the client idles.
-                let wait = worker.current().snapshot.settings.keepalive_timeout;
-                match IdleRead::new(worker, tcp, &mut down.rbuf, wait).await {
-                    0 => {
-                        leave_fresh(worker, fresh);
-                        return;
-                    }
-                    n => {
+                let (keepalive, park) = {
+                    let s = &worker.current().snapshot.settings;
+                    (s.keepalive_timeout, s.park_idle_after)
+                };
+                // A connection whose first request has not come stays: shutdown waits for it.
+                let park = (!*fresh && !park.is_zero() && park < keepalive).then_some(park);
+                match IdleRead::new(worker, tcp, &mut down.rbuf, keepalive, park).await {
+                    Waited::Read(n) => {
                         down.metrics.bytes_in.add(n as u64);
                         started = true;
                     }
+                    Waited::Gone => {
+                        leave_fresh(worker, fresh);
+                        return None;
+                    }
+                    Waited::Park(deadline) => return Some(deadline),
                 }
             }
         }
@@ -175,7 +188,7 @@ pub(super) async fn serve_requests(worker: &Rc<Worker>, down: &mut Downstream, f
         // big for its whole life, idle keep-alive time included. The box is the request's
         // only allocation for it, and is freed before the connection waits again.
         if !Box::pin(serve_one(worker, down, started, fresh)).await {
-            return;
+            return None;
         }
     }
 }
@@ -378,9 +391,19 @@ async fn read_request(
     }
 }
 
+/// How an idle wait ended.
+enum Waited {
+    /// The next request's first bytes were read (this many).
+    Read(usize),
+    /// Closed, failed or idled out.
+    Gone,
+    /// Idle for `park_idle_after`: park it; its keep-alive time ends at this deadline.
+    Park(Instant),
+}
+
 pin_project_lite::pin_project! {
     /// Waits up to a keep-alive timeout for the next request's first bytes on a plain
-    /// connection and reads them; resolves to how many (0: closed, failed or idled out).
+    /// connection and reads them; or, with `park`, only that long, and then it should park.
     ///
     /// A connection waiting between requests holds no read buffer: it gives its buffer to
     /// the worker's pool and takes one when its bytes arrive, the one given back last. So
@@ -396,13 +419,20 @@ pin_project_lite::pin_project! {
         worker: &'a Worker,
         tcp: &'a TcpStream,
         rbuf: &'a mut BytesMut,
+        // When parking: the keep-alive time left after the park timer.
+        rest: Option<Duration>,
         #[pin]
         timer: tokio::time::Sleep,
     }
 }
-
 impl<'a> IdleRead<'a> {
-    fn new(worker: &'a Worker, tcp: &'a TcpStream, rbuf: &'a mut BytesMut, wait: Duration) -> Self {
+    fn new(
+        worker: &'a Worker,
+        tcp: &'a TcpStream,
+        rbuf: &'a mut BytesMut,
+        keepalive: Duration,
+        park: Option<Duration>,
+    ) -> Self {
         if rbuf.capacity() > 0 {
             worker.give_head_buf(std::mem::take(rbuf));
         }
@@ -410,22 +440,22 @@ impl<'a> IdleRead<'a> {
             worker,
             tcp,
             rbuf,
-            timer: tokio::time::sleep(wait),
+            rest: park.map(|p| keepalive - p),
+            timer: tokio::time::sleep(park.unwrap_or(keepalive)),
         }
     }
 }
-
 impl Future for IdleRead<'_> {
-    type Output = usize;
+    type Output = Waited;
 
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<usize> {
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Waited> {
         let mut this = self.project();
         loop {
             let mut buf = this.worker.take_head_buf(HEAD_BUF);
             match this.tcp.try_read_buf(&mut buf) {
                 Ok(n) if n > 0 => {
                     **this.rbuf = buf;
-                    return Poll::Ready(n);
+                    return Poll::Ready(Waited::Read(n));
                 }
                 // WouldBlock cleared the socket's readiness: the poll below registers the wait.
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -433,13 +463,18 @@ impl Future for IdleRead<'_> {
                 }
                 _ => {
                     this.worker.give_head_buf(buf);
-                    return Poll::Ready(0);
+                    return Poll::Ready(Waited::Gone);
                 }
             }
             match this.tcp.poll_read_ready(cx) {
                 Poll::Ready(Ok(())) => continue,
-                Poll::Ready(Err(_)) => return Poll::Ready(0),
-                Poll::Pending if this.timer.as_mut().poll(cx).is_ready() => return Poll::Ready(0),
+                Poll::Ready(Err(_)) => return Poll::Ready(Waited::Gone),
+                Poll::Pending if this.timer.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(match this.rest {
+                        Some(rest) => Waited::Park(this.timer.deadline() + *rest),
+                        None => Waited::Gone,
+                    });
+                }
                 Poll::Pending => return Poll::Pending,
             }
         }

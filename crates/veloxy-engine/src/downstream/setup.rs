@@ -13,16 +13,18 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::connection::{serve_requests, Downstream, HEAD_BUF};
+use crate::park::Parked;
 use crate::tls::DownstreamIo;
 use crate::worker::Worker;
 
 /// Serves one accepted connection to its end, `begin` (its first steps, boxed) included.
 ///
-/// Every idle keep-alive client costs this future, so it holds only the `Downstream` and the
-/// wait for the next request: what runs once before the first request (PROXY header, SNI
-/// peek, TLS handshake, the other protocols) is in `begin`'s box, freed when it is done, and
-/// each request's state is boxed in `serve_requests`. (An `async fn`'s arguments keep their
-/// own space in its future for its whole life: so this one takes the socket inside the box.)
+/// Every idle keep-alive client costs this future until it parks, so it holds only the
+/// `Downstream` and the wait for the next request: what runs once before the first request
+/// (PROXY header, SNI peek, TLS handshake, the other protocols) is in `begin`'s box, freed
+/// when it is done, and each request's state is boxed in `serve_requests`. (An `async fn`'s
+/// arguments keep their own space in its future for its whole life: so this one takes the
+/// socket inside the box.)
 pub(crate) async fn serve<F>(
     worker: Rc<Worker>,
     begin: std::pin::Pin<Box<F>>,
@@ -32,23 +34,173 @@ pub(crate) async fn serve<F>(
 {
     // `let ... else`, not `if let`: the awaited value is a temporary that `if let` would keep
     // in this future beside `down` for the connection's whole life.
-    let Some(mut down) = begin.await else {
-        listener
-            .open
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        worker.connection_closed();
+    let Some(down) = begin.await else {
+        connection_closed(&worker, &listener);
         return;
     };
-    let mut fresh = true;
+    drop(listener);
     worker.fresh.set(worker.fresh.get() + 1);
-    serve_requests(&worker, &mut down, &mut fresh).await;
+    serve_http1(&worker, down, true).await;
+}
+
+/// Serves HTTP/1 requests on a connection until it closes or parks.
+async fn serve_http1(worker: &Rc<Worker>, mut down: Box<Downstream>, mut fresh: bool) {
+    let parkable = serve_requests(worker, &mut down, &mut fresh).await;
     if fresh {
         worker.fresh.set(worker.fresh.get() - 1);
     }
+    if let Some(deadline) = parkable {
+        match park(worker, down, deadline) {
+            Ok(()) => return,
+            // Not parked (no epoll instance): it waits in its task as before.
+            Err(down) => return Box::pin(serve_unparked(worker, down)).await,
+        }
+    }
+    connection_closed(worker, &down.listener);
+}
+
+/// A connection that could not park: served to its end without parking (boxed in
+/// `serve_http1`, which it would otherwise contain).
+async fn serve_unparked(worker: &Rc<Worker>, mut down: Box<Downstream>) {
+    let mut fresh = false;
+    while let Some(deadline) = serve_requests(worker, &mut down, &mut fresh).await {
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+    connection_closed(worker, &down.listener);
+}
+
+fn connection_closed(worker: &Worker, listener: &crate::runtime::ListenerState) {
     listener
         .open
         .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     worker.connection_closed();
+}
+
+/// Parks an idle plain connection (see [`crate::park`]): its task ends, the connection stays
+/// open and counted. On the worker's first park, its parking task starts.
+fn park(
+    worker: &Rc<Worker>,
+    down: Box<Downstream>,
+    deadline: Instant,
+) -> Result<(), Box<Downstream>> {
+    let Downstream {
+        stream,
+        peer,
+        local,
+        listener,
+        http2,
+        ..
+    } = *down;
+    let DownstreamIo::Plain(tcp) = stream else {
+        unreachable!("only plain connections wait in IdleRead")
+    };
+    let tcp = match tcp.into_std() {
+        Ok(tcp) => tcp,
+        Err(_) => {
+            connection_closed(worker, &listener);
+            return Ok(());
+        }
+    };
+    let parked = Parked {
+        tcp,
+        peer,
+        local,
+        listener,
+        http2,
+    };
+    match worker.parking.park(parked, deadline) {
+        Ok(lot) => {
+            worker.metrics.parked.inc();
+            // Its task, reactor slot and Downstream were freed: count it toward a trim.
+            worker.idle_buffer_freed();
+            if let Some(lot) = lot {
+                tokio::task::spawn_local(serve_parked(worker.clone(), lot));
+            }
+            Ok(())
+        }
+        Err(p) => match TcpStream::from_std(p.tcp) {
+            Ok(tcp) => {
+                let io = DownstreamIo::Plain(tcp);
+                Err(Box::new(downstream(
+                    worker, io, p.peer, p.local, p.listener, p.http2,
+                )))
+            }
+            Err(_) => {
+                connection_closed(worker, &p.listener);
+                Ok(())
+            }
+        },
+    }
+}
+
+/// The worker's parking task: starts the task of each parked connection whose client sent
+/// something (or closed), and closes those whose keep-alive time ran out.
+async fn serve_parked(worker: Rc<Worker>, mut lot: crate::park::Lot) {
+    let (mut woken, mut expired) = (Vec::new(), Vec::new());
+    loop {
+        if let Err(e) = lot.next(&worker.parking, &mut woken, &mut expired).await {
+            // Not expected (an epoll_wait error): log and look again a little later.
+            tracing::warn!(error = %e, "parked connections' wait failed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for p in woken.drain(..) {
+            worker.metrics.unparked.inc();
+            match TcpStream::from_std(p.tcp) {
+                Ok(tcp) => {
+                    let down = downstream(
+                        &worker,
+                        DownstreamIo::Plain(tcp),
+                        p.peer,
+                        p.local,
+                        p.listener,
+                        p.http2,
+                    );
+                    tokio::task::spawn_local(resumed(worker.clone(), Box::new(down)));
+                }
+                Err(_) => connection_closed(&worker, &p.listener),
+            }
+        }
+        for p in expired.drain(..) {
+            // Dropping the socket closes it: the keep-alive time is over.
+            worker.metrics.unparked.inc();
+            connection_closed(&worker, &p.listener);
+        }
+    }
+}
+
+/// A parked connection's task, started again when its client sent something.
+async fn resumed(worker: Rc<Worker>, down: Box<Downstream>) {
+    serve_http1(&worker, down, false).await;
+}
+
+/// A connection's state for HTTP/1, as it is before its first request.
+fn downstream(
+    worker: &Worker,
+    stream: DownstreamIo,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+    listener: std::sync::Arc<crate::runtime::ListenerState>,
+    http2: bool,
+) -> Downstream {
+    let s = &worker.current().snapshot.settings;
+    Downstream {
+        stream,
+        peer,
+        local,
+        client_ip: peer.ip().to_string(),
+        rbuf: BytesMut::new(),
+        listener,
+        listener_index: std::cell::Cell::new((0, 0)),
+        metrics: worker.metrics.clone(),
+        bytes_sent: 0,
+        reset: false,
+        http2,
+        send_timeout: s.send_timeout,
+        body_timeout: s.body_timeout,
+        request_buffering: s.request_buffering,
+    }
 }
 
 /// A new connection up to its first HTTP/1 request: `None` when it ended here or was served
@@ -60,7 +212,7 @@ pub(crate) async fn begin(
     listener: std::sync::Arc<crate::runtime::ListenerState>,
 ) -> Option<Box<Downstream>> {
     worker.metrics.downstream_connections.inc();
-    let (tls, http2, header_timeout, settings, stream_group, sni_streams, local) = {
+    let (tls, http2, header_timeout, stream_group, sni_streams, local) = {
         let gen = worker.current();
         let spec = gen
             .snapshot
@@ -83,11 +235,6 @@ pub(crate) async fn begin(
             spec.and_then(|l| l.tls.clone()),
             spec.is_some_and(|l| l.http2),
             gen.snapshot.settings.header_timeout,
-            (
-                gen.snapshot.settings.send_timeout,
-                gen.snapshot.settings.body_timeout,
-                gen.snapshot.settings.request_buffering,
-            ),
             spec.and_then(|l| l.stream),
             spec.map_or_else(Vec::new, |l| l.sni_streams.clone()),
             gen.snapshot
@@ -133,22 +280,8 @@ pub(crate) async fn begin(
     // Boxed, as the first steps: inline it would make `serve`'s future 480 bytes, and tokio
     // rounds a task to 128 bytes (5 lines of them where the box makes it 3 plus 2 in the
     // allocator's own size classes).
-    let mut down = Box::new(Downstream {
-        stream,
-        peer,
-        local,
-        client_ip: peer.ip().to_string(),
-        rbuf: BytesMut::with_capacity(HEAD_BUF),
-        listener,
-        listener_index: std::cell::Cell::new((0, 0)),
-        metrics: worker.metrics.clone(),
-        bytes_sent: 0,
-        reset: false,
-        http2,
-        send_timeout: settings.0,
-        body_timeout: settings.1,
-        request_buffering: settings.2,
-    });
+    let mut down = Box::new(downstream(&worker, stream, peer, local, listener, http2));
+    down.rbuf = BytesMut::with_capacity(HEAD_BUF);
     if let Some(group) = stream_group.or(passthrough) {
         Box::pin(crate::downstream::stream::serve(&worker, &mut down, group)).await;
         return None;

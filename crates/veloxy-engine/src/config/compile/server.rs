@@ -16,6 +16,7 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
         workers: positive(src, &s.workers, "server.workers", default_workers)?,
         header_timeout: dur(&s.header_timeout, Duration::from_secs(10)),
         keepalive_timeout: dur(&s.keepalive_timeout, Duration::from_secs(60)),
+        park_idle_after: dur(&s.park_idle_after, Duration::from_secs(1)),
         max_header_bytes: positive(src, &s.max_header_bytes, "server.max_header_bytes", 65536)?,
         max_uri_bytes: positive(src, &s.max_uri_bytes, "server.max_uri_bytes", 8192)?,
         underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
