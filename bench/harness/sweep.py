@@ -3,7 +3,8 @@ upstreams) across connection counts, then a fixed-rate ramp at fractions of each
 ceiling. Issue 18's tables: requests/s, p99, p99.9 and CPU per request at 64, 256, 1000, 4000
 and 10000 connections (alternating wrk rounds, medians), and oha's latency-corrected p99 at
 25/50/75/90% of each proxy's ceiling (its median wrk requests/s at the smallest connection
-count).
+count), and at the same rates for all (those fractions of the lowest ceiling). A step where oha
+fell behind its rate with its own core full is marked: its latency is the generator's queue.
 
 The machine's hard limit on open files (20000 here) bounds the largest count: wrk holds one
 descriptor per connection and the proxy one per client plus its upstream pool, each in its own
@@ -67,24 +68,51 @@ def _round(ctx, args, running, names, n: int, i: int) -> None:
             raise SetupError(f"{name} exited at {n} connections: {procs.tail(running[name].log)}")
 
 
+# A ramp step whose load-generator core was this busy measured the generator, not the proxy.
+GENERATOR_BUSY_PCT = 95
+
+
+def _step(ctx, args, run, rate: float, fraction: float) -> dict:
+    try:
+        r = measure.oha(ctx, run, "/", rate=rate, connections=RAMP_CONNECTIONS,
+                        duration=args.duration)
+    except LoadError as e:
+        return {"error": str(e), "fraction": fraction}
+    busy = (r.get("core_busy") or {})
+    r["load_busy_pct"] = max((busy.get(str(c), 0.0) for c in ctx.load_cpus), default=0.0)
+    # oha behind its schedule with its own core full: the latency is the generator's queue.
+    r["generator_bound"] = (r["load_busy_pct"] >= GENERATOR_BUSY_PCT
+                            and r["rps"] < 0.97 * rate)
+    r["fraction"] = fraction
+    return r
+
+
 def _ramp(ctx, args, running, names) -> None:
+    """Two ramps: at fractions of each proxy's own ceiling (each proxy as loaded as the others,
+    relative to what it can do), and at the same rates for all (fractions of the lowest
+    ceiling: the latency each gives at one offered load)."""
     low = str(min(int(k) for k in ctx.results["sweep"]))
     ramp = ctx.results["ramp"] = {}
+    same = ctx.results["ramp_same"] = {}
     for name in names:
         ceiling = _med(ctx.results["sweep"][low].get(name, []), lambda r: r["rps"])
         if not ceiling:
             ramp[name] = {"error": f"no ceiling at {low} connections"}
             continue
         ramp[name] = {"ceiling": ceiling, "steps": []}
-        for f in RAMP_FRACTIONS:
+    ceilings = [r["ceiling"] for r in ramp.values() if "ceiling" in r]
+    base = min(ceilings) if ceilings else None
+    for f in RAMP_FRACTIONS:
+        for name in names:
+            if "ceiling" not in ramp[name]:
+                continue
+            ceiling = ramp[name]["ceiling"]
             say(f"  ramp {name}: {int(f * 100)}% of {fmt_rate(ceiling)}")
-            try:
-                r = measure.oha(ctx, running[name], "/", rate=ceiling * f,
-                                connections=RAMP_CONNECTIONS, duration=args.duration)
-            except LoadError as e:
-                r = {"error": str(e)}
-            r["fraction"] = f
-            ramp[name]["steps"].append(r)
+            ramp[name]["steps"].append(_step(ctx, args, running[name], ceiling * f, f))
+            if base and len(ceilings) > 1:
+                say(f"  same-rate ramp {name}: {fmt_rate(base * f)}")
+                entry = same.setdefault(name, {"base": base, "steps": []})
+                entry["steps"].append(_step(ctx, args, running[name], base * f, f))
 
 
 def run(ctx, args, requested: list[str]) -> int:
@@ -118,7 +146,7 @@ def run(ctx, args, requested: list[str]) -> int:
                 raise SetupError(f"{name} failed to start: {e}") from e
             report.save_config(ctx, running[name])
         per = (args.warmup + args.duration + 1) * len(names)
-        total = per * args.rounds * len(ok) + (args.duration + 1) * len(names) * len(RAMP_FRACTIONS)
+        total = per * args.rounds * len(ok) + 2 * (args.duration + 1) * len(names) * len(RAMP_FRACTIONS)
         say(f"sweep {ok} x {names}, {args.rounds} rounds of {args.duration:g}s: ~{fmt_s(total)}")
         for n in ok:
             for i in range(args.rounds):
@@ -186,15 +214,32 @@ def summarize(ctx, args) -> str:
     elif ramp:
         lines.append(f"ramp (oha, {RAMP_CONNECTIONS} connections, fixed rate with latency "
                      "correction, at fractions of each proxy's own ceiling): p99")
-        lines.append("proxy      ceiling  " + "  ".join(f"{int(f * 100):>7}%" for f in RAMP_FRACTIONS))
-        for name, r in ramp.items():
-            if r.get("error"):
-                lines.append(f"{name:9}  {r['error']}")
-                continue
-            cells = ["  failed " if s.get("error") else f"{fmt_ms(_p(s, 'p99')):>8}"
-                     for s in r["steps"]]
-            lines.append(f"{name:9} {fmt_rate(r['ceiling']):>8}  " + "  ".join(cells))
+        lines += _ramp_table(ramp, "ceiling")
+        same = ctx.results.get("ramp_same") or {}
+        if same:
+            base = next(iter(same.values()))["base"]
+            lines.append(f"same-rate ramp (the same offered rates for every proxy: fractions of "
+                         f"the lowest ceiling, {fmt_rate(base)}): p99")
+            lines += _ramp_table(same, "base")
+        if any(st.get("generator_bound") for r in [*ramp.values(), *same.values()]
+               for st in r.get("steps", [])):
+            lines.append(f"* oha fell behind its rate with its core >= {GENERATOR_BUSY_PCT}% "
+                         "busy: that p99 is the load generator's queue, not the proxy's")
     return "\n".join(lines)
+
+
+def _ramp_table(ramp: dict, key: str) -> list[str]:
+    lines = [f"proxy      {'ceiling' if key == 'ceiling' else '   rate'}  "
+             + "  ".join(f"{int(f * 100):>7}%" for f in RAMP_FRACTIONS)]
+    for name, r in ramp.items():
+        if r.get("error"):
+            lines.append(f"{name:9}  {r['error']}")
+            continue
+        cells = ["  failed " if st.get("error") else
+                 f"{fmt_ms(_p(st, 'p99')) + ('*' if st.get('generator_bound') else ''):>8}"
+                 for st in r["steps"]]
+        lines.append(f"{name:9} {fmt_rate(r[key]):>8}  " + "  ".join(cells))
+    return lines
 
 
 def _charts(ctx) -> None:

@@ -374,6 +374,8 @@ pub struct UpstreamSection {
     pub servers: Spanned<Vec<Spanned<ServerEntry>>>,
     pub policy: Option<Spanned<String>>,
     pub keepalive: Option<Spanned<usize>>,
+    /// How long connections beyond `keepalive` may stay idle after a burst ("0s": closed at once).
+    pub pool_purge_delay: Option<DurationValue>,
     pub connect_timeout: Option<DurationValue>,
     pub read_timeout: Option<DurationValue>,
     pub write_timeout: Option<DurationValue>,

@@ -442,6 +442,7 @@ fn upstream(out: &mut Toml, u: &UpstreamGroup) {
     out.raw("servers", &servers.list);
     out.str("policy", u.policy.name());
     out.int("keepalive", u.keepalive);
+    out.duration("pool_purge_delay", u.pool_purge_delay);
     out.duration("connect_timeout", u.connect_timeout);
     out.duration("read_timeout", u.read_timeout);
     out.duration("write_timeout", u.write_timeout);

@@ -169,6 +169,11 @@ impl GroupState {
                 group.backends.len(),
                 idle_cap(group, workers),
                 group.idle_timeout,
+                if group.max_connections == 0 {
+                    group.pool_purge_delay
+                } else {
+                    std::time::Duration::ZERO
+                },
             ),
             budget: RetryBudget::new(group.retry_budget),
             h2: (0..group.backends.len()).map(|_| None).collect(),

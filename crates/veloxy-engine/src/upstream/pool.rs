@@ -119,14 +119,27 @@ pub(crate) struct Pool {
     idle: Vec<Vec<Idle>>,
     max_per_backend: usize,
     idle_timeout: Duration,
+    /// How long connections beyond `max_per_backend` may stay idle (the group's
+    /// `pool_purge_delay`; zero: they are closed when returned).
+    purge_delay: Duration,
 }
 
 impl Pool {
-    pub fn new(backends: usize, max_per_backend: usize, idle_timeout: Duration) -> Self {
+    pub fn new(
+        backends: usize,
+        max_per_backend: usize,
+        idle_timeout: Duration,
+        purge_delay: Duration,
+    ) -> Self {
         Pool {
             idle: (0..backends).map(|_| Vec::new()).collect(),
             max_per_backend,
             idle_timeout,
+            purge_delay: if max_per_backend == 0 {
+                Duration::ZERO
+            } else {
+                purge_delay
+            },
         }
     }
 
@@ -153,7 +166,8 @@ impl Pool {
         None
     }
 
-    /// Returns a connection after a complete exchange; beyond the limit it is closed.
+    /// Returns a connection after a complete exchange. Beyond the limit it is closed, unless
+    /// surplus connections may wait out the purge delay (see [`Pool::sweep`]).
     pub fn put(&mut self, backend: usize, stream: UpstreamConn) {
         let timeout = self.idle_timeout;
         let Some(list) = self.idle.get_mut(backend) else {
@@ -170,7 +184,8 @@ impl Pool {
             // makes room rather than the newest being closed.
             list.remove(0);
         }
-        if list.len() < self.max_per_backend {
+        let surplus_ok = !self.purge_delay.is_zero() && stream.origin.is_none();
+        if list.len() < self.max_per_backend || surplus_ok {
             list.push(Idle {
                 stream,
                 since: Instant::now(),
@@ -195,11 +210,18 @@ impl Pool {
     }
 
     /// Closes idle connections past `idle_timeout` (run periodically, so they do not linger
-    /// and hold backend connection slots when traffic stops).
+    /// and hold backend connection slots when traffic stops), and those beyond the limit
+    /// that have been idle for the purge delay: the least recently used, at the front.
     pub fn sweep(&mut self) {
-        let timeout = self.idle_timeout;
+        let (timeout, delay, max) = (self.idle_timeout, self.purge_delay, self.max_per_backend);
         for list in &mut self.idle {
             list.retain(|i| i.since.elapsed() < timeout);
+            let surplus = list.len().saturating_sub(max);
+            let stale = list[..surplus]
+                .iter()
+                .take_while(|i| i.since.elapsed() >= delay)
+                .count();
+            list.drain(..stale);
         }
     }
 
@@ -251,7 +273,7 @@ mod tests {
     async fn closed_idle_connections_are_not_reused() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut pool = Pool::new(1, 2, Duration::from_secs(60));
+        let mut pool = Pool::new(1, 2, Duration::from_secs(60), Duration::ZERO);
         let health = Arc::new(BackendHealth::new(addr.into()));
         let conn = |s| {
             assert!(reserve_slot(&health, 0));
@@ -280,5 +302,37 @@ mod tests {
             pool.take(0, None).is_none(),
             "the closed connection must be discarded"
         );
+    }
+
+    #[tokio::test]
+    async fn surplus_connections_wait_out_the_purge_delay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let delay = Duration::from_millis(200);
+        let mut pool = Pool::new(1, 1, Duration::from_secs(60), delay);
+        let health = Arc::new(BackendHealth::new(addr.into()));
+        let mut peers = Vec::new();
+        for _ in 0..3 {
+            let s = TcpStream::connect(addr).await.unwrap();
+            peers.push(listener.accept().await.unwrap().0);
+            assert!(reserve_slot(&health, 0));
+            pool.put(
+                0,
+                UpstreamConn::with_reserved_slot(UpstreamIo::Plain(s), health.clone()),
+            );
+        }
+        // A burst returned three with room for one: the other two stay for the delay.
+        assert_eq!(pool.idle_count(0), 3);
+        pool.sweep();
+        assert_eq!(pool.idle_count(0), 3, "not idle for the purge delay yet");
+        tokio::time::sleep(delay + Duration::from_millis(20)).await;
+        pool.sweep();
+        assert_eq!(
+            pool.idle_count(0),
+            1,
+            "the surplus is closed, the limit kept"
+        );
+        assert_eq!(health.open_connections.load(Ordering::Relaxed), 1);
+        assert!(pool.take(0, None).is_some());
     }
 }

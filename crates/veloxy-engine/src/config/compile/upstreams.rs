@@ -134,6 +134,7 @@ fn compile_group(
         discovery,
         policy,
         keepalive: u.keepalive.as_ref().map_or(128, |k| *k.get_ref()),
+        pool_purge_delay: dur(&u.pool_purge_delay, Duration::from_secs(1)),
         connect_timeout,
         read_timeout,
         write_timeout,
