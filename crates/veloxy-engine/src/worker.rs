@@ -225,9 +225,16 @@ impl Worker {
     /// freed heap pages are returned (glibc keeps them in its arenas otherwise: 20k closed
     /// connections left 240 MB resident). Called from the heartbeat once a second; costs
     /// nothing while connection counts are steady.
+    ///
+    /// Only once no request is in flight: under load the freed memory is taken again at once,
+    /// and `malloc_trim` walks every free chunk with the worker stopped (at 10,000 busy
+    /// clients it ran every few seconds, a pause for all of them and page faults after).
     pub fn trim_memory(&self) {
         let (now, peak) = (self.connections.get(), self.peak_connections.get());
         if peak.saturating_sub(now) < TRIM_AFTER && self.idle_buffers_freed.get() < TRIM_AFTER {
+            return;
+        }
+        if self.in_flight() > 0 {
             return;
         }
         self.peak_connections.set(now);
