@@ -120,3 +120,49 @@ fn a_zero_park_idle_after_never_parks() {
     assert_eq!(metric(&text, PARKED), 0.0, "{text}");
     assert!(gauges_reach(a, 0.0, 0.0));
 }
+
+#[test]
+fn memory_is_trimmed_only_once_no_request_is_in_flight() {
+    // 600 clients that park count as memory freed (a trim is due from 512), while one slow
+    // request is in flight: the trim (a pause of the whole worker) waits for it to finish.
+    let up = upstream(&[]);
+    let v = veloxy_parking(up.addr, "30s");
+    let a = admin_addr(&v);
+    const TRIMS: &str = "veloxy_memory_trims_total ";
+    let slow = std::thread::spawn({
+        let addr = v.addr;
+        move || get(addr, "/delay/3000").status
+    });
+    assert!(eventually(Duration::from_secs(5), || metric(
+        &admin(a, "/metrics"),
+        "veloxy_requests_in_flight "
+    ) == 1.0));
+    let mut clients: Vec<Client> = (0..600).map(|_| Client::connect(v.addr)).collect();
+    for c in &mut clients {
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(c.read_response(false).status, 200);
+    }
+    assert!(gauges_reach(a, 600.0, 601.0));
+    // The heartbeat looks once a second: give it two looks while the request is in flight.
+    let until = Instant::now() + Duration::from_millis(1200);
+    while Instant::now() < until {
+        let text = admin(a, "/metrics");
+        if metric(&text, "veloxy_requests_in_flight ") != 1.0 {
+            break;
+        }
+        assert_eq!(
+            metric(&text, TRIMS),
+            0.0,
+            "trimmed with a request in flight"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(slow.join().unwrap(), 200);
+    assert!(
+        eventually(Duration::from_secs(5), || metric(
+            &admin(a, "/metrics"),
+            TRIMS
+        ) == 1.0),
+        "no trim once the worker was idle"
+    );
+}
