@@ -440,4 +440,9 @@ fn idle_tls_keepalive_clients_hold_no_request_buffers() {
         s.write_all(get).unwrap();
         assert_eq!(read_one(s), (200, body.clone()));
     }
+    // An idle client's close_notify closes the connection.
+    let s = &mut idle[1];
+    s.conn.send_close_notify();
+    s.flush().unwrap();
+    assert_eq!(read_to_close(s), (0, String::new()));
 }
