@@ -8,7 +8,10 @@ of its worker process) is read before the clients connect and 4 s after the last
 (veloxy frees an idle connection's read buffer after 1 s). Prints one line per proxy and the
 figures as JSON. Loopback only; every wait is bounded.
 
-    bench/idle_memory.py [--connections N] [--pooled N] [--out results.json]
+    bench/idle_memory.py [--connections N] [--pooled N] [--tls N] [--out results.json]
+
+With --tls N, also N idle keep-alive HTTPS clients (HTTP/1.1 over TLS 1.3, an ECDSA P-256
+certificate made with the openssl command), each after one request.
 
 With --pooled N, also the memory per idle pooled upstream connection: N clients each send a
 request the upstream answers after 300 ms, then close, leaving N connections in the proxy's
@@ -25,6 +28,7 @@ import os
 import resource
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -73,13 +77,26 @@ def worker_pid(proc, name):
     raise RuntimeError("no nginx worker")
 
 
-def start(name, port, upstream, tmp, pool=128):
+def make_cert(tmp):
+    """A self-signed ECDSA P-256 certificate for localhost: (cert, key, cert+key bundle)."""
+    cert, key, bundle = (os.path.join(tmp, f) for f in ("cert.pem", "key.pem", "bundle.pem"))
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True, timeout=30)
+    with open(bundle, "w") as b:
+        b.write(open(cert).read() + open(key).read())
+    return cert, key, bundle
+
+
+def start(name, port, upstream, tmp, pool=128, tls=None):
     if name == "veloxy":
         conf = os.path.join(tmp, "veloxy.toml")
+        tls_conf = f'[listeners.web.tls]\ncert = "{tls[0]}"\nkey = "{tls[1]}"\n' if tls else ""
         with open(conf, "w") as f:
             f.write(
                 f'[server]\nworkers = 1\nkeepalive_timeout = "10m"\n'
-                f'[listeners.web]\naddr = "127.0.0.1:{port}"\n'
+                f'[listeners.web]\naddr = "127.0.0.1:{port}"\n{tls_conf}'
                 f'[[routes]]\nupstream = "app"\n'
                 f'[upstreams.app]\nservers = ["127.0.0.1:{upstream}"]\nkeepalive = {pool}\n'
             )
@@ -93,7 +110,9 @@ def start(name, port, upstream, tmp, pool=128):
                 "events { worker_connections 20000; }\n"
                 "http { access_log off; keepalive_timeout 600s; keepalive_requests 100000;\n"
                 f"  upstream app {{ server 127.0.0.1:{upstream}; keepalive {pool}; }}\n"
-                f"  server {{ listen 127.0.0.1:{port};\n"
+                f"  server {{ listen 127.0.0.1:{port}{' ssl' if tls else ''};\n"
+                + (f"    ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};\n" if tls else "")
+                +
                 "    location / { proxy_pass http://app; proxy_http_version 1.1;\n"
                 '      proxy_set_header Connection ""; } } }\n'
             )
@@ -105,7 +124,8 @@ def start(name, port, upstream, tmp, pool=128):
                 "global\n  nbthread 1\n  maxconn 9950\n"
                 "defaults\n  mode http\n  timeout connect 5s\n  timeout client 10m\n"
                 "  timeout server 30s\n  timeout http-keep-alive 10m\n  option http-keep-alive\n"
-                f"frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\n"
+                f"frontend web\n  bind 127.0.0.1:{port}{f' ssl crt {tls[2]}' if tls else ''}\n"
+                "  default_backend app\n"
                 f"backend app\n  http-reuse always\n"
                 f"  server s1 127.0.0.1:{upstream} pool-max-conn {pool} pool-purge-delay 10m\n"
             )
@@ -121,9 +141,21 @@ def start(name, port, upstream, tmp, pool=128):
     return proc
 
 
-def warm_up(port):
+def client_context():
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def connect(port, tls, timeout=5):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    return tls.wrap_socket(s, server_hostname="localhost") if tls else s
+
+
+def warm_up(port, tls=None):
     """One request first, so lazily built state (pools, caches) is not counted per client."""
-    probe = socket.create_connection(("127.0.0.1", port), timeout=5)
+    probe = connect(port, tls)
     probe.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
     while probe.recv(65536):
         pass
@@ -139,16 +171,17 @@ def stop(proc):
         proc.kill()
 
 
-def measure(name, n, upstream, tmp):
+def measure(name, n, upstream, tmp, tls=None):
     port = free_port()
-    proc = start(name, port, upstream, tmp)
+    proc = start(name, port, upstream, tmp, tls=tls)
+    ctx = client_context() if tls else None
     try:
         pid = worker_pid(proc, name)
-        warm_up(port)
+        warm_up(port, ctx)
         before = rss_kib(pid)
         socks = []
         for _ in range(n):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s = connect(port, ctx)
             s.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
             socks.append(s)
         for s in socks:
@@ -212,6 +245,8 @@ def main():
     ap.add_argument("--connections", type=int, default=9900)
     ap.add_argument("--pooled", type=int, default=0,
                     help="also measure N idle pooled upstream connections per proxy")
+    ap.add_argument("--tls", type=int, default=0,
+                    help="also measure N idle keep-alive HTTPS clients per proxy")
     ap.add_argument("--out")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -225,6 +260,7 @@ def main():
     try:
         wait_port(up_port)
         with tempfile.TemporaryDirectory() as tmp:
+            cert = make_cert(tmp) if args.tls else None
             for name in ["veloxy", "nginx", "haproxy"]:
                 if name != "veloxy" and shutil.which(name) is None:
                     print(f"{name:8} SKIPPED: not installed")
@@ -234,6 +270,12 @@ def main():
                 print(f"{name:8} {r['bytes_per_connection']:6} bytes per idle connection "
                       f"(RSS {r['rss_before_kib']} KiB -> {r['rss_idle_kib']} KiB "
                       f"with {n} idle clients)")
+                if args.tls:
+                    t = measure(name, args.tls, up_port, tmp, tls=cert)
+                    results[f"{name}-tls"] = t
+                    print(f"{name:8} {t['bytes_per_connection']:6} bytes per idle TLS connection "
+                          f"(RSS {t['rss_before_kib']} KiB -> {t['rss_idle_kib']} KiB "
+                          f"with {args.tls} idle HTTPS clients)")
                 if args.pooled:
                     p = measure_pooled(name, args.pooled, up_port, up_port, tmp)
                     results[f"{name}-pooled"] = p
