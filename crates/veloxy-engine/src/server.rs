@@ -582,11 +582,10 @@ fn spawn_connection(
 ) {
     state.open.fetch_add(1, Ordering::Relaxed);
     worker.connection_opened();
-    // The first steps' future is made (and boxed) here, so the task's own future keeps no
-    // copy of the socket and address it was started with: see `setup::serve`.
-    let begin = crate::downstream::setup::begin(worker.clone(), stream, peer, state.clone());
-    let serve = crate::downstream::setup::serve(worker.clone(), Box::pin(begin), state.clone());
-    tokio::task::spawn_local(serve);
+    // The first steps are a task of their own, which starts the connection's long-lived
+    // task when they are done: see `setup::start`.
+    let start = crate::downstream::setup::start(worker.clone(), stream, peer, state.clone());
+    tokio::task::spawn_local(start);
 }
 
 /// On shutdown (or when a reload removes the listener), accepts what is already queued on

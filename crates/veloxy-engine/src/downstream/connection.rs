@@ -164,13 +164,16 @@ pub(super) async fn serve_requests(
                 // Between requests: the wait holds no buffer and no request state. Only the
                 // keep-alive timeout is taken from the current config: holding the whole
                 // generation would keep an old config's pools alive while the client idles.
-                let (keepalive, park) = {
+                // Made in a block, so its settings are not kept in this future beside it.
+                let idle = {
                     let s = &worker.current().snapshot.settings;
-                    (s.keepalive_timeout, s.park_idle_after)
+                    let (keepalive, park) = (s.keepalive_timeout, s.park_idle_after);
+                    // A connection whose first request has not come stays: shutdown waits
+                    // for it.
+                    let park = (!*fresh && !park.is_zero() && park < keepalive).then_some(park);
+                    IdleRead::new(worker, tcp, &mut down.rbuf, keepalive, park)
                 };
-                // A connection whose first request has not come stays: shutdown waits for it.
-                let park = (!*fresh && !park.is_zero() && park < keepalive).then_some(park);
-                match IdleRead::new(worker, tcp, &mut down.rbuf, keepalive, park).await {
+                match idle.await {
                     Waited::Read(n) => {
                         down.metrics.bytes_in.add(n as u64);
                         started = true;

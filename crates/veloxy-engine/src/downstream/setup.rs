@@ -17,50 +17,47 @@ use crate::park::Parked;
 use crate::tls::DownstreamIo;
 use crate::worker::Worker;
 
-/// Serves one accepted connection to its end, `begin` (its first steps, boxed) included.
-///
-/// Every idle keep-alive client costs this future until it parks, so it holds only the
-/// `Downstream` and the wait for the next request: what runs once before the first request
-/// (PROXY header, SNI peek, TLS handshake, the other protocols) is in `begin`'s box, freed
-/// when it is done, and each request's state is boxed in `serve_requests`. (An `async fn`'s
-/// arguments keep their own space in its future for its whole life: so this one takes the
-/// socket inside the box.)
-pub(crate) async fn serve<F>(
+/// A new connection's first steps (PROXY header, SNI peek, TLS handshake, the other
+/// protocols), run as a task of their own: for HTTP/1 it ends by starting the connection's
+/// long-lived task, [`serve_http1`], so none of this state (a few KiB) stays with it.
+pub(crate) async fn start(
     worker: Rc<Worker>,
-    begin: std::pin::Pin<Box<F>>,
+    stream: TcpStream,
+    peer: SocketAddr,
     listener: std::sync::Arc<crate::runtime::ListenerState>,
-) where
-    F: std::future::Future<Output = Option<Box<Downstream>>>,
-{
-    // `let ... else`, not `if let`: the awaited value is a temporary that `if let` would keep
-    // in this future beside `down` for the connection's whole life.
-    let Some(down) = begin.await else {
-        connection_closed(&worker, &listener);
-        return;
-    };
-    drop(listener);
-    worker.fresh.set(worker.fresh.get() + 1);
-    serve_http1(&worker, down, true).await;
+) {
+    match begin(worker.clone(), stream, peer, listener.clone()).await {
+        Some(down) => {
+            worker.fresh.set(worker.fresh.get() + 1);
+            tokio::task::spawn_local(serve_http1(worker, down, true));
+        }
+        None => connection_closed(&worker, &listener),
+    }
 }
 
-/// Serves HTTP/1 requests on a connection until it closes or parks.
-async fn serve_http1(worker: &Rc<Worker>, mut down: Box<Downstream>, mut fresh: bool) {
-    let parkable = serve_requests(worker, &mut down, &mut fresh).await;
+/// Serves HTTP/1 requests on a connection until it closes or parks: the task of every open
+/// HTTP/1 connection, started by [`start`] or when a parked connection wakes.
+///
+/// Every idle keep-alive client costs this future until it parks, so it holds only the
+/// `Downstream` and the wait for the next request; each request's state is boxed in
+/// `serve_requests`.
+async fn serve_http1(worker: Rc<Worker>, mut down: Box<Downstream>, mut fresh: bool) {
+    let parkable = serve_requests(&worker, &mut down, &mut fresh).await;
     if fresh {
         worker.fresh.set(worker.fresh.get() - 1);
     }
     if let Some(deadline) = parkable {
-        match park(worker, down, deadline) {
+        match park(&worker, down, deadline) {
             Ok(()) => return,
             // Not parked (no epoll instance): it waits in its task as before.
-            Err(down) => return Box::pin(serve_unparked(worker, down)).await,
+            Err(down) => return Box::pin(serve_unparked(&worker, down)).await,
         }
     }
-    connection_closed(worker, &down.listener);
+    connection_closed(&worker, &down.listener);
 }
 
 /// A connection that could not park: served to its end without parking (boxed in
-/// `serve_http1`, which it would otherwise contain).
+/// `serve_http1`, which would otherwise contain it).
 async fn serve_unparked(worker: &Rc<Worker>, mut down: Box<Downstream>) {
     let mut fresh = false;
     while let Some(deadline) = serve_requests(worker, &mut down, &mut fresh).await {
@@ -157,7 +154,7 @@ async fn serve_parked(worker: Rc<Worker>, mut lot: crate::park::Lot) {
                         p.listener,
                         p.http2,
                     );
-                    tokio::task::spawn_local(resumed(worker.clone(), Box::new(down)));
+                    tokio::task::spawn_local(serve_http1(worker.clone(), Box::new(down), false));
                 }
                 Err(_) => connection_closed(&worker, &p.listener),
             }
@@ -168,11 +165,6 @@ async fn serve_parked(worker: Rc<Worker>, mut lot: crate::park::Lot) {
             connection_closed(&worker, &p.listener);
         }
     }
-}
-
-/// A parked connection's task, started again when its client sent something.
-async fn resumed(worker: Rc<Worker>, down: Box<Downstream>) {
-    serve_http1(&worker, down, false).await;
 }
 
 /// A connection's state for HTTP/1, as it is before its first request.
@@ -205,7 +197,7 @@ fn downstream(
 
 /// A new connection up to its first HTTP/1 request: `None` when it ended here or was served
 /// as another protocol (an L4 stream, HTTP/2).
-pub(crate) async fn begin(
+async fn begin(
     worker: Rc<Worker>,
     mut stream: TcpStream,
     mut peer: SocketAddr,
