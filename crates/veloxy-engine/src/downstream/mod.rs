@@ -2,7 +2,8 @@
 //!
 //! * [`setup`]: a new client connection: PROXY header, SNI passthrough, TLS termination and
 //!   protocol detection.
-//! * [`connection`]: the HTTP/1 codec (request heads, keep-alive, pipelining).
+//! * [`connection`]: the HTTP/1 codec (request heads, keep-alive, pipelining); [`idle`]: its
+//!   waits between requests, which hold no buffer.
 //! * [`proxy`] and [`relay`]: forwarding an admitted HTTP/1 request to an HTTP/1 upstream and
 //!   streaming bodies both ways; [`files`]: writing a file route's answer to an HTTP/1 client
 //!   (with `sendfile`).
@@ -19,6 +20,7 @@ pub(crate) mod connection;
 pub(crate) mod files;
 pub(crate) mod http2;
 pub(crate) mod http3;
+pub(crate) mod idle;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
 pub(crate) mod relay;
