@@ -93,7 +93,8 @@ pub(crate) struct Worker {
     /// trimmed (see [`Worker::trim_memory`]).
     pub connections: Cell<usize>,
     peak_connections: Cell<usize>,
-    /// Read buffers freed by idle keep-alive connections since memory was last trimmed.
+    /// Memory freed since the last trim by idle clients (read buffers given back, parked
+    /// connections) and by closed surplus upstream connections.
     idle_buffers_freed: Cell<usize>,
     /// Shared by the worker's accept loops: out of descriptors, every listener fails at once,
     /// and one line a second per worker says so.
@@ -268,12 +269,18 @@ impl Worker {
         }
     }
 
-    /// Closes expired idle upstream connections (every second, from the heartbeat).
+    /// Closes expired idle upstream connections and a burst's surplus (every second, from
+    /// the heartbeat). Each one closed counts toward a trim like a freed idle buffer: after a
+    /// burst the surplus closes a second or two after its clients did, when the trim they
+    /// caused has already run.
     pub fn sweep(&self) {
         let gen = self.current();
+        let mut closed = 0;
         for g in gen.groups.borrow_mut().iter_mut() {
-            g.pool.sweep();
+            closed += g.pool.sweep();
         }
+        self.idle_buffers_freed
+            .set(self.idle_buffers_freed.get() + closed);
     }
 
     /// Requests being served by this worker (shutdown waits for zero): started minus finished.

@@ -212,9 +212,12 @@ impl Pool {
     /// Closes idle connections past `idle_timeout` (run periodically, so they do not linger
     /// and hold backend connection slots when traffic stops), and those beyond the limit
     /// that have been idle for the purge delay: the least recently used, at the front.
-    pub fn sweep(&mut self) {
+    /// Returns how many it closed.
+    pub fn sweep(&mut self) -> usize {
         let (timeout, delay, max) = (self.idle_timeout, self.purge_delay, self.max_per_backend);
+        let mut closed = 0;
         for list in &mut self.idle {
+            let before = list.len();
             list.retain(|i| i.since.elapsed() < timeout);
             let surplus = list.len().saturating_sub(max);
             let stale = list[..surplus]
@@ -222,7 +225,9 @@ impl Pool {
                 .take_while(|i| i.since.elapsed() >= delay)
                 .count();
             list.drain(..stale);
+            closed += before - list.len();
         }
+        closed
     }
 
     /// Idle connections kept for `backend`.
