@@ -58,6 +58,8 @@
 //!   for one snapshot (pickers, pools), replaced on reload.
 //! * **stream**: one request/response exchange on an HTTP/2 connection.
 //! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways.
+//! * **parked**: an idle HTTP/1 client connection whose task has ended; its socket waits in
+//!   the worker's own epoll instance until its next request (`park`).
 
 #![warn(missing_docs)]
 

@@ -5,8 +5,9 @@
 //! addresses, its listener) waits here as one slab entry, its socket registered with the
 //! worker's second epoll instance. In the runtime an idle connection costs its task (384
 //! bytes: tokio rounds a task to 128), the reactor's readiness slot for its socket (256) and
-//! its `Downstream` (240), about 1.5 KB of RSS with the allocator's share; parked it costs
-//! about 100 bytes, so 10k idle clients cost a worker 1 MB instead of 15. nginx keeps every
+//! its `Downstream` (240), about 1.5 KB of RSS with the allocator's share; parked it is one
+//! slab entry of about 100 bytes and a deadline (`bench/idle_memory.py` measures 389-499
+//! bytes of RSS per idle client with the allocator's share, nginx 787-826). nginx keeps every
 //! idle connection this way: a small record and an epoll registration.
 //!
 //! The worker's parking task (`downstream::setup::serve_parked`) waits on that epoll instance
