@@ -183,7 +183,7 @@ impl Worker {
             list.push(b);
         } else if b.capacity() > 0 {
             drop(list);
-            self.idle_buffer_freed();
+            self.idle_memory_freed(1);
         }
     }
 
@@ -215,10 +215,11 @@ impl Worker {
         self.connections.set(self.connections.get() - 1);
     }
 
-    /// An idle keep-alive connection gave its read buffer back.
-    pub fn idle_buffer_freed(&self) {
+    /// Counts `n` pieces of idle memory freed toward a trim: read buffers given back, parked
+    /// connections, closed surplus upstream connections.
+    pub fn idle_memory_freed(&self, n: usize) {
         self.idle_buffers_freed
-            .set(self.idle_buffers_freed.get() + 1);
+            .set(self.idle_buffers_freed.get() + n);
     }
 
     /// Gives memory back to the OS after a burst: when at least [`TRIM_AFTER`] connections
@@ -279,8 +280,7 @@ impl Worker {
         for g in gen.groups.borrow_mut().iter_mut() {
             closed += g.pool.sweep();
         }
-        self.idle_buffers_freed
-            .set(self.idle_buffers_freed.get() + closed);
+        self.idle_memory_freed(closed);
     }
 
     /// Requests being served by this worker (shutdown waits for zero): started minus finished.

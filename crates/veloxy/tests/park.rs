@@ -37,9 +37,9 @@ fn gauges_reach(a: SocketAddr, parked: f64, open: f64) -> bool {
     ok
 }
 
-fn veloxy_parking(up: SocketAddr, keepalive: &str) -> Veloxy {
+fn veloxy_parking(up: SocketAddr, park_idle_after: &str, keepalive: &str) -> Veloxy {
     let server = format!(
-        "workers = 1\nadmin = \"127.0.0.1:0\"\npark_idle_after = \"50ms\"\nkeepalive_timeout = \"{keepalive}\""
+        "workers = 1\nadmin = \"127.0.0.1:0\"\npark_idle_after = \"{park_idle_after}\"\nkeepalive_timeout = \"{keepalive}\""
     );
     veloxy(&simple_config(&[up], "").replace("workers = 1", &server))
 }
@@ -47,7 +47,7 @@ fn veloxy_parking(up: SocketAddr, keepalive: &str) -> Veloxy {
 #[test]
 fn parked_connections_serve_their_next_request_and_close_with_their_client() {
     let up = upstream(&["--name", "a"]);
-    let v = veloxy_parking(up.addr, "30s");
+    let v = veloxy_parking(up.addr, "50ms", "30s");
     let a = admin_addr(&v);
     let mut clients: Vec<Client> = (0..20).map(|_| Client::connect(v.addr)).collect();
     for c in &mut clients {
@@ -86,7 +86,7 @@ fn parked_connections_serve_their_next_request_and_close_with_their_client() {
 #[test]
 fn parked_connections_idle_out_at_the_keepalive_timeout() {
     let up = upstream(&[]);
-    let v = veloxy_parking(up.addr, "600ms");
+    let v = veloxy_parking(up.addr, "50ms", "600ms");
     let a = admin_addr(&v);
     let mut c = Client::connect(v.addr);
     c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
@@ -105,11 +105,7 @@ fn parked_connections_idle_out_at_the_keepalive_timeout() {
 #[test]
 fn a_zero_park_idle_after_never_parks() {
     let up = upstream(&[]);
-    let config = simple_config(&[up.addr], "").replace(
-        "workers = 1",
-        "workers = 1\nadmin = \"127.0.0.1:0\"\npark_idle_after = \"0s\"\nkeepalive_timeout = \"500ms\"",
-    );
-    let v = veloxy(&config);
+    let v = veloxy_parking(up.addr, "0s", "500ms");
     let a = admin_addr(&v);
     let mut c = Client::connect(v.addr);
     c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
@@ -126,7 +122,7 @@ fn memory_is_trimmed_only_once_no_request_is_in_flight() {
     // 600 clients that park count as memory freed (a trim is due from 512), while one slow
     // request is in flight: the trim (a pause of the whole worker) waits for it to finish.
     let up = upstream(&[]);
-    let v = veloxy_parking(up.addr, "30s");
+    let v = veloxy_parking(up.addr, "50ms", "30s");
     let a = admin_addr(&v);
     const TRIMS: &str = "veloxy_memory_trims_total ";
     let slow = std::thread::spawn({

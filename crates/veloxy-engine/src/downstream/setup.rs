@@ -111,24 +111,29 @@ fn park(
         Ok(lot) => {
             worker.metrics.parked.inc();
             // Its task, reactor slot and Downstream were freed: count it toward a trim.
-            worker.idle_buffer_freed();
+            worker.idle_memory_freed(1);
             if let Some(lot) = lot {
                 tokio::task::spawn_local(serve_parked(worker.clone(), lot));
             }
             Ok(())
         }
-        Err(p) => match TcpStream::from_std(p.tcp) {
-            Ok(tcp) => {
-                let io = DownstreamIo::Plain(tcp);
-                Err(Box::new(downstream(
-                    worker, io, p.peer, p.local, p.listener, p.http2,
-                )))
-            }
-            Err(_) => {
-                connection_closed(worker, &p.listener);
-                Ok(())
-            }
-        },
+        Err(p) => unpark(worker, p).map_or(Ok(()), Err),
+    }
+}
+
+/// A parked connection's socket back in the runtime, as a `Downstream`; `None` (counted as
+/// closed) when the runtime refuses the socket.
+fn unpark(worker: &Worker, p: Parked) -> Option<Box<Downstream>> {
+    match TcpStream::from_std(p.tcp) {
+        Ok(tcp) => {
+            let io = DownstreamIo::Plain(tcp);
+            let down = downstream(worker, io, p.peer, p.local, p.listener, p.http2);
+            Some(Box::new(down))
+        }
+        Err(_) => {
+            connection_closed(worker, &p.listener);
+            None
+        }
     }
 }
 
@@ -144,19 +149,8 @@ async fn serve_parked(worker: Rc<Worker>, mut lot: crate::park::Lot) {
         }
         for p in woken.drain(..) {
             worker.metrics.unparked.inc();
-            match TcpStream::from_std(p.tcp) {
-                Ok(tcp) => {
-                    let down = downstream(
-                        &worker,
-                        DownstreamIo::Plain(tcp),
-                        p.peer,
-                        p.local,
-                        p.listener,
-                        p.http2,
-                    );
-                    tokio::task::spawn_local(serve_http1(worker.clone(), Box::new(down), false));
-                }
-                Err(_) => connection_closed(&worker, &p.listener),
+            if let Some(down) = unpark(&worker, p) {
+                tokio::task::spawn_local(serve_http1(worker.clone(), down, false));
             }
         }
         for p in expired.drain(..) {
