@@ -75,6 +75,7 @@ pub(crate) mod clock;
 pub(crate) mod compress;
 pub mod config;
 pub(crate) mod cors;
+pub(crate) mod deadline;
 pub(crate) mod downstream;
 pub mod error;
 pub(crate) mod exchange;

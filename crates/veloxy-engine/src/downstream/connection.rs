@@ -377,22 +377,29 @@ async fn read_request(
     started: bool,
 ) -> Result<Option<(Next, Rc<Generation>)>, Refusal> {
     let limits = settings.limits;
-    let mut deadline = started.then(|| Instant::now() + settings.header_timeout);
+    // The header timeout runs once bytes of the head have come; the clock is read only when
+    // the head is not all there (most heads are complete in their first read).
+    let mut timing = started;
+    let mut deadline = None;
     loop {
         if !down.rbuf.is_empty() {
             if let Some(request) = parse_buffered(worker, &limits, down)? {
                 return Ok(Some(request));
             }
         }
-        let wait = match deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()),
-            None if down.rbuf.is_empty() => settings.keepalive_timeout,
-            None => settings.header_timeout,
+        let wait = if timing {
+            let now = Instant::now();
+            let d = *deadline.get_or_insert(now + settings.header_timeout);
+            d.saturating_duration_since(now)
+        } else if down.rbuf.is_empty() {
+            settings.keepalive_timeout
+        } else {
+            settings.header_timeout
         };
         if down.rbuf.capacity() - down.rbuf.len() < 1024 {
             down.rbuf.reserve(HEAD_BUF);
         }
-        match tokio::time::timeout(wait, down.stream.read_buf(&mut down.rbuf)).await {
+        match crate::deadline::timeout(wait, down.stream.read_buf(&mut down.rbuf)).await {
             Err(_) if down.rbuf.is_empty() => return Ok(None),
             Err(_) => {
                 return Err(Refusal::closing(ProxyError::downstream(
@@ -402,7 +409,7 @@ async fn read_request(
             Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
             Ok(Ok(n)) => {
                 down.metrics.bytes_in.add(n as u64);
-                deadline.get_or_insert_with(|| Instant::now() + settings.header_timeout);
+                timing = true;
             }
         }
     }

@@ -9,9 +9,9 @@ use std::cell::RefCell;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, SystemTime};
 
+use crate::deadline::timeout;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::time::timeout;
 
 use crate::downstream::connection::Downstream;
 use crate::exchange::Record;

@@ -18,7 +18,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncReadExt;
 
-use tokio::time::{timeout, timeout_at, Instant};
+use crate::deadline::timeout;
+use tokio::time::{timeout_at, Instant};
 
 use crate::compress::{self, StreamEncoder};
 use crate::config::UpstreamGroup;

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use crate::deadline::timeout;
 use crate::tls::UpstreamIo;
 use crate::upstream::pool::UpstreamConn;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::timeout;
 
 use crate::config::UpstreamGroup;
 use crate::downstream::connection::Downstream;

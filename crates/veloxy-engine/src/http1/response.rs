@@ -333,12 +333,17 @@ pub(crate) fn parse_foreign(
     request_is_head: bool,
 ) -> Result<Option<Result<ForeignHead, usize>>, ProxyError> {
     with_head(buf, |res, head_len| {
-        foreign_head(res, head_len, request_is_head)
+        foreign_head(buf, res, head_len, request_is_head)
     })
 }
 
 /// [`parse_foreign`] for a parsed head: `Err(len)` for an interim (1xx) head.
+///
+/// Header values are slices of one copy of the head rather than one allocation each: a
+/// proxied response's head is then two allocations (the copy and the map) plus one per
+/// name `http` does not know.
 fn foreign_head(
+    buf: &[u8],
     res: &httparse::Response<'_, '_>,
     head_len: usize,
     request_is_head: bool,
@@ -363,15 +368,19 @@ fn foreign_head(
     let body = framing.body(request_is_head, status);
     let upstream_reusable = framing.reusable(body, version);
     let mut map = http::HeaderMap::with_capacity(res.headers.len());
+    let copy = bytes::Bytes::copy_from_slice(&buf[..head_len]);
     for h in res.headers.iter() {
         match classify(h.name) {
             Special::HopByHop | Special::Connection | Special::TransferEncoding => continue,
             Special::None if !conn.is_empty() && named_by_connection(conn, h.name) => continue,
             _ => {}
         }
+        // httparse's values borrow from `buf`: the same range of the copy.
+        let at = h.value.as_ptr() as usize - buf.as_ptr() as usize;
+        let value = copy.slice(at..at + h.value.len());
         let (Ok(name), Ok(value)) = (
             http::HeaderName::from_bytes(h.name.as_bytes()),
-            http::HeaderValue::from_bytes(h.value),
+            http::HeaderValue::from_maybe_shared(value),
         ) else {
             return Err(bad("invalid header"));
         };

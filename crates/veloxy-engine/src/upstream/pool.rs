@@ -10,8 +10,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::tls::UpstreamIo;
 
 use super::health::BackendHealth;
@@ -111,7 +109,15 @@ impl Drop for UpstreamConn {
 
 pub(crate) struct Idle {
     stream: UpstreamConn,
-    since: Instant,
+    /// [`crate::clock::now_ms`] when it was returned: the coarse clock, read once per take
+    /// or put (idle times are compared with timeouts of a second or more).
+    since_ms: u64,
+}
+
+impl Idle {
+    fn idle_for(&self, now_ms: u64) -> Duration {
+        Duration::from_millis(now_ms.saturating_sub(self.since_ms))
+    }
 }
 
 pub(crate) struct Pool {
@@ -148,16 +154,17 @@ impl Pool {
     /// that client, so it is reused only for the same downstream connection).
     pub fn take(&mut self, backend: usize, origin: Option<Origin>) -> Option<UpstreamConn> {
         let list = self.idle.get_mut(backend)?;
+        let now = crate::clock::now_ms();
         if origin.is_some() {
             let i = list.iter().rposition(|c| c.stream.origin == origin)?;
             let mut idle = list.remove(i);
             let usable =
-                idle.since.elapsed() < self.idle_timeout && still_open(&mut idle.stream.stream);
+                idle.idle_for(now) < self.idle_timeout && still_open(&mut idle.stream.stream);
             return usable.then_some(idle.stream);
         }
         while let Some(mut idle) = list.pop() {
             if idle.stream.origin.is_none()
-                && idle.since.elapsed() < self.idle_timeout
+                && idle.idle_for(now) < self.idle_timeout
                 && still_open(&mut idle.stream.stream)
             {
                 return Some(idle.stream);
@@ -173,9 +180,10 @@ impl Pool {
         let Some(list) = self.idle.get_mut(backend) else {
             return;
         };
+        let now = crate::clock::now_ms();
         if list
             .first()
-            .is_some_and(|oldest| oldest.since.elapsed() >= timeout)
+            .is_some_and(|oldest| oldest.idle_for(now) >= timeout)
         {
             list.remove(0);
         }
@@ -188,7 +196,7 @@ impl Pool {
         if list.len() < self.max_per_backend || surplus_ok {
             list.push(Idle {
                 stream,
-                since: Instant::now(),
+                since_ms: now,
             });
         }
     }
@@ -216,13 +224,14 @@ impl Pool {
     pub fn sweep(&mut self) -> usize {
         let (timeout, delay, max) = (self.idle_timeout, self.purge_delay, self.max_per_backend);
         let mut closed = 0;
+        let now = crate::clock::now_ms();
         for list in &mut self.idle {
             let before = list.len();
-            list.retain(|i| i.since.elapsed() < timeout);
+            list.retain(|i| i.idle_for(now) < timeout);
             let surplus = list.len().saturating_sub(max);
             let stale = list[..surplus]
                 .iter()
-                .take_while(|i| i.since.elapsed() >= delay)
+                .take_while(|i| i.idle_for(now) >= delay)
                 .count();
             list.drain(..stale);
             closed += before - list.len();

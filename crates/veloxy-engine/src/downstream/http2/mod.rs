@@ -30,7 +30,6 @@ use http_body::{Body, Frame};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::time::Instant;
 
 use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
@@ -41,6 +40,7 @@ pub(crate) use request_body::RequestBody;
 pub(crate) mod bridge;
 mod files;
 mod h1_body;
+mod hpack;
 pub(crate) mod request_body;
 mod stall;
 mod to_h1;
@@ -81,9 +81,9 @@ pub(crate) struct ConnCtx {
     tls: bool,
     /// 2, or 3 for HTTP/3 request streams, which share this stream handler (logs, metrics).
     version: u8,
-    /// Streams in progress, and when the last one ended (idle timeout).
+    /// Streams in progress, and when the last one ended (idle timeout; [`crate::clock::now_ms`]).
     active: Cell<usize>,
-    last_active: Cell<Instant>,
+    last_active_ms: Cell<u64>,
     /// `[server] body_timeout` when the connection opened.
     body_timeout: Duration,
     /// Streaming responses, for the send-stall deadline (`send_timeout`).
@@ -129,7 +129,8 @@ pub(crate) async fn serve<IO>(
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let c = svc_ctx.clone();
         async move {
-            let resp = handle(c.clone(), req.map(RequestBody::H2)).await;
+            let mut resp = handle(c.clone(), req.map(RequestBody::H2)).await;
+            hpack::mark_volatile(resp.headers_mut());
             Ok::<_, Infallible>(resp.map(|body| c.stalls.wrap(body)))
         }
     });
@@ -160,7 +161,8 @@ pub(crate) async fn serve<IO>(
                     // Only cut streams are left, and hyper would wait for them forever.
                     break;
                 }
-                let idle = ctx.active.get() == 0 && ctx.last_active.get().elapsed() >= idle_timeout;
+                let idle_ms = crate::clock::now_ms().saturating_sub(ctx.last_active_ms.get());
+                let idle = ctx.active.get() == 0 && Duration::from_millis(idle_ms) >= idle_timeout;
                 if !closing && (worker.shutting_down() || idle) {
                     conn.as_mut().graceful_shutdown();
                     closing = true;
@@ -214,7 +216,7 @@ impl Drop for Finish {
     fn drop(&mut self) {
         let c = &self.conn;
         c.active.set(c.active.get() - 1);
-        c.last_active.set(Instant::now());
+        c.last_active_ms.set(crate::clock::now_ms());
         c.worker.metrics.in_flight_done.inc();
         self.record
             .finish(&c.worker, c.peer, self.status, self.bytes_sent);
@@ -626,7 +628,7 @@ impl ConnCtx {
             tls,
             version,
             active: Cell::new(0),
-            last_active: Cell::new(Instant::now()),
+            last_active_ms: Cell::new(crate::clock::now_ms()),
             body_timeout,
             stalls: stall::Watch::default(),
         }

@@ -9,11 +9,12 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::deadline::timeout;
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use tokio::time::{timeout, Instant};
+use tokio::time::Instant;
 
 use super::h1_body::H1Body;
 use super::request_body::{BodyError, RequestBody};
@@ -436,6 +437,23 @@ fn respond(
     } else {
         None
     };
+    if let (None, BodyKind::Length(n)) = (&encoder, head.body) {
+        if n > 0 && rest.len() as u64 == n {
+            // The whole body came with the head (most small responses): the connection goes
+            // back to the pool now, and the stream needs no body reader, upstream read or
+            // stall-watch slot (three allocations and a poll less per response).
+            let done = (head.status, head.upstream_reusable);
+            return complete(
+                c,
+                gen,
+                (t.upstream, backend, conn),
+                done,
+                rest,
+                headers,
+                fin,
+            );
+        }
+    }
     let body = H1Body {
         worker: c.worker().clone(),
         encoder,
@@ -459,6 +477,33 @@ fn respond(
     let mut resp = Response::new(ProxyBody::H1(body));
     *resp.status_mut() =
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    *resp.headers_mut() = headers;
+    resp
+}
+
+/// [`respond`] for a response whose body is all in `rest`: pools the upstream connection and
+/// answers the body as one frame.
+fn complete(
+    c: &Rc<ConnCtx>,
+    gen: &Rc<Generation>,
+    (upstream, backend, conn): (usize, usize, UpstreamConn),
+    (status, reusable): (u16, bool),
+    rest: BytesMut,
+    headers: http::HeaderMap,
+    mut fin: Box<Finish>,
+) -> Response<ProxyBody> {
+    let worker = c.worker();
+    // Copied out so the worker's 16 KiB read buffer is recycled at once.
+    let data = Bytes::copy_from_slice(&rest);
+    worker.give_bytes(rest);
+    if reusable && !worker.shutting_down() {
+        gen.groups.borrow_mut()[upstream].pool.put(backend, conn);
+    }
+    fin.bytes_sent = data.len() as u64;
+    worker.metrics.bytes_out.add(data.len() as u64);
+    let mut resp = Response::new(ProxyBody::Full(Some(data), Some(fin)));
+    *resp.status_mut() =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     *resp.headers_mut() = headers;
     resp
 }
