@@ -28,6 +28,8 @@
 //!    `health`, and the h2 sender per backend. The HTTP/1 attempt itself (`downstream::proxy`
 //!    and `relay`) writes the head, streams bodies both ways through bounded buffers and
 //!    parses the response with `http1::response`; `compress` encodes on the fly.
+//!    Every wait on the way has a deadline: `deadline::timeout` starts its timer only when a
+//!    step has to wait, and `clock` has the cheap clocks the exchange stamps with.
 //! 5. **search gateway** (`search`): on routes with `search = { ... }`, admission refuses
 //!    denied APIs and clamps searches, and a `_bulk` is split by shard (`search::bulk`,
 //!    `search::routing`) and sent to the nodes with the primaries, which the discovery

@@ -9,10 +9,10 @@ use std::cell::RefCell;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, SystemTime};
 
-use crate::deadline::timeout;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
+use crate::deadline::timeout;
 use crate::downstream::connection::Downstream;
 use crate::exchange::Record;
 use crate::http1::request::RequestView;

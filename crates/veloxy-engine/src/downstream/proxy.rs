@@ -17,12 +17,11 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncReadExt;
-
-use crate::deadline::timeout;
 use tokio::time::{timeout_at, Instant};
 
 use crate::compress::{self, StreamEncoder};
 use crate::config::UpstreamGroup;
+use crate::deadline::timeout;
 use crate::downstream::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::downstream::relay::{
     read_body_more, relay_request_body, relay_response_body, reserve, write_down, BodyState,

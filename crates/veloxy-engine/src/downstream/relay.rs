@@ -3,18 +3,18 @@
 
 use std::time::Duration;
 
-use crate::deadline::timeout;
-use crate::tls::UpstreamIo;
-use crate::upstream::pool::UpstreamConn;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::UpstreamGroup;
+use crate::deadline::timeout;
 use crate::downstream::connection::Downstream;
 use crate::downstream::proxy::{up, Fail};
 use crate::error::{ErrorKind, ProxyError};
 use crate::http1::chunked::{ChunkError, ChunkedScanner};
 use crate::http1::BodyKind;
+use crate::tls::UpstreamIo;
+use crate::upstream::pool::UpstreamConn;
 
 /// Keep at least this much free space before reading a body chunk.
 pub(crate) const READ_CHUNK: usize = 16 * 1024;

@@ -9,7 +9,6 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::deadline::timeout;
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response};
 use http_body::{Body, Frame};
@@ -19,6 +18,7 @@ use tokio::time::Instant;
 use super::h1_body::H1Body;
 use super::request_body::{BodyError, RequestBody};
 use super::{ConnCtx, Finish, ProxyBody};
+use crate::deadline::timeout;
 use crate::downstream::relay::{BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, Plan};
