@@ -242,17 +242,17 @@ impl Worker {
     /// trim, anything freed since is trimmed too (it failed a test 1 run in 4 on a loaded
     /// machine, where 400 late closes stayed below the threshold and kept 5 MB).
     pub fn trim_memory(&self) {
-        let (now, peak) = (self.connections.get(), self.peak_connections.get());
-        let freed = peak.saturating_sub(now) + self.idle_buffers_freed.get();
-        let burst =
-            peak.saturating_sub(now) >= TRIM_AFTER || self.idle_buffers_freed.get() >= TRIM_AFTER;
-        let follow_ups = self.trim_follow_ups.get();
+        let now = self.connections.get();
+        let closed = self.peak_connections.get().saturating_sub(now);
+        let freed = self.idle_buffers_freed.get();
+        let burst = closed >= TRIM_AFTER || freed >= TRIM_AFTER;
         if !burst {
+            let follow_ups = self.trim_follow_ups.get();
             if follow_ups == 0 {
                 return;
             }
             self.trim_follow_ups.set(follow_ups - 1);
-            if freed == 0 {
+            if closed + freed == 0 {
                 return;
             }
         }
@@ -313,5 +313,19 @@ impl Worker {
 
     pub fn shutting_down(&self) -> bool {
         self.shared.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// Returns an HTTP/1 upstream connection to `gen`'s pool after a clean exchange (the
+    /// caller says it is clean: reusable, nothing unread); while the worker shuts down it is
+    /// closed instead, so idle connections do not outlive their last request.
+    pub fn pool_upstream(
+        &self,
+        gen: &Generation,
+        (upstream, backend): (usize, usize),
+        conn: crate::upstream::pool::UpstreamConn,
+    ) {
+        if !self.shutting_down() {
+            gen.groups.borrow_mut()[upstream].pool.put(backend, conn);
+        }
     }
 }

@@ -18,20 +18,22 @@ fn p(path: &Path) -> String {
     path.display().to_string()
 }
 
+/// The listener's TLS section with one certificate and its key.
+fn tls_section(cert: &Path, key: &Path) -> String {
+    format!(
+        "[listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"",
+        p(cert),
+        p(key)
+    )
+}
+
 #[test]
 fn https_with_alpn_h2_and_http1_fallback() {
     let up = upstream(&["--name", "u1"]);
     let certs = tempfile::tempdir().unwrap();
     let pki = Pki::new(certs.path());
     let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
-    let v = veloxy(&tls_config(
-        up.addr,
-        &format!(
-            "[listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"",
-            p(&cert),
-            p(&key)
-        ),
-    ));
+    let v = veloxy(&tls_config(up.addr, &tls_section(&cert, &key)));
 
     // HTTP/1.1 only: ALPN falls back.
     let (mut s, session) = tls_connect(
@@ -112,14 +114,7 @@ fn tls12_tls13_resumption_and_rsa() {
     let certs = tempfile::tempdir().unwrap();
     let pki = Pki::new(certs.path());
     let (cert, key) = pki.leaf("rsa", &["localhost"], KeyKind::Rsa);
-    let v = veloxy(&tls_config(
-        up.addr,
-        &format!(
-            "[listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"",
-            p(&cert),
-            p(&key)
-        ),
-    ));
+    let v = veloxy(&tls_config(up.addr, &tls_section(&cert, &key)));
     for (version, name) in [
         (&rustls::version::TLS12, rustls::ProtocolVersion::TLSv1_2),
         (&rustls::version::TLS13, rustls::ProtocolVersion::TLSv1_3),
@@ -204,16 +199,7 @@ fn bad_certificates_are_refused_at_load_time_naming_the_file() {
     let garbage = certs.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate").unwrap();
     let up: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
-    let cfg = |c: &Path, k: &Path| {
-        tls_config(
-            up,
-            &format!(
-                "[listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"",
-                p(c),
-                p(k)
-            ),
-        )
-    };
+    let cfg = |c: &Path, k: &Path| tls_config(up, &tls_section(c, k));
     let (ok, err) = check(&cfg(&cert, &key));
     assert!(ok, "{err}");
     for (config, file, words) in [
@@ -289,14 +275,7 @@ fn curl_http2_over_tls() {
     let certs = tempfile::tempdir().unwrap();
     let pki = Pki::new(certs.path());
     let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
-    let v = veloxy(&tls_config(
-        up.addr,
-        &format!(
-            "[listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"",
-            p(&cert),
-            p(&key)
-        ),
-    ));
+    let v = veloxy(&tls_config(up.addr, &tls_section(&cert, &key)));
     let url = format!("https://localhost:{}/size/100000", v.addr.port());
     let out = Command::new("curl")
         .args([
@@ -326,14 +305,7 @@ fn https_upstreams_are_verified_with_sni() {
     let certs = tempfile::tempdir().unwrap();
     let pki = Pki::new(certs.path());
     let (cert, key) = pki.leaf("backend", &["backend.test"], KeyKind::Ecdsa);
-    let inner = veloxy(&tls_config(
-        app.addr,
-        &format!(
-            "[listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"",
-            p(&cert),
-            p(&key)
-        ),
-    ));
+    let inner = veloxy(&tls_config(app.addr, &tls_section(&cert, &key)));
     let front = |extra: &str| {
         veloxy(&format!(
             "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n[[routes]]\nupstream = \"secure\"\n\
@@ -405,11 +377,7 @@ fn idle_tls_keepalive_clients_hold_no_request_buffers() {
     let certs = tempfile::tempdir().unwrap();
     let pki = Pki::new(certs.path());
     let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
-    let tls = format!(
-        "[listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"",
-        p(&cert),
-        p(&key)
-    );
+    let tls = tls_section(&cert, &key);
     let config = tls_config(up.addr, &tls)
         .replace("workers = 1", "workers = 1\nkeepalive_timeout = \"20s\"");
     let v = veloxy(&config);

@@ -106,8 +106,8 @@ async fn once(
             _ => return Err(Fail::Fatal(up(ErrorKind::UpstreamClosed))),
         }
     }
-    if parsed.upstream_reusable && buf.is_empty() && !worker.shutting_down() {
-        gen.groups.borrow_mut()[t.upstream].pool.put(backend, conn);
+    if parsed.upstream_reusable && buf.is_empty() {
+        worker.pool_upstream(gen, (t.upstream, backend), conn);
     }
     let _ = state;
     Ok(Some(Fetched {

@@ -651,10 +651,10 @@ impl Run<'_> {
             && resp_body.is_done()
             && self.ubuf.is_empty()
             && self.req_body.is_done();
-        if clean && !self.worker.shutting_down() {
-            self.gen.groups.borrow_mut()[self.p.target.upstream]
-                .pool
-                .put(backend, conn);
+        if clean {
+            let upstream = self.p.target.upstream;
+            self.worker
+                .pool_upstream(self.gen, (upstream, backend), conn);
         } else if !resp_body.is_done() {
             meta.downstream_keep_alive = false;
         }

@@ -53,14 +53,9 @@ impl H1Body {
     /// `is_end_stream` is true without polling it again.
     pub(super) fn release(&mut self) {
         if let Some(conn) = self.conn.take() {
-            let shutting = self
-                .fin
-                .as_ref()
-                .is_some_and(|f| f.conn.worker.shutting_down());
-            if self.reusable && self.buf.is_empty() && !shutting {
-                self.gen.groups.borrow_mut()[self.upstream]
-                    .pool
-                    .put(self.backend, conn);
+            if self.reusable && self.buf.is_empty() {
+                let to = (self.upstream, self.backend);
+                self.worker.pool_upstream(&self.gen, to, conn);
             }
         }
     }

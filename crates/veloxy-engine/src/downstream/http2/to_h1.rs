@@ -474,11 +474,7 @@ fn respond(
         // No body (HEAD, 204, 304, empty): hyper will not poll it.
         body.release();
     }
-    let mut resp = Response::new(ProxyBody::H1(body));
-    *resp.status_mut() =
-        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    *resp.headers_mut() = headers;
-    resp
+    upstream_response(head.status, headers, ProxyBody::H1(body))
 }
 
 /// [`respond`] for a response whose body is all in `rest`: pools the upstream connection and
@@ -496,12 +492,21 @@ fn complete(
     // Copied out so the worker's 16 KiB read buffer is recycled at once.
     let data = Bytes::copy_from_slice(&rest);
     worker.give_bytes(rest);
-    if reusable && !worker.shutting_down() {
-        gen.groups.borrow_mut()[upstream].pool.put(backend, conn);
+    if reusable {
+        worker.pool_upstream(gen, (upstream, backend), conn);
     }
     fin.bytes_sent = data.len() as u64;
     worker.metrics.bytes_out.add(data.len() as u64);
-    let mut resp = Response::new(ProxyBody::Full(Some(data), Some(fin)));
+    upstream_response(status, headers, ProxyBody::Full(Some(data), Some(fin)))
+}
+
+/// The response to the client: the upstream's status and (edited) headers over `body`.
+fn upstream_response(
+    status: u16,
+    headers: http::HeaderMap,
+    body: ProxyBody,
+) -> Response<ProxyBody> {
+    let mut resp = Response::new(body);
     *resp.status_mut() =
         http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     *resp.headers_mut() = headers;
