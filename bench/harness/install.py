@@ -283,27 +283,36 @@ class Installer:
         return Tool("oha-h3", reason=f"cargo install oha --features http3 failed (rc={rc}): "
                                      f"{_log_tail(log)}")
 
-    # -- crates.io: the pingora peer crate (bench/peers/pingora) -------------------
-    def pingora(self) -> Tool:
-        crate = BENCH / "peers" / "pingora"
-        b = self.bin / "veloxy-bench-pingora"
+    # -- crates in bench/ built outside the workspace ------------------------------
+    def _bench_crate(self, name: str, crate: Path, binary: str) -> Tool:
+        """`cargo build --release` of a crate under bench/ (its own lock file and target
+        directory in the cache), rebuilt when its sources are newer than the cached binary."""
+        b = self.bin / binary
         newest = max(p.stat().st_mtime for p in [crate / "Cargo.toml", *crate.glob("src/*.rs")])
         if b.exists() and b.stat().st_mtime >= newest:
-            return Tool("pingora", str(b))
+            return Tool(name, str(b))
         if not self.allow:
-            return Tool("pingora", reason="not built (installs disabled)")
-        log = self.logs / "pingora.log"
-        say(f"building the pingora peer (cargo build --release in bench/peers/pingora; log: {log})")
+            return Tool(name, reason="not built (installs disabled)")
+        log = self.logs / f"{name}.log"
+        say(f"building {name} (cargo build --release in {crate.relative_to(BENCH.parent)}; "
+            f"log: {log})")
         t0 = time.monotonic()
-        target = self.cache / "pingora-target"
+        target = self.cache / f"{name}-target"
         rc = _run_logged(["cargo", "build", "--release", "--manifest-path", str(crate / "Cargo.toml"),
                           "--target-dir", str(target)], log, cwd=str(crate), env=STOCK_RUST)
-        built = target / "release" / "veloxy-bench-pingora"
+        built = target / "release" / binary
         if rc == 0 and built.exists():
             shutil.copy2(built, b)
             os.utime(b)
-            return Tool("pingora", str(b), seconds=time.monotonic() - t0, cached=False)
-        return Tool("pingora", reason=f"cargo build failed (rc={rc}): {_log_tail(log)}")
+            return Tool(name, str(b), seconds=time.monotonic() - t0, cached=False)
+        return Tool(name, reason=f"cargo build failed (rc={rc}): {_log_tail(log)}")
+
+    def pingora(self) -> Tool:
+        return self._bench_crate("pingora", BENCH / "peers" / "pingora", "veloxy-bench-pingora")
+
+    def pacer(self) -> Tool:
+        """The fixed-rate load generator of the sweep's ramp (bench/pacer)."""
+        return self._bench_crate("pacer", BENCH / "pacer", "pacer")
 
     # -- the workspace's own binaries ------------------------------------------------
     def workspace(self, build: bool) -> dict[str, Tool]:

@@ -1,4 +1,5 @@
-"""Load generators: wrk (closed loop, ceiling), oha (fixed rate, latency-corrected) and
+"""Load generators: wrk (closed loop, ceiling), oha (fixed rate, latency-corrected), pacer
+(bench/pacer: fixed rate, latency-corrected, cheap enough for the ramp's upper steps) and
 h2load (HTTP/2, several streams per connection)."""
 
 from __future__ import annotations
@@ -130,6 +131,48 @@ def oha(url: str, *, rate: float, connections: int, duration: float, cpus: list[
         return parse_oha(out, offered_rps=rate)
     except (ValueError, KeyError) as e:
         raise LoadError(f"cannot parse oha output ({e}): {out[-400:]}") from e
+
+
+def parse_pacer(text: str) -> dict:
+    """pacer's one JSON line (bench/pacer): the same keys as parse_oha's where they exist."""
+    d = json.loads(text)
+    e = d["errors"]
+    failed = e["connect"] + e["read"] + e["timeout"]
+    total = d["requests"]
+    return {
+        "tool": "pacer",
+        "offered_rps": d["offered_rps"],
+        "duration_s": d["duration_s"],
+        "requests": total,
+        "rps": d["rps"],
+        "ok_rps": d["ok"] / d["duration_s"],
+        "non2xx": d["non2xx"],
+        "socket_errors": failed,
+        "timeouts": e["timeout"],
+        "errors": d["non2xx"] + failed,
+        "error_rate": (d["non2xx"] + failed) / total if total else 1.0,
+        "errors_detail": e,
+        "unsent_at_end": d["unsent_at_end"],
+        "generator_cpu_busy": d["cpu_busy"],
+        "latency_ms": d["latency_ms"] or {},
+        "uncorrected_latency_ms": d["uncorrected_latency_ms"] or {},
+        "send_lag_ms": d["send_lag_ms"] or {},
+    }
+
+
+def pacer(url: str, *, rate: float, connections: int, duration: float, cpus: list[int],
+          binary: str, warmup: float = 1, timeout_s: float = 2) -> dict:
+    """pacer (bench/pacer): GET `url` at a fixed `rate` over `connections` keep-alive
+    connections, latency counted from when each request was due (see its crate doc)."""
+    cmd = [binary, url, "-c", str(connections), "-r", f"{rate:.0f}", "-d", f"{duration:g}",
+           "-w", f"{warmup:g}", "-t", f"{timeout_s:g}"]
+    rc, out, err = procs.run_bounded(cmd, timeout=warmup + duration + 30, cpus=cpus)
+    if rc != 0:
+        raise LoadError(f"pacer exited {rc}: {(err or out)[-600:]}")
+    try:
+        return parse_pacer(out)
+    except (ValueError, KeyError) as e:
+        raise LoadError(f"cannot parse pacer output ({e}): {out[-400:]}") from e
 
 
 _H2_SIZE = re.compile(r"^([0-9.]+)(us|ms|s)$")

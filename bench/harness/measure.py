@@ -88,6 +88,20 @@ def oha(ctx, run, path: str = "/", *, rate: float, connections: int, duration: f
     return res
 
 
+def pacer(ctx, run, path: str = "/", *, rate: float, connections: int, duration: float,
+          warmup: float = 1) -> dict:
+    """pacer at a fixed rate; its warm-up second is inside its own run (one connection set),
+    so the CPU sampling covers it too: the sampled CPU is scaled to the measured window."""
+    url = run.base_url + path
+    res = measured(ctx, run, lambda: loadgen.pacer(
+        url, rate=rate, connections=connections, duration=duration, cpus=ctx.load_cpus,
+        binary=ctx.tools["pacer"], warmup=warmup))
+    res.update({"connections": connections, "path": path, "method": "GET"})
+    if res.get("cpu_us_per_req"):
+        res["cpu_us_per_req"] *= duration / (duration + warmup)
+    return res
+
+
 def fmt_rate(x: float | None) -> str:
     if x is None:
         return "-"

@@ -126,7 +126,7 @@ def install_tools(ctx: Ctx, wanted: list[str], *, allow: bool, builds: bool, bui
     apt_names = [n for n in ("wrk", "nginx", "haproxy", "h2load", "strace", "varnish", "redis")
                  if n in wanted]
     info.update(inst.apt(apt_names))
-    for n in ("envoy", "caddy", "pingora", "oha", "traefik"):
+    for n in ("envoy", "caddy", "pingora", "oha", "traefik", "pacer"):
         if n not in wanted:
             continue
         if builds:

@@ -1,10 +1,13 @@
 """`bench/run --sweep`: veloxy, nginx and HAProxy (one worker each on the same core, the same 4
 upstreams) across connection counts, then a fixed-rate ramp at fractions of each proxy's own
 ceiling. Issue 18's tables: requests/s, p99, p99.9 and CPU per request at 64, 256, 1000, 4000
-and 10000 connections (alternating wrk rounds, medians), and oha's latency-corrected p99 at
-25/50/75/90% of each proxy's ceiling (its median wrk requests/s at the smallest connection
-count), and at the same rates for all (those fractions of the lowest ceiling). A step where oha
-fell behind its rate with its own core full is marked: its latency is the generator's queue.
+and 10000 connections (alternating wrk rounds, medians), and the latency-corrected p99 at a
+fixed rate of 25/50/75/90% of each proxy's ceiling (its median wrk requests/s at the smallest
+connection count), and at the same rates for all (those fractions of the lowest ceiling), each
+step the median of rotating rounds. The fixed-rate generator is bench/pacer (oha when pacer
+cannot be built: oha's own core filled from about half the ceilings up). A step where the
+generator fell behind its rate with its core full is marked: its latency is the generator's
+queue.
 
 The machine's hard limit on open files (20000 here) bounds the largest count: wrk holds one
 descriptor per connection and the proxy one per client plus its upstream pool, each in its own
@@ -73,52 +76,83 @@ GENERATOR_BUSY_PCT = 95
 
 
 def _step(ctx, args, run, rate: float, fraction: float) -> dict:
+    """One fixed-rate run: pacer when it could be built (it keeps up where oha fell behind),
+    else oha."""
     try:
-        r = measure.oha(ctx, run, "/", rate=rate, connections=RAMP_CONNECTIONS,
-                        duration=args.duration)
+        if "pacer" in ctx.tools:
+            r = measure.pacer(ctx, run, "/", rate=rate, connections=RAMP_CONNECTIONS,
+                              duration=args.duration, warmup=1)
+        else:
+            r = measure.oha(ctx, run, "/", rate=rate, connections=RAMP_CONNECTIONS,
+                            duration=args.duration)
     except LoadError as e:
         return {"error": str(e), "fraction": fraction}
     busy = (r.get("core_busy") or {})
     r["load_busy_pct"] = max((busy.get(str(c), 0.0) for c in ctx.load_cpus), default=0.0)
-    # oha behind its schedule with its own core full: the latency is the generator's queue.
+    # The generator behind its schedule with its own core full: the latency is its queue.
     r["generator_bound"] = (r["load_busy_pct"] >= GENERATOR_BUSY_PCT
                             and r["rps"] < 0.97 * rate)
     r["fraction"] = fraction
+    r.pop("samples", None)
     return r
+
+
+def _ramp_cell(rounds: list[dict], fraction: float) -> dict:
+    """One ramp step over its rounds: median p99 and p99.9; generator-bound when most were."""
+    ok = [r for r in rounds if not r.get("error")]
+    cell = {"fraction": fraction, "rounds": rounds}
+    if not ok:
+        cell["error"] = rounds[-1].get("error", "failed")
+        return cell
+    cell["latency_ms"] = {q: _med(ok, lambda r, q=q: _p(r, q)) for q in ("p50", "p99", "p99.9")}
+    cell["p99_rounds"] = [_p(r, "p99") for r in ok]
+    cell["rps"] = _med(ok, lambda r: r["rps"])
+    cell["generator_bound"] = 2 * sum(1 for r in ok if r.get("generator_bound")) > len(ok)
+    return cell
 
 
 def _ramp(ctx, args, running, names) -> None:
     """Two ramps: at fractions of each proxy's own ceiling (each proxy as loaded as the others,
     relative to what it can do), and at the same rates for all (fractions of the lowest
-    ceiling: the latency each gives at one offered load)."""
+    ceiling: the latency each gives at one offered load). Each step runs `args.rounds` times,
+    the proxies in rotating order, and reports the medians."""
     low = str(min(int(k) for k in ctx.results["sweep"]))
     ramp = ctx.results["ramp"] = {}
     same = ctx.results["ramp_same"] = {}
+    ctx.results["ramp_tool"] = "pacer" if "pacer" in ctx.tools else "oha"
     for name in names:
         ceiling = _med(ctx.results["sweep"][low].get(name, []), lambda r: r["rps"])
         if not ceiling:
             ramp[name] = {"error": f"no ceiling at {low} connections"}
             continue
         ramp[name] = {"ceiling": ceiling, "steps": []}
-    ceilings = [r["ceiling"] for r in ramp.values() if "ceiling" in r]
-    base = min(ceilings) if ceilings else None
+    ok = [n for n in names if "ceiling" in ramp[n]]
+    base = min(ramp[n]["ceiling"] for n in ok) if ok else None
+    for n in ok:
+        if len(ok) > 1:
+            same[n] = {"base": base, "steps": []}
     for f in RAMP_FRACTIONS:
-        for name in names:
-            if "ceiling" not in ramp[name]:
-                continue
-            ceiling = ramp[name]["ceiling"]
-            say(f"  ramp {name}: {int(f * 100)}% of {fmt_rate(ceiling)}")
-            ramp[name]["steps"].append(_step(ctx, args, running[name], ceiling * f, f))
-            if base and len(ceilings) > 1:
-                say(f"  same-rate ramp {name}: {fmt_rate(base * f)}")
-                entry = same.setdefault(name, {"base": base, "steps": []})
-                entry["steps"].append(_step(ctx, args, running[name], base * f, f))
+        own: dict[str, list] = {n: [] for n in ok}
+        fixed: dict[str, list] = {n: [] for n in same}
+        for i in range(args.rounds):
+            for name in ok[i % len(ok):] + ok[:i % len(ok)]:
+                ceiling = ramp[name]["ceiling"]
+                say(f"  ramp {name}: {int(f * 100)}% of {fmt_rate(ceiling)}, "
+                    f"round {i + 1}/{args.rounds}")
+                own[name].append(_step(ctx, args, running[name], ceiling * f, f))
+                if name in same:
+                    say(f"  same-rate ramp {name}: {fmt_rate(base * f)}")
+                    fixed[name].append(_step(ctx, args, running[name], base * f, f))
+        for name in ok:
+            ramp[name]["steps"].append(_ramp_cell(own[name], f))
+        for name in same:
+            same[name]["steps"].append(_ramp_cell(fixed[name], f))
 
 
 def run(ctx, args, requested: list[str]) -> int:
     names = modes.choose(requested, SWEEP_PEERS, "--sweep")
-    runner.install_tools(ctx, ["wrk", "oha", *names], allow=not args.no_install, builds=True,
-                         build_ws=not args.no_build)
+    runner.install_tools(ctx, ["wrk", "oha", "pacer", *names], allow=not args.no_install,
+                         builds=True, build_ws=not args.no_build)
     for t in ("wrk", "upstream", *names):
         if t not in ctx.tools:
             if t in ("wrk", "upstream", "veloxy"):
@@ -146,12 +180,13 @@ def run(ctx, args, requested: list[str]) -> int:
                 raise SetupError(f"{name} failed to start: {e}") from e
             report.save_config(ctx, running[name])
         per = (args.warmup + args.duration + 1) * len(names)
-        total = per * args.rounds * len(ok) + 2 * (args.duration + 1) * len(names) * len(RAMP_FRACTIONS)
+        total = per * args.rounds * len(ok) + 2 * (args.duration + 2) * len(names) * len(
+            RAMP_FRACTIONS) * args.rounds
         say(f"sweep {ok} x {names}, {args.rounds} rounds of {args.duration:g}s: ~{fmt_s(total)}")
         for n in ok:
             for i in range(args.rounds):
                 _round(ctx, args, running, names, n, i)
-        if "oha" in ctx.tools:
+        if "pacer" in ctx.tools or "oha" in ctx.tools:
             _ramp(ctx, args, running, names)
         else:
             ctx.results["ramp"] = {"error": ctx.tool_info["oha"].reason}
@@ -212,8 +247,10 @@ def summarize(ctx, args) -> str:
     if "error" in ramp:
         lines.append(f"ramp: {ramp['error']}")
     elif ramp:
-        lines.append(f"ramp (oha, {RAMP_CONNECTIONS} connections, fixed rate with latency "
-                     "correction, at fractions of each proxy's own ceiling): p99")
+        tool = ctx.results.get("ramp_tool", "oha")
+        lines.append(f"ramp ({tool}, {RAMP_CONNECTIONS} connections, fixed rate with latency "
+                     f"correction, median of {args.rounds} rotating rounds, at fractions of "
+                     "each proxy's own ceiling): p99")
         lines += _ramp_table(ramp, "ceiling")
         same = ctx.results.get("ramp_same") or {}
         if same:
@@ -223,7 +260,7 @@ def summarize(ctx, args) -> str:
             lines += _ramp_table(same, "base")
         if any(st.get("generator_bound") for r in [*ramp.values(), *same.values()]
                for st in r.get("steps", [])):
-            lines.append(f"* oha fell behind its rate with its core >= {GENERATOR_BUSY_PCT}% "
+            lines.append(f"* {tool} fell behind its rate with its core >= {GENERATOR_BUSY_PCT}% "
                          "busy: that p99 is the load generator's queue, not the proxy's")
     return "\n".join(lines)
 

@@ -1,0 +1,416 @@
+//! pacer: an open-loop, fixed-rate HTTP/1.1 keep-alive load generator for the sweep's ramp.
+//!
+//! Why hand-written: the ramp asks what p99 a proxy gives at 25-90% of its ceiling, and on a
+//! 2-core machine the generator shares its core with the four upstreams. oha (a tokio task
+//! per connection) filled that core from about half of the ceilings up, so its p99 there was
+//! its own queue, not the proxy's. wrk2, the usual answer, is not packaged here. pacer is what
+//! wrk is for closed loops: one thread, one epoll instance, one `write` and about one `read`
+//! per request, and no allocation on the request path.
+//!
+//! The schedule: request k is due at `start + k / rate`, whatever happened before (an open
+//! model). A due request goes out on an idle connection; when none is idle it waits for one,
+//! and its latency still counts from when it was due (the coordinated-omission correction of
+//! wrk2 and `oha --latency-correction`). Due requests never sent by the end count with the
+//! time they had waited, a lower bound. The generator's own lateness is reported beside
+//! (`send_lag_ms`, and `cpu_busy`, its CPU time over the run's wall time): when it is high,
+//! the figures describe pacer, not the server.
+//!
+//! Timers: `epoll_pwait2` takes a nanosecond timeout and the thread's timer slack is set to
+//! 1 ns, so an idle generator wakes within microseconds of a due time instead of rounding up
+//! to the next millisecond (which `epoll_wait` would, adding up to 1 ms to every latency).
+//!
+//! Output: one JSON object on stdout. Usage:
+//! `pacer http://127.0.0.1:8080/path -c 64 -r 20000 -d 5 [-w 1] [-t 2]`
+
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+mod conn;
+use conn::{Conn, Event};
+
+struct Args {
+    addr: SocketAddr,
+    request: Vec<u8>,
+    connections: usize,
+    rate: f64,
+    duration: Duration,
+    warmup: Duration,
+    timeout: Duration,
+    /// Sends are batched to wake-ups at least this far apart.
+    quantum: Duration,
+}
+
+fn usage(why: &str) -> ! {
+    eprintln!("pacer: {why}\nusage: pacer http://HOST:PORT/PATH -c CONNS -r RATE -d SECS [-w WARMUP_SECS] [-t TIMEOUT_SECS]");
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut url = None;
+    let (mut c, mut r, mut d, mut w, mut t) = (64usize, None, 5.0f64, 1.0f64, 2.0f64);
+    let mut q = 100.0f64;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut val = |name: &str| -> f64 {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage(&format!("{name} wants a number")))
+        };
+        match a.as_str() {
+            "-c" => c = val("-c") as usize,
+            "-r" => r = Some(val("-r")),
+            "-d" => d = val("-d"),
+            "-w" => w = val("-w"),
+            "-t" => t = val("-t"),
+            "-q" => q = val("-q"),
+            _ if a.starts_with("http://") => url = Some(a),
+            _ => usage(&format!("unknown argument {a:?}")),
+        }
+    }
+    let url = url.unwrap_or_else(|| usage("no http:// URL"));
+    let rate = r.unwrap_or_else(|| usage("no rate (-r)"));
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if c == 0 || !positive(rate) || !positive(d) || w < 0.0 || !positive(t) {
+        usage("connections, rate, duration and timeout must be positive");
+    }
+    let rest = &url["http://".len()..];
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let addr = host
+        .parse()
+        .unwrap_or_else(|_| usage("the URL's host must be IP:PORT"));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
+    Args {
+        addr,
+        request,
+        connections: c,
+        rate,
+        duration: Duration::from_secs_f64(d),
+        warmup: Duration::from_secs_f64(w),
+        timeout: Duration::from_secs_f64(t),
+        quantum: Duration::from_secs_f64(q.max(0.0) / 1e6),
+    }
+}
+
+/// Counts over the measured window (after the warmup).
+#[derive(Default)]
+struct Tally {
+    ok: u64,
+    non2xx: u64,
+    connect: u64,
+    read: u64,
+    timeout: u64,
+}
+
+struct Recorder {
+    measure_from: Instant,
+    corrected: Histogram<u64>,
+    raw: Histogram<u64>,
+    lag: Histogram<u64>,
+    tally: Tally,
+}
+
+impl Recorder {
+    fn counts(&self, due: Instant) -> bool {
+        due >= self.measure_from
+    }
+    fn done(&mut self, due: Instant, sent: Instant, now: Instant, status: u16) {
+        if !self.counts(due) {
+            return;
+        }
+        let start = due.min(sent); // late: from when due (the correction); early: from the send
+        let _ = self.corrected.record(us(now - start));
+        let _ = self.raw.record(us(now - sent));
+        let _ = self.lag.record(us(sent.saturating_duration_since(due)));
+        if (200..300).contains(&status) {
+            self.tally.ok += 1;
+        } else {
+            self.tally.non2xx += 1;
+        }
+    }
+}
+
+fn us(d: Duration) -> u64 {
+    d.as_micros().min(u64::MAX as u128) as u64
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+struct Poller {
+    fd: i32,
+    events: Vec<libc::epoll_event>,
+}
+
+impl Poller {
+    fn new() -> io::Result<Self> {
+        // SAFETY: plain syscall; the result is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let events = vec![libc::epoll_event { events: 0, u64: 0 }; 1024];
+        Ok(Self { fd, events })
+    }
+    fn add(&self, fd: i32, token: usize) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: token as u64,
+        };
+        // SAFETY: `ev` outlives the call; the result is checked.
+        if unsafe { libc::epoll_ctl(self.fd, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    /// Ready tokens, waiting at most `timeout` (nanosecond precision).
+    fn wait(&mut self, timeout: Duration) -> io::Result<&[libc::epoll_event]> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: the events buffer and timespec outlive the call; the result is checked.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait2,
+                self.fd,
+                self.events.as_mut_ptr(),
+                self.events.len() as libc::c_int,
+                &ts as *const libc::timespec,
+                std::ptr::null::<libc::sigset_t>(),
+                0usize,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(&[])
+            } else {
+                Err(e)
+            };
+        }
+        Ok(&self.events[..n as usize])
+    }
+}
+
+fn open(args: &Args, poller: &Poller, token: usize) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&args.addr, args.timeout)?;
+    s.set_nodelay(true)?;
+    s.set_nonblocking(true)?;
+    poller.add(s.as_raw_fd(), token)?;
+    Ok(s)
+}
+
+fn main() {
+    let args = parse_args();
+    // SAFETY: prctl with plain integer arguments. A 1 ns slack makes the nanosecond timeout
+    // of epoll_pwait2 mean what it says (the default slack is 50 us).
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+    let mut poller = Poller::new().unwrap_or_else(|e| usage(&format!("epoll: {e}")));
+    let mut conns: Vec<Conn> = Vec::with_capacity(args.connections);
+    let mut idle: std::collections::VecDeque<usize> = Default::default();
+    for i in 0..args.connections {
+        match open(&args, &poller, i) {
+            Ok(s) => {
+                conns.push(Conn::new(Some(s)));
+                idle.push_back(i);
+            }
+            Err(e) => usage(&format!("cannot connect to {}: {e}", args.addr)),
+        }
+    }
+    let interval = 1.0 / args.rate;
+    let start = Instant::now();
+    let cpu0 = cpu_seconds();
+    let measure_from = start + args.warmup;
+    let end = measure_from + args.duration;
+    let mut rec = Recorder {
+        measure_from,
+        corrected: histogram(),
+        raw: histogram(),
+        lag: histogram(),
+        tally: Tally::default(),
+    };
+    let due_at = |k: u64| start + Duration::from_secs_f64(k as f64 * interval);
+    let mut next: u64 = 0;
+    let mut next_sweep = start;
+    let mut dead: Vec<usize> = Vec::new();
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        // Every due request that has a connection goes out now.
+        // Due within the quantum counts as due: one wake-up sends a small batch, early by
+        // less than the quantum (those count from when they were sent).
+        while due_at(next) <= now + args.quantum {
+            let Some(i) = idle.pop_front() else { break };
+            if !conns[i].ready() {
+                continue; // closed while queued (reopened later) or queued twice
+            }
+            match conns[i].send(&args.request, due_at(next), now) {
+                Ok(()) => next += 1,
+                Err(_) => {
+                    rec.tally.read += u64::from(rec.counts(due_at(next)));
+                    conns[i].close();
+                    dead.push(i);
+                }
+            }
+        }
+        if now >= next_sweep {
+            next_sweep = now + Duration::from_millis(10);
+            sweep(
+                &args, &poller, &mut conns, &mut idle, &mut dead, &mut rec, now,
+            );
+        }
+        let wake = if idle.is_empty() {
+            next_sweep
+        } else {
+            due_at(next).max(now + args.quantum).min(next_sweep)
+        };
+        let timeout = wake.min(end).saturating_duration_since(now);
+        let ready: Vec<(usize, u32)> = match poller.wait(timeout) {
+            Ok(evs) => evs.iter().map(|e| (e.u64 as usize, e.events)).collect(),
+            Err(e) => usage(&format!("epoll_pwait2: {e}")),
+        };
+        let now = Instant::now();
+        for (i, bits) in ready {
+            if bits & (libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP | libc::EPOLLRDHUP) as u32
+                == 0
+            {
+                if bits & libc::EPOLLOUT as u32 != 0 && conns[i].flush().is_err() {
+                    fail(&mut conns[i], &mut rec, &mut dead, i, false);
+                }
+                continue;
+            }
+            match conns[i].on_readable() {
+                Event::Nothing => {
+                    if bits & libc::EPOLLOUT as u32 != 0 && conns[i].flush().is_err() {
+                        fail(&mut conns[i], &mut rec, &mut dead, i, false);
+                    }
+                }
+                Event::Done { due, sent, status } => {
+                    rec.done(due, sent, now, status);
+                    idle.push_back(i);
+                }
+                Event::Failed => fail(&mut conns[i], &mut rec, &mut dead, i, false),
+            }
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    // Due but never sent: they waited at least until the end.
+    let mut unsent = 0u64;
+    while due_at(next) < end {
+        let due = due_at(next);
+        if due >= measure_from {
+            let _ = rec.corrected.record(us(end - due));
+            unsent += 1;
+        }
+        next += 1;
+    }
+    print_json(&args, &rec, unsent, cpu / wall);
+}
+
+/// Requests past the timeout fail; closed connections reopen.
+fn sweep(
+    args: &Args,
+    poller: &Poller,
+    conns: &mut [Conn],
+    idle: &mut std::collections::VecDeque<usize>,
+    dead: &mut Vec<usize>,
+    rec: &mut Recorder,
+    now: Instant,
+) {
+    for (i, c) in conns.iter_mut().enumerate() {
+        if c.overdue(now, args.timeout) {
+            fail(c, rec, dead, i, true);
+        }
+    }
+    let mut still = Vec::new();
+    for i in dead.drain(..) {
+        match open(args, poller, i) {
+            Ok(s) => {
+                conns[i] = Conn::new(Some(s));
+                idle.push_back(i);
+            }
+            Err(_) => {
+                rec.tally.connect += u64::from(now >= rec.measure_from);
+                still.push(i);
+            }
+        }
+    }
+    *dead = still;
+}
+
+fn fail(c: &mut Conn, rec: &mut Recorder, dead: &mut Vec<usize>, i: usize, timed_out: bool) {
+    if let Some(due) = c.in_flight() {
+        if rec.counts(due) {
+            if timed_out {
+                rec.tally.timeout += 1;
+            } else {
+                rec.tally.read += 1;
+            }
+        }
+    }
+    c.close();
+    dead.push(i);
+}
+
+fn pcts(h: &Histogram<u64>) -> String {
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    if h.is_empty() {
+        return "null".into();
+    }
+    format!(
+        "{{\"p50\": {}, \"p75\": {}, \"p90\": {}, \"p99\": {}, \"p99.9\": {}, \"p99.99\": {}, \"max\": {}, \"mean\": {:.3}}}",
+        q(0.5),
+        q(0.75),
+        q(0.9),
+        q(0.99),
+        q(0.999),
+        q(0.9999),
+        h.max() as f64 / 1000.0,
+        h.mean() / 1000.0
+    )
+}
+
+fn print_json(args: &Args, rec: &Recorder, unsent: u64, cpu_busy: f64) {
+    let t = &rec.tally;
+    let secs = args.duration.as_secs_f64();
+    let responses = t.ok + t.non2xx;
+    let out = format!(
+        "{{\"tool\": \"pacer\", \"offered_rps\": {}, \"connections\": {}, \"duration_s\": {secs}, \
+         \"requests\": {}, \"rps\": {:.1}, \"ok\": {}, \"non2xx\": {}, \
+         \"errors\": {{\"connect\": {}, \"read\": {}, \"timeout\": {}}}, \"unsent_at_end\": {unsent}, \
+         \"cpu_busy\": {cpu_busy:.3}, \"latency_ms\": {}, \"uncorrected_latency_ms\": {}, \
+         \"send_lag_ms\": {}}}",
+        args.rate,
+        args.connections,
+        responses + t.read + t.timeout,
+        responses as f64 / secs,
+        t.ok,
+        t.non2xx,
+        t.connect,
+        t.read,
+        t.timeout,
+        pcts(&rec.corrected),
+        pcts(&rec.raw),
+        pcts(&rec.lag),
+    );
+    let mut stdout = io::stdout().lock();
+    let _ = writeln!(stdout, "{out}");
+    let _ = stdout.flush();
+}
