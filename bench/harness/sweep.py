@@ -93,6 +93,7 @@ def _step(ctx, args, run, rate: float, fraction: float) -> dict:
     r["generator_bound"] = (r["load_busy_pct"] >= GENERATOR_BUSY_PCT
                             and r["rps"] < 0.97 * rate)
     r["fraction"] = fraction
+    r["proxy_cpus"] = list(ctx.proxy_cpus)
     r.pop("samples", None)
     return r
 
@@ -107,6 +108,10 @@ def _ramp_cell(rounds: list[dict], fraction: float) -> dict:
     cell["latency_ms"] = {q: _med(ok, lambda r, q=q: _p(r, q)) for q in ("p50", "p99", "p99.9")}
     cell["p99_rounds"] = [_p(r, "p99") for r in ok]
     cell["rps"] = _med(ok, lambda r: r["rps"])
+    cell["cpu"] = _med(ok, lambda r: r.get("cpu_us_per_req"))
+    cell["proxy_core_busy"] = _med(ok, lambda r: max(
+        ((r.get("core_busy") or {}).get(str(c), 0.0) for c in r.get("proxy_cpus", [])),
+        default=None))
     cell["generator_bound"] = 2 * sum(1 for r in ok if r.get("generator_bound")) > len(ok)
     return cell
 
@@ -258,6 +263,9 @@ def summarize(ctx, args) -> str:
             lines.append(f"same-rate ramp (the same offered rates for every proxy: fractions of "
                          f"the lowest ceiling, {fmt_rate(base)}): p99")
             lines += _ramp_table(same, "base")
+            lines.append("same-rate ramp: the proxy's CPU per request (it falls as the load "
+                         "rises: fewer wake-ups per request)")
+            lines += _ramp_table(same, "base", cpu=True)
         if any(st.get("generator_bound") for r in [*ramp.values(), *same.values()]
                for st in r.get("steps", [])):
             lines.append(f"* {tool} fell behind its rate with its core >= {GENERATOR_BUSY_PCT}% "
@@ -265,7 +273,7 @@ def summarize(ctx, args) -> str:
     return "\n".join(lines)
 
 
-def _ramp_table(ramp: dict, key: str) -> list[str]:
+def _ramp_table(ramp: dict, key: str, cpu: bool = False) -> list[str]:
     lines = [f"proxy      {'ceiling' if key == 'ceiling' else '   rate'}  "
              + "  ".join(f"{int(f * 100):>7}%" for f in RAMP_FRACTIONS)]
     for name, r in ramp.items():
@@ -273,6 +281,7 @@ def _ramp_table(ramp: dict, key: str) -> list[str]:
             lines.append(f"{name:9}  {r['error']}")
             continue
         cells = ["  failed " if st.get("error") else
+                 f"{fmt_us(st.get('cpu')):>8}" if cpu else
                  f"{fmt_ms(_p(st, 'p99')) + ('*' if st.get('generator_bound') else ''):>8}"
                  for st in r["steps"]]
         lines.append(f"{name:9} {fmt_rate(r[key]):>8}  " + "  ".join(cells))
