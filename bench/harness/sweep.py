@@ -300,6 +300,14 @@ def _charts(ctx) -> None:
                     series.setdefault(name, []).append((int(n), m[key]))
         if series:
             ch.lines(ctx.outdir / f"sweep_{key}.png", title, "connections", unit, series)
+    for key, fname, title in (("ramp", "ramp_p99.png", "fixed-rate p99 at % of own ceiling"),
+                              ("ramp_same", "ramp_same_p99.png",
+                               "fixed-rate p99 at % of the lowest ceiling")):
+        series = {name: [(st["fraction"] * 100, _p(st, "p99")) for st in r.get("steps", [])
+                         if not st.get("error")]
+                  for name, r in (ctx.results.get(key) or {}).items() if "steps" in r}
+        if any(series.values()):
+            ch.lines(ctx.outdir / fname, title, "offered load (%)", "ms", series, logy=True)
 
 
 def _md(ctx, args, text: str) -> str:
@@ -309,5 +317,6 @@ def _md(ctx, args, text: str) -> str:
     return (f"# Connection sweep: {m['name']}\n\n"
             f"Machine: {mach['cpu']}, {mach['cores']} cores, Linux {mach['kernel']}. "
             f"Command: `bench/run {' '.join(ctx.argv)}`\n\n```\n{text}\n```\n\n"
-            "Charts: `sweep_p99.png`, `sweep_p999.png`, `sweep_cpu.png`. "
+            "Charts: `sweep_p99.png`, `sweep_p999.png`, `sweep_cpu.png`, `ramp_p99.png`, "
+            "`ramp_same_p99.png`. "
             f"Configs: `configs/` (rendered from `bench/peers/`).\n\n## Versions\n\n{vers}\n")
