@@ -54,9 +54,19 @@ fn error_chain(e: &anyhow::Error) -> String {
     out
 }
 
+/// rustls warns once per handshake when a client sends an IP address as SNI (wrk and some
+/// HTTP libraries do; RFC 6066 allows only host names) and then serves it as if it had sent
+/// none. One line and one write per handshake is log spam and CPU nobody asked for, so that
+/// module logs only errors, unless `RUST_LOG` or the config's `log` filter names rustls.
+const QUIET_TARGETS: &str = "rustls::msgs::handshake=error";
+
 fn init_logging(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| default_level.to_string());
+    let filter = if spec.contains("rustls") {
+        tracing_subscriber::EnvFilter::new(spec)
+    } else {
+        tracing_subscriber::EnvFilter::new(format!("{spec},{QUIET_TARGETS}"))
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -7,6 +7,7 @@ use veloxy_testkit::*;
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 fn tls_config(up: std::net::SocketAddr, tls: &str) -> String {
     format!(
@@ -428,4 +429,42 @@ fn idle_tls_keepalive_clients_hold_no_request_buffers() {
     s.conn.send_close_notify();
     s.flush().unwrap();
     assert_eq!(read_to_close(s), (0, String::new()));
+}
+
+/// A client that sends an IP address as SNI (wrk does) is served, and costs no log line per
+/// handshake (rustls warns about each one; veloxy's default filter keeps that module quiet).
+#[test]
+fn an_ip_address_as_sni_is_served_without_a_warning_per_handshake() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        skip("openssl is not installed (its s_client sends the IP address as SNI)");
+        return;
+    }
+    let up = upstream(&["--name", "u1"]);
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let v = veloxy(&tls_config(up.addr, &tls_section(&cert, &key)));
+    for _ in 0..3 {
+        let mut c = Command::new("openssl")
+            .args(["s_client", "-quiet", "-connect", &v.addr.to_string()])
+            .args(["-servername", "127.0.0.1"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    }
+    // The warning would be written before the answer; give the log reader a moment to see it.
+    let warned = eventually(Duration::from_millis(500), || {
+        v.proc.log_text().contains("Illegal SNI")
+    });
+    assert!(!warned, "{}", v.proc.log_text());
 }

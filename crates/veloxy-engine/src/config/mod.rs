@@ -79,7 +79,8 @@ pub struct Settings {
     pub request_id: Option<String>,
     /// `trusted_proxies` and `client_ip_header`: where the real client address comes from.
     pub real_ip: Option<crate::access::RealIp>,
-    /// Log filter used when `RUST_LOG` is unset. Default `"info"`.
+    /// Log filter used when `RUST_LOG` is unset. Default `"info"`. Either way the `veloxy`
+    /// command adds `rustls::msgs::handshake=error` unless the filter names rustls.
     pub log_level: String,
     /// Admin endpoint address (`/metrics`, `/healthz`, `/upstreams`, `POST /reload`). Default: off.
     pub admin: Option<SocketAddr>,
