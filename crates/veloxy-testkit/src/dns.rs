@@ -28,8 +28,7 @@ impl Dns {
     /// Starts one with these A records (`(ip, name)`) and SRV records; `None` (and a SKIPPED
     /// line) without dnsmasq.
     pub fn start(hosts: &[(&str, &str)], srv: &[Srv]) -> Option<Dns> {
-        if Command::new("dnsmasq").arg("--version").output().is_err() {
-            crate::skip("dnsmasq is not installed");
+        if !crate::require("dnsmasq", "--version", "dnsmasq is not installed") {
             return None;
         }
         let port = free_dns_port();

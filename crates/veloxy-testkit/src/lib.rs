@@ -98,6 +98,19 @@ pub fn skip(reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {reason}");
 }
 
+/// Whether `program` runs here (probed with `probe`, e.g. `--version`); when it does not, the
+/// running test is reported skipped with `why` (the caller then returns).
+pub fn require(program: &str, probe: &str, why: &str) -> bool {
+    let found = std::process::Command::new(program)
+        .arg(probe)
+        .output()
+        .is_ok();
+    if !found {
+        skip(why);
+    }
+    found
+}
+
 /// Polls `f` until it returns true or `limit` passes.
 pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

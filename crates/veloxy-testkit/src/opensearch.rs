@@ -124,8 +124,7 @@ impl OpenSearch {
     /// join each other) with `heap` MiB of heap in all; `None` and a SKIPPED line when Java,
     /// Maven or the artifacts are missing.
     pub fn start(nodes: u16, heap_mib: u32) -> Option<OpenSearch> {
-        if Command::new("java").arg("-version").output().is_err() {
-            crate::skip("java is not installed");
+        if !crate::require("java", "-version", "java is not installed") {
             return None;
         }
         let cp = match classpath() {

@@ -382,12 +382,8 @@ fn errors_over_http2_are_fast_and_grpc_aware() {
 
 #[test]
 fn curl_h2c_prior_knowledge() {
-    if std::process::Command::new("curl")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        return skip("curl not installed");
+    if !require("curl", "--version", "curl not installed") {
+        return;
     }
     let up = upstream(&[]);
     let v = veloxy(&h2c_config(&[up.addr], "", ""));

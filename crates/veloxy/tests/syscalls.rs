@@ -40,8 +40,7 @@ fn worker_waits(pid: u32) -> bool {
 
 #[test]
 fn keepalive_requests_make_no_recv_that_would_block() {
-    if Command::new("strace").arg("-V").output().is_err() {
-        skip("strace is not installed");
+    if !require("strace", "-V", "strace is not installed") {
         return;
     }
     let up = upstream(&["--name", "a"]);

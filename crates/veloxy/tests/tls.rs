@@ -269,8 +269,8 @@ fn self_signed_quick_mode_keeps_its_ca() {
 
 #[test]
 fn curl_http2_over_tls() {
-    if Command::new("curl").arg("--version").output().is_err() {
-        return skip("curl not installed");
+    if !require("curl", "--version", "curl not installed") {
+        return;
     }
     let up = upstream(&["--name", "u1"]);
     let certs = tempfile::tempdir().unwrap();
@@ -435,8 +435,8 @@ fn idle_tls_keepalive_clients_hold_no_request_buffers() {
 /// handshake (rustls warns about each one; veloxy's default filter keeps that module quiet).
 #[test]
 fn an_ip_address_as_sni_is_served_without_a_warning_per_handshake() {
-    if Command::new("openssl").arg("version").output().is_err() {
-        skip("openssl is not installed (its s_client sends the IP address as SNI)");
+    let why = "openssl is not installed (its s_client sends the IP address as SNI)";
+    if !require("openssl", "version", why) {
         return;
     }
     let up = upstream(&["--name", "u1"]);
