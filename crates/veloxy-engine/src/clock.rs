@@ -41,6 +41,12 @@ pub fn now_ms() -> u64 {
     read(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(epoch) / 1_000_000 + 1
 }
 
+/// The time from `stamp_ms` to `now_ms`, both [`now_ms`] readings (zero if `stamp_ms` is
+/// later, as a stamp taken after `now_ms` was read can be).
+pub fn since_ms(stamp_ms: u64, now_ms: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(now_ms.saturating_sub(stamp_ms))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -116,7 +116,7 @@ pub(crate) struct Idle {
 
 impl Idle {
     fn idle_for(&self, now_ms: u64) -> Duration {
-        Duration::from_millis(now_ms.saturating_sub(self.since_ms))
+        crate::clock::since_ms(self.since_ms, now_ms)
     }
 }
 

@@ -161,8 +161,9 @@ pub(crate) async fn serve<IO>(
                     // Only cut streams are left, and hyper would wait for them forever.
                     break;
                 }
-                let idle_ms = crate::clock::now_ms().saturating_sub(ctx.last_active_ms.get());
-                let idle = ctx.active.get() == 0 && Duration::from_millis(idle_ms) >= idle_timeout;
+                let idle_for =
+                    crate::clock::since_ms(ctx.last_active_ms.get(), crate::clock::now_ms());
+                let idle = ctx.active.get() == 0 && idle_for >= idle_timeout;
                 if !closing && (worker.shutting_down() || idle) {
                     conn.as_mut().graceful_shutdown();
                     closing = true;
