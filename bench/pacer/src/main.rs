@@ -262,11 +262,8 @@ fn main() {
             }
             match conns[i].send(&args.request, due_at(next), now) {
                 Ok(()) => next += 1,
-                Err(_) => {
-                    rec.tally.read += u64::from(rec.counts(due_at(next)));
-                    conns[i].close();
-                    dead.push(i);
-                }
+                // `send` marked the request in flight first: `fail` counts it.
+                Err(_) => fail(&mut conns[i], &mut rec, &mut dead, i, false),
             }
         }
         if now >= next_sweep {
@@ -287,15 +284,13 @@ fn main() {
         };
         let now = Instant::now();
         for (i, bits) in ready {
-            if bits & (libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP | libc::EPOLLRDHUP) as u32
-                == 0
-            {
-                if bits & libc::EPOLLOUT as u32 != 0 && conns[i].flush().is_err() {
-                    fail(&mut conns[i], &mut rec, &mut dead, i, false);
-                }
-                continue;
-            }
-            match conns[i].on_readable() {
+            let readable = libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP | libc::EPOLLRDHUP;
+            let event = if bits & readable as u32 != 0 {
+                conns[i].on_readable()
+            } else {
+                Event::Nothing
+            };
+            match event {
                 Event::Nothing => {
                     if bits & libc::EPOLLOUT as u32 != 0 && conns[i].flush().is_err() {
                         fail(&mut conns[i], &mut rec, &mut dead, i, false);
