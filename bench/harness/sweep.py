@@ -89,11 +89,11 @@ def _step(ctx, args, run, rate: float, fraction: float) -> dict:
         return {"error": str(e), "fraction": fraction}
     busy = (r.get("core_busy") or {})
     r["load_busy_pct"] = max((busy.get(str(c), 0.0) for c in ctx.load_cpus), default=0.0)
+    r["proxy_busy_pct"] = max((busy.get(str(c), 0.0) for c in ctx.proxy_cpus), default=0.0)
     # The generator behind its schedule with its own core full: the latency is its queue.
     r["generator_bound"] = (r["load_busy_pct"] >= GENERATOR_BUSY_PCT
                             and r["rps"] < 0.97 * rate)
     r["fraction"] = fraction
-    r["proxy_cpus"] = list(ctx.proxy_cpus)
     r.pop("samples", None)
     return r
 
@@ -109,9 +109,7 @@ def _ramp_cell(rounds: list[dict], fraction: float) -> dict:
     cell["p99_rounds"] = [_p(r, "p99") for r in ok]
     cell["rps"] = _med(ok, lambda r: r["rps"])
     cell["cpu"] = _med(ok, lambda r: r.get("cpu_us_per_req"))
-    cell["proxy_core_busy"] = _med(ok, lambda r: max(
-        ((r.get("core_busy") or {}).get(str(c), 0.0) for c in r.get("proxy_cpus", [])),
-        default=None))
+    cell["proxy_core_busy"] = _med(ok, lambda r: r.get("proxy_busy_pct"))
     cell["generator_bound"] = 2 * sum(1 for r in ok if r.get("generator_bound")) > len(ok)
     return cell
 
@@ -133,9 +131,8 @@ def _ramp(ctx, args, running, names) -> None:
         ramp[name] = {"ceiling": ceiling, "steps": []}
     ok = [n for n in names if "ceiling" in ramp[n]]
     base = min(ramp[n]["ceiling"] for n in ok) if ok else None
-    for n in ok:
-        if len(ok) > 1:
-            same[n] = {"base": base, "steps": []}
+    if len(ok) > 1:
+        same.update({n: {"base": base, "steps": []} for n in ok})
     for f in RAMP_FRACTIONS:
         own: dict[str, list] = {n: [] for n in ok}
         fixed: dict[str, list] = {n: [] for n in same}
