@@ -248,24 +248,16 @@ def cached_fixed_rate(port, cluster_pid):
     saturation, where queueing on the shared load core decides the tail). Hits never reach
     the cluster: it is let settle first, and its CPU during the run is reported, since it
     shares the load core with oha."""
-    oha = os.path.join(ROOT, "bench", ".cache", "bin", "oha")
-    oha = oha if os.path.exists(oha) else shutil.which("oha")
-    if not oha:
+    if not oha_path():
         return None
     waited = wait_quiet(cluster_pid)
-    cmd = ["taskset", "-c", LOAD_CPU, oha, "-z", "6s", "-q", str(FIXED_RATE), "-c", "16",
-           "--latency-correction", "--no-tui", "--output-format", "json", "-m", "POST",
-           "-T", "application/json", "-d", '{"size":10,"query":{"term":{"n":1}}}',
-           f"http://127.0.0.1:{port}/bench/_search"]
+    query = '{"size":10,"query":{"term":{"n":1}}}'
     # A warm-up at the same rate, unmeasured: the first miss (the cluster's cold search, which
     # identical requests wait for) would otherwise be in the tail.
-    warm = [("2s" if a == "6s" else a) for a in cmd]
-    subprocess.run(warm, capture_output=True, text=True, timeout=60)
+    oha_latency(port, FIXED_RATE, 2, query, connections=16)
     c0 = cpu_seconds(cluster_pid)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    fixed = oha_latency(port, FIXED_RATE, 6, query, connections=16)
     cluster_cpu = (cpu_seconds(cluster_pid) - c0) / 6
-    pct = json.loads(out)["latencyPercentiles"]
-    fixed = {k: pct[k] * 1000 for k in ("p50", "p99", "p99.9")}
     fixed.update(settled_s=waited, cluster_cpu=cluster_cpu)
     return fixed
 
@@ -283,15 +275,21 @@ OVERHEAD_METHOD = (
 OVERHEAD_QUERY = '{"size":10,"query":{"term":{"n":7}}}'
 
 
-def oha_latency(port, rate, seconds, body, path="/bench/_search"):
-    """oha at a fixed `rate` for `seconds` (latency-corrected): p50/p99/p99.9 in ms, or None
-    without oha."""
+def oha_path():
+    """The suite's oha (bench/.cache/bin) or one on PATH; None without."""
     oha = os.path.join(ROOT, "bench", ".cache", "bin", "oha")
-    oha = oha if os.path.exists(oha) else shutil.which("oha")
+    return oha if os.path.exists(oha) else shutil.which("oha")
+
+
+def oha_latency(port, rate, seconds, body, path="/bench/_search", connections=8):
+    """oha POSTing `body` at a fixed `rate` for `seconds` over `connections` (latency-corrected):
+    p50/p99/p99.9 in ms, or None without oha."""
+    oha = oha_path()
     if not oha:
         return None
-    cmd = ["taskset", "-c", LOAD_CPU, oha, "-z", f"{seconds}s", "-q", str(rate), "-c", "8",
-           "--latency-correction", "--no-tui", "--output-format", "json", "-m", "POST",
+    cmd = ["taskset", "-c", LOAD_CPU, oha, "-z", f"{seconds}s", "-q", str(rate),
+           "-c", str(connections), "--latency-correction", "--no-tui", "--output-format", "json",
+           "-m", "POST",
            "-T", "application/json", "-d", body, f"http://127.0.0.1:{port}{path}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
     pct = json.loads(out)["latencyPercentiles"]
