@@ -294,3 +294,44 @@ fn proxy_one_liner_with_workers() {
         .collect();
     assert_eq!(threads.len(), 2, "{threads:?}");
 }
+
+/// `[server] io` (issue 18's switch): `"epoll"` and `"io_uring"` both load and proxy over
+/// HTTP/1.1 and HTTP/2; io_uring is not built in, so that value is served with epoll and the
+/// log says so.
+#[test]
+fn both_io_modes_serve_http1_and_http2() {
+    let up = upstream(&["--name", "a"]);
+    for mode in ["epoll", "io_uring"] {
+        let config = simple_config(&[up.addr], "")
+            .replace("workers = 1", &format!("workers = 1\nio = \"{mode}\""))
+            .replace(
+                "addr = \"127.0.0.1:0\"",
+                "addr = \"127.0.0.1:0\"\nhttp2 = true",
+            );
+        let v = veloxy(&config);
+        let mut c = Client::connect(v.addr);
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        let r = c.read_response(false);
+        assert_eq!(
+            (r.status, r.header("x-upstream")),
+            (200, Some("a")),
+            "{mode}"
+        );
+        runtime().block_on(async {
+            let mut h2 = h2_connect(v.addr, None).await;
+            let r = h2_send(&mut h2, h2_get("a", "/", false), None)
+                .await
+                .unwrap();
+            assert_eq!(
+                (r.status, r.header("x-upstream")),
+                (200, Some("a")),
+                "{mode}"
+            );
+        });
+        let warned = v
+            .proc
+            .log_text()
+            .contains("server.io: warning: io_uring is not built in");
+        assert_eq!(warned, mode == "io_uring", "{mode}: {}", v.proc.log_text());
+    }
+}

@@ -105,6 +105,9 @@ pub struct ServerSection {
     pub redis: Option<Spanned<RedisSection>>,
     /// DNS servers (`"ip[:port]"`) for `dns`/`srv` upstream servers; default: the system's.
     pub resolvers: Option<Spanned<Vec<String>>>,
+    /// The I/O mode: `"epoll"` (the default and the only one built) or `"io_uring"` (served
+    /// with epoll, and said so in a warning).
+    pub io: Option<Spanned<String>>,
 }
 
 /// `[server.redis]`.

@@ -45,6 +45,7 @@ fn compile(
 ) -> Result<Snapshot, ConfigError> {
     let s = &file.server;
     let settings = server::compile_settings(src, s)?;
+    let io_warning = server::io_mode(src, s)?;
     let (upstreams, upstream_index) =
         upstreams::compile_upstreams(src, &file.upstreams, policies, settings.workers)?;
     let (mut listeners, seen_addrs) = listeners::compile_listeners(src, &file.listeners)?;
@@ -84,7 +85,7 @@ fn compile(
     settings.acme = acme::compile_acme(src, &file, &mut listeners, redis_spec.as_ref())?;
     settings.redis = redis_spec;
     http3::compile_http3(src, &file, &settings, &mut listeners)?;
-    let mut warnings = Vec::new();
+    let mut warnings: Vec<String> = io_warning.into_iter().collect();
     warnings.extend(acme::unserved_names(src, &file, &listeners));
     Ok(Snapshot {
         settings,
