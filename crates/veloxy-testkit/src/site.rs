@@ -26,13 +26,19 @@ impl Site {
     /// `server`: extra `[server]` keys; `plain_keys`: extra keys of the plain listener;
     /// `rest`: routes and upstream groups.
     pub fn start(server: &str, plain_keys: &str, rest: &str) -> Site {
+        Site::start_with(server, "", plain_keys, rest)
+    }
+
+    /// [`Site::start`] with extra keys of the TLS listener `web` (`"http3 = true\n"` for
+    /// [`Site::h3`]).
+    pub fn start_with(server: &str, web_keys: &str, plain_keys: &str, rest: &str) -> Site {
         let certs = tempfile::tempdir().unwrap();
         let pki = Pki::new(certs.path());
         let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
         let p = |p: &Path| p.display().to_string();
         let config = format!(
             "[server]\nworkers = 1\n{server}\n\
-             [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+             [listeners.web]\naddr = \"127.0.0.1:0\"\n{web_keys}\n\
              [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
              [listeners.plain]\naddr = \"127.0.0.1:0\"\n{plain_keys}\n{rest}\n",
             p(&cert),
@@ -73,6 +79,24 @@ impl Site {
         runtime().block_on(async {
             let mut c = h2_connect(addr, Some((config, "localhost"))).await;
             h2_send(&mut c, req, body).await.unwrap()
+        })
+    }
+
+    /// GET `path` over HTTP/3 with `headers` (the site must have started with `http3 = true`
+    /// on `web`); `Err` when the request fails at the transport.
+    pub fn h3(&self, path: &str, headers: &[(&str, &str)]) -> Result<H2Reply, String> {
+        let mut req = crate::h3_get("localhost", path);
+        for (n, v) in headers {
+            req.headers_mut().append(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        let addr = self.addr("web");
+        let ca = self.pki.ca_pem.clone();
+        runtime().block_on(async {
+            let mut c = crate::h3_connect(addr, "localhost", &ca).await?;
+            crate::h3_send(&mut c, req, None).await
         })
     }
 

@@ -104,6 +104,12 @@ impl Fill {
         self.head = head;
     }
 
+    /// Adds field lines (`Name: value\r\n`) to the upstream head: forward_auth's copied
+    /// fields, known only once the auth service answered.
+    pub(crate) fn add_lines(&mut self, lines: &[u8]) {
+        self.head.extend_from_slice(lines);
+    }
+
     /// The status-header line for a request forwarded past the cache.
     pub(crate) fn miss_line(&self) -> Bytes {
         self.rc.status_line("MISS")

@@ -32,6 +32,10 @@ pub(crate) struct StaticReply {
     /// The response head, serialized, with the route's rules and the hooks applied.
     pub head: Vec<u8>,
     pub record: Record,
+    /// The request's HTTP/1 minor version and method, for a reply that replaces this one
+    /// ([`StaticReply::replaced`]).
+    version: u8,
+    is_head: bool,
 }
 
 /// Answers `req` from a file route (no I/O on the socket yet).
@@ -71,7 +75,13 @@ impl StaticReply {
         record: Record,
     ) -> StaticReply {
         let keep_alive = req.keep_alive && req.body == BodyKind::None;
-        StaticReply::build(worker, response, req.version, keep_alive, record)
+        StaticReply::build(
+            worker,
+            response,
+            (req.version, req.is_head()),
+            keep_alive,
+            record,
+        )
     }
 
     /// A cached answer to a request already prepared for forwarding (a cache fill's).
@@ -82,7 +92,7 @@ impl StaticReply {
         record: Record,
     ) -> StaticReply {
         let keep_alive = p.keep_alive && p.body == BodyKind::None;
-        StaticReply::build(worker, response, p.version, keep_alive, record)
+        StaticReply::build(worker, response, (p.version, p.is_head), keep_alive, record)
     }
 
     /// An answer of veloxy's own to a request already prepared for forwarding (a
@@ -99,7 +109,7 @@ impl StaticReply {
     fn build(
         worker: &Worker,
         response: crate::static_files::Response,
-        version: u8,
+        (version, is_head): (u8, bool),
         keep_alive: bool,
         mut record: Record,
     ) -> StaticReply {
@@ -117,7 +127,16 @@ impl StaticReply {
             keep_alive,
             head,
             record,
+            version,
+            is_head,
         }
+    }
+
+    /// Another answer to the same request (a refusal decided after the reply was made).
+    pub(crate) fn replaced(self, worker: &Worker, answer: crate::exchange::Answer) -> StaticReply {
+        let response = answer.into_response(self.is_head);
+        let request = (self.version, self.is_head);
+        StaticReply::build(worker, response, request, self.keep_alive, self.record)
     }
 }
 

@@ -173,6 +173,7 @@ pub(crate) async fn authorize(
     let auth = p.target.forward_auth.take()?;
     match auth.run(worker, gen).await {
         Ok(Outcome::Pass(lines)) => {
+            p.target.authorized(&lines);
             match p.h2_head.as_mut() {
                 Some(h2) => h2.add_lines(&lines),
                 // Before the blank line that ends the head.

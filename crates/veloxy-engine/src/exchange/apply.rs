@@ -162,14 +162,17 @@ pub(super) fn gate(
         }
     }
     if let Some(auth) = rules.and_then(|r| r.basic_auth.as_ref()) {
+        use crate::auth::{Checked, Refusal};
         match auth.check(head.fields.get("authorization"), vars.client_ip) {
-            Ok(()) => {}
-            Err(crate::auth::Refusal::Challenge) => {
+            Checked::Pass => {}
+            Checked::Refused(Refusal::Challenge) => {
                 return Ok(Some(Answer::unauthorized(&auth.realm)))
             }
-            Err(crate::auth::Refusal::TooMany) => {
+            Checked::Refused(Refusal::TooMany) => {
                 return Err(ProxyError::downstream(ErrorKind::RateLimited))
             }
+            // Checked off the worker before anything is answered (see `super::verified`).
+            Checked::Verify(v) => record.verify = Some(v),
         }
     }
     if let Some(max) = rules.and_then(|r| r.max_body) {

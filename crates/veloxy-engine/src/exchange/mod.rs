@@ -209,6 +209,20 @@ pub(crate) struct ProxyTarget {
     /// clamp: the codec reads the body whole and runs it instead of forwarding (taken when
     /// run).
     pub search: Option<Box<crate::search::Job>>,
+    /// A fresh cache hit on a route with `forward_auth`: held until the auth service lets
+    /// the request pass, then answered instead of forwarding (taken when run). A hit is never
+    /// served before every access rule of its route has run.
+    pub hit: Option<Box<crate::static_files::Response>>,
+}
+
+impl ProxyTarget {
+    /// forward_auth let the request pass: its copied fields (`lines`) go on every upstream
+    /// request made for it, the cache fill's included.
+    pub(crate) fn authorized(&mut self, lines: &[u8]) {
+        if let Some(fill) = self.cache.as_mut() {
+            fill.add_lines(lines);
+        }
+    }
 }
 
 /// The first backend: the one a `sticky` cookie names while it is usable, else the group's
@@ -407,6 +421,8 @@ pub(crate) fn admit(
             crate::compress::Accepted::parse(head.fields.get("accept-encoding")).choose(|_| true)
         })
         .flatten();
+    // With forward_auth, a hit waits for the auth service's word (held in the target).
+    let mut hit = None;
     let fill = match rules.and_then(|r| r.cache.as_ref()) {
         None => None,
         Some(rc) => {
@@ -416,6 +432,12 @@ pub(crate) fn admit(
                 rc.key.render(&vars),
                 (client.ip(), encoding),
             ) {
+                crate::cache::lookup::Step::Answer(r)
+                    if rules.is_some_and(|r| r.forward_auth.is_some()) =>
+                {
+                    hit = Some(Box::new(r));
+                    None
+                }
                 crate::cache::lookup::Step::Answer(r) => return Ok(Admitted::Cached(r)),
                 crate::cache::lookup::Step::Bypass => {
                     add_answer_line(record, &rc.status_line("BYPASS"));
@@ -435,11 +457,12 @@ pub(crate) fn admit(
         0
     };
     let (picked, stuck) = choose_backend(gen, upstream, head, client, hash);
-    let Some(backend) = picked else {
+    // A held hit needs no backend: it is served while every backend is down, as any hit is.
+    let Some(backend) = picked.or(hit.as_ref().map(|_| 0)) else {
         record.request_id = id;
         return Err(ProxyError::upstream(ErrorKind::NoBackend));
     };
-    if let (Some(s), None) = (&group.sticky, stuck) {
+    if let (Some(s), None, Some(_)) = (&group.sticky, stuck, picked) {
         // A new (or replaced) affinity: the answer names the chosen backend.
         let edit = record
             .edit
@@ -468,6 +491,7 @@ pub(crate) fn admit(
         ),
         client_ip: real.map(|(_, s)| s),
         cache: None,
+        hit,
         search: search.and_then(|(s, step, effective)| {
             let node = &group.backends[backend].addr;
             crate::search::Job::new(step, s, (head, &effective), node, group.read_timeout)
@@ -487,6 +511,45 @@ pub(crate) fn admit(
         target.cache = Some(f);
     }
     Ok(Admitted::Proxy(target))
+}
+
+/// Why a request stops at [`verified`].
+pub(crate) enum Denied {
+    /// veloxy's answer (401 with the route's challenge).
+    Answer(Answer),
+    /// An error answer (429 over the rate of checks, 503 when the check pool is full).
+    Error(ProxyError),
+}
+
+impl Denied {
+    /// The refusal as an answer of veloxy's own (an error counted in the worker's metrics).
+    pub(crate) fn into_answer(self, worker: &Worker) -> Answer {
+        match self {
+            Denied::Answer(a) => a,
+            Denied::Error(e) => {
+                worker.count_error(&e);
+                let body = bytes::Bytes::from(format!("{}\n", e.kind));
+                Answer::fixed(e.status(), &body, "text/plain; charset=utf-8")
+            }
+        }
+    }
+}
+
+/// Runs the credential check admission left in the record (if any), off the worker: every
+/// codec calls this right after [`admit`], before it answers anything, so nothing (a file, a
+/// cache hit, a backend's answer) reaches a client whose credentials have not passed.
+pub(crate) async fn verified(record: &mut Record) -> Result<(), Denied> {
+    let Some(v) = record.verify.take() else {
+        return Ok(());
+    };
+    let realm = v.realm.clone();
+    v.run().await.map_err(|f| match f {
+        crate::auth::Failed::Wrong => Denied::Answer(Answer::unauthorized(&realm)),
+        crate::auth::Failed::TooMany => {
+            Denied::Error(ProxyError::downstream(ErrorKind::RateLimited))
+        }
+        crate::auth::Failed::Busy => Denied::Error(ProxyError::downstream(ErrorKind::Overloaded)),
+    })
 }
 
 /// How much of a request body is read before an upstream connection is taken.

@@ -39,6 +39,10 @@ pub(crate) struct Record {
     pub request_id: Option<String>,
     /// The client's address from a trusted proxy's header (`None`: the peer's).
     pub client_ip: Option<std::net::IpAddr>,
+    /// A `basic_auth` credential check admission left to run off the worker: the codec runs
+    /// it ([`super::verified`]) before it answers anything, from a file, the cache or a
+    /// backend.
+    pub verify: Option<Box<crate::auth::Verify>>,
 }
 
 impl Record {
@@ -68,6 +72,7 @@ impl Record {
             edit: None,
             request_id: None,
             client_ip: None,
+            verify: None,
         }
     }
 
@@ -84,6 +89,7 @@ impl Record {
             edit: None,
             request_id: None,
             client_ip: None,
+            verify: None,
         }
     }
 

@@ -487,7 +487,17 @@ async fn forward(
         server_port: c.listener.port,
     };
     let f = fin.as_deref_mut().expect("present until success");
-    let target = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record)? {
+    let admitted = exchange::admit(&c.worker, gen, &peer, &head, &mut f.record)?;
+    match exchange::verified(&mut f.record).await {
+        Ok(()) => {}
+        Err(exchange::Denied::Error(e)) => return Err(e),
+        Err(exchange::Denied::Answer(answer)) => {
+            let f = fin.take().expect("present until success");
+            let is_head = req.method() == http::Method::HEAD;
+            return Ok(files::serve_answer(&c.worker, answer, is_head, f));
+        }
+    }
+    let target = match admitted {
         Admitted::Files(files) => {
             let f = fin.take().expect("present until success");
             return Ok(files::serve_file(&c.worker, &files, &req, path, f));
@@ -514,16 +524,24 @@ async fn forward(
     if let Some(auth) = target.forward_auth.take() {
         use crate::exchange::forward_auth::Outcome;
         match auth.run(&c.worker, gen).await? {
-            Outcome::Pass(lines) => target
-                .edit
-                .get_or_insert_with(crate::exchange::edit::UpstreamEdit::empty)
-                .push_lines(&lines),
+            Outcome::Pass(lines) => {
+                target.authorized(&lines);
+                target
+                    .edit
+                    .get_or_insert_with(crate::exchange::edit::UpstreamEdit::empty)
+                    .push_lines(&lines)
+            }
             Outcome::Deny(answer) => {
                 let f = fin.take().expect("present until success");
                 let is_head = req.method() == http::Method::HEAD;
                 return Ok(files::serve_answer(&c.worker, answer, is_head, f));
             }
         }
+    }
+    if let Some(hit) = target.hit.take() {
+        // A hit held for forward_auth, which let the request pass.
+        let f = fin.take().expect("present until success");
+        return Ok(files::serve_cached(&c.worker, *hit, f));
     }
     if let Some(limit) = &target.concurrency {
         let admission = limit

@@ -5,7 +5,12 @@
 //! passed is remembered: each worker keeps the keyed hash of (file, user, password) for
 //! [`CACHE_TTL`], and later requests with the same credentials cost a hash and a lookup.
 //! Checks that miss that cache are rate limited per client address ([`FAILED_PER_MINUTE`]),
-//! so the route cannot be used to burn the CPU: over it, 429 without checking.
+//! so the route cannot be used to burn the CPU: over it, 429 without checking. What passes
+//! that limit is not checked on the worker: it becomes a [`Verify`] job for the process-wide
+//! pool in [`verify`], itself bounded in threads, queue and checks per second.
+//!
+//! An unknown user costs the same as a known one: the password is checked against a dummy
+//! hash of the file's bcrypt cost, so timing does not tell which user names exist.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -16,6 +21,9 @@ use std::time::Duration;
 use base64::Engine;
 
 use crate::limits::{RateKey, RateLimiter};
+
+pub mod verify;
+pub use verify::{Failed, Verify};
 
 /// How long a verified credential is remembered (per worker).
 pub const CACHE_TTL: Duration = Duration::from_secs(300);
@@ -39,6 +47,8 @@ pub struct BasicAuth {
     /// The users file, for `veloxy check --print`.
     pub file: String,
     users: HashMap<String, Hash>,
+    /// Checked for an unknown user, so that it costs what a known user's check costs.
+    dummy: Hash,
     attempts: Arc<RateLimiter>,
 }
 
@@ -49,6 +59,50 @@ pub enum Refusal {
     Challenge,
     /// Too many unremembered checks from this client: 429.
     TooMany,
+}
+
+/// What the synchronous part of a check decided.
+pub enum Checked {
+    /// Remembered credentials: pass.
+    Pass,
+    /// Refused without a hash computed.
+    Refused(Refusal),
+    /// The password must be checked against its hash, off the worker ([`Verify::run`]).
+    Verify(Box<Verify>),
+}
+
+impl Hash {
+    /// Whether `password` matches.
+    fn matches(&self, password: &str) -> bool {
+        match self {
+            Hash::Bcrypt(h) => bcrypt::verify(password, h).unwrap_or(false),
+            Hash::Apr1 { salt, full } => constant_time_eq(
+                apr1(password.as_bytes(), salt.as_bytes()).as_bytes(),
+                full.as_bytes(),
+            ),
+        }
+    }
+
+    /// A hash no password matches that costs what checking the file's users costs: bcrypt at
+    /// the highest cost in the file, else `$apr1$`. A well-formed bcrypt string of that cost
+    /// (fixed salt and digest, not computed: loading the file hashes nothing).
+    fn dummy_for<'a>(users: impl Iterator<Item = &'a Hash>) -> Hash {
+        let cost = users
+            .filter_map(|h| match h {
+                Hash::Bcrypt(s) => s.get(4..6)?.parse::<u32>().ok(),
+                Hash::Apr1 { .. } => None,
+            })
+            .max();
+        match cost {
+            Some(c) => Hash::Bcrypt(format!(
+                "$2b${c:02}$C6UzMDM.H6dfI/f/IKxGhuvGcJ6p0uEkdWO3vsm2vEAoC1FKb0pV."
+            )),
+            None => Hash::Apr1 {
+                salt: "veloxy00".into(),
+                full: "$apr1$veloxy00$................dummy.".into(),
+            },
+        }
+    }
 }
 
 impl BasicAuth {
@@ -97,38 +151,40 @@ impl BasicAuth {
         let auth = BasicAuth {
             realm: realm.to_owned(),
             file: file.to_owned(),
+            dummy: Hash::dummy_for(users.values()),
             users,
             attempts,
         };
         Ok((auth, weak))
     }
 
-    /// Checks a request's `Authorization` value for the client at `client_ip`.
-    pub fn check(&self, authorization: Option<&[u8]>, client_ip: &str) -> Result<(), Refusal> {
-        let raw = authorization.ok_or(Refusal::Challenge)?;
+    /// Checks a request's `Authorization` value for the client at `client_ip`: remembered
+    /// credentials pass at once; others, within the client's limit, need a [`Verify`] run.
+    pub fn check(&self, authorization: Option<&[u8]>, client_ip: &str) -> Checked {
+        let Some(raw) = authorization else {
+            return Checked::Refused(Refusal::Challenge);
+        };
         // Remembered by the field as sent: a hit costs one keyed hash and a lookup, no
         // decoding.
         let key = cache_key(self, raw);
         if remembered(key) {
-            return Ok(());
+            return Checked::Pass;
         }
-        let (user, password) = decode(raw).ok_or(Refusal::Challenge)?;
+        let Some((user, password)) = decode(raw) else {
+            return Checked::Refused(Refusal::Challenge);
+        };
         let ip_key = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
             .hash_one(client_ip);
-        self.attempts.check(ip_key).map_err(|_| Refusal::TooMany)?;
-        let ok = match self.users.get(&user) {
-            Some(Hash::Bcrypt(h)) => bcrypt::verify(&password, h).unwrap_or(false),
-            Some(Hash::Apr1 { salt, full }) => constant_time_eq(
-                apr1(password.as_bytes(), salt.as_bytes()).as_bytes(),
-                full.as_bytes(),
-            ),
-            None => false,
-        };
-        if !ok {
-            return Err(Refusal::Challenge);
+        if self.attempts.check(ip_key).is_err() {
+            return Checked::Refused(Refusal::TooMany);
         }
-        remember(key);
-        Ok(())
+        let hash = self.users.get(&user).unwrap_or(&self.dummy).clone();
+        Checked::Verify(Box::new(Verify {
+            key,
+            password,
+            hash,
+            realm: self.realm.clone(),
+        }))
     }
 
     /// The users' names, sorted (for tests and `--print`).
@@ -298,6 +354,38 @@ mod tests {
         );
     }
 
+    /// The check as a request sees it, with the off-worker part run in place.
+    fn check_now(auth: &BasicAuth, field: Option<&[u8]>, ip: &str) -> Result<(), Refusal> {
+        match auth.check(field, ip) {
+            Checked::Pass => Ok(()),
+            Checked::Refused(r) => Err(r),
+            Checked::Verify(v) if v.hash.matches(&v.password) => {
+                remember(v.key);
+                Ok(())
+            }
+            Checked::Verify(_) => Err(Refusal::Challenge),
+        }
+    }
+
+    #[test]
+    fn an_unknown_user_is_checked_against_a_dummy_of_the_same_cost() {
+        let hash = bcrypt::hash("s3cret", 5).unwrap();
+        let (auth, _) = BasicAuth::parse("r", "f", &format!("alice:{hash}\n")).unwrap();
+        let Hash::Bcrypt(d) = &auth.dummy else {
+            panic!("a bcrypt dummy")
+        };
+        assert!(d.starts_with("$2b$05$"), "{d}");
+        assert!(!auth.dummy.matches(""));
+        let field = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("mallory:x")
+        );
+        match auth.check(Some(field.as_bytes()), "3.3.3.3") {
+            Checked::Verify(v) => assert!(matches!(&v.hash, Hash::Bcrypt(h) if h == d)),
+            _ => panic!("an unknown user is verified like a known one"),
+        }
+    }
+
     #[test]
     fn checks_and_remembers() {
         let hash = bcrypt::hash("s3cret", 4).unwrap();
@@ -311,25 +399,25 @@ mod tests {
             )
         };
         let ok = basic("alice", "s3cret");
-        assert_eq!(auth.check(Some(ok.as_bytes()), "1.1.1.1"), Ok(()));
+        assert_eq!(check_now(&auth, Some(ok.as_bytes()), "1.1.1.1"), Ok(()));
         assert_eq!(
-            auth.check(Some(basic("bob", "password").as_bytes()), "1.1.1.1"),
+            check_now(&auth, Some(basic("bob", "password").as_bytes()), "1.1.1.1"),
             Ok(())
         );
         assert_eq!(
-            auth.check(Some(basic("alice", "nope").as_bytes()), "1.1.1.1"),
+            check_now(&auth, Some(basic("alice", "nope").as_bytes()), "1.1.1.1"),
             Err(Refusal::Challenge)
         );
-        assert_eq!(auth.check(None, "1.1.1.1"), Err(Refusal::Challenge));
+        assert_eq!(check_now(&auth, None, "1.1.1.1"), Err(Refusal::Challenge));
         // Failed checks run out; remembered credentials still pass.
         for _ in 0..FAILED_PER_MINUTE {
-            let _ = auth.check(Some(basic("alice", "guess").as_bytes()), "2.2.2.2");
+            let _ = check_now(&auth, Some(basic("alice", "guess").as_bytes()), "2.2.2.2");
         }
         assert_eq!(
-            auth.check(Some(basic("alice", "guess").as_bytes()), "2.2.2.2"),
+            check_now(&auth, Some(basic("alice", "guess").as_bytes()), "2.2.2.2"),
             Err(Refusal::TooMany)
         );
-        assert_eq!(auth.check(Some(ok.as_bytes()), "2.2.2.2"), Ok(()));
+        assert_eq!(check_now(&auth, Some(ok.as_bytes()), "2.2.2.2"), Ok(()));
         assert!(BasicAuth::parse("r", "f", "carol:{SHA}abc").is_err());
     }
 }
