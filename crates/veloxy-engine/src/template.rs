@@ -8,8 +8,12 @@ use std::fmt;
 pub enum Var {
     /// The request method.
     Method,
-    /// The request's host, without its port.
+    /// The request's host, without its port, lowercase (as nginx's `$host`).
     Host,
+    /// `{authority}`: the Host (or `:authority`) as it is forwarded upstream: the host as
+    /// sent, and its port when the request named one. The default cache key uses it, so a
+    /// request for another port is another entry.
+    Authority,
     /// Path and query as received.
     Uri,
     /// The path, without the query.
@@ -235,6 +239,7 @@ fn var(name: &str) -> Result<Var, String> {
     Ok(match name {
         "method" => Var::Method,
         "host" => Var::Host,
+        "authority" => Var::Authority,
         "uri" => Var::Uri,
         "path" => Var::Path,
         "query" => Var::Query,
@@ -257,7 +262,7 @@ fn var(name: &str) -> Result<Var, String> {
                 })
             } else {
                 return Err(format!(
-                    "unknown template variable {{{name}}}: use method, host, uri, path, query, scheme, \
+                    "unknown template variable {{{name}}}: use method, host, authority, uri, path, query, scheme, \
                      client_ip, client_port, server_port, request_id, header.NAME, cookie.NAME, \
                      query.NAME, re.N or re.NAME"
                 ));

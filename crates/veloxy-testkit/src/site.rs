@@ -92,6 +92,11 @@ impl Site {
                 http::HeaderValue::from_str(v).unwrap(),
             );
         }
+        self.h3_req(req)
+    }
+
+    /// Sends `req` (build it with [`crate::h3_get`]) over HTTP/3.
+    pub fn h3_req(&self, req: http::Request<()>) -> Result<H2Reply, String> {
         let addr = self.addr("web");
         let ca = self.pki.ca_pem.clone();
         runtime().block_on(async {

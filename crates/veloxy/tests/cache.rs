@@ -275,6 +275,45 @@ fn vary_keeps_one_variant_per_accept_encoding_over_http2() {
     vary_keeps_one_variant_per_accept_encoding(H2);
 }
 
+/// Issue 31, item 9: a Vary field sent on several lines selects the variant of its combined
+/// value (RFC 9111 section 4.1), not of its first line.
+fn vary_compares_the_combined_value_of_a_repeated_field(p: Proto) {
+    let o = script_origin(|r| {
+        let langs: Vec<&str> = r
+            .headers
+            .iter()
+            .filter(|(n, _)| n == "x-lang")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        Scripted::ok(format!("variant {}", langs.join(", ")))
+            .header("cache-control", "max-age=60")
+            .header("vary", "X-Lang")
+    });
+    let v = start(&o, "");
+    let two = [("X-Lang", "en"), ("X-Lang", "fr")];
+    assert_eq!(
+        summary(&fetch(&v, p, "GET", "/l", &two)),
+        (200, "variant en, fr".into(), Some("MISS"))
+    );
+    let one = fetch(&v, p, "GET", "/l", &[("X-Lang", "en")]);
+    assert_eq!(summary(&one), (200, "variant en".into(), Some("MISS")));
+    assert_eq!(summary(&fetch(&v, p, "GET", "/l", &two)).2, Some("HIT"));
+    assert_eq!(
+        summary(&fetch(&v, p, "GET", "/l", &[("X-Lang", "en, fr")])).1,
+        "variant en, fr"
+    );
+}
+
+#[test]
+fn vary_compares_the_combined_value_of_a_repeated_field_over_http1() {
+    vary_compares_the_combined_value_of_a_repeated_field(H1);
+}
+
+#[test]
+fn vary_compares_the_combined_value_of_a_repeated_field_over_http2() {
+    vary_compares_the_combined_value_of_a_repeated_field(H2);
+}
+
 #[test]
 fn client_if_none_match_is_answered_from_the_cache() {
     let o = script_origin(|_| {
@@ -443,8 +482,8 @@ fn purged(r: &Response) -> u64 {
     json["purged"].as_u64().unwrap_or_else(|| panic!("{json}"))
 }
 
-/// Requests name the host `cache.test` (no port), so `{method}{host}{uri}` renders
-/// `GETcache.test/PATH`.
+/// Requests name the host `cache.test` (no port), so `{method}{scheme}://{authority}{uri}` renders
+/// `GEThttp://cache.test/PATH`.
 const HOST: [(&str, &str); 1] = [("Host", "cache.test")];
 
 /// The cache status of a GET for `path` with Host `cache.test`.
@@ -484,16 +523,28 @@ fn admin_purges_by_key_restricted_to_a_cache() {
         },
     );
     warm(&v, &["/a", "/b"]);
-    let r = admin(&v, "POST", "/cache/purge?key=GETcache.test/a&cache=other");
+    let r = admin(
+        &v,
+        "POST",
+        "/cache/purge?key=GEThttp://cache.test/a&cache=other",
+    );
     assert_eq!(purged(&r), 0, "not in that cache");
     assert_eq!(status_of(&v, "/a"), "HIT");
     assert_eq!(
-        purged(&admin(&v, "POST", "/cache/purge?key=GETcache.test/a")),
+        purged(&admin(
+            &v,
+            "POST",
+            "/cache/purge?key=GEThttp://cache.test/a"
+        )),
         1
     );
     assert_eq!(status_of(&v, "/a"), "MISS");
     assert_eq!(status_of(&v, "/b"), "HIT");
-    let r = admin(&v, "POST", "/cache/purge?key=GETcache.test/b&cache=main");
+    let r = admin(
+        &v,
+        "POST",
+        "/cache/purge?key=GEThttp://cache.test/b&cache=main",
+    );
     assert_eq!(purged(&r), 1);
     assert_eq!(status_of(&v, "/b"), "MISS");
 }
@@ -503,13 +554,17 @@ fn admin_purges_by_prefix() {
     let o = tagged_origin();
     let v = start(&o, "");
     warm(&v, &["/p/1", "/p/2", "/q"]);
-    let r = admin(&v, "POST", "/cache/purge?prefix=GETcache.test/p/");
+    let r = admin(&v, "POST", "/cache/purge?prefix=GEThttp://cache.test/p/");
     assert_eq!(purged(&r), 2);
     assert_eq!(status_of(&v, "/q"), "HIT");
     assert_eq!(status_of(&v, "/p/1"), "MISS");
     assert_eq!(status_of(&v, "/p/2"), "MISS");
     assert_eq!(
-        purged(&admin(&v, "POST", "/cache/purge?prefix=GETcache.test")),
+        purged(&admin(
+            &v,
+            "POST",
+            "/cache/purge?prefix=GEThttp://cache.test"
+        )),
         3
     );
     assert_eq!(status_of(&v, "/q"), "MISS");

@@ -187,3 +187,61 @@ fn reload_config(s: &Site, routes: &str) -> String {
     let (head, _) = current.split_once("[caches.main]").unwrap();
     format!("{head}{routes}")
 }
+
+/// Issue 31, item 2: the port a request names reaches the upstream in Host (and
+/// X-Forwarded-Host), so it is in the default cache key: a request naming another port cannot
+/// poison the entry everyone else gets; and only digits are a port (400 otherwise).
+#[test]
+fn the_port_is_in_the_cache_key_and_only_digits_are_a_port() {
+    let o = script_origin(|r| {
+        let host = r.header("host").unwrap_or("");
+        Scripted::ok(format!("links to {host}")).header("cache-control", "max-age=60")
+    });
+    let s = Site::start_with(
+        "",
+        "http3 = true\n",
+        "",
+        &format!(
+            "{CACHES}[[routes]]\nupstream = \"app\"\ncache = {{ store = \"main\" }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n",
+            o.addr
+        ),
+    );
+    // HTTP/1.1: the attacker's request first, then everyone else's.
+    let h1 = |host: &str| {
+        s.h1_raw(&format!(
+            "GET /h1 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        ))
+    };
+    let (status, raw) = h1("localhost:1234");
+    assert_eq!((status, raw_body(&raw)), (200, "links to localhost:1234"));
+    let (_, raw) = h1("localhost");
+    assert_eq!(raw_body(&raw), "links to localhost", "poisoned: {raw}");
+    assert_eq!(raw_header(&raw, "x-cache"), Some("MISS"));
+    let (_, raw) = h1("localhost");
+    assert_eq!(raw_header(&raw, "x-cache"), Some("HIT"));
+    // HTTP/2 and HTTP/3: the port in `:authority`.
+    let r = s.h2_req(h2_get("localhost:1234", "/h2", true), None);
+    assert_eq!(r.body_str(), "links to localhost:1234");
+    let r = s.h2_req(h2_get("localhost", "/h2", true), None);
+    assert_eq!(r.body_str(), "links to localhost", "poisoned over HTTP/2");
+    let r = s.h3_req(h3_get("localhost:1234", "/h3")).unwrap();
+    assert_eq!(r.body_str(), "links to localhost:1234");
+    let r = s.h3_req(h3_get("localhost", "/h3")).unwrap();
+    assert_eq!(r.body_str(), "links to localhost", "poisoned over HTTP/3");
+    // Anything but digits after the colon is refused before it reaches the cache or the
+    // upstream.
+    let before = o.hits();
+    for host in [
+        "localhost:'-alert(1)-'",
+        "localhost:80x",
+        "localhost:123456",
+        "local'host",
+        "localhost:8080:1",
+        "[::1]x",
+    ] {
+        let (status, raw) = h1(host);
+        assert_eq!(status, 400, "{host}: {raw}");
+    }
+    assert_eq!(o.hits(), before);
+}

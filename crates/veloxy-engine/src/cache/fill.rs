@@ -141,11 +141,15 @@ impl Fill {
             .insert(self.primary.clone(), Entry::Pass(until));
     }
 
+    /// The request's combined value of field `name` (every line, joined with ", "), as
+    /// RFC 9111 section 4.1 compares Vary fields.
     fn field(&self, name: &str) -> Option<Vec<u8>> {
-        self.fields
-            .iter()
-            .find(|(n, _)| **n == *name)
-            .map(|(_, v)| v.clone())
+        super::lookup::combined(
+            self.fields
+                .iter()
+                .filter(|(n, _)| **n == *name)
+                .map(|(_, v)| v.as_slice()),
+        )
     }
 }
 

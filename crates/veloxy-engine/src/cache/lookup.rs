@@ -252,7 +252,25 @@ pub(crate) fn head_view(head: &Head, encoding: Option<crate::compress::Encoding>
 
 /// The key of the variant the request selects: the key, then each Vary field's value.
 pub(crate) fn variant_key(primary: &str, names: &[Box<str>], head: &Head) -> String {
-    variant_key_with(primary, names, |n| head.fields.get(n).map(<[u8]>::to_vec))
+    variant_key_with(primary, names, |n| {
+        combined(
+            head.fields
+                .iter()
+                .filter(|(f, _)| f.eq_ignore_ascii_case(n))
+                .map(|(_, v)| v),
+        )
+    })
+}
+
+/// A field's combined value: its lines joined with ", " in order (RFC 9110 section 5.3);
+/// `None` when the request has no such line.
+pub(crate) fn combined<'a>(mut lines: impl Iterator<Item = &'a [u8]>) -> Option<Vec<u8>> {
+    let mut v = lines.next()?.to_vec();
+    for more in lines {
+        v.extend_from_slice(b", ");
+        v.extend_from_slice(more);
+    }
+    Some(v)
 }
 
 pub(crate) fn variant_key_with(

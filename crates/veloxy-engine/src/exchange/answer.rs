@@ -141,7 +141,12 @@ impl Vars for RequestVars<'_, '_> {
         let query = || crate::rules::Request::query(self.head);
         match var {
             Var::Method => out.push_str(self.head.method),
-            Var::Host => lossy(crate::http1::host_without_port(self.head.host), out),
+            Var::Host => {
+                let at = out.len();
+                lossy(crate::http1::host_without_port(self.head.host), out);
+                out[at..].make_ascii_lowercase();
+            }
+            Var::Authority => lossy(self.head.host, out),
             Var::Uri => out.push_str(self.head.target),
             Var::Path => out.push_str(self.head.path()),
             Var::Query => out.push_str(query()),

@@ -240,13 +240,45 @@ pub fn check_partial(buf: &[u8], limits: &Limits) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// A Host value or absolute-form authority: `host[:port]`, a reg-name or IP literal, nothing
-/// that could smuggle a path, userinfo or whitespace to the upstream.
+/// A Host value or absolute-form authority: `host[:port]`, nothing that could smuggle a path,
+/// userinfo or whitespace to the upstream, or vary what an upstream sees beyond the cache key.
+/// The host is a name of letters, digits, `-`, `.`, `_` and `~` (percent-encoding and RFC
+/// 3986's sub-delims have no place in a DNS name, and quotes in a Host are an attack) or a
+/// bracketed IPv6 literal; the port, if any, is digits only (at most 5: as nginx, 400 for
+/// `site:'x'`). An empty port (`site:`) is allowed, as RFC 3986 allows it.
 pub(crate) fn valid_authority(h: &[u8]) -> bool {
-    !h.is_empty()
-        && h.len() <= 255
-        && h.iter()
-            .all(|&b| b.is_ascii_alphanumeric() || b"-._~:[]!$&'()*+,;=%".contains(&b))
+    if h.is_empty() || h.len() > 255 {
+        return false;
+    }
+    let (host, port) = if h[0] == b'[' {
+        let Some(end) = memchr::memchr(b']', h) else {
+            return false;
+        };
+        let literal = &h[1..end];
+        if literal.is_empty()
+            || !literal
+                .iter()
+                .all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
+            return false;
+        }
+        match &h[end + 1..] {
+            [] => return true,
+            [b':', port @ ..] => (&h[..=end], port),
+            _ => return false,
+        }
+    } else {
+        match memchr::memchr(b':', h) {
+            Some(i) => (&h[..i], &h[i + 1..]),
+            None => (h, &b""[..]),
+        }
+    };
+    let name_ok = host[0] == b'['
+        || (!host.is_empty()
+            && host
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b"-._~".contains(&b)));
+    name_ok && port.len() <= 5 && port.iter().all(u8::is_ascii_digit)
 }
 
 fn split_absolute(target: &str) -> Option<(&str, &str)> {

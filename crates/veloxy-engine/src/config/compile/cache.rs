@@ -12,6 +12,10 @@ use crate::cache::lookup::RouteCache;
 use crate::config::error::{ConfigError, Source};
 use crate::config::file::{CacheSection, FileConfig, RouteCacheSection};
 
+/// A route's cache key when it sets none: the method, the scheme and the authority as they
+/// are forwarded (X-Forwarded-Proto, Host with its port), and the request target. What else
+/// reaches the upstream is not in the key (docs: "Keys and variants").
+pub(crate) const DEFAULT_KEY: &str = "{method}{scheme}://{authority}{uri}";
 /// A `[caches.NAME]`, checked.
 pub(super) struct CacheSpec {
     store: Arc<crate::cache::Store>,
@@ -161,10 +165,7 @@ pub(super) fn route_cache(
         }
         Some(true) => {}
     }
-    let template_text = r
-        .key
-        .as_ref()
-        .map_or("{method}{host}{uri}", |k| k.get_ref().as_str());
+    let template_text = r.key.as_ref().map_or(DEFAULT_KEY, |k| k.get_ref().as_str());
     let span = r.key.as_ref().map_or(c.span(), |k| k.span());
     let template = super::rules::template(src, span, &format!("{key}.key"), template_text, None)?;
     let (mut get, mut head) = (true, true);
