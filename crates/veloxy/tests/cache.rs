@@ -132,21 +132,22 @@ fn freshness_from_s_maxage_max_age_and_expires() {
     });
     let v = start(&o, "");
     assert_eq!(twice(&v, "/s-maxage-wins", &[]), ["MISS", "HIT"]);
-    assert_eq!(twice(&v, "/s-maxage-zero", &[]), ["MISS", "MISS"]);
+    assert_eq!(twice(&v, "/s-maxage-zero", &[]), ["MISS", "BYPASS"]);
     assert_eq!(twice(&v, "/expires-future", &[]), ["MISS", "HIT"]);
-    assert_eq!(twice(&v, "/expires-past", &[]), ["MISS", "MISS"]);
+    assert_eq!(twice(&v, "/expires-past", &[]), ["MISS", "BYPASS"]);
     assert_eq!(o.hits(), 6);
 }
 
 #[test]
 fn responses_without_freshness_are_not_stored_when_default_ttl_is_zero() {
     let o = script_origin(|r| Scripted::ok(format!("n{}", r.seq)));
+    // Not stored: a hit-for-pass sends the next ones straight upstream.
     let v = start(&o, "default_ttl = \"0s\"");
-    assert_eq!(twice(&v, "/plain", &[]), ["MISS", "MISS"]);
+    assert_eq!(twice(&v, "/plain", &[]), ["MISS", "BYPASS"]);
     assert_eq!(o.hits(), 2);
     // The default is the same.
     let v = start(&o, "");
-    assert_eq!(twice(&v, "/plain", &[]), ["MISS", "MISS"]);
+    assert_eq!(twice(&v, "/plain", &[]), ["MISS", "BYPASS"]);
     assert_eq!(o.hits(), 4);
 }
 
@@ -158,7 +159,7 @@ fn default_ttl_stores_responses_without_freshness_but_not_no_store_ones() {
     });
     let v = start(&o, "default_ttl = \"30s\"");
     assert_eq!(twice(&v, "/plain", &[]), ["MISS", "HIT"]);
-    assert_eq!(twice(&v, "/no-store", &[]), ["MISS", "MISS"]);
+    assert_eq!(twice(&v, "/no-store", &[]), ["MISS", "BYPASS"]);
     assert_eq!(o.hits(), 3);
 }
 
@@ -242,10 +243,80 @@ fn set_cookie_responses_are_stored_only_when_public_or_s_maxage() {
             .header("set-cookie", format!("session={}", r.seq))
     });
     let v = start(&o, "");
-    assert_eq!(twice(&v, "/plain", &[]), ["MISS", "MISS"]);
+    // Not stored: the key passes straight upstream for a while (BYPASS).
+    assert_eq!(twice(&v, "/plain", &[]), ["MISS", "BYPASS"]);
     assert_eq!(twice(&v, "/public", &[]), ["MISS", "HIT"]);
     assert_eq!(twice(&v, "/s-maxage", &[]), ["MISS", "HIT"]);
     assert_eq!(o.hits(), 4);
+}
+
+/// Issue 31, item 5 (and issue 32, item 4): an answer a caching route fetches but does not
+/// store reaches its client whole, Set-Cookie and Server included, and its key then goes
+/// straight upstream (hit-for-pass); a stored answer gives its cookies only to the client
+/// whose request fetched it, and keeps the upstream's Server on every hit.
+fn uncacheable_answers_pass_whole_and_stored_ones_keep_their_server(p: Proto) {
+    let o = script_origin(|r| {
+        let cc = match r.path() {
+            "/login" => "no-store",
+            "/mine" => "private, max-age=60",
+            "/shared" => "public, max-age=60",
+            _ => "",
+        };
+        let mut s = Scripted::ok(format!("seq {}", r.seq))
+            .header("server", "origin-srv")
+            .header("set-cookie", format!("csrf={}", r.seq));
+        if !cc.is_empty() {
+            s = s.header("cache-control", cc);
+        }
+        s
+    });
+    let v = start(&o, "");
+    for path in ["/login", "/mine", "/plain"] {
+        let first = fetch(&v, p, "GET", path, &[]);
+        assert_eq!(x_cache(&first), Some("MISS"), "{path}");
+        assert!(
+            first
+                .header("set-cookie")
+                .is_some_and(|c| c.starts_with("csrf=")),
+            "{path}: {:?}",
+            first.headers
+        );
+        assert_eq!(first.header("server"), Some("origin-srv"), "{path}");
+        let second = fetch(&v, p, "GET", path, &[]);
+        assert_eq!(x_cache(&second), Some("BYPASS"), "{path}: a hit-for-pass");
+        assert!(second.header("set-cookie").is_some(), "{path}");
+        assert_eq!(second.header("server"), Some("origin-srv"), "{path}");
+    }
+    let first = fetch(&v, p, "GET", "/shared", &[]);
+    assert_eq!(x_cache(&first), Some("MISS"));
+    assert!(
+        first.header("set-cookie").is_some(),
+        "the fetching client's cookie"
+    );
+    let hit = fetch(&v, p, "GET", "/shared", &[]);
+    assert_eq!(x_cache(&hit), Some("HIT"));
+    assert_eq!(
+        hit.header("set-cookie"),
+        None,
+        "a stored copy has no cookie"
+    );
+    assert_eq!(hit.header("server"), Some("origin-srv"));
+    let servers = hit
+        .headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("server"))
+        .count();
+    assert_eq!(servers, 1);
+}
+
+#[test]
+fn uncacheable_answers_pass_whole_and_stored_ones_keep_their_server_over_http1() {
+    uncacheable_answers_pass_whole_and_stored_ones_keep_their_server(H1);
+}
+
+#[test]
+fn uncacheable_answers_pass_whole_and_stored_ones_keep_their_server_over_http2() {
+    uncacheable_answers_pass_whole_and_stored_ones_keep_their_server(H2);
 }
 
 fn vary_keeps_one_variant_per_accept_encoding(p: Proto) {

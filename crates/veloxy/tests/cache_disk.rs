@@ -43,6 +43,10 @@ fn metric(v: &Veloxy, name: &str) -> f64 {
         .sum()
 }
 
+/// One Host for both processes: the default key has the port a request names, and each
+/// process listens on a port of its own.
+const HOST: [(&str, &str); 1] = [("Host", "cache.test")];
+
 #[test]
 fn entries_survive_a_restart_and_a_corrupt_entry_is_a_miss() {
     let dir = tempfile::tempdir().unwrap();
@@ -56,11 +60,11 @@ fn entries_survive_a_restart_and_a_corrupt_entry_is_a_miss() {
     };
     let v = start_with(&o, setup());
     assert_eq!(
-        summary(&get1(&v, "/a", &[])),
+        summary(&get1(&v, "/a", &HOST)),
         (200, "v1".into(), Some("MISS"))
     );
     assert_eq!(
-        summary(&get1(&v, "/b", &[])),
+        summary(&get1(&v, "/b", &HOST)),
         (200, "v2".into(), Some("MISS"))
     );
     assert!(
@@ -74,10 +78,10 @@ fn entries_survive_a_restart_and_a_corrupt_entry_is_a_miss() {
     // A new process: the objects come from the disk, over HTTP/1.1 and HTTP/2.
     let v = start_with(&o, setup());
     assert_eq!(
-        summary(&get1(&v, "/a", &[])),
+        summary(&get1(&v, "/a", &HOST)),
         (200, "v1".into(), Some("HIT"))
     );
-    let r = fetch(&v, Proto::H2, "GET", "/b", &[]);
+    let r = fetch(&v, Proto::H2, "GET", "/b", &HOST);
     assert_eq!(summary(&r), (200, "v2".into(), Some("HIT")));
     assert_eq!(o.hits(), 2, "nothing went upstream after the restart");
     drop(v);
@@ -91,11 +95,11 @@ fn entries_survive_a_restart_and_a_corrupt_entry_is_a_miss() {
     }
     let v = start_with(&o, setup());
     assert_eq!(
-        summary(&get1(&v, "/a", &[])),
+        summary(&get1(&v, "/a", &HOST)),
         (200, "v3".into(), Some("MISS"))
     );
     assert_eq!(
-        summary(&get1(&v, "/a", &[])),
+        summary(&get1(&v, "/a", &HOST)),
         (200, "v3".into(), Some("HIT"))
     );
     assert!(

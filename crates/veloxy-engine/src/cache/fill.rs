@@ -330,11 +330,14 @@ async fn lead_fill(
         _ => (build(&fetched, fill, requested, now), "MISS"),
     };
     let too_big = fetched.body.len() as u64 > fill.rc.max_object;
-    if too_big {
-        // Served from memory this once; not stored, and a hit-for-pass for a while.
+    let stored = !too_big && obj.as_ref().is_some_and(|(_, life)| life.is_some());
+    // Not a pass when only this request made it unstorable (its Authorization).
+    if !stored && label == "MISS" && (too_big || !fill.authorization) {
+        // Served from memory this once; not stored (too big, or not storable: no-store,
+        // private, ...), and a hit-for-pass for a while, so that the next requests for the
+        // key stream straight upstream instead of queueing behind one fill at a time.
         fill.pass(now);
     }
-    let stored = !too_big && obj.as_ref().is_some_and(|(_, life)| life.is_some());
     let obj = match obj {
         Some((o, _)) => Arc::new(o),
         None => {
@@ -349,7 +352,16 @@ async fn lead_fill(
     } else {
         flight.finish(Outcome::NotStored);
     }
-    Ok(fill.answer(&obj, label, now))
+    let mut answer = fill.answer(&obj, label, now);
+    // This client's answer is the upstream's whole: its cookies too (only the stored copy,
+    // shared, goes without them).
+    if let (Filled::Answer(r), Some(cookies)) = (&mut answer, cookie_lines(&fetched.headers)) {
+        let mut lines = Vec::with_capacity(r.raw[0].len() + cookies.len());
+        lines.extend_from_slice(&r.raw[0]);
+        lines.extend_from_slice(&cookies);
+        r.raw[0] = Bytes::from(lines);
+    }
+    Ok(answer)
 }
 
 /// Stores `obj` under the request's key (its variant's, when the response varies).
@@ -503,15 +515,14 @@ fn revalidated(
     Some((obj, life))
 }
 
-/// Fields kept with an object: not veloxy's own (Date, Age, Server), not Set-Cookie (a
-/// stored response is shared), framing and hop-by-hop fields are already gone.
+/// Fields kept with an object: the upstream's (Server included, RFC 9111 section 3.1), not
+/// those veloxy computes (Date, Age), not Set-Cookie (a stored response is shared: only the
+/// client whose request fetched it gets its cookies, see [`cookie_lines`]); framing and
+/// hop-by-hop fields are already gone.
 fn lines_of(h: &http::HeaderMap) -> Bytes {
     let mut out = Vec::with_capacity(256);
     for (n, v) in h {
-        if matches!(
-            n.as_str(),
-            "date" | "age" | "server" | "set-cookie" | "content-length"
-        ) {
+        if matches!(n.as_str(), "date" | "age" | "set-cookie" | "content-length") {
             continue;
         }
         out.extend_from_slice(n.as_str().as_bytes());
@@ -520,6 +531,18 @@ fn lines_of(h: &http::HeaderMap) -> Bytes {
         out.extend_from_slice(b"\r\n");
     }
     Bytes::from(out)
+}
+
+/// The response's Set-Cookie lines, for the one client whose request fetched it; `None`
+/// when it set none.
+fn cookie_lines(h: &http::HeaderMap) -> Option<Bytes> {
+    let mut out = Vec::new();
+    for v in h.get_all(http::header::SET_COOKIE) {
+        out.extend_from_slice(b"set-cookie: ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    (!out.is_empty()).then(|| Bytes::from(out))
 }
 
 /// `Surrogate-Key` and `Cache-Tag` values (space- or comma-separated).
