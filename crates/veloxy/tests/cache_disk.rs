@@ -176,3 +176,70 @@ fn a_disk_that_cannot_be_written_only_loses_the_disk_copy() {
         "the failed write is counted"
     );
 }
+
+/// Files under `dir` (two levels), whatever their name.
+fn all_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for sub in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if sub.path().is_file() {
+            out.push(sub.path());
+        }
+        for f in std::fs::read_dir(sub.path()).into_iter().flatten().flatten() {
+            out.push(f.path());
+        }
+    }
+    out
+}
+
+/// Issue 31, item 13: a write that fails midway (a full disk) leaves no temporary file behind,
+/// and is counted. The disk is a 64 KiB tmpfs the test mounts (root only; skipped without).
+#[test]
+fn a_failed_disk_write_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(dir.path())
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        skip("cannot mount a small tmpfs (needs root)");
+        return;
+    }
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).output();
+        }
+    }
+    let _unmount = Unmount(dir.path());
+    // 200 KiB answers: stored in memory (max_object 1 MiB), too big for the disk.
+    let o = script_origin(|r| {
+        Scripted::ok(vec![b'x'; 200 * 1024])
+            .header("cache-control", "max-age=600")
+            .header("x-n", r.seq.to_string())
+    });
+    let lines = disk_lines(dir.path(), "64MiB");
+    let v = start_with(
+        &o,
+        Setup {
+            caches: &lines,
+            ..Setup::default()
+        },
+    );
+    for path in ["/a", "/b", "/c"] {
+        assert_eq!(get1(&v, path, &HOST).status, 200);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &v,
+            "veloxy_cache_disk_errors_total"
+        ) >= 3.0),
+        "the failed writes are counted"
+    );
+    let left: Vec<_> = all_files(dir.path())
+        .into_iter()
+        .filter(|f| f.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+    assert_eq!(get1(&v, "/a", &HOST).header("x-cache"), Some("HIT"));
+}

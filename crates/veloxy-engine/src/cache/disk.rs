@@ -99,11 +99,12 @@ impl Disk {
         let parent = path.parent().expect("two levels");
         std::fs::create_dir_all(parent)?;
         let tmp = parent.join(format!(".{name}.tmp"));
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&data)?;
-        }
-        if let Err(e) = std::fs::rename(&tmp, &path) {
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| f.write_all(&data))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            // Whatever failed (a full disk mid-write, most often), the partial file goes: a
+            // full disk must not stay full of them until a restart.
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
