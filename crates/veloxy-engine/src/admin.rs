@@ -146,7 +146,7 @@ async fn handle(
                     .iter()
                     .find(|h| h.name.eq_ignore_ascii_case("authorization"))
                     .and_then(|h| std::str::from_utf8(h.value).ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .and_then(bearer_token)
                     .map(|t| t.trim().to_owned());
                 break (
                     req.method.unwrap_or("").to_owned(),
@@ -529,4 +529,13 @@ async fn respond(s: &mut tokio::net::TcpStream, status: u16, content_type: &str,
     let _ = s.write_all(head.as_bytes()).await;
     let _ = s.write_all(body.as_bytes()).await;
     let _ = s.shutdown().await;
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme is case-insensitive
+/// (RFC 9110 section 11.1).
+fn bearer_token(v: &str) -> Option<&str> {
+    let (scheme, token) = v.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }

@@ -20,6 +20,14 @@ pub struct Cors {
 }
 
 impl Cors {
+    /// Whether answers depend on the request's Origin: they do unless every origin gets the
+    /// same `*`. Then every answer of the route carries `Vary: Origin` (with an Origin or
+    /// without, allowed or not), so a cache in front cannot serve one origin's answer to
+    /// another.
+    pub fn varies(&self) -> bool {
+        self.credentials || !self.origins.iter().any(|o| o == "*")
+    }
+
     /// The value for `Access-Control-Allow-Origin` when `origin` is allowed.
     fn allow_origin<'a>(&self, origin: &'a str) -> Option<&'a str> {
         if self.origins.iter().any(|o| o == "*") {
@@ -34,14 +42,20 @@ impl Cors {
     /// The preflight answer's fields for `origin` (none when it is not allowed).
     pub fn preflight(&self, origin: &str) -> Vec<(&'static str, String)> {
         let Some(allowed) = self.allow_origin(origin) else {
-            return Vec::new();
+            return if self.varies() {
+                vec![("vary", "Origin".to_owned())]
+            } else {
+                Vec::new()
+            };
         };
         let mut f = vec![
             ("access-control-allow-origin", allowed.to_owned()),
             ("access-control-allow-methods", self.methods.clone()),
             ("access-control-max-age", self.max_age.to_string()),
-            ("vary", "Origin".to_owned()),
         ];
+        if self.varies() {
+            f.push(("vary", "Origin".to_owned()));
+        }
         if !self.headers.is_empty() {
             f.push(("access-control-allow-headers", self.headers.clone()));
         }
@@ -51,19 +65,22 @@ impl Cors {
         f
     }
 
-    /// Appends the fields of an actual response to `origin` as "Name: value\r\n" lines.
-    pub fn response_lines(&self, origin: &str, out: &mut Vec<u8>) {
-        let Some(allowed) = self.allow_origin(origin) else {
-            return;
-        };
+    /// Appends the fields of an actual response to a request from `origin` (`None`: it sent
+    /// no Origin) as "Name: value\r\n" lines.
+    pub fn response_lines(&self, origin: Option<&str>, out: &mut Vec<u8>) {
         let mut line = |n: &str, v: &str| {
             out.extend_from_slice(n.as_bytes());
             out.extend_from_slice(b": ");
             out.extend_from_slice(v.as_bytes());
             out.extend_from_slice(b"\r\n");
         };
+        if self.varies() {
+            line("Vary", "Origin");
+        }
+        let Some(allowed) = origin.and_then(|o| self.allow_origin(o)) else {
+            return;
+        };
         line("Access-Control-Allow-Origin", allowed);
-        line("Vary", "Origin");
         if self.credentials {
             line("Access-Control-Allow-Credentials", "true");
         }
@@ -100,9 +117,30 @@ mod tests {
         assert!(f.contains(&("access-control-allow-credentials", "true".into())));
         let any = cors(&["*"], false);
         let mut out = Vec::new();
-        any.response_lines("https://x.test", &mut out);
+        any.response_lines(Some("https://x.test"), &mut out);
         assert!(String::from_utf8(out)
             .unwrap()
             .starts_with("Access-Control-Allow-Origin: *\r\n"));
+        // A listed origin varies: every answer says so, allowed or not, with an Origin or
+        // without.
+        for origin in [
+            None,
+            Some("https://evil.example"),
+            Some("https://app.example.com"),
+        ] {
+            let mut out = Vec::new();
+            c.response_lines(origin, &mut out);
+            assert!(
+                String::from_utf8(out)
+                    .unwrap()
+                    .starts_with("Vary: Origin\r\n"),
+                "{origin:?}"
+            );
+        }
+        assert_eq!(
+            c.preflight("https://evil.example"),
+            [("vary", "Origin".to_owned())]
+        );
+        assert!(!any.varies());
     }
 }

@@ -99,6 +99,10 @@ pub enum ErrorKind {
     /// The backend is at its `max_connections` and no other could take the request: 503.
     #[error("backend at its connection limit")]
     BackendFull,
+    /// An access check could not be made (forward_auth's service down, slow or answering
+    /// garbage; the credential check pool full): 503, never a pass.
+    #[error("access check unavailable: {0}")]
+    AuthUnavailable(&'static str),
     /// The backend answered a status in `retry_on` and no retry was possible: that status.
     #[error("upstream answered {0} and no other backend could take the retry")]
     UpstreamStatus(u16),
@@ -157,6 +161,7 @@ impl ProxyError {
                 | ErrorKind::Overloaded
                 | ErrorKind::TooManyConnections
                 | ErrorKind::BackendFull
+                | ErrorKind::AuthUnavailable(_)
         )
     }
 
@@ -177,6 +182,7 @@ impl ProxyError {
             | ErrorKind::Overloaded
             | ErrorKind::TooManyConnections
             | ErrorKind::BackendFull
+            | ErrorKind::AuthUnavailable(_)
             | ErrorKind::LocalResources(_) => 503,
             ErrorKind::RateLimited => 429,
             ErrorKind::UpstreamStatus(s) => *s,

@@ -143,6 +143,7 @@ fn basic_auth_with_an_apache_htpasswd_file() {
     // No credentials: 401 with the challenge (and the route's response rules).
     let (status, raw) = s.h1("/admin/x", "");
     assert_eq!(status, 401, "{raw}");
+    assert!(raw.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{raw}");
     assert_eq!(
         raw_header(&raw, "www-authenticate"),
         Some("Basic realm=\"admin\", charset=\"UTF-8\"")
@@ -242,8 +243,19 @@ fn cors_preflights_and_response_fields() {
     assert!(r.header("access-control-allow-origin").is_none());
     let r = s.h2("/public/echo", &[("origin", "https://any.example")]);
     assert_eq!(r.header("access-control-allow-origin"), Some("*"));
-    // Without Origin: nothing added.
-    assert!(raw_header(&s.h1("/api/echo", "").1, "vary").is_none());
+    // Issue 31, item 14: on a route whose answers depend on Origin, every answer says so (a
+    // cache in front must not serve one origin's answer to another): refused origins, no
+    // Origin at all, refused preflights; a plain `*` route's answers do not vary.
+    assert_eq!(r.header("vary"), None);
+    let r = s.h2("/api/echo", &[("origin", "https://evil.example")]);
+    assert_eq!(r.header("vary"), Some("Origin"));
+    assert_eq!(raw_header(&s.h1("/api/echo", "").1, "vary"), Some("Origin"));
+    let (status, raw) = s.h1_raw(
+        "OPTIONS /api/items HTTP/1.1\r\nHost: localhost\r\nOrigin: https://evil.example\r\n\
+         Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!((status, raw_header(&raw, "vary")), (204, Some("Origin")));
+    assert!(raw_header(&s.h1("/public/echo", "").1, "vary").is_none());
 }
 
 #[test]

@@ -184,7 +184,11 @@ fn all_files(dir: &Path) -> Vec<std::path::PathBuf> {
         if sub.path().is_file() {
             out.push(sub.path());
         }
-        for f in std::fs::read_dir(sub.path()).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(sub.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             out.push(f.path());
         }
     }

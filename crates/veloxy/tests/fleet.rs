@@ -157,6 +157,12 @@ fn the_runtime_api_drains_and_enables_a_backend_under_load_with_a_token() {
     );
     assert_eq!(admin_call(&v, "GET", "/upstreams", Some(token)).status, 200);
     assert_eq!(admin_call(&v, "GET", "/metrics", None).status, 401);
+    // The scheme is case-insensitive (RFC 9110 section 11.1; issue 31, item 14).
+    let lower = request(
+        admin_addr(&v),
+        &format!("GET /upstreams HTTP/1.1\r\nHost: a\r\nAuthorization: bearer {token}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(lower.status, 200);
 
     // Load in the background for the whole test: not one request may fail.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -29,6 +29,7 @@ fn forward_auth_passes_copies_refuses_and_fails_closed() {
     // forwarded.
     let (status, raw) = s.h1("/echo?x=1", "Remote-User: mallory\r\n");
     assert_eq!(status, 302, "{raw}");
+    assert!(raw.starts_with("HTTP/1.1 302 Found\r\n"), "{raw}");
     assert_eq!(
         raw_header(&raw, "location"),
         Some("https://auth.example.com/?rd=/echo?x=1")
@@ -81,4 +82,28 @@ fn forward_auth_passes_copies_refuses_and_fails_closed() {
         s.h2("/dead/echo", &[("cookie", "session=good")]).status,
         503
     );
+}
+
+/// Issue 31, item 14: an auth service that does not answer in time is logged as that, not as
+/// "no backend available", and the request fails closed.
+#[test]
+fn a_forward_auth_timeout_is_logged_as_one() {
+    let slow = script_origin(|_| Scripted::new(200).delay(std::time::Duration::from_secs(5)));
+    let up = upstream(&[]);
+    let s = Site::start(
+        "",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"app\"\n\
+             forward_auth = {{ upstream = \"auth\", path = \"/verify\", timeout = \"300ms\" }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n\
+             [upstreams.auth]\nservers = [\"{}\"]\n",
+            up.addr, slow.addr
+        ),
+    );
+    assert_eq!(s.h1("/echo", "").0, 503);
+    assert_eq!(s.h2("/echo", &[]).status, 503);
+    let log = s.v.proc.log_text();
+    assert!(log.contains("did not answer within its timeout"), "{log}");
+    assert!(!log.contains("no backend available"), "{log}");
 }

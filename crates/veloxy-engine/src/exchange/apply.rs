@@ -32,9 +32,18 @@ fn apply_cors(
     id_field: Option<&str>,
     vars: &answer::RequestVars,
 ) -> Option<Answer> {
-    let origin = std::str::from_utf8(head.fields.get("origin")?).ok()?;
-    if head.method == "OPTIONS" && head.fields.get("access-control-request-method").is_some() {
-        return Some(Answer::preflight(cors.preflight(origin)));
+    let origin = head
+        .fields
+        .get("origin")
+        .and_then(|o| std::str::from_utf8(o).ok());
+    if let Some(origin) = origin {
+        let preflight =
+            head.method == "OPTIONS" && head.fields.get("access-control-request-method").is_some();
+        if preflight {
+            return Some(Answer::preflight(cors.preflight(origin)));
+        }
+    } else if !cors.varies() {
+        return None;
     }
     let edit = record
         .edit

@@ -76,7 +76,7 @@ impl AuthRequest {
         worker: &Worker,
         gen: &Generation,
     ) -> Result<Outcome, ProxyError> {
-        let down = || ProxyError::upstream(ErrorKind::NoBackend);
+        let down = |why| ProxyError::upstream(ErrorKind::AuthUnavailable(why));
         let group = &gen.snapshot.upstreams[self.upstream];
         let backend = gen.groups.borrow_mut()[self.upstream]
             .picker
@@ -85,23 +85,23 @@ impl AuthRequest {
                 excluded: group.health.down_mask(),
                 hash: 0,
             })
-            .ok_or_else(down)?;
+            .ok_or_else(|| down("forward_auth: no auth server is up"))?;
         let exchange = async {
             let mut conn =
                 crate::upstream::connect::connect_backend(&worker.metrics, group, backend, None)
                     .await
-                    .map_err(|_| down())?;
+                    .map_err(|_| down("forward_auth: cannot connect to the auth service"))?;
             conn.stream
                 .write_all(&self.head)
                 .await
-                .map_err(|_| down())?;
+                .map_err(|_| down("forward_auth: the auth service closed the connection"))?;
             let mut buf = Vec::with_capacity(4096);
             loop {
                 let n = (&mut conn.stream)
                     .take((MAX_RESPONSE - buf.len()) as u64)
                     .read_buf(&mut buf)
                     .await
-                    .map_err(|_| down())?;
+                    .map_err(|_| down("forward_auth: the auth service closed the connection"))?;
                 if n == 0 || buf.len() >= MAX_RESPONSE {
                     break;
                 }
@@ -113,8 +113,11 @@ impl AuthRequest {
         };
         let buf = tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(|_| down())??;
-        self.judge(&buf).ok_or_else(down)
+            .map_err(|_| {
+                down("forward_auth: the auth service did not answer within its timeout")
+            })??;
+        self.judge(&buf)
+            .ok_or_else(|| down("forward_auth: the auth service's answer is not HTTP"))
     }
 
     /// Pass or deny from the auth service's raw answer; `None`: not an HTTP answer.

@@ -548,7 +548,9 @@ pub(crate) async fn verified(record: &mut Record) -> Result<(), Denied> {
         crate::auth::Failed::TooMany => {
             Denied::Error(ProxyError::downstream(ErrorKind::RateLimited))
         }
-        crate::auth::Failed::Busy => Denied::Error(ProxyError::downstream(ErrorKind::Overloaded)),
+        crate::auth::Failed::Busy => Denied::Error(ProxyError::downstream(
+            ErrorKind::AuthUnavailable("basic_auth: the credential check pool is full"),
+        )),
     })
 }
 

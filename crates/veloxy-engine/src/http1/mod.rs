@@ -186,7 +186,12 @@ pub fn reason(status: u16) -> &'static str {
         503 => "Service Unavailable",
         504 => "Gateway Timeout",
         505 => "HTTP Version Not Supported",
-        _ => "Unknown",
+        // Every other registered status by its name (401, 302, 307, ...); an unregistered one
+        // with an empty phrase, which RFC 9112 allows.
+        s => http::StatusCode::from_u16(s)
+            .ok()
+            .and_then(|c| c.canonical_reason())
+            .unwrap_or(""),
     }
 }
 
