@@ -370,3 +370,28 @@ fn http2_send_timeout_spares_bodies_waiting_for_their_upstream() {
         assert_eq!((r.status, r.body_str().as_str()), (200, "first-last"));
     });
 }
+
+/// Issue 31, item 11: on an h2c-enabled listener the header timeout runs from the first byte
+/// of an HTTP/1 head (the preface sniff reads it), not from the read after it: a head that
+/// stalls gets its 408 after one `header_timeout`, not nearly two.
+#[test]
+fn h2c_listeners_time_a_stalled_head_from_its_first_byte() {
+    let v = veloxy(
+        "[server]\nworkers = 1\nheader_timeout = \"2s\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n\
+         [[routes]]\nrespond = { body = \"ok\" }\n",
+    );
+    let mut c = std::net::TcpStream::connect(v.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let started = std::time::Instant::now();
+    c.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    // A slow client: its second piece comes 1.5 s later, then nothing.
+    std::thread::sleep(Duration::from_millis(1500));
+    c.write_all(b"Host: a\r\n").unwrap();
+    let (status, _) = read_to_close(&mut c);
+    let took = started.elapsed();
+    assert_eq!(status, 408);
+    // 2 s, plus slack for a loaded machine; the old clock started at the second read and
+    // answered after 3.5 s.
+    assert!(took < Duration::from_millis(2900), "408 after {took:?}");
+}

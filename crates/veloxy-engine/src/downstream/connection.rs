@@ -157,7 +157,9 @@ pub(super) async fn serve_requests(
     fresh: &mut bool,
 ) -> Option<Instant> {
     loop {
-        let mut started = false;
+        // Bytes already read before the first request (an h2c listener's preface sniff read
+        // them): its header timeout runs from now, not from a later read.
+        let mut started = *fresh && !down.rbuf.is_empty();
         if down.rbuf.is_empty() {
             if let DownstreamIo::Plain(tcp) = &down.stream {
                 // Between requests: the wait holds no buffer and no request state. Only the
