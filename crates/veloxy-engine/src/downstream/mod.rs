@@ -8,7 +8,8 @@
 //!   streaming bodies both ways; [`files`]: writing a file route's answer to an HTTP/1 client
 //!   (with `sendfile`).
 //! * [`proxy_protocol`]: the PROXY protocol header a trusted L4 balancer sends first.
-//! * [`sni`]: SNI passthrough of TLS connections named by `[[streams]] sni`.
+//! * [`sni`]: SNI passthrough of TLS connections named by `[[streams]] sni`; [`peek`]: how it
+//!   and the PROXY header reader look at first bytes, waiting by readiness.
 //! * [`stream`]: L4 streams of `protocol = "tcp"` listeners, relayed byte for byte.
 //! * [`http2`]: HTTP/2 clients (hyper's server), each stream admitted through the same core.
 //!
@@ -21,6 +22,7 @@ pub(crate) mod files;
 pub(crate) mod http2;
 pub(crate) mod http3;
 pub(crate) mod idle;
+pub(crate) mod peek;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
 pub(crate) mod relay;

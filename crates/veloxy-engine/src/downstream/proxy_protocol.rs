@@ -42,14 +42,13 @@ pub(crate) async fn accept(
     }
     let deadline = tokio::time::Instant::now() + limit;
     let mut buf = [0u8; MAX_HEADER];
+    let mut seen = 0;
     loop {
-        let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf))
+        // A header split across segments: each wait is for new bytes, by readiness.
+        let n = super::peek::peek_more(stream, &mut buf, seen, deadline)
             .await
-            .ok()?
             .ok()?;
-        if n == 0 {
-            return None;
-        }
+        seen = n;
         match parse(&buf[..n]) {
             Parsed::Done(len, addr) => {
                 stream.read_exact(&mut buf[..len]).await.ok()?;
@@ -59,14 +58,7 @@ pub(crate) async fn accept(
                 tracing::debug!(client = %peer, "malformed PROXY protocol header; closed");
                 return None;
             }
-            // A header split across segments: wait for the rest (peek does not block on
-            // bytes already seen).
-            Parsed::Partial if n < MAX_HEADER => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                if tokio::time::Instant::now() >= deadline {
-                    return None;
-                }
-            }
+            Parsed::Partial if n < MAX_HEADER => {}
             Parsed::Partial => return None,
         }
     }

@@ -235,11 +235,15 @@ async fn begin(
     let mut passthrough = None;
     if !sni_streams.is_empty() {
         let peek = crate::downstream::sni::peek_server_name(&stream, header_timeout);
-        if let Some(name) = Box::pin(peek).await {
-            passthrough = sni_streams
-                .iter()
-                .find(|(m, _)| m.matches(name.as_bytes()))
-                .map(|(_, g)| *g);
+        match Box::pin(peek).await {
+            crate::downstream::sni::Hello::Name(name) => {
+                passthrough = sni_streams
+                    .iter()
+                    .find(|(m, _)| m.matches(name.as_bytes()))
+                    .map(|(_, g)| *g);
+            }
+            crate::downstream::sni::Hello::NoName => {}
+            crate::downstream::sni::Hello::Close => return None,
         }
     }
     let tls = if passthrough.is_some() { None } else { tls };
