@@ -50,7 +50,7 @@ fn compile(
         upstreams::compile_upstreams(src, &file.upstreams, policies, settings.workers)?;
     let (mut listeners, seen_addrs) = listeners::compile_listeners(src, &file.listeners)?;
     listeners::check_admin_addr(src, s, &settings, &seen_addrs)?;
-    server::check_admin_exposure(src, s, &settings)?;
+    let admin_warning = server::check_admin_exposure(src, s, &settings)?;
     if settings.real_ip.is_none() {
         if let Some((name, l)) = file.listeners.iter().find(|(_, l)| {
             l.get_ref()
@@ -85,7 +85,7 @@ fn compile(
     settings.acme = acme::compile_acme(src, &file, &mut listeners, redis_spec.as_ref())?;
     settings.redis = redis_spec;
     http3::compile_http3(src, &file, &settings, &mut listeners)?;
-    let mut warnings: Vec<String> = io_warning.into_iter().collect();
+    let mut warnings: Vec<String> = io_warning.into_iter().chain(admin_warning).collect();
     warnings.extend(acme::unserved_names(src, &file, &listeners));
     Ok(Snapshot {
         settings,

@@ -221,17 +221,32 @@ fn compile_access_log(
 /// The admin endpoint has no authentication: on anything but loopback it shows backend
 /// addresses and metrics to whoever can reach it, and lets them trigger reloads. Valid (a
 /// firewalled private address can be deliberate), but worth saying.
-/// An admin endpoint on a non-loopback address needs `admin_token_file`.
+/// An admin endpoint on a non-loopback address needs `admin_token_file`; with one, it is
+/// served over plain HTTP, so the token crosses the network in clear text: a warning (at
+/// `check` and `run`) says so, and how to keep it off the wire (loopback, or a TLS listener
+/// in front of the admin endpoint).
 pub(super) fn check_admin_exposure(
     src: &Source,
     s: &ServerSection,
     settings: &Settings,
-) -> Result<(), ConfigError> {
+) -> Result<Option<String>, ConfigError> {
     let (Some(addr), Some(spanned)) = (settings.admin, &s.admin) else {
-        return Ok(());
+        return Ok(None);
     };
-    if addr.ip().to_canonical().is_loopback() || settings.admin_token.is_some() {
-        return Ok(());
+    if addr.ip().to_canonical().is_loopback() {
+        return Ok(None);
+    }
+    if settings.admin_token.is_some() {
+        return Ok(Some(src.warning(
+            spanned.span(),
+            "server.admin",
+            &format!(
+                "{addr} is not a loopback address and the admin endpoint speaks plain HTTP: its \
+                 bearer token crosses the network in clear text, readable by anyone on the path; \
+                 bind it to 127.0.0.1 and reach it through an SSH tunnel, or put a TLS listener \
+                 with a route to it in front"
+            ),
+        )));
     }
     Err(src.error(
         spanned.span(),
