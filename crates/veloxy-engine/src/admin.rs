@@ -41,25 +41,57 @@ pub(crate) fn spawn(
     })
 }
 
+/// Descriptors the admin endpoint keeps in reserve (`/dev/null` opened at start), so that
+/// `/healthz` and `/metrics` answer while a flood holds every other descriptor.
+const RESERVE: usize = 2;
+
 /// Accepts admin connections for as long as the process runs. A failed accept (out of
 /// descriptors, say) is waited out, never the end of the endpoint: `/healthz` and
-/// `/metrics` matter most while something is wrong.
+/// `/metrics` matter most while something is wrong. Out of descriptors, a reserved one is
+/// given up for the connection, and taken back when it ends: its socket's descriptor number
+/// becomes the reserve again (`dup2` of `/dev/null` over it), so no other thread can take
+/// the slot in between.
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     reloads: mpsc::Sender<ReloadRequest>,
 ) {
     let mut log = LogLimiter::new(accept::LOG_INTERVAL);
+    // What a reserved descriptor refers to: kept open, so taking a slot back needs no new one.
+    let null = std::fs::File::open("/dev/null").ok().map(Arc::new);
+    let reserve = Arc::new(std::sync::Mutex::new(
+        (0..RESERVE)
+            .filter_map(|_| std::fs::File::open("/dev/null").ok())
+            .map(std::os::fd::OwnedFd::from)
+            .collect::<Vec<_>>(),
+    ));
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
+        let accepted = match listener.accept().await {
+            Err(e) if is_fd_shortage(&e) => {
+                let spare = reserve.lock().ok().and_then(|mut r| r.pop());
+                match spare {
+                    Some(fd) => {
+                        drop(fd);
+                        listener.accept().await.map(|a| (a, true))
+                    }
+                    None => Err(e),
+                }
+            }
+            other => other.map(|a| (a, false)),
+        };
+        match accepted {
+            Ok(((mut stream, _), reserved)) => {
                 let (shared, reloads) = (shared.clone(), reloads.clone());
+                let (reserve, null) = (reserve.clone(), null.clone());
                 tokio::spawn(async move {
                     let _ = tokio::time::timeout(
                         Duration::from_secs(30),
-                        handle(stream, shared, reloads),
+                        handle(&mut stream, shared, reloads),
                     )
                     .await;
+                    if let (true, Some(null)) = (reserved, null) {
+                        take_back(stream, &null, &reserve);
+                    }
                 });
             }
             Err(e) => {
@@ -69,6 +101,33 @@ async fn accept_loop(
                 }
                 tokio::time::sleep(accept::BACKOFF).await;
             }
+        }
+    }
+}
+
+fn is_fd_shortage(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// Closes a connection that used a reserved descriptor by putting `/dev/null` in its place:
+/// the socket closes, and the descriptor number stays this process's, in the reserve.
+fn take_back(
+    stream: tokio::net::TcpStream,
+    null: &std::fs::File,
+    reserve: &std::sync::Mutex<Vec<std::os::fd::OwnedFd>>,
+) {
+    use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+    let Ok(std) = stream.into_std() else { return };
+    let fd = std.into_raw_fd();
+    // SAFETY: `fd` is ours (taken out of the stream above). dup2 makes it refer to /dev/null
+    // (closing the socket); it is owned again by the OwnedFd, which closes it if kept nowhere.
+    let owned = unsafe {
+        let replaced = libc::dup2(null.as_raw_fd(), fd) == fd;
+        (std::os::fd::OwnedFd::from_raw_fd(fd), replaced)
+    };
+    if let (owned, true) = owned {
+        if let Ok(mut r) = reserve.lock() {
+            r.push(owned);
         }
     }
 }
@@ -122,10 +181,11 @@ fn metric_labels<'a>(
 }
 
 async fn handle(
-    mut s: tokio::net::TcpStream,
+    s: &mut tokio::net::TcpStream,
     shared: Arc<Shared>,
     reloads: mpsc::Sender<ReloadRequest>,
 ) {
+    let mut s = s;
     let mut buf = Vec::with_capacity(1024);
     let (method, path, bearer, head_len, body_len) = loop {
         if s.read_buf(&mut buf).await.unwrap_or(0) == 0 || buf.len() > 16 * 1024 {
