@@ -478,3 +478,89 @@ fn zero_rtt_serves_only_replay_safe_requests_early() {
         }
     });
 }
+
+/// A UDP relay to `to` that passes the client's first datagram and every answer, and drops
+/// the client's later datagrams: the server's side of the handshake starts and never ends.
+/// The receiver hears once the server has answered (its handshake state exists).
+fn stalling_relay(to: SocketAddr) -> (SocketAddr, std::sync::mpsc::Receiver<()>) {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = sock.local_addr().unwrap();
+    let (answered, rx) = std::sync::mpsc::channel();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut client = None;
+        let mut passed = 0;
+        let mut buf = [0u8; 65536];
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            if from == to {
+                let _ = answered.send(());
+                if let Some(c) = client {
+                    let _ = sock.send_to(&buf[..n], c);
+                }
+            } else {
+                client = Some(from);
+                if passed < 1 {
+                    passed += 1;
+                    let _ = sock.send_to(&buf[..n], to);
+                }
+            }
+        }
+    });
+    (addr, rx)
+}
+
+/// Issue 31, item 6: a QUIC handshake that never completes holds its connection slot for at
+/// most `header_timeout`, not the idle timeout: with room for one connection, a real client is
+/// served again soon after a stalled handshake took the slot.
+#[test]
+fn a_stalled_handshake_frees_its_slot_after_the_header_timeout() {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\nheader_timeout = \"1s\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\nquic_max_connections = 1\n\
+         quic_idle_timeout = \"60s\"\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nrespond = {{ body = \"ok\" }}\n",
+        cert.display(),
+        key.display()
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let (relay, answered) = stalling_relay(web);
+    let ca = pki.ca_pem.clone();
+    runtime().block_on(async {
+        // The stalled client: its handshake reaches veloxy and goes no further.
+        let stalled = tokio::spawn({
+            let ca = ca.clone();
+            async move {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(20),
+                    h3_connect(relay, "localhost", &ca),
+                )
+                .await;
+            }
+        });
+        tokio::task::spawn_blocking(move || answered.recv_timeout(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .expect("veloxy answered the stalled client's first flight");
+        let started = std::time::Instant::now();
+        let mut served = false;
+        while started.elapsed() < Duration::from_secs(10) {
+            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut c = h3_connect(web, "localhost", &ca).await?;
+                h3_send(&mut c, h3_get("localhost", "/"), None).await
+            })
+            .await;
+            if let Ok(Ok(r)) = attempt {
+                assert_eq!(r.body_str(), "ok");
+                served = true;
+                break;
+            }
+        }
+        assert!(served, "the slot was never freed: {}", v.proc.log_text());
+        stalled.abort();
+    });
+}

@@ -94,11 +94,19 @@ pub(crate) async fn serve_endpoint(
         let (w, l, open, stop) = (worker.clone(), listener.clone(), open.clone(), stop.clone());
         open.set(open.get() + 1);
         let zero_rtt = spec.zero_rtt;
+        let handshake_limit = current.snapshot.settings.header_timeout;
         tokio::task::spawn_local(async move {
-            if let Some((conn, early)) = establish(incoming, zero_rtt).await {
-                serve_connection(w, conn, (l, local, early), stop).await;
+            // A handshake that does not complete within the header timeout is dropped (quinn
+            // closes the connection): a client that echoes a Retry token and stops there
+            // holds its slot and its state no longer than a slow HTTP/1 head does.
+            let established = tokio::time::timeout(handshake_limit, establish(incoming, zero_rtt));
+            if let Ok(Some((conn, early))) = established.await {
+                serve_connection(w.clone(), conn, (l, local, early), stop).await;
             }
             open.set(open.get() - 1);
+            // Counted toward the worker's memory trim after a burst, as closed TCP clients
+            // are: a burst of handshakes leaves tens of KB each in the allocator's arenas.
+            w.idle_memory_freed(1);
         });
     }
     // Shutting down: no new connections; open ones get GOAWAY and finish their streams

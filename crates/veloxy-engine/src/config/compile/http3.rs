@@ -42,11 +42,20 @@ pub(super) fn compile_http3(
             max_streams,
             idle_timeout,
             zero_rtt,
-            max_connections: section
-                .quic_max_connections
-                .as_ref()
-                .map_or(l.max_connections, |m| *m.get_ref()),
+            max_connections: section.quic_max_connections.as_ref().map_or(
+                if l.max_connections > 0 {
+                    l.max_connections
+                } else {
+                    DEFAULT_MAX_CONNECTIONS
+                },
+                |m| *m.get_ref(),
+            ),
         }));
     }
     Ok(())
 }
+
+/// `quic_max_connections` when neither it nor the listener's `max_connections` is set: QUIC
+/// connections per worker. Finite, so that handshakes (which cost state before the client has
+/// proved anything but its address) cannot grow without bound; `0` written out is unlimited.
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
