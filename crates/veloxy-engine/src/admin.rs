@@ -185,7 +185,6 @@ async fn handle(
     shared: Arc<Shared>,
     reloads: mpsc::Sender<ReloadRequest>,
 ) {
-    let mut s = s;
     let mut buf = Vec::with_capacity(1024);
     let (method, path, bearer, head_len, body_len) = loop {
         if s.read_buf(&mut buf).await.unwrap_or(0) == 0 || buf.len() > 16 * 1024 {
@@ -217,7 +216,7 @@ async fn handle(
                 );
             }
             Ok(httparse::Status::Partial) => {}
-            Err(_) => return respond(&mut s, 400, "text/plain", "bad request\n").await,
+            Err(_) => return respond(s, 400, "text/plain", "bad request\n").await,
         }
     };
     if let Some(token) = &shared.snapshot.load().settings.admin_token {
@@ -230,14 +229,14 @@ async fn handle(
                 .fold(0u8, |acc, (a, b)| acc | (a ^ b))
                 == 0;
         if !same {
-            return respond(&mut s, 401, "text/plain", "a bearer token is required\n").await;
+            return respond(s, 401, "text/plain", "a bearer token is required\n").await;
         }
     }
     let full = path.clone();
     let path = path.split('?').next().unwrap_or("");
     if let Some(rest) = path.strip_prefix("/upstreams/") {
         if body_len > MAX_BODY {
-            return respond(&mut s, 413, "text/plain", "the body is too large\n").await;
+            return respond(s, 413, "text/plain", "the body is too large\n").await;
         }
         while buf.len() < head_len + body_len {
             let read = tokio::time::timeout(Duration::from_secs(10), s.read_buf(&mut buf)).await;
@@ -247,13 +246,13 @@ async fn handle(
         }
         let body = &buf[head_len..head_len + body_len];
         let (status, body) = runtime_change(&shared, &method, rest, body);
-        return respond(&mut s, status, "application/json", &body).await;
+        return respond(s, status, "application/json", &body).await;
     }
     match (method.as_str(), path) {
         ("POST", "/cache/purge") => {
             let query = full.split_once('?').map_or("", |(_, q)| q);
             let (status, body) = cache_purge(query);
-            respond(&mut s, status, "application/json", &body).await
+            respond(s, status, "application/json", &body).await
         }
         ("GET", "/metrics") => {
             let snapshot = shared.snapshot.load_full();
@@ -275,25 +274,25 @@ async fn handle(
             crate::acme::report::metrics(&snapshot, &mut body);
             crate::cache::metrics(&mut body);
             crate::fleet::metrics(&mut body);
-            respond(&mut s, 200, "text/plain; version=0.0.4", &body).await
+            respond(s, 200, "text/plain; version=0.0.4", &body).await
         }
         ("GET", "/healthz") if shared.shutdown.load(Ordering::Relaxed) => {
-            respond(&mut s, 503, "text/plain", "shutting down\n").await
+            respond(s, 503, "text/plain", "shutting down\n").await
         }
-        ("GET", "/healthz") => respond(&mut s, 200, "text/plain", "ok\n").await,
+        ("GET", "/healthz") => respond(s, 200, "text/plain", "ok\n").await,
         ("GET", "/certificates") => {
             let body = crate::acme::report::certificates_json(&shared.snapshot.load_full());
-            respond(&mut s, 200, "application/json", &body).await
+            respond(s, 200, "application/json", &body).await
         }
         ("GET", "/upstreams") => {
             let body = upstreams_json(&shared);
-            respond(&mut s, 200, "application/json", &body).await
+            respond(s, 200, "application/json", &body).await
         }
         ("POST", "/reload") => {
             let (tx, rx) = oneshot::channel();
             if reloads.send(ReloadRequest { reply: tx }).await.is_err() {
                 return respond(
-                    &mut s,
+                    s,
                     501,
                     "text/plain",
                     "reload is not available in this mode\n",
@@ -301,13 +300,13 @@ async fn handle(
                 .await;
             }
             match rx.await {
-                Ok(Ok(msg)) => respond(&mut s, 200, "text/plain", &format!("{msg}\n")).await,
+                Ok(Ok(msg)) => respond(s, 200, "text/plain", &format!("{msg}\n")).await,
                 Ok(Err(e)) => {
-                    respond(&mut s, 400, "text/plain", &format!("reload refused: {e}\n")).await
+                    respond(s, 400, "text/plain", &format!("reload refused: {e}\n")).await
                 }
                 Err(_) => {
                     respond(
-                        &mut s,
+                        s,
                         501,
                         "text/plain",
                         "reload is not available in this mode\n",
@@ -317,11 +316,11 @@ async fn handle(
             }
         }
         (_, "/metrics" | "/healthz" | "/upstreams" | "/certificates" | "/reload") => {
-            respond(&mut s, 405, "text/plain", "method not allowed\n").await
+            respond(s, 405, "text/plain", "method not allowed\n").await
         }
         _ => {
             respond(
-                &mut s,
+                s,
                 404,
                 "text/plain",
                 "not found: try /metrics, /healthz, /upstreams, /certificates, POST /reload\n",
