@@ -20,6 +20,7 @@ pub fn probe_free(addr: SocketAddr) -> std::io::Result<()> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     // As on the real sockets: connections an earlier process left in TIME_WAIT do not count.
     socket.set_reuse_address(true)?;
+    v6_only(&socket, addr)?;
     socket.bind(&addr.into())
 }
 
@@ -34,6 +35,7 @@ pub fn bind_udp_reuseport(
     for _ in 0..count {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         socket.set_reuse_address(true)?;
+        v6_only(&socket, addr)?;
         socket.set_reuse_port(true)?;
         socket.set_nonblocking(true)?;
         socket.bind(&addr.into())?;
@@ -50,6 +52,7 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize) -> std::io::Result<Vec<Tcp
     for _ in 0..count {
         let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         socket.set_reuse_address(true)?;
+        v6_only(&socket, addr)?;
         socket.set_reuse_port(true)?;
         socket.set_nodelay(true)?;
         socket.set_nonblocking(true)?;
@@ -62,4 +65,13 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize) -> std::io::Result<Vec<Tcp
         sockets.push(listener);
     }
     Ok(sockets)
+}
+
+/// An IPv6 listener serves IPv6 only (`IPV6_V6ONLY`, as nginx sets it): `[::]:80` beside
+/// `0.0.0.0:80` is the usual pair, and a dual-stack `[::]` would collide with the IPv4 one.
+fn v6_only(socket: &Socket, addr: SocketAddr) -> std::io::Result<()> {
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    Ok(())
 }

@@ -79,7 +79,8 @@ pub enum PathRule {
     /// `/`); the query is kept.
     StripPrefix(String),
     /// `rewrite = "/v2{path}"`: the path is replaced by the rendered template; the query is
-    /// kept unless the template has a `?`.
+    /// kept unless the template has a `?` (`"/new?{query}&x=1"` replaces it, a trailing empty
+    /// `?` drops it: `"/socket/?"`).
     Rewrite(Template),
 }
 
@@ -100,6 +101,11 @@ impl PathRule {
             PathRule::Rewrite(t) => {
                 t.render_into(vars, &mut out);
                 if memchr::memchr(b'?', out.as_bytes()).is_some() {
+                    // An empty query (`"/socket/?"`, or `"?{query}"` with none) is no query,
+                    // as nginx's `rewrite ... ?` drops the arguments.
+                    if out.ends_with('?') {
+                        out.pop();
+                    }
                     return out;
                 }
             }
@@ -144,7 +150,18 @@ impl Template {
             if !lit.is_empty() {
                 parts.push(Part::Lit(std::mem::take(&mut lit)));
             }
-            parts.push(Part::Var(var(&after[..end])?));
+            let name = &after[..end];
+            let var = var(name).map_err(|e| {
+                if text[..text.len() - rest.len() + i].ends_with('$') {
+                    format!(
+                        "${{{name}}} looks like a shell or nginx variable: veloxy does not expand \
+                         environment variables in its config; write the value ({e})"
+                    )
+                } else {
+                    e
+                }
+            })?;
+            parts.push(Part::Var(var));
             rest = &after[end + 1..];
         }
         lit.push_str(rest);

@@ -70,11 +70,20 @@ fn real_client_ip_from_trusted_proxies_only() {
     assert_eq!(s.h1("/limited/x", &xff("192.0.2.10")).0, 200);
     assert_eq!(s.h1("/limited/x", &xff("192.0.2.10")).0, 429);
     assert_eq!(s.h1("/limited/x", &xff("192.0.2.11")).0, 200);
-    // The X-Forwarded-For sent upstream ends with it.
+    // The X-Forwarded-For sent upstream is the one received plus the immediate peer (the
+    // trusted proxy), not the client twice (issue 32, item 11), over HTTP/1.1 and HTTP/2.
     let (_, raw) = s.h1("/echo", &xff("203.0.113.7"));
     assert!(
-        raw_body(&raw).contains("X-Forwarded-For: 198.51.100.9, 203.0.113.7, 203.0.113.7"),
+        raw_body(&raw).contains("X-Forwarded-For: 198.51.100.9, 203.0.113.7, 127.0.0.1\r\n"),
         "{raw}"
+    );
+    let r = s.h2("/echo", &[("x-forwarded-for", "198.51.100.9, 203.0.113.8")]);
+    assert!(
+        r.body_str()
+            .to_ascii_lowercase()
+            .contains("x-forwarded-for: 198.51.100.9, 203.0.113.8, 127.0.0.1\r\n"),
+        "{}",
+        r.body_str()
     );
     // From an untrusted peer (127.0.0.2) the header is ignored: a spoofed address gains
     // nothing.

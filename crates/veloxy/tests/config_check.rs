@@ -39,3 +39,28 @@ fn run_refuses_a_bad_config_before_listening() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.toml:4:12: routes[0].upstream"), "{err}");
 }
+
+/// Issue 32, item 1: the nginx idiom `listen 80; listen [::]:80;` as two listeners on one port
+/// starts and serves both families (IPv6 listeners are IPv6-only), where it failed at start
+/// with "already in use by another process".
+#[test]
+fn ipv4_and_ipv6_wildcards_share_a_port() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        veloxy_testkit::skip("no IPv6 loopback on this machine");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let v = veloxy_testkit::veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.v4]\naddr = \"0.0.0.0:{port}\"\n\
+         [listeners.v6]\naddr = \"[::]:{port}\"\n[[routes]]\nrespond = {{ body = \"ok\" }}\n"
+    ));
+    for addr in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+        let r = veloxy_testkit::get(addr.parse().unwrap(), "/");
+        assert_eq!((r.status, r.body_str().as_str()), (200, "ok"), "{addr}");
+    }
+    drop(v);
+}

@@ -161,6 +161,7 @@ fn strip_prefix_and_rewrite_change_the_upstream_target() {
         "[[routes]]\npath = \"/api/\"\nupstream = \"app\"\nstrip_prefix = true\n\
          [[routes]]\npath_exact = \"/v1/echo\"\nupstream = \"app\"\nrewrite = \"/echo?from={path}&{query}\"\n\
          [[routes]]\npath = \"/old/\"\nupstream = \"app\"\nrewrite = \"/echo\"\n\
+         [[routes]]\npath = \"/socket/\"\nupstream = \"app\"\nrewrite = \"/echo?\"\n\
          [[routes]]\nupstream = \"app\"\n",
     );
     // HTTP/1.1 over TLS: the prefix goes, the query stays.
@@ -181,4 +182,9 @@ fn strip_prefix_and_rewrite_change_the_upstream_target() {
     );
     let (_, raw) = s.h1("/old/anything?k=v", "");
     assert_eq!(request_line(&raw), "GET /echo?k=v HTTP/1.1");
+    // An empty trailing '?' drops the query (issue 32, item 5).
+    let (_, raw) = s.h1("/socket/x?EIO=4&t=1", "");
+    assert_eq!(request_line(&raw), "GET /echo HTTP/1.1");
+    let r = s.h2("/socket/x?EIO=4", &[]);
+    assert_eq!(request_line(&r.body_str()), "GET /echo HTTP/1.1");
 }

@@ -87,3 +87,27 @@ fn sticky_cookie_keeps_survives_restart_and_moves_off_a_dead_backend() {
     drop(a2);
     drop(b);
 }
+
+/// Issue 32, item 2: `ttl = "0s"` is a session cookie (no Max-Age), never `Max-Age=0`, which
+/// browsers take as "delete": affinity holds.
+#[test]
+fn a_zero_ttl_sets_a_session_cookie() {
+    let a = upstream(&["--name", "a"]);
+    let b = upstream(&["--name", "b"]);
+    let s = Site::start(
+        "",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"app\"\n\
+             [upstreams.app]\nservers = [\"{}\", \"{}\"]\n\
+             sticky = {{ cookie = \"srv\", ttl = \"0s\" }}\n",
+            a.addr, b.addr
+        ),
+    );
+    for h2 in [false, true] {
+        let (_, set) = ask(&s, None, h2);
+        let set = set.expect("the first answer sets the cookie");
+        assert!(set.starts_with("srv="), "{set}");
+        assert!(!set.contains("Max-Age"), "a session cookie: {set}");
+    }
+}

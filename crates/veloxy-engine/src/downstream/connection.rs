@@ -515,7 +515,7 @@ fn prepare(
     if group.protocol == UpstreamProtocol::Http1 {
         head = worker.take_vec();
         let fwd = Forwarded {
-            client_ip: target.client_ip.as_deref().unwrap_or(&down.client_ip),
+            client_ip: &down.client_ip,
             proto,
             keep_underscores,
             target: target.path.as_deref(),
@@ -539,7 +539,7 @@ fn prepare(
     } else {
         let host = std::str::from_utf8(req.host.unwrap_or(b"")).unwrap_or("");
         let fwd = crate::downstream::http2::to_h2::Forwarding {
-            client_ip: target.client_ip.as_deref().unwrap_or(&down.client_ip),
+            client_ip: &down.client_ip,
             proto,
             host,
             keep_underscores,

@@ -193,9 +193,6 @@ pub(crate) struct ProxyTarget {
     pub edit: Option<edit::UpstreamEdit>,
     /// `max_body_bytes`: a body that grows past it gets 413 and the connection closes.
     pub max_body: Option<u64>,
-    /// The client's address from a trusted proxy's header (`None`: the peer's), for the
-    /// X-Forwarded-For sent upstream.
-    pub client_ip: Option<String>,
     /// The client a PROXY header names, for groups that send one (their connections are
     /// opened and reused for this client only).
     pub origin: Option<crate::upstream::proxy_header::Origin>,
@@ -489,7 +486,6 @@ pub(crate) fn admit(
             real.as_ref().map(|(ip, _)| *ip),
             peer.local,
         ),
-        client_ip: real.map(|(_, s)| s),
         cache: None,
         hit,
         search: search.and_then(|(s, step, effective)| {
@@ -499,7 +495,7 @@ pub(crate) fn admit(
     };
     if let Some(mut f) = fill {
         let fwd = (
-            target.client_ip.as_deref().unwrap_or(peer.client_ip),
+            peer.client_ip,
             if peer.tls { "https" } else { "http" },
             snapshot.settings.underscores_in_headers,
         );

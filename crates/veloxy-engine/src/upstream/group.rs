@@ -211,7 +211,7 @@ impl std::fmt::Display for DiscoveryName {
 pub struct Sticky {
     /// The cookie's name.
     pub cookie: String,
-    /// Its lifetime (`Max-Age`).
+    /// Its lifetime (`Max-Age`); zero: a session cookie, without `Max-Age`.
     pub ttl: Duration,
     /// `Secure`: sent over HTTPS only.
     pub secure: bool,
@@ -246,11 +246,14 @@ impl Sticky {
     /// The `Set-Cookie` line naming `backend`.
     pub fn set_cookie(&self, backend: usize, out: &mut Vec<u8>) {
         let mut line = format!(
-            "Set-Cookie: {}={}; Path=/; Max-Age={}",
-            self.cookie,
-            self.tokens[backend],
-            self.ttl.as_secs()
+            "Set-Cookie: {}={}; Path=/",
+            self.cookie, self.tokens[backend]
         );
+        // `ttl = "0s"`: a session cookie (no Max-Age: kept until the browser closes, as
+        // HAProxy's `cookie ... insert`), never `Max-Age=0`, which deletes it.
+        if !self.ttl.is_zero() {
+            line.push_str(&format!("; Max-Age={}", self.ttl.as_secs()));
+        }
         if self.secure {
             line.push_str("; Secure");
         }

@@ -52,12 +52,24 @@ pub(super) fn compile_caches(
             .map(|m| size(src, &format!("{key}.memory"), m))
             .transpose()?
             .unwrap_or(DEFAULT_MEMORY);
+        // Unset, it follows `memory`: a quarter of it, at most 8 MiB.
         let max_object = c
             .max_object
             .as_ref()
             .map(|m| size(src, &format!("{key}.max_object"), m))
             .transpose()?
-            .unwrap_or(DEFAULT_MAX_OBJECT);
+            .unwrap_or((memory / 4).min(DEFAULT_MAX_OBJECT));
+        let defaulted = |v: u64| {
+            if c.max_object.is_some() {
+                String::new()
+            } else {
+                format!(
+                    " (max_object is not set: its default is a quarter of memory, at most 8MiB, \
+                     here {}; set {key}.max_object to change it)",
+                    size_text(v)
+                )
+            }
+        };
         if memory < (1 << 20) {
             let span = c.memory.as_ref().map_or(section.span(), |m| m.span());
             return Err(src.error(span, format!("{key}.memory"), "must be at least 1MiB"));
@@ -86,7 +98,7 @@ pub(super) fn compile_caches(
                     return Err(src.error(
                         d.span(),
                         format!("{dk}.size"),
-                        "must be at least max_object",
+                        format!("must be at least max_object{}", defaulted(max_object)),
                     ));
                 }
                 Some(crate::cache::DiskSpec {
@@ -216,4 +228,13 @@ pub(super) fn route_cache(
         status.as_deref(),
         (purge, compress),
     )))
+}
+
+/// A size in the largest binary unit that divides it (`"8MiB"`), for messages.
+fn size_text(v: u64) -> String {
+    match v {
+        v if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{}MiB", v >> 20),
+        v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{}KiB", v >> 10),
+        v => format!("{v} bytes"),
+    }
 }

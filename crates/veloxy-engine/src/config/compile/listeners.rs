@@ -39,13 +39,19 @@ pub(super) fn compile_listeners<'a>(
             resolve(a.get_ref()).map_err(|m| src.error(a.span(), format!("{key}.addr"), m))?;
         // Port 0 asks the system for a free port, so two of them never clash.
         if addr.port() != 0 {
-            if let Some(other) = seen_addrs.insert(addr, name) {
-                return Err(src.error(
-                    a.span(),
-                    format!("{key}.addr"),
-                    format!("address {addr} is already used by listener {other:?}"),
-                ));
+            if let Some((other_addr, other)) = seen_addrs.iter().find(|(o, _)| overlaps(**o, addr))
+            {
+                let how = if *other_addr == addr {
+                    format!("address {addr} is already used by listener {other:?}")
+                } else {
+                    format!(
+                        "{addr} overlaps listener {other:?} ({other_addr}): a wildcard address \
+                         takes the port on every address of its family; use one of the two"
+                    )
+                };
+                return Err(src.error(a.span(), format!("{key}.addr"), how));
             }
+            seen_addrs.insert(addr, name);
         }
         listeners.push(compile_listener(src, &key, name, addr, section)?);
     }
@@ -153,11 +159,11 @@ pub(super) fn check_admin_addr(
     seen_addrs: &HashMap<SocketAddr, &str>,
 ) -> Result<(), ConfigError> {
     if let (Some(admin), Some(spanned)) = (settings.admin, &s.admin) {
-        if let Some(other) = seen_addrs.get(&admin) {
+        if let Some((addr, other)) = seen_addrs.iter().find(|(o, _)| overlaps(**o, admin)) {
             return Err(src.error(
                 spanned.span(),
                 "server.admin",
-                format!("address {admin} is already used by listener {other:?}"),
+                format!("address {admin} is already used by listener {other:?} ({addr})"),
             ));
         }
     }
@@ -259,4 +265,14 @@ fn compile_tls(
     let config = crate::tls::server_config(entries, http2, acme)
         .map_err(|e| src.error(span.clone(), key, e.to_string()))?;
     Ok((config, files))
+}
+
+/// Two listening addresses that cannot both be bound: the same port, the same family (IPv6
+/// sockets are IPv6-only, so `0.0.0.0:80` and `[::]:80` coexist, as in nginx), and the same
+/// address or a wildcard on either side.
+fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && a.is_ipv4() == b.is_ipv4()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }

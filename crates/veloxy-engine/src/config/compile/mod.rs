@@ -87,12 +87,127 @@ fn compile(
     http3::compile_http3(src, &file, &settings, &mut listeners)?;
     let mut warnings: Vec<String> = io_warning.into_iter().chain(admin_warning).collect();
     warnings.extend(acme::unserved_names(src, &file, &listeners));
+    warnings.extend(unused_groups(src, &file));
+    warnings.extend(foreign_variables(src, src.text));
     Ok(Snapshot {
         settings,
         listeners,
         upstreams,
         warnings,
     })
+}
+
+/// A warning for each upstream group that no route, stream or forward_auth names: most often
+/// a typo in the name that does refer to it, or a leftover of a port.
+fn unused_groups(src: &Source, file: &FileConfig) -> Vec<String> {
+    let mut used: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for r in &file.routes {
+        let r = r.get_ref();
+        used.extend(r.upstream.as_ref().map(|u| u.get_ref().as_str()));
+        used.extend(
+            r.forward_auth
+                .as_ref()
+                .map(|f| f.get_ref().upstream.get_ref().as_str()),
+        );
+    }
+    used.extend(
+        file.streams
+            .iter()
+            .map(|s| s.get_ref().upstream.get_ref().as_str()),
+    );
+    file.upstreams
+        .iter()
+        .filter(|(name, _)| !used.contains(name.as_str()))
+        .map(|(name, g)| {
+            src.warning(
+                g.span(),
+                &format!("upstreams.{name}"),
+                "no route, stream or forward_auth uses this group (a misspelt name?)",
+            )
+        })
+        .collect()
+}
+
+/// Warnings for values that look like nginx or Apache variables (`$host`, `$remote_addr`,
+/// `${VAR}`) inside quoted strings: veloxy sends them literally. Each names the veloxy
+/// template variable to write instead, where there is one.
+fn foreign_variables(src: &Source, text: &str) -> Vec<String> {
+    const KNOWN: &[(&str, &str)] = &[
+        ("host", "{host}"),
+        ("http_host", "{authority}"),
+        ("remote_addr", "{client_ip}"),
+        ("remote_port", "{client_port}"),
+        ("server_port", "{server_port}"),
+        ("scheme", "{scheme}"),
+        ("request_uri", "{uri}"),
+        ("uri", "{path}"),
+        ("document_uri", "{path}"),
+        ("args", "{query}"),
+        ("query_string", "{query}"),
+        ("request_method", "{method}"),
+        ("request_id", "{request_id}"),
+        (
+            "proxy_add_x_forwarded_for",
+            "nothing: veloxy sets X-Forwarded-For itself",
+        ),
+    ];
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let start = offset;
+        offset += line.len();
+        let code = line.split('#').next().unwrap_or("");
+        let Some(eq) = code.find('=') else { continue };
+        let key = code[..eq].trim().trim_matches('"');
+        let value = &code[eq + 1..];
+        let mut rest = value;
+        while let Some(i) = rest.find('$') {
+            let after = &rest[i + 1..];
+            let name: String = after
+                .trim_start_matches('{')
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = after;
+            if name.is_empty() || !name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+                continue;
+            }
+            let braced = after.starts_with('{');
+            let lower = name.to_ascii_lowercase();
+            let hint = if let Some((_, v)) = KNOWN.iter().find(|(n, _)| *n == lower) {
+                format!("write {v}")
+            } else if let Some(h) = lower.strip_prefix("http_") {
+                format!("write {{header.{}}}", h.replace('_', "-"))
+            } else if let Some(a) = lower.strip_prefix("arg_") {
+                format!("write {{query.{a}}}")
+            } else if let Some(c) = lower.strip_prefix("cookie_") {
+                format!("write {{cookie.{c}}}")
+            } else if braced
+                || name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_' || c.is_ascii_digit())
+            {
+                "veloxy does not expand environment variables in its config: write the value"
+                    .to_owned()
+            } else {
+                continue;
+            };
+            let shown = if braced {
+                format!("${{{name}}}")
+            } else {
+                format!("${name}")
+            };
+            let at = start + eq + 1 + (value.len() - rest.len()) - 1;
+            out.push(src.warning(
+                at..at + 1,
+                key,
+                &format!(
+                    "{shown} looks like an nginx/Apache variable and is sent literally; {hint}"
+                ),
+            ));
+        }
+    }
+    out
 }
 
 fn dur(v: &Option<DurationValue>, default: Duration) -> Duration {

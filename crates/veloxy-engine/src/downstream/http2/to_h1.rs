@@ -307,7 +307,7 @@ fn write_head(
         .into_iter()
         .map(|v| v.as_bytes());
     let host_field = (!host.is_empty()).then_some(host.as_bytes());
-    let client_ip = t.client_ip.as_deref().unwrap_or(c.client_ip());
+    let client_ip = c.client_ip();
     crate::http1::write_forwarded(out, prior, client_ip, c.proto(), host_field, edit);
     if let Some(e) = edit {
         e.added().into_iter().for_each(|l| out.extend_from_slice(l));

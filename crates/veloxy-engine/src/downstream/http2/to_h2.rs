@@ -38,7 +38,7 @@ pub(super) async fn forward(
     let host = super::authority_of(&parts).to_owned();
 
     let fwd = Forwarding {
-        client_ip: t.client_ip.as_deref().unwrap_or(c.client_ip()),
+        client_ip: c.client_ip(),
         proto: c.proto(),
         host: &host,
         keep_underscores: gen.snapshot.settings.underscores_in_headers,
