@@ -147,7 +147,7 @@ impl Source<'_> {
 
     /// Converts a TOML parse or type error, recovering the key from the text around its span.
     pub fn toml_error(&self, err: &toml::de::Error) -> ConfigError {
-        let mut message = err.message().trim().replace('\n', ": ");
+        let mut message = plain_types(&err.message().trim().replace('\n', ": "));
         if let Some(hint) = syntax_hint(&message) {
             message = format!("{message}; hint: {hint}");
         }
@@ -209,6 +209,62 @@ impl Source<'_> {
             (false, None) => table,
         }
     }
+}
+
+/// What to write for each table-valued key, by the serde struct that reads it: a wrong type
+/// names the shape to write, not a Rust type (`expected struct RedirectSection`).
+const TABLE_SHAPES: &[(&str, &str)] = &[
+    ("RedirectSection", "a table like { to = \"https://{host}{uri}\", status = 301 }"),
+    ("RespondSection", "a table like { status = 200, body = \"ok\\n\", content_type = \"text/plain\" }"),
+    ("RouteCacheSection", "a table like { store = \"main\", default_ttl = \"30s\" }"),
+    ("CacheSection", "a table like [caches.main] with memory = \"256MiB\""),
+    ("CacheDiskSection", "a table like { path = \"/var/cache/veloxy\", size = \"10GiB\" }"),
+    ("StreamSection", "a table like [[streams]] with listener = \"tcp\" and upstream = \"db\""),
+    ("ServerSection", "a table like [server] with workers = 2"),
+    ("RedisSection", "a table like { url = \"redis://127.0.0.1:6379\" }"),
+    ("AcmeSection", "a table like [server.acme] with email = \"ops@example.com\""),
+    ("AccessLogSection", "a table like { path = \"/var/log/veloxy/access.log\", format = \"json\" }"),
+    ("ListenerSection", "a table like [listeners.web] with addr = \"0.0.0.0:80\""),
+    ("TlsSection", "a table like [listeners.web.tls] with cert = \"cert.pem\" and key = \"key.pem\""),
+    ("CertSection", "a table like { hosts = [\"example.com\"], cert = \"cert.pem\", key = \"key.pem\" }"),
+    ("RouteSection", "a table like [[routes]] with path = \"/\" and upstream = \"app\""),
+    ("HeaderRulesSection", "a table like { set = { \"X-Name\" = \"value\" }, add = { \"X-Other\" = \"v\" }, remove = [\"X-Debug\"] }"),
+    ("CorsSection", "a table like { origins = [\"https://app.example.com\"], methods = [\"GET\", \"POST\"] }"),
+    ("ForwardAuthSection", "a table like { upstream = \"authelia\", path = \"/api/verify\", copy_headers = [\"Remote-User\"] }"),
+    ("BasicAuthSection", "a table like { realm = \"admin\", users_file = \"htpasswd\" }"),
+    ("RateLimitSection", "a table like { rate = \"10/s\", burst = 20 }"),
+    ("HealthSection", "a table like { path = \"/health\", interval = \"5s\" }"),
+    ("OutlierSection", "a table like { consecutive_failures = 5, base_ejection = \"30s\" }"),
+    ("UpstreamSection", "a table like [upstreams.app] with servers = [\"127.0.0.1:9000\"]"),
+    ("UpstreamSearchSection", "a table like { kind = \"opensearch\", discover = \"30s\" }"),
+    ("RouteSearchSection", "a table like { bulk = \"route_to_shards\", max_size = 1000 }"),
+    ("StickySection", "a table like { cookie = \"srv\", ttl = \"1h\" }"),
+    ("ServerEntry", "\"host:port\" or a table like { addr = \"host:port\", weight = 2 }"),
+];
+
+/// serde's type words in a message, as a config's author would say them.
+fn plain_types(message: &str) -> String {
+    let mut m = message.to_owned();
+    if let Some(i) = m.find("expected struct ") {
+        let name: String = m[i + 16..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        if let Some((_, shape)) = TABLE_SHAPES.iter().find(|(n, _)| *n == name) {
+            m = format!("{}expected {shape}{}", &m[..i], &m[i + 16 + name.len()..]);
+        }
+    }
+    for (rust, plain) in [
+        ("expected usize", "expected a whole number"),
+        ("expected u64", "expected a whole number"),
+        ("expected u32", "expected a whole number"),
+        ("expected u16", "expected a whole number"),
+        ("expected a boolean", "expected true or false"),
+        ("expected a sequence", "expected a list like [\"a\", \"b\"]"),
+    ] {
+        m = m.replace(rust, plain);
+    }
+    m
 }
 
 #[cfg(test)]

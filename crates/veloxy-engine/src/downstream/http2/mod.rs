@@ -487,7 +487,10 @@ async fn forward(
         server_port: c.listener.port,
     };
     let f = fin.as_deref_mut().expect("present until success");
-    let admitted = exchange::admit(&c.worker, gen, &peer, &head, &mut f.record)?;
+    let admitted = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record) {
+        Ok(a) => a,
+        Err(e) => return Err(drain_after_413(c, req.into_body(), e)),
+    };
     match exchange::verified(&mut f.record).await {
         Ok(()) => {}
         Err(exchange::Denied::Error(e)) => return Err(e),
@@ -575,6 +578,37 @@ async fn forward(
             to_h2::forward(c, gen, &target, req, fin).await
         }
     }
+}
+
+/// How much of a refused body is read and dropped after a 413, and for how long.
+const DRAIN_MAX: u64 = 4 << 20;
+const DRAIN_FOR: Duration = Duration::from_secs(5);
+
+/// After a 413 (`max_body_bytes`), the rest of the client's body is read and dropped, up to
+/// [`DRAIN_MAX`] bytes and [`DRAIN_FOR`], before the stream is reset: answering while the
+/// client still sends, then resetting at once (RFC 9113 allows it) makes curl, and other
+/// clients that stop reading on a reset, report a transport error instead of the 413. The 413
+/// goes out first; this runs beside it. Returns `e` for the caller to answer.
+pub(crate) fn drain_after_413(c: &Rc<ConnCtx>, mut body: RequestBody, e: ProxyError) -> ProxyError {
+    use http_body_util::BodyExt;
+    if matches!(e.kind, ErrorKind::BodyTooLarge) && !http_body::Body::is_end_stream(&body) {
+        let c = c.clone();
+        tokio::task::spawn_local(async move {
+            let mut read = 0u64;
+            let _ = tokio::time::timeout(DRAIN_FOR, async {
+                while let Some(Ok(frame)) = body.frame().await {
+                    let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                    c.worker.metrics.bytes_in.add(n);
+                    read += n;
+                    if read > DRAIN_MAX {
+                        break;
+                    }
+                }
+            })
+            .await;
+        });
+    }
+    e
 }
 
 /// A request body read whole for the search gateway (at most `limit` bytes: more is 413),

@@ -86,7 +86,11 @@ async fn forward_with(
     if streaming {
         let setting = gen.snapshot.settings.request_buffering;
         let buffering = crate::exchange::body_buffering(setting, declared, idempotent, group);
-        let (done, got) = buffer_body(c, &mut body, buffering, framing, wbuf, t.max_body).await?;
+        let buffered_body = buffer_body(c, &mut body, buffering, framing, wbuf, t.max_body).await;
+        let (done, got) = match buffered_body {
+            Ok(x) => x,
+            Err(e) => return Err(super::drain_after_413(c, body, e)),
+        };
         streaming = !done;
         buffered = got;
     }
@@ -136,7 +140,10 @@ async fn forward_with(
     if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
         f.record.backend = Some(group.backends[b].addr.clone());
     }
-    let (backend, conn, head, rest) = result?;
+    let (backend, conn, head, rest) = match result {
+        Ok(x) => x,
+        Err(e) => return Err(super::drain_after_413(c, body, e)),
+    };
     if let Some(page) = super::files::upstream_error_page(c.worker(), head.status, is_head, fin) {
         return Ok(page);
     }
