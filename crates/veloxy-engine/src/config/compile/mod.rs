@@ -159,6 +159,10 @@ fn foreign_variables(src: &Source, text: &str) -> Vec<String> {
         let code = line.split('#').next().unwrap_or("");
         let Some(eq) = code.find('=') else { continue };
         let key = code[..eq].trim().trim_matches('"');
+        // `try_files` has its own `$uri` (the request path), as nginx's.
+        if key == "try_files" {
+            continue;
+        }
         let value = &code[eq + 1..];
         let mut rest = value;
         while let Some(i) = rest.find('$') {
