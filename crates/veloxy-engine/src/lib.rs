@@ -20,7 +20,10 @@
 //! 3. **exchange** (`exchange`): admission, once for every protocol: route match (`router`),
 //!    rate limit (`limits`), the `on_request` hook ([`hooks`]), the first backend choice. A
 //!    file route is answered from `static_files` (written by `downstream::files` with
-//!    `sendfile` for HTTP/1). A proxied request runs `exchange::attempt`: attempts on backends
+//!    `sendfile` for HTTP/1). A `basic_auth` check that needs a hash leaves a job in the
+//!    record; every codec runs it (`exchange::verified`, on the `auth::verify` pool, off the
+//!    workers) before it answers anything, and forward_auth runs before a cache hit is
+//!    served. A proxied request runs `exchange::attempt`: attempts on backends
 //!    with retries under the retry budget, outlier feedback; every exchange ends in
 //!    `exchange::record` (access log, metrics, `on_done`).
 //! 4. **upstream** ([`upstream`]): `connect` (TCP, TLS, `max_connections`), the per-worker
