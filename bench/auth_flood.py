@@ -90,7 +90,10 @@ def measure(port, seconds, stop_at):
 def flood(port, rate, seconds, outcomes, stop):
     """Wrong passwords at `rate` a second from rotating source addresses."""
     auth = base64.b64encode(b"alice:wrong").decode()
-    req = f"GET /admin/ HTTP/1.1\r\nHost: a\r\nAuthorization: Basic {auth}\r\nConnection: close\r\n\r\n".encode()
+    req = (
+        "GET /admin/ HTTP/1.1\r\nHost: a\r\n"
+        f"Authorization: Basic {auth}\r\nConnection: close\r\n\r\n"
+    ).encode()
     start = time.time()
     n = 0
     threads = []
@@ -174,8 +177,10 @@ def main():
     }
     result["p99_ratio"] = result["flood"]["p99_ms"] / result["alone"]["p99_ms"]
     a, fl = result["alone"], result["flood"]
-    print(f"open route alone:      p50 {a['p50_ms']:.3f} ms  p99 {a['p99_ms']:.3f} ms  ({a['n']} requests)")
-    print(f"under the flood:       p50 {fl['p50_ms']:.3f} ms  p99 {fl['p99_ms']:.3f} ms  ({fl['n']} requests)")
+    print(f"open route alone:      p50 {a['p50_ms']:.3f} ms  p99 {a['p99_ms']:.3f} ms  "
+          f"({a['n']} requests)")
+    print(f"under the flood:       p50 {fl['p50_ms']:.3f} ms  p99 {fl['p99_ms']:.3f} ms  "
+          f"({fl['n']} requests)")
     print(f"p99 ratio {result['p99_ratio']:.2f} (goal: within 2x); flood answers {result['flood_answers']}")
     if args.out:
         with open(args.out, "w") as f:
