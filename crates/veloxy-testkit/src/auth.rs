@@ -1,5 +1,6 @@
 //! [`auth_server`]: a small real forward-auth service (in the manner of Authelia's verify
-//! endpoint) for `forward_auth` tests.
+//! endpoint) for `forward_auth` tests; [`htpasswd`] and [`basic_credentials`] for the
+//! `basic_auth` tests.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -58,4 +59,27 @@ pub fn auth_server() -> AuthServer {
         }
     });
     AuthServer { addr, seen }
+}
+
+/// Makes or extends a users file with Apache's `htpasswd -b`, with `options` before the path
+/// (`["-c", "-B", "-C", "5"]`: create, bcrypt at cost 5; `["-m"]`: add an apr1 user). False
+/// when htpasswd is not installed or fails (the caller reports the test skipped).
+pub fn htpasswd(path: &std::path::Path, user: &str, password: &str, options: &[&str]) -> bool {
+    std::process::Command::new("htpasswd")
+        .arg("-b")
+        .args(options)
+        .arg(path)
+        .args([user, password])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The `Authorization` value of HTTP Basic credentials.
+pub fn basic_credentials(user: &str, password: &str) -> String {
+    use base64::Engine;
+    let pair = format!("{user}:{password}");
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(pair)
+    )
 }

@@ -105,29 +105,15 @@ fn real_client_ip_from_trusted_proxies_only() {
     );
 }
 
-/// Makes a users file with Apache's `htpasswd`: `-B` (bcrypt) or `-m` (apr1).
-fn htpasswd(path: &std::path::Path, user: &str, password: &str, kind: &str, create: bool) -> bool {
-    let mut cmd = std::process::Command::new("htpasswd");
-    cmd.arg("-b");
-    if create {
-        cmd.arg("-c");
-    }
-    cmd.args([kind, path.to_str().unwrap(), user, password]);
-    match cmd.output() {
-        Ok(o) => o.status.success(),
-        Err(_) => false,
-    }
-}
-
 #[test]
 fn basic_auth_with_an_apache_htpasswd_file() {
     let dir = tempfile::tempdir().unwrap();
     let users = dir.path().join("htpasswd");
-    if !htpasswd(&users, "alice", "wonder land", "-B", true) {
+    if !htpasswd(&users, "alice", "wonder land", &["-c", "-B"]) {
         skip("Apache's htpasswd (apache2-utils) is not installed");
         return;
     }
-    assert!(htpasswd(&users, "bob", "builder", "-m", false));
+    assert!(htpasswd(&users, "bob", "builder", &["-m"]));
     let up = upstream(&[]);
     let s = Site::start(
         "",
@@ -142,13 +128,7 @@ fn basic_auth_with_an_apache_htpasswd_file() {
             up.addr
         ),
     );
-    let auth = |u: &str, p: &str| {
-        use base64::Engine;
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
-        )
-    };
+    let auth = basic_credentials;
     // No credentials: 401 with the challenge (and the route's response rules).
     let (status, raw) = s.h1("/admin/x", "");
     assert_eq!(status, 401, "{raw}");

@@ -11,32 +11,11 @@ use veloxy_testkit::*;
 /// A users file with `alice` hashed at bcrypt cost `cost`; `None` without htpasswd.
 fn users(dir: &std::path::Path, cost: &str) -> Option<std::path::PathBuf> {
     let path = dir.join("htpasswd");
-    let ok = std::process::Command::new("htpasswd")
-        .args([
-            "-b",
-            "-c",
-            "-B",
-            "-C",
-            cost,
-            path.to_str()?,
-            "alice",
-            "wonder",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
+    if !htpasswd(&path, "alice", "wonder", &["-c", "-B", "-C", cost]) {
         skip("Apache's htpasswd (apache2-utils) is not installed");
         return None;
     }
     Some(path)
-}
-
-fn basic(user: &str, password: &str) -> String {
-    use base64::Engine;
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-    )
 }
 
 fn start(users: &std::path::Path) -> Veloxy {
@@ -69,7 +48,7 @@ fn a_bcrypt_check_in_flight_does_not_stall_the_worker() {
     };
     let v = start(&users);
     let mut slow = std::net::TcpStream::connect(v.addr).unwrap();
-    let wrong = basic("alice", "guess");
+    let wrong = basic_credentials("alice", "guess");
     write!(
         slow,
         "GET /admin/ HTTP/1.1\r\nHost: a\r\nAuthorization: {wrong}\r\nConnection: close\r\n\r\n"
@@ -115,7 +94,7 @@ fn an_unknown_user_costs_a_bcrypt_like_a_known_one() {
             v.addr,
             &format!(
                 "GET /admin/ HTTP/1.1\r\nHost: a\r\nAuthorization: {}\r\nConnection: close\r\n\r\n",
-                basic(user, "guess")
+                basic_credentials(user, "guess")
             ),
         );
         assert_eq!(r.status, 401);

@@ -106,35 +106,11 @@ fn forward_auth_runs_before_every_cache_hit_and_the_fill_carries_its_fields() {
     assert_eq!(o.hits(), origin_hits);
 }
 
-fn htpasswd(path: &std::path::Path, user: &str, password: &str) -> bool {
-    std::process::Command::new("htpasswd")
-        .args([
-            "-b",
-            "-c",
-            "-B",
-            "-C",
-            "5",
-            path.to_str().unwrap(),
-            user,
-            password,
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn basic(user: &str, password: &str) -> String {
-    use base64::Engine;
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-    )
-}
-
 #[test]
 fn basic_auth_and_allow_deny_hold_on_cache_hits() {
     let dir = tempfile::tempdir().unwrap();
     let users = dir.path().join("htpasswd");
-    if !htpasswd(&users, "alice", "wonder") {
+    if !htpasswd(&users, "alice", "wonder", &["-c", "-B", "-C", "5"]) {
         skip("Apache's htpasswd (apache2-utils) is not installed");
         return;
     }
@@ -150,9 +126,9 @@ fn basic_auth_and_allow_deny_hold_on_cache_hits() {
         )
     };
     let s = Site::start_with("", "http3 = true\n", "", &routes(""));
-    let ok = basic("alice", "wonder");
-    let wrong = basic("alice", "nope");
-    let unknown = basic("mallory", "wonder");
+    let ok = basic_credentials("alice", "wonder");
+    let wrong = basic_credentials("alice", "nope");
+    let unknown = basic_credentials("mallory", "wonder");
     for p in ALL {
         let path = format!("/basic/{p:?}");
         assert_eq!(get(&s, p, &path, &[("authorization", &ok)]).0, 200, "{p:?}");
