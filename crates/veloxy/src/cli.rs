@@ -1,4 +1,4 @@
-//! Command line: `run`, `check`, `proxy` and `serve`.
+//! Command line: `run`, `check`, `import`, `proxy` and `serve`.
 
 use std::path::PathBuf;
 
@@ -47,10 +47,48 @@ pub enum Command {
         #[arg(long)]
         print: bool,
     },
+    /// Translate another tool's config (nginx, Caddyfile, Traefik, HAProxy, Envoy, Kubernetes
+    /// Ingress) into a veloxy config, with a report of every source directive.
+    Import(ImportArgs),
     /// One-line mode: proxy a listen address to backends, round robin.
     Proxy(ProxyArgs),
     /// One-line mode: serve the files of a directory.
     Serve(ServeArgs),
+}
+
+/// `veloxy import FILE... [--from F] [-o OUT] [--report FILE] [--format text|json] [--strict]`.
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// The source files: nginx.conf (includes are followed), Caddyfile, Traefik static and
+    /// dynamic files or docker-compose files, haproxy.cfg, an Envoy bootstrap, Kubernetes YAML.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// The source format (default: detected from the first file's content).
+    #[arg(long, value_name = "FORMAT", value_parser = ["nginx", "caddyfile", "traefik", "haproxy", "envoy", "ingress"])]
+    pub from: Option<String>,
+    /// Write the TOML here (and generated files, such as htpasswd, beside it); default: stdout.
+    #[arg(short, long, value_name = "OUT.toml")]
+    pub output: Option<PathBuf>,
+    /// Write the report here; default: stderr.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// The report's format.
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub format: String,
+    /// Exit 1 when any directive was refused (the output is still written).
+    #[arg(long)]
+    pub strict: bool,
+    /// Resolve `{$VAR}` / `${VAR}` placeholders from the environment (default: refused).
+    #[arg(long)]
+    pub env: bool,
+    /// nginx: the prefix relative `include`s and paths are taken from (default: the first
+    /// file's directory).
+    #[arg(long, value_name = "DIR")]
+    pub prefix: Option<PathBuf>,
+    /// ingress: the address of a Service port, `NAME.NAMESPACE:PORT=ADDR` (repeatable; default:
+    /// the DNS name `NAME.NAMESPACE.svc:PORT`).
+    #[arg(long, value_name = "NAME.NS:PORT=ADDR")]
+    pub service: Vec<String>,
 }
 
 /// `--upgrade`, for every mode that listens.

@@ -11,6 +11,7 @@
 
 mod cli;
 mod demo;
+mod import;
 mod local_ca;
 
 use std::path::Path;
@@ -126,6 +127,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             serve(snapshot, None, &policies, upgrade, None)
         }
+        Command::Import(args) => import::run(args),
         Command::Proxy(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::proxy_config(&args, tls.as_ref());
