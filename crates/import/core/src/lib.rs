@@ -18,6 +18,7 @@
 //!   path handling shared by every format.
 //! * [`model`]: the output config ([`Config`], [`Section`], generated files).
 //! * [`report`]: the per-directive report, as text or JSON.
+//! * [`tree`]: YAML, JSON and TOML inputs as a tree whose nodes know their location.
 //! * `golden` (feature `golden`): the golden-test harness every importer crate runs.
 
 #![warn(missing_docs)]
@@ -25,6 +26,7 @@
 pub mod model;
 pub mod report;
 pub mod source;
+pub mod tree;
 
 #[cfg(feature = "golden")]
 pub mod golden;
