@@ -14,7 +14,7 @@ use toml::Spanned;
 use super::duration::DurationValue;
 
 /// The whole file.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     #[serde(default)]
@@ -23,6 +23,13 @@ pub struct FileConfig {
     pub listeners: BTreeMap<String, Spanned<ListenerSection>>,
     #[serde(default)]
     pub routes: Vec<Spanned<RouteSection>>,
+    /// `[rule_sets.NAME]`: route rules that routes take with `use = ["NAME"]`.
+    #[serde(default)]
+    pub rule_sets: BTreeMap<String, Spanned<RuleSetSection>>,
+    /// For each entry of `routes` after [`super::compile::expand`], its position in the
+    /// file (a route listing several hosts or paths becomes several entries).
+    #[serde(skip)]
+    pub route_origin: Vec<usize>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, Spanned<UpstreamSection>>,
     #[serde(default)]
@@ -32,7 +39,7 @@ pub struct FileConfig {
 }
 
 /// `[caches.NAME]`: a response cache routes can use.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheSection {
     pub memory: Option<Spanned<SizeValue>>,
@@ -43,7 +50,7 @@ pub struct CacheSection {
 }
 
 /// `disk = { path = "...", size = "10GiB" }` of a cache.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheDiskSection {
     pub path: Spanned<String>,
@@ -51,7 +58,7 @@ pub struct CacheDiskSection {
 }
 
 /// A route's `cache = { store = "NAME", ... }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteCacheSection {
     pub store: Spanned<String>,
@@ -67,7 +74,7 @@ pub struct RouteCacheSection {
 }
 
 /// One `[[streams]]` entry: bytes relayed between a TCP listener and an upstream group.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamSection {
     pub listener: Spanned<String>,
@@ -76,7 +83,7 @@ pub struct StreamSection {
 }
 
 /// `[server]`: process-wide settings.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
     pub workers: Option<Spanned<usize>>,
@@ -111,7 +118,7 @@ pub struct ServerSection {
 }
 
 /// `[server.redis]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSection {
     pub url: Spanned<String>,
@@ -125,7 +132,7 @@ pub struct RedisSection {
 }
 
 /// `[server.acme]`: the ACME account and how certificates are obtained.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AcmeSection {
     pub email: Option<Spanned<String>>,
@@ -145,7 +152,7 @@ pub enum AcmeNames {
 }
 
 /// `[server.access_log]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AccessLogSection {
     pub path: Spanned<String>,
@@ -154,7 +161,7 @@ pub struct AccessLogSection {
 }
 
 /// `[listeners.NAME]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerSection {
     pub addr: Spanned<String>,
@@ -185,7 +192,7 @@ pub struct ListenerSection {
 }
 
 /// `[listeners.NAME.tls]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSection {
     pub cert: Option<Spanned<String>>,
@@ -196,7 +203,7 @@ pub struct TlsSection {
 }
 
 /// `[[listeners.NAME.tls.certs]]`: a certificate chosen by SNI.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CertSection {
     pub hosts: Spanned<Vec<String>>,
@@ -205,14 +212,20 @@ pub struct CertSection {
 }
 
 /// One `[[routes]]` entry.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSection {
-    pub listener: Option<Spanned<String>>,
-    pub host: Option<Spanned<String>>,
-    pub path: Option<Spanned<String>>,
-    /// An exact path instead of a prefix (at most one of `path` and `path_exact`).
-    pub path_exact: Option<Spanned<String>>,
+    /// One listener or a list (a route on several listeners).
+    pub listener: Option<Spanned<Names>>,
+    /// One host pattern or a list.
+    pub host: Option<Spanned<Names>>,
+    /// One prefix or a list.
+    pub path: Option<Spanned<Names>>,
+    /// An exact path (or a list) instead of a prefix (at most one of `path` and `path_exact`).
+    pub path_exact: Option<Spanned<Names>>,
+    /// Rule sets (`[rule_sets.NAME]`) whose keys this route takes where it sets none itself.
+    #[serde(rename = "use")]
+    pub use_sets: Option<Spanned<Vec<Spanned<String>>>>,
     /// A regex on the path instead (at most one of the three path kinds).
     pub path_regex: Option<Spanned<String>>,
     /// Conditions: every one given must hold.
@@ -265,9 +278,76 @@ pub struct RouteSection {
     pub search: Option<Spanned<RouteSearchSection>>,
 }
 
+/// `[rule_sets.NAME]`: the rule keys of a route, shared by the routes that `use` the set.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSetSection {
+    pub request_headers: Option<Spanned<HeaderRulesSection>>,
+    pub response_headers: Option<Spanned<HeaderRulesSection>>,
+    pub error_pages: Option<Spanned<BTreeMap<String, String>>>,
+    pub max_body_bytes: Option<Spanned<SizeValue>>,
+    pub location_rewrite: Option<Spanned<bool>>,
+    pub allow: Option<Spanned<Vec<String>>>,
+    pub deny: Option<Spanned<Vec<String>>>,
+    pub basic_auth: Option<Spanned<BasicAuthSection>>,
+    pub cors: Option<Spanned<CorsSection>>,
+    pub forward_auth: Option<Spanned<ForwardAuthSection>>,
+    pub rate_limit: Option<Spanned<RateLimitSection>>,
+    pub compress: Option<Spanned<bool>>,
+    pub max_concurrency: Option<Spanned<usize>>,
+    pub queue: Option<Spanned<usize>>,
+    pub queue_timeout: Option<DurationValue>,
+    pub cache: Option<Spanned<RouteCacheSection>>,
+}
+
+/// A name or a list of names (`listener`, `host`, `path`, `path_exact` of a route). The
+/// compiler expands lists into one route per combination before anything reads a route, so
+/// every reader sees [`Names::One`]; dereferencing gives that one name.
+#[derive(Debug, Clone)]
+pub enum Names {
+    One(String),
+    Many(Vec<Spanned<String>>),
+}
+
+impl std::ops::Deref for Names {
+    type Target = String;
+    fn deref(&self) -> &String {
+        match self {
+            Names::One(s) => s,
+            // Not reached after expansion; the first name keeps a reader total.
+            Names::Many(v) => v.first().map(|s| s.get_ref()).unwrap_or(&EMPTY),
+        }
+    }
+}
+
+static EMPTY: String = String::new();
+
+impl<'de> Deserialize<'de> for Names {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Names;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Names, E> {
+                Ok(Names::One(v.to_owned()))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Names, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<Spanned<String>>()? {
+                    out.push(s);
+                }
+                Ok(Names::Many(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `redirect = { to = "https://{host}{uri}", status = 308 }` on a route.
 /// `request_headers` / `response_headers`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeaderRulesSection {
     #[serde(default)]
@@ -279,7 +359,7 @@ pub struct HeaderRulesSection {
 }
 
 /// `cors = { origins, methods, headers, expose_headers, credentials, max_age }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CorsSection {
     pub origins: Vec<String>,
@@ -291,7 +371,7 @@ pub struct CorsSection {
 }
 
 /// `forward_auth = { upstream, path, copy_headers, timeout }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForwardAuthSection {
     pub upstream: Spanned<String>,
@@ -301,7 +381,7 @@ pub struct ForwardAuthSection {
 }
 
 /// `basic_auth = { realm, users_file }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BasicAuthSection {
     pub realm: Option<String>,
@@ -309,14 +389,14 @@ pub struct BasicAuthSection {
 }
 
 /// A size: an integer in bytes or a string with a unit (`"10MiB"`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum SizeValue {
     Bytes(u64),
     Text(String),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedirectSection {
     pub to: Spanned<String>,
@@ -324,7 +404,7 @@ pub struct RedirectSection {
 }
 
 /// `respond = { status = 200, body = "ok\n", content_type = "text/plain" }` on a route.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RespondSection {
     pub status: Option<Spanned<u16>>,
@@ -333,7 +413,7 @@ pub struct RespondSection {
 }
 
 /// `rate_limit = { rate = "100/s", burst = 50, key = "client_ip" }` on a route.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitSection {
     pub rate: Spanned<String>,
@@ -347,7 +427,7 @@ pub struct RateLimitSection {
 }
 
 /// `[upstreams.NAME.health]`: active health checks.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthSection {
     pub path: Option<Spanned<String>>,
@@ -360,7 +440,7 @@ pub struct HealthSection {
 }
 
 /// `[upstreams.NAME.outlier]`: passive health checks (outlier ejection).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutlierSection {
     pub consecutive_failures: Option<Spanned<u32>>,
@@ -371,7 +451,7 @@ pub struct OutlierSection {
 }
 
 /// `[upstreams.NAME]`: an upstream group.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamSection {
     pub servers: Spanned<Vec<Spanned<ServerEntry>>>,
@@ -411,7 +491,7 @@ pub struct UpstreamSection {
 }
 
 /// `search` on an upstream group.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamSearchSection {
     /// `"opensearch"` (also for Elasticsearch 7+: the same APIs and routing).
@@ -425,7 +505,7 @@ pub struct UpstreamSearchSection {
 }
 
 /// `search` on a route to a search group.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSearchSection {
     /// `"forward"` (default) or `"route_to_shards"`.
@@ -446,7 +526,7 @@ pub struct RouteSearchSection {
 }
 
 /// `sticky = { cookie, ttl, secure, http_only }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StickySection {
     pub cookie: Option<String>,
@@ -458,7 +538,7 @@ pub struct StickySection {
 /// A backend in `servers`: `"host:port"`, `{ addr = "host:port", weight = 2 }`, or a name
 /// resolved at run time: `{ dns = "host:port", resolve = "10s" }` (every A/AAAA address) or
 /// `{ srv = "_http._tcp.name", resolve = "10s" }` (SRV targets, ports and weights).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ServerEntry {
     /// `"host:port"` (empty for a `dns`/`srv` entry).
     pub addr: String,

@@ -199,11 +199,13 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
 /// listener's router, so each route is written once, with `listener` only when it is on one
 /// listener of several.
 fn routes(out: &mut Toml, snapshot: &Snapshot) {
-    let mut by_index: BTreeMap<usize, (&Route, Vec<&str>)> = BTreeMap::new();
+    // A route listing several hosts or paths was expanded into entries with one file
+    // position: each is written as a route of its own.
+    let mut by_index: BTreeMap<(usize, String), (&Route, Vec<&str>)> = BTreeMap::new();
     for l in &snapshot.listeners {
         for r in l.router.routes() {
             by_index
-                .entry(r.index)
+                .entry((r.index, format!("{:?} {} {}", r.host, r.path, r.exact)))
                 .or_insert((r, Vec::new()))
                 .1
                 .push(&l.name);

@@ -28,10 +28,11 @@ fn routes_of<'a>(
     file: &'a FileConfig,
     listener: &'a str,
 ) -> impl Iterator<Item = &'a crate::config::file::RouteSection> + 'a {
-    file.routes
-        .iter()
-        .map(|r| r.get_ref())
-        .filter(move |r| r.listener.as_ref().is_none_or(|n| n.get_ref() == listener))
+    file.routes.iter().map(|r| r.get_ref()).filter(move |r| {
+        r.listener
+            .as_ref()
+            .is_none_or(|n| n.get_ref().as_str() == listener)
+    })
 }
 
 /// Listed ACME names that no route on their listener serves: a certificate nobody will use
@@ -109,7 +110,7 @@ fn names(
         AcmeNames::All(false) => return Ok(Vec::new()),
         AcmeNames::List(names) => names.clone(),
         AcmeNames::All(true) => routes_of(file, listener)
-            .filter_map(|r| r.host.as_ref().map(|h| h.get_ref().clone()))
+            .filter_map(|r| r.host.as_ref().map(|h| h.get_ref().to_string()))
             .collect(),
     };
     let mut out = std::collections::BTreeSet::new();

@@ -8,6 +8,7 @@
 
 mod acme;
 mod cache;
+mod expand;
 mod http3;
 mod listeners;
 mod routes;
@@ -40,9 +41,10 @@ pub fn compile_str(
 
 fn compile(
     src: &Source,
-    file: FileConfig,
+    mut file: FileConfig,
     policies: &PolicyRegistry,
 ) -> Result<Snapshot, ConfigError> {
+    expand::expand(src, &mut file)?;
     let s = &file.server;
     let settings = server::compile_settings(src, s)?;
     let io_warning = server::io_mode(src, s)?;
@@ -75,7 +77,7 @@ fn compile(
     let redis = redis_spec.as_ref().map(crate::fleet::redis::client);
     routes::compile_routes(
         src,
-        &file.routes,
+        (&file.routes, &file.route_origin),
         (&upstream_index, &upstreams),
         (&caches, redis.as_ref()),
         &mut listeners,

@@ -23,7 +23,7 @@ const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// Adds every route to the routers of its listeners, then sorts the routers.
 pub(super) fn compile_routes(
     src: &Source,
-    routes: &[Spanned<RouteSection>],
+    (routes, origin): (&[Spanned<RouteSection>], &[usize]),
     (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
     caches: (
         &HashMap<String, super::cache::CacheSpec>,
@@ -31,7 +31,7 @@ pub(super) fn compile_routes(
     ),
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
-    for (i, route) in routes.iter().enumerate() {
+    for (route, &i) in routes.iter().zip(origin) {
         compile_route(src, i, route, (upstream_index, groups), caches, listeners)?;
     }
     for l in listeners {
@@ -325,12 +325,12 @@ fn attach(
         Some(name) => {
             let l = listeners
                 .iter_mut()
-                .find(|l| &l.name == name.get_ref())
+                .find(|l| l.name == name.get_ref().as_str())
                 .ok_or_else(|| {
                     src.error(
                         name.span(),
                         format!("{key}.listener"),
-                        format!("listener {:?} is not defined", name.get_ref()),
+                        format!("listener {:?} is not defined", name.get_ref().as_str()),
                     )
                 })?;
             if l.tcp {
@@ -339,7 +339,7 @@ fn attach(
                     format!("{key}.listener"),
                     format!(
                         "listener {:?} is a tcp listener: it takes [[streams]], not routes",
-                        name.get_ref()
+                        name.get_ref().as_str()
                     ),
                 ));
             }

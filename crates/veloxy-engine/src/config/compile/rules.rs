@@ -29,39 +29,43 @@ pub(super) fn compile_match(
     key: &str,
     r: &RouteSection,
 ) -> Result<Matching, ConfigError> {
+    // (key, span, text): the names were expanded to one each before this.
+    let one = |k: &'static str, v: &Option<toml::Spanned<crate::config::file::Names>>| {
+        v.as_ref().map(|v| (k, v.span(), v.get_ref().to_string()))
+    };
     let kinds = [
-        ("path", &r.path),
-        ("path_exact", &r.path_exact),
-        ("path_regex", &r.path_regex),
+        one("path", &r.path),
+        one("path_exact", &r.path_exact),
+        r.path_regex
+            .as_ref()
+            .map(|v| ("path_regex", v.span(), v.get_ref().clone())),
     ];
-    let mut given = kinds
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)));
+    let mut given = kinds.into_iter().flatten();
     let first = given.next();
-    if let Some((k, v)) = given.next() {
+    if let Some((k, span, _)) = given.next() {
         return Err(src.error(
-            v.span(),
+            span,
             format!("{key}.{k}"),
             "a route has one of path (prefix), path_exact and path_regex",
         ));
     }
     let (path, exact, regex) = match first {
         None => ("/".to_owned(), false, None),
-        Some(("path_regex", v)) => {
-            let re = Regex::new(v.get_ref()).map_err(|msg| {
+        Some(("path_regex", span, v)) => {
+            let re = Regex::new(&v).map_err(|msg| {
                 src.error(
-                    v.span(),
+                    span.clone(),
                     format!("{key}.path_regex"),
                     format!("invalid regex: {msg}"),
                 )
             })?;
-            (v.get_ref().clone(), false, Some(re))
+            (v, false, Some(re))
         }
-        Some((k, v)) => {
-            if !v.get_ref().starts_with('/') {
-                return Err(src.error(v.span(), format!("{key}.{k}"), "must start with '/'"));
+        Some((k, span, v)) => {
+            if !v.starts_with('/') {
+                return Err(src.error(span, format!("{key}.{k}"), "must start with '/'"));
             }
-            (v.get_ref().clone(), k == "path_exact", None)
+            (v, k == "path_exact", None)
         }
     };
     Ok(Matching {

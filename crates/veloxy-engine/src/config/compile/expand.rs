@@ -1,0 +1,125 @@
+//! Route shorthand, expanded before anything reads the routes: `use = ["SET"]` takes a
+//! `[rule_sets.SET]`'s keys where the route sets none itself, and a route listing several
+//! listeners, hosts or paths becomes one route per combination (same file position, so the
+//! same precedence, logs and metrics as writing them out).
+
+use toml::Spanned;
+
+use super::Source;
+use crate::config::file::{FileConfig, Names, RouteSection, RuleSetSection};
+use crate::config::ConfigError;
+
+/// Applies rule sets and expands lists in `file.routes`, filling `file.route_origin`.
+pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigError> {
+    let routes = std::mem::take(&mut file.routes);
+    let mut out = Vec::with_capacity(routes.len());
+    let mut origin = Vec::with_capacity(routes.len());
+    for (i, route) in routes.into_iter().enumerate() {
+        let span = route.span();
+        let mut r = route.into_inner();
+        apply_sets(src, i, &mut r, file)?;
+        let listeners = names(src, i, "listener", r.listener.take())?;
+        let hosts = names(src, i, "host", r.host.take())?;
+        let paths = names(src, i, "path", r.path.take())?;
+        let exacts = names(src, i, "path_exact", r.path_exact.take())?;
+        for l in &listeners {
+            for h in &hosts {
+                for p in &paths {
+                    for e in &exacts {
+                        let mut one = r.clone();
+                        one.listener = l.clone();
+                        one.host = h.clone();
+                        one.path = p.clone();
+                        one.path_exact = e.clone();
+                        out.push(Spanned::new(span.clone(), one));
+                        origin.push(i);
+                    }
+                }
+            }
+        }
+    }
+    file.routes = out;
+    file.route_origin = origin;
+    Ok(())
+}
+
+/// The names of a list key, one `Some` per name; `[None]` when the key is absent.
+#[allow(clippy::type_complexity)]
+fn names(
+    src: &Source,
+    i: usize,
+    key: &str,
+    v: Option<Spanned<Names>>,
+) -> Result<Vec<Option<Spanned<Names>>>, ConfigError> {
+    let Some(v) = v else {
+        return Ok(vec![None]);
+    };
+    let span = v.span();
+    match v.into_inner() {
+        Names::One(s) => Ok(vec![Some(Spanned::new(span, Names::One(s)))]),
+        Names::Many(list) if list.is_empty() => Err(src.error(
+            span,
+            format!("routes[{i}].{key}"),
+            "an empty list: leave the key out instead",
+        )),
+        Names::Many(list) => Ok(list
+            .into_iter()
+            .map(|s| Some(Spanned::new(s.span(), Names::One(s.into_inner()))))
+            .collect()),
+    }
+}
+
+/// Fills the route's unset rule keys from its sets, in the order listed.
+fn apply_sets(
+    src: &Source,
+    i: usize,
+    r: &mut RouteSection,
+    file: &FileConfig,
+) -> Result<(), ConfigError> {
+    let Some(list) = r.use_sets.take() else {
+        return Ok(());
+    };
+    for name in list.get_ref() {
+        let set = file.rule_sets.get(name.get_ref()).ok_or_else(|| {
+            src.error(
+                name.span(),
+                format!("routes[{i}].use"),
+                format!(
+                    "rule set {:?} is not defined ([rule_sets.NAME])",
+                    name.get_ref()
+                ),
+            )
+        })?;
+        fill(r, set.get_ref());
+    }
+    Ok(())
+}
+
+/// Every key of a rule set, taken where the route has none.
+fn fill(r: &mut RouteSection, s: &RuleSetSection) {
+    macro_rules! take {
+        ($($k:ident),*) => {$(
+            if r.$k.is_none() {
+                r.$k = s.$k.clone();
+            }
+        )*};
+    }
+    take!(
+        request_headers,
+        response_headers,
+        error_pages,
+        max_body_bytes,
+        location_rewrite,
+        allow,
+        deny,
+        basic_auth,
+        cors,
+        forward_auth,
+        rate_limit,
+        compress,
+        max_concurrency,
+        queue,
+        queue_timeout,
+        cache
+    );
+}
