@@ -393,11 +393,25 @@ pub(super) fn forward_auth(
     }
     Ok(crate::rules::ForwardAuth {
         upstream,
-        host: groups[upstream].backends[0].authority(),
+        host: auth_host(&groups[upstream]),
         path,
         copy_headers: copy.into(),
         timeout: f.timeout.map_or(std::time::Duration::from_secs(2), |d| d.0),
     })
+}
+
+/// The Host of the auth requests: the group's first fixed server, else its first `dns` or
+/// `srv` name (a group of only DNS entries has no backend until it is resolved).
+fn auth_host(g: &crate::config::UpstreamGroup) -> String {
+    use crate::upstream::group::DiscoveryName;
+    if let Some(b) = g.backends.first() {
+        return b.authority();
+    }
+    match g.discovery.first().map(|d| &d.name) {
+        Some(DiscoveryName::Dns { host, port }) => format!("{host}:{port}"),
+        Some(DiscoveryName::Srv(name)) => name.trim_end_matches('.').to_string(),
+        _ => g.name.clone(),
+    }
 }
 
 /// `cors`.
