@@ -1,0 +1,305 @@
+//! Authentication annotations: `auth-type: basic` with its Secret (written as an htpasswd
+//! file) and `auth-url` (veloxy's forward_auth).
+
+use base64::Engine as _;
+use toml::Value;
+use veloxy_import::tree::Node;
+use veloxy_import::GeneratedFile;
+
+use crate::annotations::{Ann, KeysApi};
+use crate::objects::{Object, Objects};
+use crate::util::{self, table};
+use crate::Ctx;
+
+/// `auth-type`, `auth-secret`, `auth-secret-type`, `auth-realm`.
+pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
+    const FAMILY: &[&str] = &["auth-secret", "auth-secret-type", "auth-realm"];
+    let Some((_, kind)) = keys.get("auth-type") else {
+        for n in FAMILY {
+            keys.ignore(ctx, n, "no auth-type: ingress-nginx ignores it");
+        }
+        return;
+    };
+    if kind.trim() != "basic" {
+        let why = format!("auth-type {kind:?}: veloxy checks Basic credentials only");
+        keys.refuse(ctx, "auth-type", why);
+        for n in FAMILY {
+            keys.ignore(ctx, n, "part of the refused auth-type");
+        }
+        return;
+    }
+    let Some((_, secret)) = keys.get("auth-secret") else {
+        keys.refuse(ctx, "auth-type", "no auth-secret names the users");
+        for n in FAMILY {
+            keys.ignore(ctx, n, "part of the refused auth-type");
+        }
+        return;
+    };
+    let (ns, name) = match secret.split_once('/') {
+        Some((n, s)) => (n.to_string(), s.to_string()),
+        None => (ing.ns.clone(), secret.trim().to_string()),
+    };
+    let map = keys
+        .get("auth-secret-type")
+        .is_some_and(|(_, t)| t.trim() == "auth-map");
+    let users = match Objects::find(&ctx.objs.secrets, &ns, &name) {
+        None => Err(format!(
+            "Secret {ns}/{name} is not in the input: add it (kubectl get secret -o yaml) so \
+             its users can be written to an htpasswd file"
+        )),
+        Some(s) => htpasswd(s.node, map).map(|u| (u, s.loc.clone())),
+    };
+    let (lines, secret_loc) = match users {
+        Ok(u) => u,
+        Err(e) => {
+            keys.refuse(ctx, "auth-type", e);
+            for n in FAMILY {
+                keys.ignore(ctx, n, "part of the refused auth-type");
+            }
+            return;
+        }
+    };
+    ctx.used_secrets
+        .push((ns.clone(), name.clone(), secret_loc));
+    let (good, weak): (Vec<_>, Vec<_>) = lines.into_iter().partition(|(_, h)| {
+        ["$2y$", "$2b$", "$2a$", "$apr1$"]
+            .iter()
+            .any(|p| h.starts_with(p))
+    });
+    if good.is_empty() {
+        keys.refuse(
+            ctx,
+            "auth-type",
+            format!(
+                "no user of Secret {ns}/{name} has a bcrypt or $apr1$ hash, the ones veloxy \
+                 checks (re-hash with htpasswd -B)"
+            ),
+        );
+        for n in FAMILY {
+            keys.ignore(ctx, n, "part of the refused auth-type");
+        }
+        return;
+    }
+    let file = format!("htpasswd/{}", util_name(&ns, &name));
+    if !ctx.config.files.iter().any(|f| f.name == file) {
+        let contents: String = good.iter().map(|(u, h)| format!("{u}:{h}\n")).collect();
+        ctx.config.files.push(GeneratedFile {
+            name: file.clone(),
+            contents,
+            mode: 0o600,
+        });
+    }
+    let realm = keys.get("auth-realm").map(|(_, r)| r).unwrap_or_default();
+    ann.rules.insert(
+        "basic_auth".into(),
+        table([("realm", realm.into()), ("users_file", file.into())]),
+    );
+    ann.request_remove.push("Authorization".into());
+    if weak.is_empty() {
+        keys.ok(ctx, "auth-type");
+    } else {
+        let names: Vec<&str> = weak.iter().map(|(u, _)| u.as_str()).collect();
+        keys.diff(
+            ctx,
+            "auth-type",
+            format!(
+                "{} {} {} hashes veloxy cannot check (SHA1 or crypt): left out of the \
+                 htpasswd file (re-hash with htpasswd -B)",
+                if names.len() == 1 { "user" } else { "users" },
+                names.join(", "),
+                if names.len() == 1 { "has" } else { "have" }
+            ),
+        );
+    }
+    for n in FAMILY {
+        keys.ok(ctx, n);
+    }
+}
+
+/// `user:hash` pairs of a basic-auth Secret: the `auth` key (an htpasswd file) or, for
+/// `auth-map`, one key per user.
+fn htpasswd(secret: &Node, map: bool) -> Result<Vec<(String, String)>, String> {
+    let entries = secret_entries(secret);
+    if map {
+        return Ok(entries
+            .into_iter()
+            .map(|(k, v)| (k, v.trim().to_string()))
+            .collect());
+    }
+    let auth = entries
+        .into_iter()
+        .find(|(k, _)| k == "auth")
+        .map(|(_, v)| v)
+        .ok_or("the Secret has no `auth` key (an htpasswd file)")?;
+    Ok(auth
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(u, h)| (u.to_string(), h.to_string()))
+        .collect())
+}
+
+/// A Secret's `data` (base64-decoded) and `stringData` entries.
+pub fn secret_entries(secret: &Node) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(data) = secret.get("data").and_then(Node::as_map) {
+        for (k, v) in data {
+            let raw = v.scalar().unwrap_or_default();
+            let clean: String = raw.chars().filter(|c| !c.is_whitespace()).collect();
+            if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(clean) {
+                out.push((k.name.clone(), String::from_utf8_lossy(&bytes).into_owned()));
+            }
+        }
+    }
+    if let Some(data) = secret.get("stringData").and_then(Node::as_map) {
+        for (k, v) in data {
+            out.push((k.name.clone(), v.scalar().unwrap_or_default()));
+        }
+    }
+    out
+}
+
+/// `NS-NAME` for file names.
+pub fn util_name(ns: &str, name: &str) -> String {
+    veloxy_import::model::sanitize(&format!("{ns}-{name}"))
+}
+
+/// `auth-url` and its companions.
+pub fn external(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
+    const FAMILY: &[&str] = &[
+        "auth-method",
+        "auth-response-headers",
+        "auth-signin",
+        "auth-signin-redirect-param",
+        "auth-cache-key",
+        "auth-cache-duration",
+        "auth-keepalive",
+        "auth-keepalive-share-vars",
+        "auth-keepalive-requests",
+        "auth-keepalive-timeout",
+        "auth-proxy-set-headers",
+        "auth-request-redirect",
+        "auth-always-set-cookie",
+    ];
+    let Some((_, url)) = keys.get("auth-url") else {
+        for n in FAMILY {
+            keys.ignore(ctx, n, "no auth-url: ingress-nginx ignores it");
+        }
+        return;
+    };
+    let target = match parse_url(&url) {
+        Ok(t) => t,
+        Err(e) => {
+            keys.refuse(ctx, "auth-url", e);
+            for n in FAMILY {
+                keys.ignore(ctx, n, "part of the refused auth-url");
+            }
+            return;
+        }
+    };
+    if let Some((_, m)) = keys.get("auth-method") {
+        if m.trim().eq_ignore_ascii_case("GET") {
+            keys.ok(ctx, "auth-method");
+        } else {
+            keys.refuse(ctx, "auth-method", "veloxy's forward_auth always sends GET");
+        }
+    }
+    let servers = ctx.service_servers_for_host(&target.host, target.port, target.https);
+    let base = format!("auth-{}", target.host.split('.').next().unwrap_or("auth"));
+    let group = ctx.auth_group(&base, servers, &ing.loc);
+    let mut fa = toml::Table::new();
+    fa.insert("upstream".into(), group.into());
+    fa.insert("path".into(), target.path.into());
+    if let Some((_, h)) = keys.get("auth-response-headers") {
+        fa.insert("copy_headers".into(), util::strings(&util::list(&h)));
+        keys.ok(ctx, "auth-response-headers");
+    }
+    ann.rules.insert("forward_auth".into(), Value::Table(fa));
+    keys.diff(
+        ctx,
+        "auth-url",
+        "veloxy's GET carries X-Forwarded-Method, -Uri, -Host, -Proto, -For and the client's \
+         Cookie and Authorization (ingress-nginx: every client field plus X-Original-URL, \
+         X-Original-Method and X-Auth-Request-Redirect); a refusal reaches the client as the \
+         auth service sent it (ingress-nginx: 401 and 403 with its own page, any other \
+         status as 500); Set-Cookie of a passing answer is not sent to the client",
+    );
+    keys.refuse(
+        ctx,
+        "auth-signin",
+        "veloxy cannot turn the auth service's 401 into a redirect to a sign-in page (the \
+         client gets the 401)",
+    );
+    keys.ignore(
+        ctx,
+        "auth-signin-redirect-param",
+        "part of auth-signin (refused)",
+    );
+    for n in ["auth-cache-key", "auth-cache-duration"] {
+        keys.ignore(
+            ctx,
+            n,
+            "veloxy asks the auth service on every request (the same answers, more auth \
+             requests)",
+        );
+    }
+    for n in [
+        "auth-keepalive",
+        "auth-keepalive-share-vars",
+        "auth-keepalive-requests",
+        "auth-keepalive-timeout",
+    ] {
+        keys.ignore(ctx, n, "connection reuse to the auth service");
+    }
+    for n in [
+        "auth-proxy-set-headers",
+        "auth-request-redirect",
+        "auth-always-set-cookie",
+    ] {
+        keys.refuse(ctx, n, "veloxy's forward_auth has no such setting");
+    }
+}
+
+/// An `auth-url`'s parts.
+struct AuthUrl {
+    https: bool,
+    host: String,
+    port: u16,
+    path: String,
+}
+
+fn parse_url(url: &str) -> Result<AuthUrl, String> {
+    let url = url.trim();
+    if url.contains('$') {
+        return Err(format!(
+            "{url:?} uses nginx variables: veloxy's forward_auth has a fixed URL"
+        ));
+    }
+    let (https, rest) = if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err(format!("{url:?} is not an http:// or https:// URL"));
+    };
+    let (hostport, path) = match rest.find(['/', '?']) {
+        Some(i) => (&rest[..i], rest[i..].to_string()),
+        None => (rest, "/".to_string()),
+    };
+    let path = if path.starts_with('?') {
+        format!("/{path}")
+    } else {
+        path
+    };
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().map_err(|_| format!("{url:?}: bad port"))?),
+        None => (hostport, if https { 443 } else { 80 }),
+    };
+    Ok(AuthUrl {
+        https,
+        host: host.to_string(),
+        port,
+        path,
+    })
+}
