@@ -33,6 +33,7 @@ fn lists_and_rule_sets_behave_as_routes_written_out() {
          [[routes]]\npath_exact = [\"/x\", \"/y\"]\nuse = [\"secure\"]\n\
          response_headers = { set = { \"X-Own\" = \"1\" } }\n\
          respond = { body = \"exact\" }\n\
+         [[routes]]\npath = \"/p/\"\npath_exact = \"/p\"\nrespond = { body = \"union\" }\n\
          [[routes]]\nrespond = { status = 404, body = \"fallback\" }\n",
     );
     let a = logged_addr(&v, "listening listener=a addr=");
@@ -70,6 +71,10 @@ fn lists_and_rule_sets_behave_as_routes_written_out() {
         }
         assert_eq!(get_host(addr, "any.test", "/x/more").body_str(), "fallback");
     }
+    // path with path_exact: a union (the exact name and everything under the prefix).
+    assert_eq!(get_host(a, "t", "/p").body_str(), "union");
+    assert_eq!(get_host(a, "t", "/p/q").body_str(), "union");
+    assert_eq!(get_host(a, "t", "/pq").body_str(), "fallback");
     // The set's body cap applies to the exact routes too.
     let r = request(
         a,

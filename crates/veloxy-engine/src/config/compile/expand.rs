@@ -1,7 +1,8 @@
 //! Route shorthand, expanded before anything reads the routes: `use = ["SET"]` takes a
 //! `[rule_sets.SET]`'s keys where the route sets none itself, and a route listing several
 //! listeners, hosts or paths becomes one route per combination (same file position, so the
-//! same precedence, logs and metrics as writing them out).
+//! same precedence, logs and metrics as writing them out). `path` and `path_exact` on one
+//! route are a union (`path_exact = "/p"` with `path = "/p/"`: `/p` and everything under it).
 
 use toml::Spanned;
 
@@ -22,18 +23,27 @@ pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigEr
         let hosts = names(src, i, "host", r.host.take())?;
         let paths = names(src, i, "path", r.path.take())?;
         let exacts = names(src, i, "path_exact", r.path_exact.take())?;
+        // `path` and `path_exact` together are a union: the route matches any of them.
+        let kinds: Vec<(Option<Spanned<Names>>, Option<Spanned<Names>>)> =
+            match (paths.as_slice(), exacts.as_slice()) {
+                ([None], _) => exacts.iter().map(|e| (None, e.clone())).collect(),
+                (_, [None]) => paths.iter().map(|p| (p.clone(), None)).collect(),
+                _ => paths
+                    .iter()
+                    .map(|p| (p.clone(), None))
+                    .chain(exacts.iter().map(|e| (None, e.clone())))
+                    .collect(),
+            };
         for l in &listeners {
             for h in &hosts {
-                for p in &paths {
-                    for e in &exacts {
-                        let mut one = r.clone();
-                        one.listener = l.clone();
-                        one.host = h.clone();
-                        one.path = p.clone();
-                        one.path_exact = e.clone();
-                        out.push(Spanned::new(span.clone(), one));
-                        origin.push(i);
-                    }
+                for (p, e) in &kinds {
+                    let mut one = r.clone();
+                    one.listener = l.clone();
+                    one.host = h.clone();
+                    one.path = p.clone();
+                    one.path_exact = e.clone();
+                    out.push(Spanned::new(span.clone(), one));
+                    origin.push(i);
                 }
             }
         }
