@@ -24,16 +24,15 @@ pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigEr
         let paths = names(src, i, "path", r.path.take())?;
         let exacts = names(src, i, "path_exact", r.path_exact.take())?;
         // `path` and `path_exact` together are a union: the route matches any of them.
-        let kinds: Vec<(Option<Spanned<Names>>, Option<Spanned<Names>>)> =
-            match (paths.as_slice(), exacts.as_slice()) {
-                ([None], _) => exacts.iter().map(|e| (None, e.clone())).collect(),
-                (_, [None]) => paths.iter().map(|p| (p.clone(), None)).collect(),
-                _ => paths
-                    .iter()
-                    .map(|p| (p.clone(), None))
-                    .chain(exacts.iter().map(|e| (None, e.clone())))
-                    .collect(),
-            };
+        let kinds: Vec<(OneName, OneName)> = match (paths.as_slice(), exacts.as_slice()) {
+            ([None], _) => exacts.iter().map(|e| (None, e.clone())).collect(),
+            (_, [None]) => paths.iter().map(|p| (p.clone(), None)).collect(),
+            _ => paths
+                .iter()
+                .map(|p| (p.clone(), None))
+                .chain(exacts.iter().map(|e| (None, e.clone())))
+                .collect(),
+        };
         for l in &listeners {
             for h in &hosts {
                 for (p, e) in &kinds {
@@ -53,14 +52,11 @@ pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigEr
     Ok(())
 }
 
+/// One name of an expanded list key, or the key absent.
+type OneName = Option<Spanned<Names>>;
+
 /// The names of a list key, one `Some` per name; `[None]` when the key is absent.
-#[allow(clippy::type_complexity)]
-fn names(
-    src: &Source,
-    i: usize,
-    key: &str,
-    v: Option<Spanned<Names>>,
-) -> Result<Vec<Option<Spanned<Names>>>, ConfigError> {
+fn names(src: &Source, i: usize, key: &str, v: OneName) -> Result<Vec<OneName>, ConfigError> {
     let Some(v) = v else {
         return Ok(vec![None]);
     };
