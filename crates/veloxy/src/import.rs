@@ -86,6 +86,10 @@ pub fn run(a: ImportArgs) -> Result<ExitCode> {
     let toml = imported.config.to_toml();
     match &a.output {
         Some(path) => {
+            if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
             std::fs::write(path, &toml).with_context(|| format!("writing {}", path.display()))?
         }
         None => std::io::stdout().write_all(toml.as_bytes())?,

@@ -1,0 +1,236 @@
+//! Differential test of `veloxy import --from nginx` (issue 33): the real nginx runs an
+//! original config, veloxy runs what `veloxy import` made of the same config, both in front
+//! of one echo upstream; the same requests go to both and the answers (status, Location, the
+//! fields the config adds, the body) and what the upstream saw (method, target, Host and the
+//! other fields) must be the same. The differences the report names (veloxy's X-Forwarded-*
+//! fields, nginx's `Connection: close` upstream, error page bodies) are left out of the
+//! comparison; everything else is compared.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use veloxy_testkit::*;
+
+/// The original config: `{PORT}` is the listener, `{UP}` the echo upstream, `{DIR}` a
+/// directory for nginx's own files.
+const CONFIG: &str = r#"
+worker_processes 1;
+daemon off;
+master_process off;
+pid {DIR}/nginx.pid;
+error_log stderr error;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_body_temp_path {DIR};
+    proxy_temp_path {DIR};
+    fastcgi_temp_path {DIR};
+    uwsgi_temp_path {DIR};
+    scgi_temp_path {DIR};
+    upstream app {
+        server {UP};
+    }
+    server {
+        listen 127.0.0.1:{PORT};
+        server_name example.com;
+        add_header X-Site example always;
+        location / {
+            proxy_pass http://app;
+        }
+        location /api/ {
+            proxy_pass http://app/v1/;
+            proxy_set_header Host $host;
+            proxy_set_header X-Real-IP $remote_addr;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $host;
+            client_max_body_size 1k;
+        }
+        location /strip/ {
+            proxy_pass http://app/;
+            proxy_set_header X-Id $arg_id;
+        }
+        location ~ ^/users/(\d+)$ {
+            proxy_pass http://app/u?id=$1;
+        }
+        location = /health {
+            return 200 "ok\n";
+        }
+        location /old/ {
+            return 301 https://$host$request_uri;
+        }
+        location /moved {
+            return 302 /new;
+        }
+    }
+    server {
+        listen 127.0.0.1:{PORT};
+        server_name other.example;
+        location / {
+            proxy_pass http://app;
+            proxy_set_header Host $http_host;
+            add_header X-Other 1 always;
+        }
+    }
+}
+"#;
+
+fn nginx_bin() -> Option<&'static str> {
+    ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+}
+
+fn render(port: u16, up: SocketAddr, dir: &Path) -> String {
+    CONFIG
+        .replace("{PORT}", &port.to_string())
+        .replace("{UP}", &up.to_string())
+        .replace("{DIR}", &dir.display().to_string())
+}
+
+/// Runs `veloxy import` on `conf` in `dir`: the TOML and the report.
+fn import(dir: &Path, conf: &str) -> (String, String) {
+    let src = dir.join("nginx.conf");
+    std::fs::write(&src, conf).unwrap();
+    let out = Command::new(VELOXY.path())
+        .args(["import", "--from", "nginx"])
+        .arg(&src)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run veloxy import");
+    assert!(
+        out.status.success(),
+        "import failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// What a request's answer and the upstream's view of it come to, for comparison.
+fn outcome(addr: SocketAddr, raw: &str, origin: &ScriptOrigin) -> String {
+    let before = origin.hits();
+    let r = request(addr, raw);
+    let mut out = format!(
+        "status {}\nlocation {:?}\nx-site {:?}\nx-other {:?}\n",
+        r.status,
+        r.header("location"),
+        r.header("x-site"),
+        r.header("x-other")
+    );
+    // Bodies of answers nginx and veloxy make themselves (redirects, errors) differ, as the
+    // report says: compared only for the upstream's and the config's own answers.
+    if r.status == 200 || origin.hits() > before {
+        out.push_str(&format!("body {:?}\n", r.body_str()));
+    }
+    if origin.hits() > before {
+        let seen = origin.requests().pop().unwrap();
+        out.push_str(&format!("upstream {} {}\n", seen.method, seen.target));
+        let mut fields: Vec<String> = seen
+            .headers
+            .iter()
+            .filter(|(n, _)| {
+                let n = n.to_ascii_lowercase();
+                // Named in the report (X-Forwarded-*) or connection management.
+                !(n.starts_with("x-forwarded-") && !n.ends_with("-prefix")
+                    || n == "connection"
+                    || n == "content-length" && seen.body.is_empty())
+            })
+            .map(|(n, v)| format!("{}: {v}", n.to_ascii_lowercase()))
+            .collect();
+        fields.sort();
+        out.push_str(&fields.join("\n"));
+    }
+    out
+}
+
+#[test]
+fn nginx_and_its_import_answer_alike() {
+    let Some(bin) = nginx_bin() else {
+        skip("nginx is not installed");
+        return;
+    };
+    let origin = script_origin(|r| Scripted::ok(format!("{} {}", r.method, r.target)));
+    let dir = tempfile::tempdir().unwrap();
+    let (np, vp) = (free_port(), free_port());
+    let nginx_conf = dir.path().join("nginx-run.conf");
+    std::fs::write(&nginx_conf, render(np, origin.addr, dir.path())).unwrap();
+    let mut nginx = Command::new(bin)
+        .args(["-p", &dir.path().display().to_string(), "-c"])
+        .arg(&nginx_conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn nginx");
+    let naddr: SocketAddr = format!("127.0.0.1:{np}").parse().unwrap();
+    let up = eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(naddr).is_ok()
+    });
+    assert!(up, "nginx did not start");
+
+    let (toml, report) = import(dir.path(), &render(vp, origin.addr, dir.path()));
+    assert!(!report.contains("refused:"), "{report}");
+    let v = veloxy(&toml);
+    let vaddr: SocketAddr = format!("127.0.0.1:{vp}").parse().unwrap();
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(vaddr).is_ok()
+    }));
+
+    let big = "x".repeat(2048);
+    let requests: Vec<String> = [
+        ("GET", "example.com", "/", ""),
+        ("GET", "example.com", "/page?a=1&b=2", "X-Custom: yes\r\n"),
+        ("POST", "example.com", "/form", "Content-Type: text/plain\r\n"),
+        ("GET", "example.com", "/api/items?q=1", ""),
+        ("GET", "EXAMPLE.com", "/api/", "X-Real-IP: 6.6.6.6\r\n"),
+        ("GET", "example.com", "/strip/a/b?id=7", ""),
+        ("GET", "example.com", "/users/42?x=1", ""),
+        ("GET", "example.com", "/users/abc", ""),
+        ("GET", "example.com", "/health", ""),
+        ("GET", "example.com", "/old/page?x=1", ""),
+        ("GET", "example.com", "/moved", ""),
+        ("GET", "other.example", "/x", ""),
+        ("GET", "unknown.example", "/api/z", ""),
+        ("DELETE", "example.com", "/api/thing", "Authorization: Bearer t\r\n"),
+    ]
+    .iter()
+    .map(|(m, h, p, extra)| {
+        let body = if *m == "POST" { "hello" } else { "" };
+        format!(
+            "{m} {p} HTTP/1.1\r\nHost: {h}:PORT\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    })
+    .chain([format!(
+        "POST /api/upload HTTP/1.1\r\nHost: example.com\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{big}",
+        big.len()
+    )])
+    .collect();
+    let mut differences = Vec::new();
+    for raw in &requests {
+        let n = outcome(naddr, &raw.replace("PORT", &np.to_string()), &origin)
+            .replace(&np.to_string(), "PORT");
+        let x = outcome(vaddr, &raw.replace("PORT", &vp.to_string()), &origin)
+            .replace(&vp.to_string(), "PORT");
+        if n != x {
+            differences.push(format!(
+                "{}\n--- nginx\n{n}\n--- veloxy\n{x}\n",
+                raw.lines().next().unwrap()
+            ));
+        }
+    }
+    let _ = nginx.kill();
+    let _ = nginx.wait();
+    drop(v);
+    assert!(
+        differences.is_empty(),
+        "{} of {} requests differ:\n{}\nconfig:\n{toml}\nreport:\n{report}",
+        differences.len(),
+        requests.len(),
+        differences.join("\n")
+    );
+}
