@@ -72,7 +72,7 @@ pub fn run(a: ImportArgs) -> Result<ExitCode> {
         };
         opts.services.insert(name.to_string(), addr.to_string());
     }
-    let imported = match importer.import(&a.files, &opts) {
+    let mut imported = match importer.import(&a.files, &opts) {
         Ok(i) => i,
         Err(e @ (ImportError::Parse(_) | ImportError::Read { .. })) => {
             eprintln!("{e}");
@@ -83,6 +83,7 @@ pub fn run(a: ImportArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    imported.config.finish();
     let toml = imported.config.to_toml();
     match &a.output {
         Some(path) => {

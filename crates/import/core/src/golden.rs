@@ -86,9 +86,10 @@ pub fn run_case(case: &Path, importer: &dyn Importer) -> Result<(), String> {
         files = all;
     }
     let strip = |s: &str| s.replace(&format!("{}/", case.display()), "");
-    let imported = importer
+    let mut imported = importer
         .import(&files, &opts)
         .map_err(|e| format!("{name}: import failed: {}", strip(&e.to_string())))?;
+    imported.config.finish();
     let toml = strip(&imported.config.to_toml());
     let report = strip(&imported.report.text());
     let bless = std::env::var_os("VELOXY_BLESS").is_some();

@@ -98,6 +98,8 @@ pub struct Config {
     pub header: Vec<String>,
     /// `[server]`.
     pub server: Section,
+    /// `[upstream_defaults]`: keys every upstream group takes where it sets none.
+    pub upstream_defaults: Section,
     /// `[listeners.NAME]`.
     pub listeners: Vec<(String, Section)>,
     /// `[rule_sets.NAME]`: rules routes share through `use = ["NAME"]`.
@@ -147,6 +149,56 @@ impl Config {
             .expect("an unused suffix exists")
     }
 
+    /// Finishing touches every importer's output gets before it is written: keys that every
+    /// upstream group sets to the same value move to `[upstream_defaults]` (two groups or
+    /// more), so an importer may write each group whole and the output still says a shared
+    /// timeout once.
+    pub fn finish(&mut self) {
+        const SHARED: &[&str] = &[
+            "policy",
+            "keepalive",
+            "pool_purge_delay",
+            "connect_timeout",
+            "read_timeout",
+            "write_timeout",
+            "idle_timeout",
+            "retries",
+            "retry_on",
+            "retry_budget",
+            "retry_body_limit",
+            "max_connections",
+            "hash_key",
+            "health",
+            "outlier",
+            "location_rewrite",
+            "runtime_overrides",
+        ];
+        if self.upstreams.len() < 2 {
+            return;
+        }
+        for key in SHARED {
+            let first = self.upstreams[0].1.get(key).cloned();
+            let Some(value) = first else { continue };
+            if self.upstream_defaults.get(key).is_some()
+                || !self
+                    .upstreams
+                    .iter()
+                    .all(|(_, g)| g.get(key) == Some(&value))
+            {
+                continue;
+            }
+            for (_, g) in &mut self.upstreams {
+                g.remove(key);
+            }
+            self.upstream_defaults.set(key, value);
+        }
+        if !self.upstream_defaults.keys.is_empty() && self.upstream_defaults.comments.is_empty() {
+            self.upstream_defaults
+                .comments
+                .push("what every upstream group below shares".to_string());
+        }
+    }
+
     /// The config as TOML, with a `# from FILE:LINE` comment above each section.
     pub fn to_toml(&self) -> String {
         let mut out = String::new();
@@ -162,6 +214,14 @@ impl Config {
             ("upstreams", &self.upstreams),
             ("caches", &self.caches),
         ] {
+            if kind == "upstreams" && !self.upstream_defaults.keys.is_empty() {
+                write_section(
+                    &mut out,
+                    "upstream_defaults",
+                    false,
+                    &self.upstream_defaults,
+                );
+            }
             for (name, s) in list {
                 write_section(&mut out, &format!("{kind}.{}", key(name)), false, s);
             }
@@ -338,6 +398,37 @@ mod tests {
         );
         let parsed: toml::Table = toml::from_str(&text).unwrap();
         assert!(parsed.contains_key("routes"));
+    }
+
+    #[test]
+    fn shared_group_keys_move_to_upstream_defaults() {
+        let f: Arc<str> = "x".into();
+        let loc = Loc::new(&f, 1, 1);
+        let mut c = Config::default();
+        for (name, read) in [("a", "1m"), ("b", "1m")] {
+            let g = c.upstream(name, &loc);
+            g.set("servers", Value::Array(vec!["127.0.0.1:1".into()]));
+            g.set("connect_timeout", "1m").set("read_timeout", read);
+        }
+        c.upstream("b", &loc).set("retries", 0);
+        c.finish();
+        assert_eq!(
+            c.upstream_defaults.get("connect_timeout"),
+            Some(&Value::from("1m"))
+        );
+        assert_eq!(
+            c.upstream_defaults.get("read_timeout"),
+            Some(&Value::from("1m"))
+        );
+        assert_eq!(
+            c.upstream_defaults.get("retries"),
+            None,
+            "not every group sets it"
+        );
+        assert!(c.upstream("a", &loc).get("connect_timeout").is_none());
+        assert!(c
+            .to_toml()
+            .contains("[upstream_defaults]\nconnect_timeout = \"1m\""));
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub struct FileConfig {
     /// `[rule_sets.NAME]`: route rules that routes take with `use = ["NAME"]`.
     #[serde(default)]
     pub rule_sets: BTreeMap<String, Spanned<RuleSetSection>>,
+    /// `[upstream_defaults]`: keys every upstream group takes where it sets none itself.
+    pub upstream_defaults: Option<Spanned<UpstreamDefaultsSection>>,
     /// For each entry of `routes` after [`super::compile::expand`], its position in the
     /// file (a route listing several hosts or paths becomes several entries).
     #[serde(skip)]
@@ -488,6 +490,30 @@ pub struct UpstreamSection {
     /// `search = { kind = "opensearch", discover = "30s", roles = ["data"] }`: the servers
     /// are seeds of a search cluster whose nodes veloxy discovers.
     pub search: Option<Spanned<UpstreamSearchSection>>,
+}
+
+/// `[upstream_defaults]`: the keys of an upstream group that every group takes where it
+/// sets none itself (timeouts, retries, pooling, balancing, health and outlier checks).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamDefaultsSection {
+    pub policy: Option<Spanned<String>>,
+    pub keepalive: Option<Spanned<usize>>,
+    pub pool_purge_delay: Option<DurationValue>,
+    pub connect_timeout: Option<DurationValue>,
+    pub read_timeout: Option<DurationValue>,
+    pub write_timeout: Option<DurationValue>,
+    pub idle_timeout: Option<DurationValue>,
+    pub retries: Option<Spanned<u32>>,
+    pub retry_on: Option<Spanned<Vec<u16>>>,
+    pub retry_budget: Option<Spanned<f64>>,
+    pub retry_body_limit: Option<Spanned<usize>>,
+    pub max_connections: Option<Spanned<usize>>,
+    pub hash_key: Option<Spanned<String>>,
+    pub health: Option<Spanned<HealthSection>>,
+    pub outlier: Option<Spanned<OutlierSection>>,
+    pub location_rewrite: Option<Spanned<bool>>,
+    pub runtime_overrides: Option<Spanned<String>>,
 }
 
 /// `search` on an upstream group.

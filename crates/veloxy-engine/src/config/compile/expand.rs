@@ -1,4 +1,5 @@
-//! Route shorthand, expanded before anything reads the routes: `use = ["SET"]` takes a
+//! Shorthand, expanded before anything reads the sections: `[upstream_defaults]` fills
+//! every upstream group's unset keys. Routes: `use = ["SET"]` takes a
 //! `[rule_sets.SET]`'s keys where the route sets none itself, and a route listing several
 //! listeners, hosts or paths becomes one route per combination (same file position, so the
 //! same precedence, logs and metrics as writing them out). `path` and `path_exact` on one
@@ -7,11 +8,18 @@
 use toml::Spanned;
 
 use super::Source;
-use crate::config::file::{FileConfig, Names, RouteSection, RuleSetSection};
+use crate::config::file::{
+    FileConfig, Names, RouteSection, RuleSetSection, UpstreamDefaultsSection, UpstreamSection,
+};
 use crate::config::ConfigError;
 
 /// Applies rule sets and expands lists in `file.routes`, filling `file.route_origin`.
 pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigError> {
+    if let Some(d) = &file.upstream_defaults {
+        for g in file.upstreams.values_mut() {
+            fill_group(g.get_mut(), d.get_ref());
+        }
+    }
     let routes = std::mem::take(&mut file.routes);
     let mut out = Vec::with_capacity(routes.len());
     let mut origin = Vec::with_capacity(routes.len());
@@ -127,5 +135,35 @@ fn fill(r: &mut RouteSection, s: &RuleSetSection) {
         queue,
         queue_timeout,
         cache
+    );
+}
+
+/// Every key of `[upstream_defaults]`, taken where the group has none.
+fn fill_group(g: &mut UpstreamSection, d: &UpstreamDefaultsSection) {
+    macro_rules! take {
+        ($($k:ident),*) => {$(
+            if g.$k.is_none() {
+                g.$k = d.$k.clone();
+            }
+        )*};
+    }
+    take!(
+        policy,
+        keepalive,
+        pool_purge_delay,
+        connect_timeout,
+        read_timeout,
+        write_timeout,
+        idle_timeout,
+        retries,
+        retry_on,
+        retry_budget,
+        retry_body_limit,
+        max_connections,
+        hash_key,
+        health,
+        outlier,
+        location_rewrite,
+        runtime_overrides
     );
 }
