@@ -259,6 +259,64 @@ fn sni_passthrough_reassembles_split_hellos_and_closes_slow_ones() {
     );
 }
 
+/// A `protocol = "tcp"` listener routes by SNI without a certificate of its own (nginx's
+/// `stream { ssl_preread on; }`): named groups by the ClientHello, the entry without `sni`
+/// for other names; without such an entry, other names are closed.
+#[test]
+fn tcp_listener_routes_by_sni_without_terminating() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let (git, git_seen) = recorder();
+    let (other, other_seen) = recorder();
+    let config = |default: &str| {
+        format!(
+            "[server]\nworkers = 1\n\
+             [listeners.edge]\naddr = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
+             [[streams]]\nlistener = \"edge\"\nsni = [\"git.example.com\"]\nupstream = \"git\"\n\
+             {default}\
+             [upstreams.git]\nservers = [\"{git}\"]\n\
+             [upstreams.other]\nservers = [\"{other}\"]\n"
+        )
+    };
+    let front = veloxy(&config(
+        "[[streams]]\nlistener = \"edge\"\nupstream = \"other\"\n",
+    ));
+    let send = |addr, sni: &str| {
+        let hello = split_client_hello(&pki, sni, 40);
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(&hello).unwrap();
+        hello
+    };
+    let wait = |rx: &std::sync::mpsc::Receiver<Vec<u8>>| {
+        rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
+    };
+    let hello = send(front.addr, "git.example.com");
+    assert_eq!(
+        wait(&git_seen).as_deref(),
+        Some(&hello[..]),
+        "named: its group, untouched"
+    );
+    let hello = send(front.addr, "www.example.org");
+    assert_eq!(
+        wait(&other_seen).as_deref(),
+        Some(&hello[..]),
+        "other names: the default"
+    );
+    drop(front);
+    // No default entry: other names are closed; the named one still passes.
+    let front = veloxy(&config(""));
+    let mut c = TcpStream::connect(front.addr).unwrap();
+    c.write_all(&split_client_hello(&pki, "www.example.org", 40))
+        .unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(c.read(&mut buf).unwrap_or(0), 0, "closed");
+    let hello = send(front.addr, "git.example.com");
+    assert_eq!(wait(&git_seen).as_deref(), Some(&hello[..]));
+    assert!(other_seen.try_recv().is_err());
+}
+
 /// CPU time (user + system) of process `pid`, in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

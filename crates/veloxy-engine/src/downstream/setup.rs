@@ -198,7 +198,7 @@ async fn begin(
     listener: std::sync::Arc<crate::runtime::ListenerState>,
 ) -> Option<Box<Downstream>> {
     worker.metrics.downstream_connections.inc();
-    let (tls, http2, header_timeout, stream_group, sni_streams, local) = {
+    let (tls, http2, header_timeout, (tcp, stream_group), sni_streams, local) = {
         let gen = worker.current();
         let spec = gen
             .snapshot
@@ -221,7 +221,7 @@ async fn begin(
             spec.and_then(|l| l.tls.clone()),
             spec.is_some_and(|l| l.http2),
             gen.snapshot.settings.header_timeout,
-            spec.and_then(|l| l.stream),
+            (spec.is_some_and(|l| l.tcp), spec.and_then(|l| l.stream)),
             spec.map_or_else(Vec::new, |l| l.sni_streams.clone()),
             gen.snapshot
                 .upstreams
@@ -245,6 +245,11 @@ async fn begin(
             crate::downstream::sni::Hello::NoName => {}
             crate::downstream::sni::Hello::Close => return None,
         }
+    }
+    // A tcp listener routes by SNI too (nginx's ssl_preread): a named group, else its
+    // default stream, else the connection is closed.
+    if tcp && passthrough.or(stream_group).is_none() {
+        return None;
     }
     let tls = if passthrough.is_some() { None } else { tls };
     let stream = match tls {
@@ -272,7 +277,7 @@ async fn begin(
     // allocator's own size classes).
     let mut down = Box::new(downstream(&worker, stream, peer, local, listener, http2));
     down.rbuf = BytesMut::with_capacity(HEAD_BUF);
-    if let Some(group) = stream_group.or(passthrough) {
+    if let Some(group) = passthrough.or(stream_group) {
         Box::pin(crate::downstream::stream::serve(&worker, &mut down, group)).await;
         return None;
     }

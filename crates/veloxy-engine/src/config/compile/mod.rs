@@ -301,11 +301,14 @@ fn compile_streams(
             )
         })?;
         if let Some(sni) = &st.sni {
-            if l.tls.is_none() {
+            if l.tls.is_none() && !l.tcp {
                 return Err(src.error(
                     sni.span(),
                     format!("{key}.sni"),
-                    format!("listener {name:?} needs TLS: SNI passthrough reads the ClientHello"),
+                    format!(
+                        "listener {name:?} needs TLS (or protocol = \"tcp\"): SNI passthrough \
+                         reads the ClientHello"
+                    ),
                 ));
             }
             for host in sni.get_ref() {
@@ -325,11 +328,18 @@ fn compile_streams(
             ));
         }
         if l.stream.is_some() {
-            return Err(src.error(s.span(), key, "a tcp listener has one [[streams]] entry"));
+            return Err(src.error(
+                s.span(),
+                key,
+                "a tcp listener has one [[streams]] entry without sni (its default)",
+            ));
         }
         l.stream = Some(index);
     }
-    if let Some(l) = listeners.iter().find(|l| l.tcp && l.stream.is_none()) {
+    if let Some(l) = listeners
+        .iter()
+        .find(|l| l.tcp && l.stream.is_none() && l.sni_streams.is_empty())
+    {
         let span = file.listeners.get(&l.name).map_or(0..0, |s| s.span());
         return Err(src.error(
             span,
