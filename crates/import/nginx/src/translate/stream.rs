@@ -61,12 +61,14 @@ pub fn translate<'a>(tr: &mut Tr<'a>, d: &'a Directive) {
 /// regex entries are refused (veloxy's `sni` is names and suffixes).
 fn sni_map(tr: &mut Tr<'_>, d: &Directive) -> SniMap {
     tr.rep.translated(&d.loc, "map");
-    let mut m = SniMap::default();
-    m.default = d
-        .children()
-        .iter()
-        .find(|e| e.name == "default")
-        .map(|e| e.arg(0).to_string());
+    let mut m = SniMap {
+        entries: Vec::new(),
+        default: d
+            .children()
+            .iter()
+            .find(|e| e.name == "default")
+            .map(|e| e.arg(0).to_string()),
+    };
     for e in d.children() {
         let (name, target) = (e.name.as_str(), e.arg(0).to_string());
         match name {
