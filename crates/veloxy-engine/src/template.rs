@@ -20,6 +20,9 @@ pub enum Var {
     Path,
     /// The query, without `?` ("" when none).
     Query,
+    /// `{is_args}`: "?" when the request has a query, else "" (nginx's `$is_args`), so
+    /// `"{path}{is_args}{query}"` keeps a query without leaving a bare `?`.
+    IsArgs,
     /// `http` or `https`: the client's scheme.
     Scheme,
     /// The client's IP address.
@@ -260,6 +263,7 @@ fn var(name: &str) -> Result<Var, String> {
         "uri" => Var::Uri,
         "path" => Var::Path,
         "query" => Var::Query,
+        "is_args" => Var::IsArgs,
         "scheme" => Var::Scheme,
         "client_ip" => Var::ClientIp,
         "client_port" => Var::ClientPort,

@@ -188,3 +188,23 @@ fn strip_prefix_and_rewrite_change_the_upstream_target() {
     let r = s.h2("/socket/x?EIO=4", &[]);
     assert_eq!(request_line(&r.body_str()), "GET /echo HTTP/1.1");
 }
+
+/// `{is_args}` is "?" when the request has a query and "" otherwise (nginx's `$is_args`), so
+/// a redirect keeps the query without a bare `?` (the form `veloxy import` writes for nginx's
+/// `rewrite ... permanent`).
+#[test]
+fn is_args_adds_a_question_mark_only_with_a_query() {
+    let up = upstream(&[]);
+    let s = site(
+        up.addr,
+        "",
+        "[[routes]]\npath = \"/old/\"\nredirect = { to = \"/new{path}{is_args}{query}\", status = 301 }\n",
+    );
+    let (status, raw) = s.h1("/old/a?x=1&y=2", "");
+    assert_eq!(status, 301, "{raw}");
+    assert_eq!(header(&raw, "location"), Some("/new/old/a?x=1&y=2"));
+    let (_, raw) = s.h1("/old/a", "");
+    assert_eq!(header(&raw, "location"), Some("/new/old/a"));
+    let r = s.h2("/old/b?z", &[]);
+    assert_eq!(r.header("location"), Some("/new/old/b?z"));
+}

@@ -150,6 +150,7 @@ impl Vars for RequestVars<'_, '_> {
             Var::Uri => out.push_str(self.head.target),
             Var::Path => out.push_str(self.head.path()),
             Var::Query => out.push_str(query()),
+            Var::IsArgs => out.push_str(if query().is_empty() { "" } else { "?" }),
             Var::Scheme => out.push_str(if self.peer.tls { "https" } else { "http" }),
             Var::ClientIp => out.push_str(self.client_ip),
             Var::ClientPort => out.push_str(&self.peer.addr.port().to_string()),

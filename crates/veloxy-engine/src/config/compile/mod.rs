@@ -145,6 +145,7 @@ fn foreign_variables(src: &Source, text: &str) -> Vec<String> {
         ("uri", "{path}"),
         ("document_uri", "{path}"),
         ("args", "{query}"),
+        ("is_args", "{is_args}"),
         ("query_string", "{query}"),
         ("request_method", "{method}"),
         ("request_id", "{request_id}"),
