@@ -64,6 +64,8 @@ http {
         location /moved {
             return 302 /new;
         }
+        rewrite ^/legacy/(.*)$ /modern/$1 permanent;
+        rewrite ^/bare/(.*)$ /clean/$1? redirect;
     }
     server {
         listen 127.0.0.1:{PORT};
@@ -193,6 +195,9 @@ fn nginx_and_its_import_answer_alike() {
         ("GET", "example.com", "/health", ""),
         ("GET", "example.com", "/old/page?x=1", ""),
         ("GET", "example.com", "/moved", ""),
+        ("GET", "example.com", "/legacy/a?x=1&y=2", ""),
+        ("GET", "example.com", "/legacy/b", ""),
+        ("GET", "example.com", "/bare/c?drop=1", ""),
         ("GET", "other.example", "/x", ""),
         ("GET", "unknown.example", "/api/z", ""),
         ("DELETE", "example.com", "/api/thing", "Authorization: Bearer t\r\n"),

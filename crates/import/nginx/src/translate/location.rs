@@ -165,9 +165,11 @@ fn table(kv: &[(&str, Value)]) -> Value {
     Value::Table(kv.iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
 }
 
-/// A server-level `return`, `rewrite` or `if`.
+/// A server-level `return`, `rewrite` or `if`. These answer in nginx's rewrite phase, before
+/// access, auth and limits, so their routes take only the level's `add_header` fields.
 pub fn server_rule(tr: &mut Tr<'_>, d: &Directive, lvl: &Level, sctx: &ServerCtx) -> ServerRule {
     let mut sec = Section::from(&d.loc);
+    added_headers(lvl, &mut sec);
     match d.name.as_str() {
         "return" => {
             sec.set("path", "/");
@@ -290,15 +292,22 @@ fn rewrite_redirect(
     };
     match vars::template(repl, &ctx(lvl, sctx, true)) {
         Ok(t) => {
-            if keep_query {
-                tr.rep.different(
-                    &d.loc,
-                    "rewrite",
-                    "veloxy's redirect does not append the client's query (nginx does)",
-                );
-            } else {
-                tr.rep.translated(&d.loc, "rewrite");
-            }
+            // nginx appends the client's arguments: after `?` when the replacement has none,
+            // after `&` when it has its own.
+            let t = match (keep_query, t.contains('?')) {
+                (false, _) => t,
+                (true, false) => format!("{t}{{is_args}}{{query}}"),
+                (true, true) => {
+                    tr.rep.different(
+                        &d.loc,
+                        "rewrite",
+                        "the client's arguments are appended after '&' even when it sent none \
+                         (nginx leaves no '&' then)",
+                    );
+                    return Some((re, absolute(&format!("{t}&{{query}}"), sctx), status));
+                }
+            };
+            tr.rep.translated(&d.loc, "rewrite");
             Some((re, absolute(&t, sctx), status))
         }
         Err(v) => {
@@ -848,9 +857,8 @@ fn files(
     true
 }
 
-/// The rules every route of a level takes: headers added to answers, the body limit,
-/// access, auth, rate limit, compression, error pages.
-fn rules(tr: &mut Tr<'_>, lvl: &Level, proxied: bool, sec: &mut Section) {
+/// The level's `add_header` fields as the route's `response_headers`.
+fn added_headers(lvl: &Level, sec: &mut Section) {
     if let Some(list) = lvl.add_headers.as_deref().filter(|l| !l.is_empty()) {
         let add: toml::Table = list
             .iter()
@@ -858,6 +866,12 @@ fn rules(tr: &mut Tr<'_>, lvl: &Level, proxied: bool, sec: &mut Section) {
             .collect();
         sec.set("response_headers", table(&[("add", Value::Table(add))]));
     }
+}
+
+/// The rules every route of a level takes: headers added to answers, the body limit,
+/// access, auth, rate limit, compression, error pages.
+fn rules(tr: &mut Tr<'_>, lvl: &Level, proxied: bool, sec: &mut Section) {
+    added_headers(lvl, sec);
     if let Some(pages) = lvl.error_pages.as_deref() {
         let mut t = toml::Table::new();
         for (code, uri) in pages {

@@ -74,9 +74,9 @@ fn sni_map(tr: &mut Tr<'_>, d: &Directive) -> SniMap {
         match name {
             "hostnames" => tr.rep.translated(&e.loc, "hostnames"),
             "default" => tr.rep.translated(&e.loc, "default"),
-            n if n.starts_with('~') && m.default.as_deref() == Some(target.as_str()) => {
-                tr.rep.ignored(&e.loc, n, "its target is the map's default anyway")
-            }
+            n if n.starts_with('~') && m.default.as_deref() == Some(target.as_str()) => tr
+                .rep
+                .ignored(&e.loc, n, "its target is the map's default anyway"),
             n if n.starts_with('~') => tr.rep.refused(
                 &e.loc,
                 n,
