@@ -149,10 +149,15 @@ impl Config {
             .expect("an unused suffix exists")
     }
 
-    /// Finishing touches every importer's output gets before it is written: keys that every
-    /// upstream group sets to the same value move to `[upstream_defaults]` (two groups or
-    /// more), so an importer may write each group whole and the output still says a shared
-    /// timeout once.
+    /// Finishing touches every importer's output gets before it is written:
+    /// * a server given by a name (`app:8080`, `https://api.internal:443`) becomes a `dns`
+    ///   entry, resolved when veloxy runs (and again every 10 s) rather than when the config
+    ///   is loaded: the source tools resolve such names on the machine they run on, often
+    ///   inside a container network the importing machine cannot see, so a load-time lookup
+    ///   would fail `veloxy check` there;
+    /// * keys that every upstream group sets to the same value move to `[upstream_defaults]`
+    ///   (two groups or more), so an importer may write each group whole and the output
+    ///   still says a shared timeout once.
     pub fn finish(&mut self) {
         const SHARED: &[&str] = &[
             "policy",
@@ -173,6 +178,11 @@ impl Config {
             "location_rewrite",
             "runtime_overrides",
         ];
+        for (_, g) in &mut self.upstreams {
+            if let Some(Value::Array(servers)) = g.get_mut("servers") {
+                servers.iter_mut().for_each(by_name_to_dns);
+            }
+        }
         if self.upstreams.len() < 2 {
             return;
         }
@@ -233,6 +243,41 @@ impl Config {
             write_section(&mut out, "streams", true, s);
         }
         out
+    }
+}
+
+/// A server string or `{ addr, weight }` table naming a host (not an IP address, not a unix
+/// socket) as the `dns` entry of the same name and weight.
+fn by_name_to_dns(server: &mut Value) {
+    let named = |addr: &str| {
+        let rest = addr
+            .strip_prefix("https://")
+            .or_else(|| addr.strip_prefix("http://"))
+            .unwrap_or(addr);
+        if rest.starts_with("unix:") || rest.starts_with('[') {
+            return false;
+        }
+        let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
+        // `localhost` stays: the system resolver reads /etc/hosts; DNS may not answer it.
+        rest.contains(':') && host.parse::<std::net::IpAddr>().is_err() && host != "localhost"
+    };
+    match server {
+        Value::String(addr) if named(addr) => {
+            let mut t = toml::Table::new();
+            t.insert("dns".into(), Value::String(addr.clone()));
+            *server = Value::Table(t);
+        }
+        Value::Table(t) => {
+            let addr = t.get("addr").and_then(Value::as_str).map(str::to_string);
+            if let Some(addr) = addr.filter(|a| named(a)) {
+                t.remove("addr");
+                let mut out = toml::Table::new();
+                out.insert("dns".into(), Value::String(addr));
+                out.extend(std::mem::take(t));
+                *t = out;
+            }
+        }
+        _ => {}
     }
 }
 
@@ -429,6 +474,33 @@ mod tests {
         assert!(c
             .to_toml()
             .contains("[upstream_defaults]\nconnect_timeout = \"1m\""));
+    }
+
+    #[test]
+    fn servers_by_name_become_dns_entries() {
+        let f: Arc<str> = "x".into();
+        let loc = Loc::new(&f, 1, 1);
+        let mut c = Config::default();
+        let mut weighted = toml::Table::new();
+        weighted.insert("addr".into(), "app:8080".into());
+        weighted.insert("weight".into(), Value::from(2));
+        let servers = vec![
+            Value::from("127.0.0.1:80"),
+            Value::from("app:8080"),
+            Value::from("https://api.internal:443"),
+            Value::from("unix:/run/app.sock"),
+            Value::from("[::1]:80"),
+            Value::Table(weighted),
+        ];
+        c.upstream("a", &loc).set("servers", Value::Array(servers));
+        c.finish();
+        let text = c.to_toml();
+        assert!(
+            text.contains(
+                "servers = [\"127.0.0.1:80\", { dns = \"app:8080\" }, { dns = \"https://api.internal:443\" }, \"unix:/run/app.sock\", \"[::1]:80\", { dns = \"app:8080\", weight = 2 }]"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -83,8 +83,9 @@ pub struct Options {
 
 impl Options {
     /// Resolves placeholders in `value`: `{$VAR}` and `{$VAR:default}` (Caddy), `${VAR}` and
-    /// `${VAR:-default}` (shell, Traefik, Envoy). Without `--env` (or for a variable that is
-    /// unset and has no default) the error names the variable, for a `refused` line.
+    /// `${VAR:-default}` (shell, Traefik, Envoy). With `--env`, from the environment, else the
+    /// default; without `--env`, the default. A variable with neither is an error that names
+    /// it, for a `refused` line.
     pub fn expand_env(&self, value: &str) -> Result<String, String> {
         let mut out = String::with_capacity(value.len());
         let mut rest = value;
@@ -111,7 +112,10 @@ impl Options {
                     (None, Some(d)) => d.to_string(),
                     (None, None) => return Err(format!("environment variable {name} is not set")),
                 },
-                (None, _) => {
+                // The default the config gives is what the tool runs with when the variable
+                // is unset: without --env, that is the value.
+                (None, Some(d)) => d.to_string(),
+                (None, None) => {
                     return Err(format!(
                         "environment placeholder {name} (run with --env to resolve it from the \
                          environment)"
@@ -201,6 +205,8 @@ mod tests {
         assert_eq!(o.expand_env("${Y:-d}").unwrap(), "d");
         assert!(o.expand_env("${Y}").is_err());
         assert_eq!(o.expand_env("plain").unwrap(), "plain");
+        let o = Options::default();
+        assert_eq!(o.expand_env("{$PORT:8080}/${P:-x}").unwrap(), "8080/x");
     }
 
     #[test]
