@@ -110,7 +110,15 @@ pub fn run(a: ImportArgs) -> Result<ExitCode> {
         }
         None => std::io::stderr().write_all(report.as_bytes())?,
     }
-    if a.strict && imported.report.has_refused() {
+    // Nothing that listens: the output cannot run (and `check` refuses it).
+    let empty = imported.config.listeners.is_empty();
+    if empty {
+        eprintln!(
+            "veloxy import: the result has no listener: nothing in the source was translated \
+             into something that serves traffic (see the refused lines)"
+        );
+    }
+    if a.strict && (imported.report.has_refused() || empty) {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)

@@ -862,3 +862,37 @@ fn eventually_admin(v: &Veloxy) -> std::net::SocketAddr {
     }));
     addr.unwrap()
 }
+
+/// A `path_regex` file route serves the whole request path under its root (nginx's
+/// `location ~* \.(css|js)$ { expires 30d; }` under a server `root`, as `veloxy import`
+/// writes it), with the route's own cache_control; other paths go to the other routes.
+#[test]
+fn path_regex_file_routes_serve_the_whole_path_under_root() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("site/assets")).unwrap();
+    std::fs::write(dir.path().join("site/assets/app.css"), "body{}").unwrap();
+    std::fs::write(dir.path().join("site/index.html"), "<p>home</p>").unwrap();
+    let root = dir.path().join("site");
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\npath_regex = '(?i)\\.(css|js)$'\nroot = \"{0}\"\ncache_control = \"max-age=2592000\"\n\
+         [[routes]]\nroot = \"{0}\"\n",
+        root.display()
+    ));
+    let r = get(v.addr, "/assets/app.css");
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert_eq!(r.body_str(), "body{}");
+    assert_eq!(r.header("cache-control"), Some("max-age=2592000"));
+    let r = get(v.addr, "/assets/APP.CSS");
+    assert_eq!(r.status, 404, "the regex matches, the file name does not");
+    assert_eq!(
+        r.header("cache-control"),
+        None,
+        "a 404 carries no file cache_control"
+    );
+    let r = get(v.addr, "/");
+    assert_eq!(r.body_str(), "<p>home</p>");
+    assert_eq!(r.header("cache-control"), None);
+    let r = get(v.addr, "/../../etc/passwd.css");
+    assert_ne!(r.status, 200, "no way out of the root");
+}

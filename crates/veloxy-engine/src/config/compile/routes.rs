@@ -62,15 +62,11 @@ fn compile_route(
     let m = super::rules::compile_match(src, &key, r)?;
     let regex = m.regex.as_ref();
     let (path, exact) = (m.path.clone(), m.exact);
-    if let (Some(root), Some(_)) = (&r.root, regex) {
-        return Err(src.error(
-            root.span(),
-            format!("{key}.root"),
-            "a file route matches by path or path_exact, not path_regex",
-        ));
-    }
+    // A path_regex file route serves the whole request path under root (nginx's
+    // `location ~* \.(css|js)$` under a `root`); prefix and exact routes remove their path.
+    let file_prefix = if regex.is_some() { "/" } else { path.as_str() };
     let files = match &r.root {
-        Some(root) => Some(Arc::new(compile_files(src, &key, r, root, &path)?)),
+        Some(root) => Some(Arc::new(compile_files(src, &key, r, root, file_prefix)?)),
         None => {
             file_only_keys(src, &key, r)?;
             None
