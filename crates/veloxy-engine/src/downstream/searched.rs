@@ -1,6 +1,7 @@
 //! HTTP/1 requests the search gateway runs itself (see [`crate::search`]): the body is read
-//! whole (its declared length was checked at admission), the job splits or clamps it and
-//! talks to the nodes, and its answer goes to the client like any answer of veloxy's own.
+//! whole, up to the job's limit (a declared length was checked at admission; a chunked body
+//! is counted as it arrives: 413 past the limit, as over HTTP/2), the job splits or clamps it
+//! and talks to the nodes, and its answer goes to the client like any answer of veloxy's own.
 
 use std::rc::Rc;
 
@@ -18,7 +19,7 @@ use crate::worker::Worker;
 /// Runs the search job of `p` (which has one); returns whether the connection stays open.
 pub(crate) async fn forward(worker: &Rc<Worker>, down: &mut Downstream, mut p: Prepared) -> bool {
     let job = p.target.search.take().expect("a request with a search job");
-    match read_body(down, &mut p).await {
+    match read_body(down, &mut p, job.body_limit()).await {
         Ok(body) => {
             // Read whole: the connection can take the next request.
             p.body = BodyKind::None;
@@ -36,8 +37,9 @@ pub(crate) async fn forward(worker: &Rc<Worker>, down: &mut Downstream, mut p: P
     }
 }
 
-/// The request body, decoded, read within the client's body timeout.
-async fn read_body(down: &mut Downstream, p: &mut Prepared) -> Result<Bytes, Fail> {
+/// The request body, decoded, read within the client's body timeout; more than `limit`
+/// decoded bytes is a 413.
+async fn read_body(down: &mut Downstream, p: &mut Prepared, limit: u64) -> Result<Bytes, Fail> {
     let bad = |e| Fail::BeforeResponse(request_body_error(e));
     let mut state = BodyState::new(p.body, true);
     let mut out = Vec::new();
@@ -50,6 +52,11 @@ async fn read_body(down: &mut Downstream, p: &mut Prepared) -> Result<Bytes, Fai
     loop {
         let n = state.take_into(&down.rbuf, &mut out).map_err(bad)?;
         down.rbuf.advance(n);
+        if out.len() as u64 > limit {
+            return Err(Fail::BeforeResponse(ProxyError::downstream(
+                crate::error::ErrorKind::BodyTooLarge,
+            )));
+        }
         if state.is_done() {
             return Ok(out.into());
         }
