@@ -1,69 +1,202 @@
 //! docker-compose files: each service's `traefik.*` labels are a dynamic configuration (the
-//! docker provider's), with the service's address being its compose name and the port its
-//! `loadbalancer.server.port` label (else its one exposed port). The Traefik service's own
-//! `command:` flags (`--entrypoints.web.address=:80`) are a static configuration.
+//! docker provider's), with the service's address being its compose name. The Traefik
+//! service's own `command:` flags (`--entrypoints.web.address=:80`) are a static one.
+//!
+//! Files are read first ([`read`]: containers kept, `.env` placeholders resolved); once every
+//! static tree is known, [`build`] applies the provider's defaults: `exposedByDefault`, a
+//! router for a container without one, `defaultRule` for routers without a rule, the port
+//! (`loadbalancer.server.port`, else the lowest port the container exposes).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use veloxy_import::tree::{Node, Value};
 use veloxy_import::{Loc, Options, Report};
 
-use crate::input::{add_tree, insert, pairs, tree_of, Inputs};
-use crate::node::{entries, get, get_kv, list, mk, text};
+use crate::dotenv::{interpolate, DotEnv, Model};
+use crate::input::{add_tree, pairs, tree_of, Inputs};
+use crate::node::{at, entries, flag, get, items, mk, text};
 
-/// Reads a compose document's services.
+/// A compose service (container), as read.
+#[derive(Debug, Clone)]
+pub struct Container {
+    /// The compose service name (its address on the compose network).
+    pub name: String,
+    /// Where its key is.
+    pub loc: Loc,
+    /// Its definitions (an override file adds one).
+    pub nodes: Vec<Node>,
+    /// The directory of its file.
+    pub base: PathBuf,
+    /// `traefik.*` labels, `traefik.` removed, placeholders resolved.
+    pub labels: Vec<(String, String, Loc)>,
+    /// Every label (for `defaultRule`'s `.Labels`).
+    pub all_labels: Vec<(String, String)>,
+    /// `rule` labels with an unresolved placeholder: (router, place, label, why), reported
+    /// once the router's fate is known (a dashboard router's rule does not matter).
+    pub refused_rules: Vec<(String, Loc, String, String)>,
+    /// The compose project, and whether it is named (else the directory's name).
+    pub project: (String, bool),
+    /// Runs the Traefik image.
+    pub traefik: bool,
+}
+
+/// The docker provider's static settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `exposedByDefault` (default true).
+    pub exposed_by_default: bool,
+    /// `defaultRule`.
+    pub default_rule: String,
+    /// Traefik's API port (the `traefik` entry point's).
+    pub api_port: u16,
+}
+
+/// The docker provider's settings found in the static trees.
+pub fn settings(statics: &[(Node, PathBuf)]) -> Settings {
+    let mut s = Settings {
+        exposed_by_default: true,
+        default_rule: "Host(`{{ normalize .Name }}`)".into(),
+        api_port: 8080,
+    };
+    for (t, _) in statics {
+        for p in ["providers.docker", "providers.swarm"] {
+            if let Some(d) = at(t, p) {
+                if let Some(e) = flag(d, "exposedByDefault") {
+                    s.exposed_by_default = e;
+                }
+                if let Some(r) = text(d, "defaultRule") {
+                    s.default_rule = r;
+                }
+            }
+        }
+        if let Some(port) = at(t, "entryPoints.traefik")
+            .and_then(|e| text(e, "address"))
+            .and_then(|a| crate::entry::address(&a))
+            .map(|a| a.1)
+        {
+            s.api_port = port;
+        }
+    }
+    s
+}
+
+/// Reads a compose document's services (containers kept for [`build`]; the Traefik
+/// service's flags become a static tree now).
 pub fn read(doc: &Node, base: &Path, opts: &Options, report: &mut Report, inputs: &mut Inputs) {
     let Some(services) = get(doc, "services") else {
         return;
     };
+    let env_i = match inputs.dotenv.iter().position(|(b, _)| b == base) {
+        Some(i) => i,
+        None => {
+            let env = DotEnv::read(base).unwrap_or_default();
+            inputs.dotenv.push((base.to_path_buf(), env));
+            inputs.dotenv.len() - 1
+        }
+    };
+    let env = &mut inputs.dotenv[env_i].1;
+    let project = project(doc, base, opts, env);
+    let mut found = Vec::new();
     for (k, svc) in entries(services) {
-        let image = text(svc, "image").unwrap_or_default();
-        if is_traefik(&image) {
+        let image = text(svc, "image")
+            .and_then(|i| interpolate(&i, opts, env).ok())
+            .unwrap_or_default();
+        let traefik = is_traefik(&image) || runs_traefik(svc);
+        if traefik {
             if let Some(cmd) = get(svc, "command") {
-                let flags = flags(cmd, opts, report);
+                let flags = flags(cmd, opts, env, report, &mut inputs.config_file);
                 if !flags.is_empty() {
-                    let tree = tree_of(&flags, &cmd.loc);
-                    add_tree(tree, base, inputs);
+                    found.push(tree_of(&flags, &cmd.loc));
                 }
             }
         }
-        let Some(labels) = get(svc, "labels") else {
-            continue;
+        let mut labels = Vec::new();
+        let mut all_labels = Vec::new();
+        let mut refused_rules = Vec::new();
+        for (key, v, l) in get(svc, "labels").map(pairs).unwrap_or_default() {
+            let v = match interpolate(&v, opts, env) {
+                Ok(v) => v,
+                Err(why) => {
+                    if let Some(r) = router_of_rule(&key) {
+                        refused_rules.push((r, l, key.clone(), why));
+                    } else if key.to_ascii_lowercase().starts_with("traefik.") {
+                        report.refused(&l, key.clone(), why);
+                    }
+                    continue;
+                }
+            };
+            all_labels.push((key.clone(), v.clone()));
+            if key.to_ascii_lowercase().starts_with("traefik.") {
+                labels.push((key["traefik.".len()..].to_string(), v, l));
+            }
+        }
+        let c = Container {
+            name: k.name.clone(),
+            loc: k.loc.clone(),
+            nodes: vec![svc.clone()],
+            base: base.to_path_buf(),
+            labels,
+            all_labels,
+            refused_rules,
+            project: project.clone(),
+            traefik,
         };
-        let labels = traefik_labels(labels, opts, report);
-        if labels.is_empty() {
-            continue;
-        }
-        if let Some((_, v, l)) = labels
-            .iter()
-            .find(|(k, _, _)| k.eq_ignore_ascii_case("enable"))
-        {
-            if v.eq_ignore_ascii_case("false") {
-                report.ignored(l, "traefik.enable", "false: Traefik ignores this container");
-                continue;
-            }
-            report.translated(l, "traefik.enable");
-        }
-        let mut rest = Vec::new();
-        for (key, v, l) in labels {
-            let lower = key.to_ascii_lowercase();
-            if lower == "enable" {
-                continue;
-            } else if lower.starts_with("docker.") || lower == "tags" {
-                report.ignored(
-                    &l,
-                    format!("traefik.{key}"),
-                    "veloxy reaches the container by its compose service name",
-                );
-            } else {
-                rest.push((key, v, l));
-            }
-        }
-        let mut tree = tree_of(&rest, &k.loc);
-        let port = compose_port(svc);
-        complete(&mut tree, &k.name, port.as_deref(), &k.loc);
-        add_tree(tree, base, inputs);
+        merge(&mut inputs.containers, c);
     }
+    for t in found {
+        add_tree(t, base, inputs);
+    }
+}
+
+/// An override file's service adds to the one already read (labels after, ports too).
+fn merge(list: &mut Vec<Container>, c: Container) {
+    match list
+        .iter_mut()
+        .find(|x| x.name == c.name && x.base == c.base)
+    {
+        Some(x) => {
+            x.nodes.extend(c.nodes);
+            x.labels.extend(c.labels);
+            x.all_labels.extend(c.all_labels);
+            x.refused_rules.extend(c.refused_rules);
+            x.traefik |= c.traefik;
+        }
+        None => list.push(c),
+    }
+}
+
+/// `http.routers.NAME.rule` -> NAME.
+fn router_of_rule(label: &str) -> Option<String> {
+    let lower = label.to_ascii_lowercase();
+    let rest = lower.strip_prefix("traefik.http.routers.")?;
+    let name = rest.strip_suffix(".rule")?;
+    (!name.contains('.')).then(|| label["traefik.http.routers.".len()..][..name.len()].to_string())
+}
+
+/// The compose project: the file's `name:`, else `COMPOSE_PROJECT_NAME`, else the
+/// directory's name (lowercase, letters, digits, `-` and `_` kept), as compose does.
+fn project(doc: &Node, base: &Path, opts: &Options, env: &mut DotEnv) -> (String, bool) {
+    if let Some(n) = text(doc, "name").and_then(|n| interpolate(&n, opts, env).ok()) {
+        return (n, true);
+    }
+    if let Ok(n) = interpolate("${COMPOSE_PROJECT_NAME}", opts, env) {
+        return (n, true);
+    }
+    let dir = std::fs::canonicalize(if base.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        base
+    })
+    .unwrap_or_else(|_| base.to_path_buf());
+    let name: String = dir
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_ascii_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect();
+    (name, false)
 }
 
 /// `traefik`, `traefik:v3.1`, `docker.io/library/traefik:latest` (not `traefik/whoami`).
@@ -72,52 +205,35 @@ fn is_traefik(image: &str) -> bool {
     name.rsplit('/').next() == Some("traefik")
 }
 
-/// The `traefik.*` labels, `traefik.` removed, placeholders resolved, `$$` unescaped.
-fn traefik_labels(n: &Node, opts: &Options, report: &mut Report) -> Vec<(String, String, Loc)> {
-    let mut out = Vec::new();
-    for (k, v, l) in pairs(n) {
-        let Some(key) = k
-            .strip_prefix("traefik.")
-            .or_else(|| k.strip_prefix("Traefik."))
-            .filter(|_| k.to_ascii_lowercase().starts_with("traefik."))
-        else {
-            continue;
-        };
-        match interpolate(&v, opts) {
-            Ok(v) => out.push((key.to_string(), v, l)),
-            Err(why) => report.refused(&l, k.clone(), why),
-        }
-    }
-    out
-}
-
-/// docker-compose interpolation: `${VAR}` from the environment, `$$` is a `$`.
-fn interpolate(v: &str, opts: &Options) -> Result<String, String> {
-    let expanded = if v.contains("${") {
-        opts.expand_env(&v.replace("$$", "\u{0}"))?
-            .replace('\u{0}', "$$")
-    } else {
-        v.to_string()
-    };
-    Ok(expanded.replace("$$", "$"))
+/// A service without a Traefik image whose command has Traefik's flags (an image given
+/// elsewhere, an `extends`).
+fn runs_traefik(svc: &Node) -> bool {
+    get(svc, "command").is_some_and(|c| {
+        pairs(c).iter().any(|(k, _, _)| {
+            let k = k.to_ascii_lowercase();
+            k.starts_with("--entrypoints.") || k.starts_with("--providers.")
+        })
+    })
 }
 
 /// The Traefik service's `command:` flags (`--a.b=c`, `--api.insecure`), `--` removed.
-fn flags(cmd: &Node, opts: &Options, report: &mut Report) -> Vec<(String, String, Loc)> {
+fn flags(
+    cmd: &Node,
+    opts: &Options,
+    env: &mut DotEnv,
+    report: &mut Report,
+    config_file: &mut Vec<(Loc, String)>,
+) -> Vec<(String, String, Loc)> {
     let mut out = Vec::new();
     for (k, v, l) in pairs(cmd) {
         let Some(key) = k.strip_prefix("--") else {
             continue;
         };
         if key.eq_ignore_ascii_case("configfile") {
-            report.refused(
-                &l,
-                "--configFile",
-                "give the static file it names on the command line",
-            );
+            config_file.push((l, v));
             continue;
         }
-        match interpolate(&v, opts) {
+        match interpolate(v.trim_matches('"'), opts, env) {
             Ok(v) => out.push((key.to_string(), v, l)),
             Err(why) => report.refused(&l, k.clone(), why),
         }
@@ -125,108 +241,92 @@ fn flags(cmd: &Node, opts: &Options, report: &mut Report) -> Vec<(String, String
     out
 }
 
-/// The container port Traefik would pick: the one `expose`d port, else the one published
-/// port's container side.
-fn compose_port(svc: &Node) -> Option<String> {
-    let mut ports: Vec<String> = Vec::new();
-    for key in ["expose", "ports"] {
-        for (p, _) in get(svc, key).map(list).unwrap_or_default() {
-            let p = p.split('/').next().unwrap_or_default();
-            let container = p.rsplit(':').next().unwrap_or_default().to_string();
-            if !container.is_empty() && !ports.contains(&container) {
-                ports.push(container);
+/// The container ports the compose file shows (`expose`, and the container side of
+/// `ports`), lowest first. The image's own `EXPOSE` ports are not known here.
+fn compose_ports(c: &Container, opts: &Options, env: &mut DotEnv) -> Vec<u16> {
+    let mut ports: Vec<u16> = Vec::new();
+    for n in &c.nodes {
+        for key in ["expose", "ports"] {
+            for item in get(n, key).map(items).unwrap_or_default() {
+                let p = match get(item, "target") {
+                    Some(t) => t.scalar().unwrap_or_default(),
+                    None => item.scalar().unwrap_or_default(),
+                };
+                let p = interpolate(&p, opts, env).unwrap_or(p);
+                let p = p.split('/').next().unwrap_or_default();
+                let container = p.rsplit(':').next().unwrap_or_default();
+                let first = container.split('-').next().unwrap_or_default();
+                if let Ok(port) = first.trim().parse::<u16>() {
+                    if !ports.contains(&port) {
+                        ports.push(port);
+                    }
+                }
             }
         }
-        if !ports.is_empty() {
-            break;
-        }
     }
-    (ports.len() == 1).then(|| ports.remove(0))
+    ports.sort_unstable();
+    ports
 }
 
-/// The docker provider's implicit parts: each service's server is `NAME:PORT`; a container
-/// with routers and no service gets one named after it; routers without a service use the
-/// container's only one.
-fn complete(tree: &mut Node, name: &str, port: Option<&str>, loc: &Loc) {
-    for proto in ["http", "tcp"] {
-        let has_routers = get(tree, proto)
-            .and_then(|p| get(p, "routers"))
-            .is_some_and(|r| entries(r).iter().any(|(_, v)| get(v, "service").is_none()));
-        let services: Vec<String> = get(tree, proto)
-            .and_then(|p| get(p, "services"))
-            .map(|s| entries(s).iter().map(|(k, _)| k.name.clone()).collect())
-            .unwrap_or_default();
-        if has_routers && services.is_empty() {
-            insert(
-                tree,
-                &[proto, "services", name, "loadBalancer"],
-                loc,
-                mk(loc, Value::Map(Vec::new())),
-            );
+/// After every file is read: each container's dynamic configuration, with the docker
+/// provider's defaults.
+pub fn build(inputs: &mut Inputs, opts: &Options, s: &Settings, report: &mut Report) {
+    let containers = std::mem::take(&mut inputs.containers);
+    let mut no_port = Vec::new();
+    for c in &containers {
+        let env_i = inputs
+            .dotenv
+            .iter()
+            .position(|(b, _)| *b == c.base)
+            .unwrap_or(0);
+        let mut env = std::mem::take(&mut inputs.dotenv[env_i].1);
+        let port = compose_ports(c, opts, &mut env).first().copied();
+        let name_field = c
+            .nodes
+            .iter()
+            .rev()
+            .find_map(|n| text(n, "container_name"))
+            .and_then(|n| interpolate(&n, opts, &mut env).ok());
+        inputs.dotenv[env_i].1 = env;
+        let container_name = name_field.unwrap_or_else(|| format!("{}-{}-1", c.project.0, c.name));
+        if let Some(tree) = crate::labels::container(c, s, port, &container_name, report, inputs) {
+            add_tree(tree, &c.base, inputs);
+        } else if c.labels.is_empty() && s.exposed_by_default && !c.traefik && port.is_none() {
+            no_port.push(c.name.clone());
         }
-        let services: Vec<String> = get(tree, proto)
-            .and_then(|p| get(p, "services"))
-            .map(|s| entries(s).iter().map(|(k, _)| k.name.clone()).collect())
-            .unwrap_or_default();
-        for s in &services {
-            server_of(tree, proto, s, name, port);
-        }
-        if services.len() == 1 {
-            let routers: Vec<(String, Loc)> = get(tree, proto)
-                .and_then(|p| get(p, "routers"))
-                .map(|r| {
-                    entries(r)
-                        .iter()
-                        .filter(|(_, v)| get(v, "service").is_none())
-                        .map(|(k, _)| (k.name.clone(), k.loc.clone()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            for (r, l) in routers {
-                insert(
-                    tree,
-                    &[proto, "routers", &r, "service"],
-                    &l,
-                    mk(&l, Value::Str(services[0].clone())),
+    }
+    if !no_port.is_empty() {
+        inputs.docker_notes.push(format!(
+            "containers without traefik labels and without a port in the compose file ({}) get no route here (Traefik routes each by defaultRule to the lowest port its image exposes)",
+            no_port.join(", ")
+        ));
+    }
+    for (_, env) in &inputs.dotenv {
+        for (name, (_, loc)) in &env.vars {
+            if env.used.contains(name) {
+                report.translated(loc, format!(".env {name}"));
+            } else {
+                report.ignored(
+                    loc,
+                    format!(".env {name}"),
+                    "no placeholder the import reads uses it (it configures the containers)",
                 );
             }
         }
     }
+    inputs.containers = containers;
 }
 
-/// `loadbalancer.server.port` / `.scheme` -> `loadBalancer.servers[0].url` (`address` for
-/// TCP), the host being the compose service name.
-fn server_of(tree: &mut Node, proto: &str, svc: &str, host: &str, default_port: Option<&str>) {
-    let Some(lb) = get(tree, proto)
-        .and_then(|p| get(p, "services"))
-        .and_then(|s| get(s, svc))
-        .and_then(|s| get(s, "loadbalancer"))
-    else {
-        return;
-    };
-    if get(lb, "servers").is_some() {
-        return;
+/// The `.Name` and `.ContainerName` a container's `defaultRule` sees.
+pub fn model<'a>(c: &'a Container, name: &'a str, container_name: &'a str) -> Model<'a> {
+    Model {
+        name,
+        container_name,
+        labels: &c.all_labels,
     }
-    let server = get_kv(lb, "server");
-    let port = server
-        .and_then(|(_, s)| text(s, "port"))
-        .or_else(|| default_port.map(str::to_string));
-    let scheme = server
-        .and_then(|(_, s)| text(s, "scheme"))
-        .unwrap_or_else(|| "http".into());
-    let loc = server.map_or_else(|| lb.loc.clone(), |(k, _)| k.loc.clone());
-    let Some(port) = port else {
-        return;
-    };
-    let (key, value) = if proto == "tcp" {
-        ("address", format!("{host}:{port}"))
-    } else {
-        ("url", format!("{scheme}://{host}:{port}"))
-    };
-    insert(
-        tree,
-        &[proto, "services", svc, "loadBalancer", "servers[0]", key],
-        &loc,
-        mk(&loc, Value::Str(value)),
-    );
+}
+
+/// A Node with the string `v` at `loc`.
+pub fn string(loc: &Loc, v: &str) -> Node {
+    mk(loc, Value::Str(v.to_string()))
 }

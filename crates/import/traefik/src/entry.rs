@@ -61,6 +61,21 @@ pub fn address(a: &str) -> Option<(String, u16, bool)> {
 
 /// Reads every static tree: entry points, resolvers, the rest reported.
 pub fn statics(ctx: &mut Ctx) {
+    for (loc, path) in std::mem::take(&mut ctx.inp.config_file) {
+        if ctx.inp.static_file {
+            ctx.rep.different(
+                &loc,
+                "--configFile",
+                format!("Traefik reads {path}; the static file given on the command line is taken for it"),
+            );
+        } else {
+            ctx.rep.refused(
+                &loc,
+                "--configFile",
+                format!("give the static file it names ({path}) on the command line"),
+            );
+        }
+    }
     read_statics(ctx);
     redirections(ctx);
 }
@@ -102,6 +117,7 @@ fn redirections(ctx: &mut Ctx) {
 
 fn read_statics(ctx: &mut Ctx) {
     let trees: Vec<(Node, std::path::PathBuf)> = ctx.inp.statics.clone();
+    let mut pending = Vec::new();
     for (tree, base) in &trees {
         for (k, v) in entries(tree) {
             let lower = k.name.to_ascii_lowercase();
@@ -120,18 +136,15 @@ fn read_statics(ctx: &mut Ctx) {
                 "serverstransport" => {
                     ctx.global_transport = Some((v.clone(), k.loc.clone()));
                 }
-                "api" => api(ctx, &k.loc, v),
-                "log" | "accesslog" | "global" | "metrics" | "tracing" | "pilot"
-                | "hostresolver" => {
+                "api" | "ping" | "metrics" | "log" | "accesslog" | "global" => {
+                    pending.push((k.name.clone(), k.loc.clone(), v.clone()));
+                }
+                "tracing" | "pilot" | "hostresolver" => {
                     ctx.rep.ignored(
                         &k.loc,
                         &k.name,
-                        "logging, telemetry and update checks change nothing a client sees",
+                        "tracing and telemetry change nothing a client sees",
                     );
-                }
-                "ping" => {
-                    let ep = text(v, "entryPoint").unwrap_or_else(|| "traefik".into());
-                    ctx.rep.refused(&k.loc, &k.name, format!("Traefik's /ping on entry point {ep}: veloxy's health endpoint is [server] admin's /healthz"));
                 }
                 "core" => {
                     ctx.rep.translated(&k.loc, &k.name);
@@ -140,22 +153,14 @@ fn read_statics(ctx: &mut Ctx) {
                     ctx.rep
                         .refused(&k.loc, &k.name, "plugins and experimental features");
                 }
+                _ if crate::v1::is_static_key(&lower) => {
+                    ctx.rep.refused(&k.loc, &k.name, crate::v1::WHY);
+                }
                 _ => ctx.rep.refused(&k.loc, &k.name, "unknown static option"),
             }
         }
     }
-}
-
-fn api(ctx: &mut Ctx, loc: &Loc, v: &Node) {
-    if flag(v, "dashboard") == Some(false) && flag(v, "insecure") != Some(true) {
-        ctx.rep.ignored(loc, "api", "the dashboard is off");
-        return;
-    }
-    ctx.rep.refused(
-        loc,
-        "api",
-        "Traefik's dashboard and API: veloxy has its admin endpoint ([server] admin) instead",
-    );
+    crate::ops::statics(ctx, pending);
 }
 
 fn entry_point(ctx: &mut Ctx, name: &str, loc: &Loc, n: &Node) {
@@ -238,6 +243,9 @@ fn entry_point(ctx: &mut Ctx, name: &str, loc: &Loc, n: &Node) {
                 }
             }
             "transport" => transport(ctx, &mut lines, &sub, &k.loc, v),
+            other if crate::v1::is_entry_point_key(other) => {
+                lines.at(&sub, &k.loc, &sub).refuse(crate::v1::WHY);
+            }
             _ => {
                 lines
                     .at(&sub, &k.loc, &sub)
@@ -410,20 +418,7 @@ fn providers(ctx: &mut Ctx, v: &Node, base: &std::path::Path) {
                     Err(e) => ctx.rep.refused(&k.loc, &sub, e.to_string()),
                 }
             }
-            "docker" | "swarm" => {
-                ctx.exposed_by_default = flag(p, "exposedByDefault").unwrap_or(true);
-                if !ctx.inp.compose {
-                    ctx.rep.refused(
-                        &k.loc,
-                        &sub,
-                        "container labels: give the docker-compose file on the command line",
-                    );
-                } else if ctx.exposed_by_default {
-                    ctx.rep.different(&k.loc, &sub, "exposedByDefault: containers without traefik labels get no route here (Traefik gives each one a router from defaultRule and its container name)");
-                } else {
-                    ctx.rep.translated(&k.loc, &sub);
-                }
-            }
+            "docker" | "swarm" => docker(ctx, &k.loc, &sub, p),
             "providersthrottleduration" => {
                 ctx.rep.ignored(&k.loc, &sub, "configuration reload timing")
             }
@@ -433,6 +428,65 @@ fn providers(ctx: &mut Ctx, v: &Node, base: &std::path::Path) {
                 "a provider veloxy import cannot read: give its routers as a dynamic file",
             ),
         }
+    }
+}
+
+/// `providers.docker`: the compose files given stand for the containers; each option's line.
+fn docker(ctx: &mut Ctx, loc: &Loc, sub: &str, p: &Node) {
+    if !ctx.inp.compose {
+        ctx.rep.refused(
+            loc,
+            sub,
+            "container labels: give the docker-compose file on the command line",
+        );
+        return;
+    }
+    let notes = std::mem::take(&mut ctx.inp.docker_notes);
+    for (k, v) in entries(p) {
+        let key = format!("{sub}.{}", k.name);
+        match k.name.to_ascii_lowercase().as_str() {
+            "exposedbydefault" | "defaultrule" => ctx.rep.translated(&k.loc, key),
+            "network" => ctx.rep.ignored(
+                &k.loc,
+                key,
+                "veloxy reaches each container by its compose service name on the network they share",
+            ),
+            "endpoint" | "tls" | "httpclienttimeout" | "username" | "password" => {
+                ctx.rep.ignored(
+                    &k.loc,
+                    key,
+                    "the Docker API connection: veloxy import reads the compose files instead",
+                )
+            }
+            "watch" | "refreshseconds" | "swarmmoderefreshseconds" | "pollinterval" => {
+                ctx.rep.ignored(
+                    &k.loc,
+                    key,
+                    "change detection: reload veloxy (SIGHUP) after a change",
+                )
+            }
+            "allowemptyservices" => ctx.rep.ignored(
+                &k.loc,
+                key,
+                "container health states are docker's; veloxy checks servers itself when a health check is set",
+            ),
+            "constraints" => {
+                let c = v.scalar().unwrap_or_default();
+                ctx.rep.different(&k.loc, key, format!("not evaluated: every container of the compose files given is taken (Traefik keeps those matching {c})"));
+            }
+            "usebindportip" if v.as_bool() == Some(true) => ctx.rep.different(
+                &k.loc,
+                key,
+                "veloxy reaches the container's own port by its service name (Traefik: the published host address and port)",
+            ),
+            "usebindportip" | "swarmmode" => ctx.rep.translated(&k.loc, key),
+            _ => ctx.rep.refused(&k.loc, key, "unknown docker provider option"),
+        }
+    }
+    if notes.is_empty() {
+        ctx.rep.translated(loc, sub);
+    } else {
+        ctx.rep.different(loc, sub, notes.join("; "));
     }
 }
 

@@ -54,6 +54,22 @@ pub struct Inputs {
     pub compose: bool,
     /// Files already read (so `providers.file` does not read one twice).
     pub read: Vec<PathBuf>,
+    /// Compose services, until [`crate::compose::build`] makes their configurations.
+    pub containers: Vec<crate::compose::Container>,
+    /// The `.env` file of each compose file's directory.
+    pub dotenv: Vec<(PathBuf, crate::dotenv::DotEnv)>,
+    /// Differences the docker provider's line names.
+    pub docker_notes: Vec<String>,
+    /// Differences of routers made or completed from labels: (router, note).
+    pub router_notes: Vec<(String, String)>,
+    /// `--configFile` flags of a compose Traefik service: (place, path).
+    pub config_file: Vec<(Loc, String)>,
+    /// Whether a static file (not flags) was given.
+    pub static_file: bool,
+    /// `rule` labels not resolved: (router, place, label, why).
+    pub refused_rules: Vec<(String, Loc, String, String)>,
+    /// Routers Traefik drops: (router, why).
+    pub router_refusals: Vec<(String, String)>,
 }
 
 /// Which kind of file a text is: `compose` (services with `traefik.` labels, or a Traefik
@@ -108,17 +124,31 @@ pub fn read_file(
         return Ok(());
     }
     inputs.read.push(canon);
-    let src = veloxy_import::source::read(path)?;
+    if path.file_name().is_some_and(|n| n == ".env") {
+        // compose's variables: read beside each compose file.
+        return Ok(());
+    }
+    let raw = veloxy_import::source::read(path)?;
     let file: Arc<str> = path.display().to_string().into();
     let base = path.parent().unwrap_or(Path::new("")).to_path_buf();
-    let src = go_env(&src, &file, opts, report);
     let toml = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
-    let docs = if toml {
-        vec![tree::parse_toml(&file, &src)?]
+    let parse = |src: &str| -> Result<Vec<Node>, ImportError> {
+        Ok(if toml {
+            vec![tree::parse_toml(&file, src)?]
+        } else {
+            tree::parse_yaml(&file, src)?
+        })
+    };
+    // Only the file provider's dynamic files are Go templates: a static file (or a compose
+    // file) is read as written, so its defaultRule template stays for the docker provider.
+    let plain =
+        raw.contains("{{") && parse(&raw).is_ok_and(|docs| docs.iter().all(|d| !is_dynamic(d)));
+    let docs = if plain || !raw.contains("{{") {
+        parse(&raw)?
     } else {
-        tree::parse_yaml(&file, &src)?
+        parse(&go_env(&raw, &file, opts, report))?
     };
     for doc in docs {
         if doc.is_null() {
@@ -137,7 +167,9 @@ pub fn read_file(
             inputs.compose = true;
             crate::compose::read(&doc, &base, opts, report, inputs);
         } else {
+            let before = inputs.statics.len();
             add_tree(doc, &base, inputs);
+            inputs.static_file |= inputs.statics.len() > before;
         }
     }
     Ok(())
@@ -164,6 +196,13 @@ const STATIC_KEYS: &[&str] = &[
     "ocsp",
 ];
 
+/// Whether a document holds dynamic configuration (`http`, `tcp`, `udp`, `tls`).
+fn is_dynamic(doc: &Node) -> bool {
+    ["http", "tcp", "udp", "tls"]
+        .iter()
+        .any(|k| get(doc, k).is_some())
+}
+
 /// Splits a tree into its static part (kept whole) and its dynamic objects.
 pub fn add_tree(doc: Node, base: &Path, inputs: &mut Inputs) {
     let mut statics = Vec::new();
@@ -187,6 +226,7 @@ pub fn add_tree(doc: Node, base: &Path, inputs: &mut Inputs) {
                 }
             }
             "tls" => add_tls(v, base, inputs),
+            _ if crate::v1::is_static_key(&lower) => statics.push((k.clone(), v.clone())),
             _ => inputs.other.push((k.loc.clone(), k.name.clone())),
         }
     }

@@ -10,6 +10,10 @@
 //!   [`router`], [`middleware`] with [`headers`], [`auth`] and [`urlre`] (redirectRegex),
 //!   [`service`], [`tls`], [`tcp`], [`order`] (where Traefik's priorities and veloxy's
 //!   precedence disagree); [`route`] is the route being built, [`lines`] the report lines.
+//! * [`labels`] and [`dotenv`]: the docker provider's defaults for compose containers
+//!   (`exposedByDefault`, `defaultRule`, ports) and compose's `.env` placeholders.
+//! * [`ops`]: the dashboard, ping, metrics and logs (the admin endpoint, `[server]` keys);
+//!   [`v1`]: Traefik v1 syntax, recognized and refused.
 
 #![warn(missing_docs)]
 
@@ -19,14 +23,17 @@ use veloxy_import::{ImportError, Imported, Importer, Options};
 
 pub mod auth;
 pub mod compose;
+pub mod dotenv;
 pub mod entry;
 pub mod headers;
 pub mod hostre;
 pub mod input;
+pub mod labels;
 pub mod lines;
 pub mod matcher;
 pub mod middleware;
 pub mod node;
+pub mod ops;
 pub mod order;
 pub mod route;
 pub mod router;
@@ -36,6 +43,7 @@ pub mod tcp;
 pub mod tls;
 pub mod translate;
 pub mod urlre;
+pub mod v1;
 
 /// The traefik importer.
 pub struct Traefik;

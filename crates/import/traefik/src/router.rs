@@ -7,6 +7,7 @@ use veloxy_import::Loc;
 use crate::input::{strip_provider, Named};
 use crate::matcher::{self, Branch};
 use crate::node::{get, get_kv, int, list_at, text};
+use crate::ops::Internal;
 use crate::route::{Action, Route};
 use crate::rule;
 use crate::translate::Ctx;
@@ -54,10 +55,39 @@ pub fn all(ctx: &mut Ctx) {
 fn plan(ctx: &mut Ctx, r: &Named) -> Option<Plan> {
     let key = format!("http.routers.{}", r.name);
     let n = &r.node;
+    for (_, note) in ctx.inp.router_notes.iter().filter(|(x, _)| *x == r.name) {
+        ctx.lines.at(&key, &r.loc, &key).note(note.clone());
+    }
+    if let Some((_, why)) = ctx.inp.router_refusals.iter().find(|(x, _)| *x == r.name) {
+        ctx.lines.at(&key, &r.loc, &key).refuse(why.clone());
+        return None;
+    }
+    // Routers to the dashboard, ping or metrics get no route (nor listeners, nor TLS).
+    if let Some(s) = text(n, "service").filter(|s| s.ends_with("@internal")) {
+        if let Internal::Dropped(note) = crate::ops::internal_service(ctx, &s) {
+            ctx.lines.at(&key, &r.loc, &key).note(note);
+            let (mine, rest) = std::mem::take(&mut ctx.inp.refused_rules)
+                .into_iter()
+                .partition(|x| x.0 == r.name);
+            ctx.inp.refused_rules = rest;
+            for (_, l, label, why) in mine {
+                ctx.rep.ignored(
+                    &l,
+                    label,
+                    format!("the router gets no route, so its rule does not matter ({why})"),
+                );
+            }
+            for (m, _) in list_at(n, "middlewares") {
+                ctx.skipped
+                    .push((strip_provider(&m).to_string(), r.name.clone()));
+            }
+            return None;
+        }
+    }
     let Some(rule_text) = text(n, "rule") else {
         ctx.lines
             .at(&key, &r.loc, &key)
-            .refuse("no rule (Traefik's docker provider makes one from the container name)");
+            .refuse("no rule (its rule label was refused, or this is not a container's router)");
         return None;
     };
     let branches = match branches(&rule_text) {
@@ -164,15 +194,27 @@ fn build(ctx: &mut Ctx, p: Plan) {
         mws.extend(e.middlewares.iter().cloned());
     }
     mws.extend(list_at(n, "middlewares"));
-    let service = text(n, "service")
-        .ok_or_else(|| "no service".to_string())
-        .and_then(|s| {
-            crate::service::upstream(ctx, &s).map_err(|why| format!("service {s}: {why}"))
-        });
+    let service = text(n, "service").ok_or_else(|| "no service".to_string());
+    let service = match service {
+        Ok(s) if s.ends_with("@internal") => match crate::ops::internal_service(ctx, &s) {
+            Internal::Answer(a) => Ok(a),
+            Internal::Dropped(note) => {
+                ctx.lines.at(&key, &loc, &key).note(note);
+                Err(None)
+            }
+            Internal::Unknown => Err(Some(format!("service {s}: Traefik's internal service"))),
+        },
+        Ok(s) => crate::service::upstream(ctx, &s)
+            .map(Action::Upstream)
+            .map_err(|why| Some(format!("service {s}: {why}"))),
+        Err(why) => Err(Some(why)),
+    };
     let action = match service {
-        Ok(u) => Action::Upstream(u),
+        Ok(a) => a,
         Err(why) => {
-            ctx.lines.at(&key, &loc, &key).refuse(why);
+            if let Some(why) = why {
+                ctx.lines.at(&key, &loc, &key).refuse(why);
+            }
             for (m, _) in &mws {
                 ctx.skipped
                     .push((strip_provider(m).to_string(), p.named.name.clone()));

@@ -38,6 +38,14 @@ pub fn router_tls(
         return;
     }
     let Some(resolver) = text(tls, "certResolver") else {
+        for l in listeners {
+            let v = ctx.tls_hosts.entry(l.clone()).or_default();
+            for h in branches.iter().flat_map(|b| b.hosts.iter()) {
+                if !v.contains(h) {
+                    v.push(h.clone());
+                }
+            }
+        }
         return;
     };
     let Some(r) = ctx.resolvers.iter().find(|r| r.name == resolver).cloned() else {
@@ -87,10 +95,23 @@ pub fn router_tls(
     }
 }
 
+/// Why a certificate's names are unknown.
+enum NoNames {
+    /// The file cannot be read (not there at import).
+    Unread(String),
+    /// It is not a certificate.
+    Bad(String),
+}
+
 /// A certificate file's DNS names (its SANs, else its CN).
-fn cert_names(path: &Path) -> Result<Vec<String>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (_, pem) = x509_parser::pem::parse_x509_pem(&data)
+fn cert_names(path: &Path) -> Result<Vec<String>, NoNames> {
+    let data =
+        std::fs::read(path).map_err(|e| NoNames::Unread(format!("{}: {e}", path.display())))?;
+    names_of(path, &data).map_err(NoNames::Bad)
+}
+
+fn names_of(path: &Path, data: &[u8]) -> Result<Vec<String>, String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(data)
         .map_err(|e| format!("{}: not a PEM certificate: {e}", path.display()))?;
     let cert = pem
         .parse_x509()
@@ -118,6 +139,8 @@ pub fn listeners(ctx: &mut Ctx) {
     // Files: (cert, key, names), the default first.
     let mut files: Vec<(String, String, Vec<String>)> = Vec::new();
     let mut default: Option<(String, String)> = None;
+    // Files not readable at import: (cert, key, why, line key, place).
+    let mut unread: Vec<(String, String, String, String, Loc)> = Vec::new();
     for s in ctx.inp.tls_stores.clone() {
         let key = format!("tls.stores.{}", s.name);
         let line = ctx.lines.at(&key, &s.loc, &key);
@@ -155,13 +178,15 @@ pub fn listeners(ctx: &mut Ctx) {
         } else {
             c.base.join(&cf)
         };
+        let (cert, keyf) = (
+            ctx.opts.out_path(&c.base, &cf),
+            ctx.opts.out_path(&c.base, &kf),
+        );
         match cert_names(&path) {
-            Ok(names) => files.push((
-                ctx.opts.out_path(&c.base, &cf),
-                ctx.opts.out_path(&c.base, &kf),
-                names,
-            )),
-            Err(why) => {
+            Ok(names) => files.push((cert, keyf, names)),
+            Err(NoNames::Unread(_)) if default.as_ref().is_some_and(|d| d.0 == cert) => {}
+            Err(NoNames::Unread(why)) => unread.push((cert, keyf, why, key, c.loc.clone())),
+            Err(NoNames::Bad(why)) => {
                 line.refuse(format!("cannot read the certificate's names: {why}"));
             }
         }
@@ -172,25 +197,64 @@ pub fn listeners(ctx: &mut Ctx) {
         .filter(|e| e.tls)
         .map(|e| (e.listener.clone(), e.loc.clone()))
         .collect();
+    if tls_eps.is_empty() {
+        for s in &ctx.inp.tls_stores {
+            let key = format!("tls.stores.{}", s.name);
+            let line = ctx.lines.at(&key, &s.loc, &key);
+            if line.refused.is_none() && line.ignored.is_none() {
+                line.ignored = Some("no entry point serves TLS routers".into());
+            }
+        }
+        for c in &ctx.inp.certs {
+            let key = format!("tls.certificates[{}]", c.name);
+            let line = ctx.lines.at(&key, &c.loc, "tls.certificates");
+            if line.refused.is_none() {
+                line.ignored = Some("no entry point serves TLS routers".into());
+            }
+        }
+    }
     for (l, loc) in tls_eps {
         let acme = ctx.acme_hosts.get(&l).cloned().unwrap_or_default();
         let mut t = toml::Table::new();
         let mut certs = Vec::new();
-        if let Some((c, k)) = &default {
-            t.insert("cert".into(), c.as_str().into());
-            t.insert("key".into(), k.as_str().into());
-        }
+        let mut dflt = default.clone();
         for (i, (c, k, names)) in files.iter().enumerate() {
-            if default.is_none() && i == 0 && files.len() == 1 {
-                t.insert("cert".into(), c.as_str().into());
-                t.insert("key".into(), k.as_str().into());
+            if dflt.is_none() && i == 0 && files.len() == 1 && unread.is_empty() {
+                dflt = Some((c.clone(), k.clone()));
                 continue;
             }
-            let mut e = toml::Table::new();
-            e.insert("hosts".into(), crate::route::strings(names));
-            e.insert("cert".into(), c.as_str().into());
-            e.insert("key".into(), k.as_str().into());
-            certs.push(toml::Value::Table(e));
+            certs.push(cert_entry(names, c, k));
+        }
+        let known: Vec<&String> = files.iter().flat_map(|f| f.2.iter()).collect();
+        let hosts: Vec<String> = ctx
+            .tls_hosts
+            .get(&l)
+            .map(|h| {
+                h.iter()
+                    .filter(|h| !known.iter().any(|n| covers(n, h)))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (c, k, why, lkey, lloc) in &unread {
+            let line = ctx.lines.at(lkey, lloc, "tls.certificates");
+            let pre = format!("the certificate could not be read at import ({why})");
+            if dflt.is_none() && (files.is_empty() || hosts.is_empty()) {
+                dflt = Some((c.clone(), k.clone()));
+                line.note(format!("{pre}; it is served as listener {l}'s default certificate, for every name (check its names)"));
+            } else if !hosts.is_empty() {
+                certs.push(cert_entry(&hosts, c, k));
+                line.note(format!(
+                    "{pre}; it is served for {} on listener {l} (check its names)",
+                    hosts.join(", ")
+                ));
+            } else {
+                line.note(format!("{pre}; listener {l} does not serve it: its default and the other certificates cover every router's name"));
+            }
+        }
+        if let Some((c, k)) = &dflt {
+            t.insert("cert".into(), c.as_str().into());
+            t.insert("key".into(), k.as_str().into());
         }
         if !acme.is_empty() {
             t.insert("acme".into(), crate::route::strings(&acme));
@@ -210,7 +274,7 @@ pub fn listeners(ctx: &mut Ctx) {
         }
         let unknown = if default.is_some() {
             None
-        } else if !files.is_empty() {
+        } else if !files.is_empty() || dflt.is_some() {
             Some("clients naming no known host get veloxy's first certificate (Traefik: its self-signed default certificate)")
         } else {
             Some("clients naming other hosts get a TLS alert (Traefik: its self-signed default certificate)")
@@ -223,6 +287,24 @@ pub fn listeners(ctx: &mut Ctx) {
         ctx.cfg.listener(&l, &loc).set("tls", toml::Value::Table(t));
     }
     options(ctx);
+}
+
+fn cert_entry(names: &[String], c: &str, k: &str) -> toml::Value {
+    let mut e = toml::Table::new();
+    e.insert("hosts".into(), crate::route::strings(names));
+    e.insert("cert".into(), c.into());
+    e.insert("key".into(), k.into());
+    toml::Value::Table(e)
+}
+
+/// Whether a certificate name (`a.example.com`, `*.example.com`) covers a host.
+fn covers(name: &str, host: &str) -> bool {
+    match name.strip_prefix("*.") {
+        Some(suffix) => host
+            .split_once('.')
+            .is_some_and(|(_, rest)| rest.eq_ignore_ascii_case(suffix)),
+        None => name.eq_ignore_ascii_case(host),
+    }
 }
 
 /// `tls.options`: the used ones (and `default`) reported by field.

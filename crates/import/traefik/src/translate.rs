@@ -55,6 +55,13 @@ pub struct Ctx<'a> {
     pub skipped: Vec<(String, String)>,
     /// Passthrough streams: (index in streams, router key, place).
     pub sni_streams: Vec<(usize, String, Loc)>,
+    /// `[server] admin`, once set (the dashboard, ping and metrics point there).
+    pub admin: Option<String>,
+    /// Traefik's API port (its `traefik` entry point's, default 8080).
+    pub api_port: u16,
+    /// Host names of TLS routers without a resolver, per listener (for certificates whose
+    /// names cannot be read).
+    pub tls_hosts: BTreeMap<String, Vec<String>>,
 }
 
 /// Runs an import.
@@ -88,7 +95,16 @@ pub fn run(files: &[PathBuf], opts: &Options) -> Result<Imported, ImportError> {
         sni_streams: Vec::new(),
         skipped: Vec::new(),
         plain_on_tls: Vec::new(),
+        admin: None,
+        api_port: 8080,
+        tls_hosts: BTreeMap::new(),
     };
+    let docker = crate::compose::settings(&ctx.inp.statics);
+    ctx.api_port = docker.api_port;
+    ctx.exposed_by_default = docker.exposed_by_default;
+    let mut rep = std::mem::take(&mut ctx.rep);
+    crate::compose::build(&mut ctx.inp, opts, &docker, &mut rep);
+    ctx.rep = rep;
     crate::entry::statics(&mut ctx);
     for (loc, what) in std::mem::take(&mut ctx.inp.other) {
         let why = if what.eq_ignore_ascii_case("udp") {
@@ -180,6 +196,15 @@ fn write_routes(ctx: &mut Ctx) {
 
 /// Middlewares and services no router uses.
 fn unused(ctx: &mut Ctx) {
+    for (_, l, label, why) in std::mem::take(&mut ctx.inp.refused_rules) {
+        ctx.rep.refused(&l, label, why);
+    }
+    if let Some((_, loc)) = &ctx.global_transport {
+        if !ctx.lines.has("serversTransport") {
+            let l = ctx.lines.at("serversTransport", loc, "serversTransport");
+            l.ignored = Some("no HTTP service uses it".into());
+        }
+    }
     let lists: [(&str, &Vec<Named>); 3] = [
         ("http.middlewares", &ctx.inp.middlewares),
         ("http.services", &ctx.inp.services),
@@ -198,7 +223,10 @@ fn unused(ctx: &mut Ctx) {
                 let why = if refused.is_empty() {
                     "no router uses it".to_string()
                 } else {
-                    format!("only refused routers use it ({})", refused.join(", "))
+                    format!(
+                        "only routers that get no route here use it ({})",
+                        refused.join(", ")
+                    )
                 };
                 let l = ctx.lines.at(&key, &n.loc, &key);
                 l.ignored = Some(why);

@@ -86,3 +86,34 @@ fn detection() {
         );
     }
 }
+
+/// A `tls.certificates` file missing at import keeps its paths: the listener's default when
+/// no other certificate is known, else served for the TLS routers' hosts no other
+/// certificate names; the line says so (not refused).
+#[test]
+fn a_certificate_missing_at_import_is_kept_by_path() {
+    use veloxy_import::{Importer, Options};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dynamic.yml");
+    std::fs::write(
+        &path,
+        "http:\n  routers:\n    app:\n      rule: \"Host(`app.example.com`)\"\n      entryPoints: [websecure]\n      service: app\n      tls: {}\n  services:\n    app:\n      loadBalancer:\n        servers:\n          - url: \"http://10.0.0.5:8080\"\ntls:\n  certificates:\n    - certFile: /etc/certs/app.pem\n      keyFile: /etc/certs/app.key\n",
+    )
+    .unwrap();
+    let opts = Options {
+        out_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    let out = veloxy_import_traefik::Traefik
+        .import(std::slice::from_ref(&path), &opts)
+        .unwrap();
+    let toml = out.config.to_toml();
+    assert!(toml.contains("cert = \"/etc/certs/app.pem\""), "{toml}");
+    assert!(toml.contains("key = \"/etc/certs/app.key\""), "{toml}");
+    let report = out.report.text();
+    assert!(!out.report.has_refused(), "{report}");
+    assert!(
+        report.contains("tls.certificates: translated with a difference: the certificate could not be read at import (/etc/certs/app.pem: No such file or directory (os error 2)); it is served as listener websecure's default certificate, for every name (check its names)"),
+        "{report}"
+    );
+}
