@@ -145,7 +145,8 @@ fn envoy_and_its_import_answer_alike() {
     let template = include_str!("import_envoy/envoy.yaml");
     let yaml = template
         .replace("{PORT}", &port.to_string())
-        .replace("{UPSTREAM}", &origin.addr.port().to_string());
+        .replace("{UPSTREAM}", &origin.addr.port().to_string())
+        .replace("{DEAD}", &free_port().to_string());
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("envoy.yaml");
     std::fs::write(&src, &yaml).unwrap();

@@ -402,3 +402,173 @@ fn ingress_nginx_semantics_hold_after_import() {
     }
     drop(v);
 }
+
+/// Ingresses whose Secrets live in the cluster, not in the YAML at hand, and a host left as
+/// the docs' placeholder.
+const CLUSTER_YAML: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: shop
+  namespace: web
+  annotations:
+    nginx.ingress.kubernetes.io/auth-type: basic
+    nginx.ingress.kubernetes.io/auth-secret: shop-users
+    nginx.ingress.kubernetes.io/auth-realm: Shop
+spec:
+  ingressClassName: nginx
+  tls:
+    - hosts: [shop.example.com]
+      secretName: shop-tls
+  rules:
+    - host: shop.example.com
+      http:
+        paths:
+          - path: /
+            pathType: Prefix
+            backend:
+              service: {name: app, port: {number: 80}}
+    - host: registry.<your domain>
+      http:
+        paths:
+          - path: /
+            pathType: Prefix
+            backend:
+              service: {name: app, port: {number: 80}}
+"#;
+
+/// A stand-in for `kubectl get secret -n NS NAME -o jsonpath='{.data.KEY}'`: prints the
+/// base64 text stored as `$STASH/NS-NAME-KEY`.
+const FAKE_KUBECTL: &str = r#"#!/bin/sh
+[ "$1 $2 $3" = "get secret -n" ] && [ "$6" = "-o" ] || { echo "unexpected: $*" >&2; exit 2; }
+key=${7#"jsonpath={.data."}
+key=$(printf '%s' "${key%\}}" | sed 's/\\\././g')
+cat "$STASH/$4-$5-$key"
+"#;
+
+#[test]
+fn secrets_missing_from_the_input_are_fetched_by_the_commands_the_report_gives() {
+    let app = script_origin(|r: &SeenRequest| {
+        let auth = r.header("authorization").unwrap_or("-").to_string();
+        Scripted::ok(format!("app {} {auth}\n", r.target))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let (crt, key) = pki.leaf("shop", &["shop.example.com"], KeyKind::Ecdsa);
+    let (hp, sp) = (free_port(), free_port());
+    let services = [format!("app.web:80={}", app.addr)];
+    let (toml, report) = import(dir.path(), CLUSTER_YAML, &services, hp, sp);
+    let ctx = format!("config:\n{toml}\nreport:\n{report}");
+    assert!(!toml.contains("your domain"), "{ctx}");
+    assert!(
+        report.contains("refused: not a DNS name: \"registry.<your domain>\""),
+        "{ctx}"
+    );
+    assert!(toml.contains("secrets/web-shop-tls.crt"), "{ctx}");
+    assert!(toml.contains("htpasswd/web-shop-users"), "{ctx}");
+
+    // Until the files are written, `veloxy check` names the missing one.
+    let config = dir.path().join("veloxy.toml");
+    let check = || {
+        Command::new(VELOXY.path())
+            .args(["check", "--config", config.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = check();
+    assert!(!out.status.success(), "{ctx}");
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("secrets/web-shop-tls.crt"), "{said}");
+
+    // The commands of the report, run beside the output with a kubectl that has the Secrets.
+    let stash = dir.path().join("stash");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&stash).unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
+    let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+    std::fs::write(
+        stash.join("web-shop-tls-tls.crt"),
+        b64(&std::fs::read(crt).unwrap()),
+    )
+    .unwrap();
+    std::fs::write(
+        stash.join("web-shop-tls-tls.key"),
+        b64(&std::fs::read(key).unwrap()),
+    )
+    .unwrap();
+    std::fs::write(
+        stash.join("web-shop-users-auth"),
+        b64(format!("alice:{ALICE}\n").as_bytes()),
+    )
+    .unwrap();
+    let kubectl = bin.join("kubectl");
+    std::fs::write(&kubectl, FAKE_KUBECTL).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&kubectl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir_all(dir.path().join("secrets")).unwrap();
+    std::fs::create_dir_all(dir.path().join("htpasswd")).unwrap();
+    let mut ran = 0;
+    for line in report.lines().filter(|l| l.contains("is not in the input")) {
+        let start = line.find("(kubectl ").expect("a kubectl command") + 1;
+        let end = start + line[start..].find(')').unwrap();
+        for cmd in line[start..end].split("; ") {
+            let path = format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            );
+            let st = Command::new("sh")
+                .args(["-c", cmd])
+                .current_dir(dir.path())
+                .env("PATH", path)
+                .env("STASH", &stash)
+                .status()
+                .unwrap();
+            assert!(st.success(), "{cmd}");
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 3, "{ctx}");
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // Then veloxy serves the host with its certificate (plain HTTP redirects) behind the
+    // users of the Secret.
+    let run_dir = tempfile::tempdir().unwrap();
+    let v = veloxy_cmd(
+        Command::new(VELOXY.path()),
+        &["run", "--config", config.to_str().unwrap()],
+        run_dir,
+    );
+    let h: SocketAddr = format!("127.0.0.1:{hp}").parse().unwrap();
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(h).is_ok()
+    }));
+    let r = get(h, "shop.example.com", "/cart", "");
+    assert_eq!(r.status, 308, "{ctx}");
+    assert_eq!(r.header("location"), Some("https://shop.example.com/cart"));
+    let s: SocketAddr = format!("127.0.0.1:{sp}").parse().unwrap();
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(s).is_ok()
+    }));
+    let creds = basic_credentials("alice", "secret");
+    let tls = |extra: &str| {
+        let client = default_client(&pki.ca_pem, &[b"http/1.1"]);
+        let (mut stream, _) = tls_connect(s, "shop.example.com", client).unwrap();
+        let req = format!(
+            "GET /cart HTTP/1.1\r\nHost: shop.example.com\r\n{extra}Connection: close\r\n\r\n"
+        );
+        std::io::Write::write_all(&mut stream, req.as_bytes()).unwrap();
+        read_to_close(&mut stream)
+    };
+    assert_eq!(tls("").0, 401, "{ctx}");
+    let (status, raw) = tls(&format!("Authorization: {creds}\r\n"));
+    assert_eq!(status, 200, "{ctx}");
+    assert!(raw.ends_with("app /cart -\n"), "{raw}");
+    drop(v);
+}

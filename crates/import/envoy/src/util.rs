@@ -318,6 +318,12 @@ pub fn data_source(n: &Node) -> DataSource {
     }
 }
 
+/// A proto enum field's value in Envoy's spelling: Envoy parses enum names case-insensitively
+/// (`strict_dns` is `STRICT_DNS`), so the name is upper-cased.
+pub fn enum_name(n: &Node) -> Option<String> {
+    n.scalar().map(|s| s.to_ascii_uppercase())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -228,6 +228,7 @@ pub fn read(ctx: &mut Ctx, ing: &Object) -> Ann {
     crate::families::cors(ctx, &mut keys, &mut ann);
     crate::auth::basic(ctx, ing, &mut keys_api(&mut keys), &mut ann);
     crate::auth::external(ctx, ing, &mut keys_api(&mut keys), &mut ann);
+    crate::auth::client_certs(ctx, &mut keys_api(&mut keys));
     crate::families::access(ctx, &mut keys, &mut ann);
     crate::families::affinity(ctx, &mut keys, &mut ann);
     crate::families::redirects(ctx, &mut keys, &mut ann);
@@ -331,8 +332,18 @@ fn paths(ctx: &mut Ctx, keys: &mut Keys, ann: &mut Ann) {
         }
     }
     if let Some((_, v)) = keys.get("server-alias") {
-        ann.aliases = util::list(&v);
-        ok(ctx, keys, "server-alias");
+        let aliases = util::list(&v);
+        let bad: Vec<String> = aliases
+            .iter()
+            .filter(|a| !util::dns_name(a))
+            .map(|a| util::not_dns(a))
+            .collect();
+        if bad.is_empty() {
+            ann.aliases = aliases;
+            ok(ctx, keys, "server-alias");
+        } else {
+            refuse(ctx, keys, "server-alias", bad.join(", "));
+        }
     }
     match keys.bool("ssl-passthrough") {
         Some(b) => {

@@ -42,13 +42,17 @@ pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
     let map = keys
         .get("auth-secret-type")
         .is_some_and(|(_, t)| t.trim() == "auth-map");
-    let users = match Objects::find(&ctx.objs.secrets, &ns, &name) {
-        None => Err(format!(
-            "Secret {ns}/{name} is not in the input: add it (kubectl get secret -o yaml) so \
-             its users can be written to an htpasswd file"
-        )),
-        Some(s) => htpasswd(s.node, map).map(|u| (u, s.loc.clone())),
+    let file = format!("htpasswd/{}", util_name(&ns, &name));
+    let Some(found) = Objects::find(&ctx.objs.secrets, &ns, &name) else {
+        let realm = keys.get("auth-realm").map(|(_, r)| r).unwrap_or_default();
+        set_basic(ann, realm, &file);
+        keys.diff(ctx, "auth-type", missing_users(&ns, &name, &file, map));
+        for n in FAMILY {
+            keys.ok(ctx, n);
+        }
+        return;
     };
+    let users = htpasswd(found.node, map).map(|u| (u, found.loc.clone()));
     let (lines, secret_loc) = match users {
         Ok(u) => u,
         Err(e) => {
@@ -80,7 +84,6 @@ pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
         }
         return;
     }
-    let file = format!("htpasswd/{}", util_name(&ns, &name));
     if !ctx.config.files.iter().any(|f| f.name == file) {
         let contents: String = good.iter().map(|(u, h)| format!("{u}:{h}\n")).collect();
         ctx.config.files.push(GeneratedFile {
@@ -90,11 +93,7 @@ pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
         });
     }
     let realm = keys.get("auth-realm").map(|(_, r)| r).unwrap_or_default();
-    ann.rules.insert(
-        "basic_auth".into(),
-        table([("realm", realm.into()), ("users_file", file.into())]),
-    );
-    ann.request_remove.push("Authorization".into());
+    set_basic(ann, realm, &file);
     if weak.is_empty() {
         keys.ok(ctx, "auth-type");
     } else {
@@ -114,6 +113,36 @@ pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
     for n in FAMILY {
         keys.ok(ctx, n);
     }
+}
+
+/// The route's `basic_auth`; ingress-nginx does not pass the credentials on.
+fn set_basic(ann: &mut Ann, realm: String, file: &str) {
+    ann.rules.insert(
+        "basic_auth".into(),
+        table([("realm", realm.into()), ("users_file", file.into())]),
+    );
+    ann.request_remove.push("Authorization".into());
+}
+
+/// The note for a basic-auth Secret that lives in the cluster but not in the input: the
+/// htpasswd path the output names and the command that writes it.
+fn missing_users(ns: &str, name: &str, file: &str, map: bool) -> String {
+    let get = if map {
+        // auth-map: one key per user, its value the hash.
+        format!(
+            "kubectl get secret -n {ns} {name} -o go-template='{{{{range $u, $h := .data}}}}\
+             {{{{$u}}}}:{{{{$h | base64decode}}}}{{{{\"\\n\"}}}}{{{{end}}}}' > {file}"
+        )
+    } else {
+        format!(
+            "kubectl get secret -n {ns} {name} -o jsonpath='{{.data.auth}}' | base64 -d > {file}"
+        )
+    };
+    format!(
+        "the Secret {ns}/{name} is not in the input: write its users to {file} next to the \
+         output ({get}); veloxy checks bcrypt and $apr1$ hashes only (re-hash SHA1 or crypt \
+         ones with htpasswd -B)"
+    )
 }
 
 /// `user:hash` pairs of a basic-auth Secret: the `auth` key (an htpasswd file) or, for
@@ -163,6 +192,53 @@ pub fn secret_entries(secret: &Node) -> Vec<(String, String)> {
 /// `NS-NAME` for file names.
 pub fn util_name(ns: &str, name: &str) -> String {
     veloxy_import::model::sanitize(&format!("{ns}-{name}"))
+}
+
+/// `auth-tls-*`: client certificate verification, which veloxy lacks.
+pub fn client_certs(ctx: &mut Ctx, keys: &mut KeysApi) {
+    const FAMILY: &[&str] = &[
+        "auth-tls-verify-client",
+        "auth-tls-verify-depth",
+        "auth-tls-error-page",
+        "auth-tls-pass-certificate-to-upstream",
+        "auth-tls-match-cn",
+    ];
+    let Some((_, secret)) = keys.get("auth-tls-secret") else {
+        for n in FAMILY {
+            keys.ignore(ctx, n, "no auth-tls-secret: ingress-nginx ignores it");
+        }
+        return;
+    };
+    let off = keys
+        .get("auth-tls-verify-client")
+        .is_some_and(|(_, v)| v.trim() == "off");
+    if off {
+        keys.ignore(
+            ctx,
+            "auth-tls-secret",
+            "auth-tls-verify-client is off: ingress-nginx asks for no client certificate",
+        );
+        for n in FAMILY {
+            keys.ignore(
+                ctx,
+                n,
+                "client certificates are not asked for (verify-client off)",
+            );
+        }
+        return;
+    }
+    keys.refuse(
+        ctx,
+        "auth-tls-secret",
+        format!(
+            "client certificate verification (mTLS against the CA of Secret {}): veloxy \
+             verifies no client certificates",
+            secret.trim()
+        ),
+    );
+    for n in FAMILY {
+        keys.ignore(ctx, n, "part of the refused auth-tls-secret");
+    }
 }
 
 /// `auth-url` and its companions.
@@ -302,4 +378,27 @@ fn parse_url(url: &str) -> Result<AuthUrl, String> {
         port,
         path,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_users_secret_names_the_command_for_each_secret_type() {
+        let file = super::missing_users("web", "u", "htpasswd/web-u", false);
+        assert!(
+            file.contains(
+                "(kubectl get secret -n web u -o jsonpath='{.data.auth}' | base64 -d > \
+                 htpasswd/web-u)"
+            ),
+            "{file}"
+        );
+        let map = super::missing_users("web", "u", "htpasswd/web-u", true);
+        assert!(
+            map.contains(
+                "(kubectl get secret -n web u -o go-template='{{range $u, $h := .data}}\
+                 {{$u}}:{{$h | base64decode}}{{\"\\n\"}}{{end}}' > htpasswd/web-u)"
+            ),
+            "{map}"
+        );
+    }
 }

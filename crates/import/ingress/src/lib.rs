@@ -23,6 +23,7 @@ pub mod auth;
 mod families;
 pub mod global;
 pub mod groups;
+mod locations;
 pub mod objects;
 pub mod route;
 pub mod routes;

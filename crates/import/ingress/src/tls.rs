@@ -71,71 +71,83 @@ pub fn read(ctx: &mut Ctx, ings: &[IngInfo]) -> Certs {
 }
 
 fn one(ctx: &mut Ctx, info: &IngInfo, ing: &Object, entry: &Node, certs: &mut Certs) {
-    let hosts: Vec<String> = entry
+    let listed: Vec<String> = entry
         .get("hosts")
         .and_then(Node::as_seq)
         .unwrap_or(&[])
         .iter()
         .filter_map(Node::scalar)
         .collect();
+    let (hosts, bad): (Vec<String>, Vec<String>) =
+        listed.iter().cloned().partition(|h| util::dns_name(h));
     let secret = entry
         .get("secretName")
         .and_then(Node::scalar)
         .unwrap_or_default();
     let directive = format!(
         "spec.tls {}",
-        if hosts.is_empty() {
+        if listed.is_empty() {
             "(no hosts)".to_string()
         } else {
-            hosts.join(", ")
+            listed.join(", ")
         }
     );
+    let bad_note = (!bad.is_empty()).then(|| {
+        let each: Vec<String> = bad.iter().map(|h| util::not_dns(h)).collect();
+        format!("{}: left out", each.join(", "))
+    });
+    if hosts.is_empty() && !listed.is_empty() {
+        let why = bad_note.unwrap_or_default();
+        return ctx.report.refused(&entry.loc, directive, why);
+    }
     let found = Objects::find(&ctx.objs.secrets, &ing.ns, &secret);
     let pair = found.and_then(|s| {
         let e = secret_entries(s.node);
         let get = |k: &str| e.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         Some((get("tls.crt")?, get("tls.key")?, s.loc.clone()))
     });
-    let Some((crt, key, sloc)) = pair else {
-        if !info.ann.cert_manager.is_empty() && !hosts.is_empty() {
-            certs.acme.extend(hosts.iter().cloned());
-            ctx.report.different(
-                &entry.loc,
-                directive,
-                format!(
-                    "Secret {}/{secret} (cert-manager's) is not in the input: veloxy obtains \
-                     the certificates itself by ACME (tls.acme; Let's Encrypt unless \
-                     [server.acme] names another directory) instead of cert-manager's issuer",
-                    ing.ns
-                ),
-            );
-            return;
-        }
-        let why = match found {
-            None => format!(
-                "Secret {}/{secret} is not in the input (add it: kubectl get secret -o \
-                 yaml); ingress-nginx would serve its default self-signed certificate for \
-                 these hosts and not redirect them to HTTPS",
-                ing.ns
-            ),
-            Some(_) => format!("Secret {}/{secret} has no tls.crt and tls.key", ing.ns),
-        };
-        ctx.report.refused(&entry.loc, directive, why);
-        return;
-    };
     let base = format!("secrets/{}", util_name(&ing.ns, &secret));
     let (cert_file, key_file) = (format!("{base}.crt"), format!("{base}.key"));
-    if !ctx.config.files.iter().any(|f| f.name == cert_file) {
-        for (name, contents) in [(&cert_file, crt), (&key_file, key)] {
-            ctx.config.files.push(GeneratedFile {
-                name: name.clone(),
-                contents,
-                mode: 0o600,
-            });
+    let mut notes = Vec::new();
+    match pair {
+        Some((crt, key, sloc)) => {
+            if !ctx.config.files.iter().any(|f| f.name == cert_file) {
+                for (name, contents) in [(&cert_file, crt), (&key_file, key)] {
+                    ctx.config.files.push(GeneratedFile {
+                        name: name.clone(),
+                        contents,
+                        mode: 0o600,
+                    });
+                }
+            }
+            ctx.used_secrets
+                .push((ing.ns.clone(), secret.clone(), sloc));
         }
+        None if !info.ann.cert_manager.is_empty() && !hosts.is_empty() => {
+            certs.acme.extend(hosts.iter().cloned());
+            notes.extend(bad_note);
+            notes.push(format!(
+                "Secret {}/{secret} (cert-manager's) is not in the input: veloxy obtains the \
+                 certificates itself by ACME (tls.acme; Let's Encrypt unless [server.acme] \
+                 names another directory) instead of cert-manager's issuer",
+                ing.ns
+            ));
+            return ctx
+                .report
+                .different(&entry.loc, directive, notes.join("; "));
+        }
+        None if secret.is_empty() => {
+            let why = "no secretName: ingress-nginx serves its default certificate \
+                       (--default-ssl-certificate) for these hosts, which veloxy does not have: \
+                       name the Secret";
+            return ctx.report.refused(&entry.loc, directive, why);
+        }
+        None if found.is_some() => {
+            let why = format!("Secret {}/{secret} has no tls.crt and tls.key", ing.ns);
+            return ctx.report.refused(&entry.loc, directive, why);
+        }
+        None => notes.push(missing_secret(&ing.ns, &secret, &cert_file, &key_file)),
     }
-    ctx.used_secrets
-        .push((ing.ns.clone(), secret.clone(), sloc));
     let id = format!("{}/{secret}", ing.ns);
     if hosts.is_empty() {
         certs.default.get_or_insert((cert_file, key_file));
@@ -146,8 +158,20 @@ fn one(ctx: &mut Ctx, info: &IngInfo, ing: &Object, entry: &Node, certs: &mut Ce
             None => certs.entries.push((id, hosts, cert_file, key_file)),
         }
     }
-    let redirect = info.ann.ssl_redirect.unwrap_or(ctx.g.ssl_redirect);
+    notes.extend(bad_note);
+    notes.extend(https_notes(ctx, info));
+    if notes.is_empty() {
+        ctx.report.translated(&entry.loc, directive);
+    } else {
+        ctx.report
+            .different(&entry.loc, directive, notes.join("; "));
+    }
+}
+
+/// What differs for hosts with a certificate: the redirect's trailing '/', HSTS over HTTP.
+fn https_notes(ctx: &Ctx, info: &IngInfo) -> Vec<String> {
     let mut notes = Vec::new();
+    let redirect = info.ann.ssl_redirect.unwrap_or(ctx.g.ssl_redirect);
     if redirect && !ctx.g.preserve_trailing_slash {
         notes.push(format!(
             "plain HTTP requests for these hosts get a {} to https:// (ingress-nginx's \
@@ -163,12 +187,24 @@ fn one(ctx: &mut Ctx, info: &IngInfo, ing: &Object, entry: &Node, certs: &mut Ce
                 .into(),
         );
     }
-    if notes.is_empty() {
-        ctx.report.translated(&entry.loc, directive);
-    } else {
-        ctx.report
-            .different(&entry.loc, directive, notes.join("; "));
-    }
+    notes
+}
+
+/// The note for a TLS Secret that lives in the cluster but not in the input: the paths the
+/// output names and the commands that write them.
+fn missing_secret(ns: &str, name: &str, cert: &str, key: &str) -> String {
+    let get = |field: &str, file: &str| {
+        format!(
+            "kubectl get secret -n {ns} {name} -o jsonpath='{{.data.tls\\.{field}}}' | base64 -d \
+             > {file}"
+        )
+    };
+    format!(
+        "the Secret {ns}/{name} is not in the input: write its tls.crt and tls.key to {cert} \
+         and {key} next to the output ({}; {})",
+        get("crt", cert),
+        get("key", key)
+    )
 }
 
 /// The `http` and `https` listeners.
@@ -205,4 +241,20 @@ pub fn listeners(ctx: &mut Ctx, certs: &Certs, https: bool, first: &veloxy_impor
         tls.insert("certs".into(), Value::Array(list));
     }
     l.set("tls", Value::Table(tls));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_secret_names_its_paths_and_the_commands_that_write_them() {
+        let n = super::missing_secret("web", "shop-tls", "secrets/web-shop-tls.crt", "k.key");
+        assert_eq!(
+            n,
+            "the Secret web/shop-tls is not in the input: write its tls.crt and tls.key to \
+             secrets/web-shop-tls.crt and k.key next to the output (kubectl get secret -n web \
+             shop-tls -o jsonpath='{.data.tls\\.crt}' | base64 -d > secrets/web-shop-tls.crt; \
+             kubectl get secret -n web shop-tls -o jsonpath='{.data.tls\\.key}' | base64 -d > \
+             k.key)"
+        );
+    }
 }

@@ -119,9 +119,61 @@ pub fn one_or_list(items: &[String]) -> toml::Value {
     }
 }
 
+/// Whether `host` is a DNS name an Ingress host can be: dot-separated labels of letters,
+/// digits and inner `-` (1 to 63 characters each, 253 in all), optionally after `*.`.
+/// Upper case is accepted (hosts match case-insensitively); `_`, spaces and placeholders
+/// such as `<your domain>` are not.
+pub fn dns_name(host: &str) -> bool {
+    let name = host.strip_prefix("*.").unwrap_or(host);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+}
+
+/// Why `host` is not a DNS name, for a refusal: `not a DNS name: "HOST" (...)`.
+pub fn not_dns(host: &str) -> String {
+    let hint = if host.contains(['<', '>', '{', '}', '$']) {
+        "a placeholder to fill in?"
+    } else {
+        "labels of letters, digits and '-' only"
+    };
+    format!("not a DNS name: {host:?} ({hint})")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns_names() {
+        for ok in [
+            "example.com",
+            "API.Example.com",
+            "*.example.com",
+            "a-b.c1",
+            "localhost",
+        ] {
+            assert!(dns_name(ok), "{ok}");
+        }
+        for bad in [
+            "registry.<your domain>",
+            "my_app.example.com",
+            "*.*.example.com",
+            "a..b",
+            "-a.example.com",
+            "example.com.",
+            "",
+            "ex ample.com",
+        ] {
+            assert!(!dns_name(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes() {

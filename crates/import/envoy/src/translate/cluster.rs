@@ -9,7 +9,7 @@ use veloxy_import::tree::Node;
 use veloxy_import::{Config, Loc, Section};
 
 use super::Ctx;
-use crate::util::{dur, duration_ms, seq, socket_address, typed, Fields};
+use crate::util::{dur, duration_ms, enum_name, seq, socket_address, typed, Fields};
 
 /// What routes ask of a cluster's group.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -156,7 +156,7 @@ pub fn read(ctx: &mut Ctx, c: &Node) {
     let mut dns = false;
     let mut hashing = false;
     if let Some((loc, t)) = f.take("type") {
-        match t.scalar().unwrap_or_default().as_str() {
+        match enum_name(t).unwrap_or_default().as_str() {
             "STATIC" => ctx.r.translated(loc, "cluster.type"),
             "STRICT_DNS" => {
                 dns = true;
@@ -197,11 +197,16 @@ pub fn read(ctx: &mut Ctx, c: &Node) {
         "respect_dns_ttl",
         "veloxy resolves again every `resolve`",
     );
-    let tls = f
-        .take("transport_socket")
-        .map(|(loc, t)| upstream_tls(ctx, loc, t, &mut s))
-        .unwrap_or(false);
-    let (servers, dns_host) = endpoints(ctx, &mut f, dns, tls, refresh);
+    let matches = f.take("transport_socket_matches");
+    let fallback = f.take("transport_socket");
+    let tls = match matches {
+        Some((loc, m)) => super::sockets::socket_matches(ctx, loc, m, c, fallback, &mut s),
+        None => fallback
+            .map(|(loc, t)| super::sockets::socket(ctx, loc, "cluster.transport_socket", t, &mut s))
+            .unwrap_or(false),
+    };
+    let checked = c.get("health_checks").is_some() || c.get("outlier_detection").is_some();
+    let (servers, dns_host) = endpoints(ctx, &mut f, dns, tls, refresh, checked);
     s.set("servers", Value::Array(servers));
     lb_policy(ctx, &mut f, &mut s, &mut hashing);
     let connect = f.take("connect_timeout").and_then(|(loc, d)| {
@@ -252,6 +257,7 @@ fn endpoints(
     dns: bool,
     tls: bool,
     refresh: Option<u64>,
+    checked: bool,
 ) -> (Vec<Value>, Option<String>) {
     let mut servers = Vec::new();
     let mut names = Vec::new();
@@ -271,14 +277,27 @@ fn endpoints(
             .and_then(|p| p.as_i64())
             .filter(|p| *p > 0)
         {
-            ctx.r.refused(
-                &group.loc,
-                "cluster.load_assignment.endpoints",
-                format!(
-                    "endpoints at priority {p} take traffic only when the higher priorities \
-                     fail: veloxy has no backup servers, so they are left out"
-                ),
-            );
+            let d = "cluster.load_assignment.endpoints";
+            if checked {
+                ctx.r.refused(
+                    &group.loc,
+                    d,
+                    format!(
+                        "endpoints at priority {p} take traffic only when the higher \
+                         priorities fail: veloxy has no backup servers, so they are left out"
+                    ),
+                );
+            } else {
+                ctx.r.ignored(
+                    &group.loc,
+                    d,
+                    format!(
+                        "endpoints at priority {p} take traffic only when priority 0 is marked \
+                         unhealthy; without health_checks or outlier_detection nothing marks \
+                         it, so Envoy never sends them a request"
+                    ),
+                );
+            }
             continue;
         }
         for e in seq(group.get("lb_endpoints").unwrap_or(group)) {
@@ -315,7 +334,7 @@ fn endpoints(
             if let Some(w) = weight {
                 t.insert("weight".into(), Value::Integer(w));
             }
-            let status = e.get("health_status").and_then(|h| h.scalar());
+            let status = e.get("health_status").and_then(enum_name);
             if matches!(
                 status.as_deref(),
                 Some("DRAINING" | "UNHEALTHY" | "TIMEOUT")
@@ -469,12 +488,12 @@ fn protocol(ctx: &mut Ctx, f: &mut Fields, s: &mut Section, tls: bool) {
 }
 
 /// `transport_socket` with an `UpstreamTlsContext`: https servers, SNI, CA.
-fn upstream_tls(ctx: &mut Ctx, loc: &Loc, t: &Node, s: &mut Section) -> bool {
+pub fn upstream_tls(ctx: &mut Ctx, loc: &Loc, d: &str, t: &Node, s: &mut Section) -> bool {
     let (ty, body) = typed(t.get("typed_config").unwrap_or(t));
     if !ty.ends_with("UpstreamTlsContext") {
         ctx.r.refused(
             loc,
-            "cluster.transport_socket",
+            d,
             format!("{ty}: veloxy speaks plain TCP or TLS to backends"),
         );
         return false;
@@ -492,7 +511,7 @@ fn upstream_tls(ctx: &mut Ctx, loc: &Loc, t: &Node, s: &mut Section) -> bool {
     if common.and_then(|c| c.get("tls_certificates")).is_some() {
         ctx.r.refused(
             loc,
-            "cluster.transport_socket",
+            d,
             "a client certificate for the backends (mTLS): veloxy presents none",
         );
         return true;
@@ -500,11 +519,11 @@ fn upstream_tls(ctx: &mut Ctx, loc: &Loc, t: &Node, s: &mut Section) -> bool {
     match ca {
         Some(ca) => {
             s.set("ca_file", ctx.path(&ca));
-            ctx.r.translated(loc, "cluster.transport_socket");
+            ctx.r.translated(loc, d);
         }
         None => ctx.r.different(
             loc,
-            "cluster.transport_socket",
+            d,
             "without validation_context Envoy does not verify the backend's certificate; \
              veloxy verifies it against the system roots (a self-signed backend answers 502 \
              until ca_file names its CA)",

@@ -102,6 +102,7 @@ pub fn http_filters(ctx: &mut Ctx, hf: &Node) -> HttpFilters {
                 );
             }
             "health_check" => health_filter(ctx, loc, &d, body, &mut out),
+            "decompressor" => decompressor(ctx, loc, &d, body),
             "grpc_stats" | "grpc_http1_bridge" if kind == "grpc_stats" => {
                 ctx.r.ignored(loc, d, "Envoy's gRPC statistics")
             }
@@ -111,6 +112,35 @@ pub fn http_filters(ctx: &mut Ctx, hf: &Node) -> HttpFilters {
         }
     }
     out
+}
+
+/// `decompressor`: veloxy has none; a filter with both directions disabled does nothing.
+fn decompressor(ctx: &mut Ctx, loc: &Loc, d: &str, body: Option<&Node>) {
+    let on = |dir: &str| {
+        body.and_then(|b| b.get(dir)?.get("common_config")?.get("enabled"))
+            .and_then(|e| e.get("default_value")?.as_bool())
+            .unwrap_or(true)
+    };
+    let mut what = Vec::new();
+    if on("request_direction_config") {
+        what.push("request bodies sent with Content-Encoding: gzip reach the backend decompressed");
+    }
+    if on("response_direction_config") {
+        what.push("compressed answers reach the client decompressed");
+    }
+    if what.is_empty() {
+        ctx.r
+            .ignored(loc, d, "both directions are disabled: it changes nothing");
+        return;
+    }
+    ctx.r.refused(
+        loc,
+        d,
+        format!(
+            "veloxy lacks Envoy's decompressor filter: through Envoy {}",
+            what.join(" and ")
+        ),
+    );
 }
 
 /// `ext_authz` with an `http_service`: `forward_auth`.

@@ -66,11 +66,19 @@ pub fn hcm(
     if let Some((l, n)) = f.take("xff_num_trusted_hops") {
         trusted_hops(ctx, l, n.as_i64().unwrap_or(0), remote);
     }
-    f.refuse(
-        &mut ctx.r,
-        "skip_xff_append",
-        "veloxy always appends the client address to X-Forwarded-For",
-    );
+    if let Some((l, v)) = f.take("skip_xff_append") {
+        if v.as_bool() == Some(false) {
+            // Envoy's default: the client address is appended, as veloxy does.
+            ctx.r
+                .translated(l, "http_connection_manager.skip_xff_append");
+        } else {
+            ctx.r.refused(
+                l,
+                "http_connection_manager.skip_xff_append",
+                "veloxy always appends the client address to X-Forwarded-For",
+            );
+        }
+    }
     f.ignore(
         &mut ctx.r,
         "internal_address_config",
@@ -165,7 +173,7 @@ fn share(ctx: &mut Ctx, listener: &str, routes: Vec<veloxy_import::Section>) {
 fn codec(ctx: &mut Ctx, f: &mut Fields, listener: &str, tls: bool) {
     let codec = f.take("codec_type");
     let kind = codec
-        .and_then(|(_, c)| c.scalar())
+        .and_then(|(_, c)| crate::util::enum_name(c))
         .unwrap_or_else(|| "AUTO".into());
     let l = ctx.cfg.listener(listener, f.loc);
     match kind.as_str() {
@@ -269,7 +277,7 @@ fn server_fields(ctx: &mut Ctx, f: &mut Fields, diffs: &mut Vec<&'static str>) {
          response_headers)",
     );
     if let Some((loc, v)) = f.take("server_header_transformation") {
-        match v.scalar().as_deref() {
+        match crate::util::enum_name(v).as_deref() {
             Some("PASS_THROUGH") => ctx
                 .r
                 .translated(loc, "http_connection_manager.server_header_transformation"),
@@ -290,7 +298,7 @@ fn server_fields(ctx: &mut Ctx, f: &mut Fields, diffs: &mut Vec<&'static str>) {
     if let Some((loc, cp)) = f.take("common_http_protocol_options") {
         let mut cf = Fields::new(cp, "common_http_protocol_options");
         if let Some((l, a)) = cf.take("headers_with_underscores_action") {
-            match a.scalar().as_deref() {
+            match crate::util::enum_name(a).as_deref() {
                 Some("DROP_HEADER") => {
                     underscores = false;
                     ctx.r.translated(l, "headers_with_underscores_action");

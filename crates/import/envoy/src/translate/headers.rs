@@ -87,7 +87,7 @@ fn add(ctx: &mut Ctx, key: &str, item: &Node) -> Option<Op> {
     };
     let action = item
         .get("append_action")
-        .and_then(|a| a.scalar())
+        .and_then(crate::util::enum_name)
         .unwrap_or_else(|| {
             match item.get("append").and_then(|a| a.as_bool()) {
                 Some(false) => "OVERWRITE_IF_EXISTS_OR_ADD",

@@ -61,11 +61,14 @@ struct Chain<'a> {
 /// Translates one listener.
 pub fn listener(ctx: &mut Ctx, l: &Node) {
     let mut f = Fields::new(l, "listener");
-    let raw = f
-        .take("name")
-        .and_then(|(_, n)| n.scalar())
+    let given = f.take("name").and_then(|(_, n)| n.scalar());
+    let raw = given
+        .clone()
         .unwrap_or_else(|| format!("listener_{}", ctx.cfg.listeners.len() + 1));
     let name = Config::unique(&ctx.cfg.listeners, &raw);
+    if let Some(g) = given {
+        ctx.listener_names.push((g, name.clone()));
+    }
     let Some((aloc, addr)) = f.take("address") else {
         ctx.r
             .refused(&l.loc, "listener", "a listener without an address");

@@ -14,6 +14,8 @@ mod order;
 mod policy;
 mod route;
 mod routes;
+mod runtime;
+mod sockets;
 
 use std::path::PathBuf;
 
@@ -42,6 +44,8 @@ pub struct Ctx<'o> {
     pub http_listeners: usize,
     /// Route lists of earlier connection managers, to share one list between listeners.
     pub route_lists: Vec<(Vec<String>, Vec<veloxy_import::Section>)>,
+    /// Each named listener: Envoy's name -> the veloxy listener's (for runtime limits).
+    pub listener_names: Vec<(String, String)>,
 }
 
 impl<'o> Ctx<'o> {
@@ -56,6 +60,7 @@ impl<'o> Ctx<'o> {
             secrets: Vec::new(),
             http_listeners: 0,
             route_lists: Vec::new(),
+            listener_names: Vec::new(),
         }
     }
 
@@ -111,7 +116,7 @@ pub fn bootstrap(ctx: &mut Ctx, root: &Node) {
         admin(ctx, loc, a);
     }
     if let Some((loc, lr)) = f.take("layered_runtime") {
-        runtime(ctx, loc, lr);
+        runtime::layered_runtime(ctx, loc, lr);
     }
     for k in [
         "stats_sinks",
@@ -191,91 +196,45 @@ fn static_resources(ctx: &mut Ctx, sr: &Node) {
     f.finish(&mut ctx.r);
 }
 
-/// `admin`: veloxy's admin endpoint on the same address (its API differs).
+/// `admin`: veloxy's admin endpoint on the same port (its API differs). Envoy's admin has no
+/// authentication and veloxy refuses an unauthenticated admin off loopback, so an admin on
+/// any other address is bound to loopback.
 fn admin(ctx: &mut Ctx, loc: &Loc, a: &Node) {
     let Some(addr) = a.get("address") else {
         ctx.r
             .ignored(loc, "admin", "no address: Envoy's admin endpoint is off");
         return;
     };
+    const ENDPOINTS: &str = "the endpoints differ (/metrics, /upstreams, /healthz, /reload): \
+                             Envoy's /stats, /clusters, /config_dump, /quitquitquit and the \
+                             admin access_log are not there";
     match crate::util::socket_address(addr) {
         Ok((host, Some(port), true)) => {
-            let loopback = host == "127.0.0.1" || host == "[::1]" || host.starts_with("127.");
-            if !loopback {
-                ctx.r.refused(
-                    loc,
-                    "admin",
-                    format!(
-                        "Envoy's admin endpoint on {host}:{port} has no authentication; veloxy's \
-                         admin off loopback needs admin_token_file (set one, or use 127.0.0.1)"
-                    ),
-                );
-                return;
-            }
-            ctx.cfg.server.set("admin", format!("{host}:{port}"));
+            let v6 = host.starts_with('[');
+            let loopback = host == "[::1]" || host.starts_with("127.");
+            let bind = if loopback {
+                host.clone()
+            } else if v6 {
+                "[::1]".to_string()
+            } else {
+                "127.0.0.1".to_string()
+            };
+            ctx.cfg.server.set("admin", format!("{bind}:{port}"));
             ctx.cfg.server.add_from(loc);
-            ctx.r.different(
-                loc,
-                "admin",
-                "veloxy's admin API is its own (/healthz, /metrics in Prometheus format, the \
-                 runtime API): Envoy's /stats, /clusters, /config_dump, /quitquitquit and the \
-                 admin access_log are not there",
-            );
+            let why = if loopback {
+                ENDPOINTS.to_string()
+            } else {
+                format!(
+                    "bound to loopback ({bind}:{port}, not {host}:{port}: Envoy's admin has no \
+                     authentication; veloxy's on a public address needs admin_token_file); \
+                     {ENDPOINTS}"
+                )
+            };
+            ctx.r.different(loc, "admin", why);
         }
         Ok(_) => ctx
             .r
             .refused(loc, "admin", "an admin address that is not IP:port"),
         Err(e) => ctx.r.refused(loc, "admin", e),
-    }
-}
-
-/// `layered_runtime`: static layers can hold overrides that change behaviour.
-fn runtime(ctx: &mut Ctx, loc: &Loc, lr: &Node) {
-    let mut statics = Vec::new();
-    for layer in seq(lr.get("layers").unwrap_or(lr)) {
-        if let Some(s) = layer.get("static_layer") {
-            for (k, v) in s.as_map().unwrap_or(&[]) {
-                statics.push((k, v));
-            }
-        }
-    }
-    if statics.is_empty() {
-        ctx.r.ignored(
-            loc,
-            "layered_runtime",
-            "runtime layers without static values: no override is in effect",
-        );
-        return;
-    }
-    ctx.r.ignored(
-        loc,
-        "layered_runtime",
-        "the runtime layers themselves (each static value has its own line)",
-    );
-    for (k, v) in statics {
-        let name = format!("layered_runtime.static_layer.{}", k.name);
-        if k.name == "overload" {
-            if let Some(n) = v
-                .get("global_downstream_max_connections")
-                .and_then(|n| n.as_i64())
-            {
-                let names: Vec<String> = ctx.cfg.listeners.iter().map(|(n, _)| n.clone()).collect();
-                for l in names {
-                    ctx.cfg.listener(&l, loc).set("max_connections", n);
-                }
-                ctx.r.different(
-                    &k.loc,
-                    name,
-                    "Envoy's limit counts the connections of every listener together; veloxy's \
-                     max_connections is set on each listener (and answers the excess with 503)",
-                );
-                continue;
-            }
-        }
-        ctx.r.refused(
-            &k.loc,
-            name,
-            "a runtime override of Envoy's behaviour: veloxy has no runtime layer",
-        );
     }
 }

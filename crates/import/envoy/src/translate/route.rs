@@ -395,7 +395,7 @@ fn redirect(ctx: &mut Ctx, loc: &Loc, a: &Node, out: &mut RouteOut) {
     );
     let status = match f
         .take("response_code")
-        .and_then(|(_, v)| v.scalar())
+        .and_then(|(_, v)| crate::util::enum_name(v))
         .as_deref()
     {
         Some("FOUND") => 302,

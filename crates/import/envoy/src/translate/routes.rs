@@ -141,7 +141,7 @@ fn vhost(ctx: &mut Ctx, scope: &Scope, v: &Node) -> Vhost {
     }
     let mut require_tls = false;
     if let Some((l, t)) = f.take("require_tls") {
-        match t.scalar().as_deref() {
+        match crate::util::enum_name(t).as_deref() {
             Some("NONE") => ctx.r.translated(l, "virtual_host.require_tls"),
             _ if scope.tls => ctx.r.translated(l, "virtual_host.require_tls"),
             Some("EXTERNAL_ONLY") => {
