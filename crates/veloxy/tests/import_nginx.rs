@@ -3,8 +3,9 @@
 //! of one echo upstream; the same requests go to both and the answers (status, Location, the
 //! fields the config adds, the body) and what the upstream saw (method, target, Host and the
 //! other fields) must be the same. The differences the report names (veloxy's X-Forwarded-*
-//! fields, nginx's `Connection: close` upstream, error page bodies) are left out of the
-//! comparison; everything else is compared.
+//! fields, nginx's `Connection: close` upstream, error page bodies, nginx's Expires next to
+//! the Cache-Control of `expires`) are left out of the comparison; everything else is
+//! compared, including a cached answer's second request (served from the cache by both).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -29,6 +30,7 @@ http {
     fastcgi_temp_path {DIR};
     uwsgi_temp_path {DIR};
     scgi_temp_path {DIR};
+    proxy_cache_path {DIR}/cache keys_zone=pages:1m max_size=10m;
     upstream app {
         server {UP};
     }
@@ -38,6 +40,25 @@ http {
         add_header X-Site example always;
         location / {
             proxy_pass http://app;
+            proxy_set_header X-Method $request_method;
+            proxy_set_header X-Server $server_name;
+            if ($request_method = 'OPTIONS') {
+                add_header X-Pre yes always;
+                return 204;
+            }
+            if ($request_method = "POST") {
+                add_header X-Write yes always;
+            }
+        }
+        location /cached/ {
+            proxy_pass http://app;
+            proxy_cache pages;
+            proxy_cache_valid 200 1m;
+            add_header X-Cache-Status $upstream_cache_status always;
+        }
+        location ~* \.(css|txt)$ {
+            root {DIR}/site;
+            expires 30d;
         }
         location /api/ {
             proxy_pass http://app/v1/;
@@ -117,13 +138,18 @@ fn import(dir: &Path, conf: &str) -> (String, String) {
 fn outcome(addr: SocketAddr, raw: &str, origin: &ScriptOrigin) -> String {
     let before = origin.hits();
     let r = request(addr, raw);
-    let mut out = format!(
-        "status {}\nlocation {:?}\nx-site {:?}\nx-other {:?}\n",
-        r.status,
-        r.header("location"),
-        r.header("x-site"),
-        r.header("x-other")
-    );
+    let mut out = format!("status {}\n", r.status);
+    for f in [
+        "location",
+        "x-site",
+        "x-other",
+        "x-pre",
+        "x-write",
+        "x-cache-status",
+        "cache-control",
+    ] {
+        out.push_str(&format!("{f} {:?}\n", r.header(f)));
+    }
     // Bodies of answers nginx and veloxy make themselves (redirects, errors) differ, as the
     // report says: compared only for the upstream's and the config's own answers.
     if r.status == 200 || origin.hits() > before {
@@ -158,6 +184,8 @@ fn nginx_and_its_import_answer_alike() {
     };
     let origin = script_origin(|r| Scripted::ok(format!("{} {}", r.method, r.target)));
     let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("site")).unwrap();
+    std::fs::write(dir.path().join("site/a.css"), "body{}\n").unwrap();
     let (np, vp) = (free_port(), free_port());
     let nginx_conf = dir.path().join("nginx-run.conf");
     std::fs::write(&nginx_conf, render(np, origin.addr, dir.path())).unwrap();
@@ -201,6 +229,11 @@ fn nginx_and_its_import_answer_alike() {
         ("GET", "other.example", "/x", ""),
         ("GET", "unknown.example", "/api/z", ""),
         ("DELETE", "example.com", "/api/thing", "Authorization: Bearer t\r\n"),
+        ("OPTIONS", "example.com", "/opt", ""),
+        ("POST", "example.com", "/write", ""),
+        ("GET", "example.com", "/cached/p?v=1", ""),
+        ("GET", "example.com", "/cached/p?v=1", ""),
+        ("GET", "example.com", "/a.css", ""),
     ]
     .iter()
     .map(|(m, h, p, extra)| {

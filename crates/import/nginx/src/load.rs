@@ -13,11 +13,32 @@ use crate::parse::{parse, Directive};
 /// How deep includes may nest (nginx has no limit, but a cycle must end).
 const MAX_DEPTH: usize = 16;
 
+/// nginx's conventional configuration directories: an absolute include under one of them is
+/// looked for in the prefix first (the tree being imported), then on this machine.
+const CONVENTIONAL: &[&str] = &[
+    "/etc/nginx/",
+    "/usr/local/nginx/conf/",
+    "/usr/local/etc/nginx/",
+];
+
+/// Debian's stock `proxy_params` (Debian and Ubuntu packages ship it in /etc/nginx).
+const PROXY_PARAMS: &str = "proxy_set_header Host $http_host;
+proxy_set_header X-Real-IP $remote_addr;
+proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+proxy_set_header X-Forwarded-Proto $scheme;
+";
+
+/// The file name the stock `proxy_params` is reported under.
+pub const PROXY_PARAMS_NAME: &str = "proxy_params (stock Debian file, not in the input)";
+
 /// What became of an `include` that was not expanded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Skipped {
     /// `mime.types`: a `types` table veloxy does not need.
     MimeTypes,
+    /// A stock file of another protocol's parameters (`fastcgi_params`, `fastcgi.conf`,
+    /// `uwsgi_params`, `scgi_params`) that is not in the input.
+    Params(&'static str),
     /// The file cannot be read (the message says why).
     Unreadable(String),
 }
@@ -42,14 +63,88 @@ pub fn load(files: &[PathBuf], prefix: &Path) -> Result<Loaded, ImportError> {
     Ok(out)
 }
 
+fn is_glob(p: &str) -> bool {
+    p.contains(['*', '?', '['])
+}
+
+/// An absolute path under a conventional directory, taken from the prefix when the file
+/// (for a pattern, its directory) exists there, or when the prefix is a whole configuration
+/// directory (it holds nginx.conf): what it lacks is then missing, not this machine's.
+fn in_tree(abs: &str, prefix: &Path) -> Option<PathBuf> {
+    let rest = CONVENTIONAL.iter().find_map(|c| abs.strip_prefix(c))?;
+    let cand = prefix.join(rest);
+    let there = if is_glob(rest) {
+        let fixed: PathBuf = Path::new(rest)
+            .components()
+            .take_while(|c| !is_glob(&c.as_os_str().to_string_lossy()))
+            .collect();
+        prefix.join(fixed).is_dir()
+    } else {
+        cand.exists() || cand.is_symlink()
+    };
+    (there || prefix.join("nginx.conf").is_file()).then_some(cand)
+}
+
+/// What an include's argument names: relative to the prefix; an absolute path under nginx's
+/// conventional directory is taken from the prefix when it is there (the tree being imported
+/// wins over this machine's own /etc/nginx).
+fn locate(pattern: &str, prefix: &Path) -> PathBuf {
+    in_tree(pattern, prefix).unwrap_or_else(|| prefix.join(pattern))
+}
+
+/// The file to read for `p`: a symbolic link to an absolute path under a conventional
+/// directory (`sites-enabled/x -> /etc/nginx/sites-available/x`) is followed into the prefix
+/// when the target is there.
+fn follow(p: &Path, prefix: &Path) -> PathBuf {
+    match std::fs::read_link(p) {
+        Ok(t) if t.is_absolute() => {
+            in_tree(&t.to_string_lossy(), prefix).unwrap_or_else(|| p.to_path_buf())
+        }
+        _ => p.to_path_buf(),
+    }
+}
+
+/// A stock file nginx packages ship, when the input does not have it: `proxy_params` as its
+/// well-known content, the other protocols' parameter files as skipped.
+fn stock(pattern: &str, prefix: &Path) -> Option<Result<Vec<Directive>, Skipped>> {
+    let relative_or_conventional =
+        !pattern.starts_with('/') || CONVENTIONAL.iter().any(|c| pattern.starts_with(c));
+    let base = Path::new(pattern).file_name()?.to_str()?;
+    if !relative_or_conventional || locate(pattern, prefix).exists() {
+        return None;
+    }
+    Some(match base {
+        "proxy_params" => {
+            let name: Arc<str> = PROXY_PARAMS_NAME.into();
+            Ok(parse(&name, PROXY_PARAMS).expect("the stock proxy_params parses"))
+        }
+        "fastcgi_params" | "fastcgi.conf" => Err(Skipped::Params("FastCGI")),
+        "uwsgi_params" => Err(Skipped::Params("uwsgi")),
+        "scgi_params" => Err(Skipped::Params("SCGI")),
+        _ => return None,
+    })
+}
+
 fn read_file(
     path: &Path,
     prefix: &Path,
     depth: usize,
     skipped: &mut Vec<(veloxy_import::Loc, Skipped)>,
 ) -> Result<Vec<Directive>, ImportError> {
+    read_file_as(&follow(path, prefix), path, prefix, depth, skipped)
+}
+
+/// Reads `path`, naming its directives' locations after `shown` (a link's own name, as
+/// nginx's messages do).
+fn read_file_as(
+    path: &Path,
+    shown: &Path,
+    prefix: &Path,
+    depth: usize,
+    skipped: &mut Vec<(veloxy_import::Loc, Skipped)>,
+) -> Result<Vec<Directive>, ImportError> {
     let text = veloxy_import::source::read(path)?;
-    let name: Arc<str> = path.display().to_string().into();
+    let name: Arc<str> = shown.display().to_string().into();
     let mut list = parse(&name, &text)?;
     expand(&mut list, prefix, depth, skipped)?;
     Ok(list)
@@ -81,17 +176,27 @@ fn expand(
                     ParseError::new(d.loc.clone(), "includes nest too deep (a cycle?)").into(),
                 );
             }
-            let full = prefix.join(&pattern);
             let mut included = Vec::new();
-            if pattern.contains(['*', '?', '[']) {
+            if let Some(st) = stock(&pattern, prefix) {
+                match st {
+                    Ok(list) => included = list,
+                    Err(why) => skipped.push((d.loc.clone(), why)),
+                }
+            } else if is_glob(&pattern) {
+                let full = locate(&pattern, prefix);
                 let paths = glob::glob(&full.to_string_lossy()).map_err(|e| {
                     ParseError::new(d.loc.clone(), format!("bad include pattern: {e}"))
                 })?;
-                for p in paths.flatten().filter(|p| p.is_file()) {
-                    included.extend(read_file(&p, prefix, depth + 1, skipped)?);
+                for p in paths.flatten() {
+                    let file = follow(&p, prefix);
+                    if file.is_file() {
+                        included.extend(read_file_as(&file, &p, prefix, depth + 1, skipped)?);
+                    }
                 }
             } else {
-                match read_file(&full, prefix, depth + 1, skipped) {
+                let full = locate(&pattern, prefix);
+                let file = follow(&full, prefix);
+                match read_file_as(&file, &full, prefix, depth + 1, skipped) {
                     Ok(l) => included = l,
                     Err(ImportError::Read { path, source }) => {
                         skipped.push((

@@ -42,6 +42,23 @@ impl Directive {
     pub fn children(&self) -> &[Directive] {
         self.block.as_deref().unwrap_or(&[])
     }
+
+    /// The block's directives with every `include` replaced by what it holds (for a look
+    /// ahead: the translation reports each include where it walks the block).
+    pub fn expanded(&self) -> Vec<&Directive> {
+        fn walk<'a>(list: &'a [Directive], out: &mut Vec<&'a Directive>) {
+            for d in list {
+                if d.name == "include" {
+                    walk(d.children(), out);
+                } else {
+                    out.push(d);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(self.children(), &mut out);
+        out
+    }
 }
 
 enum Token {
@@ -150,9 +167,17 @@ impl<'a> Lexer<'a> {
             }
             out.push(ch);
         }
+        // nginx (`need_space`): after a closing quote comes whitespace, `;`, `{` or `)` (the
+        // `)` then starts the next word, as in `if ($a = "b")`); anything else is an error.
         let next = self.text.as_bytes().get(self.pos).copied();
-        if next.is_some_and(|b| !(b.is_ascii_whitespace() || b == b';' || b == b'{' || b == b'}')) {
-            return Err(self.err(self.pos, "unexpected character after a quoted string"));
+        if next.is_some_and(|b| !(b.is_ascii_whitespace() || matches!(b, b';' | b'{' | b')'))) {
+            return Err(self.err(
+                self.pos,
+                format!(
+                    "unexpected \"{}\" after a quoted string",
+                    self.text[self.pos..].chars().next().unwrap_or(' ')
+                ),
+            ));
         }
         Ok(Token::Word(
             Arg {
@@ -163,7 +188,10 @@ impl<'a> Lexer<'a> {
         ))
     }
 
-    /// An unquoted word: ends at whitespace, `;` or `{` (but `${` opens a variable name).
+    /// An unquoted word, as nginx reads it: it ends at whitespace, `;` or `{` (but `${`
+    /// continues it: a variable name); a backslash keeps the next character in the word
+    /// whatever it is (`\"`, `\'`, `\\`, `\t`, `\r`, `\n` are resolved, any other `\x` stays
+    /// as written: regexes); `#`, quotes and `}` inside a word are plain text.
     fn word(&mut self, start: usize) -> Token {
         let bytes = self.text.as_bytes();
         let mut out = String::new();
@@ -173,17 +201,10 @@ impl<'a> Lexer<'a> {
             if b.is_ascii_whitespace() || b == b';' {
                 break;
             }
-            if b == b'{' {
-                if i > start && bytes[i - 1] == b'$' {
-                    let end = self.text[i..].find('}').map_or(bytes.len(), |e| i + e + 1);
-                    out.push_str(&self.text[i..end]);
-                    i = end;
-                    continue;
-                }
+            if b == b'{' && !(i > start && bytes[i - 1] == b'$') {
                 break;
             }
             if b == b'\\' && i + 1 < bytes.len() {
-                // nginx's escapes, in words as in quotes; any other `\x` stays (regexes).
                 match bytes[i + 1] {
                     b'"' | b'\'' | b'\\' => out.push(bytes[i + 1] as char),
                     b't' => out.push('\t'),
@@ -191,7 +212,9 @@ impl<'a> Lexer<'a> {
                     b'n' => out.push('\n'),
                     _ => {
                         out.push('\\');
-                        i += 1;
+                        let ch = self.text[i + 1..].chars().next().unwrap_or(' ');
+                        out.push(ch);
+                        i += 1 + ch.len_utf8();
                         continue;
                     }
                 }
@@ -311,6 +334,36 @@ mod tests {
         assert_eq!(d[0].arg(1), "\\.(png|jpg)$");
         let d = p("location ~ \"^/x{2}\" { }").unwrap();
         assert_eq!(d[0].arg(1), "^/x{2}");
+    }
+
+    #[test]
+    fn quote_then_paren_as_nginx_reads_it() {
+        // nginx's `need_space`: a `)` after a closing quote starts the next word.
+        let d = p("if ($request_method = 'OPTIONS') { return 204; }").unwrap();
+        let args: Vec<&str> = d[0].args.iter().map(|a| a.text.as_str()).collect();
+        assert_eq!(args, ["($request_method", "=", "OPTIONS", ")"]);
+        let d = p("if ($args ~* \"^(/.+)$\") { }").unwrap();
+        assert_eq!(d[0].arg(2), "^(/.+)$");
+        assert_eq!(d[0].arg(3), ")");
+        // Other characters after a quote are errors in nginx too.
+        let e = p("a \"b\"c;").unwrap_err();
+        assert!(e.message.contains("unexpected \"c\""), "{e}");
+        let e = p("a { b \"c\"}").unwrap_err();
+        assert!(e.message.contains("unexpected \"}\""), "{e}");
+    }
+
+    #[test]
+    fn words_as_nginx_reads_them() {
+        // A backslash keeps the next character, even a space or `;`.
+        let d = p("a b\\ c\\;d;").unwrap();
+        assert_eq!(d[0].arg(0), "b\\ c\\;d");
+        // `#`, quotes and `}` inside a word are text.
+        let d = p("a b#c d\"e f}g;").unwrap();
+        let args: Vec<&str> = d[0].args.iter().map(|a| a.text.as_str()).collect();
+        assert_eq!(args, ["b#c", "d\"e", "f}g"]);
+        // `${` continues a word; `{` alone ends it.
+        let d = p("a ${x}y;").unwrap();
+        assert_eq!(d[0].arg(0), "${x}y");
     }
 
     #[test]

@@ -101,6 +101,10 @@ fn variable(name: &str, ctx: &VarCtx) -> Result<String, String> {
         "uri" | "document_uri" => "{path}".into(),
         "args" | "query_string" => "{query}".into(),
         "request_method" => "{method}".into(),
+        "is_args" => "{is_args}".into(),
+        "request_id" => "{request_id}".into(),
+        "content_type" => "{header.content-type}".into(),
+        "content_length" => "{header.content-length}".into(),
         "proxy_host" if ctx.proxy_host.is_some() => ctx.proxy_host.clone().unwrap_or_default(),
         "server_name" if ctx.server_name.is_some() => ctx.server_name.clone().unwrap_or_default(),
         n if n.len() == 1 && n.as_bytes()[0].is_ascii_digit() => {

@@ -98,6 +98,7 @@ pub fn directive<'a>(tr: &mut Tr<'a>, d: &'a Directive, lvl: &mut Level, at: At)
             }
         }
         "error_page" => error_page(tr, d, lvl),
+        "expires" => expires(tr, d, lvl),
         "default_type" => {
             lvl.default_type = Some(d.arg(0).to_string());
             tr.rep.translated(loc, name);
@@ -191,7 +192,7 @@ pub fn directive<'a>(tr: &mut Tr<'a>, d: &'a Directive, lvl: &mut Level, at: At)
         "proxy_pass_request_headers" | "proxy_pass_request_body" | "proxy_set_body" => {
             tr.rep.refused(loc, name, "veloxy always forwards the client's headers and body")
         }
-        _ => return false,
+        _ => return super::cache::directive(tr, d, lvl),
     }
     true
 }
@@ -200,12 +201,58 @@ pub fn directive<'a>(tr: &mut Tr<'a>, d: &'a Directive, lvl: &mut Level, at: At)
 pub fn ctx(lvl: &Level) -> VarCtx {
     VarCtx {
         constants: lvl.constants.clone(),
+        server_name: lvl.server_name.clone(),
         ..Default::default()
     }
 }
 
+/// A field name as veloxy takes it: nginx sends a name written with a trailing colon as
+/// written (the peer reads `NAME:: value` as NAME with the value `: value`); veloxy refuses
+/// such a name, so the colon is dropped and the difference named.
+fn field_name(name: &str) -> (String, Option<String>) {
+    match name.strip_suffix(':') {
+        Some(n) if !n.is_empty() => (
+            n.to_string(),
+            Some(format!(
+                "the name {name:?} is written with a colon: nginx sends `{name}: value`, which \
+                 the peer reads as {n} with the value \": value\"; veloxy sends {n} with the value"
+            )),
+        ),
+        _ => (name.to_string(), None),
+    }
+}
+
+/// What veloxy's `{request_id}` does unlike nginx's `$request_id`, when `value` uses it;
+/// the `[server] request_id` field it needs is set.
+pub fn request_id(tr: &mut Tr<'_>, value: &str) -> Option<String> {
+    if !vars::pieces(value)
+        .iter()
+        .any(|p| matches!(p, vars::Piece::Var(v) if v.eq_ignore_ascii_case("request_id")))
+    {
+        return None;
+    }
+    if tr.cfg.server.get("request_id").is_none() {
+        tr.cfg.server.set("request_id", "X-Request-Id");
+    }
+    Some(
+        "$request_id is veloxy's request ID ([server] request_id = \"X-Request-Id\"): veloxy \
+         keeps a valid X-Request-Id the client sent (nginx always makes a new one), returns it \
+         to the client and forwards it upstream in X-Request-Id"
+            .into(),
+    )
+}
+
+/// Reports `d` as translated, or with the differences in `diffs`.
+fn report(tr: &mut Tr<'_>, d: &Directive, diffs: &[String]) {
+    if diffs.is_empty() {
+        tr.rep.translated(&d.loc, &d.name);
+    } else {
+        tr.rep.different(&d.loc, &d.name, diffs.join("; "));
+    }
+}
+
 fn proxy_set_header(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
-    let name = d.arg(0).to_string();
+    let (name, colon) = field_name(d.arg(0));
     let value = d.arg(1);
     let lower = name.to_ascii_lowercase();
     // A level's first proxy_set_header starts its own list (the parent's is not kept).
@@ -268,7 +315,8 @@ fn proxy_set_header(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
             if !default_host {
                 list.push(e);
             }
-            tr.rep.translated(&d.loc, "proxy_set_header");
+            let diffs: Vec<String> = colon.into_iter().chain(request_id(tr, value)).collect();
+            report(tr, d, &diffs);
         }
         Err(why) => tr.rep.refused(&d.loc, "proxy_set_header", why),
     }
@@ -278,19 +326,28 @@ fn add_header(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
     let always = d.arg(2) == "always";
     let mut c = ctx(lvl);
     c.captures = true;
+    let (name, colon) = field_name(d.arg(0));
+    if d.arg(1) == "$upstream_cache_status" {
+        // Still an add_header of this level: the inherited list is not kept.
+        Level::start(&mut lvl.own, Own::ADD_HEADERS, &mut lvl.add_headers);
+        lvl.cache.status_header = Some(name);
+        tr.rep.different(
+            &d.loc,
+            "add_header",
+            "veloxy's cache status field (cache_status_header): HIT, MISS, STALE, REVALIDATED or \
+             BYPASS (no EXPIRED or UPDATING), on every answer of a caching route",
+        );
+        return;
+    }
     match vars::template(d.arg(1), &c) {
         Ok(t) => {
-            Level::start(&mut lvl.own, Own::ADD_HEADERS, &mut lvl.add_headers)
-                .push((d.arg(0).to_string(), t));
-            if always {
-                tr.rep.translated(&d.loc, "add_header");
-            } else {
-                tr.rep.different(
-                    &d.loc,
-                    "add_header",
-                    "veloxy adds it to every answer; nginx only to 200, 201, 204, 206, 301, 302, 303, 304, 307 and 308 (add `always` to match)",
-                );
+            Level::start(&mut lvl.own, Own::ADD_HEADERS, &mut lvl.add_headers).push((name, t));
+            let mut diffs: Vec<String> =
+                colon.into_iter().chain(request_id(tr, d.arg(1))).collect();
+            if !always {
+                diffs.push("veloxy adds it to every answer; nginx only to 200, 201, 204, 206, 301, 302, 303, 304, 307 and 308 (add `always` to match)".into());
             }
+            report(tr, d, &diffs);
         }
         Err(v) => tr
             .rep
@@ -488,4 +545,50 @@ fn real_ip(tr: &mut Tr<'_>, d: &Directive) {
             }
         }
     }
+}
+
+/// `expires`: nginx's Cache-Control (and Expires) on answers.
+fn expires(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
+    let a = d.arg(0);
+    let value = match a {
+        "off" => {
+            lvl.expires = None;
+            tr.rep.translated(&d.loc, "expires");
+            return;
+        }
+        "max" => Some("max-age=315360000".to_string()),
+        "epoch" => Some("no-cache".to_string()),
+        _ if d.args.len() == 1 && a.starts_with('-') && vars::millis(&a[1..]).is_some() => {
+            Some("no-cache".to_string())
+        }
+        _ if d.args.len() == 1 => {
+            vars::millis(a.trim_start_matches('+')).map(|ms| format!("max-age={}", ms / 1000))
+        }
+        _ => None,
+    };
+    let Some(v) = value else {
+        tr.rep.refused(
+            &d.loc,
+            "expires",
+            format!(
+                "expires {}: veloxy sets a fixed Cache-Control (no time of day, no `modified`)",
+                d.args
+                    .iter()
+                    .map(|a| a.text.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+        );
+        return;
+    };
+    tr.rep.different(
+        &d.loc,
+        "expires",
+        format!(
+            "veloxy sends Cache-Control: {v} (cache_control on files; on proxied routes a \
+             response_headers field set on every answer, where nginx sets it on 2xx and 3xx \
+             only) without nginx's Expires field"
+        ),
+    );
+    lvl.expires = Some(v);
 }

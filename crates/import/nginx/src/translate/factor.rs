@@ -15,6 +15,7 @@ const RULE_KEYS: &[&str] = &[
     "deny",
     "basic_auth",
     "rate_limit",
+    "cache",
 ];
 
 /// A route's rule keys and values.

@@ -90,6 +90,13 @@ pub struct Level {
     pub error_pages: Option<Rc<Vec<(String, String)>>>,
     /// `default_type`.
     pub default_type: Option<String>,
+    /// `$server_name`: the server's first name as written (`None` outside a server, or
+    /// when that name is a regex or wildcard).
+    pub server_name: Option<String>,
+    /// `proxy_cache` and its companions.
+    pub cache: super::cache::Settings,
+    /// `expires` as a Cache-Control value (`None`: off).
+    pub expires: Option<String>,
     /// `set $name value` constants.
     pub constants: std::collections::BTreeMap<String, String>,
     /// `proxy_ssl_verify on`.
@@ -118,6 +125,7 @@ impl Own {
     pub const ACCESS: u8 = 4;
     pub const LIMIT_REQ: u8 = 8;
     pub const ERROR_PAGES: u8 = 16;
+    pub const CACHE_VALID: u8 = 32;
 }
 
 impl Level {

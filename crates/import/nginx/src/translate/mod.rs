@@ -6,15 +6,18 @@
 //!
 //! * [`level`]: the inherited settings of a level.
 //! * [`common`]: directives valid at several levels (headers, timeouts, access...).
-//! * [`server`], [`location`]: servers and their locations.
+//! * [`server`], [`location`]: servers and their locations; [`names`]: `server_name`s.
 //! * [`upstream`]: `upstream` blocks and `proxy_pass` targets as veloxy groups.
 //! * [`stream`]: the `stream` block.
 //! * [`factor`]: rule sets for keys many routes share.
+//! * [`cache`]: `proxy_cache_path` and `proxy_cache` as veloxy's response cache.
 
+mod cache;
 mod common;
 mod factor;
 mod level;
 mod location;
+mod names;
 mod server;
 mod stream;
 mod upstream;
@@ -144,8 +147,6 @@ const IGNORED: &[(&str, &str)] = &[
         "proxy_http_version",
         "veloxy speaks HTTP/1.1 to upstreams (with keep-alive)",
     ),
-    ("proxy_cache_bypass", "no proxy_cache here to bypass"),
-    ("proxy_no_cache", "no proxy_cache here"),
     ("proxy_ignore_client_abort", "connection handling"),
     ("proxy_socket_keepalive", "TCP keep-alive probes"),
     ("reset_timedout_connection", "connection handling"),
@@ -268,6 +269,8 @@ pub struct Tr<'a> {
     servers: Vec<(&'a Directive, Level)>,
     /// `stream` blocks.
     streams: Vec<&'a Directive>,
+    /// `proxy_cache_path` zones by name.
+    pub(crate) cache_zones: BTreeMap<String, cache::Zone>,
     /// Whether `map $http_upgrade $connection_upgrade` is used by a header.
     pub(crate) upgrade_map: Option<String>,
 }
@@ -286,6 +289,7 @@ pub fn translate(loaded: &Loaded, opts: &Options, prefix: PathBuf) -> (Config, R
         servers: Vec::new(),
         streams: Vec::new(),
         upgrade_map: None,
+        cache_zones: BTreeMap::new(),
     };
     for (loc, why) in &loaded.skipped {
         match why {
@@ -294,7 +298,23 @@ pub fn translate(loaded: &Loaded, opts: &Options, prefix: PathBuf) -> (Config, R
                 "include",
                 "MIME types: veloxy has its own extension table",
             ),
-            Skipped::Unreadable(e) => tr.rep.refused(loc, "include", format!("cannot read {e}")),
+            Skipped::Params(proto) => tr.rep.ignored(
+                loc,
+                "include",
+                format!(
+                    "{proto} parameters (a stock file not in the input); the {}_pass using them is refused",
+                    match *proto {
+                        "FastCGI" => "fastcgi",
+                        "uwsgi" => "uwsgi",
+                        _ => "scgi",
+                    }
+                ),
+            ),
+            Skipped::Unreadable(e) => tr.rep.refused(
+                loc,
+                "include",
+                format!("cannot read {e} (nginx would not start)"),
+            ),
         }
     }
     let mut http = Level::default();
@@ -306,8 +326,15 @@ pub fn translate(loaded: &Loaded, opts: &Options, prefix: PathBuf) -> (Config, R
     }
     tr.finish_upstreams();
     tr.finish_maps();
+    cache::finish(&mut tr);
+    if tr.cfg.server.get("request_id").is_none() && tr.cfg.to_toml().contains("{request_id}") {
+        tr.cfg.server.set("request_id", "X-Request-Id");
+    }
     factor::rule_sets(&mut tr.cfg);
     tr.rep.sort();
+    // A file included twice (or the stock proxy_params) reports each line once when it
+    // fares the same both times.
+    tr.rep.entries.dedup();
     (tr.cfg, tr.rep)
 }
 
@@ -335,6 +362,7 @@ impl<'a> Tr<'a> {
                     self.maps.insert(var, d);
                 }
                 "limit_req_zone" => self.limit_req_zone(d),
+                "proxy_cache_path" => cache::path(self, d),
                 "limit_conn_zone" => self.rep.refused(
                     &d.loc,
                     "limit_conn_zone",
@@ -362,6 +390,20 @@ impl<'a> Tr<'a> {
                 .ignored(&d.loc, "include", "the pattern matches no file");
         }
         walk(self, d.children());
+    }
+
+    /// `list` with each `include` replaced by the directives it holds (each include
+    /// reported once, where it is written).
+    pub(crate) fn flat(&mut self, list: &'a [Directive]) -> Vec<&'a Directive> {
+        let mut out = Vec::new();
+        for d in list {
+            if d.name == "include" && d.block.is_some() {
+                self.include(d, |tr, l| out.extend(tr.flat(l)));
+            } else {
+                out.push(d);
+            }
+        }
+        out
     }
 
     /// A directive this importer does not know, or one in the wrong place.

@@ -42,7 +42,7 @@ pub fn translate_servers<'a>(tr: &mut Tr<'a>, servers: &[(&'a Directive, Level)]
     let mut explicit: Vec<String> = Vec::new();
     for (i, (d, _)) in servers.iter().enumerate() {
         let mut list = Vec::new();
-        for c in d.children().iter().filter(|c| c.name == "listen") {
+        for c in d.expanded().into_iter().filter(|c| c.name == "listen") {
             match parse_listen(c) {
                 Ok(l) => {
                     tr.rep.translated(&c.loc, "listen");
@@ -51,7 +51,7 @@ pub fn translate_servers<'a>(tr: &mut Tr<'a>, servers: &[(&'a Directive, Level)]
                 Err(e) => tr.rep.refused(&c.loc, "listen", e),
             }
         }
-        if !d.children().iter().any(|c| c.name == "listen") {
+        if !d.expanded().iter().any(|c| c.name == "listen") {
             list.push(parse_listen_text("80").expect("a port"));
         }
         for l in &list {
@@ -171,40 +171,16 @@ fn parse_listen_text(a: &str) -> Result<Listen, String> {
     })
 }
 
-/// `server_name`s as veloxy hosts (refusing the ones veloxy cannot match).
-fn names(tr: &mut Tr<'_>, d: &Directive) -> Vec<String> {
-    let mut out = Vec::new();
-    for c in d.children().iter().filter(|c| c.name == "server_name") {
-        let mut bad = Vec::new();
-        for a in &c.args {
-            let n = a.text.to_ascii_lowercase();
-            if n.is_empty() || n == "_" {
-                continue;
-            }
-            if let Some(rest) = n.strip_prefix('.') {
-                out.push(rest.to_string());
-                out.push(format!("*.{rest}"));
-            } else if n.starts_with('~') || n.ends_with(".*") || n.contains('$') {
-                bad.push(a.text.clone());
-            } else {
-                out.push(n);
-            }
-        }
-        if bad.is_empty() {
-            tr.rep.translated(&c.loc, "server_name");
-        } else {
-            tr.rep.refused(
-                &c.loc,
-                "server_name",
-                format!(
-                    "veloxy matches exact names and *.suffix only, not {}",
-                    bad.join(", ")
-                ),
-            );
-        }
-    }
-    out.dedup();
-    out
+/// nginx's `$server_name`: the first `server_name` argument ("" without one), when it is a
+/// literal name.
+fn first_name(d: &Directive) -> Option<String> {
+    let first = d
+        .expanded()
+        .into_iter()
+        .find(|c| c.name == "server_name")
+        .map_or("", |c| c.arg(0));
+    (!first.starts_with(['~', '.', '*']) && !first.contains(['*', '$']))
+        .then(|| first.to_ascii_lowercase())
 }
 
 fn server<'a>(
@@ -216,27 +192,18 @@ fn server<'a>(
 ) {
     tr.rep.translated(&d.loc, "server");
     let mut lvl = http.child();
-    let hosts = names(tr, d);
+    let default_everywhere = listens
+        .iter()
+        .all(|l| default_on.contains(&listener_name(l)));
+    let hosts = super::names::names(tr, d, default_everywhere);
+    lvl.server_name = first_name(d);
     let mut locations = Vec::new();
     let mut rules = Vec::new();
-    for c in d.children() {
+    for c in tr.flat(d.children()) {
         match c.name.as_str() {
             "listen" | "server_name" => {}
             "location" => locations.push(c),
             "return" | "rewrite" | "if" => rules.push(c),
-            "include" => tr.include(c, |tr, list| {
-                for x in list {
-                    match x.name.as_str() {
-                        "location" => locations.push(x),
-                        "return" | "rewrite" | "if" => rules.push(x),
-                        _ => {
-                            if !common::directive(tr, x, &mut lvl, At::Server) {
-                                tr.unknown(x)
-                            }
-                        }
-                    }
-                }
-            }),
             "ssl" => tr.rep.translated(&c.loc, "ssl"),
             "http2" | "http3" | "quic_retry" => tr.rep.refused(
                 &c.loc,
@@ -258,7 +225,7 @@ fn server<'a>(
     let all: Vec<String> = listens.iter().map(listener_name).collect();
     tls(tr, &lvl, listens, &hosts, default_on, &d.loc);
     let sctx = ServerCtx {
-        first_name: hosts.first().cloned(),
+        first_name: lvl.server_name.clone(),
         default_ports: listens
             .iter()
             .all(|l| (l.port == 80 && !l.ssl) || (l.port == 443 && l.ssl)),

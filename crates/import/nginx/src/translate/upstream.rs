@@ -34,7 +34,7 @@ pub struct Block {
 }
 
 /// Pass 1: parses an `upstream` block and reports its directives.
-pub fn collect(tr: &mut Tr<'_>, d: &Directive) {
+pub fn collect<'a>(tr: &mut Tr<'a>, d: &'a Directive) {
     let mut b = Block {
         loc: d.loc.clone(),
         servers: Vec::new(),
@@ -43,7 +43,7 @@ pub fn collect(tr: &mut Tr<'_>, d: &Directive) {
         keepalive: None,
         used: false,
     };
-    for c in d.children() {
+    for c in tr.flat(d.children()) {
         let loc = &c.loc;
         match c.name.as_str() {
             "server" => server_line(tr, c, &mut b),
