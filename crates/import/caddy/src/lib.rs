@@ -1,7 +1,8 @@
 //! `veloxy import --from caddyfile`: a Caddyfile (with its snippets and imports) becomes a
 //! veloxy config, with a report line for every directive.
 //!
-//! * [`lexer`] and [`parse`]: tokens (quotes, backticks, heredocs), lines and `{ }` blocks,
+//! * [`lexer`], [`env`] and [`parse`]: tokens (quotes, backticks, heredocs, `\` line
+//!   continuations), environment placeholders resolved in every token, lines and `{ }` blocks,
 //!   the global options block, snippets and `import` (snippets with arguments, files, globs).
 //! * `translate`: Caddy's semantics as veloxy's: automatic HTTPS (ACME for public names, the
 //!   HTTP -> HTTPS redirect), the directive order, matchers, `handle` branches, each directive.
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use veloxy_import::{ImportError, Imported, Importer, Options};
 
+pub mod env;
 pub mod lexer;
 pub mod parse;
 mod translate;
@@ -85,7 +87,7 @@ impl Importer for Caddyfile {
                 "one Caddyfile at a time (it imports the others itself)".into(),
             ));
         }
-        let cf = parse::parse_file(main)?;
+        let cf = parse::parse_file(main, opts)?;
         let (config, report) = translate::translate(&cf, opts, main);
         Ok(Imported { config, report })
     }

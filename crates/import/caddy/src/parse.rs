@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use veloxy_import::{ImportError, Loc, ParseError};
+use veloxy_import::{ImportError, Loc, Options, ParseError};
 
 use crate::lexer::{lex, Token};
 
@@ -42,6 +42,15 @@ impl Line {
     pub fn body(&self) -> &[Line] {
         self.block.as_deref().unwrap_or(&[])
     }
+
+    /// Why this line (or a line of its block) cannot be read: an environment placeholder
+    /// that could not be resolved, named.
+    pub fn unresolved(&self) -> Option<&str> {
+        self.toks
+            .iter()
+            .find_map(|t| t.unresolved.as_deref())
+            .or_else(|| self.body().iter().find_map(Line::unresolved))
+    }
 }
 
 /// A site block: its addresses and its directives.
@@ -70,28 +79,28 @@ pub struct Caddyfile {
     pub named_routes: Vec<(String, Loc)>,
 }
 
-/// Reads and parses `path` with its imports.
-pub fn parse_file(path: &Path) -> Result<Caddyfile, ImportError> {
+/// Reads and parses `path` with its imports; environment placeholders are resolved from
+/// `opts` (see [`crate::env`]).
+pub fn parse_file(path: &Path, opts: &Options) -> Result<Caddyfile, ImportError> {
     let text = veloxy_import::source::read(path)?;
-    let file: Arc<str> = path.display().to_string().into();
-    let lines = tree(&file, &text)?;
-    let mut p = Parser::default();
-    let top = p.expand_top(lines, 0)?;
-    p.finish(top)
+    parse_text(&path.display().to_string(), &text, opts)
 }
 
-/// Parses a Caddyfile given as text (no file imports relative to anything but `.`).
-pub fn parse_text(file: &str, text: &str) -> Result<Caddyfile, ImportError> {
+/// Parses a Caddyfile given as text (imports are relative to the directory of `file`).
+pub fn parse_text(file: &str, text: &str, opts: &Options) -> Result<Caddyfile, ImportError> {
     let file: Arc<str> = file.into();
-    let lines = tree(&file, text)?;
-    let mut p = Parser::default();
+    let mut p = Parser {
+        opts: opts.clone(),
+        ..Default::default()
+    };
+    let lines = p.tree(&file, text)?;
     let top = p.expand_top(lines, 0)?;
     p.finish(top)
 }
 
 /// Groups tokens into lines and blocks.
-pub fn tree(file: &Arc<str>, text: &str) -> Result<Vec<Line>, ParseError> {
-    let toks = lex(file, text)?;
+pub fn tree(file: &Arc<str>, text: &str, opts: &Options) -> Result<Vec<Line>, ParseError> {
+    let toks = crate::env::substitute(lex(file, text)?, opts);
     let mut i = 0;
     let lines = block(&toks, &mut i, None)?;
     Ok(lines)
@@ -114,7 +123,7 @@ fn block(toks: &[Token], i: &mut usize, open: Option<&Loc>) -> Result<Vec<Line>,
         *i += 1;
         while *i < toks.len() {
             let prev = line.last().expect("one token");
-            let continues = prev.end_line == toks[*i].loc.line
+            let continues = prev.line_end == toks[*i].line
                 || (!prev.quoted && prev.text.ends_with(',') && open.is_none());
             if !continues || toks[*i].is("}") {
                 break;
@@ -152,6 +161,7 @@ fn block(toks: &[Token], i: &mut usize, open: Option<&Loc>) -> Result<Vec<Line>,
 
 #[derive(Default)]
 struct Parser {
+    opts: Options,
     snippets: HashMap<String, (Loc, Vec<Line>)>,
     used: std::collections::HashSet<String>,
     snippet_order: Vec<String>,
@@ -162,6 +172,10 @@ struct Parser {
 const MAX_DEPTH: usize = 32;
 
 impl Parser {
+    fn tree(&self, file: &Arc<str>, text: &str) -> Result<Vec<Line>, ParseError> {
+        tree(file, text, &self.opts)
+    }
+
     /// The top level: snippets are registered, imports spliced; other lines kept.
     fn expand_top(&mut self, lines: Vec<Line>, depth: usize) -> Result<Vec<Line>, ImportError> {
         let mut out = Vec::new();
@@ -225,7 +239,10 @@ impl Parser {
         let Some(target) = line.toks.get(1) else {
             return Err(ParseError::new(at, "import needs a snippet name or a file").into());
         };
-        let args: Vec<String> = line.toks[2..].iter().map(|t| t.text.clone()).collect();
+        if let Some(why) = &target.unresolved {
+            return Err(ParseError::new(target.loc.clone(), format!("import: {why}")).into());
+        }
+        let args = &line.toks[2..];
         self.imports.push((at.clone(), target.text.clone()));
         let lines = if let Some((_, body)) = self.snippets.get(&target.text) {
             self.used.insert(target.text.clone());
@@ -235,11 +252,11 @@ impl Parser {
             for path in glob(&dir, &target.text, &target.loc)? {
                 let text = veloxy_import::source::read(&path)?;
                 let file: Arc<str> = path.display().to_string().into();
-                lines.extend(tree(&file, &text)?);
+                lines.extend(self.tree(&file, &text)?);
             }
             lines
         };
-        let lines = substitute(lines, &args);
+        let lines = substitute(lines, args);
         Ok(lines)
     }
 
@@ -309,8 +326,9 @@ fn addresses(toks: &[Token]) -> Vec<Token> {
     out
 }
 
-/// Replaces `{args[N]}`, `{args.N}` and `{args[:]}`/`{args[N:]}` in every token.
-fn substitute(lines: Vec<Line>, args: &[String]) -> Vec<Line> {
+/// Replaces `{args[N]}`, `{args.N}` and `{args[:]}`/`{args[N:]}` in every token (a token
+/// made from an argument keeps the argument's placeholders).
+fn substitute(lines: Vec<Line>, args: &[Token]) -> Vec<Line> {
     lines
         .into_iter()
         .map(|l| Line {
@@ -324,7 +342,7 @@ fn substitute(lines: Vec<Line>, args: &[String]) -> Vec<Line> {
         .collect()
 }
 
-fn substitute_token(t: Token, args: &[String]) -> Vec<Token> {
+fn substitute_token(t: Token, args: &[Token]) -> Vec<Token> {
     if !t.text.contains("{args") {
         return vec![t];
     }
@@ -333,18 +351,27 @@ fn substitute_token(t: Token, args: &[String]) -> Vec<Token> {
             .iter()
             .skip(from)
             .map(|a| Token {
-                text: a.clone(),
+                text: a.text.clone(),
+                env: a.env.clone(),
+                unresolved: a.unresolved.clone(),
                 ..t.clone()
             })
             .collect();
     }
-    let mut text = t.text.clone();
+    let mut out = t.clone();
     for (i, a) in args.iter().enumerate() {
-        text = text
-            .replace(&format!("{{args[{i}]}}"), a)
-            .replace(&format!("{{args.{i}}}"), a);
+        let before = out.text.clone();
+        out.text = before
+            .replace(&format!("{{args[{i}]}}"), &a.text)
+            .replace(&format!("{{args.{i}}}"), &a.text);
+        if out.text != before {
+            out.env.extend(a.env.iter().cloned());
+            if out.unresolved.is_none() {
+                out.unresolved.clone_from(&a.unresolved);
+            }
+        }
     }
-    vec![Token { text, ..t }]
+    vec![out]
 }
 
 /// `{args[:]}` -> 0, `{args[2:]}` -> 2.
@@ -420,12 +447,17 @@ fn wildcard(pat: &str, s: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn o() -> Options {
+        Options::default()
+    }
+
     #[test]
     fn sites_snippets_imports() {
         let cf = parse_text(
             "C",
             "{\n  email a@b.c\n}\n(common) {\n  header X-A {args[0]}\n  encode {args[1:]}\n}\n\
              a.com, b.com {\n  import common one gzip zstd\n  reverse_proxy x:1\n}\n:8080 {\n  respond ok\n}\n",
+            &o(),
         )
         .unwrap();
         assert_eq!(cf.global[0].name(), "email");
@@ -444,19 +476,46 @@ mod tests {
 
     #[test]
     fn braceless_single_site() {
-        let cf = parse_text("C", "example.com\n\nreverse_proxy app:80\n").unwrap();
+        let cf = parse_text("C", "example.com\n\nreverse_proxy app:80\n", &o()).unwrap();
         assert_eq!(cf.sites[0].addrs[0].text, "example.com");
         assert_eq!(cf.sites[0].body[0].name(), "reverse_proxy");
     }
 
     #[test]
     fn errors_name_the_place() {
-        let e = parse_text("C", "a.com {\n  respond x\n").unwrap_err();
+        let e = parse_text("C", "a.com {\n  respond x\n", &o()).unwrap_err();
         assert_eq!(e.to_string(), "C:1:7: this '{' is never closed by a '}'");
-        let e = parse_text("C", "a.com {\n}\n}\n").unwrap_err();
+        let e = parse_text("C", "a.com {\n}\n}\n", &o()).unwrap_err();
         assert_eq!(e.to_string(), "C:3:1: unexpected '}' (no block is open)");
-        let e = parse_text("C", "a.com {\n  import nope\n}\n").unwrap_err();
+        let e = parse_text("C", "a.com {\n  import nope\n}\n", &o()).unwrap_err();
         assert!(e.to_string().starts_with("C:2:10: import nope"), "{e}");
+    }
+
+    #[test]
+    fn continued_lines_are_one_directive() {
+        let cf = parse_text(
+            "C",
+            "{\n  servers {\n    trusted_proxies static \\\n      10.0.0.0/8 \\\n      192.168.0.0/16\n    trusted_proxies_strict\n  }\n}\n:80 {\n  respond ok\n}\n",
+            &o(),
+        )
+        .unwrap();
+        let servers = cf.global[0].body();
+        assert_eq!(servers.len(), 2);
+        let args: Vec<&str> = servers[0].args().iter().map(|t| t.text.as_str()).collect();
+        assert_eq!(args, ["static", "10.0.0.0/8", "192.168.0.0/16"]);
+        assert_eq!(servers[1].name(), "trusted_proxies_strict");
+    }
+
+    #[test]
+    fn snippet_arguments_keep_their_placeholders() {
+        let cf = parse_text(
+            "C",
+            "(s) {\n  header X-A {args[0]}\n}\n:80 {\n  import s {$NOPE}\n}\n",
+            &o(),
+        )
+        .unwrap();
+        let l = &cf.sites[0].body[0];
+        assert!(l.unresolved().unwrap().contains("NOPE"), "{l:?}");
     }
 
     #[test]

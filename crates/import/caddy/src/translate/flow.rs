@@ -18,14 +18,17 @@ use super::matcher::{self, relate, Cond, Matcher, PathCond, Rel};
 use super::T;
 use crate::parse::Line;
 
-/// Caddy 2.6's directive order (httpcaddyfile's `directiveOrder`).
+/// Caddy's directive order (httpcaddyfile's `defaultDirectiveOrder`, 2.8).
 pub const ORDER: &[&str] = &[
     "tracing",
     "map",
     "vars",
+    "fs",
     "root",
+    "log_append",
     "skip_log",
     "log_skip",
+    "log_name",
     "header",
     "copy_response_headers",
     "request_body",
@@ -40,7 +43,9 @@ pub const ORDER: &[&str] = &[
     "request_header",
     "encode",
     "push",
+    "intercept",
     "templates",
+    "invoke",
     "handle",
     "handle_path",
     "route",
@@ -250,19 +255,19 @@ pub fn matcher_of<'l>(line: &'l Line, scope: &Scope) -> (Matched, &'l [crate::le
 }
 
 /// The kind of directive, for the walk.
-fn rank(name: &str) -> usize {
+fn rank(name: &str, order: &[String]) -> usize {
     // Caddy sorts handle_path as handle: one group of exclusive branches.
     let name = if name == "handle_path" {
         "handle"
     } else {
         name
     };
-    ORDER.iter().position(|d| *d == name).unwrap_or(ORDER.len())
+    order.iter().position(|d| d == name).unwrap_or(order.len())
 }
 
 /// Caddy's order: by directive, then (same directive) most specific path matcher first,
 /// then those with any matcher before those without.
-fn sort_lines<'l>(lines: &'l [Line], scope: &Scope) -> Vec<&'l Line> {
+fn sort_lines<'l>(lines: &'l [Line], scope: &Scope, order: &[String]) -> Vec<&'l Line> {
     let mut v: Vec<(usize, &Line)> = lines.iter().enumerate().collect();
     let key = |l: &Line| -> (usize, i64) {
         let spec = match matcher_of(l, scope).0 {
@@ -273,7 +278,7 @@ fn sort_lines<'l>(lines: &'l [Line], scope: &Scope) -> Vec<&'l Line> {
             Matched::All => 0,
             _ => -1,
         };
-        (rank(l.name()), spec)
+        (rank(l.name(), order), spec)
     };
     v.sort_by(|(i, a), (j, b)| key(a).cmp(&key(b)).then(i.cmp(j)));
     v.into_iter().map(|(_, l)| l).collect()
@@ -304,22 +309,27 @@ impl T<'_> {
             }
         }
         for l in lines.iter().filter(|l| l.name() == "handle_errors") {
-            self.report.refused(
-                l.loc(),
-                "handle_errors",
-                "veloxy's error pages are fixed files per status (error_pages), not a handler chain",
-            );
-            super::report_nested(self, l.body(), "inside handle_errors");
+            self.handle_errors(l, &mut scope);
         }
         let mut kept = Vec::new();
         for l in lines {
             if l.name() == "handle_errors" || super::middleware::SITE_LEVEL.contains(&l.name()) {
                 continue;
             }
-            match self.expand_env_line(l) {
-                Ok(l) => kept.push(l),
-                Err(e) => {
-                    self.report.refused(l.loc(), l.name(), e);
+            if l.name().starts_with('@') {
+                kept.push(l.clone());
+                continue;
+            }
+            // A branch's own tokens decide it; its lines are checked when it is walked.
+            let why = if matches!(l.name(), "handle" | "handle_path" | "route") {
+                l.toks.iter().find_map(|t| t.unresolved.as_deref())
+            } else {
+                l.unresolved()
+            };
+            match why {
+                None => kept.push(l.clone()),
+                Some(e) => {
+                    self.report.refused(l.loc(), l.name(), e.to_string());
                     super::report_nested(self, l.body(), "its directive is refused");
                 }
             }
@@ -327,7 +337,7 @@ impl T<'_> {
         let lines = kept;
         let lines = &lines[..];
         let order: Vec<&Line> = if sorted {
-            sort_lines(lines, &scope)
+            sort_lines(lines, &scope, &self.order)
         } else {
             lines.iter().collect()
         };
@@ -350,24 +360,6 @@ impl T<'_> {
             }
         }
         done.is_some()
-    }
-
-    /// `line` with `{$VAR}` placeholders resolved (`--env`); `Err` names the variable.
-    fn expand_env_line(&self, line: &Line) -> Result<Line, String> {
-        let mut out = line.clone();
-        for t in &mut out.toks {
-            if t.text.contains("{$") {
-                t.text = self.opts.expand_env(&t.text)?;
-            }
-        }
-        if let Some(b) = &line.block {
-            out.block = Some(
-                b.iter()
-                    .map(|l| self.expand_env_line(l))
-                    .collect::<Result<_, _>>()?,
-            );
-        }
-        Ok(out)
     }
 
     /// One directive; true when it answers every request of the scope.

@@ -118,6 +118,9 @@ pub fn is_inline_matcher(t: &Token) -> bool {
 /// A named matcher's definition: `@name matcher args` or `@name { matcher args ... }`.
 /// `Err` names what veloxy cannot match on.
 pub fn define(line: &Line) -> Result<Matcher, String> {
+    if let Some(why) = line.unresolved() {
+        return Err(why.to_string());
+    }
     let mut acc = Acc::default();
     if line.toks.len() > 1 {
         // `@name path /a /b` or the shorthand `@name /a /b`? Caddy requires a matcher name.

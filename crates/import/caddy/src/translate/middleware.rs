@@ -210,6 +210,7 @@ impl T<'_> {
         }
         let mut fa = toml::Table::new();
         let mut copy: Vec<Value> = Vec::new();
+        let mut done = Vec::new();
         for sub in l.body() {
             let a: Vec<&str> = sub.args().iter().map(|t| t.text.as_str()).collect();
             match sub.name() {
@@ -244,6 +245,9 @@ impl T<'_> {
                 "trusted_proxies" => {}
                 other => return Err(Skip::Refused(format!("forward_auth {other}"))),
             }
+            done.push(sub);
+        }
+        for sub in done {
             self.report.translated(sub.loc(), sub.name());
         }
         if servers.is_empty() {

@@ -1,7 +1,10 @@
 //! Caddyfile -> veloxy: global options, site blocks (addresses, automatic HTTPS, TLS) and
 //! their routes (see [`flow`]).
 
+mod addr;
+mod errors;
 mod flow;
+mod global;
 mod handlers;
 mod matcher;
 mod middleware;
@@ -9,6 +12,8 @@ mod output;
 mod placeholder;
 mod proxy;
 mod sites;
+mod tls;
+mod upstream;
 
 use std::path::{Path, PathBuf};
 
@@ -38,6 +43,12 @@ pub struct T<'a> {
     pub https_port: u16,
     /// Global `local_certs`: every site on Caddy's local CA.
     pub local_certs: bool,
+    /// Where `auto_https` is set (reported with the sites).
+    pub auto_https_loc: Option<veloxy_import::Loc>,
+    /// The directive order (Caddy's, changed by the `order` option).
+    pub order: Vec<String>,
+    /// `servers { protocols }` offers HTTP/3 (Caddy's default).
+    pub http3: bool,
 }
 
 /// Translates a parsed Caddyfile.
@@ -52,6 +63,9 @@ pub fn translate(cf: &Caddyfile, opts: &Options, main: &Path) -> (Config, Report
         http_port: 80,
         https_port: 443,
         local_certs: false,
+        auto_https_loc: None,
+        order: flow::ORDER.iter().map(|d| d.to_string()).collect(),
+        http3: true,
     };
     t.cfg.header.push(format!(
         "veloxy config imported from the Caddyfile {}",
@@ -103,145 +117,6 @@ impl T<'_> {
     /// A path named in the Caddyfile, as written in the output.
     pub fn path(&self, p: &str) -> String {
         self.opts.out_path(&self.base, p)
-    }
-
-    /// The global options block.
-    fn global(&mut self, lines: &[Line]) {
-        for l in lines {
-            let vals: Vec<&str> = l.args().iter().map(|t| t.text.as_str()).collect();
-            let first = vals.first().copied().unwrap_or("");
-            let name = l.name();
-            let outcome: Result<Option<String>, (bool, String)> = match name {
-                "email" => {
-                    self.acme().insert("email".into(), first.into());
-                    Ok(None)
-                }
-                "acme_ca" => {
-                    self.acme().insert("directory".into(), first.into());
-                    Ok(None)
-                }
-                "acme_ca_root" => {
-                    let p = self.path(first);
-                    self.acme().insert("ca_file".into(), p.into());
-                    Ok(None)
-                }
-                "auto_https" => {
-                    self.auto_https = first.to_string();
-                    match first {
-                        "off" | "disable_redirects" | "disable_certs" | "ignore_loaded_certs" => {
-                            Ok(None)
-                        }
-                        _ => Err((true, format!("auto_https {first}"))),
-                    }
-                }
-                "http_port" | "https_port" => match first.parse::<u16>() {
-                    Ok(p) => {
-                        if name == "http_port" {
-                            self.http_port = p;
-                        } else {
-                            self.https_port = p;
-                        }
-                        Ok(None)
-                    }
-                    Err(_) => Err((true, format!("{name} {first}"))),
-                },
-                "admin" => Err((false, "Caddy's config API; veloxy's admin endpoint is [server] admin".into())),
-                "debug" | "skip_install_trust" | "persist_config" | "ocsp_stapling" | "key_type"
-                | "preferred_chains" | "renew_interval" | "ocsp_interval" | "storage_clean_interval" => {
-                    Err((false, "no effect on what clients or backends see".into()))
-                }
-                "storage" => Err((false, "veloxy keeps its ACME account and certificates in [server.acme] storage: certificates are obtained again".into())),
-                "log" => Err((false, "Caddy's own logs; access logs are the site's log directive".into())),
-                "grace_period" => match duration(first) {
-                    Some(d) => {
-                        self.cfg.server.set("shutdown_timeout", d);
-                        Ok(None)
-                    }
-                    None => Err((true, format!("grace_period {first}"))),
-                },
-                "servers" => {
-                    self.servers(l);
-                    continue;
-                }
-                "local_certs" => {
-                    self.local_certs = true;
-                    Ok(None)
-                }
-                "order" => Err((true, "order (directive order for plugins)".into())),
-                "on_demand_tls" => Err((true, "on_demand_tls (veloxy obtains certificates for configured names only)".into())),
-                "cert_issuer" => Err((true, "cert_issuer (veloxy's issuer is one ACME directory: acme_ca)".into())),
-                "default_sni" => Err((true, "default_sni (veloxy answers clients without SNI with the listener's first certificate)".into())),
-                "default_bind" => Err((true, "default_bind".into())),
-                other => Err((true, format!("global option {other}"))),
-            };
-            match outcome {
-                Ok(None) => self.report.translated(l.loc(), name),
-                Ok(Some(d)) => self.report.different(l.loc(), name, d),
-                Err((false, w)) => self.report.ignored(l.loc(), name, w),
-                Err((true, w)) => self.report.refused(l.loc(), name, w),
-            }
-        }
-    }
-
-    /// `servers { trusted_proxies static ..., protocols ..., timeouts { ... } }`.
-    fn servers(&mut self, l: &Line) {
-        self.report.translated(l.loc(), "servers");
-        for s in l.body() {
-            let vals: Vec<&str> = s.args().iter().map(|t| t.text.as_str()).collect();
-            match (s.name(), vals.as_slice()) {
-                ("trusted_proxies", ["static", ranges @ ..]) => {
-                    let r: Vec<Value> = ranges
-                        .iter()
-                        .map(|r| Value::String(if *r == "private_ranges" { "10.0.0.0/8".into() } else { r.to_string() }))
-                        .collect();
-                    let private = ranges.contains(&"private_ranges");
-                    let mut list = r;
-                    if private {
-                        list.retain(|v| v.as_str() != Some("10.0.0.0/8"));
-                        for p in ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.1/8", "fd00::/8", "::1"] {
-                            list.push(p.into());
-                        }
-                    }
-                    self.cfg.server.set("trusted_proxies", Value::Array(list));
-                    self.trusted_proxies = true;
-                    self.report.translated(s.loc(), "trusted_proxies");
-                }
-                ("timeouts", _) => {
-                    self.report.translated(s.loc(), "timeouts");
-                    for t in s.body() {
-                        let key = match t.name() {
-                            "read_header" => Some("header_timeout"),
-                            "read_body" => Some("body_timeout"),
-                            "idle" => Some("keepalive_timeout"),
-                            "write" => Some("send_timeout"),
-                            _ => None,
-                        };
-                        let d = t.args().first().and_then(|a| duration(&a.text));
-                        match (key, d) {
-                            (Some(k), Some(d)) => {
-                                self.cfg.server.set(k, d);
-                                self.report.different(t.loc(), t.name(), "veloxy's limit is on the wait between reads/writes, Caddy's on the whole phase");
-                            }
-                            _ => self.report.refused(t.loc(), t.name(), "timeout"),
-                        }
-                    }
-                }
-                ("max_header_size", [v]) => match size(v) {
-                    Some(Value::Integer(n)) => {
-                        self.cfg.server.set("max_header_bytes", n);
-                        self.report.translated(s.loc(), "max_header_size");
-                    }
-                    _ => self.report.refused(s.loc(), "max_header_size", format!("size {v}")),
-                },
-                ("protocols", _) => self.report.ignored(s.loc(), "protocols", "veloxy serves HTTP/1.1 and HTTP/2 on every TLS listener, HTTP/3 where the listener says"),
-                ("log_credentials", _) | ("metrics", _) => self.report.ignored(s.loc(), s.name(), "logs and metrics only"),
-                (other, _) => self.report.refused(s.loc(), other, format!("servers {other}")),
-            }
-        }
-    }
-
-    fn acme(&mut self) -> &mut toml::Table {
-        self.cfg.server.table("acme")
     }
 }
 

@@ -4,8 +4,7 @@ use toml::Value;
 use veloxy_import::Section;
 
 use super::flow::{Action, Emitted};
-use super::matcher::PathCond;
-use super::sites::cond_keys;
+use super::matcher::{Cond, PathCond};
 use super::T;
 
 impl T<'_> {
@@ -121,5 +120,63 @@ impl T<'_> {
             _ => {}
         }
         sec
+    }
+}
+
+/// The route's conditions and the site's listeners as keys (used by output).
+pub fn cond_keys(sec: &mut Section, c: &Cond, listeners: &[String]) {
+    match listeners {
+        [] => {}
+        [one] => {
+            sec.set("listener", one.clone());
+        }
+        many => {
+            sec.set(
+                "listener",
+                Value::Array(many.iter().cloned().map(Value::String).collect()),
+            );
+        }
+    }
+    match c.hosts.as_slice() {
+        [] => {}
+        [one] => {
+            sec.set("host", one.clone());
+        }
+        many => {
+            sec.set(
+                "host",
+                Value::Array(many.iter().cloned().map(Value::String).collect()),
+            );
+        }
+    }
+    match &c.path {
+        PathCond::Any => {}
+        PathCond::Prefix(p) => {
+            sec.set("path", p.clone());
+        }
+        PathCond::Exact(p) => {
+            sec.set("path_exact", p.clone());
+        }
+        PathCond::Regex(p) => {
+            sec.set("path_regex", p.clone());
+        }
+    }
+    if !c.methods.is_empty() {
+        sec.set(
+            "methods",
+            Value::Array(c.methods.iter().cloned().map(Value::String).collect()),
+        );
+    }
+    for (k, m) in [("headers", &c.headers), ("query", &c.query)] {
+        if !m.is_empty() {
+            sec.set(
+                k,
+                Value::Table(
+                    m.iter()
+                        .map(|(a, b)| (a.clone(), Value::String(b.clone())))
+                        .collect(),
+                ),
+            );
+        }
     }
 }
