@@ -272,3 +272,197 @@ fn nginx_and_its_import_answer_alike() {
         differences.join("\n")
     );
 }
+
+/// The auth_request idiom: an internal location proxying to the auth service, fields of its
+/// answer copied onto the upstream request, `auth_request off`, `proxy_hide_header`.
+const AUTH_CONFIG: &str = r#"
+worker_processes 1;
+daemon off;
+master_process off;
+pid {DIR}/nginx-auth.pid;
+error_log stderr error;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_body_temp_path {DIR};
+    proxy_temp_path {DIR};
+    fastcgi_temp_path {DIR};
+    uwsgi_temp_path {DIR};
+    scgi_temp_path {DIR};
+    upstream auth {
+        server {UP};
+    }
+    server {
+        listen 127.0.0.1:{PORT};
+        location / {
+            auth_request /authz;
+            auth_request_set $user $upstream_http_remote_user;
+            auth_request_set $groups $upstream_http_remote_groups;
+            proxy_set_header Remote-User $user;
+            proxy_set_header Remote-Groups $groups;
+            proxy_hide_header X-Powered-By;
+            proxy_pass http://{UP};
+        }
+        location /open/ {
+            auth_request off;
+            proxy_pass http://{UP};
+        }
+        location = /authz {
+            internal;
+            proxy_pass http://auth/verify;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header X-Original-URI $request_uri;
+        }
+    }
+}
+"#;
+
+/// The auth service and the app on one origin: `/verify` passes `Cookie: session=ok` (with
+/// Remote-User and Remote-Groups), answers 403 for URIs naming "forbid", else 401.
+fn auth_origin(r: &SeenRequest) -> Scripted {
+    if r.path() == "/verify" {
+        let uri = r
+            .header("x-original-uri")
+            .or(r.header("x-forwarded-uri"))
+            .unwrap_or("");
+        if uri.contains("forbid") {
+            return Scripted::new(403);
+        }
+        if r.header("cookie") != Some("session=ok") {
+            return Scripted::new(401)
+                .header("WWW-Authenticate", "Bearer")
+                .header("Location", "https://login.example/");
+        }
+        return Scripted::new(200)
+            .header("Remote-User", "alice")
+            .header("Remote-Groups", "admins");
+    }
+    Scripted::ok(format!("{} {}", r.method, r.target)).header("X-Powered-By", "php")
+}
+
+/// One request's answer, what the auth service was asked and what the app saw.
+fn auth_outcome(addr: SocketAddr, raw: &str, origin: &ScriptOrigin) -> String {
+    let before = origin.hits();
+    let r = request(addr, raw);
+    let mut out = format!(
+        "status {}\nwww-authenticate {:?}\nx-powered-by {:?}\n",
+        r.status,
+        r.header("www-authenticate"),
+        r.header("x-powered-by")
+    );
+    if r.status == 200 {
+        out.push_str(&format!("body {:?}\n", r.body_str()));
+    }
+    for seen in origin.requests().into_iter().skip(before) {
+        if seen.path() == "/verify" {
+            // What the auth service learns of the request (nginx: X-Original-URI as the
+            // config sets it; veloxy: X-Forwarded-Uri, as the report says).
+            out.push_str(&format!(
+                "auth {} uri={:?} cookie={:?} body={}\n",
+                seen.method,
+                seen.header("x-original-uri")
+                    .or(seen.header("x-forwarded-uri")),
+                seen.header("cookie"),
+                seen.body.len()
+            ));
+        } else {
+            out.push_str(&format!(
+                "app {} {} remote-user={:?} remote-groups={:?} cookie={:?} body={}\n",
+                seen.method,
+                seen.target,
+                seen.header("remote-user"),
+                seen.header("remote-groups"),
+                seen.header("cookie"),
+                seen.body.len()
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn nginx_auth_request_and_its_import_answer_alike() {
+    let Some(bin) = nginx_bin() else {
+        skip("nginx is not installed");
+        return;
+    };
+    let origin = script_origin(auth_origin);
+    let dir = tempfile::tempdir().unwrap();
+    let (np, vp) = (free_port(), free_port());
+    let render = |port: u16| {
+        AUTH_CONFIG
+            .replace("{PORT}", &port.to_string())
+            .replace("{UP}", &origin.addr.to_string())
+            .replace("{DIR}", &dir.path().display().to_string())
+    };
+    let nginx_conf = dir.path().join("nginx-auth.conf");
+    std::fs::write(&nginx_conf, render(np)).unwrap();
+    let mut nginx = Command::new(bin)
+        .args(["-p", &dir.path().display().to_string(), "-c"])
+        .arg(&nginx_conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn nginx");
+    let naddr: SocketAddr = format!("127.0.0.1:{np}").parse().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(naddr).is_ok()
+        }),
+        "nginx did not start"
+    );
+    let (toml, report) = import(dir.path(), &render(vp));
+    assert!(!report.contains("refused:"), "{report}");
+    assert!(toml.contains("forward_auth"), "{toml}");
+    // The differences the comparison leaves out are named.
+    for named in [
+        "X-Original-URI is sent to the auth service as X-Forwarded-Uri",
+        "an answer other than 2xx goes to the client as the auth service sent it",
+    ] {
+        assert!(report.contains(named), "{named:?} not in\n{report}");
+    }
+    let v = veloxy(&toml);
+    let vaddr: SocketAddr = format!("127.0.0.1:{vp}").parse().unwrap();
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(vaddr).is_ok()
+    }));
+
+    let requests = [
+        ("GET", "/", "Cookie: session=ok\r\nRemote-User: mallory\r\n"),
+        (
+            "GET",
+            "/x?q=1",
+            "Cookie: session=ok\r\nRemote-Groups: root\r\n",
+        ),
+        ("POST", "/form", "Cookie: session=ok\r\n"),
+        ("GET", "/x", ""),
+        ("POST", "/x", "Cookie: session=no\r\n"),
+        ("GET", "/forbid", "Cookie: session=ok\r\n"),
+        ("GET", "/open/page", ""),
+        ("GET", "/authz", "Cookie: session=ok\r\n"),
+    ];
+    let mut differences = Vec::new();
+    for (m, p, extra) in requests {
+        let body = if m == "POST" { "hello" } else { "" };
+        let raw = format!(
+            "{m} {p} HTTP/1.1\r\nHost: app.example\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let n = auth_outcome(naddr, &raw, &origin);
+        let x = auth_outcome(vaddr, &raw, &origin);
+        if n != x {
+            differences.push(format!("{m} {p}\n--- nginx\n{n}--- veloxy\n{x}"));
+        }
+    }
+    let _ = nginx.kill();
+    let _ = nginx.wait();
+    drop(v);
+    assert!(
+        differences.is_empty(),
+        "{} of {} requests differ:\n{}\nconfig:\n{toml}\nreport:\n{report}",
+        differences.len(),
+        requests.len(),
+        differences.join("\n")
+    );
+}

@@ -312,6 +312,14 @@ fn key(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
 /// `proxy_cache_bypass` / `proxy_no_cache`: the client's Pragma / Cache-Control (veloxy
 /// revalidates on `no-cache`, bypasses on `no-store`) and Upgrade (never cached) only.
 fn bypass(tr: &mut Tr<'_>, d: &Directive) {
+    if tr.cache_zones.is_empty() {
+        tr.rep.ignored(
+            &d.loc,
+            &d.name,
+            "no proxy_cache_path: nothing is cached, so nothing is bypassed",
+        );
+        return;
+    }
     let vars: Vec<&str> = d.args.iter().map(|a| a.text.as_str()).collect();
     let known = |v: &&str| {
         matches!(

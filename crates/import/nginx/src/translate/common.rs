@@ -97,7 +97,7 @@ pub fn directive<'a>(tr: &mut Tr<'a>, d: &'a Directive, lvl: &mut Level, at: At)
                 tr.rep.different(loc, name, format!("veloxy answers 429 over the limit, not {}", d.arg(0)));
             }
         }
-        "error_page" => error_page(tr, d, lvl),
+        "error_page" => super::pages::error_page(tr, d, lvl),
         "expires" => expires(tr, d, lvl),
         "default_type" => {
             lvl.default_type = Some(d.arg(0).to_string());
@@ -184,14 +184,33 @@ pub fn directive<'a>(tr: &mut Tr<'a>, d: &'a Directive, lvl: &mut Level, at: At)
                 tr.rep.refused(loc, name, "veloxy rewrites Location to the client's host only (location_rewrite)");
             }
         }
-        "proxy_hide_header" => tr.rep.refused(
-            loc,
-            name,
-            "hide an upstream field with response_headers remove: not translated per level",
-        ),
+        "proxy_hide_header" => {
+            Level::start(&mut lvl.own, Own::HIDE_HEADERS, &mut lvl.hide_headers)
+                .push(d.arg(0).to_string());
+            tr.rep.translated(loc, name);
+        }
+        "proxy_intercept_errors" => {
+            lvl.intercept_errors = d.arg(0) == "on";
+            tr.rep.translated(loc, name);
+        }
+        "proxy_pass_request_body" if lvl.auth_location && d.arg(0) == "off" => {
+            tr.rep.translated(loc, name)
+        }
         "proxy_pass_request_headers" | "proxy_pass_request_body" | "proxy_set_body" => {
             tr.rep.refused(loc, name, "veloxy always forwards the client's headers and body")
         }
+        "auth_request" | "auth_request_set" => {
+            // Reported by the level's prescan; here only where no prescan ran (inside if).
+            if !tr.rep.entries.iter().any(|e| e.loc == *loc) && !tr.auth_pending.contains(loc) {
+                tr.rep.refused(loc, name, "inside if: not translated");
+            }
+        }
+        "log_not_found" | "log_subrequest" => tr.rep.ignored(
+            loc,
+            name,
+            "what nginx writes to its error log; the answer is the same",
+        ),
+        "charset" | "charset_types" | "source_charset" | "override_charset" => super::pages::charset(tr, d, lvl),
         _ => return super::cache::directive(tr, d, lvl),
     }
     true
@@ -269,7 +288,15 @@ fn proxy_set_header(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
             | "content-length"
             | "proxy-connection"
     );
+    let auth = super::auth::auth_field(lvl, value);
     let entry = match (lower.as_str(), value) {
+        _ if auth.is_some() => match auth.flatten() {
+            Some(f) if f.eq_ignore_ascii_case(&name) => Ok(ReqHeader::Auth(name.clone())),
+            Some(f) => Err(super::auth::rename_why(&f, &name)),
+            None => Err(format!(
+                "{value} holds no field of the auth answer (its auth_request_set is refused)"
+            )),
+        },
         ("connection", v)
             if v.starts_with('$')
                 && tr
@@ -337,6 +364,10 @@ fn add_header(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
             "veloxy's cache status field (cache_status_header): HIT, MISS, STALE, REVALIDATED or \
              BYPASS (no EXPIRED or UPDATING), on every answer of a caching route",
         );
+        return;
+    }
+    if super::auth::auth_field(lvl, d.arg(1)).is_some() {
+        tr.rep.refused(&d.loc, "add_header", super::auth::ADD_WHY);
         return;
     }
     match vars::template(d.arg(1), &c) {
@@ -409,35 +440,6 @@ fn limit_req(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
             .rep
             .refused(&d.loc, "limit_req", format!("no limit_req_zone {zone:?}")),
     }
-}
-
-fn error_page(tr: &mut Tr<'_>, d: &Directive, lvl: &mut Level) {
-    let uri = d.args.last().map_or("", |a| a.text.as_str()).to_string();
-    let codes: Vec<&str> = d.args[..d.args.len().saturating_sub(1)]
-        .iter()
-        .map(|a| a.text.as_str())
-        .collect();
-    if codes.iter().any(|c| c.starts_with('=')) {
-        tr.rep.refused(
-            &d.loc,
-            "error_page",
-            "changing the status (=CODE): veloxy keeps the original status",
-        );
-        return;
-    }
-    if !uri.starts_with('/') || vars::has_vars(&uri) {
-        tr.rep.refused(
-            &d.loc,
-            "error_page",
-            "a redirect or named location as an error page: veloxy sends files",
-        );
-        return;
-    }
-    let own = Level::start(&mut lvl.own, Own::ERROR_PAGES, &mut lvl.error_pages);
-    for c in codes {
-        own.push((c.to_string(), uri.clone()));
-    }
-    tr.rep.translated(&d.loc, "error_page");
 }
 
 fn access_log(tr: &mut Tr<'_>, d: &Directive) {

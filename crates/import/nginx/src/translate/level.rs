@@ -14,6 +14,9 @@ pub enum ReqHeader {
     Set(String, String),
     /// `proxy_set_header NAME "";`: not sent.
     Remove(String),
+    /// `proxy_set_header NAME $v` with `auth_request_set $v $upstream_http_NAME`: the auth
+    /// answer's field of the same name (forward_auth `copy_headers`).
+    Auth(String),
     /// What veloxy does already (`X-Forwarded-For $proxy_add_x_forwarded_for`, the WebSocket
     /// `Upgrade`/`Connection` pair, `Host $http_host`).
     Default(String),
@@ -23,10 +26,17 @@ impl ReqHeader {
     /// The field name.
     pub fn name(&self) -> &str {
         match self {
-            ReqHeader::Set(n, _) | ReqHeader::Remove(n) | ReqHeader::Default(n) => n,
+            ReqHeader::Set(n, _)
+            | ReqHeader::Remove(n)
+            | ReqHeader::Default(n)
+            | ReqHeader::Auth(n) => n,
         }
     }
 }
+
+/// One `auth_request_set`: the variable (without `$`) and the auth answer's field it holds
+/// (`None`: a value other than `$upstream_http_NAME`).
+pub type AuthVar = (String, Option<String>);
 
 /// One `allow`/`deny` rule.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,8 +96,8 @@ pub struct Level {
     pub access: Option<Rc<Vec<Access>>>,
     /// `limit_req`s of the nearest level that has any.
     pub limit_req: Option<Rc<Vec<LimitReq>>>,
-    /// `error_page` codes -> URI, of the nearest level that has any.
-    pub error_pages: Option<Rc<Vec<(String, String)>>>,
+    /// `error_page` codes -> URI (and the line), of the nearest level that has any.
+    pub error_pages: Option<Rc<Vec<(String, String, Loc)>>>,
     /// `default_type`.
     pub default_type: Option<String>,
     /// `$server_name`: the server's first name as written (`None` outside a server, or
@@ -111,21 +121,38 @@ pub struct Level {
     pub key: Option<String>,
     /// `proxy_next_upstream off`: no retry on another server.
     pub no_retry: bool,
+    /// `auth_request URI` in effect, with where it is written (`Some(None)`: `auth_request
+    /// off`).
+    pub auth_request: Option<Option<(String, Loc)>>,
+    /// `auth_request_set`s of the nearest level that has any: variable (without `$`) -> the
+    /// auth answer's field it holds (`None`: a value other than `$upstream_http_NAME`).
+    pub auth_vars: Option<Rc<Vec<AuthVar>>>,
+    /// `proxy_hide_header` names of the nearest level that has any.
+    pub hide_headers: Option<Rc<Vec<String>>>,
+    /// `proxy_intercept_errors on`.
+    pub intercept_errors: bool,
+    /// This location answers an `auth_request` (its `proxy_set_header`s are the auth
+    /// request's).
+    pub auth_location: bool,
+    /// `charset` (`None`: off, nginx's default).
+    pub charset: Option<String>,
     /// Which lists this level has started itself (bits of [`Own`]): the first directive of
     /// a kind at a level replaces the inherited list.
-    pub own: u8,
+    pub own: u16,
 }
 
 /// Bits of [`Level::own`].
 pub struct Own;
 
 impl Own {
-    pub const PROXY_HEADERS: u8 = 1;
-    pub const ADD_HEADERS: u8 = 2;
-    pub const ACCESS: u8 = 4;
-    pub const LIMIT_REQ: u8 = 8;
-    pub const ERROR_PAGES: u8 = 16;
-    pub const CACHE_VALID: u8 = 32;
+    pub const PROXY_HEADERS: u16 = 1;
+    pub const ADD_HEADERS: u16 = 2;
+    pub const ACCESS: u16 = 4;
+    pub const LIMIT_REQ: u16 = 8;
+    pub const ERROR_PAGES: u16 = 16;
+    pub const CACHE_VALID: u16 = 32;
+    pub const AUTH_VARS: u16 = 64;
+    pub const HIDE_HEADERS: u16 = 128;
 }
 
 impl Level {
@@ -133,14 +160,15 @@ impl Level {
     pub fn child(&self) -> Level {
         Level {
             own: 0,
+            auth_location: false,
             ..self.clone()
         }
     }
 
     /// Starts this level's own list of kind `bit` (dropping the inherited one) if not yet.
     pub fn start<'a, T: Clone>(
-        own: &mut u8,
-        bit: u8,
+        own: &mut u16,
+        bit: u16,
         list: &'a mut Option<std::rc::Rc<Vec<T>>>,
     ) -> &'a mut Vec<T> {
         if *own & bit == 0 {

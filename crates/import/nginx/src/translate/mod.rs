@@ -12,12 +12,14 @@
 //! * [`factor`]: rule sets for keys many routes share.
 //! * [`cache`]: `proxy_cache_path` and `proxy_cache` as veloxy's response cache.
 
+mod auth;
 mod cache;
 mod common;
 mod factor;
 mod level;
 mod location;
 mod names;
+mod pages;
 mod server;
 mod stream;
 mod upstream;
@@ -81,7 +83,6 @@ const IGNORED: &[(&str, &str)] = &[
     ("proxy_headers_hash_max_size", "hash table sizing"),
     ("proxy_headers_hash_bucket_size", "hash table sizing"),
     ("types", "MIME types: veloxy has its own extension table"),
-    ("charset", "veloxy adds charset=utf-8 to text types itself"),
     ("server_tokens", "the Server field's version text"),
     (
         "resolver",
@@ -273,6 +274,12 @@ pub struct Tr<'a> {
     pub(crate) cache_zones: BTreeMap<String, cache::Zone>,
     /// Whether `map $http_upgrade $connection_upgrade` is used by a header.
     pub(crate) upgrade_map: Option<String>,
+    /// `auth_request` lines not reported yet (reported when a route uses them).
+    pub(crate) auth_pending: Vec<veloxy_import::Loc>,
+    /// Each route's `auth_request` (the placeholder `forward_auth` holds its index).
+    pub(crate) auth_uses: Vec<auth::Use>,
+    /// The current server's locations answering `auth_request` URIs.
+    pub(crate) auth_targets: Vec<auth::Target>,
 }
 
 /// Translates the loaded files.
@@ -290,6 +297,9 @@ pub fn translate(loaded: &Loaded, opts: &Options, prefix: PathBuf) -> (Config, R
         streams: Vec::new(),
         upgrade_map: None,
         cache_zones: BTreeMap::new(),
+        auth_pending: Vec::new(),
+        auth_uses: Vec::new(),
+        auth_targets: Vec::new(),
     };
     for (loc, why) in &loaded.skipped {
         match why {
@@ -324,6 +334,15 @@ pub fn translate(loaded: &Loaded, opts: &Options, prefix: PathBuf) -> (Config, R
     for d in std::mem::take(&mut tr.streams) {
         stream::translate(&mut tr, d);
     }
+    for loc in std::mem::take(&mut tr.auth_pending) {
+        if !tr.rep.entries.iter().any(|e| e.loc == loc) {
+            tr.rep.ignored(
+                &loc,
+                "auth_request",
+                "no route it applies to (nginx's return answers before access checks)",
+            );
+        }
+    }
     tr.finish_upstreams();
     tr.finish_maps();
     cache::finish(&mut tr);
@@ -342,6 +361,8 @@ impl<'a> Tr<'a> {
     /// The main context (and the `http` context: a site file holds `server` blocks at its
     /// top level).
     fn main(&mut self, list: &'a [Directive], http: &mut Level) {
+        let all: Vec<&Directive> = list.iter().collect();
+        auth::prescan(self, &all, http);
         for d in list {
             match d.name.as_str() {
                 "http" => {
@@ -437,6 +458,23 @@ impl<'a> Tr<'a> {
         self.rep.refused(&d.loc, &d.name, why);
         for c in d.children() {
             self.skip(c, "inside a refused block");
+        }
+    }
+
+    /// Adds `diff` to the report line at `loc` (translated becomes translated with a
+    /// difference), once.
+    pub(crate) fn amend(&mut self, loc: &veloxy_import::Loc, diff: &str) {
+        use veloxy_import::Outcome;
+        let Some(e) = self.rep.entries.iter_mut().rev().find(|e| e.loc == *loc) else {
+            return;
+        };
+        match &mut e.outcome {
+            Outcome::Translated => e.outcome = Outcome::Different(diff.to_string()),
+            Outcome::Different(w) if !w.contains(diff) => {
+                w.push_str("; ");
+                w.push_str(diff);
+            }
+            _ => {}
         }
     }
 

@@ -32,6 +32,8 @@ pub struct ServerCtx {
     /// Every listener of the server is on its scheme's default port (80, 443): nginx's
     /// absolute redirects then carry no port.
     pub default_ports: bool,
+    /// The `auth_request` URIs the server uses: locations answering them are auth locations.
+    pub auth_uris: Vec<String>,
 }
 
 /// Translates every server.
@@ -199,7 +201,10 @@ fn server<'a>(
     lvl.server_name = first_name(d);
     let mut locations = Vec::new();
     let mut rules = Vec::new();
-    for c in tr.flat(d.children()) {
+    let kids = tr.flat(d.children());
+    super::auth::prescan(tr, &kids, &mut lvl);
+    tr.auth_targets.clear();
+    for c in kids {
         match c.name.as_str() {
             "listen" | "server_name" => {}
             "location" => locations.push(c),
@@ -229,6 +234,7 @@ fn server<'a>(
         default_ports: listens
             .iter()
             .all(|l| (l.port == 80 && !l.ssl) || (l.port == 443 && l.ssl)),
+        auth_uris: super::auth::server_uris(d, &lvl),
     };
     // Server-level redirects: (listeners, hosts, route) taking part of the traffic first.
     let plain: Vec<String> = listens
@@ -282,6 +288,7 @@ fn server<'a>(
             location::location(tr, l, &lvl, &sctx, None, &mut drafts);
         }
         location::fallback(tr, &lvl, &sctx, &mut drafts, &d.loc);
+        super::auth::resolve(tr, &mut drafts);
     }
     drafts.sort_by_key(|d| match d.kind {
         Kind::Regex => (0, 0),

@@ -127,17 +127,48 @@ pub(super) fn rules(tr: &mut Tr<'_>, lvl: &Level, proxied: bool, sec: &mut Secti
     added_headers(lvl, sec);
     if let Some(pages) = lvl.error_pages.as_deref() {
         let mut t = toml::Table::new();
-        for (code, uri) in pages {
-            if let Some(root) = lvl.root.as_ref().filter(|r| !r.alias) {
+        for (code, uri, loc) in pages {
+            let Some(root) = lvl.root.as_ref().filter(|r| !r.alias) else {
+                tr.amend(
+                    loc,
+                    "on a route with no root holding the page (an alias, or no root) veloxy answers its own error text",
+                );
+                continue;
+            };
+            {
                 let file = format!("{}{}", root.path.trim_end_matches('/'), uri);
-                if tr.prefix.join(&file).is_file() {
+                if !tr.prefix.join(&file).is_file() {
+                    tr.amend(
+                        loc,
+                        &format!(
+                            "{file} is not a file where the import ran: veloxy answers its own \
+                             error text instead"
+                        ),
+                    );
+                } else {
                     let base = tr.prefix.clone();
                     t.insert(code.clone(), tr.opts.out_path(&base, &file).into());
+                    if proxied && !lvl.intercept_errors {
+                        tr.amend(
+                            loc,
+                            "veloxy's error pages also replace a proxied upstream's own error \
+                             answers (nginx only with proxy_intercept_errors on)",
+                        );
+                    }
                 }
             }
         }
         if !t.is_empty() {
             sec.set("error_pages", Value::Table(t));
+        }
+    }
+    if let (true, Some(hide)) = (proxied, lvl.hide_headers.as_deref()) {
+        if !hide.is_empty() {
+            let rh = sec.table("response_headers");
+            rh.insert(
+                "remove".into(),
+                Value::Array(hide.iter().map(|h| Value::from(h.as_str())).collect()),
+            );
         }
     }
     if let (true, Some(cc)) = (proxied, &lvl.expires) {
@@ -199,6 +230,7 @@ pub(super) fn rules(tr: &mut Tr<'_>, lvl: &Level, proxied: bool, sec: &mut Secti
             sec.set("rate_limit", table(&t));
         }
     }
+    crate::translate::auth::placeholder(tr, lvl, proxied, sec);
     if proxied {
         crate::translate::cache::route(tr, lvl, sec);
     }

@@ -12,6 +12,8 @@
 
 mod files;
 mod proxy;
+
+use super::auth;
 mod return_rewrite;
 
 use toml::Value;
@@ -104,9 +106,19 @@ pub fn location<'a>(
     let mut lvl = parent.child();
     let mut nested = Vec::new();
     let mut content: Vec<&Directive> = Vec::new();
-    for c in tr.flat(d.children()) {
+    let kids = tr.flat(d.children());
+    let auth_target = auth::answers(&m, &sctx.auth_uris);
+    lvl.auth_location = auth_target;
+    auth::prescan(tr, &kids, &mut lvl);
+    let internal = kids.iter().any(|c| c.name == "internal");
+    for c in kids.iter().copied() {
         match c.name.as_str() {
             "location" => nested.push(c),
+            "proxy_pass" | "grpc_pass" | "return" | "rewrite" | "try_files" | "if"
+                if internal && !auth_target =>
+            {
+                tr.skip_ignored(c, "in an internal location: reached only by nginx's internal redirects (X-Accel-Redirect, error_page, try_files), which veloxy has not; clients get 404 from both")
+            }
             "proxy_pass" | "grpc_pass" | "return" | "rewrite" | "try_files" | "if" => {
                 content.push(c)
             }
@@ -203,6 +215,30 @@ pub fn location<'a>(
                 "the location answers by proxy_pass or return",
             );
         }
+    }
+    if auth_target {
+        auth::record(tr, &m, proxied.then_some(&sec), &lvl, internal);
+    }
+    if internal {
+        // Clients get 404 (nginx's answer to an external request for an internal location).
+        if auth_target {
+            auth::report_headers(tr, &kids, &lvl);
+        }
+        sec.keys
+            .retain(|(k, _)| matches!(k.as_str(), "path" | "path_exact" | "path_regex"));
+        sec.set("respond", table(&[("status", Value::from(404))]));
+        rules(tr, &lvl, false, &mut sec);
+        out.extend(extra);
+        out.push(Draft {
+            sec,
+            kind: if is_regex { Kind::Regex } else { Kind::Other },
+            ruled: true,
+        });
+        tr.rep.translated(&d.loc, "location");
+        for n in nested {
+            location(tr, n, &lvl, sctx, None, out);
+        }
+        return;
     }
     if !target && (has_content || lvl.root.is_some() && nested.is_empty() || nested.is_empty()) {
         target = files(tr, &content, &lvl, &m, &mut sec);

@@ -164,7 +164,7 @@ pub(super) fn proxy(
                 set.insert(n.clone(), v.as_str().into());
             }
             ReqHeader::Remove(n) => remove.push(Value::from(n.as_str())),
-            ReqHeader::Default(_) => {}
+            ReqHeader::Default(_) | ReqHeader::Auth(_) => {}
         }
     }
     let mut rh = toml::Table::new();
