@@ -1,0 +1,263 @@
+//! Differential test of `veloxy import --from haproxy` (issue 33): the real HAProxy runs an
+//! original haproxy.cfg, veloxy runs what `veloxy import` made of the same file, both in front
+//! of one echo upstream; the same requests go to both and the answers (status, Location,
+//! WWW-Authenticate, the fields the config adds, the body) and what the upstream saw (method,
+//! target, Host and the other fields) must be the same. The differences the report names
+//! (veloxy's X-Forwarded-Proto/-Host, connection management fields, veloxy's own 401 body)
+//! are left out of the comparison; everything else is compared.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use veloxy_testkit::*;
+
+/// The original config: `{PORT}` is the frontend's port, `{UP}` the echo upstream.
+const CONFIG: &str = r#"
+global
+    log stdout format raw local0 err
+
+userlist admins
+    user alice password $2b$04$ib2xgnKNa/GO841kvWP2KeImaTPs4OrrGCjQLnLCtqVl7JAmLvLY.
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+
+frontend www
+    bind 127.0.0.1:{PORT}
+    monitor-uri /haproxy-health
+    acl host_api hdr(host),field(1,:) -i api.example.com
+    acl is_old path_beg /old/
+    acl blocked path_beg /private
+    acl is_health path /healthz
+    acl admin path_beg /admin
+    acl auth_ok http_auth(admins)
+    http-request deny if blocked
+    http-request return status 200 content-type text/plain string "ok" if is_health
+    http-request auth realm Admin if admin !auth_ok
+    http-request redirect location /new code 301 if is_old
+    http-request redirect prefix https://www.example.com code 302 if { hdr(host),field(1,:) -i example.com }
+    http-request set-header X-Real-IP %[src]
+    http-request del-header X-Debug
+    http-response set-header X-Frame-Options DENY
+    use_backend api if host_api
+    use_backend legacy if { path_beg /v1/ }
+    default_backend app
+
+backend api
+    option forwardfor
+    http-request set-path %[path,regsub(^/api/,/)] if { path_beg /api/ }
+    http-request add-header X-Via haproxy
+    server a1 {UP}
+
+backend legacy
+    http-request replace-path ^/v1/(.*) /legacy/\1
+    server l1 {UP}
+
+backend app
+    http-response del-header X-Upstream-Secret
+    server w1 {UP}
+"#;
+
+/// Kills the HAProxy process when the test ends (also when it fails).
+struct Peer(std::process::Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn render(port: u16, up: SocketAddr) -> String {
+    CONFIG
+        .replace("{PORT}", &port.to_string())
+        .replace("{UP}", &up.to_string())
+}
+
+/// Runs `veloxy import` on `conf` in `dir`: the TOML (written there, with its htpasswd
+/// files) and the report.
+fn import(dir: &Path, conf: &str) -> (String, String) {
+    let src = dir.join("haproxy.cfg");
+    std::fs::write(&src, conf).unwrap();
+    let out_toml = dir.join("veloxy.toml");
+    let out = Command::new(VELOXY.path())
+        .args(["import", "--from", "haproxy", "-o"])
+        .arg(&out_toml)
+        .arg(&src)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run veloxy import");
+    assert!(
+        out.status.success(),
+        "import failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        std::fs::read_to_string(&out_toml).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// What a request's answer and the upstream's view of it come to, for comparison.
+fn outcome(addr: SocketAddr, raw: &str, origin: &ScriptOrigin) -> String {
+    let before = origin.hits();
+    let r = request(addr, raw);
+    if r.status == 401 {
+        // veloxy's own 401 (body, charset, the route's response headers) differs as the
+        // report says: the status and the realm are compared.
+        let realm = r.header("www-authenticate").map(|v| v.replace(", charset=\"UTF-8\"", ""));
+        return format!("status 401\nrealm {realm:?}\nupstream hit {}", origin.hits() > before);
+    }
+    let mut out = format!(
+        "status {}\nlocation {:?}\nwww-authenticate {:?}\nx-frame-options {:?}\nx-upstream-secret {:?}\n",
+        r.status,
+        r.header("location"),
+        r.header("www-authenticate"),
+        r.header("x-frame-options"),
+        r.header("x-upstream-secret"),
+    );
+    // Redirect bodies differ (veloxy's carry a short text; the report names it).
+    if !(300..400).contains(&r.status) {
+        out.push_str(&format!("body {:?}\n", r.body_str()));
+    }
+    if origin.hits() > before {
+        let seen = origin.requests().pop().unwrap();
+        out.push_str(&format!("upstream {} {}\n", seen.method, seen.target));
+        // HAProxy adds its X-Forwarded-For as a separate field, veloxy appends to the one the
+        // client sent: the same list (the report names the difference in form).
+        let xff: Vec<&str> = seen
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("x-forwarded-for"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        let mut headers: Vec<(String, String)> = seen
+            .headers
+            .iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case("x-forwarded-for"))
+            .cloned()
+            .collect();
+        if !xff.is_empty() {
+            headers.push(("x-forwarded-for".into(), xff.join(", ")));
+        }
+        let mut fields: Vec<String> = headers
+            .iter()
+            .filter(|(n, _)| {
+                let n = n.to_ascii_lowercase();
+                // Named in the report (veloxy's X-Forwarded-* where HAProxy sends none) or
+                // connection management.
+                !(n == "x-forwarded-proto"
+                    || n == "x-forwarded-host"
+                    || n == "x-forwarded-for" && !seen.target.starts_with("/items")
+                    || n == "connection"
+                    || n == "content-length" && seen.body.is_empty())
+            })
+            .map(|(n, v)| format!("{}: {v}", n.to_ascii_lowercase()))
+            .collect();
+        fields.sort();
+        out.push_str(&fields.join("\n"));
+    }
+    out
+}
+
+#[test]
+fn haproxy_and_its_import_answer_alike() {
+    let bin = "/usr/sbin/haproxy";
+    if !Path::new(bin).exists() {
+        skip("haproxy is not installed (/usr/sbin/haproxy)");
+        return;
+    }
+    let origin = script_origin(|r| {
+        Scripted::ok(format!("{} {}", r.method, r.target)).header("X-Upstream-Secret", "s3")
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (hp, vp) = (free_port(), free_port());
+    let hconf = dir.path().join("haproxy-run.cfg");
+    std::fs::write(&hconf, render(hp, origin.addr)).unwrap();
+    let haproxy = Peer(
+        Command::new(bin)
+            .args(["-db", "-f"])
+            .arg(&hconf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn haproxy"),
+    );
+    let haddr: SocketAddr = format!("127.0.0.1:{hp}").parse().unwrap();
+    let up = eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(haddr).is_ok()
+    });
+    assert!(up, "haproxy did not start");
+
+    let (toml, report) = import(dir.path(), &render(vp, origin.addr));
+    assert!(!report.contains("refused:"), "{report}");
+    let v = veloxy_with(
+        {
+            let mut c = Command::new(VELOXY.path());
+            c.current_dir(dir.path());
+            c
+        },
+        &toml.replace(
+            "users_file = \"",
+            &format!("users_file = \"{}/", dir.path().display()),
+        ),
+        &[],
+    );
+    let vaddr: SocketAddr = format!("127.0.0.1:{vp}").parse().unwrap();
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(vaddr).is_ok()
+    }));
+
+    let alice = basic_credentials("alice", "secret");
+    let requests: Vec<String> = [
+        ("GET", "app.example.net", "/", ""),
+        ("GET", "app.example.net", "/page?a=1&b=2", "X-Custom: yes\r\nX-Debug: 1\r\n"),
+        ("POST", "app.example.net", "/form", "Content-Type: text/plain\r\n"),
+        ("GET", "api.example.com", "/api/items?q=1", ""),
+        ("GET", "api.example.com", "/items", "X-Forwarded-For: 6.6.6.6\r\n"),
+        ("GET", "app.example.net", "/v1/users/7?x=1", ""),
+        ("GET", "app.example.net", "/healthz", ""),
+        ("GET", "app.example.net", "/haproxy-health", ""),
+        ("GET", "app.example.net", "/private/x", ""),
+        ("GET", "app.example.net", "/old/page?x=1", ""),
+        ("GET", "example.com", "/some/where?y=2", ""),
+        ("GET", "app.example.net", "/admin/panel", ""),
+        ("GET", "app.example.net", "/admin/panel", &format!("Authorization: {alice}\r\n")),
+        ("GET", "app.example.net", "/admin/panel", "Authorization: Basic YWxpY2U6d3Jvbmc=\r\n"),
+        ("DELETE", "api.example.com", "/api/thing", "Authorization: Bearer t\r\n"),
+    ]
+    .iter()
+    .map(|(m, h, p, extra)| {
+        let body = if *m == "POST" { "hello" } else { "" };
+        format!(
+            "{m} {p} HTTP/1.1\r\nHost: {h}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    })
+    .collect();
+    let mut differences = Vec::new();
+    for raw in &requests {
+        let h = outcome(haddr, raw, &origin);
+        let x = outcome(vaddr, raw, &origin);
+        if h != x {
+            differences.push(format!(
+                "{}\n--- haproxy\n{h}\n--- veloxy\n{x}\n",
+                raw.lines().next().unwrap()
+            ));
+        }
+    }
+    drop(haproxy);
+    drop(v);
+    assert!(
+        differences.is_empty(),
+        "{} of {} requests differ:\n{}\nconfig:\n{toml}\nreport:\n{report}",
+        differences.len(),
+        requests.len(),
+        differences.join("\n")
+    );
+}
