@@ -383,6 +383,78 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// A client config for `https://` upstreams of a group with `tls_verify = false`: any
+/// certificate is accepted (the handshake's signatures are still checked, so the session
+/// is with the holder of the certificate's key, whoever that is). For backends with
+/// self-signed certificates on a network the operator trusts, as HAProxy's `verify none`,
+/// Caddy's `tls_insecure_skip_verify` and Traefik's `insecureSkipVerify`.
+pub fn client_config_unverified(alpn_h2: bool) -> Arc<rustls::ClientConfig> {
+    let provider = provider();
+    let verifier = Arc::new(AnyCertificate(provider.clone()));
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .expect("the provider supports TLS 1.2 and 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    config.alpn_protocols = if alpn_h2 {
+        vec![b"h2".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    Arc::new(config)
+}
+
+/// Accepts every server certificate; verifies handshake signatures with the provider's
+/// algorithms.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// Writes all of `data`, then flushes. A TLS stream may still hold encrypted bytes after
 /// `write_all` returns (when the socket was full): only a later write, a flush or a shutdown
 /// sends them, and a read never does. On plain TCP the flush costs nothing.

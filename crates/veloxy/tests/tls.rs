@@ -332,6 +332,55 @@ fn https_upstreams_are_verified_with_sni() {
     // So does an untrusted CA (the system roots do not know the test CA).
     let untrusted = front("tls_server_name = \"backend.test\"");
     assert_eq!(get(untrusted.addr, "/echo").status, 502);
+    // tls_verify = false: the same untrusted certificate, and a name it does not carry,
+    // are accepted (HAProxy's `verify none`); over HTTP/1.1 upstreams and h2.
+    for protocol in ["http1", "h2"] {
+        let insecure = front(&format!(
+            "tls_verify = false\ntls_server_name = \"other.test\"\nprotocol = \"{protocol}\""
+        ));
+        let r = get(insecure.addr, "/echo");
+        assert_eq!(r.status, 200, "{protocol}: {}", r.body_str());
+        assert_eq!(r.header("x-upstream"), Some("inner"));
+    }
+}
+
+/// `tls_verify = false` is refused where it means nothing or contradicts a CA, and warns.
+#[test]
+fn tls_verify_false_is_checked_and_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |group: &str| {
+        let path = dir.path().join("v.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[listeners.web]\naddr = \"127.0.0.1:0\"\n[[routes]]\nupstream = \"u\"\n\
+                 [upstreams.u]\n{group}\n"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(VELOXY)
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = check("servers = [\"https://127.0.0.1:8443\"]\ntls_verify = false");
+    assert!(ok, "{err}");
+    assert!(err.contains("upstreams.u.tls_verify: warning:"), "{err}");
+    let (ok, err) = check("servers = [\"127.0.0.1:8080\"]\ntls_verify = false");
+    assert!(
+        !ok && err.contains("only applies to https:// servers"),
+        "{err}"
+    );
+    let (ok, err) = check(&format!(
+        "servers = [\"https://127.0.0.1:8443\"]\ntls_verify = false\nca_file = \"{}\"",
+        dir.path().join("v.toml").display()
+    ));
+    assert!(!ok && err.contains("remove ca_file"), "{err}");
 }
 
 /// Reads one response with a Content-Length body from a keep-alive TLS stream: (status, body).

@@ -481,6 +481,8 @@ pub struct UpstreamSection {
     /// Name sent as SNI and verified in the server's certificate; default: the host of the
     /// server's address.
     pub tls_server_name: Option<Spanned<String>>,
+    /// `false`: `https://` servers' certificates are not verified (default true).
+    pub tls_verify: Option<Spanned<bool>>,
     pub location_rewrite: Option<Spanned<bool>>,
     pub sticky: Option<Spanned<StickySection>>,
     pub proxy_protocol: Option<Spanned<String>>,

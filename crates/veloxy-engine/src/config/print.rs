@@ -491,6 +491,9 @@ fn upstream(out: &mut Toml, u: &UpstreamGroup) {
             ),
         );
     }
+    if !u.tls_verify {
+        out.raw("tls_verify", "false");
+    }
     if let Some(ca) = &u.ca_file {
         out.path("ca_file", ca);
     }

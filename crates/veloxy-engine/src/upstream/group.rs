@@ -120,6 +120,8 @@ pub struct UpstreamGroup {
     pub tls_server_name: Option<String>,
     /// Absolute path of the `ca_file` that `tls` trusts; `None`: the system's roots.
     pub ca_file: Option<PathBuf>,
+    /// `tls_verify = false`: `tls` accepts any certificate (default true).
+    pub tls_verify: bool,
     /// `runtime_overrides = "keep"`: runtime API drains survive a reload.
     pub keep_runtime_overrides: bool,
     /// `location_rewrite = true`: the default of the group's routes.
@@ -155,6 +157,7 @@ impl std::fmt::Debug for UpstreamGroup {
             .field("health_check", &self.health_check)
             .field("outlier", &self.outlier)
             .field("ca_file", &self.ca_file)
+            .field("tls_verify", &self.tls_verify)
             .finish()
     }
 }

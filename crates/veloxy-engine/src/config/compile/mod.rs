@@ -90,6 +90,15 @@ fn compile(
     let mut warnings: Vec<String> = io_warning.into_iter().chain(admin_warning).collect();
     warnings.extend(acme::unserved_names(src, &file, &listeners));
     warnings.extend(unused_groups(src, &file));
+    warnings.extend(file.upstreams.iter().filter_map(|(name, g)| {
+        let v = g.get_ref().tls_verify.as_ref().filter(|v| !*v.get_ref())?;
+        Some(src.warning(
+            v.span(),
+            &format!("upstreams.{name}.tls_verify"),
+            "the servers' certificates are not checked: anyone on the path to them can \
+             impersonate them (give their CA with ca_file instead)",
+        ))
+    }));
     warnings.extend(foreign_variables(src, src.text));
     Ok(Snapshot {
         settings,

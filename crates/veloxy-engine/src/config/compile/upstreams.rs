@@ -153,6 +153,7 @@ fn compile_group(
         tls,
         tls_server_name: u.tls_server_name.as_ref().map(|n| n.get_ref().clone()),
         ca_file,
+        tls_verify: u.tls_verify.as_ref().is_none_or(|v| *v.get_ref()),
         location_rewrite: u.location_rewrite.as_ref().is_some_and(|b| *b.get_ref()),
         keep_runtime_overrides: match u.runtime_overrides.as_ref() {
             None => false,
@@ -354,6 +355,7 @@ fn client_tls(
     https: bool,
     protocol: UpstreamProtocol,
 ) -> Result<Option<Arc<rustls::ClientConfig>>, ConfigError> {
+    let verify = u.tls_verify.as_ref().filter(|v| !*v.get_ref());
     if !https {
         if let Some(c) = &u.ca_file {
             return Err(src.error(
@@ -362,7 +364,26 @@ fn client_tls(
                 "only applies to https:// servers",
             ));
         }
+        if let Some(v) = verify {
+            return Err(src.error(
+                v.span(),
+                format!("{key}.tls_verify"),
+                "only applies to https:// servers",
+            ));
+        }
         return Ok(None);
+    }
+    if let Some(v) = verify {
+        if u.ca_file.is_some() {
+            return Err(src.error(
+                v.span(),
+                format!("{key}.tls_verify"),
+                "tls_verify = false checks no certificate: remove ca_file, or keep the check",
+            ));
+        }
+        return Ok(Some(crate::tls::client_config_unverified(
+            protocol == UpstreamProtocol::H2,
+        )));
     }
     let ca = u.ca_file.as_ref().map(|c| (c, src.relative(c.get_ref())));
     let config = crate::tls::client_config(
