@@ -28,7 +28,8 @@
 //!    `exchange::record` (access log, metrics, `on_done`).
 //! 4. **upstream** ([`upstream`]): `connect` (TCP, TLS, `max_connections`), the per-worker
 //!    keep-alive `pool`, the `balancer` (a policy's picker per worker), active and passive
-//!    `health`, and the h2 sender per backend. The HTTP/1 attempt itself (`downstream::proxy`
+//!    `health`. The HTTP/2 attempt and the h2 sender per backend are `exchange::h2`, shared
+//!    by HTTP/1 and HTTP/2/3 clients; the HTTP/1 attempt itself (`downstream::proxy`
 //!    and `relay`) writes the head, streams bodies both ways through bounded buffers and
 //!    parses the response with `http1::response`; `compress` encodes on the fly.
 //!    Every wait on the way has a deadline: `deadline::timeout` starts its timer only when a

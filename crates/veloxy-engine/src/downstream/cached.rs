@@ -18,7 +18,12 @@ pub(crate) async fn forward(
     mut p: Prepared,
 ) -> bool {
     let fill = p.target.cache.take().expect("a request with a fill");
-    match crate::cache::fill::run(worker, gen, &p.target, fill).await {
+    // GET or HEAD: no body to read before the slot. A forward keeps it.
+    let filled = match crate::exchange::hold_slot(&p.target.concurrency, &mut p.slot).await {
+        Ok(()) => crate::cache::fill::run(worker, gen, &p.target, fill).await,
+        Err(e) => Err(e),
+    };
+    match filled {
         Ok(Filled::Answer(r)) => {
             let record = std::mem::replace(&mut p.record, Record::unlogged());
             let reply = StaticReply::for_response(worker, r, &p, record);

@@ -146,6 +146,9 @@ pub(crate) struct Prepared {
     /// The upstream request head for an `h2`/`h2c` group, built from the parsed request.
     pub h2_head: Option<Box<crate::downstream::http2::bridge::H2Head>>,
     pub record: Record,
+    /// The route's concurrency slot once taken (see [`exchange::hold_slot`]): a cache fill
+    /// that lets the request go upstream hands it on to the forward.
+    pub slot: exchange::Slot,
 }
 
 /// Serves requests until the connection closes (`None`), or, for a connection idle for
@@ -571,6 +574,7 @@ fn prepare(
         head,
         h2_head,
         record,
+        slot: None,
     }))
 }
 

@@ -92,12 +92,11 @@ pub(crate) async fn forward(
 
     // The body is read before a concurrency slot or an upstream connection is taken: a slow
     // sender then holds neither (`request_buffering = "auto"`).
-    let limit = p.target.concurrency.clone();
     let outcome = match buffer_request_body(group, down, &mut p, &mut req_body, &mut wbuf).await {
         Err(f) => Err(f),
-        Ok(()) => match exchange::admit_concurrency(&limit).await {
+        Ok(()) => match exchange::hold_slot(&p.target.concurrency, &mut p.slot).await {
             Err(e) => Err(Fail::BeforeResponse(e)),
-            Ok(_admitted) => {
+            Ok(()) => {
                 let plan = Plan {
                     worker,
                     gen,
@@ -128,6 +127,8 @@ pub(crate) async fn forward(
         },
     };
 
+    // The slot is free once the response is delivered (not while an error answer lingers).
+    p.slot = None;
     let (keep, status, linger) = match outcome {
         Ok(meta) => (
             meta.downstream_keep_alive && p.keep_alive,

@@ -19,10 +19,17 @@ use crate::worker::Worker;
 /// Runs the search job of `p` (which has one); returns whether the connection stays open.
 pub(crate) async fn forward(worker: &Rc<Worker>, down: &mut Downstream, mut p: Prepared) -> bool {
     let job = p.target.search.take().expect("a request with a search job");
-    match read_body(down, &mut p, job.body_limit()).await {
+    let body = match read_body(down, &mut p, job.body_limit()).await {
         Ok(body) => {
             // Read whole: the connection can take the next request.
             p.body = BodyKind::None;
+            let slot = crate::exchange::hold_slot(&p.target.concurrency, &mut p.slot).await;
+            slot.map(|()| body).map_err(Fail::BeforeResponse)
+        }
+        Err(e) => Err(e),
+    };
+    match body {
+        Ok(body) => {
             let answer = job.run(body).await;
             let record = std::mem::replace(&mut p.record, Record::unlogged());
             let reply = StaticReply::for_answer(worker, answer, &p, record);
@@ -30,9 +37,10 @@ pub(crate) async fn forward(worker: &Rc<Worker>, down: &mut Downstream, mut p: P
         }
         Err(Fail::Abort(_)) => false,
         Err(Fail::BeforeResponse(e)) => {
-            // The body was not read whole: the connection cannot take another request.
-            crate::downstream::proxy::fail_prepared(worker, down, &mut p, &e, true).await;
-            false
+            // Unless the body was read whole (a 503 for want of a slot), the connection cannot
+            // take another request.
+            let close = p.body != BodyKind::None || !p.keep_alive;
+            crate::downstream::proxy::fail_prepared(worker, down, &mut p, &e, close).await
         }
     }
 }

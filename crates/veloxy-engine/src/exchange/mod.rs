@@ -6,13 +6,17 @@
 //! lookup, route match, rate limit, the `on_request` hook (file routes included), and for a
 //! proxied route the first backend choice. The codec then either serves the file or runs the
 //! [`attempt`] loop (attempts on backends, retries, outlier feedback), and ends with
-//! [`Record::finish`] (access log, metrics, `on_done`). Each of those exists in one place.
+//! [`Record::finish`] (access log, metrics, `on_done`). Each of those exists in one place, as
+//! do the route's concurrency slot ([`hold_slot`]), the HTTP/2 upstream attempt ([`h2`]) and
+//! the limits on a streamed HTTP/2 or HTTP/3 request body ([`body`]).
 
 pub(crate) mod answer;
 mod apply;
 pub(crate) mod attempt;
+pub(crate) mod body;
 pub(crate) mod edit;
 pub(crate) mod forward_auth;
+pub(crate) mod h2;
 pub(crate) mod record;
 
 use std::cell::Cell;
@@ -583,19 +587,30 @@ pub(crate) fn body_buffering(
     }
 }
 
-/// Waits for a slot of the route's concurrency limit (if it has one): 503 when the queue is
-/// full or `queue_timeout` passes. The slot is held until the returned guard drops.
-pub(crate) async fn admit_concurrency(
+/// A held slot of a route's `max_concurrency`, released when dropped.
+pub(crate) type Slot = Option<crate::limits::OwnedAdmission>;
+
+/// Takes a slot of the route's concurrency limit (if it has one) into `held`, unless it holds
+/// one already: 503 when the queue is full or `queue_timeout` passes.
+///
+/// Every codec calls this at the same point of an exchange: after the part of the request
+/// body read before anything goes upstream ([`body_buffering`]; a search job's whole body),
+/// so a slow sender holds no slot, and before the search job, the cache fill (a collapsed
+/// follower included: it is a request in flight on the route) or the first attempt. The
+/// slot is held until the answer is complete; a fill that lets the request go upstream
+/// hands its slot on to the forward, which does not take a second one.
+pub(crate) async fn hold_slot(
     limit: &Option<Arc<ConcurrencyLimit>>,
-) -> Result<Option<crate::limits::Admission<'_>>, ProxyError> {
-    match limit {
-        None => Ok(None),
-        Some(l) => l
-            .admit()
+    held: &mut Slot,
+) -> Result<(), ProxyError> {
+    if let (Some(l), None) = (limit, held.as_ref()) {
+        let admission = l
+            .admit_owned()
             .await
-            .map(Some)
-            .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded)),
+            .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
+        *held = Some(admission);
     }
+    Ok(())
 }
 
 /// The `on_request` phase. Only error statuses can be answered without a body of the hook's

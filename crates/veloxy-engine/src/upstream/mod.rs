@@ -77,6 +77,20 @@ impl GroupState {
     }
 }
 
+/// Runs hyper's tasks (streams, connection drivers) on the worker's own thread.
+#[derive(Clone, Copy)]
+pub(crate) struct LocalExec;
+
+impl<F> hyper::rt::Executor<F> for LocalExec
+where
+    F: std::future::Future + 'static,
+    F::Output: 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::task::spawn_local(fut);
+    }
+}
+
 /// The request body type sent to HTTP/2 upstreams.
 pub(crate) type H2Body = http_body_util::combinators::UnsyncBoxBody<
     bytes::Bytes,

@@ -4,7 +4,10 @@
 //! same field filtering and `X-Forwarded-*` as for HTTP/2 clients), with its body buffered up to the
 //! group's `retry_body_limit` (larger bodies get 413: streaming an HTTP/1 body into an HTTP/2
 //! stream would tie the client connection to a second task). It goes over the worker's
-//! multiplexed connection to the backend. The response streams back as HTTP/1.1: with its
+//! multiplexed connection to the backend, through the same retry loop as an HTTP/2 client's
+//! request ([`crate::exchange::attempt`]): a failed connect moves to another backend, and as
+//! the body is buffered, an idempotent request is retried after a reset or a `retry_on`
+//! status. The response streams back as HTTP/1.1: with its
 //! `content-length` when it has one, else chunked, with HTTP/2 trailers (gRPC status, ...) in
 //! the chunked trailer section; HTTP/1.0 clients get a close-delimited body.
 
@@ -13,13 +16,14 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full};
 use tokio::io::AsyncReadExt;
-use tokio::time::{timeout, Instant};
+use tokio::time::timeout;
 
 use crate::config::UpstreamProtocol;
 use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::proxy::{answer_error, reset_downstream};
 use crate::downstream::relay::{reserve, write_down, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError, Side};
+use crate::exchange::attempt::{self, Plan};
 use crate::exchange::{self, Record};
 use crate::http1::{itoa, reason, BodyKind};
 use crate::worker::{Generation, Worker};
@@ -35,12 +39,11 @@ pub(crate) async fn forward(
     let group = &gen.snapshot.upstreams[p.target.upstream];
     let sent_before = down.bytes_sent;
     let mut record = std::mem::replace(&mut p.record, Record::unlogged());
-    let limit = p.target.concurrency.clone();
-    let result = match exchange::admit_concurrency(&limit).await {
-        Err(e) => Err(e),
-        Ok(_admitted) => exchange(worker, gen, down, &p, &mut record).await,
-    };
-    record.backend = Some(group.backends[p.target.backend].addr.clone());
+    let mut last = None;
+    let result = exchange(worker, gen, down, &mut p, &mut record, &mut last).await;
+    // Free once the response is delivered (not while an error answer lingers).
+    p.slot = None;
+    record.backend = last.map(|b| group.backends[b].addr.clone());
     let (keep, status, linger) = match result {
         Ok((keep, status)) => (keep, status, false),
         Err(_) if down.bytes_sent > sent_before => {
@@ -64,13 +67,17 @@ pub(crate) async fn forward(
     keep
 }
 
-/// Reads the body, sends the request, relays the response. `Ok((keep_alive, status))`.
+/// Reads the body, takes the route's concurrency slot, sends the request through the retry
+/// loop (the same attempts as for HTTP/2 clients: [`crate::exchange::h2::attempt_on`]; the body is
+/// buffered, so an idempotent request is replayable), relays the response.
+/// `Ok((keep_alive, status))`; `last`: the last backend tried.
 async fn exchange(
     worker: &Worker,
     gen: &Generation,
     down: &mut Downstream,
-    p: &Prepared,
+    p: &mut Prepared,
     record: &mut Record,
+    last: &mut Option<usize>,
 ) -> Result<(bool, u16), ProxyError> {
     let group = &gen.snapshot.upstreams[p.target.upstream];
     let too_large = matches!(p.body, BodyKind::Length(n) if n as usize > group.retry_body_limit);
@@ -78,43 +85,24 @@ async fn exchange(
         write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await?;
     }
     let body = read_body(down, p.body, group.retry_body_limit).await?;
+    exchange::hold_slot(&p.target.concurrency, &mut p.slot).await?;
     let head = p.h2_head.as_deref().ok_or_else(|| {
         ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"))
     })?;
-    let req = to_h2_request(head, body)?;
-    let backend = p.target.backend;
-    let mut sender =
-        crate::downstream::http2::to_h2::sender_for(worker, gen, p.target.upstream, backend)
-            .await
-            .map_err(|(e, health)| {
-                if health {
-                    group.health.record_failure(backend, &group.outlier);
-                }
-                e
-            })?;
-    gen.groups.borrow_mut()[p.target.upstream].start(backend);
-    let t0 = Instant::now();
-    let sent = timeout(group.read_timeout, sender.send_request(req)).await;
-    let elapsed = t0.elapsed();
-    let ok = matches!(&sent, Ok(Ok(r)) if !(group.outlier.on_5xx && r.status().as_u16() >= 500));
-    gen.groups.borrow_mut()[p.target.upstream].end(backend, elapsed, ok);
-    if ok {
-        group.health.record_success(backend);
-    } else {
-        group.health.record_failure(backend, &group.outlier);
-    }
-    let resp = match sent {
-        Err(_) => {
-            gen.groups.borrow_mut()[p.target.upstream].h2[backend] = None;
-            return Err(ProxyError::upstream(ErrorKind::ReadTimeout));
-        }
-        Ok(Err(e)) => {
-            gen.groups.borrow_mut()[p.target.upstream].h2[backend] = None;
-            return Err(crate::downstream::http2::hyper_error(true, &e));
-        }
-        Ok(Ok(r)) => r,
+    let plan = Plan {
+        worker,
+        gen,
+        upstream: p.target.upstream,
+        client: down.peer,
+        hash: p.target.hash,
+        replayable: p.idempotent,
     };
-    worker.metrics.upstream_duration.observe(elapsed);
+    let upstream = p.target.upstream;
+    let resp = attempt::run(&plan, p.target.backend, last, async |backend, may_retry| {
+        let make = || head.request(group, backend, body.clone());
+        crate::exchange::h2::attempt_on(worker, gen, (upstream, backend), may_retry, make).await
+    })
+    .await?;
     relay_response(worker, down, p, record, resp, group.read_timeout).await
 }
 
@@ -165,7 +153,10 @@ async fn read_body(
 /// the hooks' fields.
 pub(crate) struct H2Head {
     method: http::Method,
-    uri: http::Uri,
+    /// `:authority` ("": the address of the backend the attempt goes to).
+    authority: String,
+    /// The request target sent upstream.
+    path: String,
     headers: http::HeaderMap,
 }
 
@@ -186,19 +177,24 @@ impl H2Head {
         let bad =
             || ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"));
         let method = http::Method::from_bytes(req.method.as_bytes()).map_err(|_| bad())?;
+        let authority = match fwd.edit.and_then(|e| e.host()) {
+            Some(h) => h,
+            None => fwd.host,
+        };
+        // Checked once here, so that no attempt fails on it.
         let scheme = if group.protocol == UpstreamProtocol::H2 {
             "https"
         } else {
             "http"
         };
         let addr = group.backends[backend].addr.to_string();
-        let authority = match fwd.edit.and_then(|e| e.host()) {
-            Some(h) => h,
-            None if fwd.host.is_empty() => &addr,
-            None => fwd.host,
+        let shown = if authority.is_empty() {
+            &addr
+        } else {
+            authority
         };
-        let uri: http::Uri = format!("{scheme}://{authority}{path}")
-            .parse()
+        format!("{scheme}://{shown}{path}")
+            .parse::<http::Uri>()
             .map_err(|_| bad())?;
         let fields = crate::exchange::Fields::H1(req.headers);
         let mut headers = crate::downstream::http2::to_h2::upstream_headers(fields, fwd);
@@ -207,26 +203,31 @@ impl H2Head {
         }
         Ok(H2Head {
             method,
-            uri,
+            authority: authority.to_owned(),
+            path: path.to_owned(),
             headers,
         })
     }
-}
 
-/// The HTTP/2 request: the prepared head and the buffered body.
-fn to_h2_request(
-    head: &H2Head,
-    body: Bytes,
-) -> Result<http::Request<crate::upstream::H2Body>, ProxyError> {
-    let mut req = http::Request::new(
-        Full::new(body)
+    /// The HTTP/2 request for an attempt on `backend`: the head and the buffered body.
+    fn request(
+        &self,
+        group: &crate::config::UpstreamGroup,
+        backend: usize,
+        body: Bytes,
+    ) -> Result<http::Request<crate::upstream::H2Body>, ProxyError> {
+        let body = Full::new(body)
             .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
-    *req.method_mut() = head.method.clone();
-    *req.uri_mut() = head.uri.clone();
-    *req.headers_mut() = head.headers.clone();
-    Ok(req)
+            .boxed_unsync();
+        crate::exchange::h2::upstream_request(
+            group,
+            backend,
+            (&self.authority, &self.path),
+            self.method.clone(),
+            self.headers.clone(),
+            body,
+        )
+    }
 }
 
 fn exchange_error_page(record: &Record, status: u16) -> bool {

@@ -16,7 +16,6 @@
 
 use std::cell::Cell;
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -34,6 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::{self, Admitted, Fields, Head, Peer, Record};
+use crate::upstream::LocalExec;
 use crate::worker::{Generation, Worker};
 pub(crate) use request_body::RequestBody;
 
@@ -54,20 +54,6 @@ pub(crate) const CONNECTION_WINDOW: u32 = 1024 * 1024;
 const MAX_PENDING_RESETS: usize = 64;
 /// Streams veloxy may reset because of client errors before closing the connection.
 const MAX_LOCAL_RESETS: usize = 256;
-
-/// Runs hyper's tasks (streams, connection drivers) on the worker's own thread.
-#[derive(Clone, Copy)]
-pub(crate) struct LocalExec;
-
-impl<F> hyper::rt::Executor<F> for LocalExec
-where
-    F: Future + 'static,
-    F::Output: 'static,
-{
-    fn execute(&self, fut: F) {
-        tokio::task::spawn_local(fut);
-    }
-}
 
 /// What every stream of one client connection shares.
 pub(crate) struct ConnCtx {
@@ -210,7 +196,8 @@ pub(crate) struct Finish {
     pub record: Record,
     pub status: u16,
     pub bytes_sent: u64,
-    pub admission: Option<crate::limits::OwnedAdmission>,
+    /// The route's concurrency slot, once taken.
+    pub admission: exchange::Slot,
 }
 
 impl Drop for Finish {
@@ -546,21 +533,17 @@ async fn forward(
         let f = fin.take().expect("present until success");
         return Ok(files::serve_cached(&c.worker, *hit, f));
     }
-    if let Some(limit) = &target.concurrency {
-        let admission = limit
-            .admit_owned()
-            .await
-            .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
-        fin.as_deref_mut().expect("present").admission = Some(admission);
-    }
     if let Some(job) = target.search.take() {
         let is_head = req.method() == http::Method::HEAD;
         let body = whole_body(c, req.into_body(), job.body_limit()).await?;
+        hold_slot(&target, fin).await?;
         let answer = job.run(body).await;
         let f = fin.take().expect("present until success");
         return Ok(files::serve_answer(&c.worker, answer, is_head, f));
     }
     if let Some(fill) = target.cache.take() {
+        // GET or HEAD: no body to read first.
+        hold_slot(&target, fin).await?;
         match crate::cache::fill::run(&c.worker, gen, &target, fill).await? {
             crate::cache::fill::Filled::Answer(r) => {
                 let f = fin.take().expect("present until success");
@@ -578,6 +561,16 @@ async fn forward(
             to_h2::forward(c, gen, &target, req, fin).await
         }
     }
+}
+
+/// Takes the route's concurrency slot for the stream (see [`exchange::hold_slot`]), held by
+/// its [`Finish`] until the response body ends.
+pub(crate) async fn hold_slot(
+    t: &exchange::ProxyTarget,
+    fin: &mut Option<Box<Finish>>,
+) -> Result<(), ProxyError> {
+    let f = fin.as_deref_mut().expect("present until success");
+    exchange::hold_slot(&t.concurrency, &mut f.admission).await
 }
 
 /// How much of a refused body is read and dropped after a 413, and for how long.

@@ -95,6 +95,8 @@ async fn forward_with(
         buffered = got;
     }
     let replayable = idempotent && !streaming;
+    // After the buffered part of the body: a slow sender held no slot while it trickled.
+    super::hold_slot(t, fin).await?;
 
     let plan = Plan {
         worker: c.worker(),

@@ -1,30 +1,23 @@
-//! An HTTP/2 stream forwarded to an HTTP/2 upstream (`protocol = "h2"` over TLS, or `"h2c"`):
-//! what gRPC needs. Each worker keeps one multiplexed connection per backend (hyper's client,
-//! driven by a task on the worker's thread). Bodies and trailers pass through as frames, in
-//! both directions, without buffering.
+//! An HTTP/2 (or HTTP/3) stream forwarded to an HTTP/2 upstream (`protocol = "h2"` over TLS,
+//! or `"h2c"`): what gRPC needs. The attempts are [`crate::exchange::h2`]'s, over one
+//! multiplexed connection per backend per worker. Bodies and trailers pass through as frames,
+//! in both directions, without buffering; the request body is held to `max_body_bytes` and
+//! `body_timeout` on its way ([`crate::exchange::body`]).
 
 use std::rc::Rc;
 
-use http::{HeaderMap, HeaderValue, Request, Response, Uri};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::time::{timeout, Instant};
 
 use super::request_body::RequestBody;
-use super::{ConnCtx, Finish, LocalExec, ProxyBody};
-use crate::config::UpstreamProtocol;
-use crate::error::{ErrorKind, ProxyError};
+use super::{ConnCtx, Finish, ProxyBody};
+use crate::error::ProxyError;
 use crate::exchange::attempt::{self, AttemptFail, Plan};
 use crate::exchange::{Fields, ProxyTarget};
-use crate::upstream::connect::connect_backend;
-use crate::upstream::H2Sender;
 use crate::worker::Generation;
 
-fn up(kind: ErrorKind) -> ProxyError {
-    ProxyError::upstream(kind)
-}
-
+/// Forwards the stream: its fields rewritten for the upstream, the route's concurrency slot,
+/// the attempts (a failed connect moves to another backend), then the response, streamed.
 pub(super) async fn forward(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
@@ -54,6 +47,15 @@ pub(super) async fn forward(
         super::add_hook_headers(&ctx.upstream_headers, &mut headers);
     }
 
+    // The client's body is held to `max_body_bytes` and `body_timeout` as it streams.
+    let (body, watch) = crate::exchange::body::guard(
+        body,
+        t.max_body,
+        c.body_timeout(),
+        c.worker().metrics.clone(),
+    );
+    // Nothing is buffered: the slot is taken before the first attempt.
+    super::hold_slot(t, fin).await?;
     // Nothing is sent before a backend has a live connection, so a failed connect moves on
     // to another backend whatever the method; once sent, the request is not retried (its
     // body streams through and cannot be replayed).
@@ -68,36 +70,28 @@ pub(super) async fn forward(
     let mut pending = Some((parts.method, parts.uri, headers, body));
     let mut last = None;
     let result = attempt::run(&plan, t.backend, &mut last, async |backend, _| {
-        let sender = sender_for(c.worker(), gen, t.upstream, backend)
-            .await
-            .map_err(|(error, health)| AttemptFail::NotSent { error, health })?;
-        let (method, uri, headers, body) = pending.take().expect("sent at most once");
-        let path = t.path.as_deref();
-        let req = upstream_request(group, backend, &host, method, (&uri, path), headers, body)
-            .map_err(AttemptFail::Fatal)?;
-        let t0 = Instant::now();
-        let sent = timeout(
-            group.read_timeout,
-            send_with_one_reconnect(c, gen, t, backend, sender, req),
-        )
-        .await;
-        let failed = match sent {
-            Ok(Ok(r)) => {
-                c.worker().metrics.upstream_duration.observe(t0.elapsed());
-                let status = r.status().as_u16();
-                return Ok((r, status));
-            }
-            Ok(Err(e)) => e,
-            Err(_) => up(ErrorKind::ReadTimeout),
+        let make = || {
+            let (method, uri, headers, body) = pending.take().expect("sent at most once");
+            let path = t.path.as_deref();
+            let path = path.unwrap_or_else(|| uri.path_and_query().map_or("/", |p| p.as_str()));
+            let target = (host.as_str(), path);
+            let body = body.boxed_unsync();
+            crate::exchange::h2::upstream_request(group, backend, target, method, headers, body)
         };
-        // Maybe a connection that died silently: the next request opens a fresh one.
-        gen.groups.borrow_mut()[t.upstream].h2[backend] = None;
-        Err(AttemptFail::Fatal(failed))
+        let sent =
+            crate::exchange::h2::attempt_on(c.worker(), gen, (t.upstream, backend), false, make)
+                .await;
+        // The client's body broke a limit: its fault, not the backend's.
+        sent.map_err(|e| watch.error().map_or(e, AttemptFail::Fatal))
     })
     .await;
     if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
         f.record.backend = Some(group.backends[b].addr.clone());
     }
+    let result = match (result, watch.take_rest()) {
+        (Err(e), Some(rest)) => Err(super::drain_after_413(c, rest, e)),
+        (result, _) => result,
+    };
     let resp = result?;
     let status = resp.status().as_u16();
     if let Some(page) = super::files::upstream_error_page(c.worker(), status, is_head, fin) {
@@ -197,101 +191,4 @@ pub(crate) fn upstream_headers(fields: Fields, fwd: &Forwarding) -> HeaderMap {
         crate::exchange::edit::append_fields(fields, &mut headers);
     }
     headers
-}
-
-/// The upstream request: the client's, with the group's scheme and the client's authority
-/// (the backend's address when the client sent none).
-fn upstream_request(
-    group: &crate::config::UpstreamGroup,
-    backend: usize,
-    host: &str,
-    method: http::Method,
-    (uri, target): (&Uri, Option<&str>),
-    headers: HeaderMap,
-    body: RequestBody,
-) -> Result<Request<crate::upstream::H2Body>, ProxyError> {
-    let scheme = if group.protocol == UpstreamProtocol::H2 {
-        "https"
-    } else {
-        "http"
-    };
-    let addr = group.backends[backend].addr.to_string();
-    let authority = if host.is_empty() { &addr } else { host };
-    let path = target.unwrap_or_else(|| uri.path_and_query().map_or("/", |p| p.as_str()));
-    let uri: Uri = format!("{scheme}://{authority}{path}")
-        .parse()
-        .map_err(|_| ProxyError::downstream(ErrorKind::BadRequest("invalid request target")))?;
-    let mut req = Request::new(body.boxed_unsync());
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.headers_mut() = headers;
-    Ok(req)
-}
-
-/// Sends on the cached connection; when the request never left (the connection was closing:
-/// GOAWAY, a refused stream, a dead connection), it is sent once more on a fresh connection.
-async fn send_with_one_reconnect(
-    c: &ConnCtx,
-    gen: &Generation,
-    t: &ProxyTarget,
-    backend: usize,
-    mut sender: H2Sender,
-    req: Request<crate::upstream::H2Body>,
-) -> Result<Response<Incoming>, ProxyError> {
-    let io_err = |e: hyper::Error| super::hyper_error(true, &e);
-    match sender.try_send_request(req).await {
-        Ok(r) => Ok(r),
-        Err(mut e) => {
-            let Some(req) = e.take_message() else {
-                return Err(io_err(e.into_error()));
-            };
-            gen.groups.borrow_mut()[t.upstream].h2[backend] = None;
-            let mut fresh = sender_for(c.worker(), gen, t.upstream, backend)
-                .await
-                .map_err(|(e, _)| e)?;
-            fresh.send_request(req).await.map_err(io_err)
-        }
-    }
-}
-
-/// The worker's connection to `backend`, opened (TCP, TLS, HTTP/2 handshake) if there is
-/// none or it has closed.
-pub(crate) async fn sender_for(
-    worker: &crate::worker::Worker,
-    gen: &Generation,
-    upstream: usize,
-    backend: usize,
-) -> Result<H2Sender, (ProxyError, bool)> {
-    if let Some(s) = gen.groups.borrow()[upstream].h2[backend].as_ref() {
-        if !s.is_closed() && s.is_ready() {
-            return Ok(s.clone());
-        }
-    }
-    let group = &gen.snapshot.upstreams[upstream];
-    // HTTP/2 groups never send PROXY headers (one connection carries every client).
-    let conn = connect_backend(&worker.metrics, group, backend, None).await?;
-    let mut builder = hyper::client::conn::http2::Builder::new(LocalExec);
-    builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(super::STREAM_WINDOW)
-        .initial_connection_window_size(super::CONNECTION_WINDOW)
-        // Pings find a connection that died silently (NAT or conntrack expiry) before a
-        // request waits on it.
-        .keep_alive_interval(std::time::Duration::from_secs(30))
-        .keep_alive_timeout(std::time::Duration::from_secs(10))
-        .keep_alive_while_idle(true);
-    let (sender, connection) =
-        match timeout(group.connect_timeout, builder.handshake(TokioIo::new(conn))).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return Err((super::hyper_error(true, &e), true)),
-            Err(_) => return Err((up(ErrorKind::ConnectTimeout), true)),
-        };
-    let addr = group.backends[backend].addr.clone();
-    tokio::task::spawn_local(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(backend = %addr, error = %e, "HTTP/2 upstream connection ended");
-        }
-    });
-    gen.groups.borrow_mut()[upstream].h2[backend] = Some(sender.clone());
-    Ok(sender)
 }
