@@ -110,16 +110,22 @@ fn outcome(addr: SocketAddr, raw: &str, origin: &ScriptOrigin) -> String {
     if r.status == 401 {
         // veloxy's own 401 (body, charset, the route's response headers) differs as the
         // report says: the status and the realm are compared.
-        let realm = r.header("www-authenticate").map(|v| v.replace(", charset=\"UTF-8\"", ""));
-        return format!("status 401\nrealm {realm:?}\nupstream hit {}", origin.hits() > before);
+        let realm = r
+            .header("www-authenticate")
+            .map(|v| v.replace(", charset=\"UTF-8\"", ""));
+        return format!(
+            "status 401\nrealm {realm:?}\nupstream hit {}",
+            origin.hits() > before
+        );
     }
     let mut out = format!(
-        "status {}\nlocation {:?}\nwww-authenticate {:?}\nx-frame-options {:?}\nx-upstream-secret {:?}\n",
+        "status {}\nlocation {:?}\nwww-authenticate {:?}\nx-frame-options {:?}\nx-upstream-secret {:?}\nx-edge {:?}\n",
         r.status,
         r.header("location"),
         r.header("www-authenticate"),
         r.header("x-frame-options"),
         r.header("x-upstream-secret"),
+        r.header("x-edge"),
     );
     // Redirect bodies differ (veloxy's carry a short text; the report names it).
     if !(300..400).contains(&r.status) {
@@ -258,6 +264,121 @@ fn haproxy_and_its_import_answer_alike() {
         "{} of {} requests differ:\n{}\nconfig:\n{toml}\nreport:\n{report}",
         differences.len(),
         requests.len(),
+        differences.join("\n")
+    );
+}
+
+/// The shapes the survey of public configs found most: a plain-HTTP frontend that only sends
+/// clients to HTTPS (with an `http-after-response` header on that redirect), and a Host ACL
+/// naming the frontend's port. `{PORT}`/`{PORT2}` are the frontends' ports, `{UP}` the upstream.
+const SHAPES: &str = r#"
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+
+frontend http-in
+    bind 127.0.0.1:{PORT}
+    redirect scheme https code 301 if !{ ssl_fc }
+    http-after-response set-header X-Edge front-1
+
+frontend app
+    bind 127.0.0.1:{PORT2}
+    acl h_login hdr(host) -i login.example.com:{PORT2}
+    http-after-response set-header X-Edge front-2
+    use_backend login if h_login
+    default_backend web
+
+backend login
+    http-request set-header X-Backend login
+    server l1 {UP}
+
+backend web
+    server w1 {UP}
+"#;
+
+#[test]
+fn redirect_only_frontend_and_host_ports_answer_alike() {
+    let bin = "/usr/sbin/haproxy";
+    if !Path::new(bin).exists() {
+        skip("haproxy is not installed (/usr/sbin/haproxy)");
+        return;
+    }
+    let origin = script_origin(|r| Scripted::ok(format!("{} {}", r.method, r.target)));
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port(), free_port(), free_port()];
+    let render = |a: u16, b: u16| {
+        SHAPES
+            .replace("{PORT2}", &b.to_string())
+            .replace("{PORT}", &a.to_string())
+            .replace("{UP}", &origin.addr.to_string())
+    };
+    let hconf = dir.path().join("haproxy-run.cfg");
+    std::fs::write(&hconf, render(ports[0], ports[1])).unwrap();
+    let haproxy = Peer(
+        Command::new(bin)
+            .args(["-db", "-f"])
+            .arg(&hconf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn haproxy"),
+    );
+    let addr = |p: u16| -> SocketAddr { format!("127.0.0.1:{p}").parse().unwrap() };
+    let up = |a: SocketAddr| {
+        eventually(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(a).is_ok()
+        })
+    };
+    assert!(
+        up(addr(ports[0])) && up(addr(ports[1])),
+        "haproxy did not start"
+    );
+    let (toml, report) = import(dir.path(), &render(ports[2], ports[3]));
+    assert!(!report.contains("refused:"), "{report}");
+    let v = veloxy_with(Command::new(VELOXY.path()), &toml, &[]);
+    assert!(
+        up(addr(ports[2])) && up(addr(ports[3])),
+        "veloxy did not start"
+    );
+
+    let mut differences = Vec::new();
+    let mut count = 0;
+    for (front, host, path) in [
+        (0, "www.example.com", "/"),
+        (0, "www.example.com", "/a/b?x=1"),
+        (1, "login.example.com:{P}", "/signin?next=/"),
+        (1, "www.example.com:{P}", "/page"),
+    ] {
+        let (h, x) = (ports[front], ports[front + 2]);
+        let raw = |p: u16| {
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                host.replace("{P}", &p.to_string())
+            )
+        };
+        count += 1;
+        let ho = outcome(addr(h), &raw(h), &origin);
+        let vo = outcome(addr(x), &raw(x), &origin);
+        // The Host carries each peer's own port: compare without it.
+        let (ho, vo) = (
+            ho.replace(&h.to_string(), "P"),
+            vo.replace(&x.to_string(), "P"),
+        );
+        if ho != vo {
+            differences.push(format!(
+                "{}\n--- haproxy\n{ho}\n--- veloxy\n{vo}\n",
+                raw(h).lines().next().unwrap()
+            ));
+        }
+    }
+    drop(haproxy);
+    drop(v);
+    assert!(
+        differences.is_empty(),
+        "{} of {count} requests differ:\n{}\nconfig:\n{toml}\nreport:\n{report}",
+        differences.len(),
         differences.join("\n")
     );
 }

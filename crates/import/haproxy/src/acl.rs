@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::matcher::{Host, Match, Meet, PathPat};
+use crate::matcher::{Match, Meet};
 
 /// One alternative of an ACL: what a request must have for it to match.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,12 +33,33 @@ pub struct Acl {
     pub alts: Vec<Lit>,
     /// What veloxy matches differently.
     pub note: Option<String>,
+    /// The ports named in Host patterns (`name:8080`), left out of the route's host.
+    pub ports: Vec<u16>,
+}
+
+impl Acl {
+    /// The difference of its Host patterns' ports, for a frontend listening on `binds`: none
+    /// when every bind is on a port the patterns name (clients send that port).
+    pub fn port_note(&self, binds: &[u16]) -> Option<String> {
+        if self.ports.is_empty()
+            || (!binds.is_empty() && binds.iter().all(|b| self.ports.contains(b)))
+        {
+            return None;
+        }
+        let ports: Vec<String> = self.ports.iter().map(|p| format!(":{p}")).collect();
+        Some(format!(
+            "veloxy matches the host name on any port (HAProxy: only a Host naming {})",
+            ports.join(" or ")
+        ))
+    }
 }
 
 /// The named ACLs of a proxy: each name's lines (OR-ed), or why one is refused.
 #[derive(Debug, Default)]
 pub struct Acls {
     named: BTreeMap<String, Result<Acl, String>>,
+    /// The ports the frontend listens on (for Host patterns with a port).
+    pub ports: Vec<u16>,
 }
 
 impl Acls {
@@ -51,6 +72,7 @@ impl Acls {
             (Some(Ok(have)), Ok(a)) => {
                 have.alts.extend(a.alts);
                 have.note = have.note.take().or(a.note);
+                have.ports.extend(a.ports);
             }
             (Some(slot @ Ok(_)), Err(e)) => *slot = Err(e),
             (Some(Err(_)), _) => {}
@@ -134,9 +156,11 @@ pub fn condition(words: &[String], acls: &Acls, base: &Path) -> Result<Cond, Str
             (named(w, acls)?, false)
         };
         // A named ACL's difference is reported on its own line.
-        if let Some(n) = acl.note.filter(|_| inline) {
-            if !notes.contains(&n) {
-                notes.push(n);
+        if inline {
+            for n in acl.note.iter().cloned().chain(acl.port_note(&acls.ports)) {
+                if !notes.contains(&n) {
+                    notes.push(n);
+                }
             }
         }
         let and = ors.last_mut().expect("one");
@@ -191,7 +215,7 @@ fn builtin(name: &str) -> Option<Acl> {
     };
     Some(Acl {
         alts: vec![lit],
-        note: None,
+        ..Default::default()
     })
 }
 
@@ -291,309 +315,4 @@ fn negate(dnf: &Dnf) -> Result<Dnf, String> {
     expand_and(&and)
 }
 
-/// Parses an ACL body: `FETCH[,conv] [-i] [-m METHOD] [-f FILE] [--] PATTERN...`.
-pub fn parse_acl(words: &[&str], base: &Path) -> Result<Acl, String> {
-    let Some((&fetch_conv, rest)) = words.split_first() else {
-        return Err("an empty ACL".into());
-    };
-    let parts = split_top(fetch_conv);
-    let mut parts = parts.iter().map(String::as_str);
-    let fetch = parts.next().unwrap_or_default().to_string();
-    let mut ci = false;
-    let mut strip_port = false;
-    for conv in parts {
-        match conv {
-            "lower" => ci = true,
-            "field(1,:)" | "host_only" => strip_port = true,
-            other => return Err(format!("converter {other}")),
-        }
-    }
-    let mut method: Option<String> = None;
-    let mut patterns: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < rest.len() {
-        match rest[i] {
-            "-i" => ci = true,
-            "-n" | "-u" => {}
-            "-m" => {
-                i += 1;
-                method = Some(rest.get(i).ok_or("-m needs a method")?.to_string());
-            }
-            "-f" => {
-                i += 1;
-                let f = rest.get(i).ok_or("-f needs a file")?;
-                let text = std::fs::read_to_string(base.join(f))
-                    .map_err(|e| format!("pattern file {f}: {e}"))?;
-                patterns.extend(
-                    text.lines()
-                        .map(str::trim)
-                        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                        .map(str::to_string),
-                );
-            }
-            "--" => {
-                patterns.extend(rest[i + 1..].iter().map(|s| s.to_string()));
-                break;
-            }
-            p => patterns.push(p.to_string()),
-        }
-        i += 1;
-    }
-    let (name, arg) = match fetch.split_once('(') {
-        Some((n, a)) => (n.to_string(), Some(a.trim_end_matches(')').to_string())),
-        None => (fetch.clone(), None),
-    };
-    let name = name.strip_prefix("req.").unwrap_or(&name).to_string();
-    let fetch_args = Fetch {
-        name,
-        arg,
-        ci,
-        strip_port,
-        method,
-    };
-    fetch_args.build(&patterns)
-}
-
-/// `a,b(c,d),e` split at the commas outside parentheses.
-fn split_top(s: &str) -> Vec<String> {
-    let mut out = vec![String::new()];
-    let mut depth = 0;
-    for c in s.chars() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(String::new());
-                continue;
-            }
-            _ => {}
-        }
-        out.last_mut().expect("one").push(c);
-    }
-    out
-}
-
-struct Fetch {
-    name: String,
-    arg: Option<String>,
-    ci: bool,
-    strip_port: bool,
-    method: Option<String>,
-}
-
-impl Fetch {
-    fn build(&self, patterns: &[String]) -> Result<Acl, String> {
-        let (base, suffix) = match self.name.split_once('_') {
-            Some((b, s))
-                if matches!(
-                    s,
-                    "beg"
-                        | "end"
-                        | "reg"
-                        | "sub"
-                        | "dom"
-                        | "dir"
-                        | "len"
-                        | "cnt"
-                        | "val"
-                        | "ip"
-                        | "str"
-                ) =>
-            {
-                (b.to_string(), Some(s.to_string()))
-            }
-            _ => (self.name.clone(), None),
-        };
-        let method = self.method.clone().or(suffix.clone());
-        let mut note = None;
-        let alts = match (base.as_str(), self.arg.as_deref()) {
-            ("hdr" | "fhdr", Some(h)) if h.eq_ignore_ascii_case("host") => {
-                if !self.ci {
-                    note = Some("Host is compared case-insensitively (HAProxy compares it as written without -i)".to_string());
-                }
-                if !self.strip_port && method.as_deref() != Some("dom") {
-                    let n = "a Host with a port matches too (veloxy ignores the port)";
-                    note = Some(match note {
-                        Some(x) => format!("{x}; {n}"),
-                        None => n.to_string(),
-                    });
-                }
-                host_alts(method.as_deref(), patterns)?
-            }
-            ("hdr" | "fhdr", Some(h)) => {
-                if method.as_deref().unwrap_or("str") != "str" {
-                    return Err(format!(
-                        "{} on header {h}: veloxy matches a header's exact value only",
-                        method.unwrap_or_default()
-                    ));
-                }
-                note = Some(format!(
-                    "{h} is compared with its first value{}",
-                    if self.ci {
-                        ", exactly (HAProxy: any value, ignoring case)"
-                    } else {
-                        " (HAProxy: any value)"
-                    }
-                ));
-                patterns
-                    .iter()
-                    .map(|p| {
-                        let mut m = Match::default();
-                        m.headers.insert(h.to_string(), p.clone());
-                        Lit::Route(m)
-                    })
-                    .collect()
-            }
-            ("path" | "url", None) => {
-                if base == "url"
-                    && !matches!(
-                        method.as_deref(),
-                        Some("beg" | "reg" | "sub" | "end" | "dir")
-                    )
-                {
-                    return Err("url: veloxy matches the path without the query".into());
-                }
-                if base == "url" {
-                    note = Some(
-                        "url matched on the path (the query is not part of it in veloxy)".into(),
-                    );
-                }
-                path_alts(method.as_deref(), patterns, self.ci)?
-            }
-            ("method", None) => vec![Lit::Route(Match {
-                methods: Some({
-                    let mut m: Vec<String> = patterns.iter().map(|p| p.to_uppercase()).collect();
-                    m.sort();
-                    m.dedup();
-                    m
-                }),
-                ..Default::default()
-            })],
-            ("src", None) => vec![Lit::Src(patterns.to_vec())],
-            ("ssl_fc", None) => vec![Lit::Route(Match::tls(true))],
-            ("ssl_sni" | "req_ssl_sni", None) if method.as_deref().unwrap_or("str") == "str" => {
-                vec![Lit::Sni(
-                    patterns.iter().map(|p| p.to_lowercase()).collect(),
-                )]
-            }
-            ("ssl_sni" | "req_ssl_sni", None) if method.as_deref() == Some("end") => {
-                vec![Lit::Sni(
-                    patterns
-                        .iter()
-                        .map(|p| format!("*.{}", p.trim_start_matches('.')))
-                        .collect(),
-                )]
-            }
-            ("ssl_hello_type" | "req_ssl_hello_type", None) => vec![Lit::Const(true)],
-            ("url_param" | "urlp", Some(q)) if method.as_deref().unwrap_or("str") == "str" => {
-                patterns
-                    .iter()
-                    .map(|p| {
-                        let mut m = Match::default();
-                        m.query.insert(q.to_string(), p.clone());
-                        Lit::Route(m)
-                    })
-                    .collect()
-            }
-            ("http_auth", Some(l)) => vec![Lit::Auth {
-                list: l.to_string(),
-                groups: Vec::new(),
-            }],
-            ("http_auth_group", Some(l)) => vec![Lit::Auth {
-                list: l.to_string(),
-                groups: patterns.to_vec(),
-            }],
-            ("always_true", None) => vec![Lit::Const(true)],
-            ("always_false", None) => vec![Lit::Const(false)],
-            _ => {
-                return Err(format!(
-                    "fetch {}{} has no veloxy equivalent",
-                    self.name,
-                    self.arg
-                        .as_deref()
-                        .map(|a| format!("({a})"))
-                        .unwrap_or_default()
-                ))
-            }
-        };
-        Ok(Acl { alts, note })
-    }
-}
-
-fn host_alts(method: Option<&str>, patterns: &[String]) -> Result<Vec<Lit>, String> {
-    let route = |h: Host| {
-        Lit::Route(Match {
-            host: Some(h),
-            ..Default::default()
-        })
-    };
-    let mut out = Vec::new();
-    for p in patterns {
-        let p = p.to_lowercase();
-        match method.unwrap_or("str") {
-            "str" => out.push(route(Host::Exact(p))),
-            "end" if p.starts_with('.') => out.push(route(Host::Suffix(p))),
-            "dom" => {
-                out.push(route(Host::Exact(p.clone())));
-                out.push(route(Host::Suffix(format!(".{p}"))));
-            }
-            m => {
-                return Err(format!(
-                    "host match -m {m} {p}: veloxy matches exact names and *.suffix"
-                ))
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn path_alts(method: Option<&str>, patterns: &[String], ci: bool) -> Result<Vec<Lit>, String> {
-    let route = |p: PathPat| {
-        Lit::Route(Match {
-            path: Some(p),
-            ..Default::default()
-        })
-    };
-    let flags = if ci { "(?i)" } else { "" };
-    let mut out = Vec::new();
-    for p in patterns {
-        let q = escape_regex(p);
-        let pat = match (method.unwrap_or("str"), ci) {
-            ("str", false) => PathPat::Exact(p.clone()),
-            ("beg", false) => PathPat::Prefix(p.clone()),
-            ("str", true) => PathPat::Regex(format!("(?i)^{q}$")),
-            ("beg", true) => PathPat::Regex(format!("(?i)^{q}")),
-            ("end", _) => PathPat::Regex(format!("{flags}{q}$")),
-            ("sub", _) => PathPat::Regex(format!("{flags}{q}")),
-            ("dir", _) => PathPat::Regex(format!(
-                "{flags}(?:^|/){}(?:/|$)",
-                escape_regex(p.trim_matches('/'))
-            )),
-            ("reg", _) => {
-                check_regex(p)?;
-                PathPat::Regex(format!("{flags}{p}"))
-            }
-            (m, _) => return Err(format!("path match -m {m}")),
-        };
-        out.push(route(pat));
-    }
-    Ok(out)
-}
-
-/// Refuses what Rust's regex syntax does not take (look-around, back-references).
-pub fn check_regex(r: &str) -> Result<(), String> {
-    regex_syntax::Parser::new()
-        .parse(r)
-        .map(|_| ())
-        .map_err(|e| {
-            format!(
-                "regex {r:?} is not Rust regex syntax ({})",
-                e.to_string().lines().last().unwrap_or("")
-            )
-        })
-}
-
-/// `s` as a regex matching itself literally.
-pub fn escape_regex(s: &str) -> String {
-    regex_syntax::escape(s)
-}
+pub use crate::fetch::{check_regex, escape_regex, parse_acl};

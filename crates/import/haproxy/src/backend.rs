@@ -27,159 +27,8 @@ pub struct Group {
     pub tunnel: Option<String>,
 }
 
-/// Server parameters that take a value.
-const VALUED: &[&str] = &[
-    "inter",
-    "fastinter",
-    "downinter",
-    "rise",
-    "fall",
-    "weight",
-    "maxconn",
-    "maxqueue",
-    "minconn",
-    "cookie",
-    "port",
-    "addr",
-    "ca-file",
-    "crt",
-    "verify",
-    "sni",
-    "alpn",
-    "proto",
-    "slowstart",
-    "resolvers",
-    "resolve-prefer",
-    "resolve-opts",
-    "resolve-net",
-    "init-addr",
-    "on-error",
-    "on-marked-down",
-    "on-marked-up",
-    "observe",
-    "error-limit",
-    "id",
-    "check-sni",
-    "check-alpn",
-    "check-proto",
-    "agent-port",
-    "agent-inter",
-    "agent-addr",
-    "agent-send",
-    "ciphers",
-    "ciphersuites",
-    "pool-max-conn",
-    "pool-purge-delay",
-    "pool-low-conn",
-    "redir",
-    "track",
-    "namespace",
-    "source",
-    "usesrc",
-    "ws",
-    "ssl-min-ver",
-    "ssl-max-ver",
-    "verifyhost",
-    "tcp-ut",
-    "crl-file",
-    "curves",
-    "sigalgs",
-    "client-sigalgs",
-    "max-reuse",
-    "log-proto",
-    "hash-key",
-    "set-proxy-v2-tlv-fmt",
-    "guid",
-    "shard",
-    "check-pool-conn-name",
-];
-
-/// Parameters that change nothing clients or backends see.
-const QUIET: &[&str] = &[
-    "id",
-    "resolve-prefer",
-    "resolve-opts",
-    "resolve-net",
-    "init-addr",
-    "no-tls-tickets",
-    "force-tlsv12",
-    "force-tlsv13",
-    "no-sslv3",
-    "no-tlsv10",
-    "no-tlsv11",
-    "ssl-min-ver",
-    "ssl-max-ver",
-    "ciphers",
-    "ciphersuites",
-    "curves",
-    "sigalgs",
-    "tfo",
-    "pool-max-conn",
-    "pool-purge-delay",
-    "pool-low-conn",
-    "max-reuse",
-    "check-ssl",
-    "check-sni",
-    "check-alpn",
-    "check-proto",
-    "enabled",
-    "non-stick",
-    "error-limit",
-    "on-error",
-    "fastinter",
-    "downinter",
-    "maxqueue",
-    "minconn",
-    "ws",
-    "no-check",
-    "check-send-proxy",
-    "verifyhost",
-    "log-proto",
-    "tcp-ut",
-    "guid",
-    "shard",
-    "allow-0rtt",
-    "no-ssl-reuse",
-    "ssl-reuse",
-    "no-tls-tickets",
-];
-
-/// A server line's parameters, in order.
-pub fn params(words: &[&str]) -> Vec<(String, Option<String>)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < words.len() {
-        let k = words[i];
-        if VALUED.contains(&k) {
-            out.push((k.to_string(), words.get(i + 1).map(|s| s.to_string())));
-            i += 2;
-        } else {
-            out.push((k.to_string(), None));
-            i += 1;
-        }
-    }
-    out
-}
-
-pub(crate) fn get<'p>(p: &'p [(String, Option<String>)], k: &str) -> Option<&'p str> {
-    p.iter()
-        .rev()
-        .find(|(n, _)| n == k)
-        .map(|(_, v)| v.as_deref().unwrap_or(""))
-}
-
-pub(crate) fn has(p: &[(String, Option<String>)], k: &str) -> bool {
-    let neg = format!("no-{k}");
-    for (n, _) in p.iter().rev() {
-        if n == k {
-            return true;
-        }
-        if *n == neg {
-            return false;
-        }
-    }
-    false
-}
+use crate::params::QUIET;
+pub(crate) use crate::params::{get, has, params};
 
 /// One usable server.
 pub(crate) struct Server<'l> {
@@ -219,21 +68,7 @@ pub fn translate(cx: &mut Ctx, p: &Proxy, resolvers: &[&Src], groups: &mut Group
         .and_then(|l| l.arg(1))
         .and_then(crate::duration);
     if servers.is_empty() {
-        if p.own.iter().any(|l| l.kw() == "stats") {
-            groups.by_name.insert(
-                p.name.clone(),
-                Group {
-                    upstream: None,
-                    forwardfor,
-                    tunnel,
-                },
-            );
-            return;
-        }
-        let why = "no usable server: HAProxy answers 503 (veloxy: the same fixed answer)";
-        if p.kind == "backend" {
-            cx.diff(p.head, why);
-        }
+        no_server(cx, p);
         groups.by_name.insert(
             p.name.clone(),
             Group {
@@ -264,6 +99,7 @@ pub fn translate(cx: &mut Ctx, p: &Proxy, resolvers: &[&Src], groups: &mut Group
             ("option", Some("forwardfor")) if !cx.decided(l) => cx.ok(l),
             ("http-reuse", _) => cx.ignore(l, "upstream connection reuse: no visible effect"),
             ("fullconn", _) | ("hash-balance-factor", _) => cx.ignore(l, "balancing tuning"),
+            ("stick-table", _) if !p.own.iter().any(|x| x.kw() == "stick") => {}
             ("stick-table" | "stick" | "stick-on", _) => {
                 cx.refuse(l, "stick tables: veloxy has cookie and hash affinity only (balance source, cookie insert)")
             }
@@ -280,6 +116,63 @@ pub fn translate(cx: &mut Ctx, p: &Proxy, resolvers: &[&Src], groups: &mut Group
         },
     );
 }
+
+/// A backend without a usable server: HAProxy answers 503 without connecting anywhere, so
+/// its connection settings change nothing.
+fn no_server(cx: &mut Ctx, p: &Proxy) {
+    if crate::stats::only(p) {
+        if p.kind == "backend" {
+            cx.diff(p.head, "a statistics-page backend: veloxy answers the requests sent to it 503 (it has no stats page; its admin endpoint replaces it)");
+            crate::stats::rest(cx, p);
+        }
+        return;
+    }
+    let table_only = !p
+        .own
+        .iter()
+        .any(|l| matches!(l.kw(), "server" | "server-template"))
+        && p.own.iter().any(|l| l.kw() == "stick-table");
+    if table_only {
+        cx.shadowed(&p.head.loc, STICK_TABLE);
+    } else if p.kind == "backend" {
+        cx.diff(
+            p.head,
+            "no usable server: HAProxy answers 503 (veloxy: the same fixed answer)",
+        );
+    }
+    for l in p.lines() {
+        let rule = matches!(
+            l.kw(),
+            "acl"
+                | "http-request"
+                | "http-response"
+                | "http-after-response"
+                | "redirect"
+                | "server"
+                | "server-template"
+                | "stats"
+                | "mode"
+                | "tcp-request"
+                | "tcp-response"
+                | "use-server"
+        );
+        if rule || cx.decided(l) {
+            continue;
+        }
+        if l.kw() == "stick-table" {
+            cx.ignore(l, STICK_TABLE);
+        } else {
+            cx.ignore(
+                l,
+                "no usable server: HAProxy answers 503 without connecting to a server, so this changes nothing",
+            );
+        }
+    }
+}
+
+/// A `stick-table` nothing sticks on: counters for rules (those rules are reported).
+pub(crate) const STICK_TABLE: &str =
+    "a table of counters: only the rules that use it change answers (those are reported)";
 
 /// A `server` (or `server-template`) line: its entry, or `None` when left out.
 fn server<'l>(
@@ -474,7 +367,15 @@ fn group_tls(cx: &mut Ctx, servers: &[Server], sec: &mut Section, p: &Proxy) {
         let list: Vec<Value> = servers.iter().map(|s| https(&s.entry)).collect();
         sec.set("servers", Value::Array(list));
         let first = &servers[0].p;
-        if let Some(ca) = get(first, "ca-file") {
+        let unverified: Vec<bool> = servers
+            .iter()
+            .map(|s| get(&s.p, "verify") == Some("none"))
+            .collect();
+        let all_unverified = unverified.iter().all(|&u| u);
+        if all_unverified {
+            // HAProxy ignores ca-file then; veloxy refuses ca_file beside tls_verify = false.
+            sec.set("tls_verify", false);
+        } else if let Some(ca) = get(first, "ca-file") {
             let ca_base = cx.ca_base.clone();
             sec.set("ca_file", cx.path(ca_base.as_deref(), ca));
         }
@@ -498,9 +399,9 @@ fn group_tls(cx: &mut Ctx, servers: &[Server], sec: &mut Section, p: &Proxy) {
                 }
             }
         }
-        for s in servers {
-            if get(&s.p, "verify") == Some("none") {
-                cx.refuse(s.line, "verify none: veloxy always verifies backend certificates (system roots or ca_file); a self-signed backend fails with 502");
+        for (s, &u) in servers.iter().zip(&unverified) {
+            if u && !all_unverified {
+                cx.refuse(s.line, "verify none beside servers that verify: veloxy's tls_verify = false covers a whole group; this server's certificate would be checked (a self-signed one fails with 502)");
             }
         }
         if get(first, "alpn").is_some_and(|a| a.split(',').next() == Some("h2")) {

@@ -91,7 +91,7 @@ pub(crate) fn health(cx: &mut Ctx, p: &Proxy, servers: &[Server], sec: &mut Sect
     let mut h = toml::Table::new();
     if let Some(l) = httpchk {
         let args = l.args();
-        let (method, uri) = match args.len() {
+        let (mut method, uri) = match args.len() {
             1 => ("OPTIONS", "/"),
             2 => ("OPTIONS", args[1]),
             _ => (args[1], args[2]),
@@ -107,6 +107,7 @@ pub(crate) fn health(cx: &mut Ctx, p: &Proxy, servers: &[Server], sec: &mut Sect
             while i < a.len() {
                 match a[i] {
                     "uri" => path = a.get(i + 1).unwrap_or(&"/").to_string(),
+                    "meth" => method = a.get(i + 1).unwrap_or(&"GET"),
                     "hdr" if a.get(i + 1).is_some_and(|n| n.eq_ignore_ascii_case("host")) => {
                         host = a.get(i + 2).map(|s| s.to_string());
                         i += 1;
@@ -151,6 +152,16 @@ pub(crate) fn health(cx: &mut Ctx, p: &Proxy, servers: &[Server], sec: &mut Sect
                         h.insert("expect_status".into(), s.replace(',', "-").into());
                         cx.ok(l);
                     }
+                    (Some(&"rstatus"), Some(re)) => match status_range(re) {
+                        Some(r) => {
+                            h.insert("expect_status".into(), r.into());
+                            cx.ok(l);
+                        }
+                        None => cx.refuse(
+                            l,
+                            format!("rstatus {re}: veloxy's checks expect one range of statuses"),
+                        ),
+                    },
                     (Some(&"!"), _) | (Some(_), _) => {
                         cx.refuse(l, "veloxy's checks expect a status or a range only")
                     }
@@ -160,6 +171,17 @@ pub(crate) fn health(cx: &mut Ctx, p: &Proxy, servers: &[Server], sec: &mut Sect
             ("option", Some("httpchk")) | ("http-check", Some("send")) => {}
             ("timeout", _) => cx.ok(l),
             ("option", Some("tcp-check" | "ssl-hello-chk")) if httpchk.is_none() => cx.ok(l),
+            ("tcp-check", Some("connect")) if httpchk.is_none() => match l.args().as_slice() {
+                ["connect"] => cx.ok(l),
+                ["connect", "port", port] => cx.diff(
+                    l,
+                    format!("port {port}: veloxy connects to the server's own port"),
+                ),
+                _ => cx.refuse(
+                    l,
+                    "tcp-check connect options: veloxy's TCP check is a plain connect",
+                ),
+            },
             ("http-check", Some("disable-on-404" | "send-state")) => cx.ignore(l, "check tuning"),
             _ => cx.refuse(
                 l,
@@ -175,7 +197,45 @@ pub(crate) fn health(cx: &mut Ctx, p: &Proxy, servers: &[Server], sec: &mut Sect
             cx.diff(s.line, "veloxy checks every server of a group alike: the first checked server's inter/rise/fall are used");
         }
     }
+    let h2 = matches!(
+        sec.get("protocol").and_then(Value::as_str),
+        Some("h2" | "h2c")
+    );
+    let path = if h2 { h.remove("path") } else { None };
+    if let Some(path) = path {
+        h.remove("host");
+        h.remove("expect_status");
+        let why = format!(
+            "veloxy checks an h2/h2c group by connecting (its HTTP checks speak HTTP/1.1): {} is not requested",
+            path.as_str().unwrap_or("/")
+        );
+        for l in p.lines().filter(|l| {
+            (l.kw() == "option" && l.arg(0) == Some("httpchk")) || l.kw() == "http-check"
+        }) {
+            if cx.decided(l) && !matches!(l.arg(0), Some("disable-on-404" | "send-state")) {
+                cx.diff(l, why.clone());
+            }
+        }
+    }
     sec.set("health", Value::Table(h));
+}
+
+/// The statuses (100-599) regex `re` finds a match in, as veloxy's `"LO-HI"` when they are
+/// one range.
+fn status_range(re: &str) -> Option<String> {
+    let r = regex_automata::meta::Regex::new(re).ok()?;
+    let hits: Vec<u16> = (100..=599u16)
+        .filter(|s| r.is_match(s.to_string().as_bytes()))
+        .collect();
+    let (lo, hi) = (*hits.first()?, *hits.last()?);
+    if usize::from(hi - lo) + 1 != hits.len() {
+        return None;
+    }
+    Some(if lo == hi {
+        lo.to_string()
+    } else {
+        format!("{lo}-{hi}")
+    })
 }
 
 pub(crate) fn persistence(cx: &mut Ctx, p: &Proxy, servers: &[Server], sec: &mut Section) {
@@ -296,5 +356,19 @@ pub(crate) fn retries(cx: &mut Ctx, p: &Proxy, n: usize, sec: &mut Section) {
             sec.set("retry_on", Value::Array(Vec::new()));
         }
         None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_range;
+
+    #[test]
+    fn rstatus_as_a_range() {
+        assert_eq!(status_range("^2").as_deref(), Some("200-299"));
+        assert_eq!(status_range("^[23]").as_deref(), Some("200-399"));
+        assert_eq!(status_range("^200$").as_deref(), Some("200"));
+        assert_eq!(status_range("^(200|404)$"), None);
+        assert_eq!(status_range("^9"), None);
     }
 }

@@ -52,29 +52,21 @@ pub fn translate(
     groups: &Groups,
     server: &mut ServerKeys,
 ) {
-    let stats_only = p.own.iter().any(|l| l.kw() == "stats")
-        && !p.own.iter().any(|l| {
-            matches!(
-                l.kw(),
-                "server" | "server-template" | "use_backend" | "default_backend"
-            )
-        });
-    if stats_only {
-        for l in std::iter::once(p.head).chain(p.own.iter().copied()) {
-            if l.kw() != "stats" {
-                cx.refuse(l, "this proxy serves only HAProxy's statistics page (veloxy's metrics: [server] admin, /metrics)");
-            }
-        }
+    if crate::stats::only(p) {
+        crate::stats::section(cx, p);
         common(cx, p);
+        crate::stats::rest(cx, p);
         return;
     }
     cx.ok(p.head);
     let listeners = crate::tcp::binds(cx, p, false);
     timeouts(cx, p, server, &listeners, backends, groups);
     common(cx, p);
-    let acls = crate::rules::acls(cx, p);
+    let ports = crate::tcp::bind_ports(p);
+    let acls = crate::rules::acls(cx, p, &ports);
     let steps = crate::rules::request_steps(cx, p, &acls);
-    let resp_front = crate::rules::response_ops(cx, p, &acls);
+    let resp_front = crate::rules::response_ops(cx, p, &acls, false);
+    let resp_after = crate::rules::response_ops(cx, p, &acls, true);
     let mut resp_back: BTreeMap<String, Vec<(Option<bool>, HdrOp)>> = BTreeMap::new();
     let mut tail: Vec<Case> = Vec::new();
     let mut cache: BTreeMap<String, Vec<Case>> = BTreeMap::new();
@@ -101,7 +93,7 @@ pub fn translate(
         };
         let mut later = vec![base];
         if b.kind == "backend" {
-            let bacls = crate::rules::acls(cx, b);
+            let bacls = crate::rules::acls(cx, b, &ports);
             for (line, step) in crate::rules::request_steps(cx, b, &bacls).iter().rev() {
                 match cases::apply(step, later.clone(), true) {
                     Ok(v) => later = v,
@@ -109,7 +101,9 @@ pub fn translate(
                 }
             }
             if let Some(u) = &g.upstream {
-                resp_back.insert(u.clone(), crate::rules::response_ops(cx, b, &bacls));
+                let mut ops = crate::rules::response_ops(cx, b, &bacls, false);
+                ops.extend(crate::rules::response_ops(cx, b, &bacls, true));
+                resp_back.insert(u.clone(), ops);
             }
         }
         cache.insert(name.to_string(), later.clone());
@@ -184,8 +178,10 @@ pub fn translate(
             Err(e) => cx.refuse(line, e),
         }
     }
+    let fixed_tls = fixed_tls(cx, &listeners, &mut tail);
     let tls_resp = resp_front
         .iter()
+        .chain(&resp_after)
         .chain(resp_back.values().flatten())
         .any(|(t, _)| t.is_some());
     let mut cs = tail;
@@ -193,22 +189,25 @@ pub fn translate(
         cs = cases::split_tls(cs);
     }
     for c in &mut cs {
+        let tls = c.m.tls.or(fixed_tls);
+        let pick = |ops: &[(Option<bool>, HdrOp)]| -> Vec<HdrOp> {
+            ops.iter()
+                .filter(|(t, _)| t.is_none() || tls.is_none() || *t == tls)
+                .map(|(_, o)| o.clone())
+                .collect()
+        };
         if let Target::Backend(u) = &c.target {
-            let tls = c.m.tls;
-            let pick = |ops: &[(Option<bool>, HdrOp)]| -> Vec<HdrOp> {
-                ops.iter()
-                    .filter(|(t, _)| t.is_none() || tls.is_none() || *t == tls)
-                    .map(|(_, o)| o.clone())
-                    .collect()
-            };
             let mut resp = resp_back.get(u).map(|v| pick(v)).unwrap_or_default();
             resp.extend(pick(&resp_front));
+            resp.extend(pick(&resp_after));
             c.rules.resp = resp;
         } else {
+            // HAProxy's own answers skip http-response rules, not http-after-response ones.
             c.rules = Rules {
                 allow: c.rules.allow.clone(),
                 deny: c.rules.deny.clone(),
                 auth: c.rules.auth.clone(),
+                resp: pick(&resp_after),
                 ..Default::default()
             };
         }
@@ -217,6 +216,43 @@ pub fn translate(
     if server.from.is_empty() {
         server.from.push(p.head.loc.clone());
     }
+}
+
+/// When every listener of the frontend is TLS (or none is), `ssl_fc` is constant: cases that
+/// test it are kept without the test or dropped. Returns that constant.
+fn fixed_tls(cx: &mut Ctx, listeners: &[Listener], cases: &mut Vec<Case>) -> Option<bool> {
+    let fixed = if listeners.is_empty() {
+        return None;
+    } else if listeners.iter().all(|l| l.tls) {
+        true
+    } else if listeners.iter().all(|l| !l.tls) {
+        false
+    } else {
+        return None;
+    };
+    let mut dropped: Vec<Loc> = Vec::new();
+    cases.retain_mut(|c| match c.m.tls {
+        Some(t) if t != fixed => {
+            dropped.extend(c.from.first().cloned());
+            false
+        }
+        Some(_) => {
+            c.m.tls = None;
+            true
+        }
+        None => true,
+    });
+    for loc in dropped {
+        if !cases.iter().any(|c| c.from.first() == Some(&loc)) {
+            let why = if fixed {
+                "every listener of this frontend is TLS: the rule never applies"
+            } else {
+                "no listener of this frontend is TLS: the rule never applies"
+            };
+            cx.shadowed(&loc, why);
+        }
+    }
+    Some(fixed)
 }
 
 /// The X-Forwarded-* difference of a frontend/backend pair.
@@ -336,9 +372,11 @@ pub fn common(cx: &mut Ctx, p: &Proxy) {
         let kw = l.kw();
         match (kw, l.arg(0)) {
             ("mode", _) => cx.ok(l),
-            ("log" | "log-format" | "log-tag" | "capture" | "declare" | "log-format-sd" | "error-log-format", _) => {
-                cx.ignore(l, "logging: no effect on what clients or backends see")
-            }
+            (
+                "log" | "log-format" | "log-tag" | "capture" | "declare" | "log-format-sd"
+                | "error-log-format",
+                _,
+            ) => cx.ignore(l, "logging: no effect on what clients or backends see"),
             ("option", Some(o)) | ("no", Some(o @ "option")) => {
                 let o = if kw == "no" { l.arg(1).unwrap_or(o) } else { o };
                 match o {
@@ -362,7 +400,18 @@ pub fn common(cx: &mut Ctx, p: &Proxy) {
                 }
             }
             ("errorfile", Some(code)) => {
-                let stock = l.arg(1).is_some_and(|f| f.starts_with("/etc/haproxy/errors/") || f.starts_with("/usr/share/haproxy/"));
+                let stock = l.arg(1).is_some_and(|f| {
+                    {
+                        // Debian's and the official Docker image's copies of the stock pages.
+                        [
+                            "/etc/haproxy/errors/",
+                            "/usr/share/haproxy/",
+                            "/usr/local/etc/haproxy/errors/",
+                        ]
+                        .iter()
+                        .any(|d| f.starts_with(d))
+                    }
+                });
                 if stock {
                     cx.diff(l, format!("HAProxy's stock {code} page: veloxy's own {code} answers have a short text/plain body"));
                 } else {
@@ -373,25 +422,44 @@ pub fn common(cx: &mut Ctx, p: &Proxy) {
                 cx.refuse(l, "custom error answers: not translated")
             }
             ("compression", _) => {
-                cx.diff(l, "veloxy's compress picks its own content types and algorithms (gzip, br, zstd)");
+                cx.diff(
+                    l,
+                    "veloxy's compress picks its own content types and algorithms (gzip, br, zstd)",
+                );
             }
-            ("stats", _) => cx.refuse(l, "HAProxy's statistics page: veloxy's metrics are on its admin endpoint ([server] admin, /metrics)"),
+            ("stats", _) => crate::stats::line(cx, p, l),
             ("unique-id-format", _) => cx.diff(l, "veloxy's request IDs are 32 hex digits"),
             ("unique-id-header", Some(h)) => {
                 cx.out.server.set("request_id", h.to_string());
                 cx.ok(l);
             }
-            ("description" | "id" | "bind-process" | "email-alert" | "enabled" | "disabled", _) => cx.ignore(l, "no effect on traffic"),
-            ("tcp-request", Some("inspect-delay")) => cx.ignore(l, "content inspection delay"),
-            ("tcp-request" | "tcp-response", _) => cx.refuse(l, "tcp-request/tcp-response rules in an HTTP proxy: not translated"),
-            ("rate-limit", _) => cx.refuse(l, "rate-limit sessions: veloxy's rate_limit counts requests per client"),
-            ("reqadd" | "reqrep" | "reqdel" | "reqirep" | "rspadd" | "rspdel" | "rsprep" | "block" | "reqallow" | "reqdeny" | "reqpass" | "reqtarpit", _) => {
-                cx.refuse(l, "a keyword HAProxy 2.1 removed: write it as http-request/http-response")
+            ("description" | "id" | "bind-process" | "email-alert" | "enabled" | "disabled", _) => {
+                cx.ignore(l, "no effect on traffic")
             }
+            ("tcp-request", Some("inspect-delay")) => cx.ignore(l, "content inspection delay"),
+            ("tcp-request" | "tcp-response", _) => cx.refuse(
+                l,
+                "tcp-request/tcp-response rules in an HTTP proxy: not translated",
+            ),
+            ("rate-limit", _) => cx.refuse(
+                l,
+                "rate-limit sessions: veloxy's rate_limit counts requests per client",
+            ),
+            (
+                "reqadd" | "reqrep" | "reqdel" | "reqirep" | "rspadd" | "rspdel" | "rsprep"
+                | "block" | "reqallow" | "reqdeny" | "reqpass" | "reqtarpit",
+                _,
+            ) => cx.refuse(
+                l,
+                "a keyword HAProxy 2.1 removed: write it as http-request/http-response",
+            ),
             ("filter", Some("compression")) => cx.ok(l),
+            ("stick-table", _) => cx.ignore(l, crate::backend::STICK_TABLE),
             ("filter", _) => cx.refuse(l, "filters: not translated"),
             ("monitor", _) => cx.refuse(l, "monitor fail: not translated"),
-            ("force-persist" | "ignore-persist" | "use-server" | "persist", _) => cx.refuse(l, "persistence rules: not translated"),
+            ("force-persist" | "ignore-persist" | "use-server" | "persist", _) => {
+                cx.refuse(l, "persistence rules: not translated")
+            }
             _ => {}
         }
     }
@@ -448,5 +516,7 @@ fn emit(cx: &mut Ctx, p: &Proxy, listeners: &[Listener], mut cs: Vec<Case>, _fir
             cx.shadowed(&o, "every request it matches is taken by an earlier rule");
         }
     }
+    let first = cx.out.routes.len();
     cx.out.routes.extend(crate::route_out::merge(out));
+    crate::factor::rule_sets(&mut cx.out, first, &p.name, &p.head.loc);
 }

@@ -80,7 +80,7 @@ pub fn global(cx: &mut Ctx, s: &Section) {
             ),
             "stats" => cx.ignore(
                 l,
-                "HAProxy's runtime API socket (veloxy's is [server] admin)",
+                "HAProxy's runtime API (veloxy's is its admin endpoint's /upstreams)",
             ),
             "maxconn" | "maxsslconn" | "maxconnrate" | "maxsessrate" | "maxsslrate"
             | "maxpipes" => cx.ignore(

@@ -7,7 +7,9 @@
 //! * [`cases`]: HAProxy's first-match rule lists as routes veloxy ranks the same way.
 //! * [`proxy`]: sections with their `defaults` applied; [`frontend`] (binds, rules, routes),
 //!   [`rules`] (`http-request`, `redirect`), [`backend`] (servers, balance, checks), [`global`]
-//!   (`global`, `userlist`, `resolvers` and the other sections), [`tcp`] (`mode tcp`).
+//!   (`global`, `userlist`, `resolvers` and the other sections), [`tcp`] (`mode tcp`),
+//!   [`stats`] (the statistics page as the admin endpoint).
+//! * [`fetch`]: ACL bodies; [`params`]: server parameters; [`factor`]: rule sets.
 
 #![warn(missing_docs)]
 
@@ -15,14 +17,18 @@ pub mod acl;
 pub mod backend;
 pub mod cases;
 pub mod checks;
+pub mod factor;
+pub mod fetch;
 pub mod frontend;
 pub mod global;
 pub mod logfmt;
 pub mod matcher;
+pub mod params;
 pub mod parse;
 pub mod proxy;
 pub mod route_out;
 pub mod rules;
+pub mod stats;
 pub mod tcp;
 
 use std::collections::HashMap;
@@ -139,6 +145,8 @@ pub struct Ctx<'a> {
     pub binds: Vec<(String, String)>,
     /// tcp frontends waiting for the HTTPS listener their SNI rules pass through on.
     pub pending: Vec<tcp::Pending>,
+    /// What the statistics lines ask of `[server] admin`.
+    pub stats: stats::Stats,
     states: HashMap<Loc, (String, State)>,
     lines: HashMap<Loc, Line>,
 }
@@ -155,6 +163,7 @@ impl<'a> Ctx<'a> {
             userlists: HashMap::new(),
             binds: Vec::new(),
             pending: Vec::new(),
+            stats: stats::Stats::default(),
             states: HashMap::new(),
             lines: HashMap::new(),
         }

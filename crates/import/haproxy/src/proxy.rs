@@ -109,6 +109,7 @@ pub fn translate(cx: &mut Ctx, sections: &[Section]) {
     crate::tcp::merge_passthrough(cx);
     crate::route_out::simplify_listeners(&mut cx.out);
     server.write(cx);
+    crate::stats::finish(cx);
     for p in backends.values() {
         for l in p.lines() {
             if !cx.decided(l)

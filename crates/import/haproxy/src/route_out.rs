@@ -90,6 +90,9 @@ pub(crate) fn route(
             t.insert("to".into(), to.clone().into());
             t.insert("status".into(), i64::from(*status).into());
             s.set("redirect", Value::Table(t));
+            if let Some(h) = headers(&r.resp)? {
+                s.set("response_headers", h);
+            }
         }
         Target::Respond {
             status,
@@ -105,12 +108,13 @@ pub(crate) fn route(
                 t.insert("content_type".into(), ctype.clone().into());
             }
             s.set("respond", Value::Table(t));
+            let mut ops = Vec::new();
             if crate::rules::haproxy_body(*status).is_some_and(|b| b == body) {
-                s.set(
-                    "response_headers",
-                    headers(&[HdrOp::Set("Cache-Control".into(), "no-cache".into())])?
-                        .unwrap_or(Value::Boolean(false)),
-                );
+                ops.push(HdrOp::Set("Cache-Control".into(), "no-cache".into()));
+            }
+            ops.extend(r.resp.iter().cloned());
+            if let Some(h) = headers(&ops)? {
+                s.set("response_headers", h);
             }
         }
     }

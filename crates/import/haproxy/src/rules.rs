@@ -38,9 +38,10 @@ pub fn haproxy_answer(status: u16) -> Target {
     }
 }
 
-/// The ACLs of a proxy, each line reported.
-pub fn acls(cx: &mut Ctx, p: &Proxy) -> Acls {
+/// The ACLs of a proxy, each line reported; `ports`: the ports of the frontend's binds.
+pub fn acls(cx: &mut Ctx, p: &Proxy, ports: &[u16]) -> Acls {
     let mut acls = Acls::default();
+    acls.ports = ports.to_vec();
     for l in p.lines().filter(|l| l.kw() == "acl") {
         let args = l.args();
         let Some((name, body)) = args.split_first() else {
@@ -52,10 +53,15 @@ pub fn acls(cx: &mut Ctx, p: &Proxy) -> Acls {
             None => acl::parse_acl(body, &cx.base),
         };
         match &acl {
-            Ok(a) => match &a.note {
-                Some(n) => cx.diff(l, n.clone()),
-                None => cx.ok(l),
-            },
+            Ok(a) => {
+                let notes: Vec<String> = a.note.iter().cloned().chain(a.port_note(ports)).collect();
+                if notes.is_empty() {
+                    cx.ok(l);
+                }
+                for n in notes {
+                    cx.diff(l, n);
+                }
+            }
             Err(e) => cx.refuse(l, e.clone()),
         }
         acls.add(name, acl);
@@ -143,7 +149,7 @@ fn step(cx: &mut Ctx, l: &Line, acls: &Acls) -> Result<Built, String> {
     let steps = match kind.as_str() {
         "set-header" | "add-header" => {
             plain(&dnf)?;
-            let name = a.first().ok_or("a header name is missing")?;
+            let name = field_name(a.first().ok_or("a header name is missing")?, &mut notes);
             let v = crate::logfmt::template(a.get(1).copied().unwrap_or(""))?;
             let op = if kind == "set-header" {
                 HdrOp::Set(name.to_string(), v)
@@ -159,8 +165,8 @@ fn step(cx: &mut Ctx, l: &Line, acls: &Acls) -> Result<Built, String> {
                     "del-header with a match method: veloxy removes a header by name".into(),
                 );
             }
-            let name = a.first().ok_or("a header name is missing")?;
-            vec![Step::Edit(dnf, Edit::Req(HdrOp::Del(name.to_string())))]
+            let name = field_name(a.first().ok_or("a header name is missing")?, &mut notes);
+            vec![Step::Edit(dnf, Edit::Req(HdrOp::Del(name)))]
         }
         "set-path" => {
             plain(&dnf)?;
@@ -211,6 +217,19 @@ fn step(cx: &mut Ctx, l: &Line, acls: &Acls) -> Result<Built, String> {
         other => return Err(format!("http-request {other}: no veloxy equivalent")),
     };
     Ok(Some((steps, notes)))
+}
+
+/// A header name as written, without the `:` some configs end it with (HAProxy takes the
+/// colon as part of the name: `X-A:: v` on the wire, which backends read as `X-A` with the
+/// value `: v`); the difference goes to `notes`.
+fn field_name(name: &str, notes: &mut Vec<String>) -> String {
+    match name.strip_suffix(':') {
+        Some(n) if !n.is_empty() => {
+            notes.push(format!("header name {name}: veloxy's field is {n} (HAProxy sends the colon as part of the name: the field arrives as {n} with a value starting ': ')"));
+            n.to_string()
+        }
+        _ => name.to_string(),
+    }
 }
 
 /// `redirect scheme|location|prefix X [code N] [drop-query] ...`: the Location and status.
@@ -460,17 +479,30 @@ pub fn regex_under(r: &str, prefix: &str) -> bool {
 }
 
 /// The response header operations of proxy `p`: (TLS-only / plain-only / both, op).
-pub fn response_ops(cx: &mut Ctx, p: &Proxy, acls: &Acls) -> Vec<(Option<bool>, HdrOp)> {
+/// `after`: the `http-after-response` lines instead (they apply to HAProxy's own answers too).
+pub fn response_ops(
+    cx: &mut Ctx,
+    p: &Proxy,
+    acls: &Acls,
+    after: bool,
+) -> Vec<(Option<bool>, HdrOp)> {
     let mut out = Vec::new();
-    for l in p.lines().filter(|l| {
-        l.kw() == "http-response" || l.kw() == "rspadd" || l.kw() == "http-after-response"
-    }) {
-        if l.kw() != "http-response" {
+    let kw = if after {
+        "http-after-response"
+    } else {
+        "http-response"
+    };
+    for l in p
+        .lines()
+        .filter(|l| l.kw() == kw || (!after && l.kw() == "rspadd"))
+    {
+        if l.kw() == "rspadd" {
             cx.refuse(l, format!("{}: not translated", l.kw()));
             continue;
         }
         let words: Vec<String> = l.words[1..].iter().map(|w| w.text.clone()).collect();
         let (action, cond) = split_cond(&words);
+        let mut notes = Vec::new();
         let r = (|| -> Result<Option<(Option<bool>, HdrOp)>, String> {
             let c = acl::condition(cond, acls, &cx.base)?;
             let tls = match c.dnf.as_slice() {
@@ -479,18 +511,30 @@ pub fn response_ops(cx: &mut Ctx, p: &Proxy, acls: &Acls) -> Vec<(Option<bool>, 
             };
             let a: Vec<&str> = action.iter().map(String::as_str).collect();
             let op = match a.as_slice() {
-                ["set-header", n, v] => HdrOp::Set(n.to_string(), crate::logfmt::template(v)?),
-                ["add-header", n, v] => HdrOp::Add(n.to_string(), crate::logfmt::template(v)?),
-                ["del-header", n] => HdrOp::Del(n.to_string()),
+                ["set-header", n, v] => {
+                    HdrOp::Set(field_name(n, &mut notes), crate::logfmt::template(v)?)
+                }
+                ["add-header", n, v] => {
+                    HdrOp::Add(field_name(n, &mut notes), crate::logfmt::template(v)?)
+                }
+                ["del-header", n] => HdrOp::Del(field_name(n, &mut notes)),
                 ["capture", ..] | ["set-log-level", ..] | ["set-var", ..] => return Ok(None),
-                [k, ..] => return Err(format!("http-response {k}: no veloxy equivalent")),
+                [k, ..] => return Err(format!("{kw} {k}: no veloxy equivalent")),
                 [] => return Err("an action is missing".into()),
             };
+            if !after && !matches!(op, HdrOp::Del(_)) {
+                notes.push("veloxy also sets it on its own error answers (502, 504) of the route; HAProxy's own answers skip http-response rules".into());
+            }
             Ok(Some((tls, op)))
         })();
         match r {
             Ok(Some(x)) => {
-                cx.ok(l);
+                if notes.is_empty() {
+                    cx.ok(l);
+                }
+                for n in notes {
+                    cx.diff(l, n);
+                }
                 out.push(x);
             }
             Ok(None) => cx.ignore(l, "logging and variables"),
@@ -498,4 +542,23 @@ pub fn response_ops(cx: &mut Ctx, p: &Proxy, acls: &Acls) -> Vec<(Option<bool>, 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod field_tests {
+    use super::field_name;
+
+    #[test]
+    fn a_trailing_colon_is_not_part_of_the_name() {
+        let mut notes = Vec::new();
+        assert_eq!(
+            field_name("X-Forwarded-Proto:", &mut notes),
+            "X-Forwarded-Proto"
+        );
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("colon"));
+        let mut none = Vec::new();
+        assert_eq!(field_name("X-Real-IP", &mut none), "X-Real-IP");
+        assert!(none.is_empty());
+    }
 }

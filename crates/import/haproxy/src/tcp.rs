@@ -87,6 +87,24 @@ pub fn binds(cx: &mut Ctx, p: &Proxy, tcp: bool) -> Vec<Listener> {
     out
 }
 
+/// The ports proxy `p` listens on.
+pub fn bind_ports(p: &Proxy) -> Vec<u16> {
+    let mut addrs: Vec<&str> = p
+        .own
+        .iter()
+        .filter(|l| l.kw() == "bind")
+        .filter_map(|l| l.arg(0))
+        .flat_map(|a| a.split(','))
+        .collect();
+    if p.kind == "listen" {
+        addrs.extend(p.head.arg(1));
+    }
+    addrs
+        .iter()
+        .filter_map(|a| a.rsplit_once(':').and_then(|(_, port)| port.parse().ok()))
+        .collect()
+}
+
 /// A bind address as veloxy's `addr`.
 fn address(a: &str) -> Result<String, String> {
     let a = a
@@ -277,7 +295,7 @@ pub fn translate(
 ) {
     cx.ok(p.head);
     let listeners = binds(cx, p, true);
-    let acls = crate::rules::acls(cx, p);
+    let acls = crate::rules::acls(cx, p, &bind_ports(p));
     let mut pending = Pending {
         listener: listeners
             .first()
