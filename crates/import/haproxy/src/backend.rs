@@ -200,10 +200,7 @@ fn server<'l>(
     };
     let mut p = defaults.to_vec();
     p.extend(params(rest));
-    if has(&p, "backup") {
-        cx.refuse(l, "backup server: veloxy has no backup servers (it would take traffic as a regular one); left out");
-        return None;
-    }
+    let backup = has(&p, "backup");
     if has(&p, "disabled") {
         cx.ok(l);
         return None;
@@ -260,17 +257,27 @@ fn server<'l>(
             }
             Value::Table(t)
         }
-        _ if weight != 1 => {
+        _ if weight != 1 || backup => {
             let mut t = toml::Table::new();
             t.insert("addr".into(), addr.clone().into());
-            t.insert("weight".into(), weight.into());
+            if weight != 1 {
+                t.insert("weight".into(), weight.into());
+            }
             Value::Table(t)
         }
         _ => Value::from(addr.clone()),
     };
+    // veloxy's backup server: picked only while no other server may be, as HAProxy's.
+    let entry = match entry {
+        Value::Table(mut t) if backup => {
+            t.insert("backup".into(), true.into());
+            Value::Table(t)
+        }
+        e => e,
+    };
     for (k, v) in &p {
         match k.as_str() {
-            "check" | "inter" | "rise" | "fall" | "weight" | "cookie" | "maxconn" | "ssl" | "verify"
+            "check" | "inter" | "rise" | "fall" | "weight" | "cookie" | "maxconn" | "ssl" | "verify" | "backup"
             | "ca-file" | "sni" | "alpn" | "proto" | "send-proxy" | "send-proxy-v2" | "resolvers"
             | "no-ssl" | "no-send-proxy" | "no-send-proxy-v2" => {}
             "slowstart" => notes.push("slowstart: veloxy gives a recovered server its full weight at once".into()),

@@ -272,6 +272,7 @@ fn endpoints(
         return (servers, None);
     };
     for group in seq(la.get("endpoints").unwrap_or(la)) {
+        let mut backup = false;
         if let Some(p) = group
             .get("priority")
             .and_then(|p| p.as_i64())
@@ -279,14 +280,17 @@ fn endpoints(
         {
             let d = "cluster.load_assignment.endpoints";
             if checked {
-                ctx.r.refused(
+                ctx.r.different(
                     &group.loc,
                     d,
                     format!(
-                        "endpoints at priority {p} take traffic only when the higher \
-                         priorities fail: veloxy has no backup servers, so they are left out"
+                        "endpoints at priority {p} become backup servers: veloxy sends them \
+                         traffic only once every priority-0 endpoint is down or ejected (Envoy \
+                         spills a share as soon as priority 0 is below its overprovisioning \
+                         threshold; all priorities above 0 are one backup tier)"
                     ),
                 );
+                backup = true;
             } else {
                 ctx.r.ignored(
                     &group.loc,
@@ -297,8 +301,8 @@ fn endpoints(
                          it, so Envoy never sends them a request"
                     ),
                 );
+                continue;
             }
-            continue;
         }
         for e in seq(group.get("lb_endpoints").unwrap_or(group)) {
             let addr = e.get("endpoint").and_then(|ep| ep.get("address"));
@@ -333,6 +337,12 @@ fn endpoints(
             }
             if let Some(w) = weight {
                 t.insert("weight".into(), Value::Integer(w));
+            }
+            if backup {
+                if !t.contains_key("dns") && !t.contains_key("addr") {
+                    t.insert("addr".into(), target.clone().into());
+                }
+                t.insert("backup".into(), Value::Boolean(true));
             }
             let status = e.get("health_status").and_then(enum_name);
             if matches!(

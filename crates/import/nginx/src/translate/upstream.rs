@@ -17,6 +17,7 @@ use crate::parse::Directive;
 pub struct Server {
     addr: String,
     weight: u32,
+    backup: bool,
     max_fails: Option<u32>,
     fail_timeout: Option<String>,
 }
@@ -118,6 +119,7 @@ fn server_line(tr: &mut Tr<'_>, c: &Directive, b: &mut Block) {
     let mut s = Server {
         addr: c.arg(0).to_string(),
         weight: 1,
+        backup: false,
         max_fails: None,
         fail_timeout: None,
     };
@@ -134,12 +136,7 @@ fn server_line(tr: &mut Tr<'_>, c: &Directive, b: &mut Block) {
             tr.rep.translated(&c.loc, "server");
             return;
         } else if t == "backup" {
-            tr.rep.refused(
-                &c.loc,
-                "server",
-                "backup servers: veloxy has no backup tier (every server takes traffic)",
-            );
-            return;
+            s.backup = true;
         } else if t == "resolve" {
             diffs.push("names are resolved again every 10s (dns server entry)");
         } else if t.starts_with("max_conns=") {
@@ -216,6 +213,7 @@ impl Tr<'_> {
             None => vec![Server {
                 addr: t.host.clone(),
                 weight: 1,
+                backup: false,
                 max_fails: None,
                 fail_timeout: None,
             }],
@@ -228,12 +226,17 @@ impl Tr<'_> {
                 } else {
                     format!("{scheme}{}", sv.addr)
                 };
-                if sv.weight == 1 {
+                if sv.weight == 1 && !sv.backup {
                     Value::from(addr)
                 } else {
                     let mut tb = toml::Table::new();
                     tb.insert("addr".into(), addr.into());
-                    tb.insert("weight".into(), Value::from(i64::from(sv.weight)));
+                    if sv.weight != 1 {
+                        tb.insert("weight".into(), Value::from(i64::from(sv.weight)));
+                    }
+                    if sv.backup {
+                        tb.insert("backup".into(), Value::from(true));
+                    }
                     Value::Table(tb)
                 }
             })
