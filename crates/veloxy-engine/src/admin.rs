@@ -251,7 +251,7 @@ async fn handle(
     match (method.as_str(), path) {
         ("POST", "/cache/purge") => {
             let query = full.split_once('?').map_or("", |(_, q)| q);
-            let (status, body) = cache_purge(query);
+            let (status, body) = cache_purge(&shared, query);
             respond(s, status, "application/json", &body).await
         }
         ("GET", "/metrics") => {
@@ -272,8 +272,8 @@ async fn handle(
             let mut body =
                 crate::metrics::render(&shared.metrics, &metric_labels(&snapshot, &conns));
             crate::acme::report::metrics(&snapshot, &mut body);
-            crate::cache::metrics(&mut body);
-            crate::fleet::metrics(&mut body);
+            crate::cache::metrics(&mut body, &shared.live.stores());
+            crate::fleet::metrics(&mut body, shared.live.redis_errors());
             respond(s, 200, "text/plain; version=0.0.4", &body).await
         }
         ("GET", "/healthz") if shared.shutdown.load(Ordering::Relaxed) => {
@@ -458,7 +458,7 @@ fn replace_servers(
 
 /// `POST /cache/purge?key=K` (or `prefix=P`, or `tag=T`; `&cache=NAME` for one cache):
 /// removes matching objects from every cache and says how many.
-fn cache_purge(query: &str) -> (u16, String) {
+fn cache_purge(shared: &Shared, query: &str) -> (u16, String) {
     let mut selector = None;
     let mut only = None;
     for pair in query.split('&') {
@@ -480,7 +480,7 @@ fn cache_purge(query: &str) -> (u16, String) {
     let Some(selector) = selector else {
         return (400, "{\"error\":\"give key=, prefix= or tag=\"}\n".into());
     };
-    let stores = crate::cache::stores();
+    let stores = shared.live.stores();
     if let Some(name) = &only {
         if !stores.iter().any(|s| *s.name == **name) {
             return (404, format!("{{\"error\":\"no cache named {name:?}\"}}\n"));
@@ -563,7 +563,11 @@ fn upstreams_json(shared: &Shared) -> String {
         }
         out.push(']');
         if let Some(search) = &g.search {
-            let h = search.cluster.health();
+            let h = search
+                .cluster
+                .try_get()
+                .map(|c| c.health())
+                .unwrap_or_default();
             let shedding: Vec<String> = h.shedding.iter().map(|a| format!("\"{a}\"")).collect();
             let _ = write!(
                 out,

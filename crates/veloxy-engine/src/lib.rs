@@ -41,8 +41,12 @@
 //!
 //! Configuration goes file -> `config::file` (serde structs, `deny_unknown_fields`) ->
 //! `config::compile` (validation, one file per section) -> [`config::Snapshot`], plain data
-//! read through an atomic pointer, so a reload swaps it without pausing traffic; live state
-//! (backend health, limiters, file caches, idle connections) is carried over by name.
+//! read through an atomic pointer, so a reload swaps it without pausing traffic. Compiling
+//! starts, binds and creates nothing (`veloxy check` makes no thread, socket or directory):
+//! the cache stores, the Redis client and search cluster views a snapshot names are empty
+//! `late::Late` slots that `runtime::live` fills before the snapshot is installed, keeping
+//! the objects of the same name across reloads; other live state (backend health, limiters,
+//! file caches, idle connections) is carried over by name too.
 //! `config::print` renders a snapshot back as TOML (`veloxy check --print`).
 //!
 //! # Lexicon
@@ -88,6 +92,7 @@ pub(crate) mod exchange;
 pub(crate) mod fleet;
 pub mod hooks;
 pub(crate) mod http1;
+pub(crate) mod late;
 pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod metrics;

@@ -1,7 +1,11 @@
 //! The process's live state, beside the immutable config: what every worker shares (the
 //! current snapshot and its generation number, shutdown, hooks, listener connection counts,
-//! the metrics registry, the access log). Per-backend health, limiters and file caches live
-//! with the config objects they belong to and are carried over reloads by name.
+//! the metrics registry, the access log) and the live objects snapshots name ([`live`]:
+//! cache stores, the Redis client, search cluster views), made here rather than by compiling.
+//! Per-backend health, limiters and file caches live with the config objects they belong to
+//! and are carried over reloads by name.
+
+pub(crate) mod live;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
@@ -28,6 +32,8 @@ pub(crate) struct Shared {
     /// Every worker's counters, summed by the admin endpoint.
     pub metrics: crate::metrics::Metrics,
     pub access_log: Option<crate::access_log::AccessLog>,
+    /// The cache stores, Redis client and search views of the installed snapshot.
+    pub live: live::Live,
     /// Backends found by DNS discovery and set through the runtime API.
     pub found: Arc<crate::upstream::discovery::Found>,
     /// Held while a snapshot is derived from the current one and swapped in (reload,

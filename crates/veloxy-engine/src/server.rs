@@ -51,6 +51,9 @@ pub enum ServerError {
     /// A worker, admin or health thread could not be started.
     #[error("cannot start worker thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// A live object the config names could not be made (a cache's disk directory).
+    #[error(transparent)]
+    Live(#[from] crate::runtime::live::BindError),
 }
 
 /// Orders sent to a worker when a reload adds or removes listeners.
@@ -142,6 +145,8 @@ impl Server {
                 }
             })?),
         };
+        let live = crate::runtime::live::Live::default();
+        live.bind(&self.snapshot)?;
         let found = Arc::new(crate::upstream::discovery::Found::default());
         let snapshot = Arc::new(self.snapshot);
         let (health_tx, health_rx) = watch::channel(snapshot.upstreams.clone().into());
@@ -163,6 +168,7 @@ impl Server {
                 admin_accept_errors: Default::default(),
             },
             access_log,
+            live,
             found: found.clone(),
             swap: std::sync::Mutex::new(()),
         });
@@ -376,6 +382,9 @@ impl Running {
             let udp = bind_quic(&spec.name, addr, workers)?;
             quic_added.push((spec.name.clone(), udp, h3.clone()));
         }
+        // Cache stores (and their directories), the Redis client, search views: made or kept
+        // before anything is swapped, so a failure refuses the reload.
+        self.shared.live.bind(&snapshot)?;
 
         let workers = snapshot.settings.workers;
         // Discovered and runtime sets carry over, as the groups' live state does.

@@ -247,3 +247,61 @@ fn a_failed_disk_write_leaves_no_temporary_file() {
     assert!(left.is_empty(), "temporary files left: {left:?}");
     assert_eq!(get1(&v, "/a", &HOST).header("x-cache"), Some("HIT"));
 }
+
+/// Issue 34: the disk directory is made when veloxy starts (`veloxy check` makes none), and a
+/// reload keeps the store, its entries and its directory.
+#[test]
+fn run_makes_the_directory_and_a_reload_keeps_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("new/cache");
+    let o = script_origin(|r| {
+        Scripted::ok(format!("v{}", r.seq)).header("cache-control", "max-age=600")
+    });
+    let lines = disk_lines(&cache, "64MiB");
+    let setup = || Setup {
+        caches: &lines,
+        ..Setup::default()
+    };
+    let v = start_with(&o, setup());
+    assert!(cache.is_dir(), "the disk directory is made at start");
+    assert_eq!(get1(&v, "/a", &HOST).status, 200);
+    assert_eq!(x_cache(&get1(&v, "/a", &HOST)), Some("HIT"));
+    reload_with(&v, &cache_config(&o, &setup()), "reloaded");
+    assert_eq!(
+        summary(&get1(&v, "/a", &HOST)),
+        (200, "v1".into(), Some("HIT"))
+    );
+    assert_eq!(o.hits(), 1, "the store and its entry outlived the reload");
+}
+
+/// A disk path that cannot be a directory is refused by `veloxy check`, which still creates
+/// nothing.
+#[test]
+fn check_refuses_a_disk_path_under_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let config = dir.path().join("veloxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listeners.web]\naddr = \"127.0.0.1:0\"\n\
+             [caches.main]\ndisk = {{ path = \"{}\" }}\n\
+             [[routes]]\nrespond = {{ body = \"hello\" }}\n",
+            file.join("cache").display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(VELOXY)
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("caches.main.disk.path: cannot use the directory")
+            && text.contains("is not a directory"),
+        "{text}"
+    );
+}

@@ -128,7 +128,7 @@ impl Fill {
 
     /// A stale answer (`stale-while-revalidate`, `stale-if-error`), counted.
     fn stale_answer(&self, obj: &Object, now: u64) -> Filled {
-        Stats::inc(&self.rc.store.stats.stale);
+        Stats::inc(&self.rc.store().stats.stale);
         self.answer(obj, "STALE", now)
     }
 
@@ -136,7 +136,7 @@ impl Fill {
     fn pass(&self, now: u64) {
         let until = now + super::PASS_FOR.as_millis() as u64;
         self.rc
-            .store
+            .store()
             .entries
             .insert(self.primary.clone(), Entry::Pass(until));
     }
@@ -160,7 +160,7 @@ pub(crate) async fn run(
     t: &ProxyTarget,
     fill: Box<Fill>,
 ) -> Result<Filled, ProxyError> {
-    let store = fill.rc.store.clone();
+    let store = fill.rc.store().clone();
     let now = now_ms();
     if let (Some(obj), Mode::Normal) = (&fill.stale, fill.mode) {
         let swr = obj.life.stale_while_revalidate.as_millis() as u64;
@@ -239,7 +239,7 @@ async fn follow(
     fill: &Fill,
     mut rx: tokio::sync::watch::Receiver<Option<Outcome>>,
 ) -> Result<Filled, ProxyError> {
-    let store = &fill.rc.store;
+    let store = fill.rc.store();
     let outcome = tokio::time::timeout(COLLAPSE_WAIT, rx.wait_for(|o| o.is_some()))
         .await
         .ok()
@@ -264,7 +264,7 @@ async fn lead_fill(
     fill: &Fill,
     flight: FlightGuard,
 ) -> Result<Filled, ProxyError> {
-    let store = fill.rc.store.clone();
+    let store = fill.rc.store().clone();
     let mut stale = fill.stale.clone();
     if stale.is_none() && store.disk.is_some() {
         if let Some(obj) = from_disk(fill).await {
@@ -366,7 +366,7 @@ async fn lead_fill(
 
 /// Stores `obj` under the request's key (its variant's, when the response varies).
 fn insert(fill: &Fill, headers: &http::HeaderMap, obj: Arc<Object>) {
-    let store = &fill.rc.store;
+    let store = fill.rc.store();
     let put = |key: Arc<str>, e: Entry| {
         if let Some((disk, _)) = &store.disk {
             disk.save(key.clone(), e.clone());
@@ -385,7 +385,7 @@ fn insert(fill: &Fill, headers: &http::HeaderMap, obj: Arc<Object>) {
 
 /// The request's entry in the disk tier (a memory miss), put back in memory.
 async fn from_disk(fill: &Fill) -> Option<Arc<Object>> {
-    let store = &fill.rc.store;
+    let store = fill.rc.store();
     let (disk, _) = store.disk.as_ref()?;
     let entry = disk.load(fill.key.clone()).await?;
     let (key, entry) = match entry {

@@ -17,7 +17,10 @@ pub(crate) const VARIANT_MARK: char = '\u{1f}';
 
 /// A route's `cache = {...}`, compiled.
 pub struct RouteCache {
-    pub(crate) store: Arc<Store>,
+    /// `[caches.NAME]`'s store, bound by the runtime (see [`RouteCache::store`]).
+    pub(crate) slot: crate::late::Late<Store>,
+    /// The store's name (`veloxy check --print` writes it; the slot is empty there).
+    pub(crate) store_name: Box<str>,
     /// `[caches.NAME] max_object`: larger responses are not stored.
     pub max_object: u64,
     /// `key`: the template rendered per request.
@@ -37,7 +40,7 @@ pub struct RouteCache {
 impl std::fmt::Debug for RouteCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RouteCache")
-            .field("store", &self.store.name)
+            .field("store", &self.store_name)
             .field("max_object", &self.max_object)
             .finish_non_exhaustive()
     }
@@ -47,7 +50,7 @@ impl RouteCache {
     /// Builds the compiled settings (the config compiler's entry point).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        (store, max_object): (Arc<Store>, u64),
+        (store_name, slot, max_object): (Box<str>, crate::late::Late<Store>, u64),
         key: Template,
         (get, head): (bool, bool),
         (default_ttl, stale_while_revalidate, stale_if_error): (Duration, Duration, Duration),
@@ -56,7 +59,8 @@ impl RouteCache {
         (purge, compress): (Option<crate::access::IpRules>, bool),
     ) -> RouteCache {
         RouteCache {
-            store,
+            slot,
+            store_name,
             max_object,
             key,
             get,
@@ -71,6 +75,12 @@ impl RouteCache {
             purge,
             compress,
         }
+    }
+
+    /// The store (one atomic load).
+    #[inline]
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        self.slot.get()
     }
 
     /// The status field line (`X-Cache: HIT\r\n`), if the header is on.
@@ -110,7 +120,7 @@ pub(crate) fn describe(rc: &RouteCache) -> String {
         "{{ store = {:?}, key = {:?}, default_ttl = {}, methods = [{}], \
          stale_while_revalidate = {}, stale_if_error = {}, ignore_cache_control = {}, \
          cache_status_header = {:?}{purge} }}",
-        &*rc.store.name,
+        &*rc.store_name,
         rc.key.to_string(),
         secs(rc.settings.default_ttl),
         methods.join(", "),
@@ -123,14 +133,14 @@ pub(crate) fn describe(rc: &RouteCache) -> String {
 
 /// The `[caches.NAME]` keys of the route's store, for `veloxy check --print`.
 pub(crate) fn describe_store(
-    store: &super::Store,
+    store: &super::StoreSpec,
     max_object: u64,
 ) -> (String, Vec<(&'static str, String)>) {
     let mut keys = vec![
         ("memory", store.memory.to_string()),
         ("max_object", max_object.to_string()),
     ];
-    if let Some((_, d)) = &store.disk {
+    if let Some(d) = &store.disk {
         keys.push((
             "disk",
             format!(
@@ -160,7 +170,7 @@ pub(crate) fn admit(
     key: String,
     (client, encoding): (std::net::IpAddr, Option<crate::compress::Encoding>),
 ) -> Step {
-    let store = &rc.store;
+    let store = rc.store();
     if head.method == "PURGE" {
         if let Some(allowed) = &rc.purge {
             let get_key = key.strip_prefix("PURGE").map(|k| format!("GET{k}"));

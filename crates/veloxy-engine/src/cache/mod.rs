@@ -3,8 +3,8 @@
 //!
 //! # Layout
 //! * [`policy`]: what may be stored and for how long (pure RFC 9111 rules).
-//! * this module: the stores. One per `[caches.NAME]`, shared by every worker and kept across
-//!   reloads by name: a concurrent map with TinyLFU admission and LRU eviction by bytes (moka),
+//! * this module: the stores. One per `[caches.NAME]`, shared by every worker, made by the
+//!   runtime (`runtime::live`, not by compiling) and kept across reloads by name: a concurrent map with TinyLFU admission and LRU eviction by bytes (moka),
 //!   whose reads take no lock, so a hit costs no lock shared across workers.
 //! * [`lookup`]: at admission (synchronous), a fresh object becomes the answer at once;
 //!   anything else becomes a [`fill::Fill`] the codec runs.
@@ -233,42 +233,30 @@ pub(crate) enum Purge {
     Tag(String),
 }
 
-/// Every store by name: live state that outlives a config generation, so a reload keeps the
-/// cached objects (a store whose `memory` changed starts empty).
-fn registry() -> &'static Mutex<HashMap<String, Arc<Store>>> {
-    static STORES: OnceLock<Mutex<HashMap<String, Arc<Store>>>> = OnceLock::new();
-    STORES.get_or_init(Default::default)
+/// A `[caches.NAME]` as compiled: what its store is made of, and the slot the runtime binds
+/// the live store to (`runtime::Live`, which keeps the stores by name across reloads).
+#[derive(Debug, Clone)]
+pub(crate) struct StoreSpec {
+    pub name: String,
+    pub memory: u64,
+    pub disk: Option<DiskSpec>,
+    pub store: crate::late::Late<Store>,
 }
 
-/// The store named `name`, created (or replaced, when its size or disk changed) as needed.
-pub(crate) fn store(
-    name: &str,
-    memory: u64,
-    disk: Option<DiskSpec>,
-) -> std::io::Result<Arc<Store>> {
-    let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
-    match all.get(name) {
-        Some(s) if s.memory == memory && s.disk.as_ref().map(|(_, d)| d) == disk.as_ref() => {
-            Ok(s.clone())
-        }
-        _ => {
-            let disk = match disk {
-                Some(spec) => Some((disk::Disk::open(&spec.path, spec.size)?, spec)),
-                None => None,
-            };
-            let s = Arc::new(Store::new(name, memory, disk));
-            all.insert(name.to_owned(), s.clone());
-            Ok(s)
-        }
+impl StoreSpec {
+    /// Whether `store` was made with these settings (then a reload keeps it and its objects).
+    pub fn fits(&self, store: &Store) -> bool {
+        store.memory == self.memory && store.disk.as_ref().map(|(_, d)| d) == self.disk.as_ref()
     }
-}
 
-/// Every store, for purges and metrics.
-pub(crate) fn stores() -> Vec<Arc<Store>> {
-    let all = registry().lock().unwrap_or_else(|e| e.into_inner());
-    let mut v: Vec<_> = all.values().cloned().collect();
-    v.sort_by(|a, b| a.name.cmp(&b.name));
-    v
+    /// A new, empty store; its disk directory is created now.
+    pub fn open(&self) -> std::io::Result<Arc<Store>> {
+        let disk = match &self.disk {
+            Some(spec) => Some((disk::Disk::open(&spec.path, spec.size)?, spec.clone())),
+            None => None,
+        };
+        Ok(Arc::new(Store::new(&self.name, self.memory, disk)))
+    }
 }
 
 /// Wall-clock milliseconds (cache ages are wall-clock, as `Date` and `Age` are).
@@ -282,9 +270,8 @@ pub(crate) fn now_ms() -> u64 {
 pub(crate) const PASS_FOR: Duration = Duration::from_secs(60);
 
 /// `/metrics` lines for every cache.
-pub(crate) fn metrics(out: &mut String) {
+pub(crate) fn metrics(out: &mut String, stores: &[Arc<Store>]) {
     use std::fmt::Write;
-    let stores = stores();
     if stores.is_empty() {
         return;
     }
@@ -329,7 +316,7 @@ pub(crate) fn metrics(out: &mut String) {
             format!("veloxy_cache_{name}_total")
         };
         let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} counter");
-        for s in &stores {
+        for s in stores {
             let _ = writeln!(out, "{metric}{{cache=\"{}\"}} {}", s.name, get(&s.stats));
         }
     }
@@ -337,7 +324,7 @@ pub(crate) fn metrics(out: &mut String) {
         out,
         "# HELP veloxy_cache_bytes Bytes stored.\n# TYPE veloxy_cache_bytes gauge"
     );
-    for s in &stores {
+    for s in stores {
         let _ = writeln!(
             out,
             "veloxy_cache_bytes{{cache=\"{}\"}} {}",

@@ -575,9 +575,11 @@ pub struct ServerEntry {
     pub srv: Option<String>,
     /// How often a `dns`/`srv` name is resolved again (`"10s"`).
     pub resolve: Option<String>,
+    /// A backup server: picked only while no other server of the group may be.
+    pub backup: bool,
 }
 
-const ENTRY_FIELDS: &[&str] = &["addr", "weight", "dns", "srv", "resolve"];
+const ENTRY_FIELDS: &[&str] = &["addr", "weight", "dns", "srv", "resolve", "backup"];
 
 impl<'de> Deserialize<'de> for ServerEntry {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -603,6 +605,7 @@ impl<'de> Deserialize<'de> for ServerEntry {
                         "dns" => e.dns = Some(map.next_value::<String>()?),
                         "srv" => e.srv = Some(map.next_value::<String>()?),
                         "resolve" => e.resolve = Some(map.next_value::<String>()?),
+                        "backup" => e.backup = map.next_value::<bool>()?,
                         other => return Err(de::Error::unknown_field(other, ENTRY_FIELDS)),
                     }
                 }

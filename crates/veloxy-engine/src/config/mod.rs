@@ -2,8 +2,9 @@
 //!
 //! * [`file`] holds serde structs that mirror the TOML (`deny_unknown_fields` everywhere).
 //! * [`compile`] validates them (names, references, addresses, durations, limits) and builds the
-//!   typed snapshot the workers read. Nothing is bound or started here, so a bad file is refused
-//!   before anything is swapped in.
+//!   typed snapshot the workers read. Nothing is bound, started or created here (no thread,
+//!   socket or directory: `veloxy check` runs it), so a bad file is refused before anything is
+//!   swapped in; live state the snapshot names is a `late::Late` slot the runtime fills.
 //! * [`print`](mod@print) writes a compiled snapshot back as TOML (`veloxy check --print`).
 //!
 //! Every option's default is documented on the compiled field that holds it, and in the README.
@@ -204,4 +205,16 @@ pub struct Snapshot {
     /// Things that are valid but probably unintended, as `file:line:column: key: warning: ...`
     /// lines: `veloxy check` prints them, `veloxy run` logs them at start and on reload.
     pub warnings: Vec<String>,
+    /// The live objects the snapshot names but compiling does not make (see `late::Late`).
+    pub(crate) live: LiveSpecs,
+}
+
+/// What the runtime makes (or keeps from the previous generation) for a snapshot, beside the
+/// slots inside its groups (a search group's cluster view).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LiveSpecs {
+    /// `[server.redis]`'s client (its spec is `settings.redis`).
+    pub redis: Option<crate::late::Late<crate::fleet::redis::RedisClient>>,
+    /// `[caches.NAME]`, in name order.
+    pub caches: Vec<crate::cache::StoreSpec>,
 }

@@ -555,14 +555,23 @@ fn servers(u: &UpstreamGroup) -> Servers {
             tls_server_name = Some(name.clone());
         }
     }
-    let list = if discovery.is_empty() && u.file_backends.iter().all(|b| b.weight == 1) {
+    let plain = |b: &crate::config::Backend| b.weight == 1 && !b.backup;
+    let backup = |on: bool| if on { ", backup = true" } else { "" };
+    let list = if discovery.is_empty() && u.file_backends.iter().all(plain) {
         str_list(&entries)
     } else {
         // One server a line: inline tables make long lines.
         let mut tables: String = entries
             .iter()
             .zip(u.file_backends.iter())
-            .map(|(e, b)| format!("    {{ addr = {}, weight = {} }},\n", string(e), b.weight))
+            .map(|(e, b)| {
+                format!(
+                    "    {{ addr = {}, weight = {}{} }},\n",
+                    string(e),
+                    b.weight,
+                    backup(b.backup)
+                )
+            })
             .collect();
         for d in &discovery {
             let scheme = if d.tls_name.is_some() { "https://" } else { "" };
@@ -576,9 +585,10 @@ fn servers(u: &UpstreamGroup) -> Servers {
                 DiscoveryName::Srv(_) | DiscoveryName::Search { .. } => String::new(),
             };
             tables.push_str(&format!(
-                "    {{ {key} = {}, resolve = {}{weight} }},\n",
+                "    {{ {key} = {}, resolve = {}{weight}{} }},\n",
                 string(&name),
-                string(&duration(d.every))
+                string(&duration(d.every)),
+                backup(d.backup)
             ));
         }
         format!("[\n{tables}]")
@@ -678,15 +688,18 @@ fn caches(out: &mut Toml, snapshot: &Snapshot) {
             let rules = r.rules.as_ref();
             let stores = rules
                 .and_then(|x| x.cache.as_ref())
-                .map(|c| (&c.store, c.max_object))
+                .map(|c| (&c.slot, c.max_object))
                 .into_iter()
                 .chain(
                     rules
                         .and_then(|x| x.search.as_ref()?.query_cache.as_ref())
-                        .map(|q| (&q.store, q.max_object)),
+                        .map(|q| (&q.slot, q.max_object)),
                 );
-            for (store, max_object) in stores {
-                let (name, keys) = crate::cache::lookup::describe_store(store, max_object);
+            for (slot, max_object) in stores {
+                let Some(spec) = snapshot.live.caches.iter().find(|c| c.store.same(slot)) else {
+                    continue;
+                };
+                let (name, keys) = crate::cache::lookup::describe_store(spec, max_object);
                 seen.entry(name).or_insert(keys);
             }
         }

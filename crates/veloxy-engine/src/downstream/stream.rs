@@ -15,7 +15,7 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
     let started = tokio::time::Instant::now();
     let mut excluded = group.health.down_mask();
     for _ in 0..=group.retries {
-        let pick = gen.groups.borrow_mut()[upstream].picker.pick(&PickContext {
+        let pick = gen.groups.borrow_mut()[upstream].pick(&PickContext {
             client: down.peer,
             excluded,
             hash: 0,

@@ -140,7 +140,7 @@ pub(crate) fn pick(plan: &Plan<'_>, tried: u64, retry: bool) -> Option<usize> {
     } else {
         state.budget.earn();
     }
-    state.picker.pick(&PickContext {
+    state.pick(&PickContext {
         client: plan.client,
         excluded: group.health.down_mask() | tried,
         hash: plan.hash,

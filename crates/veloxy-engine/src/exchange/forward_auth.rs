@@ -79,7 +79,6 @@ impl AuthRequest {
         let down = |why| ProxyError::upstream(ErrorKind::AuthUnavailable(why));
         let group = &gen.snapshot.upstreams[self.upstream];
         let backend = gen.groups.borrow_mut()[self.upstream]
-            .picker
             .pick(&PickContext {
                 client: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
                 excluded: group.health.down_mask(),

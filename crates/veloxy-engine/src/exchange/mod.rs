@@ -248,7 +248,7 @@ fn choose_backend(
     let state = &mut groups[upstream];
     state.budget.earn();
     let picked = stuck.or_else(|| {
-        state.picker.pick(&PickContext {
+        state.pick(&PickContext {
             client,
             excluded,
             hash,

@@ -39,7 +39,8 @@ pub struct GlobalLimit {
     /// Tokens asked per lease.
     pub lease: u32,
     pub on_error: OnStoreError,
-    pub(crate) redis: Arc<RedisClient>,
+    /// `[server.redis]`'s client, bound by the runtime.
+    pub(crate) redis: crate::late::Late<RedisClient>,
 }
 
 /// Requests decided by `on_store_error` because the store was unreachable.
@@ -121,7 +122,7 @@ impl GlobalLimit {
         // thread is doing (connecting at start, a stuck connection): the fallback decides
         // rather than the debt of a lease that may never come.
         if slot.inflight.load(Ordering::Acquire)
-            && now >= slot.asked_ms.load(Ordering::Relaxed) + self.redis.timeout_ms()
+            && now >= slot.asked_ms.load(Ordering::Relaxed) + self.redis.get().timeout_ms()
         {
             slot.failed();
         }
@@ -170,7 +171,7 @@ impl GlobalLimit {
         slot.inflight.store(true, Ordering::Release);
         slot.asked_ms.store(now, Ordering::Relaxed);
         let rkey = format!("veloxy:rl:{}:{key:016x}", self.name);
-        self.redis.lease(
+        self.redis.get().lease(
             rkey,
             (self.per_second, self.burst),
             self.lease,

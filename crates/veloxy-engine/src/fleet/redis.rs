@@ -3,7 +3,7 @@
 //! ever waits on Redis: workers send lease requests and read the answers from shared slots.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::global_limit::Slot;
@@ -235,26 +235,15 @@ async fn connect(spec: &RedisSpec, n: usize) -> Vec<redis::aio::ConnectionManage
     out
 }
 
-static CLIENTS: OnceLock<Mutex<Vec<Arc<RedisClient>>>> = OnceLock::new();
-
-/// Failed requests over every client.
-pub(crate) fn errors() -> u64 {
-    CLIENTS.get().map_or(0, |all| {
-        let all = all.lock().unwrap_or_else(|e| e.into_inner());
-        all.iter().map(|c| c.errors.load(Ordering::Relaxed)).sum()
-    })
-}
-
-/// The client for `spec`, started once and shared by every route and reload that uses it.
-pub(crate) fn client(spec: &RedisSpec) -> Arc<RedisClient> {
-    let mut all = CLIENTS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = all.iter().find(|c| c.spec == *spec) {
-        return c.clone();
+impl RedisClient {
+    /// A client for `spec`: its thread starts now (the runtime makes one per spec and keeps
+    /// it across reloads; compiling a config makes none).
+    pub(crate) fn new(spec: &RedisSpec) -> Arc<RedisClient> {
+        RedisClient::start(spec.clone())
     }
-    let c = RedisClient::start(spec.clone());
-    all.push(c.clone());
-    c
+
+    /// The settings it was made with.
+    pub(crate) fn spec(&self) -> &RedisSpec {
+        &self.spec
+    }
 }

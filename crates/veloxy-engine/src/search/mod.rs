@@ -39,7 +39,7 @@ pub(crate) struct SearchRoute {
     /// `max_bulk_body`: larger bulk bodies are forwarded as they are.
     pub max_bulk_body: u64,
     /// The cluster the route's group discovered (shared with the discovery thread).
-    pub cluster: Arc<ClusterView>,
+    pub cluster: crate::late::Late<ClusterView>,
     /// `query_cache` (with `ttl`).
     pub query_cache: Option<Arc<qcache::QueryCache>>,
 }
@@ -90,7 +90,7 @@ pub(crate) fn admit(s: &SearchRoute, head: &Head, target: &str) -> Step {
         // knows its indices once its body is read: see [`Job::run`]).
         let routed_bulk = api == Some("_bulk") && s.route_to_shards;
         if !matches!(head.method, "GET" | "HEAD") && !api.is_some_and(is_read) && !routed_bulk {
-            qc.written(&qcache::indices(path, &s.cluster.load()));
+            qc.written(&qcache::indices(path, &s.cluster.get().load()));
         }
     }
     let Some(api) = api else {
@@ -257,7 +257,7 @@ pub(crate) fn describe_route(s: &SearchRoute) -> String {
     if let Some(qc) = &s.query_cache {
         out.push_str(&format!(
             ", query_cache = {:?}, ttl = \"{}ms\"",
-            &*qc.store.name,
+            &*qc.store_name,
             qc.ttl.as_millis()
         ));
     }
@@ -402,11 +402,11 @@ impl Job {
         let fields: Vec<(&str, &[u8])> = self.fields.iter().map(|(k, v)| (*k, &v[..])).collect();
         match &self.kind {
             JobKind::Bulk(b) => {
-                let map = self.route.cluster.load();
+                let map = self.route.cluster.get().load();
                 let mut unknown = false;
                 let items = bulk::split(&body, b, &map, &mut unknown);
                 if unknown {
-                    self.route.cluster.mark_stale();
+                    self.route.cluster.get().mark_stale();
                 }
                 // Dropped before (no stale answer is served while it runs) and after (none
                 // stored from a search that raced it).
@@ -455,7 +455,7 @@ impl Job {
                 if let Ok(reply) = &r {
                     if reply.status == 200 {
                         let path = self.target.split('?').next().unwrap_or("");
-                        let read = qcache::indices(path, &self.route.cluster.load());
+                        let read = qcache::indices(path, &self.route.cluster.get().load());
                         qc.put(key, &read, reply.body.clone());
                     }
                 }
@@ -492,7 +492,7 @@ mod tests {
             deny: vec!["_delete_by_query".into()],
             timeout: Some(Duration::from_millis(1500)),
             max_bulk_body: 1 << 20,
-            cluster: Arc::default(),
+            cluster: crate::late::Late::bound(Arc::default()),
             query_cache: None,
         }
     }

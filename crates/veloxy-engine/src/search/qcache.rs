@@ -32,7 +32,10 @@ const ANY_WRITE: &str = "#any";
 
 /// A route's query cache.
 pub(crate) struct QueryCache {
-    pub store: Arc<Store>,
+    /// The `[caches.NAME]` store, bound by the runtime.
+    pub slot: crate::late::Late<Store>,
+    /// The store's name (`veloxy check --print` writes it; the slot is empty there).
+    pub store_name: Box<str>,
     pub ttl: Duration,
     pub max_object: u64,
 }
@@ -40,7 +43,7 @@ pub(crate) struct QueryCache {
 impl std::fmt::Debug for QueryCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueryCache")
-            .field("store", &self.store.name)
+            .field("store", &self.store_name)
             .field("ttl", &self.ttl)
             .finish()
     }
@@ -102,15 +105,21 @@ fn tag(index: &str) -> String {
 }
 
 impl QueryCache {
+    /// The store (one atomic load).
+    #[inline]
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        self.slot.get()
+    }
+
     /// A fresh answer for `key`.
     pub fn get(&self, key: &str) -> Option<Bytes> {
-        match self.store.entries.get(key) {
+        match self.store().entries.get(key) {
             Some(Entry::Object(o)) if o.is_fresh(now_ms()) => {
-                Stats::inc(&self.store.stats.hits);
+                Stats::inc(&self.store().stats.hits);
                 Some(o.body.clone())
             }
             _ => {
-                Stats::inc(&self.store.stats.misses);
+                Stats::inc(&self.store().stats.misses);
                 None
             }
         }
@@ -140,7 +149,7 @@ impl QueryCache {
             compressible: false,
             encoded: [OnceLock::new(), OnceLock::new(), OnceLock::new()],
         };
-        self.store
+        self.store()
             .entries
             .insert(Arc::from(key.as_str()), Entry::Object(Arc::new(object)));
     }
@@ -150,17 +159,17 @@ impl QueryCache {
         let until = now_ms() + SETTLE_MS;
         let all = written.iter().any(|i| i == ANY);
         if all {
-            self.store
+            self.store()
                 .purge(&crate::cache::Purge::Prefix(PREFIX.to_owned()));
         } else {
             for i in written.iter().map(String::as_str).chain([ANY]) {
-                self.store.purge(&crate::cache::Purge::Tag(tag(i)));
+                self.store().purge(&crate::cache::Purge::Tag(tag(i)));
             }
         }
         // One marker per index written, and one for "some index": what a search over
         // everything checks (one lookup, not a scan of the markers).
         for i in written.iter().map(String::as_str).chain([ANY_WRITE]) {
-            self.store
+            self.store()
                 .entries
                 .insert(Arc::from(format!("{WRITTEN}{i}")), Entry::Pass(until));
         }
@@ -169,7 +178,7 @@ impl QueryCache {
     fn recently_written(&self, read: &[String]) -> bool {
         let now = now_ms();
         let marked = |i: &str| {
-            matches!(self.store.entries.get(format!("{WRITTEN}{i}").as_str()),
+            matches!(self.store().entries.get(format!("{WRITTEN}{i}").as_str()),
                 Some(Entry::Pass(until)) if until > now)
         };
         // A search over everything: any recent write counts.

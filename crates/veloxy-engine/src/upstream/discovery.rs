@@ -22,6 +22,7 @@ use hickory_resolver::TokioResolver;
 use crate::upstream::addr::BackendAddr;
 use crate::upstream::group::{Backend, Discovery, DiscoveryName, Sticky, UpstreamGroup};
 use crate::upstream::health::MAX_BACKENDS;
+use crate::upstream::search_cluster::ClusterView;
 
 /// Longest the first lookup of an entry may take before the server starts without its answer
 /// (it keeps trying on the entry's interval).
@@ -194,10 +195,14 @@ pub(crate) fn spawn_thread(
                     let mut round1 = tokio::task::JoinSet::new();
                     for k in first.iter().cloned() {
                         let (r, f) = (resolver.clone(), found.clone());
+                        let view = view_of(&snapshot, &k.0);
                         let publish = hooks.publish.clone();
                         round1.spawn(async move {
                             // Bounded: the server waits for this round to start.
-                            let answer = tokio::time::timeout(FIRST_ROUND, round(&r, &f, &k, None));
+                            let answer = tokio::time::timeout(
+                                FIRST_ROUND,
+                                round(&r, &f, &k, view.as_deref(), None),
+                            );
                             if let Ok(Some(true)) = answer.await {
                                 publish(&k.0);
                             }
@@ -206,10 +211,11 @@ pub(crate) fn spawn_thread(
                     round1.join_all().await;
                 }
                 for key in first {
+                    let view = view_of(&snapshot, &key.0);
                     let t = set.spawn(follow(
                         resolver.clone(),
                         found.clone(),
-                        key.clone(),
+                        (key.clone(), view),
                         hooks.publish.clone(),
                         resolved,
                     ));
@@ -238,32 +244,35 @@ pub(crate) fn spawn_thread(
 async fn follow(
     resolver: Arc<TokioResolver>,
     found: Arc<Found>,
-    key: (String, Discovery),
+    (key, view): ((String, Discovery), Option<Arc<ClusterView>>),
     publish: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     resolved: bool,
 ) {
+    let view = view.as_deref();
     let mut failing = false;
     if resolved {
-        pause(&key).await;
+        pause(&key, view).await;
     }
     loop {
-        match round(&resolver, &found, &key, Some(&mut failing)).await {
+        match round(&resolver, &found, &key, view, Some(&mut failing)).await {
             Some(true) if !publish(&key.0) => return,
             _ => {}
         }
-        pause(&key).await;
+        pause(&key, view).await;
     }
+}
+
+/// The cluster view of a search group (bound by the runtime before the groups are sent).
+fn view_of(groups: &[UpstreamGroup], name: &str) -> Option<Arc<ClusterView>> {
+    let g = groups.iter().find(|g| g.name == name)?;
+    g.search.as_ref()?.cluster.try_get().cloned()
 }
 
 /// The wait between two rounds of an entry: its interval (a search cluster's comes early
 /// when a bulk met an index its map lacks).
-async fn pause(key: &(String, Discovery)) {
-    match key.1.name {
-        DiscoveryName::Search { .. } => {
-            crate::upstream::search_cluster::view(&key.0)
-                .wait(key.1.every)
-                .await
-        }
+async fn pause(key: &(String, Discovery), view: Option<&ClusterView>) {
+    match (&key.1.name, view) {
+        (DiscoveryName::Search { .. }, Some(view)) => view.wait(key.1.every).await,
         _ => tokio::time::sleep(key.1.every).await,
     }
 }
@@ -274,10 +283,11 @@ async fn round(
     resolver: &TokioResolver,
     found: &Found,
     key: &(String, Discovery),
+    view: Option<&ClusterView>,
     failing: Option<&mut bool>,
 ) -> Option<bool> {
     let (group, d) = key;
-    let answer = lookup(resolver, group, d).await;
+    let answer = lookup(resolver, d, view).await;
     let mut quiet = false;
     let failing = failing.unwrap_or(&mut quiet);
     match answer {
@@ -333,14 +343,14 @@ fn build_resolver(servers: &[SocketAddr]) -> Result<TokioResolver, String> {
 /// failure.
 async fn lookup(
     resolver: &TokioResolver,
-    group: &str,
     d: &Discovery,
+    view: Option<&ClusterView>,
 ) -> Result<Vec<Backend>, String> {
     let mut out = Vec::new();
     match &d.name {
         DiscoveryName::Search { seeds, roles } => {
-            let view = crate::upstream::search_cluster::view(group);
-            let nodes = crate::upstream::search_cluster::refresh(seeds, roles, &view).await?;
+            let view = view.ok_or("the cluster view is not bound")?;
+            let nodes = crate::upstream::search_cluster::refresh(seeds, roles, view).await?;
             if nodes.is_empty() {
                 return Err("no node has one of the roles".to_owned());
             }
@@ -428,5 +438,6 @@ fn backend(d: &Discovery, host: &str, addr: SocketAddr, weight: u32) -> Backend 
             .as_ref()
             .and_then(|n| rustls::pki_types::ServerName::try_from(n.clone()).ok()),
         weight,
+        backup: d.backup,
     }
 }

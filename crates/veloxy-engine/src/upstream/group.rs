@@ -46,6 +46,9 @@ pub struct Backend {
     pub tls_name: Option<rustls::pki_types::ServerName<'static>>,
     /// Relative share of traffic under weighted policies. Default 1.
     pub weight: u32,
+    /// `backup = true`: picked only while every other backend is down, ejected or tried
+    /// (nginx's and HAProxy's `backup`).
+    pub backup: bool,
 }
 
 impl Backend {
@@ -172,6 +175,8 @@ pub struct Discovery {
     pub every: Duration,
     /// `weight` of each address of a `dns` entry (SRV records carry their own).
     pub weight: u32,
+    /// `backup = true`: the addresses found are backup servers.
+    pub backup: bool,
     /// `https://` entries: the TLS name each backend is verified against.
     pub tls_name: Option<String>,
 }

@@ -4,12 +4,13 @@
 //!
 //! The discovery thread refreshes it on the group's `discover` interval, and sooner when a
 //! bulk met an index it did not know. Workers read it through one atomic load per bulk; the
-//! view is kept by group name across reloads (a reload never forgets the cluster).
+//! view is made by the runtime (`runtime::live`) and kept by group name across reloads (a
+//! reload never forgets the cluster).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -71,8 +72,9 @@ pub(crate) struct SearchGroup {
     pub discover: Duration,
     /// `roles`: the node roles that become backends (empty: all).
     pub roles: Vec<String>,
-    /// What was read of the cluster (kept by group name across reloads).
-    pub cluster: Arc<ClusterView>,
+    /// What was read of the cluster (bound by the runtime, which keeps it by group name
+    /// across reloads).
+    pub cluster: crate::late::Late<ClusterView>,
 }
 
 /// What the last round read of the cluster's health.
@@ -139,14 +141,6 @@ impl ClusterView {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The view of the group `name` (created on first use, kept for the life of the process so
-/// that reloads find it again).
-pub(crate) fn view(name: &str) -> Arc<ClusterView> {
-    static VIEWS: OnceLock<Mutex<HashMap<String, Arc<ClusterView>>>> = OnceLock::new();
-    let mut views = lock(VIEWS.get_or_init(Default::default));
-    views.entry(name.to_owned()).or_default().clone()
 }
 
 /// A node of the cluster with an HTTP address.

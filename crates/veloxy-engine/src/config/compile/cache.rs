@@ -1,6 +1,7 @@
 //! `[caches.NAME]` and a route's `cache = {...}`.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use super::rules::size;
 use crate::cache::lookup::RouteCache;
 use crate::config::error::{ConfigError, Source};
 use crate::config::file::{CacheSection, FileConfig, RouteCacheSection};
+use crate::late::Late;
 
 /// A route's cache key when it sets none: the method, the scheme and the authority as they
 /// are forwarded (X-Forwarded-Proto, Host with its port), and the request target. What else
@@ -18,16 +20,50 @@ use crate::config::file::{CacheSection, FileConfig, RouteCacheSection};
 pub(crate) const DEFAULT_KEY: &str = "{method}{scheme}://{authority}{uri}";
 /// A `[caches.NAME]`, checked.
 pub(super) struct CacheSpec {
-    store: Arc<crate::cache::Store>,
+    live: crate::cache::StoreSpec,
     max_object: u64,
     status_header: Option<String>,
 }
 
 impl CacheSpec {
-    /// The store and its `max_object` (for the search gateway's query cache).
-    pub(super) fn store(&self) -> (Arc<crate::cache::Store>, u64) {
-        (self.store.clone(), self.max_object)
+    /// The store's name, slot and `max_object`.
+    pub(super) fn store(&self) -> (Box<str>, Late<crate::cache::Store>, u64) {
+        (
+            self.live.name.as_str().into(),
+            self.live.store.clone(),
+            self.max_object,
+        )
     }
+}
+
+/// The stores the runtime makes, in name order.
+pub(super) fn store_specs(caches: HashMap<String, CacheSpec>) -> Vec<crate::cache::StoreSpec> {
+    let mut out: Vec<_> = caches.into_values().map(|c| c.live).collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Refuses a disk path that can never be a directory (it, or the nearest part of it that
+/// exists, is something else), without creating anything: the runtime makes the directory.
+fn usable_dir(path: &Path) -> Result<(), String> {
+    let mut at = Some(path);
+    while let Some(p) = at {
+        match std::fs::metadata(p) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) if p == path => return Err("not a directory".to_owned()),
+            Ok(_) => return Err(format!("{} is not a directory", p.display())),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                at = p.parent()
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
 }
 
 const DEFAULT_MEMORY: u64 = 256 << 20;
@@ -101,27 +137,29 @@ pub(super) fn compile_caches(
                         format!("must be at least max_object{}", defaulted(max_object)),
                     ));
                 }
-                Some(crate::cache::DiskSpec {
-                    path: super::absolute(&src.relative(spec.path.get_ref())),
-                    size,
-                })
+                let path = super::absolute(&src.relative(spec.path.get_ref()));
+                usable_dir(&path).map_err(|e| {
+                    src.error(
+                        spec.path.span(),
+                        format!("{dk}.path"),
+                        format!("cannot use the directory: {e}"),
+                    )
+                })?;
+                Some(crate::cache::DiskSpec { path, size })
             }
         };
-        // The live store exists as soon as the cache is configured (purges and metrics name
-        // it even before a route uses it); its disk directory is created now, as nginx -t
-        // creates a proxy_cache_path.
-        let span = c.disk.as_ref().map_or(section.span(), |d| d.span());
-        let store = crate::cache::store(name, memory, disk).map_err(|e| {
-            src.error(
-                span,
-                format!("{key}.disk.path"),
-                format!("cannot use the directory: {e}"),
-            )
-        })?;
+        // The live store is made by the runtime as soon as the cache is configured (purges
+        // and metrics name it even before a route uses it), with its disk directory; compiling
+        // (`veloxy check`) creates nothing.
         out.insert(
             name.clone(),
             CacheSpec {
-                store,
+                live: crate::cache::StoreSpec {
+                    name: name.clone(),
+                    memory,
+                    disk,
+                    store: Late::empty(),
+                },
                 max_object,
                 status_header: status_header.unwrap_or(Some("X-Cache".to_owned())),
             },
@@ -214,7 +252,7 @@ pub(super) fn route_cache(
         None => spec.status_header.clone(),
     };
     Ok(Arc::new(RouteCache::new(
-        (spec.store.clone(), spec.max_object),
+        spec.store(),
         template,
         (get, head),
         (

@@ -74,7 +74,9 @@ fn compile(
     }
     let caches = cache::compile_caches(src, &file)?;
     let redis_spec = server::compile_redis(src, s)?;
-    let redis = redis_spec.as_ref().map(crate::fleet::redis::client);
+    let redis = redis_spec
+        .as_ref()
+        .map(|_| crate::late::Late::<crate::fleet::redis::RedisClient>::empty());
     routes::compile_routes(
         src,
         (&file.routes, &file.route_origin),
@@ -100,11 +102,16 @@ fn compile(
         ))
     }));
     warnings.extend(foreign_variables(src, src.text));
+    let live = crate::config::LiveSpecs {
+        redis,
+        caches: cache::store_specs(caches),
+    };
     Ok(Snapshot {
         settings,
         listeners,
         upstreams,
         warnings,
+        live,
     })
 }
 

@@ -27,7 +27,7 @@ pub(super) fn compile_routes(
     (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
     caches: (
         &HashMap<String, super::cache::CacheSpec>,
-        Option<&Arc<crate::fleet::redis::RedisClient>>,
+        Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
     ),
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
@@ -47,7 +47,7 @@ fn compile_route(
     (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
     caches: (
         &HashMap<String, super::cache::CacheSpec>,
-        Option<&Arc<crate::fleet::redis::RedisClient>>,
+        Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
     ),
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
@@ -463,7 +463,7 @@ fn global_limit(
     src: &Source,
     key: &str,
     s: &crate::config::file::RateLimitSection,
-    redis: Option<&Arc<crate::fleet::redis::RedisClient>>,
+    redis: Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
     (per_second, burst): (f64, u32),
 ) -> Result<Option<Arc<crate::fleet::global_limit::GlobalLimit>>, ConfigError> {
     use crate::fleet::global_limit::{GlobalLimit, OnStoreError};
@@ -508,7 +508,7 @@ fn compile_limits(
     src: &Source,
     key: &str,
     r: &RouteSection,
-    redis: Option<&Arc<crate::fleet::redis::RedisClient>>,
+    redis: Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
 ) -> Result<RouteLimits, ConfigError> {
     let mut limits = RouteLimits::default();
     if let Some(max) = &r.max_concurrency {

@@ -14,7 +14,7 @@ use crate::search::qcache::QueryCache;
 use crate::search::SearchRoute;
 use crate::upstream::addr::BackendAddr;
 use crate::upstream::group::{Discovery, DiscoveryName};
-use crate::upstream::search_cluster::{view, SearchGroup};
+use crate::upstream::search_cluster::SearchGroup;
 
 const DEFAULT_DISCOVER: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_BULK_BODY: u64 = 64 << 20;
@@ -25,7 +25,6 @@ const DEFAULT_TTL: Duration = Duration::from_secs(60);
 pub(super) fn upstream_search(
     src: &Source,
     key: &str,
-    name: &str,
     s: &Spanned<UpstreamSearchSection>,
     backends: &[Backend],
     discovered: bool,
@@ -86,12 +85,13 @@ pub(super) fn upstream_search(
         every,
         weight: 1,
         tls_name: None,
+        backup: false,
     });
     Ok((
         SearchGroup {
             discover: every,
             roles,
-            cluster: view(name),
+            cluster: crate::late::Late::empty(),
         },
         entry,
     ))
@@ -153,13 +153,14 @@ pub(super) fn route_search(
                     format!("cache {name:?} is not defined (add [caches.{name}])"),
                 )
             })?;
-            let (store, max_object) = spec.store();
+            let (store_name, store, max_object) = spec.store();
             let ttl = r.ttl.as_ref().map_or(DEFAULT_TTL, |t| t.0);
             if ttl.is_zero() {
                 return Err(src.error(s.span(), format!("{key}.ttl"), "must be greater than zero"));
             }
             Some(Arc::new(QueryCache {
-                store,
+                slot: store,
+                store_name,
                 ttl,
                 max_object,
             }))

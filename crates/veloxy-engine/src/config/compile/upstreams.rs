@@ -55,14 +55,8 @@ fn compile_group(
     let search = match &u.search {
         None => None,
         Some(s) => {
-            let (group, entry) = super::search::upstream_search(
-                src,
-                &key,
-                name,
-                s,
-                &backends,
-                !discovery.is_empty(),
-            )?;
+            let (group, entry) =
+                super::search::upstream_search(src, &key, s, &backends, !discovery.is_empty())?;
             discovery.extend(entry);
             Some(group)
         }
@@ -207,18 +201,28 @@ fn compile_backends(
             return Err(src.error(entry.span(), &ekey, "weight must be at least 1"));
         }
         if e.dns.is_some() || e.srv.is_some() {
-            let d = compile_discovery(e, weight, tls_server_name)
+            let mut d = compile_discovery(e, weight, tls_server_name)
                 .map_err(|m| src.error(entry.span(), &ekey, m))?;
+            d.backup = e.backup;
             discovery.push(d);
             continue;
         }
-        if let Some(path) = e.addr.strip_prefix("unix:") {
-            backends.push(unix_backend(src, entry.span(), &ekey, path, weight)?);
-            continue;
-        }
-        let b = backend_at(&e.addr, weight, tls_server_name)
-            .map_err(|m| src.error(entry.span(), &ekey, m))?;
+        let mut b = match e.addr.strip_prefix("unix:") {
+            Some(path) => unix_backend(src, entry.span(), &ekey, path, weight)?,
+            None => backend_at(&e.addr, weight, tls_server_name)
+                .map_err(|m| src.error(entry.span(), &ekey, m))?,
+        };
+        b.backup = e.backup;
         backends.push(b);
+    }
+    let primaries = backends.iter().filter(|b| !b.backup).count()
+        + discovery.iter().filter(|d| !d.backup).count();
+    if primaries == 0 {
+        return Err(src.error(
+            u.servers.span(),
+            format!("{key}.servers"),
+            "every server is a backup: a backup stands in for others (drop backup = true)",
+        ));
     }
     // One scheme per group: every server and discovered name TLS, or none.
     let tls = backends.iter().map(|b| b.tls_name.is_some());
@@ -258,6 +262,7 @@ pub(crate) fn backend_at(
         server: hostport.to_owned(),
         tls_name,
         weight,
+        backup: false,
     })
 }
 
@@ -314,6 +319,7 @@ fn compile_discovery(
         every,
         weight,
         tls_name,
+        backup: false,
     })
 }
 
@@ -607,6 +613,7 @@ fn unix_backend(
         server: format!("unix:{path}"),
         tls_name: None,
         weight,
+        backup: false,
     })
 }
 

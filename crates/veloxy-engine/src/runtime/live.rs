@@ -1,0 +1,118 @@
+//! The live objects snapshots name (cache stores, the Redis client, search cluster views):
+//! one home, in the runtime, keyed by name and carried over reloads.
+//!
+//! Compiling a config makes none of them (see [`crate::late::Late`]); before a snapshot
+//! is installed (at start and on each reload), [`Live::bind`] fills its slots: a store of the
+//! same name and settings keeps its entries, a Redis client with the same settings is reused,
+//! a search group's view is kept by group name. Everything else is made anew, and what the new
+//! snapshot no longer names is let go (in-flight requests on the old one keep theirs).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::cache::Store;
+use crate::config::Snapshot;
+use crate::fleet::redis::RedisClient;
+use crate::upstream::search_cluster::ClusterView;
+
+/// The objects the installed snapshot uses.
+#[derive(Default)]
+pub(crate) struct Live {
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    /// In name order.
+    stores: Vec<Arc<Store>>,
+    redis: Option<Arc<RedisClient>>,
+    views: HashMap<String, Arc<ClusterView>>,
+}
+
+/// A cache store that could not be made (its disk directory).
+#[derive(Debug, thiserror::Error)]
+#[error("cache {name:?}: cannot use the disk directory {}: {source}", path.display())]
+pub struct BindError {
+    name: String,
+    path: std::path::PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+impl Live {
+    /// Fills every slot of `snapshot`, reusing what the installed one holds by name. On an
+    /// error nothing changes (the slots stay empty: the snapshot must not be installed).
+    pub(crate) fn bind(&self, snapshot: &Snapshot) -> Result<(), BindError> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stores = Vec::with_capacity(snapshot.live.caches.len());
+        for spec in &snapshot.live.caches {
+            let kept = spec.store.try_get().cloned().or_else(|| {
+                held.stores
+                    .iter()
+                    .find(|s| *s.name == *spec.name && spec.fits(s))
+                    .cloned()
+            });
+            let store = match kept {
+                Some(s) => s,
+                None => spec.open().map_err(|source| BindError {
+                    name: spec.name.clone(),
+                    path: spec
+                        .disk
+                        .as_ref()
+                        .map(|d| d.path.clone())
+                        .unwrap_or_default(),
+                    source,
+                })?,
+            };
+            stores.push(store);
+        }
+        // Nothing fails from here on.
+        for (spec, store) in snapshot.live.caches.iter().zip(&stores) {
+            spec.store.set(store.clone());
+        }
+        let redis = match (&snapshot.live.redis, &snapshot.settings.redis) {
+            (Some(slot), Some(spec)) => {
+                let kept = slot
+                    .try_get()
+                    .or(held.redis.as_ref().filter(|c| c.spec() == spec))
+                    .cloned();
+                Some(
+                    slot.set(kept.unwrap_or_else(|| RedisClient::new(spec)))
+                        .clone(),
+                )
+            }
+            _ => None,
+        };
+        let mut views = HashMap::new();
+        for g in &snapshot.upstreams {
+            let Some(search) = &g.search else { continue };
+            let kept = search
+                .cluster
+                .try_get()
+                .or(held.views.get(&g.name))
+                .cloned();
+            let view = search.cluster.set(kept.unwrap_or_default()).clone();
+            views.insert(g.name.clone(), view);
+        }
+        *held = Held {
+            stores,
+            redis,
+            views,
+        };
+        Ok(())
+    }
+
+    /// Every cache store, in name order (purges, metrics).
+    pub(crate) fn stores(&self) -> Vec<Arc<Store>> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.stores.clone()
+    }
+
+    /// Failed Redis requests of the current client.
+    pub(crate) fn redis_errors(&self) -> u64 {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.redis
+            .as_ref()
+            .map_or(0, |c| c.errors.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
