@@ -382,3 +382,175 @@ fn redirect_only_frontend_and_host_ports_answer_alike() {
         differences.join("\n")
     );
 }
+
+/// The stick-table rate-limit idiom (per client address and per API key) and HAProxy's object
+/// cache. `{P1}`..`{P3}` are the frontends' ports, `{UP}` the upstream.
+const LIMITS: &str = r#"
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+
+cache pages
+    total-max-size 16
+    max-age 60
+
+frontend limited
+    bind 127.0.0.1:{P1}
+    stick-table type ip size 100k expire 30s store http_req_rate(10s)
+    http-request track-sc0 src
+    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 5 }
+    default_backend app
+
+frontend keyed
+    bind 127.0.0.1:{P2}
+    tcp-request content track-sc1 req.hdr(x-api-key) table api_keys
+    http-request deny deny_status 429 if { sc1_http_req_rate gt 3 }
+    default_backend app
+
+frontend cached
+    bind 127.0.0.1:{P3}
+    http-request cache-use pages
+    http-response cache-store pages
+    default_backend app
+
+backend api_keys
+    stick-table type string len 64 size 10k expire 2m store http_req_rate(1m)
+
+backend app
+    server w1 {UP}
+"#;
+
+#[test]
+fn rate_limits_and_cache_answer_alike() {
+    let bin = "/usr/sbin/haproxy";
+    if !Path::new(bin).exists() {
+        skip("haproxy is not installed (/usr/sbin/haproxy)");
+        return;
+    }
+    // /c states a lifetime; /n states none and carries no validator.
+    let origin = script_origin(|r| {
+        let s = Scripted::ok(format!("{} {}", r.method, r.target));
+        if r.target.starts_with("/c") {
+            s.header("Cache-Control", "max-age=60")
+        } else {
+            s
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
+    let render = |p: &[u16]| {
+        LIMITS
+            .replace("{P1}", &p[0].to_string())
+            .replace("{P2}", &p[1].to_string())
+            .replace("{P3}", &p[2].to_string())
+            .replace("{UP}", &origin.addr.to_string())
+    };
+    let hconf = dir.path().join("haproxy-run.cfg");
+    std::fs::write(&hconf, render(&ports[..3])).unwrap();
+    let haproxy = Peer(
+        Command::new(bin)
+            .args(["-db", "-f"])
+            .arg(&hconf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn haproxy"),
+    );
+    let addr = |p: u16| -> SocketAddr { format!("127.0.0.1:{p}").parse().unwrap() };
+    let up = |ps: &[u16]| {
+        ps.iter().all(|p| {
+            eventually(Duration::from_secs(10), || {
+                std::net::TcpStream::connect(addr(*p)).is_ok()
+            })
+        })
+    };
+    assert!(up(&ports[..3]), "haproxy did not start");
+    let (toml, report) = import(dir.path(), &render(&ports[3..]));
+    assert!(!report.contains("refused:"), "{report}");
+    let v = veloxy_with(Command::new(VELOXY.path()), &toml, &[]);
+    assert!(up(&ports[3..]), "veloxy did not start");
+
+    let get = |port: u16, path: &str, extra: &str| {
+        let r = request(
+            addr(port),
+            &format!(
+                "GET {path} HTTP/1.1\r\nHost: app.example.com\r\n{extra}Connection: close\r\n\r\n"
+            ),
+        );
+        (
+            r.status,
+            r.header("x-cache").map(str::to_string),
+            r.body_str().to_string(),
+        )
+    };
+    // Statuses of a quick sequence (veloxy's 429 body differs, as the report says).
+    let statuses = |port: u16, n: usize, extra: &str| -> Vec<u16> {
+        (0..n).map(|_| get(port, "/r", extra).0).collect()
+    };
+    let mut differences = Vec::new();
+    let mut compare = |what: &str, h: String, x: String| {
+        if h != x {
+            differences.push(format!("{what}\n--- haproxy\n{h}\n--- veloxy\n{x}\n"));
+        }
+    };
+    // Per client address: 5 in the window, then 429.
+    let (h, x) = (statuses(ports[0], 8, ""), statuses(ports[3], 8, ""));
+    assert_eq!(
+        h,
+        [200, 200, 200, 200, 200, 429, 429, 429],
+        "haproxy's own count"
+    );
+    compare(
+        "8 requests from one address",
+        format!("{h:?}"),
+        format!("{x:?}"),
+    );
+    // Per API key: 3 per key, each key its own count.
+    for key in ["X-Api-Key: k1\r\n", "X-Api-Key: k2\r\n"] {
+        let (h, x) = (statuses(ports[1], 5, key), statuses(ports[4], 5, key));
+        compare(key.trim(), format!("{h:?}"), format!("{x:?}"));
+    }
+    // The named difference: HAProxy tracks no request without the key (no limit); veloxy's
+    // header-less requests share one bucket.
+    let (h, x) = (statuses(ports[1], 5, ""), statuses(ports[4], 5, ""));
+    assert_eq!(h, [200; 5]);
+    assert_eq!(
+        x,
+        [200, 200, 200, 429, 429],
+        "the report names this difference"
+    );
+    // The cache: an answer stating a lifetime is fetched once, with no cache status field.
+    for (hp, xp) in [(ports[2], ports[5])] {
+        let mut seen = Vec::new();
+        for port in [hp, xp] {
+            let before = origin.hits();
+            let a = get(port, "/c/page", "");
+            let b = get(port, "/c/page", "");
+            seen.push(format!(
+                "{a:?}\n{b:?}\nupstream hits {}",
+                origin.hits() - before
+            ));
+        }
+        compare("GET /c/page twice", seen[0].clone(), seen[1].clone());
+        // The named difference: an answer with no lifetime and no validator is not stored by
+        // HAProxy; veloxy stores it for default_ttl (the cache's max-age).
+        let mut hits = Vec::new();
+        for port in [hp, xp] {
+            let before = origin.hits();
+            get(port, "/n/page", "");
+            get(port, "/n/page", "");
+            hits.push(origin.hits() - before);
+        }
+        assert_eq!(hits, [2, 1], "the report names this difference");
+    }
+    drop(haproxy);
+    drop(v);
+    assert!(
+        differences.is_empty(),
+        "{} sequences differ:\n{}\nconfig:\n{toml}\nreport:\n{report}",
+        differences.len(),
+        differences.join("\n")
+    );
+}

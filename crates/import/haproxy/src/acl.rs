@@ -22,6 +22,8 @@ pub enum Lit {
     },
     /// The TLS ClientHello names one of these (tcp mode `req.ssl_sni`).
     Sni(Vec<String>),
+    /// The client's tracked request rate exceeds a limit.
+    Rate(crate::limit::RateTest),
     /// Always true or always false.
     Const(bool),
 }
@@ -60,6 +62,8 @@ pub struct Acls {
     named: BTreeMap<String, Result<Acl, String>>,
     /// The ports the frontend listens on (for Host patterns with a port).
     pub ports: Vec<u16>,
+    /// The proxy's tracking rules (for request-rate tests).
+    pub rates: crate::limit::ProxyRates,
 }
 
 impl Acls {

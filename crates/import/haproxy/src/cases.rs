@@ -59,6 +59,11 @@ pub struct Rules {
     pub deny: Vec<String>,
     /// Basic auth: (realm, htpasswd file).
     pub auth: Option<(String, String)>,
+    /// A request-rate limit (the stick-table idiom).
+    pub rate: Option<crate::limit::RateLimit>,
+    /// The caches `cache-use` looks answers up in, in order (the first one answers are also
+    /// stored in is kept).
+    pub cache: Vec<String>,
 }
 
 /// One case: requests matching `m` get `target` with `rules`.
@@ -127,6 +132,10 @@ pub enum Edit {
     Deny(Vec<String>),
     /// Basic auth (realm, file).
     Auth(String, String),
+    /// A request-rate limit.
+    Rate(crate::limit::RateLimit),
+    /// `http-request cache-use NAME`.
+    Cache(String),
 }
 
 impl Edit {
@@ -156,6 +165,10 @@ impl Edit {
                 }
                 _ => r.auth = Some((realm.clone(), file.clone())),
             },
+            Edit::Rate(l) => r.rate = Some(crate::limit::combine(r.rate.take(), l)?),
+            Edit::Cache(n) if r.cache.contains(n) => {}
+            Edit::Cache(n) if early => r.cache.insert(0, n.clone()),
+            Edit::Cache(n) => r.cache.push(n.clone()),
         }
         Ok(())
     }

@@ -98,6 +98,18 @@ struct Fetch {
 
 impl Fetch {
     fn build(&self, patterns: &[String]) -> Result<Acl, String> {
+        let rate = crate::limit::rate_fetch(
+            &self.name,
+            self.arg.as_deref(),
+            self.method.as_deref(),
+            patterns,
+        )?;
+        if let Some(t) = rate {
+            return Ok(Acl {
+                alts: vec![Lit::Rate(t)],
+                ..Default::default()
+            });
+        }
         let (base, suffix) = match self.name.split_once('_') {
             Some((b, s))
                 if matches!(

@@ -67,6 +67,8 @@ pub fn translate(
     let steps = crate::rules::request_steps(cx, p, &acls);
     let resp_front = crate::rules::response_ops(cx, p, &acls, false);
     let resp_after = crate::rules::response_ops(cx, p, &acls, true);
+    let front_stores = crate::cache::stores(cx, p);
+    let mut store_back: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut resp_back: BTreeMap<String, Vec<(Option<bool>, HdrOp)>> = BTreeMap::new();
     let mut tail: Vec<Case> = Vec::new();
     let mut cache: BTreeMap<String, Vec<Case>> = BTreeMap::new();
@@ -104,6 +106,7 @@ pub fn translate(
                 let mut ops = crate::rules::response_ops(cx, b, &bacls, false);
                 ops.extend(crate::rules::response_ops(cx, b, &bacls, true));
                 resp_back.insert(u.clone(), ops);
+                store_back.insert(u.clone(), crate::cache::stores(cx, b));
             }
         }
         cache.insert(name.to_string(), later.clone());
@@ -201,12 +204,18 @@ pub fn translate(
             resp.extend(pick(&resp_front));
             resp.extend(pick(&resp_after));
             c.rules.resp = resp;
+            // The first cache looked up that answers are also stored in.
+            c.rules.cache.retain(|n| {
+                front_stores.contains(n) || store_back.get(u).is_some_and(|s| s.contains(n))
+            });
+            c.rules.cache.truncate(1);
         } else {
             // HAProxy's own answers skip http-response rules, not http-after-response ones.
             c.rules = Rules {
                 allow: c.rules.allow.clone(),
                 deny: c.rules.deny.clone(),
                 auth: c.rules.auth.clone(),
+                rate: c.rules.rate.clone(),
                 resp: pick(&resp_after),
                 ..Default::default()
             };
@@ -437,6 +446,14 @@ pub fn common(cx: &mut Ctx, p: &Proxy) {
                 cx.ignore(l, "no effect on traffic")
             }
             ("tcp-request", Some("inspect-delay")) => cx.ignore(l, "content inspection delay"),
+            ("tcp-request", Some("content" | "connection" | "session"))
+                if l.arg(1).is_some_and(|a| a.starts_with("track-sc")) =>
+            {
+                cx.ignore(
+                    l,
+                    "counters: only the rules that use them change answers (those are reported)",
+                )
+            }
             ("tcp-request" | "tcp-response", _) => cx.refuse(
                 l,
                 "tcp-request/tcp-response rules in an HTTP proxy: not translated",
@@ -490,6 +507,10 @@ fn emit(cx: &mut Ctx, p: &Proxy, listeners: &[Listener], mut cs: Vec<Case>, _fir
             }
         }
     };
+    let rules: std::collections::BTreeSet<Loc> = routes
+        .iter()
+        .filter_map(|(_, ci)| cs[*ci].rules.rate.as_ref().map(|r| r.from.clone()))
+        .collect();
     let mut out: Vec<Section> = Vec::new();
     for (m, ci) in routes {
         let c = &cs[ci];
@@ -517,6 +538,24 @@ fn emit(cx: &mut Ctx, p: &Proxy, listeners: &[Listener], mut cs: Vec<Case>, _fir
         }
     }
     let first = cx.out.routes.len();
-    cx.out.routes.extend(crate::route_out::merge(out));
+    let out = crate::route_out::merge(out);
+    let limited = out.iter().filter(|r| r.get("rate_limit").is_some()).count();
+    for loc in rules.iter().filter(|_| limited > 1) {
+        if let Some(l) = p.lines().find(|l| l.loc == *loc) {
+            cx.diff(l, format!("veloxy keeps one bucket per route: a client gets the allowance on each of the {limited} routes carrying it (HAProxy counts them all in one table)"));
+        }
+    }
+    if let Some(kept) = rules.first() {
+        let subsumed: Vec<(Loc, u16)> = cx
+            .rate_rules
+            .iter()
+            .filter(|(l, _)| !rules.contains(l) && p.lines().any(|x| x.loc == *l))
+            .cloned()
+            .collect();
+        for (loc, status) in subsumed {
+            cx.restate_diff(&loc, format!("the stricter limit of line {} is the routes' rate_limit (veloxy has one per route): every client this rule refuses is over it too, and veloxy answers 429 (HAProxy: {status})", kept.line));
+        }
+    }
+    cx.out.routes.extend(out);
     crate::factor::rule_sets(&mut cx.out, first, &p.name, &p.head.loc);
 }

@@ -15,12 +15,14 @@
 
 pub mod acl;
 pub mod backend;
+pub mod cache;
 pub mod cases;
 pub mod checks;
 pub mod factor;
 pub mod fetch;
 pub mod frontend;
 pub mod global;
+pub mod limit;
 pub mod logfmt;
 pub mod matcher;
 pub mod params;
@@ -147,6 +149,12 @@ pub struct Ctx<'a> {
     pub pending: Vec<tcp::Pending>,
     /// What the statistics lines ask of `[server] admin`.
     pub stats: stats::Stats,
+    /// Stick tables that count request rates, by proxy name.
+    pub tables: std::collections::BTreeMap<String, limit::Table>,
+    /// Every deny rule made a rate limit: its line and status.
+    pub rate_rules: Vec<(Loc, u16)>,
+    /// HAProxy `cache` sections, by name.
+    pub caches: std::collections::BTreeMap<String, cache::Cache>,
     states: HashMap<Loc, (String, State)>,
     lines: HashMap<Loc, Line>,
 }
@@ -164,6 +172,9 @@ impl<'a> Ctx<'a> {
             binds: Vec::new(),
             pending: Vec::new(),
             stats: stats::Stats::default(),
+            tables: Default::default(),
+            rate_rules: Vec::new(),
+            caches: Default::default(),
             states: HashMap::new(),
             lines: HashMap::new(),
         }
@@ -207,6 +218,14 @@ impl<'a> Ctx<'a> {
     /// `line` is not translated: what veloxy lacks.
     pub fn refuse(&mut self, line: &Line, why: impl Into<String>) {
         self.set(line, State::Refused(why.into()));
+    }
+
+    /// The line at `loc`, translated with a difference, now has only this one (what was
+    /// said of it no longer holds). Other outcomes stay.
+    pub fn restate_diff(&mut self, loc: &Loc, what: impl Into<String>) {
+        if let Some((_, st @ State::Different(_))) = self.states.get_mut(loc) {
+            *st = State::Different(vec![what.into()]);
+        }
     }
 
     /// The line at `loc` translated.

@@ -80,15 +80,24 @@ pub fn translate(cx: &mut Ctx, sections: &[Section]) {
     for s in &resolvers {
         crate::global::resolvers(cx, s);
     }
+    crate::cache::collect(cx, sections);
     for s in sections.iter().filter(|s| {
         !matches!(
             s.kind.as_str(),
-            "global" | "userlist" | "resolvers" | "defaults" | "frontend" | "backend" | "listen"
+            "global"
+                | "userlist"
+                | "resolvers"
+                | "defaults"
+                | "frontend"
+                | "backend"
+                | "listen"
+                | "cache"
         )
     }) {
         crate::global::other(cx, s);
     }
     let proxies = proxies(cx, sections);
+    cx.tables = crate::limit::tables(&proxies);
     let backends: BTreeMap<String, &Proxy> = proxies
         .iter()
         .filter(|p| p.is_backend())
@@ -110,6 +119,7 @@ pub fn translate(cx: &mut Ctx, sections: &[Section]) {
     crate::route_out::simplify_listeners(&mut cx.out);
     server.write(cx);
     crate::stats::finish(cx);
+    crate::cache::finish(cx, sections);
     for p in backends.values() {
         for l in p.lines() {
             if !cx.decided(l)

@@ -63,6 +63,16 @@ pub(crate) fn route(
             Value::Array(r.deny.iter().map(|x| Value::from(x.as_str())).collect()),
         );
     }
+    if let Some(l) = &r.rate {
+        let mut t = toml::Table::new();
+        t.insert("rate".into(), l.rate.clone().into());
+        t.insert("burst".into(), (l.burst as i64).into());
+        t.insert("key".into(), l.key.clone().into());
+        if let Some(k) = l.max_keys {
+            t.insert("max_keys".into(), (k as i64).into());
+        }
+        s.set("rate_limit", Value::Table(t));
+    }
     if let Some((realm, file)) = &r.auth {
         let mut t = toml::Table::new();
         t.insert("realm".into(), realm.clone().into());
@@ -83,6 +93,9 @@ pub(crate) fn route(
             }
             if let Some(h) = headers(&r.resp)? {
                 s.set("response_headers", h);
+            }
+            if let Some(v) = r.cache.first().and_then(|n| crate::cache::route_key(cx, n)) {
+                s.set("cache", v);
             }
         }
         Target::Redirect { to, status } => {
@@ -118,7 +131,6 @@ pub(crate) fn route(
             }
         }
     }
-    let _ = cx;
     Ok(s)
 }
 

@@ -42,6 +42,7 @@ pub fn haproxy_answer(status: u16) -> Target {
 pub fn acls(cx: &mut Ctx, p: &Proxy, ports: &[u16]) -> Acls {
     let mut acls = Acls::default();
     acls.ports = ports.to_vec();
+    acls.rates = crate::limit::ProxyRates::of(p);
     for l in p.lines().filter(|l| l.kw() == "acl") {
         let args = l.args();
         let Some((name, body)) = args.split_first() else {
@@ -199,7 +200,16 @@ fn step(cx: &mut Ctx, l: &Line, acls: &Acls) -> Result<Built, String> {
             let case = Case::all(Target::Redirect { to, status }, &l.loc);
             vec![Step::Stop(dnf, vec![case])]
         }
-        "deny" | "tarpit" if kind == "deny" => deny(cx, &a, dnf, l, &mut notes)?,
+        "deny" | "tarpit" if kind == "deny" => deny(cx, &a, dnf, l, acls, &mut notes)?,
+        "cache-use" => {
+            plain(&dnf)?;
+            let name = a.first().ok_or("a cache name is missing")?;
+            match cx.caches.get_mut(*name) {
+                Some(c) => c.rules.push(l.loc.clone()),
+                None => return Err(format!("cache {name} is not defined")),
+            }
+            vec![Step::Edit(dnf, Edit::Cache(name.to_string()))]
+        }
         "auth" => {
             notes.push("veloxy's 401 has its own body, adds charset=\"UTF-8\" to WWW-Authenticate and carries the route's response headers (HAProxy's own answers skip http-response rules)".into());
             auth(cx, &a, dnf)?
@@ -278,6 +288,7 @@ fn deny(
     a: &[&str],
     dnf: Dnf,
     l: &Line,
+    acls: &Acls,
     notes: &mut Vec<String>,
 ) -> Result<Vec<Step>, String> {
     let mut status = 403;
@@ -310,6 +321,19 @@ fn deny(
                 ));
                 continue;
             }
+            [(false, Lit::Rate(t))] => {
+                let (limit, more) = crate::limit::resolve(cx, &acls.rates, t, l, status)?;
+                for n in more {
+                    if !notes.contains(&n) {
+                        notes.push(n);
+                    }
+                }
+                steps.push(Step::Edit(vec![route], Edit::Rate(limit)));
+                continue;
+            }
+            [(true, Lit::Rate(_))] => {
+                return Err("a negated request-rate test: veloxy's rate_limit refuses the clients above the rate".into())
+            }
             [(false, Lit::Src(a))] => Edit::Deny(a.clone()),
             [(true, Lit::Src(a))] => Edit::Allow(a.clone()),
             _ => {
@@ -328,7 +352,6 @@ fn deny(
         }
         steps.push(Step::Edit(vec![route], edit));
     }
-    let _ = cx;
     Ok(steps)
 }
 
@@ -496,6 +519,9 @@ pub fn response_ops(
         .lines()
         .filter(|l| l.kw() == kw || (!after && l.kw() == "rspadd"))
     {
+        if crate::cache::is_store(l) {
+            continue;
+        }
         if l.kw() == "rspadd" {
             cx.refuse(l, format!("{}: not translated", l.kw()));
             continue;
