@@ -4,7 +4,11 @@
 //! # Layout
 //!
 //! One request's path through the crate, each step a module; layers call downward only
-//! (`python3 dev/modgraph.py` prints the module graph and checks it has no cycle):
+//! (`python3 dev/modgraph.py` prints the module graph and its cycles, of which there are
+//! none; `--check`, in CI, fails on an edge that closes one). Where a lower layer needs
+//! something of a higher one, the higher passes it down: a small trait the lower defines
+//! (`tls::LiveCerts`, `upstream::connect::ConnectCounts`, `http1::DropsFields`,
+//! `cache::fetch::Upstream`) or plain data (`acme::ListenerCerts`).
 //!
 //! 1. **listener** (`listener`, `accept`): every worker binds its own `SO_REUSEPORT` socket
 //!    per listener, so the kernel spreads connections and no accept lock is shared. The
@@ -16,7 +20,9 @@
 //! 2. **downstream codecs** (`downstream`): `connection` terminates TLS, detects HTTP/2 (ALPN
 //!    `h2` or the h2c preface) and reads HTTP/1 request heads, parsed by `http1::request`
 //!    (nothing that could smuggle a request gets through); `downstream::http2` serves HTTP/2
-//!    with hyper. Each codec turns its request into a protocol-neutral view.
+//!    with hyper. Each codec turns its request into a protocol-neutral view (`message::Head`;
+//!    veloxy's own answers are `message::Answer`). `tls` picks a listener's certificate by
+//!    SNI; ACME's certificates and OCSP staples reach it through `tls::LiveCerts`.
 //! 3. **exchange** (`exchange`): admission, once for every protocol: route match (`router`),
 //!    rate limit (`limits`), the `on_request` hook ([`hooks`]), the first backend choice. A
 //!    file route is answered from `static_files` (written by `downstream::files` with
@@ -31,7 +37,9 @@
 //!    `health`. The HTTP/2 attempt and the h2 sender per backend are `exchange::h2`, shared
 //!    by HTTP/1 and HTTP/2/3 clients; the HTTP/1 attempt itself (`downstream::proxy`
 //!    and `relay`) writes the head, streams bodies both ways through bounded buffers and
-//!    parses the response with `http1::response`; `compress` encodes on the fly.
+//!    parses the response with `http1::response`; `compress` encodes on the fly. A cache
+//!    fill's upstream request is `downstream::cached::FillUpstream` (the same attempt loop
+//!    and `relay`), which the cache only knows as its `cache::fetch::Upstream`.
 //!    Every wait on the way has a deadline: `deadline::timeout` starts its timer only when a
 //!    step has to wait, and `clock` has the cheap clocks the exchange stamps with.
 //! 5. **search gateway** (`search`): on routes with `search = { ... }`, admission refuses
@@ -95,6 +103,7 @@ pub(crate) mod http1;
 pub(crate) mod late;
 pub(crate) mod limits;
 pub(crate) mod listener;
+pub(crate) mod message;
 pub(crate) mod metrics;
 pub(crate) mod park;
 pub(crate) mod router;

@@ -174,6 +174,18 @@ impl WorkerMetrics {
     }
 }
 
+impl crate::upstream::connect::ConnectCounts for WorkerMetrics {
+    #[inline]
+    fn connected(&self) {
+        self.upstream_connects.inc();
+    }
+
+    #[inline]
+    fn local_error(&self) {
+        self.upstream_local_errors.inc();
+    }
+}
+
 /// All workers' metrics, shared with the admin thread.
 #[derive(Debug, Default)]
 pub struct Metrics {

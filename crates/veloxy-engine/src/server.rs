@@ -151,7 +151,10 @@ impl Server {
         let snapshot = Arc::new(self.snapshot);
         let (health_tx, health_rx) = watch::channel(snapshot.upstreams.clone().into());
         crate::upstream::health::spawn_thread(health_rx).map_err(ServerError::Thread)?;
-        let plan = crate::acme::manager::Plan::of(&snapshot);
+        let plan = crate::acme::manager::Plan::of(
+            snapshot.settings.acme.clone(),
+            &snapshot.listener_certs(),
+        );
         crate::acme::manager::preload(&plan);
         let (acme_tx, acme_rx) = watch::channel(plan);
         crate::acme::manager::spawn_thread(acme_rx).map_err(ServerError::Thread)?;
@@ -396,7 +399,10 @@ impl Running {
         crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
         crate::runtime::carry_over(&current, &mut snapshot);
         let snapshot = Arc::new(snapshot);
-        let plan = crate::acme::manager::Plan::of(&snapshot);
+        let plan = crate::acme::manager::Plan::of(
+            snapshot.settings.acme.clone(),
+            &snapshot.listener_certs(),
+        );
         crate::acme::manager::preload(&plan);
         self.shared.snapshot.store(snapshot.clone());
         self.shared.generation.fetch_add(1, Ordering::AcqRel);

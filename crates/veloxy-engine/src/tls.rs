@@ -195,6 +195,17 @@ fn check_validity(path: &Path, leaf: &CertificateDer<'_>) -> Result<(), TlsError
     Ok(())
 }
 
+/// A certificate chain and key of a TLS listener, as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// SNI names it is chosen for (exact or `*.domain`); empty for the default certificate.
+    pub hosts: Vec<String>,
+    /// Absolute path of the PEM chain.
+    pub cert: PathBuf,
+    /// Absolute path of the PEM key.
+    pub key: PathBuf,
+}
+
 /// One certificate of a listener, with the host names it is chosen for.
 pub struct CertEntry {
     /// Exact names (`api.example.com`) or wildcards (`*.example.com`); empty: only as default.
@@ -202,17 +213,45 @@ pub struct CertEntry {
     pub key: Arc<CertifiedKey>,
 }
 
+/// The ALPN protocol of tls-alpn-01 validation connections (RFC 8737).
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
+
+/// Certificates that change while a listener runs, asked on every handshake: the ACME
+/// certificates by name, the pending tls-alpn-01 validation certificates, and the OCSP
+/// staples of any certificate. The process's ACME store implements it
+/// (`crate::acme::CertStore`); the listener's config holds it, so this layer needs no ACME.
+pub trait LiveCerts: Send + Sync {
+    /// The tls-alpn-01 validation certificate for `name` (lowercase), when pending.
+    fn alpn_cert(&self, name: &str) -> Option<Arc<CertifiedKey>>;
+    /// The ACME certificate held for `name` (lowercase), if any.
+    fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>>;
+    /// `key` with its OCSP staple, when one is held for its leaf.
+    fn stapled(&self, key: Arc<CertifiedKey>) -> Arc<CertifiedKey>;
+}
+
 /// Picks the certificate by SNI: a tls-alpn-01 validation certificate for ACME's validation
 /// handshakes, the ACME certificate of the name (on listeners with `acme`), the exact name,
 /// then a wildcard (one label), then the default (the listener's `cert`, or its first `certs`
 /// entry). Clients without SNI get the default. With no certificate at all (an ACME name
 /// before its first issuance, on a listener without files) the handshake fails with an alert.
-#[derive(Debug)]
+/// Every certificate chosen gets its OCSP staple from `live`.
 struct SniResolver {
     exact: HashMap<String, Arc<CertifiedKey>>,
     wildcard: HashMap<String, Arc<CertifiedKey>>,
     default: Option<Arc<CertifiedKey>>,
     acme: bool,
+    live: &'static dyn LiveCerts,
+}
+
+impl std::fmt::Debug for SniResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SniResolver")
+            .field("exact", &self.exact)
+            .field("wildcard", &self.wildcard)
+            .field("default", &self.default)
+            .field("acme", &self.acme)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ResolvesServerCert for SniResolver {
@@ -220,13 +259,15 @@ impl ResolvesServerCert for SniResolver {
         if self.acme
             && hello
                 .alpn()
-                .is_some_and(|mut p| p.any(|p| p == crate::acme::ACME_TLS_ALPN))
+                .is_some_and(|mut p| p.any(|p| p == ACME_TLS_ALPN))
         {
             // A tls-alpn-01 validation: its own certificate, or none.
-            return crate::acme::store().alpn_cert(&hello.server_name()?.to_ascii_lowercase());
+            return self
+                .live
+                .alpn_cert(&hello.server_name()?.to_ascii_lowercase());
         }
         self.choose(hello.server_name())
-            .map(|k| crate::acme::store().stapled(k))
+            .map(|k| self.live.stapled(k))
     }
 }
 
@@ -237,7 +278,7 @@ impl SniResolver {
         };
         let name = name.to_ascii_lowercase();
         if self.acme {
-            if let Some(k) = crate::acme::store().cert(&name) {
+            if let Some(k) = self.live.cert(&name) {
                 return Some(k);
             }
         }
@@ -255,10 +296,12 @@ impl SniResolver {
 
 /// Builds a listener's server config. `certs[0]` is the default certificate; `acme`: the
 /// listener also serves ACME certificates (and answers tls-alpn-01), so `certs` may be empty.
+/// `live`: where ACME certificates and OCSP staples are looked up (the ACME store).
 pub fn server_config(
     certs: Vec<CertEntry>,
     http2: bool,
     acme: bool,
+    live: &'static dyn LiveCerts,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let mut exact = HashMap::new();
     let mut wildcard = HashMap::new();
@@ -277,6 +320,7 @@ pub fn server_config(
         wildcard,
         default,
         acme,
+        live,
     };
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
@@ -289,9 +333,7 @@ pub fn server_config(
     };
     if acme {
         // Offered only by ACME validation clients; the connection closes after the handshake.
-        config
-            .alpn_protocols
-            .push(crate::acme::ACME_TLS_ALPN.to_vec());
+        config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
     }
     // Resumption: stateless tickets (TLS 1.2 and 1.3) plus a session-id cache for TLS 1.2
     // clients without ticket support. One TLS 1.3 ticket per handshake is enough for clients

@@ -12,7 +12,7 @@ use tokio::sync::{watch, Mutex};
 
 use super::order::{self, OrderError};
 use super::shared::SharedStorage;
-use super::{storage, store, AcmeSettings, CertStore, Challenge};
+use super::{storage, store, AcmeSettings, CertStore, Challenge, ListenerCerts};
 
 /// What the ACME thread is asked to keep: sent at start and after every reload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,18 +27,15 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan of a config.
-    pub fn of(snapshot: &crate::config::Snapshot) -> Plan {
-        let settings = snapshot.settings.acme.clone();
-        let names: BTreeSet<String> = snapshot
-            .listeners
+    /// The plan of a config: its `[server.acme]` and its listeners' certificates.
+    pub(crate) fn of(settings: Option<Arc<AcmeSettings>>, listeners: &[ListenerCerts<'_>]) -> Plan {
+        let names: BTreeSet<String> = listeners
             .iter()
             .flat_map(|l| l.acme.iter().cloned())
             .collect();
-        let mut staple: BTreeSet<(PathBuf, PathBuf)> = snapshot
-            .listeners
+        let mut staple: BTreeSet<(PathBuf, PathBuf)> = listeners
             .iter()
-            .flat_map(|l| l.tls_files.iter().map(|f| (f.cert.clone(), f.key.clone())))
+            .flat_map(|l| l.files.iter().map(|f| (f.cert.clone(), f.key.clone())))
             .collect();
         if let Some(s) = &settings {
             let folder = storage::directory_folder(&s.storage, &s.directory);

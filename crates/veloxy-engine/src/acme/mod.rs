@@ -38,8 +38,18 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use rustls::sign::CertifiedKey;
 
-/// The ALPN protocol of tls-alpn-01 validation connections (RFC 8737).
-pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
+pub use crate::tls::ACME_TLS_ALPN;
+
+/// One TLS listener's certificates, as the ACME thread ([`manager::Plan`]) and the
+/// certificate report read them (the config builds them from its listeners).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ListenerCerts<'a> {
+    pub name: &'a str,
+    /// The certificate files, in the config's order.
+    pub files: &'a [crate::tls::TlsFiles],
+    /// The names served with ACME certificates.
+    pub acme: &'a [String],
+}
 
 /// The path prefix of http-01 challenges (RFC 8555 section 8.3).
 pub const HTTP01_PREFIX: &str = "/.well-known/acme-challenge/";
@@ -262,6 +272,22 @@ impl CertStore {
     /// Every name's status, by name.
     pub fn statuses(&self) -> BTreeMap<String, CertStatus> {
         lock(&self.status).clone()
+    }
+}
+
+/// What the listeners' SNI resolver asks on each handshake.
+impl crate::tls::LiveCerts for CertStore {
+    fn alpn_cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        CertStore::alpn_cert(self, name)
+    }
+
+    fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        CertStore::cert(self, name)
+    }
+
+    #[inline]
+    fn stapled(&self, key: Arc<CertifiedKey>) -> Arc<CertifiedKey> {
+        CertStore::stapled(self, key)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::Snapshot;
+use super::ListenerCerts;
 
 /// One certificate as reported.
 struct Row {
@@ -17,18 +17,18 @@ struct Row {
     file: Option<String>,
 }
 
-fn rows(snapshot: &Snapshot) -> Vec<Row> {
+fn rows(listeners: &[ListenerCerts<'_>]) -> Vec<Row> {
     let statuses = super::store().statuses();
     let mut out = Vec::new();
-    for l in &snapshot.listeners {
-        for f in &l.tls_files {
+    for l in listeners {
+        for f in l.files {
             // Read again from disk: the rustls config keeps no parsed certificate, and this
             // is an admin request, not the data path.
             let info = crate::tls::load_certs(&f.cert)
                 .ok()
                 .and_then(|c| c.first().and_then(crate::tls::leaf_info));
             out.push(Row {
-                listener: l.name.clone(),
+                listener: l.name.to_owned(),
                 source: "file",
                 names: match (&info, f.hosts.is_empty()) {
                     (Some(i), true) => i.names.clone(),
@@ -41,10 +41,10 @@ fn rows(snapshot: &Snapshot) -> Vec<Row> {
                 file: Some(f.cert.display().to_string()),
             });
         }
-        for name in &l.acme {
+        for name in l.acme {
             let s = statuses.get(name).cloned().unwrap_or_default();
             out.push(Row {
-                listener: l.name.clone(),
+                listener: l.name.to_owned(),
                 source: "acme",
                 names: vec![name.clone()],
                 issuer: s.issuer,
@@ -69,9 +69,9 @@ fn time(t: Option<SystemTime>) -> serde_json::Value {
 }
 
 /// `GET /certificates`.
-pub(crate) fn certificates_json(snapshot: &Snapshot) -> String {
+pub(crate) fn certificates_json(listeners: &[ListenerCerts<'_>]) -> String {
     let now = SystemTime::now();
-    let list: Vec<serde_json::Value> = rows(snapshot)
+    let list: Vec<serde_json::Value> = rows(listeners)
         .into_iter()
         .map(|r| {
             serde_json::json!({
@@ -93,9 +93,9 @@ pub(crate) fn certificates_json(snapshot: &Snapshot) -> String {
 }
 
 /// The certificate lines of `/metrics`.
-pub(crate) fn metrics(snapshot: &Snapshot, out: &mut String) {
+pub(crate) fn metrics(listeners: &[ListenerCerts<'_>], out: &mut String) {
     use std::fmt::Write;
-    let rows = rows(snapshot);
+    let rows = rows(listeners);
     let _ = writeln!(
         out,
         "# HELP veloxy_certificate_expiry_timestamp_seconds When each certificate expires (Unix time).\n# TYPE veloxy_certificate_expiry_timestamp_seconds gauge"

@@ -10,19 +10,18 @@
 //! [`super::fetch::SERVE_LIMIT`] as well is dropped and the request forwarded as usual, so
 //! only that first request of a huge URL costs a second upstream request.
 
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::fetch::Upstream;
 use super::lookup::{usable_on_error, ClientHead, RouteCache};
 use super::policy::{self, CacheControl};
 use super::{now_ms, Entry, Object, Stats};
 use crate::error::ProxyError;
-use crate::exchange::{Head, ProxyTarget};
+use crate::message::Head;
 use crate::static_files::Response;
-use crate::worker::{Generation, Worker};
 
 /// The longest a miss waits for another request's fill of the same key.
 pub(crate) const COLLAPSE_WAIT: Duration = Duration::from_secs(10);
@@ -153,13 +152,8 @@ impl Fill {
     }
 }
 
-/// Runs the fill for one request.
-pub(crate) async fn run(
-    worker: &Rc<Worker>,
-    gen: &Rc<Generation>,
-    t: &ProxyTarget,
-    fill: Box<Fill>,
-) -> Result<Filled, ProxyError> {
+/// Runs the fill for one request on `up`, the request's upstream.
+pub(crate) async fn run(up: &impl Upstream, fill: Box<Fill>) -> Result<Filled, ProxyError> {
     let store = fill.rc.store().clone();
     let now = now_ms();
     if let (Some(obj), Mode::Normal) = (&fill.stale, fill.mode) {
@@ -167,9 +161,9 @@ pub(crate) async fn run(
         if swr > 0 && obj.staleness_ms(now) <= swr {
             let answer = fill.stale_answer(obj, now);
             if let Join::Lead(flight) = join(&store, &fill.key) {
-                let (w, g, t, f) = (worker.clone(), gen.clone(), t.clone(), fill.clone());
+                let (up, f) = (up.detach(), fill.clone());
                 tokio::task::spawn_local(async move {
-                    let _ = lead_fill(&w, &g, &t, &f, flight).await;
+                    let _ = lead_fill(&up, &f, flight).await;
                 });
             }
             return Ok(answer);
@@ -180,7 +174,7 @@ pub(crate) async fn run(
         Join::Follow(rx) => return follow(&fill, rx).await,
     };
     Stats::inc(&store.stats.misses);
-    lead_fill(worker, gen, t, &fill, flight).await
+    lead_fill(up, &fill, flight).await
 }
 
 /// Either leads the key's fill, or follows the one under way (decided under one lock, so a
@@ -258,9 +252,7 @@ async fn follow(
 
 /// The leader's fill: fetch, store, answer (and tell the waiters).
 async fn lead_fill(
-    worker: &Worker,
-    gen: &Generation,
-    t: &ProxyTarget,
+    up: &impl Upstream,
     fill: &Fill,
     flight: FlightGuard,
 ) -> Result<Filled, ProxyError> {
@@ -293,7 +285,7 @@ async fn lead_fill(
     head.extend_from_slice(b"\r\n");
     let requested = now_ms();
     let limit = fill.rc.max_object.max(super::fetch::SERVE_LIMIT);
-    let fetched = super::fetch::fetch(worker, gen, t, &head, limit).await;
+    let fetched = up.fetch(&head, limit).await;
     let now = now_ms();
     // The upstream failed (no answer, or a 5xx): a stale object within its stale-if-error
     // window answers instead.
@@ -492,7 +484,7 @@ fn revalidated(
     now: u64,
 ) -> Built {
     let mut merged = http::HeaderMap::new();
-    for (n, v) in crate::exchange::edit::lines(&old.lines) {
+    for (n, v) in crate::http1::lines(&old.lines) {
         if let (Ok(n), Ok(v)) = (
             http::HeaderName::from_bytes(n),
             http::HeaderValue::from_bytes(v),
@@ -555,69 +547,4 @@ fn tags_of(h: &http::HeaderMap) -> Box<[Box<str>]> {
         .filter(|t| !t.is_empty())
         .map(Into::into)
         .collect()
-}
-
-/// The upstream GET head of a fill (no validators, no final blank line): the client's
-/// end-to-end fields, minus its conditionals and range (the cache answers those), with the
-/// X-Forwarded fields and the route's edits, as the codec's own head would have them.
-pub(crate) fn upstream_head(
-    head: &Head,
-    t: &ProxyTarget,
-    fwd: (&str, &str, bool),
-    hook_lines: Option<&[u8]>,
-    fallback_host: &str,
-) -> Vec<u8> {
-    let (client_ip, proto, keep_underscores) = fwd;
-    let edit = t.edit.as_ref();
-    let dropped = |n: &str| edit.is_some_and(|e| e.drops(n));
-    let mut out = Vec::with_capacity(512);
-    out.extend_from_slice(b"GET ");
-    out.extend_from_slice(t.path.as_deref().unwrap_or(head.target).as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    let host: &[u8] = if head.host.is_empty() {
-        fallback_host.as_bytes()
-    } else {
-        head.host
-    };
-    if !dropped("host") {
-        out.extend_from_slice(b"Host: ");
-        out.extend_from_slice(host);
-        out.extend_from_slice(b"\r\n");
-    }
-    for (name, value) in head.fields.iter() {
-        let lower = name.to_ascii_lowercase();
-        let conditional = matches!(
-            lower.as_str(),
-            "if-none-match"
-                | "if-modified-since"
-                | "if-match"
-                | "if-unmodified-since"
-                | "if-range"
-                | "range"
-        );
-        if conditional
-            || crate::http1::classify(&lower) != crate::http1::Special::None
-            || (!keep_underscores && lower.contains('_'))
-            || dropped(&lower)
-        {
-            continue;
-        }
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    }
-    let prior = head
-        .fields
-        .iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case("x-forwarded-for"))
-        .map(|(_, v)| v);
-    crate::http1::write_forwarded(&mut out, prior, client_ip, proto, Some(host), edit);
-    if let Some(e) = edit {
-        e.added().into_iter().for_each(|l| out.extend_from_slice(l));
-    }
-    if let Some(lines) = hook_lines {
-        out.extend_from_slice(lines);
-    }
-    out
 }

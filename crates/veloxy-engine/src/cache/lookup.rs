@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::fill::{Fill, Mode};
 use super::policy::{self, CacheControl};
 use super::{now_ms, Entry, Object, Stats, Store};
-use crate::exchange::Head;
+use crate::message::Head;
 use crate::template::Template;
 
 /// Separates a key from its variant's request values.
@@ -322,7 +322,7 @@ fn purge_answer(
             "{\"error\":\"PURGE is not allowed from this address\"}\n".to_owned(),
         )
     };
-    crate::exchange::Answer {
+    crate::message::Answer {
         status,
         headers: vec![("content-type", Bytes::from_static(b"application/json"))],
         body: Bytes::from(body),

@@ -10,7 +10,8 @@
 //!   anything else becomes a [`fill::Fill`] the codec runs.
 //! * [`fill`]: misses, revalidation and stale serving: one upstream request per key at a time
 //!   (collapsing across workers), `stale-while-revalidate` refreshes in the background,
-//!   `stale-if-error` answers when the upstream fails.
+//!   `stale-if-error` answers when the upstream fails. Its upstream is a [`fetch::Upstream`]
+//!   the codec passes in (`downstream::cached::FillUpstream`).
 //! * [`serve`]: an object as an answer: `Age`, the status header, client conditionals
 //!   (304), ranges (206), HEAD.
 

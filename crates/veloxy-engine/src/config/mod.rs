@@ -16,7 +16,7 @@ pub(crate) mod file;
 pub mod print;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,16 +179,7 @@ impl std::fmt::Debug for Http3Spec {
     }
 }
 
-/// A certificate chain and key of a TLS listener, as configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// SNI names it is chosen for (exact or `*.domain`); empty for the default certificate.
-    pub hosts: Vec<String>,
-    /// Absolute path of the PEM chain.
-    pub cert: PathBuf,
-    /// Absolute path of the PEM key.
-    pub key: PathBuf,
-}
+pub use crate::tls::TlsFiles;
 
 pub use crate::upstream::group::{Backend, HashKey, UpstreamGroup, UpstreamProtocol};
 
@@ -207,6 +198,21 @@ pub struct Snapshot {
     pub warnings: Vec<String>,
     /// The live objects the snapshot names but compiling does not make (see `late::Late`).
     pub(crate) live: LiveSpecs,
+}
+
+impl Snapshot {
+    /// Each listener's certificates (files and ACME names), as the ACME thread and the
+    /// certificate report read them.
+    pub(crate) fn listener_certs(&self) -> Vec<crate::acme::ListenerCerts<'_>> {
+        self.listeners
+            .iter()
+            .map(|l| crate::acme::ListenerCerts {
+                name: &l.name,
+                files: &l.tls_files,
+                acme: &l.acme,
+            })
+            .collect()
+    }
 }
 
 /// What the runtime makes (or keeps from the previous generation) for a snapshot, beside the

@@ -1,12 +1,21 @@
 //! HTTP/1 requests on a caching route that go upstream through the cache: the fill (see
 //! [`crate::cache::fill`]), then its answer, or the usual forward when the cache lets go.
+//! [`FillUpstream`], the fill's upstream request, serves the HTTP/2 and HTTP/3 codecs too.
 
 use std::rc::Rc;
 
+use bytes::{Buf, Bytes};
+use tokio::io::AsyncReadExt;
+use tokio::time::{timeout, Instant};
+
+use crate::cache::fetch::{Fetched, Upstream};
 use crate::cache::fill::Filled;
 use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::files::StaticReply;
-use crate::exchange::Record;
+use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
+use crate::error::{ErrorKind, ProxyError};
+use crate::exchange::attempt::{self, AttemptFail, Plan};
+use crate::exchange::{ProxyTarget, Record};
 use crate::http1::BodyKind;
 use crate::worker::{Generation, Worker};
 
@@ -20,7 +29,14 @@ pub(crate) async fn forward(
     let fill = p.target.cache.take().expect("a request with a fill");
     // GET or HEAD: no body to read before the slot. A forward keeps it.
     let filled = match crate::exchange::hold_slot(&p.target.concurrency, &mut p.slot).await {
-        Ok(()) => crate::cache::fill::run(worker, gen, &p.target, fill).await,
+        Ok(()) => {
+            let up = FillUpstream {
+                worker,
+                gen,
+                target: &p.target,
+            };
+            crate::cache::fill::run(&up, fill).await
+        }
         Err(e) => Err(e),
     };
     match filled {
@@ -39,4 +55,142 @@ pub(crate) async fn forward(
             crate::downstream::proxy::fail_prepared(worker, down, &mut p, &e, close).await
         }
     }
+}
+
+/// The upstream of a request's cache fill (any client protocol): a GET on the group's
+/// HTTP/1.1 keep-alive pool, through the same attempt loop as every request (retries,
+/// outlier feedback, health), with the whole response read into memory.
+pub(crate) struct FillUpstream<'a> {
+    pub worker: &'a Rc<Worker>,
+    pub gen: &'a Rc<Generation>,
+    pub target: &'a ProxyTarget,
+}
+
+/// A [`FillUpstream`] that owns what it refers to, for a background refresh.
+struct Detached {
+    worker: Rc<Worker>,
+    gen: Rc<Generation>,
+    target: ProxyTarget,
+}
+
+impl Upstream for FillUpstream<'_> {
+    async fn fetch(&self, head: &[u8], max: u64) -> Result<Option<Fetched>, ProxyError> {
+        fetch(self.worker, self.gen, self.target, head, max).await
+    }
+
+    fn detach(&self) -> impl Upstream + 'static {
+        Detached {
+            worker: self.worker.clone(),
+            gen: self.gen.clone(),
+            target: self.target.clone(),
+        }
+    }
+}
+
+impl Upstream for Detached {
+    async fn fetch(&self, head: &[u8], max: u64) -> Result<Option<Fetched>, ProxyError> {
+        fetch(&self.worker, &self.gen, &self.target, head, max).await
+    }
+
+    fn detach(&self) -> impl Upstream + 'static {
+        Detached {
+            worker: self.worker.clone(),
+            gen: self.gen.clone(),
+            target: self.target.clone(),
+        }
+    }
+}
+
+type Fail = AttemptFail<ProxyError>;
+
+fn up(kind: ErrorKind) -> ProxyError {
+    ProxyError::upstream(kind)
+}
+
+/// Sends `head` (complete, blank line included) and reads the response; `Ok(None)` when its
+/// body is larger than `max` (the connection is then closed, not pooled).
+async fn fetch(
+    worker: &Worker,
+    gen: &Generation,
+    t: &ProxyTarget,
+    head: &[u8],
+    max: u64,
+) -> Result<Option<Fetched>, ProxyError> {
+    let plan = Plan {
+        worker,
+        gen,
+        upstream: t.upstream,
+        client: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+        hash: t.hash,
+        replayable: true,
+    };
+    let mut last = None;
+    attempt::run(&plan, t.backend, &mut last, async |backend, may_retry| {
+        let t0 = Instant::now();
+        let r = once(worker, gen, t, backend, head, max, may_retry).await?;
+        worker.metrics.upstream_duration.observe(t0.elapsed());
+        let status = r.as_ref().map_or(200, |f| f.status);
+        Ok((r, status))
+    })
+    .await
+}
+
+/// One attempt on one backend.
+async fn once(
+    worker: &Worker,
+    gen: &Generation,
+    t: &ProxyTarget,
+    backend: usize,
+    head: &[u8],
+    max: u64,
+    may_retry_status: bool,
+) -> Result<Option<Fetched>, Fail> {
+    let group = &gen.snapshot.upstreams[t.upstream];
+    let (mut conn, parsed, mut buf) = crate::downstream::relay::exchange_head(
+        worker,
+        gen,
+        (t, backend),
+        head,
+        async |_: &mut crate::upstream::pool::UpstreamConn| Ok(()),
+        (false, true, may_retry_status),
+    )
+    .await?;
+    if let crate::http1::BodyKind::Length(n) = parsed.body {
+        if n > max {
+            return Ok(None);
+        }
+    }
+    let mut state = BodyState::new(parsed.body, true);
+    let mut body = Vec::new();
+    loop {
+        let used = state
+            .take_into(&buf, &mut body)
+            .map_err(|_| Fail::Fatal(up(ErrorKind::BadResponse("invalid chunked body"))))?;
+        buf.advance(used);
+        if body.len() as u64 > max {
+            return Ok(None);
+        }
+        if state.is_done() {
+            break;
+        }
+        reserve(&mut buf, READ_CHUNK);
+        match timeout(group.read_timeout, conn.stream.read_buf(&mut buf)).await {
+            Err(_) => return Err(Fail::Fatal(up(ErrorKind::ReadTimeout))),
+            Ok(Ok(n)) if n > 0 => {}
+            _ if matches!(state, BodyState::UntilClose) => {
+                state = BodyState::Done;
+                break;
+            }
+            _ => return Err(Fail::Fatal(up(ErrorKind::UpstreamClosed))),
+        }
+    }
+    if parsed.upstream_reusable && buf.is_empty() {
+        worker.pool_upstream(gen, (t.upstream, backend), conn);
+    }
+    let _ = state;
+    Ok(Some(Fetched {
+        status: parsed.status,
+        headers: parsed.headers,
+        body: Bytes::from(body),
+    }))
 }

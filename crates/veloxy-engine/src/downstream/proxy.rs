@@ -394,7 +394,7 @@ struct Run<'a> {
 impl Run<'_> {
     async fn connect(&self, backend: usize) -> Result<UpstreamConn, AttemptFail> {
         connect_backend(
-            &self.worker.metrics,
+            &*self.worker.metrics,
             self.group,
             backend,
             self.p.target.origin,

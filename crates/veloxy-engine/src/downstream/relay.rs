@@ -397,7 +397,7 @@ pub(crate) async fn exchange_head(
         .pool
         .take(backend, t.origin);
     let connect = || async {
-        crate::upstream::connect::connect_backend(&worker.metrics, group, backend, t.origin)
+        crate::upstream::connect::connect_backend(&*worker.metrics, group, backend, t.origin)
             .await
             .map_err(|(error, health)| AttemptFail::NotSent { error, health })
     };

@@ -332,7 +332,7 @@ async fn handshake(
     match accept.await {
         Ok(Ok(tls)) => {
             let alpn = tls.get_ref().1.alpn_protocol();
-            if alpn == Some(crate::acme::ACME_TLS_ALPN) {
+            if alpn == Some(crate::tls::ACME_TLS_ALPN) {
                 // A tls-alpn-01 validation: the handshake was the whole exchange (RFC 8737).
                 return None;
             }

@@ -23,7 +23,7 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
         let Some(backend) = pick else { break };
         // The backend learns the client's address when the group sends a PROXY header.
         let origin = crate::upstream::connect::origin(group, down.peer, None, down.local);
-        match crate::upstream::connect::connect_backend(&worker.metrics, group, backend, origin)
+        match crate::upstream::connect::connect_backend(&*worker.metrics, group, backend, origin)
             .await
         {
             Ok(mut conn) => {

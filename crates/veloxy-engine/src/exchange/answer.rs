@@ -1,47 +1,16 @@
 //! veloxy's own answers, decided at admission: redirects (`redirect`, `redirect_https`) and
-//! fixed responses (`respond`). Each codec writes them in its protocol.
+//! fixed responses (`respond`). Each codec writes them in its protocol. The [`Answer`] value
+//! itself is `crate::message`'s; the error pages of a route's rules, and the template
+//! variables of a request, are built here.
 
 use bytes::Bytes;
+
+pub(crate) use crate::message::Answer;
 
 use super::{Head, Peer};
 use crate::template::{Var, Vars};
 
-/// A complete answer: status, header fields and body.
-pub(crate) struct Answer {
-    pub status: u16,
-    pub headers: Vec<(&'static str, Bytes)>,
-    pub body: Bytes,
-}
-
 impl Answer {
-    /// A redirect to `location` (already rendered: no CR, LF or NUL).
-    pub fn redirect(status: u16, location: String) -> Answer {
-        let body = Bytes::from(format!("{status} {}\n", crate::http1::reason(status)));
-        Answer {
-            status,
-            headers: vec![
-                ("location", Bytes::from(location)),
-                (
-                    "content-type",
-                    Bytes::from_static(b"text/plain; charset=utf-8"),
-                ),
-            ],
-            body,
-        }
-    }
-
-    /// `redirect_https`: a 308 to the same host and URI over HTTPS on `port`.
-    pub fn to_https(head: &Head, port: u16) -> Answer {
-        let host = crate::http1::host_without_port(head.host);
-        let port = if port == 443 {
-            String::new()
-        } else {
-            format!(":{port}")
-        };
-        let host = String::from_utf8_lossy(host);
-        Answer::redirect(308, format!("https://{host}{port}{}", head.target))
-    }
-
     /// An error page from `error_pages`, with `status`.
     pub fn page(status: u16, page: &crate::rules::ErrorPage) -> Answer {
         Answer {
@@ -51,71 +20,6 @@ impl Answer {
                 Bytes::from_static(page.content_type.as_bytes()),
             )],
             body: page.body.clone(),
-        }
-    }
-
-    /// A CORS preflight's answer: 204 with `fields`.
-    pub fn preflight(fields: Vec<(&'static str, String)>) -> Answer {
-        Answer {
-            status: 204,
-            headers: fields
-                .into_iter()
-                .map(|(n, v)| (n, Bytes::from(v)))
-                .collect(),
-            body: Bytes::new(),
-        }
-    }
-
-    /// `basic_auth`'s challenge: 401 with `WWW-Authenticate`.
-    pub fn unauthorized(realm: &str) -> Answer {
-        Answer {
-            status: 401,
-            headers: vec![
-                (
-                    "www-authenticate",
-                    Bytes::from(format!("Basic realm=\"{realm}\", charset=\"UTF-8\"")),
-                ),
-                (
-                    "content-type",
-                    Bytes::from_static(b"text/plain; charset=utf-8"),
-                ),
-            ],
-            body: Bytes::from_static(b"401 Unauthorized\n"),
-        }
-    }
-
-    /// `respond = { ... }`.
-    pub fn fixed(status: u16, body: &Bytes, content_type: &str) -> Answer {
-        Answer {
-            status,
-            headers: vec![(
-                "content-type",
-                Bytes::copy_from_slice(content_type.as_bytes()),
-            )],
-            body: body.clone(),
-        }
-    }
-}
-
-impl Answer {
-    /// The answer as a static response, the form every codec already writes for file
-    /// routes: with its Content-Length, and no body for a HEAD request.
-    pub fn into_response(self, is_head: bool) -> crate::static_files::Response {
-        let mut headers = self.headers;
-        // 204 and 304 carry no content, and no Content-Length either.
-        if !matches!(self.status, 204 | 304) {
-            headers.push(("content-length", Bytes::from(self.body.len().to_string())));
-        }
-        let body = if is_head || self.body.is_empty() {
-            crate::static_files::Body::Empty
-        } else {
-            crate::static_files::Body::Bytes(self.body)
-        };
-        crate::static_files::Response {
-            status: self.status,
-            headers,
-            body,
-            raw: Default::default(),
         }
     }
 }

@@ -114,6 +114,13 @@ impl Drop for ResponseEdit {
     }
 }
 
+impl crate::http1::DropsFields for UpstreamEdit {
+    #[inline]
+    fn drops(&self, name: &str) -> bool {
+        UpstreamEdit::drops(self, name)
+    }
+}
+
 impl UpstreamEdit {
     /// An edit that only adds lines (given later with [`push_lines`](Self::push_lines)).
     pub(crate) fn empty() -> UpstreamEdit {
@@ -427,14 +434,7 @@ impl ByteSet {
     }
 }
 
-/// The (name, value) pairs of "Name: value\r\n" lines.
-pub(crate) fn lines(raw: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
-    raw.split(|&b| b == b'\n').filter_map(|line| {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let colon = memchr::memchr(b':', line)?;
-        Some((&line[..colon], line[colon + 1..].trim_ascii()))
-    })
-}
+pub(crate) use crate::http1::lines;
 
 /// A `Location` (or `Refresh`'s `url=`) pointing at `backend` or at `host` (the Host sent
 /// upstream) made to point at `base` (the client's `scheme://host`).

@@ -87,7 +87,7 @@ impl AuthRequest {
             .ok_or_else(|| down("forward_auth: no auth server is up"))?;
         let exchange = async {
             let mut conn =
-                crate::upstream::connect::connect_backend(&worker.metrics, group, backend, None)
+                crate::upstream::connect::connect_backend(&*worker.metrics, group, backend, None)
                     .await
                     .map_err(|_| down("forward_auth: cannot connect to the auth service"))?;
             conn.stream

@@ -142,7 +142,7 @@ pub(crate) async fn sender_for(
     }
     let group = &gen.snapshot.upstreams[upstream];
     // HTTP/2 groups never send PROXY headers (one connection carries every client).
-    let conn = connect_backend(&worker.metrics, group, backend, None).await?;
+    let conn = connect_backend(&*worker.metrics, group, backend, None).await?;
     let mut builder = hyper::client::conn::http2::Builder::new(LocalExec);
     builder
         .timer(TokioTimer::new())

@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub(crate) use answer::Answer;
+pub(crate) use crate::message::{Answer, Fields, Head};
 use apply::{real_client, response_edit, upstream_edit};
 pub(crate) use record::Record;
 
@@ -35,97 +35,6 @@ use crate::static_files::StaticRoute;
 use crate::upstream::balancer::PickContext;
 use crate::upstream::RequestKeys;
 use crate::worker::{Generation, Worker};
-
-/// A request's header fields, as its protocol delivered them.
-#[derive(Clone, Copy)]
-pub(crate) enum Fields<'a> {
-    H1(&'a [httparse::Header<'a>]),
-    H2(&'a http::HeaderMap),
-}
-
-impl<'a> Fields<'a> {
-    /// The first value of `name` (lowercase).
-    pub fn get(&self, name: &str) -> Option<&'a [u8]> {
-        match *self {
-            Fields::H1(h) => h
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(name))
-                .map(|h| h.value),
-            Fields::H2(h) => h.get(name).map(|v| v.as_bytes()),
-        }
-    }
-
-    /// The values of every Cookie field.
-    pub fn cookies(&self) -> Cookies<'a> {
-        match *self {
-            Fields::H1(h) => Cookies::H1(h.iter()),
-            Fields::H2(h) => Cookies::H2(h.get_all(http::header::COOKIE).iter()),
-        }
-    }
-}
-
-impl<'a> Fields<'a> {
-    /// Every field, in order, as (name, value).
-    pub fn iter(&self) -> FieldsIter<'a> {
-        match *self {
-            Fields::H1(h) => FieldsIter::H1(h.iter()),
-            Fields::H2(h) => FieldsIter::H2(h.iter()),
-        }
-    }
-}
-
-/// Iterator over a request's fields.
-pub(crate) enum FieldsIter<'a> {
-    H1(std::slice::Iter<'a, httparse::Header<'a>>),
-    H2(http::header::Iter<'a, http::HeaderValue>),
-}
-
-impl<'a> Iterator for FieldsIter<'a> {
-    type Item = (&'a str, &'a [u8]);
-    fn next(&mut self) -> Option<(&'a str, &'a [u8])> {
-        match self {
-            FieldsIter::H1(it) => it.next().map(|h| (h.name, h.value)),
-            FieldsIter::H2(it) => it.next().map(|(n, v)| (n.as_str(), v.as_bytes())),
-        }
-    }
-}
-
-/// Iterator over Cookie field values.
-pub(crate) enum Cookies<'a> {
-    H1(std::slice::Iter<'a, httparse::Header<'a>>),
-    H2(http::header::ValueIter<'a, http::HeaderValue>),
-}
-
-impl<'a> Iterator for Cookies<'a> {
-    type Item = &'a [u8];
-    fn next(&mut self) -> Option<&'a [u8]> {
-        match self {
-            Cookies::H1(it) => it
-                .find(|h| h.name.eq_ignore_ascii_case("cookie"))
-                .map(|h| h.value),
-            Cookies::H2(it) => it.next().map(|v| v.as_bytes()),
-        }
-    }
-}
-
-/// A protocol-neutral view of a request head: all that admission looks at.
-pub(crate) struct Head<'a> {
-    pub method: &'a str,
-    /// The request target: path and query.
-    pub target: &'a str,
-    /// Host header or `:authority`, as sent (port included).
-    pub host: &'a [u8],
-    /// 0: HTTP/1.0, 1: HTTP/1.1, 2: HTTP/2.
-    pub version: u8,
-    pub fields: Fields<'a>,
-}
-
-impl Head<'_> {
-    /// The path without the query.
-    pub fn path(&self) -> &str {
-        self.target.split('?').next().unwrap_or("")
-    }
-}
 
 impl crate::rules::Request for Head<'_> {
     fn method(&self) -> &str {
@@ -349,7 +258,7 @@ pub(crate) fn admit(
     if let Some(rl) = &route.limits.rate {
         let key = keys().rate_key(&rl.key);
         match &route.limits.global {
-            Some(g) => g.check(key, rl),
+            Some(g) => g.check(key, || rl.check(key)),
             None => rl.check(key),
         }
         .map_err(|_| ProxyError::downstream(ErrorKind::RateLimited))?;
@@ -505,9 +414,7 @@ pub(crate) fn admit(
         );
         let hooks = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
         let host = group.backends[backend].authority();
-        f.set_head(crate::cache::fill::upstream_head(
-            head, &target, fwd, hooks, &host,
-        ));
+        f.set_head(apply::fill_head(head, &target, fwd, hooks, &host));
         target.cache = Some(f);
     }
     Ok(Admitted::Proxy(target))

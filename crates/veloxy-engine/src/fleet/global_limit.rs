@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::redis::RedisClient;
-use crate::limits::RateLimiter;
 
 /// What to do while the store is unreachable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,8 +102,14 @@ impl GlobalLimit {
         (per_second / 20.0).ceil().clamp(1.0, burst.max(1.0)) as u32
     }
 
-    /// Admits one request of `key` (its hash) or refuses it.
-    pub(crate) fn check(&self, key: u64, local: &RateLimiter) -> Result<(), Duration> {
+    /// Admits one request of `key` (its hash) or refuses it. `local` is the per-instance
+    /// limit (the route's `RateLimiter` for this key), asked while the store is failing
+    /// under `on_store_error = "local"`.
+    pub(crate) fn check(
+        &self,
+        key: u64,
+        local: impl FnOnce() -> Result<(), Duration>,
+    ) -> Result<(), Duration> {
         let id = (self as *const GlobalLimit as usize, key);
         SLOTS.with(|s| {
             let mut s = s.borrow_mut();
@@ -116,7 +121,12 @@ impl GlobalLimit {
     }
 
     /// [`GlobalLimit::check`] on the worker's slot for the key.
-    fn decide(&self, slot: &Arc<Slot>, key: u64, local: &RateLimiter) -> Result<(), Duration> {
+    fn decide(
+        &self,
+        slot: &Arc<Slot>,
+        key: u64,
+        local: impl FnOnce() -> Result<(), Duration>,
+    ) -> Result<(), Duration> {
         let now = crate::clock::now_ms();
         // A lease unanswered for longer than `timeout` is a failure, whatever the client
         // thread is doing (connecting at start, a stuck connection): the fallback decides
@@ -134,7 +144,7 @@ impl GlobalLimit {
                 self.ask(slot, key, now); // a probe: is the store back?
             }
             return match self.on_error {
-                OnStoreError::Local => local.check(key),
+                OnStoreError::Local => local(),
                 OnStoreError::Allow => Ok(()),
                 OnStoreError::Deny => Err(Duration::from_secs(1)),
             };

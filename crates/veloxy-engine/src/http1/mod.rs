@@ -75,17 +75,26 @@ pub(crate) fn write_framing(body: BodyKind, out: &mut Vec<u8>) {
     }
 }
 
+/// Which of the client's fields a request's edit keeps from the upstream (those a route's
+/// `request_headers` set or remove, the request ID's, forward_auth's copied fields):
+/// `exchange::edit::UpstreamEdit` says. A trait, so the head writers here need nothing of
+/// routes and rules.
+pub(crate) trait DropsFields {
+    /// The client's `name` fields are not forwarded.
+    fn drops(&self, name: &str) -> bool;
+}
+
 /// Writes the X-Forwarded-* lines of an upstream HTTP/1 head: X-Forwarded-For with the
 /// client's prior values (in order, empty ones dropped) then `client_ip`, X-Forwarded-Proto,
 /// and X-Forwarded-Host when there is a `host`; a field the route's `request_headers` set or
 /// remove is left to them. The one writer for every downstream protocol.
-pub(crate) fn write_forwarded<'a>(
+pub(crate) fn write_forwarded<'a, E: DropsFields>(
     out: &mut Vec<u8>,
     prior: impl Iterator<Item = &'a [u8]>,
     client_ip: &str,
     proto: &str,
     host: Option<&[u8]>,
-    edit: Option<&crate::exchange::edit::UpstreamEdit>,
+    edit: Option<&E>,
 ) {
     let dropped = |name: &str| edit.is_some_and(|e| e.drops(name));
     if !dropped("x-forwarded-for") {
@@ -110,6 +119,15 @@ pub(crate) fn write_forwarded<'a>(
         out.extend_from_slice(host);
         out.extend_from_slice(b"\r\n");
     }
+}
+
+/// The (name, value) pairs of "Name: value\r\n" lines.
+pub(crate) fn lines(raw: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    raw.split(|&b| b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = memchr::memchr(b':', line)?;
+        Some((&line[..colon], line[colon + 1..].trim_ascii()))
+    })
 }
 
 /// The host of a Host header or `:authority`, without its port (`[::1]:8080` -> `[::1]`).

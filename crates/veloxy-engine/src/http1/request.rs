@@ -295,7 +295,7 @@ fn split_absolute(target: &str) -> Option<(&str, &str)> {
 
 /// What veloxy adds about the client (the `X-Forwarded-*` family), and which of the client's
 /// headers it keeps.
-pub struct Forwarded<'a> {
+pub struct Forwarded<'a, E> {
     /// The client's IP address, formatted.
     pub client_ip: &'a str,
     /// `http` or `https`.
@@ -306,14 +306,18 @@ pub struct Forwarded<'a> {
     pub target: Option<&'a str>,
     /// The route's `request_headers` and the request ID: the fields it drops are left out
     /// (its own lines are added by the caller).
-    pub edit: Option<&'a crate::exchange::edit::UpstreamEdit>,
+    pub edit: Option<&'a E>,
 }
 
 /// Writes the upstream request head into `out`, without the final blank line (the caller may
 /// still add headers). Hop-by-hop headers and the ones named by Connection are dropped, so are
 /// names with `_` unless `fwd.keep_underscores`; Host is kept, framing is normalized, and
 /// X-Forwarded-For/-Proto/-Host are set.
-pub fn write_upstream_head(req: &RequestView, fwd: &Forwarded, out: &mut Vec<u8>) {
+pub fn write_upstream_head<E: super::DropsFields>(
+    req: &RequestView,
+    fwd: &Forwarded<'_, E>,
+    out: &mut Vec<u8>,
+) {
     out.extend_from_slice(req.method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(fwd.target.unwrap_or(req.path).as_bytes());
@@ -409,6 +413,14 @@ fn is_tchar(b: u8) -> bool {
 mod tests {
     use super::*;
 
+    struct KeepAll;
+    impl crate::http1::DropsFields for KeepAll {
+        fn drops(&self, _: &str) -> bool {
+            false
+        }
+    }
+    const NO_EDIT: Option<&KeepAll> = None;
+
     const LIMITS: Limits = Limits {
         max_header_bytes: 8192,
         max_uri_bytes: 1024,
@@ -481,7 +493,7 @@ mod tests {
                 proto: "http",
                 keep_underscores: false,
                 target: None,
-                edit: None,
+                edit: NO_EDIT,
             },
             &mut out,
         );
@@ -504,7 +516,7 @@ mod tests {
                 proto: "http",
                 keep_underscores: keep,
                 target: None,
-                edit: None,
+                edit: NO_EDIT,
             };
             write_upstream_head(&v, &fwd, &mut out);
             let s = String::from_utf8(out).unwrap();

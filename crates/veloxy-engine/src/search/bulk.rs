@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 
 use super::json_answer;
 use super::routing::Sharding;
-use crate::exchange::Answer;
+use crate::message::Answer;
 use crate::upstream::search_client::{call, CallError, Reply};
 use crate::upstream::search_cluster::ClusterMap;
 

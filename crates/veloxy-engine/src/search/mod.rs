@@ -22,7 +22,7 @@ pub(crate) mod routing;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::exchange::Head;
+use crate::message::Head;
 use crate::upstream::search_cluster::ClusterView;
 
 /// A route's `search` settings, compiled.
@@ -287,7 +287,7 @@ pub(crate) fn error_body(status: u16, kind: &str, reason: &str) -> bytes::Bytes 
 }
 
 /// The 403 of a denied API.
-pub(crate) fn denied(api: &str) -> crate::exchange::Answer {
+pub(crate) fn denied(api: &str) -> crate::message::Answer {
     let reason = format!("{api} is denied on this route by veloxy");
     json_answer(403, error_body(403, "veloxy_denied", &reason))
 }
@@ -296,8 +296,8 @@ pub(crate) fn denied(api: &str) -> crate::exchange::Answer {
 const JSON: &str = "application/json; charset=UTF-8";
 
 /// A JSON answer.
-fn json_answer(status: u16, body: bytes::Bytes) -> crate::exchange::Answer {
-    crate::exchange::Answer::fixed(status, &body, JSON)
+fn json_answer(status: u16, body: bytes::Bytes) -> crate::message::Answer {
+    crate::message::Answer::fixed(status, &body, JSON)
 }
 
 /// What a codec runs instead of forwarding, once it has read the request body whole.
@@ -398,7 +398,7 @@ impl Job {
     }
 
     /// Runs the job on the request's `body`; the answer for the client.
-    pub(crate) async fn run(self: Box<Self>, body: bytes::Bytes) -> crate::exchange::Answer {
+    pub(crate) async fn run(self: Box<Self>, body: bytes::Bytes) -> crate::message::Answer {
         let fields: Vec<(&str, &[u8])> = self.fields.iter().map(|(k, v)| (*k, &v[..])).collect();
         match &self.kind {
             JobKind::Bulk(b) => {
@@ -466,7 +466,7 @@ impl Job {
 }
 
 /// `X-Cache` on the answers of a query-cached route.
-fn with_status(mut a: crate::exchange::Answer, status: &'static str) -> crate::exchange::Answer {
+fn with_status(mut a: crate::message::Answer, status: &'static str) -> crate::message::Answer {
     a.headers
         .push(("x-cache", bytes::Bytes::from_static(status.as_bytes())));
     a

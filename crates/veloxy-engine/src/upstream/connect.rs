@@ -8,7 +8,6 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::time::timeout;
 
 use crate::error::{ErrorKind, ProxyError};
-use crate::metrics::WorkerMetrics;
 use crate::tls::UpstreamIo;
 use tokio::io::AsyncWriteExt;
 
@@ -54,13 +53,22 @@ pub(crate) async fn connect_io(
     }
 }
 
+/// What a connect counts. The worker's metrics implement it (in `crate::metrics`), so this
+/// layer keeps no counters of its own and does not reach up for them.
+pub(crate) trait ConnectCounts {
+    /// A connection to a backend was opened.
+    fn connected(&self);
+    /// A connect failed for want of local resources (descriptors, ports, memory).
+    fn local_error(&self);
+}
+
 /// Opens a new connection to `backend`, within its `max_connections` and the group's connect
 /// timeout. On failure: the error, and whether it counts against the backend's health (a
 /// backend at its connection limit is busy, not broken; a host out of descriptors or ports
 /// has said nothing about the backend). Every upstream protocol connects through here.
 /// `origin`: the client a PROXY header names, for groups that send one (see [`origin`]).
 pub(crate) async fn connect_backend(
-    metrics: &WorkerMetrics,
+    metrics: &impl ConnectCounts,
     group: &UpstreamGroup,
     backend: usize,
     origin: Option<Origin>,
@@ -71,7 +79,7 @@ pub(crate) async fn connect_backend(
     }
     match timeout(group.connect_timeout, connect_io(group, backend, origin)).await {
         Ok(Ok(s)) => {
-            metrics.upstream_connects.inc();
+            metrics.connected();
             Ok(UpstreamConn::with_reserved_slot(s, health.clone()).for_origin(origin))
         }
         failed => {
@@ -79,7 +87,7 @@ pub(crate) async fn connect_backend(
             let (kind, counts) = match failed {
                 Err(_) => (ErrorKind::ConnectTimeout, true),
                 Ok(Err(e)) if crate::error::is_local_resource_error(&e) => {
-                    metrics.upstream_local_errors.inc();
+                    metrics.local_error();
                     (ErrorKind::LocalResources(e), false)
                 }
                 Ok(Err(e)) => (ErrorKind::Connect(e), true),

@@ -308,7 +308,7 @@ pub fn adopt(old: &[UpstreamGroup], new: &mut [UpstreamGroup], workers: usize) {
 /// state, others start usable.
 pub(crate) fn carry(
     prev: &GroupHealth,
-    backends: &[crate::config::Backend],
+    backends: &[super::group::Backend],
     workers: usize,
 ) -> Arc<GroupHealth> {
     let backends = backends

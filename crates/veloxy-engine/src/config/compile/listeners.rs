@@ -262,7 +262,7 @@ fn compile_tls(
             "needs cert and key, [[...tls.certs]] entries, or acme",
         ));
     }
-    let config = crate::tls::server_config(entries, http2, acme)
+    let config = crate::tls::server_config(entries, http2, acme, crate::acme::store())
         .map_err(|e| src.error(span.clone(), key, e.to_string()))?;
     Ok((config, files))
 }

@@ -544,7 +544,12 @@ async fn forward(
     if let Some(fill) = target.cache.take() {
         // GET or HEAD: no body to read first.
         hold_slot(&target, fin).await?;
-        match crate::cache::fill::run(&c.worker, gen, &target, fill).await? {
+        let up = crate::downstream::cached::FillUpstream {
+            worker: &c.worker,
+            gen,
+            target: &target,
+        };
+        match crate::cache::fill::run(&up, fill).await? {
             crate::cache::fill::Filled::Answer(r) => {
                 let f = fin.take().expect("present until success");
                 return Ok(files::serve_cached(&c.worker, r, f));
