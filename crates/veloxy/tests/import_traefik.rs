@@ -22,28 +22,7 @@ use veloxy_testkit::*;
 const USER: &str = "test:$apr1$H6uskkkW$NNBs2U5LAblMB3OM9KekS/";
 
 fn traefik_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("VELOXY_TRAEFIK_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        let p = Path::new(&home).join(".cache/veloxy/bin/traefik");
-        if p.exists() {
-            return Some(p);
-        }
-    }
-    let on_path = Command::new("traefik")
-        .arg("version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    on_path.then(|| PathBuf::from("traefik"))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    veloxy_testkit::peer_binary("VELOXY_TRAEFIK_BIN", "traefik", "version")
 }
 
 /// One request of the comparison.
