@@ -15,7 +15,7 @@ fn get_host(addr: std::net::SocketAddr, host: &str, path: &str) -> Response {
 fn lists_and_rule_sets_behave_as_routes_written_out() {
     let v = veloxy(
         "[server]\nworkers = 1\n\
-         [listeners.a]\naddr = \"127.0.0.1:0\"\n\
+         [listeners.a]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n\
          [listeners.b]\naddr = \"127.0.0.1:0\"\n\
          [listeners.c]\naddr = \"127.0.0.1:0\"\n\
          [rule_sets.secure]\n\
@@ -81,4 +81,30 @@ fn lists_and_rule_sets_behave_as_routes_written_out() {
         "POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world",
     );
     assert_eq!(r.status, 413);
+    // The same over HTTP/2 (h2c on listener a).
+    let h2 = |host: &str, path: &str| {
+        http2::runtime().block_on(async {
+            let mut c = h2_connect(a, None).await;
+            let req = http::Request::builder()
+                .uri(format!("http://{host}{path}"))
+                .body(())
+                .unwrap();
+            h2_send(&mut c, req, None).await.unwrap()
+        })
+    };
+    for (host, path) in [("example.com", "/api/x"), ("www.example.org", "/v2/y")] {
+        let r = h2(host, path);
+        assert_eq!(r.body_str(), "listed", "h2 {host}{path}");
+        assert_eq!(r.header("x-frame-options"), Some("DENY"));
+    }
+    assert_eq!(h2("t", "/denied/").status, 403);
+    let r = h2("any.test", "/y");
+    assert_eq!(
+        (r.body_str().as_str(), r.header("x-own")),
+        ("exact", Some("1"))
+    );
+    assert_eq!(r.header("x-frame-options"), None);
+    assert_eq!(h2("t", "/p").body_str(), "union");
+    assert_eq!(h2("t", "/p/q").body_str(), "union");
+    assert_eq!(h2("example.net", "/api/x").body_str(), "fallback");
 }
