@@ -27,12 +27,24 @@ pub struct Pebble {
 }
 
 /// A port that was free a moment ago (pebble must be told its ports; it cannot report them).
+///
+/// Never the same port twice in one test process: the kernel may hand a just-released port
+/// out again at once, and two of pebble's listeners once got the same one.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: Mutex<Option<std::collections::HashSet<u16>>> = Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(Default::default);
+    // Hold every candidate until one is new, so the kernel cannot offer the same one again.
+    let mut held = Vec::new();
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if given.insert(port) {
+            return port;
+        }
+        held.push(l);
+        assert!(held.len() < 1000, "no fresh port after 1000 tries");
+    }
 }
 
 /// How to run pebble.

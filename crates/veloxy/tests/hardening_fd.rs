@@ -401,14 +401,7 @@ fn admin_on_a_public_address_needs_a_token() {
     );
 }
 
-/// A port that was free a moment ago.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use veloxy_testkit::pebble::free_port;
 
 /// Runs `veloxy ARGS` until it exits (returns its status and stderr) or prints "listening"
 /// (it started: killed, `None`), within 20 s.
