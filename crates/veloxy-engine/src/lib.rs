@@ -3,10 +3,17 @@
 //!
 //! # Layout
 //!
-//! One request's path through the crate, each step a module; layers call downward only
-//! (`python3 dev/modgraph.py` prints the module graph and its cycles, of which there are
-//! none; `--check`, in CI, fails on an edge that closes one). Where a lower layer needs
-//! something of a higher one, the higher passes it down: a small trait the lower defines
+//! One request's path through the crate, each step a module. Layers call downward only, in
+//! this order (top to bottom): entry (`server`, `admin`) -> downstream codecs
+//! (`downstream`) -> the exchange driver (`exchange`) -> state and config (`worker`, `park`,
+//! `runtime`, `config`) -> the exchange's steps (`router`, `rules`, `hooks`, `access`,
+//! `auth`, `cors`, `search`, `cache`, `static_files`, `access_log`, `metrics`, `acme`,
+//! `message`) -> upstream clients and TLS (`upstream`, `tls`) -> primitives (`limits`,
+//! `fleet`, `http1`, `error`, `late`, `clock`, `deadline`, `background`, `template`,
+//! `listener`, `accept`, `compress`). `python3 dev/modgraph.py` prints the module graph,
+//! the layers, upward edges and cycles (none of either); `--check`, in CI, fails on an
+//! upward edge, a cycle, or a module in no layer. Where a lower layer needs something of a
+//! higher one, the higher passes it down: a small trait the lower defines
 //! (`tls::LiveCerts`, `upstream::connect::ConnectCounts`, `http1::DropsFields`,
 //! `cache::fetch::Upstream`) or plain data (`acme::ListenerCerts`).
 //!
