@@ -12,10 +12,10 @@ use crate::cache::fetch::{Fetched, Upstream};
 use crate::cache::fill::Filled;
 use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::files::StaticReply;
-use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, AttemptFail, Plan};
 use crate::exchange::{ProxyTarget, Record};
+use crate::http1::body::{reserve, BodyState, READ_CHUNK};
 use crate::http1::BodyKind;
 use crate::worker::{Generation, Worker};
 
@@ -146,10 +146,9 @@ async fn once(
     may_retry_status: bool,
 ) -> Result<Option<Fetched>, Fail> {
     let group = &gen.snapshot.upstreams[t.upstream];
-    let (mut conn, parsed, mut buf) = crate::downstream::relay::exchange_head(
-        worker,
-        gen,
-        (t, backend),
+    let (mut conn, parsed, mut buf) = crate::exchange::h1::foreign(
+        (worker, gen),
+        t.to(backend),
         head,
         async |_: &mut crate::upstream::pool::UpstreamConn| Ok(()),
         (false, true, may_retry_status),

@@ -16,23 +16,22 @@
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::AsyncReadExt;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::Instant;
 
 use crate::compress::{self, StreamEncoder};
 use crate::config::UpstreamGroup;
 use crate::deadline::timeout;
 use crate::downstream::connection::{linger_close, send_error, Downstream, Prepared};
 use crate::downstream::relay::{
-    read_body_more, relay_request_body, relay_response_body, reserve, write_down, BodyState,
-    READ_CHUNK,
+    read_body_more, relay_request_body, relay_response_body, write_down,
 };
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::attempt::{self, ExchangeError, Plan};
+use crate::exchange::h1::{self, HeadParse, HeadReader};
 use crate::exchange::{self, Buffering, Record};
-use crate::http1::response::{self, Parsed, ResponseMeta, MAX_RESPONSE_HEAD};
+use crate::http1::body::BodyState;
+use crate::http1::response::{self, Parsed, ResponseMeta};
 use crate::http1::BodyKind;
-use crate::upstream::connect::connect_backend;
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::{Generation, Worker};
 
@@ -337,7 +336,7 @@ async fn buffer_request_body(
     body: &mut BodyState,
     wbuf: &mut Vec<u8>,
 ) -> Result<(), Fail> {
-    let bad = |e| Fail::BeforeResponse(crate::downstream::relay::request_body_error(e));
+    let bad = |e| Fail::BeforeResponse(crate::http1::body::request_body_error(e));
     let head_len = wbuf.len();
     let n = body.take_request_into(&down.rbuf, wbuf).map_err(bad)?;
     down.rbuf.advance(n);
@@ -369,13 +368,41 @@ async fn buffer_request_body(
     Ok(())
 }
 
-/// How reading a response head ended, when it did not fail.
-enum Head {
+/// The HTTP/1 client's [`HeadReader`]: parses the upstream's response head and writes the
+/// client's in the same pass (into `obuf`).
+struct Relayed<'a> {
+    p: &'a Prepared,
+    obuf: &'a mut Vec<u8>,
+}
+
+/// A final response head, as [`Relayed`] read it.
+enum RelayedHead {
     Final(ResponseMeta),
     /// `101 Switching Protocols` to an upgrade request; the head is this long.
     Switch(usize),
-    /// The upstream closed a reused connection before sending a byte.
-    Stale,
+}
+
+impl HeadReader for Relayed<'_> {
+    type Head = RelayedHead;
+    fn parse(&mut self, buf: &[u8]) -> Result<HeadParse<RelayedHead>, ProxyError> {
+        self.obuf.clear();
+        let p = self.p;
+        Ok(
+            match response::parse_and_write_upgrade(
+                buf,
+                p.is_head,
+                p.version,
+                p.keep_alive,
+                p.upgrade,
+                self.obuf,
+            )? {
+                Parsed::Switch { head_len } => HeadParse::Final(RelayedHead::Switch(head_len)),
+                Parsed::Partial => HeadParse::Partial,
+                Parsed::Interim(len) => HeadParse::Interim(len),
+                Parsed::Final(meta) => HeadParse::Final(RelayedHead::Final(meta)),
+            },
+        )
+    }
 }
 
 /// The state of one request across attempts.
@@ -392,89 +419,53 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    async fn connect(&self, backend: usize) -> Result<UpstreamConn, AttemptFail> {
-        connect_backend(
-            &*self.worker.metrics,
-            self.group,
-            backend,
-            self.p.target.origin,
-        )
-        .await
-        .map_err(|(error, health)| AttemptFail::NotSent { error, health })
-    }
-
-    /// One attempt against `backend`. On success the response has been relayed downstream.
+    /// One attempt against `backend` (the one HTTP/1 upstream client, [`h1::attempt`]). On
+    /// success the response has been relayed downstream.
     async fn attempt(
         &mut self,
         down: &mut Downstream,
         backend: usize,
         may_retry_status: bool,
     ) -> Result<ResponseMeta, AttemptFail> {
-        let group = self.group;
-        let p = self.p;
+        let (group, p) = (self.group, self.p);
         let replayable = p.idempotent && self.req_body.is_done();
         let t0 = Instant::now();
-        let pooled = self.gen.groups.borrow_mut()[p.target.upstream]
-            .pool
-            .take(backend, p.target.origin);
-        let (mut conn, mut reused) = match pooled {
-            Some(c) => {
-                self.worker.metrics.pool_hits.inc();
-                (c, true)
-            }
-            None => (self.connect(backend).await?, false),
-        };
-
-        let meta = 'attempt: loop {
-            match timeout(
-                group.write_timeout,
-                crate::tls::send_all(&mut conn.stream, self.wbuf),
-            )
-            .await
-            {
-                Err(_) => {
-                    return Err(AttemptFail::NoResponse(ProxyError::upstream(
-                        ErrorKind::WriteTimeout,
-                    )))
-                }
-                Ok(Err(_)) if reused && replayable => {
-                    conn = self.connect(backend).await?;
-                    reused = false;
-                    continue 'attempt;
-                }
-                Ok(Err(e)) => {
-                    return Err(AttemptFail::NoResponse(ProxyError::upstream(
-                        ErrorKind::Io(e),
-                    )))
-                }
-                Ok(Ok(())) => {}
-            }
-            if !self.req_body.is_done() {
+        let req_body = &mut *self.req_body;
+        let body = async |conn: &mut UpstreamConn| {
+            if !req_body.is_done() {
                 if p.expect_continue {
                     let _ = write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await;
                 }
-                relay_request_body(group, down, &mut conn.stream, self.req_body)
+                relay_request_body(group, down, &mut conn.stream, req_body)
                     .await
                     .map_err(AttemptFail::Fatal)?;
             }
-            match self.read_head(&mut conn, reused && replayable).await? {
-                Head::Final(meta) => break 'attempt meta,
-                Head::Switch(head_len) => {
-                    self.worker.metrics.upstream_duration.observe(t0.elapsed());
-                    return self
-                        .switch(down, conn, head_len)
-                        .await
-                        .map_err(AttemptFail::Fatal);
-                }
-                Head::Stale => {
-                    // A pooled connection the upstream had closed: replay on a fresh one.
-                    conn = self.connect(backend).await?;
-                    reused = false;
-                    continue 'attempt;
-                }
+            Ok(())
+        };
+        let mut reader = Relayed {
+            p,
+            obuf: &mut *self.obuf,
+        };
+        let (conn, head) = h1::attempt(
+            (self.worker, self.gen),
+            p.target.to(backend),
+            self.wbuf,
+            self.ubuf,
+            body,
+            &mut reader,
+            replayable,
+        )
+        .await?;
+        self.worker.metrics.upstream_duration.observe(t0.elapsed());
+        let meta = match head {
+            RelayedHead::Final(meta) => meta,
+            RelayedHead::Switch(head_len) => {
+                return self
+                    .switch(down, conn, head_len)
+                    .await
+                    .map_err(AttemptFail::Fatal)
             }
         };
-        self.worker.metrics.upstream_duration.observe(t0.elapsed());
         if may_retry_status && group.retry_on.contains(&meta.status) {
             // Discard this response (and its connection) and let the caller try elsewhere.
             return Err(AttemptFail::RetryStatus(meta.status));
@@ -482,67 +473,6 @@ impl Run<'_> {
         self.deliver(down, conn, backend, meta)
             .await
             .map_err(AttemptFail::Fatal)
-    }
-
-    /// Reads the response head, skipping 1xx interim responses. Bytes already read are parsed
-    /// before reading more: an interim and the final head often arrive together.
-    /// `read_timeout` bounds the whole wait for the final head: interim responses (`102
-    /// Processing` every second) do not extend it. `may_replay`: a close before any byte
-    /// means a stale pooled connection, to be replayed.
-    async fn read_head(
-        &mut self,
-        conn: &mut UpstreamConn,
-        may_replay: bool,
-    ) -> Result<Head, AttemptFail> {
-        let p = self.p;
-        let no_response = |kind| AttemptFail::NoResponse(ProxyError::upstream(kind));
-        let head_deadline = Instant::now() + self.group.read_timeout;
-        self.ubuf.clear();
-        loop {
-            if !self.ubuf.is_empty() {
-                self.obuf.clear();
-                let parsed = response::parse_and_write_upgrade(
-                    self.ubuf,
-                    p.is_head,
-                    p.version,
-                    p.keep_alive,
-                    p.upgrade,
-                    self.obuf,
-                );
-                match parsed {
-                    Ok(Parsed::Switch { head_len }) => return Ok(Head::Switch(head_len)),
-                    Err(e) => return Err(AttemptFail::Fatal(Fail::BeforeResponse(e))),
-                    Ok(Parsed::Partial) if self.ubuf.len() > MAX_RESPONSE_HEAD => {
-                        let e = ErrorKind::BadResponse("response head too large");
-                        return Err(AttemptFail::Fatal(up(e)));
-                    }
-                    Ok(Parsed::Partial) => {}
-                    Ok(Parsed::Interim(len)) => {
-                        self.ubuf.advance(len);
-                        continue;
-                    }
-                    Ok(Parsed::Final(meta)) => return Ok(Head::Final(meta)),
-                }
-            }
-            reserve(self.ubuf, READ_CHUNK);
-            let n = match timeout_at(head_deadline, conn.stream.read_buf(self.ubuf)).await {
-                Err(_) => return Err(no_response(ErrorKind::ReadTimeout)),
-                Ok(Ok(n)) => n,
-                Ok(Err(e))
-                    if self.ubuf.is_empty() && e.kind() != std::io::ErrorKind::ConnectionReset =>
-                {
-                    return Err(no_response(ErrorKind::Io(e)))
-                }
-                Ok(Err(_)) => 0,
-            };
-            if n == 0 {
-                return match (self.ubuf.is_empty(), may_replay) {
-                    (true, true) => Ok(Head::Stale),
-                    (true, false) => Err(no_response(ErrorKind::UpstreamClosed)),
-                    (false, _) => Err(AttemptFail::Fatal(up(ErrorKind::UpstreamClosed))),
-                };
-            }
-        }
     }
 
     /// The upstream accepted an upgrade: send its 101 downstream, then relay bytes both ways

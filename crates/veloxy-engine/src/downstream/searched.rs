@@ -10,9 +10,10 @@ use bytes::{Buf, Bytes};
 use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::files::StaticReply;
 use crate::downstream::proxy::Fail;
-use crate::downstream::relay::{read_body_more, request_body_error, write_down, BodyState};
+use crate::downstream::relay::{read_body_more, write_down};
 use crate::error::ProxyError;
 use crate::exchange::Record;
+use crate::http1::body::{request_body_error, BodyState};
 use crate::http1::BodyKind;
 use crate::worker::Worker;
 

@@ -16,6 +16,7 @@ pub(crate) mod attempt;
 pub(crate) mod body;
 pub(crate) mod edit;
 pub(crate) mod forward_auth;
+pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod record;
 
@@ -126,6 +127,15 @@ pub(crate) struct ProxyTarget {
 }
 
 impl ProxyTarget {
+    /// Where an attempt on `backend` goes.
+    pub(crate) fn to(&self, backend: usize) -> h1::Backend {
+        h1::Backend {
+            upstream: self.upstream,
+            backend,
+            origin: self.origin,
+        }
+    }
+
     /// forward_auth let the request pass: its copied fields (`lines`) go on every upstream
     /// request made for it, the cache fill's included.
     pub(crate) fn authorized(&mut self, lines: &[u8]) {

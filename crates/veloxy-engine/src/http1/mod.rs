@@ -6,6 +6,7 @@
 //! control over framing checks (request smuggling) and over which bytes are forwarded verbatim.
 //! `httparse` does the tokenizing; this module does the semantics.
 
+pub(crate) mod body;
 pub mod chunked;
 pub mod request;
 pub mod response;

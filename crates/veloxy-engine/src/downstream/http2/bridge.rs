@@ -21,10 +21,11 @@ use tokio::time::timeout;
 use crate::config::UpstreamProtocol;
 use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::proxy::{answer_error, reset_downstream};
-use crate::downstream::relay::{reserve, write_down, BodyState, READ_CHUNK};
+use crate::downstream::relay::write_down;
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::attempt::{self, Plan};
 use crate::exchange::{self, Record};
+use crate::http1::body::{reserve, BodyState, READ_CHUNK};
 use crate::http1::{itoa, reason, BodyKind};
 use crate::worker::{Generation, Worker};
 

@@ -13,8 +13,8 @@ use http_body::Frame;
 use tokio::time::{Instant, Sleep};
 
 use super::Finish;
-use crate::downstream::relay::{reserve, BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
+use crate::http1::body::{reserve, BodyState, READ_CHUNK};
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::Generation;
 

@@ -19,10 +19,10 @@ use super::h1_body::H1Body;
 use super::request_body::{BodyError, RequestBody};
 use super::{ConnCtx, Finish, ProxyBody};
 use crate::deadline::timeout;
-use crate::downstream::relay::{BodyState, READ_CHUNK};
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, Plan};
 use crate::exchange::{Buffering, ProxyTarget};
+use crate::http1::body::{BodyState, READ_CHUNK};
 use crate::http1::response::ForeignHead;
 use crate::http1::BodyKind;
 use crate::upstream::pool::UpstreamConn;
@@ -347,10 +347,9 @@ async fn attempt(
         Some((body, budget)) => stream_body(c, write_timeout, conn, body, framing, *budget).await,
         None => Ok(()),
     };
-    crate::downstream::relay::exchange_head(
-        c.worker(),
-        gen,
-        (t, backend),
+    crate::exchange::h1::foreign(
+        (c.worker(), gen),
+        t.to(backend),
         wbuf,
         stream,
         (is_head, replayable, may_retry_status),
