@@ -125,8 +125,6 @@ pub(crate) enum Next {
     Forward(Prepared),
     /// A file route's answer, computed while the request head was at hand.
     Static(Box<crate::downstream::files::StaticReply>),
-    /// Already answered (a forward_auth refusal); whether the connection stays open.
-    Answered(bool),
 }
 
 /// A routed request, ready to forward.
@@ -276,9 +274,8 @@ async fn answer_refusal(worker: &Rc<Worker>, down: &mut Downstream, refusal: Ref
     a.keep
 }
 
-/// One routed request, from its admission to the end of its answer: forward_auth, then
-/// forwarding (HTTP/1, HTTP/2 bridge, cache) or a file answer. Returns whether the connection
-/// may serve another request.
+/// One routed request, from its admission to the end of its answer, through the exchange
+/// driver ([`exchange::drive`]). Returns whether the connection may serve another request.
 async fn handle(
     worker: &Rc<Worker>,
     down: &mut Downstream,
@@ -290,86 +287,13 @@ async fn handle(
     down.body_timeout = settings.body_timeout;
     down.request_buffering = settings.request_buffering;
     worker.metrics.in_flight.inc();
-    let mut prepared = prepared;
-    if let Some(record) = prepared.record_mut().filter(|r| r.verify.is_some()) {
-        if let Err(denied) = Box::pin(exchange::verified(record)).await {
-            return Box::pin(deny(worker, down, prepared, denied)).await;
-        }
-    }
-    let prepared = match prepared {
-        Next::Forward(mut p) if p.target.forward_auth.is_some() => {
-            // The rarer paths are boxed on their own, so this future (one allocation per
-            // request) is the size of the common ones: proxying and file answers.
-            match Box::pin(crate::downstream::proxy::authorize(
-                worker, &gen, down, &mut p,
-            ))
-            .await
-            {
-                None => Next::Forward(p),
-                Some(keep) => Next::Answered(keep),
-            }
-        }
-        other => other,
+    let codec = crate::downstream::codec::H1 {
+        worker,
+        down,
+        next: prepared,
+        spare: None,
     };
-    match prepared {
-        Next::Answered(keep) => keep,
-        Next::Forward(mut p) if p.target.hit.is_some() => {
-            // A hit held for forward_auth, which let the request pass.
-            let hit = p.target.hit.take().expect("a held hit");
-            let record = std::mem::replace(&mut p.record, Record::unlogged());
-            let reply =
-                crate::downstream::files::StaticReply::for_response(worker, *hit, &p, record);
-            crate::downstream::files::serve(worker, down, reply).await
-        }
-        Next::Forward(p)
-            if gen.snapshot.upstreams[p.target.upstream].protocol
-                != crate::config::UpstreamProtocol::Http1 =>
-        {
-            Box::pin(crate::downstream::http2::bridge::forward(
-                worker, &gen, down, p,
-            ))
-            .await
-        }
-        Next::Forward(p) if p.target.search.is_some() => {
-            Box::pin(crate::downstream::searched::forward(worker, down, p)).await
-        }
-        Next::Forward(p) if p.target.cache.is_some() => {
-            Box::pin(crate::downstream::cached::forward(worker, &gen, down, p)).await
-        }
-        Next::Forward(p) => crate::downstream::proxy::forward(worker, &gen, down, p).await,
-        Next::Static(reply) => crate::downstream::files::serve(worker, down, *reply).await,
-    }
-}
-
-/// Answers a request whose credential check failed (401, 429 or 503) instead of what
-/// admission prepared for it; returns whether the connection may serve another request.
-async fn deny(
-    worker: &Rc<Worker>,
-    down: &mut Downstream,
-    prepared: Next,
-    denied: exchange::Denied,
-) -> bool {
-    let answer = denied.into_answer(worker);
-    let reply = match prepared {
-        Next::Forward(mut p) => {
-            let record = std::mem::replace(&mut p.record, Record::unlogged());
-            crate::downstream::files::StaticReply::for_answer(worker, answer, &p, record)
-        }
-        Next::Static(reply) => reply.replaced(worker, answer),
-        Next::Answered(keep) => return keep,
-    };
-    crate::downstream::files::serve(worker, down, reply).await
-}
-
-impl Next {
-    /// The exchange's record, while nothing has answered it.
-    fn record_mut(&mut self) -> Option<&mut Record> {
-        match self {
-            Next::Forward(p) => Some(&mut p.record),
-            Next::Static(reply) => Some(&mut reply.record),
-            Next::Answered(_) => None,
-        }
-    }
+    exchange::drive::drive(worker, &gen, codec).await
 }
 
 /// Parses a complete request head already in the read buffer and prepares it; `Ok(None)`

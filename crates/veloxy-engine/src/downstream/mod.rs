@@ -16,7 +16,7 @@
 //! Every codec admits requests through [`crate::exchange`] and records them there; they call
 //! downward only (exchange, upstream, the HTTP/1 codec, IO).
 
-pub(crate) mod cached;
+pub(crate) mod codec;
 pub(crate) mod connection;
 pub(crate) mod files;
 pub(crate) mod http2;
@@ -26,7 +26,6 @@ pub(crate) mod peek;
 pub(crate) mod proxy;
 pub(crate) mod proxy_protocol;
 pub(crate) mod relay;
-pub(crate) mod searched;
 pub(crate) mod setup;
 pub(crate) mod sni;
 pub(crate) mod stream;

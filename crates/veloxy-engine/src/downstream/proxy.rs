@@ -74,8 +74,10 @@ impl ExchangeError for Fail {
 
 type AttemptFail = attempt::AttemptFail<Fail>;
 
-/// Forwards one prepared request; returns whether the downstream connection stays open.
-pub(crate) async fn forward(
+/// Step 7 of the exchange driver for an HTTP/1 client and an HTTP/1 group: the body part
+/// read first, the concurrency slot, the attempts, the response relayed; returns whether the
+/// downstream connection stays open.
+pub(crate) async fn relay(
     worker: &Worker,
     gen: &Generation,
     down: &mut Downstream,
@@ -158,44 +160,6 @@ pub(crate) async fn forward(
     worker.give_vec(obuf);
     worker.give_bytes(ubuf);
     keep
-}
-
-/// Runs the route's `forward_auth` before a prepared request is forwarded: `None` when it
-/// passes (its copied fields now in the upstream head), else whether the connection stays
-/// open after the auth service's answer (or veloxy's 503) went to the client.
-pub(crate) async fn authorize(
-    worker: &Worker,
-    gen: &Generation,
-    down: &mut Downstream,
-    p: &mut Prepared,
-) -> Option<bool> {
-    use crate::exchange::forward_auth::Outcome;
-    let auth = p.target.forward_auth.take()?;
-    match auth.run(worker, gen).await {
-        Ok(Outcome::Pass(lines)) => {
-            p.target.authorized(&lines);
-            match p.h2_head.as_mut() {
-                Some(h2) => h2.add_lines(&lines),
-                // Before the blank line that ends the head.
-                None => {
-                    let at = p.head.len() - 2;
-                    p.head.splice(at..at, lines);
-                }
-            }
-            None
-        }
-        Ok(Outcome::Deny(answer)) => {
-            let record = std::mem::replace(&mut p.record, Record::unlogged());
-            let reply =
-                crate::downstream::files::StaticReply::for_answer(worker, answer, p, record);
-            Some(crate::downstream::files::serve(worker, down, reply).await)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e.kind, "forward_auth: the auth service did not answer");
-            let close = p.body != BodyKind::None || !p.keep_alive;
-            Some(fail_prepared(worker, down, p, &e, close).await)
-        }
-    }
 }
 
 /// How an error answer went.

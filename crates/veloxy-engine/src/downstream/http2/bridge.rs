@@ -31,7 +31,7 @@ use crate::worker::{Generation, Worker};
 
 /// Forwards one HTTP/1 request to an HTTP/2 upstream group; returns whether the client
 /// connection stays open.
-pub(crate) async fn forward(
+pub(crate) async fn relay(
     worker: &Worker,
     gen: &Generation,
     down: &mut Downstream,

@@ -30,7 +30,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::config::UpstreamProtocol;
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::{self, Admitted, Fields, Head, Peer, Record};
 use crate::upstream::LocalExec;
@@ -38,6 +37,7 @@ use crate::worker::{Generation, Worker};
 pub(crate) use request_body::RequestBody;
 
 pub(crate) mod bridge;
+mod codec;
 mod files;
 mod h1_body;
 mod hpack;
@@ -314,7 +314,7 @@ pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Respons
         admission: None,
     }));
     let gen = w.current();
-    match forward(&c, &gen, req, &mut fin).await {
+    match admit_and_drive(&c, &gen, req, &mut fin).await {
         Ok(resp) => resp,
         Err(e) => {
             w.count_error(&e);
@@ -433,9 +433,8 @@ fn replay_safe(method: &http::Method) -> bool {
     )
 }
 
-/// Admits one stream through the exchange core, then serves the file or forwards it by the
-/// group's protocol.
-async fn forward(
+/// Admits one stream through the exchange core, then runs the exchange driver on it.
+async fn admit_and_drive(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
     req: Request<RequestBody>,
@@ -474,98 +473,24 @@ async fn forward(
         server_port: c.listener.port,
     };
     let f = fin.as_deref_mut().expect("present until success");
-    let admitted = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record) {
+    let mut admitted = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record) {
         Ok(a) => a,
         Err(e) => return Err(drain_after_413(c, req.into_body(), e)),
     };
-    match exchange::verified(&mut f.record).await {
-        Ok(()) => {}
-        Err(exchange::Denied::Error(e)) => return Err(e),
-        Err(exchange::Denied::Answer(answer)) => {
-            let f = fin.take().expect("present until success");
-            let is_head = req.method() == http::Method::HEAD;
-            return Ok(files::serve_answer(&c.worker, answer, is_head, f));
-        }
-    }
-    let target = match admitted {
-        Admitted::Files(files) => {
-            let f = fin.take().expect("present until success");
-            return Ok(files::serve_file(&c.worker, &files, &req, path, f));
-        }
-        Admitted::Answer(answer) => {
-            let f = fin.take().expect("present until success");
-            let is_head = req.method() == http::Method::HEAD;
-            return Ok(files::serve_answer(&c.worker, answer, is_head, f));
-        }
-        Admitted::Cached(r) => {
-            let f = fin.take().expect("present until success");
-            return Ok(files::serve_cached(&c.worker, r, f));
-        }
-        Admitted::Proxy(t) => t,
-    };
-    let mut target = target;
-    if early {
+    if let (true, Admitted::Proxy(target)) = (early, &mut admitted) {
         // RFC 8470: the upstream learns the request may be a replay (and may answer 425).
         target
             .edit
             .get_or_insert_with(crate::exchange::edit::UpstreamEdit::empty)
             .push_lines(b"Early-Data: 1\r\n");
     }
-    if let Some(auth) = target.forward_auth.take() {
-        use crate::exchange::forward_auth::Outcome;
-        match auth.run(&c.worker, gen).await? {
-            Outcome::Pass(lines) => {
-                target.authorized(&lines);
-                target
-                    .edit
-                    .get_or_insert_with(crate::exchange::edit::UpstreamEdit::empty)
-                    .push_lines(&lines)
-            }
-            Outcome::Deny(answer) => {
-                let f = fin.take().expect("present until success");
-                let is_head = req.method() == http::Method::HEAD;
-                return Ok(files::serve_answer(&c.worker, answer, is_head, f));
-            }
-        }
-    }
-    if let Some(hit) = target.hit.take() {
-        // A hit held for forward_auth, which let the request pass.
-        let f = fin.take().expect("present until success");
-        return Ok(files::serve_cached(&c.worker, *hit, f));
-    }
-    if let Some(job) = target.search.take() {
-        let is_head = req.method() == http::Method::HEAD;
-        let body = whole_body(c, req.into_body(), job.body_limit()).await?;
-        hold_slot(&target, fin).await?;
-        let answer = job.run(body).await;
-        let f = fin.take().expect("present until success");
-        return Ok(files::serve_answer(&c.worker, answer, is_head, f));
-    }
-    if let Some(fill) = target.cache.take() {
-        // GET or HEAD: no body to read first.
-        hold_slot(&target, fin).await?;
-        let up = crate::downstream::cached::FillUpstream {
-            worker: &c.worker,
-            gen,
-            target: &target,
-        };
-        match crate::cache::fill::run(&up, fill).await? {
-            crate::cache::fill::Filled::Answer(r) => {
-                let f = fin.take().expect("present until success");
-                return Ok(files::serve_cached(&c.worker, r, f));
-            }
-            crate::cache::fill::Filled::Forward(line) => {
-                let f = fin.as_deref_mut().expect("present until success");
-                crate::exchange::add_answer_line(&mut f.record, &line);
-            }
-        }
-    }
-    match gen.snapshot.upstreams[target.upstream].protocol {
-        UpstreamProtocol::Http1 => to_h1::forward(c, gen, &target, req, fin).await,
-        UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
-            to_h2::forward(c, gen, &target, req, fin).await
-        }
-    }
+    let codec = codec::H2 {
+        c,
+        req,
+        admitted,
+        fin,
+    };
+    exchange::drive::drive(&c.worker, gen, codec).await
 }
 
 /// Takes the route's concurrency slot for the stream (see [`exchange::hold_slot`]), held by
@@ -607,26 +532,6 @@ pub(crate) fn drain_after_413(c: &Rc<ConnCtx>, mut body: RequestBody, e: ProxyEr
         });
     }
     e
-}
-
-/// A request body read whole for the search gateway (at most `limit` bytes: more is 413),
-/// each frame within the body timeout.
-async fn whole_body(
-    c: &ConnCtx,
-    mut body: RequestBody,
-    limit: u64,
-) -> Result<bytes::Bytes, ProxyError> {
-    let mut out = bytes::BytesMut::new();
-    while let Some(frame) = to_h1::next_frame(c, &mut body).await? {
-        let frame = frame.map_err(|e| to_h1::client_gone(&e))?;
-        if let Ok(data) = frame.into_data() {
-            if (out.len() + data.len()) as u64 > limit {
-                return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(out.freeze())
 }
 
 /// An HTTP/2 stream or connection failure reported by hyper, as an I/O error of the side it

@@ -34,7 +34,7 @@ fn up(kind: ErrorKind) -> ProxyError {
     ProxyError::upstream(kind)
 }
 
-pub(super) async fn forward(
+pub(super) async fn relay(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
     t: &ProxyTarget,

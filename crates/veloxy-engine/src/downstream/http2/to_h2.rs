@@ -18,7 +18,7 @@ use crate::worker::Generation;
 
 /// Forwards the stream: its fields rewritten for the upstream, the route's concurrency slot,
 /// the attempts (a failed connect moves to another backend), then the response, streamed.
-pub(super) async fn forward(
+pub(super) async fn relay(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
     t: &ProxyTarget,

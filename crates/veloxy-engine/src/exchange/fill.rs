@@ -1,6 +1,7 @@
-//! HTTP/1 requests on a caching route that go upstream through the cache: the fill (see
-//! [`crate::cache::fill`]), then its answer, or the usual forward when the cache lets go.
-//! [`FillUpstream`], the fill's upstream request, serves the HTTP/2 and HTTP/3 codecs too.
+//! The cache fill's upstream request (any client protocol): a GET on the group's HTTP/1.1
+//! keep-alive pool, through the same attempt loop as every request (retries, outlier
+//! feedback, health) and the one HTTP/1 client ([`super::h1`]), with the whole response read
+//! into memory. The cache knows it only as its [`crate::cache::fetch::Upstream`].
 
 use std::rc::Rc;
 
@@ -9,53 +10,11 @@ use tokio::io::AsyncReadExt;
 use tokio::time::{timeout, Instant};
 
 use crate::cache::fetch::{Fetched, Upstream};
-use crate::cache::fill::Filled;
-use crate::downstream::connection::{Downstream, Prepared};
-use crate::downstream::files::StaticReply;
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, AttemptFail, Plan};
-use crate::exchange::{ProxyTarget, Record};
+use crate::exchange::ProxyTarget;
 use crate::http1::body::{reserve, BodyState, READ_CHUNK};
-use crate::http1::BodyKind;
 use crate::worker::{Generation, Worker};
-
-/// Runs the fill of `p` (which has one); returns whether the connection stays open.
-pub(crate) async fn forward(
-    worker: &Rc<Worker>,
-    gen: &Rc<Generation>,
-    down: &mut Downstream,
-    mut p: Prepared,
-) -> bool {
-    let fill = p.target.cache.take().expect("a request with a fill");
-    // GET or HEAD: no body to read before the slot. A forward keeps it.
-    let filled = match crate::exchange::hold_slot(&p.target.concurrency, &mut p.slot).await {
-        Ok(()) => {
-            let up = FillUpstream {
-                worker,
-                gen,
-                target: &p.target,
-            };
-            crate::cache::fill::run(&up, fill).await
-        }
-        Err(e) => Err(e),
-    };
-    match filled {
-        Ok(Filled::Answer(r)) => {
-            let record = std::mem::replace(&mut p.record, Record::unlogged());
-            let reply = StaticReply::for_response(worker, r, &p, record);
-            crate::downstream::files::serve(worker, down, reply).await
-        }
-        Ok(Filled::Forward(line)) => {
-            crate::exchange::add_answer_line(&mut p.record, &line);
-            crate::downstream::proxy::forward(worker, gen, down, p).await
-        }
-        Err(e) => {
-            tracing::warn!(error = %e.kind, "upstream error (cache fill)");
-            let close = e.closes_connection() || !p.keep_alive || p.body != BodyKind::None;
-            crate::downstream::proxy::fail_prepared(worker, down, &mut p, &e, close).await
-        }
-    }
-}
 
 /// The upstream of a request's cache fill (any client protocol): a GET on the group's
 /// HTTP/1.1 keep-alive pool, through the same attempt loop as every request (retries,

@@ -1,0 +1,167 @@
+//! The HTTP/1 codec's side of the exchange driver ([`crate::exchange::drive`]): how an
+//! admitted HTTP/1 request reads its body, answers, fails, and runs its attempts (to an
+//! HTTP/1 group with [`super::proxy`], to an `h2`/`h2c` group with [`super::http2::bridge`]).
+
+use std::rc::Rc;
+
+use bytes::{Buf, Bytes};
+
+use crate::config::UpstreamProtocol;
+use crate::downstream::connection::{Downstream, Next, Prepared};
+use crate::downstream::files::StaticReply;
+use crate::downstream::proxy::Fail;
+use crate::downstream::relay::{read_body_more, write_down};
+use crate::error::ProxyError;
+use crate::exchange::drive::Codec;
+use crate::exchange::{Answer, ProxyTarget, Record, Slot};
+use crate::http1::body::{request_body_error, BodyState};
+use crate::http1::BodyKind;
+use crate::worker::{Generation, Worker};
+
+/// One admitted HTTP/1 exchange on its client connection.
+pub(crate) struct H1<'a> {
+    pub worker: &'a Rc<Worker>,
+    pub down: &'a mut Downstream,
+    pub next: Next,
+    /// Where a slot would go for a request admission answered (never taken for one).
+    pub spare: Slot,
+}
+
+impl H1<'_> {
+    fn prepared(&mut self) -> &mut Prepared {
+        match &mut self.next {
+            Next::Forward(p) => p,
+            Next::Static(_) => unreachable!("only a proxied request runs the proxy steps"),
+        }
+    }
+}
+
+impl Codec for H1<'_> {
+    type Out = bool;
+
+    fn record(&mut self) -> &mut Record {
+        match &mut self.next {
+            Next::Forward(p) => &mut p.record,
+            Next::Static(reply) => &mut reply.record,
+        }
+    }
+
+    fn target(&mut self) -> Option<&mut ProxyTarget> {
+        match &mut self.next {
+            Next::Forward(p) => Some(&mut p.target),
+            Next::Static(_) => None,
+        }
+    }
+
+    fn slot(&mut self) -> &mut Slot {
+        match &mut self.next {
+            Next::Forward(p) => &mut p.slot,
+            Next::Static(_) => &mut self.spare,
+        }
+    }
+
+    fn add_upstream_lines(&mut self, lines: &[u8]) {
+        let p = self.prepared();
+        match p.h2_head.as_mut() {
+            Some(h2) => h2.add_lines(lines),
+            // Before the blank line that ends the head.
+            None => {
+                let at = p.head.len() - 2;
+                p.head.splice(at..at, lines.iter().copied());
+            }
+        }
+    }
+
+    async fn whole_body(&mut self, limit: u64) -> Result<Bytes, ProxyError> {
+        let Next::Forward(p) = &mut self.next else {
+            unreachable!("only a proxied request reads its body here")
+        };
+        let body = read_body(self.down, p, limit).await.map_err(|f| match f {
+            Fail::BeforeResponse(e) | Fail::Abort(e) => e,
+        })?;
+        // Read whole: the connection can take the next request.
+        p.body = BodyKind::None;
+        Ok(body)
+    }
+
+    async fn ready(self) -> bool {
+        let Next::Static(reply) = self.next else {
+            unreachable!("a proxied request is not ready")
+        };
+        crate::downstream::files::serve(self.worker, self.down, *reply).await
+    }
+
+    async fn answer(self, a: Answer) -> bool {
+        let reply = match self.next {
+            Next::Forward(mut p) => {
+                let record = std::mem::replace(&mut p.record, Record::unlogged());
+                StaticReply::for_answer(self.worker, a, &p, record)
+            }
+            Next::Static(reply) => reply.replaced(self.worker, a),
+        };
+        crate::downstream::files::serve(self.worker, self.down, reply).await
+    }
+
+    async fn cached(self, r: crate::static_files::Response) -> bool {
+        let Next::Forward(mut p) = self.next else {
+            unreachable!("a hit to serve is a proxied request's")
+        };
+        let record = std::mem::replace(&mut p.record, Record::unlogged());
+        let reply = StaticReply::for_response(self.worker, r, &p, record);
+        crate::downstream::files::serve(self.worker, self.down, reply).await
+    }
+
+    async fn fail(mut self, e: ProxyError) -> bool {
+        let p = match &mut self.next {
+            Next::Forward(p) => p,
+            Next::Static(_) => {
+                let answer = crate::exchange::Denied::Error(e).into_answer(self.worker);
+                return self.answer(answer).await;
+            }
+        };
+        // Unless the body was read whole, the connection cannot take another request.
+        let close = p.body != BodyKind::None || e.closes_connection() || !p.keep_alive;
+        crate::downstream::proxy::fail_prepared(self.worker, self.down, p, &e, close).await
+    }
+
+    async fn attempts(self, worker: &Rc<Worker>, gen: &Rc<Generation>) -> bool {
+        let Next::Forward(p) = self.next else {
+            unreachable!("only a proxied request runs attempts")
+        };
+        if gen.snapshot.upstreams[p.target.upstream].protocol != UpstreamProtocol::Http1 {
+            return Box::pin(crate::downstream::http2::bridge::relay(
+                worker, gen, self.down, p,
+            ))
+            .await;
+        }
+        crate::downstream::proxy::relay(worker, gen, self.down, p).await
+    }
+}
+
+/// The request body, decoded, read within the client's body timeout; more than `limit`
+/// decoded bytes is a 413 (a declared length was checked at admission; a chunked body is
+/// counted as it arrives).
+async fn read_body(down: &mut Downstream, p: &mut Prepared, limit: u64) -> Result<Bytes, Fail> {
+    let bad = |e| Fail::BeforeResponse(request_body_error(e));
+    let mut state = BodyState::new(p.body, true);
+    let mut out = Vec::new();
+    if p.expect_continue && !state.is_done() {
+        p.expect_continue = false;
+        write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(Fail::Abort)?;
+    }
+    loop {
+        let n = state.take_into(&down.rbuf, &mut out).map_err(bad)?;
+        down.rbuf.advance(n);
+        if out.len() as u64 > limit {
+            return Err(Fail::BeforeResponse(ProxyError::downstream(
+                crate::error::ErrorKind::BodyTooLarge,
+            )));
+        }
+        if state.is_done() {
+            return Ok(out.into());
+        }
+        read_body_more(down).await?;
+    }
+}

@@ -1,0 +1,126 @@
+//! The HTTP/2 and HTTP/3 codec's side of the exchange driver ([`crate::exchange::drive`]):
+//! how an admitted stream reads its body, answers, fails, and runs its attempts (to an
+//! HTTP/1 group with [`super::to_h1`], to an `h2`/`h2c` group with [`super::to_h2`]).
+//! Failures come back as `Err` for [`super::handle`] to answer (gRPC-aware).
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+
+use super::request_body::RequestBody;
+use super::{files, ConnCtx, Finish, ProxyBody};
+use crate::config::UpstreamProtocol;
+use crate::error::{ErrorKind, ProxyError};
+use crate::exchange::drive::Codec;
+use crate::exchange::{Admitted, Answer, ProxyTarget, Record, Slot};
+use crate::worker::{Generation, Worker};
+
+/// One admitted stream.
+pub(crate) struct H2<'a> {
+    pub c: &'a Rc<ConnCtx>,
+    pub req: Request<RequestBody>,
+    /// What admission decided.
+    pub admitted: Admitted,
+    /// The record and slot, until the response takes them.
+    pub fin: &'a mut Option<Box<Finish>>,
+}
+
+type Out = Result<Response<ProxyBody>, ProxyError>;
+
+impl H2<'_> {
+    fn finish(&mut self) -> &mut Finish {
+        self.fin.as_deref_mut().expect("present until answered")
+    }
+
+    fn is_head(&self) -> bool {
+        self.req.method() == http::Method::HEAD
+    }
+}
+
+impl Codec for H2<'_> {
+    type Out = Out;
+
+    fn record(&mut self) -> &mut Record {
+        &mut self.finish().record
+    }
+
+    fn target(&mut self) -> Option<&mut ProxyTarget> {
+        match &mut self.admitted {
+            Admitted::Proxy(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn slot(&mut self) -> &mut Slot {
+        &mut self.finish().admission
+    }
+
+    fn add_upstream_lines(&mut self, lines: &[u8]) {
+        if let Some(t) = self.target() {
+            t.edit
+                .get_or_insert_with(crate::exchange::edit::UpstreamEdit::empty)
+                .push_lines(lines);
+        }
+    }
+
+    async fn whole_body(&mut self, limit: u64) -> Result<Bytes, ProxyError> {
+        let c = self.c;
+        let mut out = bytes::BytesMut::new();
+        let body = self.req.body_mut();
+        while let Some(frame) = super::to_h1::next_frame(c, body).await? {
+            let frame = frame.map_err(|e| super::to_h1::client_gone(&e))?;
+            if let Ok(data) = frame.into_data() {
+                if (out.len() + data.len()) as u64 > limit {
+                    return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
+                }
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    async fn ready(self) -> Out {
+        let worker: &Rc<Worker> = &self.c.worker;
+        let is_head = self.is_head();
+        let f = self.fin.take().expect("present until answered");
+        Ok(match self.admitted {
+            Admitted::Files(route) => {
+                let path = self.req.uri().path_and_query().map_or("/", |p| p.as_str());
+                files::serve_file(worker, &route, &self.req, path, f)
+            }
+            Admitted::Answer(answer) => files::serve_answer(worker, answer, is_head, f),
+            Admitted::Cached(r) => files::serve_cached(worker, r, f),
+            Admitted::Proxy(_) => unreachable!("a proxied request is not ready"),
+        })
+    }
+
+    async fn answer(self, a: Answer) -> Out {
+        let is_head = self.is_head();
+        let f = self.fin.take().expect("present until answered");
+        Ok(files::serve_answer(&self.c.worker, a, is_head, f))
+    }
+
+    async fn cached(self, r: crate::static_files::Response) -> Out {
+        let f = self.fin.take().expect("present until answered");
+        Ok(files::serve_cached(&self.c.worker, r, f))
+    }
+
+    async fn fail(self, e: ProxyError) -> Out {
+        Err(e)
+    }
+
+    async fn attempts(self, _worker: &Rc<Worker>, gen: &Rc<Generation>) -> Out {
+        let Admitted::Proxy(target) = self.admitted else {
+            unreachable!("only a proxied request runs attempts")
+        };
+        match gen.snapshot.upstreams[target.upstream].protocol {
+            UpstreamProtocol::Http1 => {
+                super::to_h1::relay(self.c, gen, &target, self.req, self.fin).await
+            }
+            UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
+                super::to_h2::relay(self.c, gen, &target, self.req, self.fin).await
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The exchange driver: every step after admission, in one order, for every client protocol.
+//!
+//! A downstream codec admits a request ([`super::admit`]), wraps what admission decided in
+//! its [`Codec`], and hands it to [`drive`], which runs the steps in this order:
+//!
+//! 1. the `basic_auth` check admission left in the record, off the worker ([`super::verified`]):
+//!    nothing (a file, a cache hit, a backend's answer) reaches a client whose credentials
+//!    have not passed;
+//! 2. a request admission answered (a file route, veloxy's own answer, a fresh cache hit)
+//!    is sent ([`Codec::ready`]);
+//! 3. `forward_auth` ([`super::forward_auth`]): its refusal is the answer; when it lets the
+//!    request pass, the fields it copies go on every upstream request made for it;
+//! 4. a cache hit held for forward_auth is served;
+//! 5. a search job: the body read whole, the route's concurrency slot, the job's answer;
+//! 6. a cache fill: the slot, then the fill's answer, or the request goes on upstream;
+//! 7. the attempts on the group's backends in the group's protocol ([`Codec::attempts`]):
+//!    the part of the body read before anything goes upstream ([`super::body_buffering`]),
+//!    the slot ([`super::hold_slot`], unless held), attempts with retries
+//!    ([`super::attempt`]), the response through the route's response rules, the hooks
+//!    ([`super::on_response`]) and compression;
+//!
+//! and every path ends in the record ([`super::Record`]): access log, metrics, `on_done`.
+//! The codec only moves bytes: it reads bodies, writes heads, bodies and trailers in its
+//! protocol, and knows when its client is gone.
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+
+use super::forward_auth::Outcome;
+use super::{Answer, ProxyTarget, Record, Slot};
+use crate::error::ProxyError;
+use crate::worker::{Generation, Worker};
+
+/// What a downstream codec offers the driver for one exchange.
+///
+/// Methods that take `self` end the exchange: they send the answer (or the error) in the
+/// codec's protocol and return what the codec's caller needs ([`Codec::Out`]).
+pub(crate) trait Codec {
+    /// How an exchange ends for the codec: HTTP/1, whether the connection stays open;
+    /// HTTP/2 and HTTP/3, the stream's response.
+    type Out;
+
+    /// The exchange's record.
+    fn record(&mut self) -> &mut Record;
+    /// The proxied request's target; `None` when admission answered the request.
+    fn target(&mut self) -> Option<&mut ProxyTarget>;
+    /// Where the route's concurrency slot is held until the answer is complete.
+    fn slot(&mut self) -> &mut Slot;
+    /// forward_auth let the request pass: `lines` (`Name: value\r\n` fields it copied from
+    /// the auth service's answer) go on the upstream request.
+    fn add_upstream_lines(&mut self, lines: &[u8]);
+    /// The request body, read whole within the body timeout; more than `limit` bytes is 413.
+    async fn whole_body(&mut self, limit: u64) -> Result<Bytes, ProxyError>;
+
+    /// Sends what admission prepared (a file, veloxy's own answer, a cache hit).
+    async fn ready(self) -> Self::Out;
+    /// Sends veloxy's answer `a` instead of anything else.
+    async fn answer(self, a: Answer) -> Self::Out;
+    /// Sends a response from the cache.
+    async fn cached(self, r: crate::static_files::Response) -> Self::Out;
+    /// Answers `e` (nothing of the response has been sent).
+    async fn fail(self, e: ProxyError) -> Self::Out;
+    /// Step 7: the attempts on the group's backends, and the response.
+    async fn attempts(self, worker: &Rc<Worker>, gen: &Rc<Generation>) -> Self::Out;
+}
+
+/// Runs one admitted exchange to its end (see the module doc for the order of the steps).
+pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> C::Out {
+    if c.record().verify.is_some() {
+        // Boxed, like every rare step: the driver's future stays the size of the common path.
+        if let Err(denied) = Box::pin(super::verified(c.record())).await {
+            return c.answer(denied.into_answer(worker)).await;
+        }
+    }
+    let Some(t) = c.target() else {
+        return c.ready().await;
+    };
+    if let Some(auth) = t.forward_auth.take() {
+        match Box::pin(auth.run(worker, gen)).await {
+            Ok(Outcome::Pass(lines)) => {
+                c.target().expect("proxied").authorized(&lines);
+                c.add_upstream_lines(&lines);
+            }
+            Ok(Outcome::Deny(answer)) => return c.answer(answer).await,
+            Err(e) => {
+                tracing::warn!(error = %e.kind, "forward_auth: the auth service did not answer");
+                return c.fail(e).await;
+            }
+        }
+    }
+    let t = c.target().expect("proxied");
+    if let Some(hit) = t.hit.take() {
+        return c.cached(*hit).await;
+    }
+    if t.search.is_some() {
+        return Box::pin(search(c)).await;
+    }
+    if t.cache.is_some() {
+        return Box::pin(fill(worker, gen, c)).await;
+    }
+    c.attempts(worker, gen).await
+}
+
+/// Step 5: the search gateway's job (a bulk to split, a search to clamp).
+async fn search<C: Codec>(mut c: C) -> C::Out {
+    let t = c.target().expect("proxied");
+    let job = t.search.take().expect("a search job");
+    let limit = t.concurrency.clone();
+    let body = match c.whole_body(job.body_limit()).await {
+        Ok(body) => body,
+        Err(e) => return c.fail(e).await,
+    };
+    // After the body: a slow sender holds no slot.
+    if let Err(e) = super::hold_slot(&limit, c.slot()).await {
+        return c.fail(e).await;
+    }
+    let answer = job.run(body).await;
+    c.answer(answer).await
+}
+
+/// Step 6: the cache fill (GET or HEAD: no body to read before the slot). When the cache
+/// lets the request go upstream, the slot stays held for the attempts.
+async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> C::Out {
+    let t = c.target().expect("proxied");
+    let fill = t.cache.take().expect("a fill");
+    let limit = t.concurrency.clone();
+    if let Err(e) = super::hold_slot(&limit, c.slot()).await {
+        return c.fail(e).await;
+    }
+    let filled = {
+        let target = &*c.target().expect("proxied");
+        let up = super::fill::FillUpstream {
+            worker,
+            gen,
+            target,
+        };
+        crate::cache::fill::run(&up, fill).await
+    };
+    match filled {
+        Ok(crate::cache::fill::Filled::Answer(r)) => c.cached(r).await,
+        Ok(crate::cache::fill::Filled::Forward(line)) => {
+            super::add_answer_line(c.record(), &line);
+            c.attempts(worker, gen).await
+        }
+        Err(e) => {
+            tracing::warn!(error = %e.kind, "upstream error (cache fill)");
+            c.fail(e).await
+        }
+    }
+}
