@@ -95,11 +95,11 @@ LAYERS = [
     ("downstream codecs", ["downstream"]),
     ("exchange driver", ["exchange"]),
     ("state and config", ["worker", "park", "runtime", "config"]),
-    ("exchange steps", ["router", "rules", "hooks", "access", "auth", "cors", "search", "cache",
+    ("exchange steps", ["router", "rules", "hooks", "auth", "cors", "search", "cache",
                         "static_files", "access_log", "metrics", "acme", "message"]),
-    ("upstream and tls", ["upstream", "tls"]),
+    ("upstream, tls and listener sockets", ["upstream", "tls", "listener"]),
     ("primitives", ["limits", "fleet", "http1", "error", "late", "clock", "deadline",
-                    "background", "template", "listener", "accept", "compress"]),
+                    "background", "template", "accept", "compress", "access"]),
 ]
 
 

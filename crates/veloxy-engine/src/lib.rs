@@ -6,11 +6,11 @@
 //! One request's path through the crate, each step a module. Layers call downward only, in
 //! this order (top to bottom): entry (`server`, `admin`) -> downstream codecs
 //! (`downstream`) -> the exchange driver (`exchange`) -> state and config (`worker`, `park`,
-//! `runtime`, `config`) -> the exchange's steps (`router`, `rules`, `hooks`, `access`,
-//! `auth`, `cors`, `search`, `cache`, `static_files`, `access_log`, `metrics`, `acme`,
-//! `message`) -> upstream clients and TLS (`upstream`, `tls`) -> primitives (`limits`,
-//! `fleet`, `http1`, `error`, `late`, `clock`, `deadline`, `background`, `template`,
-//! `listener`, `accept`, `compress`). `python3 dev/modgraph.py` prints the module graph,
+//! `runtime`, `config`) -> the exchange's steps (`router`, `rules`, `hooks`, `auth`, `cors`,
+//! `search`, `cache`, `static_files`, `access_log`, `metrics`, `acme`, `message`) ->
+//! upstream clients, TLS and listener sockets (`upstream`, `tls`, `listener`) -> primitives
+//! (`limits`, `fleet`, `http1`, `error`, `late`, `clock`, `deadline`, `background`,
+//! `template`, `accept`, `compress`, `access`). `python3 dev/modgraph.py` prints the module graph,
 //! the layers, upward edges and cycles (none of either); `--check`, in CI, fails on an
 //! upward edge, a cycle, or a module in no layer. Where a lower layer needs something of a
 //! higher one, the higher passes it down: a small trait the lower defines
@@ -30,23 +30,24 @@
 //!    with hyper. Each codec turns its request into a protocol-neutral view (`message::Head`;
 //!    veloxy's own answers are `message::Answer`). `tls` picks a listener's certificate by
 //!    SNI; ACME's certificates and OCSP staples reach it through `tls::LiveCerts`.
-//! 3. **exchange** (`exchange`): admission, once for every protocol: route match (`router`),
-//!    rate limit (`limits`), the `on_request` hook ([`hooks`]), the first backend choice. A
-//!    file route is answered from `static_files` (written by `downstream::files` with
-//!    `sendfile` for HTTP/1). A `basic_auth` check that needs a hash leaves a job in the
-//!    record; every codec runs it (`exchange::verified`, on the `auth::verify` pool, off the
-//!    workers) before it answers anything, and forward_auth runs before a cache hit is
-//!    served. A proxied request runs `exchange::attempt`: attempts on backends
-//!    with retries under the retry budget, outlier feedback; every exchange ends in
-//!    `exchange::record` (access log, metrics, `on_done`).
+//! 3. **exchange** (`exchange`): admission, once for every protocol (`exchange::admit`):
+//!    route match (`router`), access rules, rate limit (`limits`), the `on_request` hook
+//!    ([`hooks`]), the cache lookup, the first backend choice. Then one driver,
+//!    `exchange::drive`, runs every later step in one order for every protocol, over the
+//!    codec's side of `exchange::drive::Codec`: the `basic_auth` check (on the
+//!    `auth::verify` pool, off the workers) before anything is answered; a file route's or
+//!    veloxy's own answer; forward_auth; a hit held for it; the search job; the cache fill
+//!    (`exchange::fill`); the attempts (`exchange::attempt`: retries under the retry budget,
+//!    outlier feedback) with the response rules, hooks and compression on the answer. Every
+//!    exchange ends in `exchange::record` (access log, metrics, `on_done`).
 //! 4. **upstream** ([`upstream`]): `connect` (TCP, TLS, `max_connections`), the per-worker
 //!    keep-alive `pool`, the `balancer` (a policy's picker per worker), active and passive
-//!    `health`. The HTTP/2 attempt and the h2 sender per backend are `exchange::h2`, shared
-//!    by HTTP/1 and HTTP/2/3 clients; the HTTP/1 attempt itself (`downstream::proxy`
-//!    and `relay`) writes the head, streams bodies both ways through bounded buffers and
-//!    parses the response with `http1::response`; `compress` encodes on the fly. A cache
-//!    fill's upstream request is `downstream::cached::FillUpstream` (the same attempt loop
-//!    and `relay`), which the cache only knows as its `cache::fetch::Upstream`.
+//!    `health`. One client per upstream protocol, each used by every caller: the HTTP/1
+//!    attempt `exchange::h1` (pool or connect, head, body, response head with interims and
+//!    the stale-connection replay; HTTP/1 clients parse and rewrite the head in one pass,
+//!    the others read it into a header map) and the HTTP/2 attempt `exchange::h2` (one
+//!    multiplexed sender per backend per worker). Bodies stream through bounded buffers
+//!    (`downstream::relay`, framing in `http1::body`); `compress` encodes on the fly.
 //!    Every wait on the way has a deadline: `deadline::timeout` starts its timer only when a
 //!    step has to wait, and `clock` has the cheap clocks the exchange stamps with.
 //! 5. **search gateway** (`search`): on routes with `search = { ... }`, admission refuses
@@ -81,7 +82,10 @@
 //! * **worker**: one thread with its own runtime; owns its listener sockets and pools.
 //! * **snapshot**: the immutable compiled config; a **generation** is a worker's state built
 //!   for one snapshot (pickers, pools), replaced on reload.
-//! * **stream**: one request/response exchange on an HTTP/2 connection.
+//! * **stream**: one request/response exchange on an HTTP/2 or HTTP/3 connection, and only
+//!   that. A TCP connection relayed byte for byte (the config's `[[streams]]` and
+//!   `protocol = "tcp"` listeners; the config's name is kept, it is a contract) is an **L4
+//!   relay** (`downstream::l4`).
 //! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways.
 //! * **parked**: an idle HTTP/1 client connection whose task has ended; its socket waits in
 //!   the worker's own epoll instance until its next request (`park`).

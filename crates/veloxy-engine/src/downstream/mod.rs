@@ -1,20 +1,19 @@
-//! Downstream codecs: the client side of the proxy, one per protocol.
+//! Downstream codecs: the client side of the proxy, one per protocol. A codec reads
+//! requests, admits each through [`crate::exchange::admit`], hands it to the exchange driver
+//! ([`crate::exchange::drive`]) through its side of [`crate::exchange::drive::Codec`], and
+//! moves the bytes: request bodies in, heads, bodies and trailers out.
 //!
-//! * [`setup`]: a new client connection: PROXY header, SNI passthrough, TLS termination and
-//!   protocol detection.
+//! * [`setup`]: a new client connection: the PROXY header and SNI passthrough (read by
+//!   [`crate::listener`]), TLS termination and protocol detection.
 //! * [`connection`]: the HTTP/1 codec (request heads, keep-alive, pipelining); [`idle`]: its
-//!   waits between requests, which hold no buffer.
-//! * [`proxy`] and [`relay`]: forwarding an admitted HTTP/1 request to an HTTP/1 upstream and
-//!   streaming bodies both ways; [`files`]: writing a file route's answer to an HTTP/1 client
-//!   (with `sendfile`).
-//! * [`proxy_protocol`]: the PROXY protocol header a trusted L4 balancer sends first.
-//! * [`sni`]: SNI passthrough of TLS connections named by `[[streams]] sni`; [`peek`]: how it
-//!   and the PROXY header reader look at first bytes, waiting by readiness.
-//! * [`stream`]: L4 streams of `protocol = "tcp"` listeners, relayed byte for byte.
-//! * [`http2`]: HTTP/2 clients (hyper's server), each stream admitted through the same core.
-//!
-//! Every codec admits requests through [`crate::exchange`] and records them there; they call
-//! downward only (exchange, upstream, the HTTP/1 codec, IO).
+//!   waits between requests, which hold no buffer; [`codec`]: its side of the driver.
+//! * [`proxy`] and [`relay`]: the driver's attempts step for an HTTP/1 client and an HTTP/1
+//!   group (the client is [`crate::exchange::h1`]), streaming bodies both ways; [`files`]:
+//!   writing a file route's answer to an HTTP/1 client (with `sendfile`).
+//! * [`http2`]: HTTP/2 clients (hyper's server), and HTTP/1 clients of `h2`/`h2c` groups
+//!   (`http2::bridge`); [`http3`]: HTTP/3 clients (quinn + h3), sharing HTTP/2's stream
+//!   handler.
+//! * [`l4`]: L4 relays (`[[streams]]`, `protocol = "tcp"` listeners), byte for byte.
 
 pub(crate) mod codec;
 pub(crate) mod connection;
@@ -22,10 +21,7 @@ pub(crate) mod files;
 pub(crate) mod http2;
 pub(crate) mod http3;
 pub(crate) mod idle;
-pub(crate) mod peek;
+pub(crate) mod l4;
 pub(crate) mod proxy;
-pub(crate) mod proxy_protocol;
 pub(crate) mod relay;
 pub(crate) mod setup;
-pub(crate) mod sni;
-pub(crate) mod stream;

@@ -210,8 +210,7 @@ async fn begin(
             let limit = gen.snapshot.settings.header_timeout;
             // Boxed (as the other once-per-connection steps below): a header buffer inline
             // would stay in every connection's future for its whole life.
-            let accept =
-                crate::downstream::proxy_protocol::accept(&mut stream, peer, trusted, limit);
+            let accept = crate::listener::proxy_protocol::accept(&mut stream, peer, trusted, limit);
             match Box::pin(accept).await {
                 Some(client) => peer = client,
                 None => return None,
@@ -234,16 +233,16 @@ async fn begin(
     // SNI passthrough: a ClientHello naming a `[[streams]] sni` host is relayed untouched.
     let mut passthrough = None;
     if !sni_streams.is_empty() {
-        let peek = crate::downstream::sni::peek_server_name(&stream, header_timeout);
+        let peek = crate::listener::sni::peek_server_name(&stream, header_timeout);
         match Box::pin(peek).await {
-            crate::downstream::sni::Hello::Name(name) => {
+            crate::listener::sni::Hello::Name(name) => {
                 passthrough = sni_streams
                     .iter()
                     .find(|(m, _)| m.matches(name.as_bytes()))
                     .map(|(_, g)| *g);
             }
-            crate::downstream::sni::Hello::NoName => {}
-            crate::downstream::sni::Hello::Close => return None,
+            crate::listener::sni::Hello::NoName => {}
+            crate::listener::sni::Hello::Close => return None,
         }
     }
     // A tcp listener routes by SNI too (nginx's ssl_preread): a named group, else its
@@ -278,7 +277,7 @@ async fn begin(
     let mut down = Box::new(downstream(&worker, stream, peer, local, listener, http2));
     down.rbuf = BytesMut::with_capacity(HEAD_BUF);
     if let Some(group) = passthrough.or(stream_group) {
-        Box::pin(crate::downstream::stream::serve(&worker, &mut down, group)).await;
+        Box::pin(crate::downstream::l4::serve(&worker, &mut down, group)).await;
         return None;
     }
     if down.http2 && !down.stream.is_tls() {

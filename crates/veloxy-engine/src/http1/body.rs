@@ -196,7 +196,7 @@ mod tests {
 
     /// Feeds `body` to a request body state in pieces of `step` bytes; returns what would be
     /// forwarded and whether it was forwarded in place (no filtered copy) throughout.
-    fn forward(body: &[u8], step: usize) -> (Vec<u8>, bool) {
+    fn forwarded(body: &[u8], step: usize) -> (Vec<u8>, bool) {
         let mut state = BodyState::request(BodyKind::Chunked, None);
         let (mut out, mut in_place, mut off) = (Vec::new(), true, 0);
         while !state.is_done() {
@@ -216,13 +216,13 @@ mod tests {
     fn request_trailers_are_filtered_whatever_the_reads() {
         let body = b"3\r\nabc\r\n0\r\nContent-Length: 9\r\nX-Sum: 1\r\nHost: evil\r\n\r\n";
         for step in [1, 2, 7, body.len()] {
-            let (out, _) = forward(body, step);
+            let (out, _) = forwarded(body, step);
             assert_eq!(out, b"3\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\n", "reads of {step}");
         }
         // Nothing to drop, all in one read: forwarded in place.
         let clean = b"3\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\n";
-        assert_eq!(forward(clean, clean.len()), (clean.to_vec(), true));
-        assert_eq!(forward(b"0\r\n\r\n", 5), (b"0\r\n\r\n".to_vec(), true));
-        assert_eq!(forward(clean, 3).0, clean);
+        assert_eq!(forwarded(clean, clean.len()), (clean.to_vec(), true));
+        assert_eq!(forwarded(b"0\r\n\r\n", 5), (b"0\r\n\r\n".to_vec(), true));
+        assert_eq!(forwarded(clean, 3).0, clean);
     }
 }

@@ -1,6 +1,6 @@
 //! The PROXY protocol header veloxy sends first on a new upstream connection
 //! (`[upstreams.NAME] proxy_protocol = "v1" | "v2"`), so the backend learns the client's
-//! address. Reading one on a listener is [`crate::downstream::proxy_protocol`].
+//! address. Reading one on a listener is [`crate::listener::proxy_protocol`].
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 

@@ -5,6 +5,15 @@
 //! zero-downtime binary upgrade works, and how a second veloxy started by mistake would
 //! silently take half of the first one's traffic. [`probe_free`] tells the two apart before
 //! binding: it is skipped only when an upgrade is meant.
+//!
+//! What a listener learns from a connection's first bytes, before any codec has it, is here
+//! too: [`proxy_protocol`] (the PROXY header a trusted L4 balancer sends first) and [`sni`]
+//! (the server name of a TLS ClientHello, for SNI passthrough), both looking at the bytes
+//! without taking them ([`peek`]).
+
+pub(crate) mod peek;
+pub(crate) mod proxy_protocol;
+pub(crate) mod sni;
 
 use std::net::{SocketAddr, TcpListener};
 
