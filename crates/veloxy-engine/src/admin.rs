@@ -271,7 +271,11 @@ async fn handle(
             };
             let mut body =
                 crate::metrics::render(&shared.metrics, &metric_labels(&snapshot, &conns));
-            crate::acme::report::metrics(&snapshot.listener_certs(), &mut body);
+            crate::acme::report::metrics(
+                shared.live.certs(),
+                &snapshot.listener_certs(),
+                &mut body,
+            );
             crate::cache::metrics(&mut body, &shared.live.stores());
             crate::fleet::metrics(&mut body, shared.live.redis_errors());
             respond(s, 200, "text/plain; version=0.0.4", &body).await
@@ -282,7 +286,10 @@ async fn handle(
         ("GET", "/healthz") => respond(s, 200, "text/plain", "ok\n").await,
         ("GET", "/certificates") => {
             let snapshot = shared.snapshot.load_full();
-            let body = crate::acme::report::certificates_json(&snapshot.listener_certs());
+            let body = crate::acme::report::certificates_json(
+                shared.live.certs(),
+                &snapshot.listener_certs(),
+            );
             respond(s, 200, "application/json", &body).await
         }
         ("GET", "/upstreams") => {

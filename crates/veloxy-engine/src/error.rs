@@ -1,4 +1,8 @@
-//! One error type for a proxied request, recording which side failed and whether a retry is safe.
+//! One error type for an exchange: which side failed ([`Side`]), what failed ([`ErrorKind`],
+//! precise enough to choose the status), and why (the cause chain: the I/O error, hyper's
+//! error, the body's error, kept as the error's `source`, never flattened to a string).
+//! Logs print [`ProxyError::report`]: the kind and every cause, so they say why, not only
+//! what.
 
 use std::io;
 
@@ -20,6 +24,8 @@ pub enum Side {
     Downstream,
     /// A backend: refused, timed out, reset, sent garbage.
     Upstream,
+    /// veloxy itself: a step of its own failed (a response coder), not either peer.
+    Internal,
 }
 
 /// What went wrong, precise enough to choose the status code.
@@ -71,9 +77,13 @@ pub enum ErrorKind {
     /// The backend's response could not be parsed or relayed safely: 502.
     #[error("invalid response from upstream: {0}")]
     BadResponse(&'static str),
-    /// An I/O error on either side: 400 downstream, 502 upstream.
+    /// An I/O error on either side: 400 downstream, 502 upstream, 500 internal.
     #[error("i/o error: {0}")]
     Io(io::Error),
+    /// An HTTP/2 or HTTP/3 stream or connection failed (reset, protocol error, the peer
+    /// went away); the cause says how: 400 downstream, 502 upstream.
+    #[error("stream failed")]
+    Stream,
     /// Refused with this status by a hook or a protocol rule (CONNECT over HTTP/2: 501).
     #[error("rejected by a filter with status {0}")]
     Rejected(u16),
@@ -108,8 +118,11 @@ pub enum ErrorKind {
     UpstreamStatus(u16),
 }
 
-/// A failed request: what happened and on which side. Whether a retry is safe is decided
-/// from how an attempt failed, in one place: `exchange::attempt`.
+/// A cause kept inside a [`ProxyError`].
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A failed request: what happened, on which side, and why. Whether a retry is safe is
+/// decided from how an attempt failed, in one place: `exchange::attempt`.
 #[derive(Debug, thiserror::Error)]
 #[error("{side:?} error: {kind}")]
 pub struct ProxyError {
@@ -117,6 +130,9 @@ pub struct ProxyError {
     pub side: Side,
     /// What failed.
     pub kind: ErrorKind,
+    /// Why, when the kind does not carry it already (hyper's error, a body's error).
+    #[source]
+    pub cause: Option<Cause>,
 }
 
 impl ProxyError {
@@ -125,6 +141,7 @@ impl ProxyError {
         ProxyError {
             side: Side::Downstream,
             kind,
+            cause: None,
         }
     }
 
@@ -133,7 +150,28 @@ impl ProxyError {
         ProxyError {
             side: Side::Upstream,
             kind,
+            cause: None,
         }
+    }
+
+    /// An error of veloxy's own.
+    pub fn internal(kind: ErrorKind) -> Self {
+        ProxyError {
+            side: Side::Internal,
+            kind,
+            cause: None,
+        }
+    }
+
+    /// The error with `cause` as its source.
+    pub fn because(mut self, cause: impl Into<Cause>) -> Self {
+        self.cause = Some(cause.into());
+        self
+    }
+
+    /// The kind and every cause, `kind: cause: cause's cause`, for logs.
+    pub fn report(&self) -> Report<'_> {
+        Report(self)
     }
 
     /// True when the downstream connection must close after this error: its byte stream can
@@ -148,6 +186,7 @@ impl ProxyError {
                 | ErrorKind::BodyTimeout
                 | ErrorKind::SendTimeout
                 | ErrorKind::Io(_)
+                | ErrorKind::Stream
                 | ErrorKind::Rejected(417 | 501)
                 | ErrorKind::BodyTooLarge
         )
@@ -188,14 +227,30 @@ impl ProxyError {
             ErrorKind::UpstreamStatus(s) => *s,
             ErrorKind::Connect(_) | ErrorKind::UpstreamClosed | ErrorKind::BadResponse(_) => 502,
             ErrorKind::ConnectTimeout | ErrorKind::ReadTimeout | ErrorKind::WriteTimeout => 504,
-            ErrorKind::Io(_) => match self.side {
+            ErrorKind::Io(_) | ErrorKind::Stream => match self.side {
                 Side::Downstream => 400,
                 Side::Upstream => 502,
+                Side::Internal => 500,
             },
             ErrorKind::Rejected(s) => *s,
             ErrorKind::BodyTooLarge => 413,
             ErrorKind::Forbidden => 403,
             ErrorKind::TooEarly => 425,
         }
+    }
+}
+
+/// [`ProxyError::report`]: the kind, then each cause of the chain after a colon.
+pub struct Report<'a>(&'a ProxyError);
+
+impl std::fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0.kind)?;
+        let mut next = std::error::Error::source(self.0);
+        while let Some(cause) = next {
+            write!(f, ": {cause}")?;
+            next = cause.source();
+        }
+        Ok(())
     }
 }

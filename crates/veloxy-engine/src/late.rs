@@ -1,18 +1,20 @@
 //! [`Late`]: live state a snapshot refers to but compiling does not make.
 //!
 //! Compiling a config starts nothing, binds nothing and creates nothing (`veloxy check` runs
-//! it). What a route or group needs at run time (a cache store, the Redis client, a search
-//! cluster's view) is a `Late` slot in the snapshot, left empty by `compile`; the runtime
-//! fills every slot (`runtime::live::Live::bind`), reusing the object of the same name from the
-//! previous generation, before the snapshot serves its first request. Reading a bound slot
-//! is one atomic load, no lock and no lookup by name.
+//! it). What a route, group or listener needs at run time (a cache store, the Redis client, a
+//! search cluster's view, the ACME certificate store) is a `Late` slot in the snapshot, left
+//! empty by `compile`; the runtime fills every slot (`runtime::live::Live::bind`), reusing the
+//! object of the same name from the previous generation, before the snapshot serves its first
+//! request. Reading a bound slot is one atomic load, no lock and no lookup by name.
 
 use std::sync::{Arc, OnceLock};
 
-/// A slot for a live `T`, shared by every clone of the snapshot that made it.
-pub(crate) struct Late<T>(Arc<OnceLock<Arc<T>>>);
+/// A slot for a live `T`, shared by every clone of the snapshot that made it. `T` may be a
+/// trait object (`Late<dyn crate::tls::LiveCerts>`), for a lower layer that reads what a
+/// higher one makes.
+pub(crate) struct Late<T: ?Sized>(Arc<OnceLock<Arc<T>>>);
 
-impl<T> Late<T> {
+impl<T: ?Sized> Late<T> {
     /// An empty slot (as `compile` leaves it).
     pub(crate) fn empty() -> Self {
         Late(Arc::default())
@@ -52,13 +54,19 @@ impl<T> Late<T> {
     }
 }
 
-impl<T> Clone for Late<T> {
+impl<T: ?Sized> Default for Late<T> {
+    fn default() -> Self {
+        Late::empty()
+    }
+}
+
+impl<T: ?Sized> Clone for Late<T> {
     fn clone(&self) -> Self {
         Late(self.0.clone())
     }
 }
 
-impl<T> std::fmt::Debug for Late<T> {
+impl<T: ?Sized> std::fmt::Debug for Late<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.0.get().is_some() {
             "Late(bound)"

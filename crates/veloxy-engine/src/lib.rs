@@ -29,7 +29,8 @@
 //!    (nothing that could smuggle a request gets through); `downstream::http2` serves HTTP/2
 //!    with hyper. Each codec turns its request into a protocol-neutral view (`message::Head`;
 //!    veloxy's own answers are `message::Answer`). `tls` picks a listener's certificate by
-//!    SNI; ACME's certificates and OCSP staples reach it through `tls::LiveCerts`.
+//!    SNI; ACME's certificates and OCSP staples reach it through `tls::LiveCerts` (the
+//!    runtime's store, in the snapshot's `Late` slot).
 //! 3. **exchange** (`exchange`): admission, once for every protocol (`exchange::admit`):
 //!    route match (`router`), access rules, rate limit (`limits`), the `on_request` hook
 //!    ([`hooks`]), the cache lookup, the first backend choice. Then one driver,
@@ -59,9 +60,10 @@
 //! `config::compile` (validation, one file per section) -> [`config::Snapshot`], plain data
 //! read through an atomic pointer, so a reload swaps it without pausing traffic. Compiling
 //! starts, binds and creates nothing (`veloxy check` makes no thread, socket or directory):
-//! the cache stores, the Redis client and search cluster views a snapshot names are empty
-//! `late::Late` slots that `runtime::live` fills before the snapshot is installed, keeping
-//! the objects of the same name across reloads; other live state (backend health, limiters,
+//! the cache stores, the Redis client, search cluster views and the ACME certificate store a
+//! snapshot names are empty `late::Late` slots that `runtime::live` fills before the snapshot
+//! is installed, keeping the objects of the same name across reloads (they live in the
+//! runtime, not in process-global statics); other live state (backend health, limiters,
 //! file caches, idle connections) is carried over by name too.
 //! `config::print` renders a snapshot back as TOML (`veloxy check --print`).
 //!

@@ -1,7 +1,8 @@
 //! The process's live state, beside the immutable config: what every worker shares (the
 //! current snapshot and its generation number, shutdown, hooks, listener connection counts,
 //! the metrics registry, the access log) and the live objects snapshots name ([`live`]:
-//! cache stores, the Redis client, search cluster views), made here rather than by compiling.
+//! cache stores, the Redis client, search cluster views, the ACME certificate store), made
+//! here rather than by compiling.
 //! Per-backend health, limiters and file caches live with the config objects they belong to
 //! and are carried over reloads by name.
 
@@ -32,7 +33,8 @@ pub(crate) struct Shared {
     /// Every worker's counters, summed by the admin endpoint.
     pub metrics: crate::metrics::Metrics,
     pub access_log: Option<crate::access_log::AccessLog>,
-    /// The cache stores, Redis client and search views of the installed snapshot.
+    /// The cache stores, Redis client and search views of the installed snapshot, and the ACME
+    /// certificate store.
     pub live: live::Live,
     /// Backends found by DNS discovery and set through the runtime API.
     pub found: Arc<crate::upstream::discovery::Found>,

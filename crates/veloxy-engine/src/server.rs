@@ -155,9 +155,10 @@ impl Server {
             snapshot.settings.acme.clone(),
             &snapshot.listener_certs(),
         );
-        crate::acme::manager::preload(&plan);
+        crate::acme::manager::preload(live.certs(), &plan);
         let (acme_tx, acme_rx) = watch::channel(plan);
-        crate::acme::manager::spawn_thread(acme_rx).map_err(ServerError::Thread)?;
+        crate::acme::manager::spawn_thread(live.certs().clone(), acme_rx)
+            .map_err(ServerError::Thread)?;
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::new(snapshot),
             generation: AtomicU64::new(1),
@@ -403,7 +404,7 @@ impl Running {
             snapshot.settings.acme.clone(),
             &snapshot.listener_certs(),
         );
-        crate::acme::manager::preload(&plan);
+        crate::acme::manager::preload(self.shared.live.certs(), &plan);
         self.shared.snapshot.store(snapshot.clone());
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         let _ = self

@@ -21,6 +21,8 @@ use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::late::Late;
+
 /// Why a certificate, key or CA file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -218,8 +220,9 @@ pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 /// Certificates that change while a listener runs, asked on every handshake: the ACME
 /// certificates by name, the pending tls-alpn-01 validation certificates, and the OCSP
-/// staples of any certificate. The process's ACME store implements it
-/// (`crate::acme::CertStore`); the listener's config holds it, so this layer needs no ACME.
+/// staples of any certificate. The runtime's ACME store implements it
+/// (`crate::acme::CertStore`); the listener's config holds it through the snapshot's
+/// `Late` slot, so this layer needs no ACME.
 pub trait LiveCerts: Send + Sync {
     /// The tls-alpn-01 validation certificate for `name` (lowercase), when pending.
     fn alpn_cert(&self, name: &str) -> Option<Arc<CertifiedKey>>;
@@ -234,13 +237,14 @@ pub trait LiveCerts: Send + Sync {
 /// then a wildcard (one label), then the default (the listener's `cert`, or its first `certs`
 /// entry). Clients without SNI get the default. With no certificate at all (an ACME name
 /// before its first issuance, on a listener without files) the handshake fails with an alert.
-/// Every certificate chosen gets its OCSP staple from `live`.
+/// Every certificate chosen gets its OCSP staple from `live`. Until the runtime binds `live`
+/// (a config compiled but not run), handshakes get no ACME certificate and no staple.
 struct SniResolver {
     exact: HashMap<String, Arc<CertifiedKey>>,
     wildcard: HashMap<String, Arc<CertifiedKey>>,
     default: Option<Arc<CertifiedKey>>,
     acme: bool,
-    live: &'static dyn LiveCerts,
+    live: Late<dyn LiveCerts>,
 }
 
 impl std::fmt::Debug for SniResolver {
@@ -264,10 +268,14 @@ impl ResolvesServerCert for SniResolver {
             // A tls-alpn-01 validation: its own certificate, or none.
             return self
                 .live
+                .try_get()?
                 .alpn_cert(&hello.server_name()?.to_ascii_lowercase());
         }
-        self.choose(hello.server_name())
-            .map(|k| self.live.stapled(k))
+        let key = self.choose(hello.server_name())?;
+        Some(match self.live.try_get() {
+            Some(live) => live.stapled(key),
+            None => key,
+        })
     }
 }
 
@@ -278,7 +286,7 @@ impl SniResolver {
         };
         let name = name.to_ascii_lowercase();
         if self.acme {
-            if let Some(k) = self.live.cert(&name) {
+            if let Some(k) = self.live.try_get().and_then(|l| l.cert(&name)) {
                 return Some(k);
             }
         }
@@ -296,12 +304,13 @@ impl SniResolver {
 
 /// Builds a listener's server config. `certs[0]` is the default certificate; `acme`: the
 /// listener also serves ACME certificates (and answers tls-alpn-01), so `certs` may be empty.
-/// `live`: where ACME certificates and OCSP staples are looked up (the ACME store).
+/// `live`: where ACME certificates and OCSP staples are looked up (the snapshot's slot for the
+/// runtime's ACME store, empty until the runtime binds it).
 pub fn server_config(
     certs: Vec<CertEntry>,
     http2: bool,
     acme: bool,
-    live: &'static dyn LiveCerts,
+    live: Late<dyn LiveCerts>,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let mut exact = HashMap::new();
     let mut wildcard = HashMap::new();
@@ -655,5 +664,64 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn self_signed(name: &str) -> Arc<CertifiedKey> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let der = PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        Arc::new(certified_key(vec![cert.der().clone()], der).unwrap())
+    }
+
+    /// Whether the server picks a certificate for a ClientHello naming `sni` and offering
+    /// `alpn` (the resolver runs when the server reads the hello).
+    fn answers(config: &Arc<rustls::ServerConfig>, sni: &str, alpn: &[u8]) -> bool {
+        let mut client_config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        client_config.alpn_protocols = vec![alpn.to_vec()];
+        let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).unwrap();
+        let mut client = rustls::ClientConnection::new(Arc::new(client_config), name).unwrap();
+        let mut server = rustls::ServerConnection::new(config.clone()).unwrap();
+        let mut hello = Vec::new();
+        client.write_tls(&mut hello).unwrap();
+        server.read_tls(&mut hello.as_slice()).unwrap();
+        server.process_new_packets().is_ok()
+    }
+
+    #[test]
+    fn an_unbound_store_serves_files_only_and_never_panics() {
+        let slot = Late::<dyn LiveCerts>::empty();
+        let files = vec![CertEntry {
+            hosts: vec!["files.test".into()],
+            key: self_signed("files.test"),
+        }];
+        let with_files = server_config(files, false, true, slot.clone()).unwrap();
+        let acme_only = server_config(Vec::new(), false, true, slot.clone()).unwrap();
+        // Unbound (a config compiled, not run): the files' default, no ACME certificate, no
+        // tls-alpn-01 certificate.
+        assert!(answers(&with_files, "acme.test", b"http/1.1"));
+        assert!(!answers(&with_files, "acme.test", ACME_TLS_ALPN));
+        assert!(!answers(&acme_only, "acme.test", b"http/1.1"));
+
+        // Bound: the store's certificates reach every config holding the slot.
+        let store = Arc::new(crate::acme::CertStore::new());
+        store.install("acme.test", self_signed("acme.test"));
+        store.add_alpn("acme.test", self_signed("acme.test"));
+        slot.set(store as Arc<dyn LiveCerts>);
+        assert!(answers(&acme_only, "acme.test", b"http/1.1"));
+        assert!(answers(&acme_only, "acme.test", ACME_TLS_ALPN));
+        assert!(answers(&with_files, "acme.test", ACME_TLS_ALPN));
+        assert!(!answers(&acme_only, "other.test", b"http/1.1"));
     }
 }

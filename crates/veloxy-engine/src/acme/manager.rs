@@ -12,7 +12,7 @@ use tokio::sync::{watch, Mutex};
 
 use super::order::{self, OrderError};
 use super::shared::SharedStorage;
-use super::{storage, store, AcmeSettings, CertStore, Challenge, ListenerCerts};
+use super::{storage, AcmeSettings, CertStore, Challenge, ListenerCerts};
 
 /// What the ACME thread is asked to keep: sent at start and after every reload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,15 +52,15 @@ impl Plan {
 /// Installs the stored certificates of `plan`'s names that are still valid, before listeners
 /// accept (at start) or before a reloaded config is swapped in: a restart serves them from its
 /// first handshake, without waiting for the ACME thread.
-pub(crate) fn preload(plan: &Plan) {
+pub(crate) fn preload(store: &CertStore, plan: &Plan) {
     let Some(settings) = &plan.settings else {
         return;
     };
     let folder = storage::directory_folder(&settings.storage, &settings.directory);
     for name in &plan.names {
-        if store().cert(name).is_none() {
+        if store.cert(name).is_none() {
             let (crt, key) = storage::cert_paths(&folder, name);
-            install_stored(store(), name, &crt, &key, settings);
+            install_stored(store, name, &crt, &key, settings);
         }
     }
 }
@@ -68,8 +68,12 @@ pub(crate) fn preload(plan: &Plan) {
 /// The account, created or loaded by the first task that needs it and shared by all.
 type AccountSlot = Arc<Mutex<Option<instant_acme::Account>>>;
 
-/// Starts the ACME thread; it follows `plans` until the sender is dropped.
-pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<()> {
+/// Starts the ACME thread, which keeps `store` (the runtime's); it follows `plans` until the
+/// sender is dropped.
+pub(crate) fn spawn_thread(
+    store: Arc<CertStore>,
+    mut plans: watch::Receiver<Plan>,
+) -> std::io::Result<()> {
     crate::background::spawn("veloxy-acme", move || async move {
         let mut tasks: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
         let mut staples: HashMap<(PathBuf, PathBuf), tokio::task::JoinHandle<()>> = HashMap::new();
@@ -90,12 +94,12 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
                 shared = current.as_deref().and_then(shared_storage);
                 syncing = shared
                     .clone()
-                    .map(|sh| tokio::spawn(super::shared::sync_challenges(sh, store())));
+                    .map(|sh| tokio::spawn(super::shared::sync_challenges(sh, store.clone())));
             }
             let wanted: HashSet<String> = plan.names.iter().cloned().collect();
-            store().retain(&wanted);
+            store.retain(&wanted);
             sync(&mut staples, &plan.staple, |(cert, key)| {
-                super::ocsp::keep(cert.clone(), key.clone())
+                super::ocsp::keep(store.clone(), cert.clone(), key.clone())
             });
             let none = BTreeSet::new();
             let names = if current.is_some() {
@@ -105,7 +109,13 @@ pub(crate) fn spawn_thread(mut plans: watch::Receiver<Plan>) -> std::io::Result<
             };
             sync(&mut tasks, names, |name| {
                 let settings = current.clone().expect("names only with settings");
-                keep(name.clone(), settings, account.clone(), shared.clone())
+                keep(
+                    store.clone(),
+                    name.clone(),
+                    settings,
+                    account.clone(),
+                    shared.clone(),
+                )
             });
             if plans.changed().await.is_err() {
                 return;
@@ -161,12 +171,13 @@ const SHARED_POLL: Duration = Duration::from_secs(5);
 /// (`storage = "redis"`) the copy in Redis wins over the local one, and an order is placed
 /// only under the name's lock, after looking once more whether another instance just got one.
 async fn keep(
+    store: Arc<CertStore>,
     name: String,
     settings: Arc<AcmeSettings>,
     account: AccountSlot,
     shared: Option<Arc<SharedStorage>>,
 ) {
-    let store = store();
+    let store = &*store;
     let folder = storage::directory_folder(&settings.storage, &settings.directory);
     let (crt, key) = storage::cert_paths(&folder, &name);
     let mut failures = 0u32;

@@ -3,10 +3,13 @@
 //! the listeners' SNI selection without a restart.
 //!
 //! # Layout
-//! * [`CertStore`] (one per process, [`store`]): the live state every listener's SNI resolver
-//!   and the exchange read: the ACME certificates by name, the pending challenges, and each
-//!   name's status for `GET /certificates`. It survives reloads: a reload that keeps a name
-//!   keeps its certificate and its renewal schedule.
+//! * [`CertStore`]: the live state every listener's SNI resolver and the exchange read: the
+//!   ACME certificates by name, the pending challenges, the OCSP staples, and each name's
+//!   status for `GET /certificates`. There is no process-global one: the runtime owns one
+//!   (`runtime::live::Live`, made with the runtime), binds it into every snapshot's
+//!   `certs` slot (which the listeners' resolvers read) and hands it to the ACME thread, the
+//!   OCSP tasks and the admin reports. It survives reloads: a reload that keeps a name keeps
+//!   its certificate and its renewal schedule.
 //! * [`storage`]: the account and certificates on disk (0600, written atomically, reused
 //!   across restarts).
 //! * [`order`]: one issuance with `instant-acme` (account, order, challenges, CSR, chain).
@@ -32,7 +35,7 @@ pub mod storage;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -118,7 +121,7 @@ pub struct CertStatus {
 /// A stapled key and when its OCSP response goes stale (`nextUpdate`).
 type Staple = (Arc<CertifiedKey>, Option<SystemTime>);
 
-/// The process's ACME state (see the module doc).
+/// The runtime's ACME state (see the module doc).
 pub struct CertStore {
     certs: ArcSwap<HashMap<String, Arc<CertifiedKey>>>,
     /// http-01 tokens -> key authorizations.
@@ -136,27 +139,32 @@ pub struct CertStore {
     stapling: AtomicBool,
 }
 
-static STORE: LazyLock<CertStore> = LazyLock::new(|| CertStore {
-    certs: ArcSwap::from_pointee(HashMap::new()),
-    tokens: Mutex::default(),
-    alpn: Mutex::default(),
-    pending: AtomicUsize::new(0),
-    status: Mutex::default(),
-    failures: AtomicUsize::new(0),
-    staples: ArcSwap::from_pointee(HashMap::new()),
-    stapling: AtomicBool::new(false),
-});
-
-/// The process's certificate store.
-pub fn store() -> &'static CertStore {
-    &STORE
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl Default for CertStore {
+    fn default() -> Self {
+        CertStore::new()
+    }
+}
+
 impl CertStore {
+    /// An empty store: no certificate, challenge, status or staple. The runtime makes one
+    /// (`runtime::live::Live`); compiling a config makes none.
+    pub fn new() -> CertStore {
+        CertStore {
+            certs: ArcSwap::from_pointee(HashMap::new()),
+            tokens: Mutex::default(),
+            alpn: Mutex::default(),
+            pending: AtomicUsize::new(0),
+            status: Mutex::default(),
+            failures: AtomicUsize::new(0),
+            staples: ArcSwap::from_pointee(HashMap::new()),
+            stapling: AtomicBool::new(false),
+        }
+    }
+
     /// The ACME certificate held for `name` (lowercase), if any.
     pub fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
         self.certs.load().get(name).cloned()

@@ -17,6 +17,8 @@ use std::time::{Duration, SystemTime};
 use rustls::sign::CertifiedKey;
 use sha1::{Digest, Sha1};
 
+use super::CertStore;
+
 /// What asking for a certificate's status takes.
 pub(crate) struct Target {
     pub url: String,
@@ -237,9 +239,8 @@ pub(crate) async fn fetch(target: &Target) -> Result<Vec<u8>, OcspError> {
 }
 
 /// Keeps the staple of the certificate in `cert`/`key` (re-read when the files change, so a
-/// renewed or replaced certificate gets its own staple).
-pub(crate) async fn keep(cert: PathBuf, key: PathBuf) {
-    let store = super::store();
+/// renewed or replaced certificate gets its own staple), in `store`.
+pub(crate) async fn keep(store: Arc<CertStore>, cert: PathBuf, key: PathBuf) {
     let mut failures = 0u32;
     loop {
         let stamp = modified(&cert);

@@ -3,7 +3,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::ListenerCerts;
+use super::{CertStore, ListenerCerts};
 
 /// One certificate as reported.
 struct Row {
@@ -17,8 +17,8 @@ struct Row {
     file: Option<String>,
 }
 
-fn rows(listeners: &[ListenerCerts<'_>]) -> Vec<Row> {
-    let statuses = super::store().statuses();
+fn rows(store: &CertStore, listeners: &[ListenerCerts<'_>]) -> Vec<Row> {
+    let statuses = store.statuses();
     let mut out = Vec::new();
     for l in listeners {
         for f in l.files {
@@ -68,10 +68,10 @@ fn time(t: Option<SystemTime>) -> serde_json::Value {
     })
 }
 
-/// `GET /certificates`.
-pub(crate) fn certificates_json(listeners: &[ListenerCerts<'_>]) -> String {
+/// `GET /certificates`: `listeners`' certificates, the ACME ones as `store` holds them.
+pub(crate) fn certificates_json(store: &CertStore, listeners: &[ListenerCerts<'_>]) -> String {
     let now = SystemTime::now();
-    let list: Vec<serde_json::Value> = rows(listeners)
+    let list: Vec<serde_json::Value> = rows(store, listeners)
         .into_iter()
         .map(|r| {
             serde_json::json!({
@@ -92,10 +92,10 @@ pub(crate) fn certificates_json(listeners: &[ListenerCerts<'_>]) -> String {
     s
 }
 
-/// The certificate lines of `/metrics`.
-pub(crate) fn metrics(listeners: &[ListenerCerts<'_>], out: &mut String) {
+/// The certificate lines of `/metrics` (`store`: the runtime's ACME store).
+pub(crate) fn metrics(store: &CertStore, listeners: &[ListenerCerts<'_>], out: &mut String) {
     use std::fmt::Write;
-    let rows = rows(listeners);
+    let rows = rows(store, listeners);
     let _ = writeln!(
         out,
         "# HELP veloxy_certificate_expiry_timestamp_seconds When each certificate expires (Unix time).\n# TYPE veloxy_certificate_expiry_timestamp_seconds gauge"
@@ -110,9 +110,7 @@ pub(crate) fn metrics(listeners: &[ListenerCerts<'_>], out: &mut String) {
             r.not_after.map_or(0, unix)
         );
     }
-    let failures = super::store()
-        .failures
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let failures = store.failures.load(std::sync::atomic::Ordering::Relaxed);
     let _ = writeln!(
         out,
         "# HELP veloxy_acme_failures_total Failed ACME issuances and renewals.\n# TYPE veloxy_acme_failures_total counter\nveloxy_acme_failures_total {failures}"

@@ -200,7 +200,7 @@ fn rand_u64() -> u64 {
 /// Copies the pending challenges into this instance's challenge store for ever (the ACME
 /// thread runs it while shared storage is configured): whichever instance the CA's
 /// validation reaches can answer it.
-pub(crate) async fn sync_challenges(shared: Arc<SharedStorage>, store: &'static CertStore) {
+pub(crate) async fn sync_challenges(shared: Arc<SharedStorage>, store: Arc<CertStore>) {
     let mut installed: HashSet<String> = HashSet::new();
     let mut tick = tokio::time::interval(SYNC_EVERY);
     loop {

@@ -37,6 +37,17 @@ pub struct RouteCache {
     pub compress: bool,
 }
 
+/// What a route's `cache = {...}` sets (see [`RouteCache`]'s fields).
+pub(crate) struct RouteCacheSettings {
+    pub key: Template,
+    pub get: bool,
+    pub head: bool,
+    pub policy: policy::Settings,
+    pub status_header: Option<String>,
+    pub purge: Option<crate::access::IpRules>,
+    pub compress: bool,
+}
+
 impl std::fmt::Debug for RouteCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RouteCache")
@@ -47,33 +58,23 @@ impl std::fmt::Debug for RouteCache {
 }
 
 impl RouteCache {
-    /// Builds the compiled settings (the config compiler's entry point).
-    #[allow(clippy::too_many_arguments)]
+    /// The compiled settings (the config compiler's entry point): the store's slot, name and
+    /// `max_object`, then the route's own settings.
     pub(crate) fn new(
         (store_name, slot, max_object): (Box<str>, crate::late::Late<Store>, u64),
-        key: Template,
-        (get, head): (bool, bool),
-        (default_ttl, stale_while_revalidate, stale_if_error): (Duration, Duration, Duration),
-        ignore_cache_control: bool,
-        status_header: Option<&str>,
-        (purge, compress): (Option<crate::access::IpRules>, bool),
+        route: RouteCacheSettings,
     ) -> RouteCache {
         RouteCache {
             slot,
             store_name,
             max_object,
-            key,
-            get,
-            head,
-            settings: policy::Settings {
-                default_ttl,
-                stale_while_revalidate,
-                stale_if_error,
-                ignore_cache_control,
-            },
-            status_header: status_header.map(|h| Bytes::from(format!("{h}: "))),
-            purge,
-            compress,
+            key: route.key,
+            get: route.get,
+            head: route.head,
+            settings: route.policy,
+            status_header: route.status_header.map(|h| Bytes::from(format!("{h}: "))),
+            purge: route.purge,
+            compress: route.compress,
         }
     }
 

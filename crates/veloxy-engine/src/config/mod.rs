@@ -223,4 +223,7 @@ pub(crate) struct LiveSpecs {
     pub redis: Option<crate::late::Late<crate::fleet::redis::RedisClient>>,
     /// `[caches.NAME]`, in name order.
     pub caches: Vec<crate::cache::StoreSpec>,
+    /// The runtime's ACME certificate store, which every TLS listener's certificate resolver
+    /// reads (ACME certificates, tls-alpn-01 validation certificates, OCSP staples).
+    pub certs: crate::late::Late<dyn crate::tls::LiveCerts>,
 }

@@ -430,6 +430,44 @@ fn prepare(
         }
         Ok(Admitted::Proxy(t)) => t,
     };
+    let (head, h2_head) = match upstream_head(worker, gen, down, req, &target, &record) {
+        Ok(heads) => heads,
+        Err(e) => return Err(Box::new((e, record))),
+    };
+    Ok(Next::Forward(Prepared {
+        body: req.body,
+        keep_alive: req.keep_alive,
+        expect_continue: req.expect_continue,
+        is_head: req.is_head(),
+        idempotent: req.is_idempotent(),
+        upgrade: req.upgrade.is_some(),
+        version: req.version,
+        target,
+        head,
+        h2_head,
+        record,
+        slot: None,
+    }))
+}
+
+/// The upstream request head of a proxied request, written while the parsed head is at
+/// hand: HTTP/1.1 bytes for an HTTP/1 group (complete with its blank line), else the HTTP/2
+/// head for an `h2`/`h2c` group.
+#[allow(clippy::type_complexity)]
+fn upstream_head(
+    worker: &Worker,
+    gen: &Generation,
+    down: &Downstream,
+    req: &RequestView,
+    target: &ProxyTarget,
+    record: &Record,
+) -> Result<
+    (
+        Vec<u8>,
+        Option<Box<crate::downstream::http2::bridge::H2Head>>,
+    ),
+    ProxyError,
+> {
     let group = &gen.snapshot.upstreams[target.upstream];
     let proto = if down.stream.is_tls() {
         "https"
@@ -483,23 +521,10 @@ fn prepare(
             lines,
         ) {
             Ok(h) => h2_head = Some(Box::new(h)),
-            Err(e) => return Err(Box::new((e, record))),
+            Err(e) => return Err(e),
         }
     }
-    Ok(Next::Forward(Prepared {
-        body: req.body,
-        keep_alive: req.keep_alive,
-        expect_continue: req.expect_continue,
-        is_head: req.is_head(),
-        idempotent: req.is_idempotent(),
-        upgrade: req.upgrade.is_some(),
-        version: req.version,
-        target,
-        head,
-        h2_head,
-        record,
-        slot: None,
-    }))
+    Ok((head, h2_head))
 }
 
 /// Answers a connection over the listener's `max_connections` with 503 and closes it.

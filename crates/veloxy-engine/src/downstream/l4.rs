@@ -42,7 +42,7 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
                 return;
             }
             Err((e, _)) => {
-                tracing::warn!(upstream = %group.name, error = %e.kind, "stream: connect failed");
+                tracing::warn!(upstream = %group.name, error = %e.report(), "stream: connect failed");
                 excluded |= 1 << backend;
             }
         }

@@ -41,7 +41,8 @@ pub(crate) fn compress_step(
     data: &[u8],
     last: bool,
 ) -> Result<Vec<u8>, ProxyError> {
-    let io = |e| ProxyError::downstream(ErrorKind::Io(e));
+    // A coder that fails is veloxy's fault, not the client's.
+    let io = |e| ProxyError::internal(ErrorKind::Io(e));
     let mut out = enc.encode(data).map_err(io)?.to_vec();
     if last {
         out.extend_from_slice(enc.finish().map_err(io)?);
@@ -283,10 +284,11 @@ fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {
             upstream = %group.name,
             // Left out when no backend was picked, rather than logged as `Some(...)`/`None`.
             backend = backend.map(|b| tracing::field::display(&group.backends[b].addr)),
-            error = %e.kind,
+            error = %e.report(),
             "upstream error"
         ),
-        Side::Downstream => tracing::debug!(error = %e.kind, "downstream error"),
+        Side::Internal => tracing::error!(error = %e.report(), "internal error"),
+        Side::Downstream => tracing::debug!(error = %e.report(), "downstream error"),
     }
 }
 

@@ -198,53 +198,20 @@ async fn begin(
     listener: std::sync::Arc<crate::runtime::ListenerState>,
 ) -> Option<Box<Downstream>> {
     worker.metrics.downstream_connections.inc();
-    let (tls, http2, header_timeout, (tcp, stream_group), sni_streams, local) = {
-        let gen = worker.current();
-        let spec = gen
-            .snapshot
-            .listeners
-            .iter()
-            .find(|l| *l.name == *listener.name);
-        if spec.is_some_and(|l| l.proxy_protocol) {
-            let trusted = gen.snapshot.settings.real_ip.as_ref();
-            let limit = gen.snapshot.settings.header_timeout;
-            // Boxed (as the other once-per-connection steps below): a header buffer inline
-            // would stay in every connection's future for its whole life.
-            let accept = crate::listener::proxy_protocol::accept(&mut stream, peer, trusted, limit);
-            match Box::pin(accept).await {
-                Some(client) => peer = client,
-                None => return None,
-            }
-        }
-        (
-            spec.and_then(|l| l.tls.clone()),
-            spec.is_some_and(|l| l.http2),
-            gen.snapshot.settings.header_timeout,
-            (spec.is_some_and(|l| l.tcp), spec.and_then(|l| l.stream)),
-            spec.map_or_else(Vec::new, |l| l.sni_streams.clone()),
-            gen.snapshot
-                .upstreams
-                .iter()
-                .any(|g| g.proxy_protocol > 0)
-                .then(|| stream.local_addr().ok())
-                .flatten(),
-        )
-    };
+    let ConnSetup {
+        tls,
+        http2,
+        header_timeout,
+        tcp,
+        stream_group,
+        sni_streams,
+        local,
+    } = setup(&worker, &mut stream, &mut peer, &listener).await?;
     // SNI passthrough: a ClientHello naming a `[[streams]] sni` host is relayed untouched.
-    let mut passthrough = None;
-    if !sni_streams.is_empty() {
-        let peek = crate::listener::sni::peek_server_name(&stream, header_timeout);
-        match Box::pin(peek).await {
-            crate::listener::sni::Hello::Name(name) => {
-                passthrough = sni_streams
-                    .iter()
-                    .find(|(m, _)| m.matches(name.as_bytes()))
-                    .map(|(_, g)| *g);
-            }
-            crate::listener::sni::Hello::NoName => {}
-            crate::listener::sni::Hello::Close => return None,
-        }
-    }
+    let passthrough = match sni_streams.is_empty() {
+        true => None,
+        false => passthrough(&stream, &sni_streams, header_timeout).await?,
+    };
     // A tcp listener routes by SNI too (nginx's ssl_preread): a named group, else its
     // default stream, else the connection is closed.
     if tcp && passthrough.or(stream_group).is_none() {
@@ -312,6 +279,78 @@ async fn begin(
         }
     }
     Some(down)
+}
+
+/// What a new connection needs of its listener's current config.
+struct ConnSetup {
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    http2: bool,
+    header_timeout: Duration,
+    /// A `protocol = "tcp"` listener, and its default L4 group.
+    tcp: bool,
+    stream_group: Option<usize>,
+    sni_streams: Vec<(crate::router::HostMatch, usize)>,
+    /// The address the client connected to, when some group sends PROXY headers.
+    local: Option<SocketAddr>,
+}
+
+/// Reads the listener's settings from the current config and, on a `proxy_protocol`
+/// listener, the PROXY header (which replaces `peer`). `None`: close the connection.
+async fn setup(
+    worker: &Worker,
+    stream: &mut TcpStream,
+    peer: &mut SocketAddr,
+    listener: &crate::runtime::ListenerState,
+) -> Option<ConnSetup> {
+    let gen = worker.current();
+    let spec = gen
+        .snapshot
+        .listeners
+        .iter()
+        .find(|l| *l.name == *listener.name);
+    if spec.is_some_and(|l| l.proxy_protocol) {
+        let trusted = gen.snapshot.settings.real_ip.as_ref();
+        let limit = gen.snapshot.settings.header_timeout;
+        // Boxed (as the other once-per-connection steps below): a header buffer inline
+        // would stay in every connection's future for its whole life.
+        let accept = crate::listener::proxy_protocol::accept(stream, *peer, trusted, limit);
+        *peer = Box::pin(accept).await?;
+    }
+    Some(ConnSetup {
+        tls: spec.and_then(|l| l.tls.clone()),
+        http2: spec.is_some_and(|l| l.http2),
+        header_timeout: gen.snapshot.settings.header_timeout,
+        tcp: spec.is_some_and(|l| l.tcp),
+        stream_group: spec.and_then(|l| l.stream),
+        sni_streams: spec.map_or_else(Vec::new, |l| l.sni_streams.clone()),
+        local: gen
+            .snapshot
+            .upstreams
+            .iter()
+            .any(|g| g.proxy_protocol > 0)
+            .then(|| stream.local_addr().ok())
+            .flatten(),
+    })
+}
+
+/// The `[[streams]] sni` group the ClientHello's server name picks (`Some(None)`: none, the
+/// connection is terminated here); `None`: the client closed.
+async fn passthrough(
+    stream: &TcpStream,
+    sni_streams: &[(crate::router::HostMatch, usize)],
+    header_timeout: Duration,
+) -> Option<Option<usize>> {
+    let peek = crate::listener::sni::peek_server_name(stream, header_timeout);
+    match Box::pin(peek).await {
+        crate::listener::sni::Hello::Name(name) => Some(
+            sni_streams
+                .iter()
+                .find(|(m, _)| m.matches(name.as_bytes()))
+                .map(|(_, g)| *g),
+        ),
+        crate::listener::sni::Hello::NoName => Some(None),
+        crate::listener::sni::Hello::Close => None,
+    }
 }
 
 /// The TLS handshake, bounded by the header timeout: a client that sends garbage or stalls

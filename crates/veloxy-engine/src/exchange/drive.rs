@@ -84,7 +84,7 @@ pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, m
             }
             Ok(Outcome::Deny(answer)) => return c.answer(answer).await,
             Err(e) => {
-                tracing::warn!(error = %e.kind, "forward_auth: the auth service did not answer");
+                tracing::warn!(error = %e.report(), "forward_auth: the auth service did not answer");
                 return c.fail(e).await;
             }
         }
@@ -144,7 +144,7 @@ async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> 
             c.attempts(worker, gen).await
         }
         Err(e) => {
-            tracing::warn!(error = %e.kind, "upstream error (cache fill)");
+            tracing::warn!(error = %e.report(), "upstream error (cache fill)");
             c.fail(e).await
         }
     }

@@ -110,7 +110,11 @@ async fn once(
         t.to(backend),
         head,
         async |_: &mut crate::upstream::pool::UpstreamConn| Ok(()),
-        (false, true, may_retry_status),
+        crate::exchange::h1::Tries {
+            is_head: false,
+            replayable: true,
+            may_retry_status,
+        },
     )
     .await?;
     if let crate::http1::BodyKind::Length(n) = parsed.body {

@@ -173,6 +173,17 @@ impl HeadReader for Foreign {
     }
 }
 
+/// How an attempt through [`foreign`] may go.
+#[derive(Clone, Copy)]
+pub(crate) struct Tries {
+    /// The request is a HEAD: its response has no body whatever its fields say.
+    pub is_head: bool,
+    /// A stale pooled connection may be replaced by a fresh one (idempotent, body buffered).
+    pub replayable: bool,
+    /// A `retry_on` status comes back as [`AttemptFail::RetryStatus`].
+    pub may_retry_status: bool,
+}
+
 /// How an attempt through [`foreign`] failed.
 pub(crate) type HeadFail = AttemptFail<ProxyError>;
 
@@ -184,13 +195,13 @@ pub(crate) async fn foreign(
     to: Backend,
     wbuf: &[u8],
     body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), HeadFail>,
-    (is_head, replayable, may_retry_status): (bool, bool, bool),
+    tries: Tries,
 ) -> Result<(UpstreamConn, crate::http1::response::ForeignHead, BytesMut), HeadFail> {
     // A recycled worker buffer: response bytes are copied out of it into right-sized frames,
     // so no 16 KiB allocation lives as long as a response body does.
     let mut ubuf = worker.take_bytes();
     let mut reader = Foreign {
-        request_is_head: is_head,
+        request_is_head: tries.is_head,
     };
     let (conn, head) = attempt(
         (worker, gen),
@@ -199,11 +210,11 @@ pub(crate) async fn foreign(
         &mut ubuf,
         body,
         &mut reader,
-        replayable,
+        tries.replayable,
     )
     .await?;
     let group = &gen.snapshot.upstreams[to.upstream];
-    if may_retry_status && group.retry_on.contains(&head.status) {
+    if tries.may_retry_status && group.retry_on.contains(&head.status) {
         return Err(AttemptFail::RetryStatus(head.status));
     }
     ubuf.advance(head.head_len);

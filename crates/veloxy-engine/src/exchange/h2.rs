@@ -25,8 +25,8 @@ fn up(kind: ErrorKind) -> ProxyError {
 }
 
 /// A failure of the upstream connection or stream, as hyper reports it.
-fn upstream_error(e: &hyper::Error) -> ProxyError {
-    up(ErrorKind::Io(std::io::Error::other(e.to_string())))
+fn upstream_error(e: hyper::Error) -> ProxyError {
+    up(ErrorKind::Stream).because(e)
 }
 
 /// The upstream request: the group's scheme, the client's authority (`host`; the backend's
@@ -111,7 +111,7 @@ async fn send_with_one_reconnect(
     mut sender: H2Sender,
     req: Request<H2Body>,
 ) -> Result<Response<Incoming>, ProxyError> {
-    let io_err = |e: hyper::Error| upstream_error(&e);
+    let io_err = upstream_error;
     match sender.try_send_request(req).await {
         Ok(r) => Ok(r),
         Err(mut e) => {
@@ -156,7 +156,7 @@ pub(crate) async fn sender_for(
     let (sender, connection) =
         match timeout(group.connect_timeout, builder.handshake(TokioIo::new(conn))).await {
             Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return Err((upstream_error(&e), true)),
+            Ok(Err(e)) => return Err((upstream_error(e), true)),
             Err(_) => return Err((up(ErrorKind::ConnectTimeout), true)),
         };
     let addr = group.backends[backend].addr.clone();

@@ -234,7 +234,7 @@ pub(crate) fn admit(
     let snapshot = &gen.snapshot;
     let listener = &snapshot.listeners[listener_index(gen, peer).ok_or_else(no_route)?];
     // ACME http-01, before routes and redirects (one atomic load when none is pending).
-    if let Some(key_auth) = crate::acme::store().http01(head.target) {
+    if let Some(key_auth) = worker.shared.live.certs().http01(head.target) {
         return Ok(Admitted::Answer(Answer::fixed(
             200,
             &bytes::Bytes::from(key_auth),

@@ -1,15 +1,17 @@
-//! The live objects snapshots name (cache stores, the Redis client, search cluster views):
-//! one home, in the runtime, keyed by name and carried over reloads.
+//! The live objects snapshots name (cache stores, the Redis client, search cluster views, the
+//! ACME certificate store): one home, in the runtime, keyed by name and carried over reloads.
 //!
 //! Compiling a config makes none of them (see [`crate::late::Late`]); before a snapshot
 //! is installed (at start and on each reload), [`Live::bind`] fills its slots: a store of the
 //! same name and settings keeps its entries, a Redis client with the same settings is reused,
-//! a search group's view is kept by group name. Everything else is made anew, and what the new
+//! a search group's view is kept by group name, and the one ACME certificate store (made with
+//! the runtime) goes into every snapshot. Everything else is made anew, and what the new
 //! snapshot no longer names is let go (in-flight requests on the old one keep theirs).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::acme::CertStore;
 use crate::cache::Store;
 use crate::config::Snapshot;
 use crate::fleet::redis::RedisClient;
@@ -19,6 +21,9 @@ use crate::upstream::search_cluster::ClusterView;
 #[derive(Default)]
 pub(crate) struct Live {
     held: Mutex<Held>,
+    /// The ACME certificates, challenges and OCSP staples: one for the runtime's life, kept
+    /// by the ACME thread and the OCSP tasks, read by every snapshot's TLS listeners.
+    certs: Arc<CertStore>,
 }
 
 #[derive(Default)]
@@ -70,6 +75,10 @@ impl Live {
         for (spec, store) in snapshot.live.caches.iter().zip(&stores) {
             spec.store.set(store.clone());
         }
+        snapshot
+            .live
+            .certs
+            .set(self.certs.clone() as Arc<dyn crate::tls::LiveCerts>);
         let redis = match (&snapshot.live.redis, &snapshot.settings.redis) {
             (Some(slot), Some(spec)) => {
                 let kept = slot
@@ -100,6 +109,12 @@ impl Live {
             views,
         };
         Ok(())
+    }
+
+    /// The ACME certificate store (the ACME thread, OCSP, http-01 answers, the reports).
+    #[inline]
+    pub(crate) fn certs(&self) -> &Arc<CertStore> {
+        &self.certs
     }
 
     /// Every cache store, in name order (purges, metrics).

@@ -184,13 +184,15 @@ fn status_header(
     Ok(Some(Some(name.to_owned())))
 }
 
-/// A route's `cache = {...}`; `http1` says whether the route's group speaks HTTP/1.1.
+/// A route's `cache = {...}`; `http1` says whether the route's group speaks HTTP/1.1
+/// (`None`: the route has no group); `compress`: the route's `compress`.
 pub(super) fn route_cache(
     src: &Source,
     key: &str,
     c: &Spanned<RouteCacheSection>,
     caches: &HashMap<String, CacheSpec>,
-    (http1, compress): (Option<bool>, bool),
+    http1: Option<bool>,
+    compress: bool,
 ) -> Result<Arc<RouteCache>, ConfigError> {
     let key = format!("{key}.cache");
     let r = c.get_ref();
@@ -251,21 +253,24 @@ pub(super) fn route_cache(
         Some(s) => s,
         None => spec.status_header.clone(),
     };
-    Ok(Arc::new(RouteCache::new(
-        spec.store(),
-        template,
-        (get, head),
-        (
-            dur(&r.default_ttl, Duration::ZERO),
-            dur(&r.stale_while_revalidate, Duration::ZERO),
-            dur(&r.stale_if_error, Duration::ZERO),
-        ),
-        r.ignore_cache_control
-            .as_ref()
-            .is_some_and(|b| *b.get_ref()),
-        status.as_deref(),
-        (purge, compress),
-    )))
+    let route = crate::cache::lookup::RouteCacheSettings {
+        key: template,
+        get,
+        head,
+        policy: crate::cache::policy::Settings {
+            default_ttl: dur(&r.default_ttl, Duration::ZERO),
+            stale_while_revalidate: dur(&r.stale_while_revalidate, Duration::ZERO),
+            stale_if_error: dur(&r.stale_if_error, Duration::ZERO),
+            ignore_cache_control: r
+                .ignore_cache_control
+                .as_ref()
+                .is_some_and(|b| *b.get_ref()),
+        },
+        status_header: status,
+        purge,
+        compress,
+    };
+    Ok(Arc::new(RouteCache::new(spec.store(), route)))
 }
 
 /// A size in the largest binary unit that divides it (`"8MiB"`), for messages.

@@ -12,13 +12,16 @@ use super::{absolute, dur, resolve, valid_name};
 use crate::config::error::{ConfigError, Source};
 use crate::config::file::{ListenerSection, ServerSection, TlsSection};
 use crate::config::{ListenerSpec, Settings, TlsFiles};
+use crate::late::Late;
 use crate::router::Router;
+use crate::tls::LiveCerts;
 
 /// Compiles every listener, with empty routers (routes are added afterwards). Returns the
 /// addresses taken, by listener name, for the admin address check.
 pub(super) fn compile_listeners<'a>(
     src: &Source,
     sections: &'a BTreeMap<String, Spanned<ListenerSection>>,
+    certs: &Late<dyn LiveCerts>,
 ) -> Result<(Vec<ListenerSpec>, HashMap<SocketAddr, &'a str>), ConfigError> {
     if sections.is_empty() {
         return Err(src.whole("no listeners: add a [listeners.NAME] table with an addr"));
@@ -53,7 +56,7 @@ pub(super) fn compile_listeners<'a>(
             }
             seen_addrs.insert(addr, name);
         }
-        listeners.push(compile_listener(src, &key, name, addr, section)?);
+        listeners.push(compile_listener(src, &key, name, addr, section, certs)?);
     }
     Ok((listeners, seen_addrs))
 }
@@ -65,6 +68,7 @@ fn compile_listener(
     name: &str,
     addr: SocketAddr,
     section: &Spanned<ListenerSection>,
+    certs: &Late<dyn LiveCerts>,
 ) -> Result<ListenerSpec, ConfigError> {
     let l = section.get_ref();
     let http2_set = l.http2.as_ref().map(|h| *h.get_ref());
@@ -73,7 +77,7 @@ fn compile_listener(
         None => (None, Vec::new()),
         Some(t) => {
             let (config, files) =
-                compile_tls(src, &format!("{key}.tls"), t, section.span(), http2)?;
+                compile_tls(src, &format!("{key}.tls"), t, section.span(), http2, certs)?;
             (Some(config), files)
         }
     };
@@ -200,13 +204,15 @@ fn load_pair(
     Ok((entry, files))
 }
 
-/// Loads a listener's certificates and builds its rustls config; also returns the files.
+/// Loads a listener's certificates and builds its rustls config, whose resolver reads the
+/// snapshot's `certs` slot (the runtime's ACME store, bound later); also returns the files.
 fn compile_tls(
     src: &Source,
     key: &str,
     t: &TlsSection,
     span: Range<usize>,
     http2: bool,
+    certs: &Late<dyn LiveCerts>,
 ) -> Result<(Arc<rustls::ServerConfig>, Vec<TlsFiles>), ConfigError> {
     let mut entries = Vec::new();
     let mut files = Vec::new();
@@ -262,7 +268,7 @@ fn compile_tls(
             "needs cert and key, [[...tls.certs]] entries, or acme",
         ));
     }
-    let config = crate::tls::server_config(entries, http2, acme, crate::acme::store())
+    let config = crate::tls::server_config(entries, http2, acme, certs.clone())
         .map_err(|e| src.error(span.clone(), key, e.to_string()))?;
     Ok((config, files))
 }

@@ -50,7 +50,9 @@ fn compile(
     let io_warning = server::io_mode(src, s)?;
     let (upstreams, upstream_index) =
         upstreams::compile_upstreams(src, &file.upstreams, policies, settings.workers)?;
-    let (mut listeners, seen_addrs) = listeners::compile_listeners(src, &file.listeners)?;
+    // One slot for the runtime's certificate store, shared by every TLS listener.
+    let certs = crate::late::Late::<dyn crate::tls::LiveCerts>::empty();
+    let (mut listeners, seen_addrs) = listeners::compile_listeners(src, &file.listeners, &certs)?;
     listeners::check_admin_addr(src, s, &settings, &seen_addrs)?;
     let admin_warning = server::check_admin_exposure(src, s, &settings)?;
     if settings.real_ip.is_none() {
@@ -105,6 +107,7 @@ fn compile(
     let live = crate::config::LiveSpecs {
         redis,
         caches: cache::store_specs(caches),
+        certs,
     };
     Ok(Snapshot {
         settings,

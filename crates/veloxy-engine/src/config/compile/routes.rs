@@ -118,7 +118,7 @@ fn compile_route(
             _ => None,
         };
         let compress = r.compress.as_ref().is_some_and(|c| *c.get_ref());
-        let c = super::cache::route_cache(src, &key, c, caches.0, (http1, compress))?;
+        let c = super::cache::route_cache(src, &key, c, caches.0, http1, compress)?;
         let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
         r.cache = Some(c);
         rules = Some(Arc::new(r));

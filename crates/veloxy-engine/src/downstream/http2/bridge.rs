@@ -54,7 +54,7 @@ pub(crate) async fn relay(
         }
         Err(e) => {
             if e.side == Side::Upstream {
-                tracing::warn!(upstream = %group.name, error = %e.kind, "upstream error (HTTP/2 upstream)");
+                tracing::warn!(upstream = %group.name, error = %e.report(), "upstream error (HTTP/2 upstream)");
             }
             let close = e.closes_connection() || !p.keep_alive || p.body != BodyKind::None;
             let a = answer_error(worker, down, &e, close, p.is_head, &record).await;
@@ -304,7 +304,7 @@ async fn relay_response(
                 .await
                 .map_err(|_| ProxyError::upstream(ErrorKind::ReadTimeout))?;
             let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| crate::downstream::http2::hyper_error(true, &e))?;
+            let frame = frame.map_err(|e| crate::downstream::http2::hyper_error(true, e))?;
             match frame.into_data() {
                 Ok(data) if data.is_empty() => {}
                 Ok(data) if chunked => {

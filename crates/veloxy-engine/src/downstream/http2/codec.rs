@@ -69,7 +69,7 @@ impl Codec for H2<'_> {
         let mut out = bytes::BytesMut::new();
         let body = self.req.body_mut();
         while let Some(frame) = super::to_h1::next_frame(c, body).await? {
-            let frame = frame.map_err(|e| super::to_h1::client_gone(&e))?;
+            let frame = frame.map_err(super::to_h1::client_gone)?;
             if let Ok(data) = frame.into_data() {
                 if (out.len() + data.len()) as u64 > limit {
                     return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));

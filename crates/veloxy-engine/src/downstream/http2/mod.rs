@@ -260,9 +260,9 @@ impl Body for ProxyBody {
                         }
                         Poll::Ready(Some(Ok(frame)))
                     }
-                    Some(Err(e)) => Poll::Ready(Some(Err(ProxyError::upstream(ErrorKind::Io(
-                        std::io::Error::other(e),
-                    ))))),
+                    Some(Err(e)) => Poll::Ready(Some(Err(
+                        ProxyError::upstream(ErrorKind::Stream).because(e)
+                    ))),
                 }
             }
         }
@@ -320,10 +320,13 @@ pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Respons
             w.count_error(&e);
             match e.side {
                 crate::error::Side::Upstream => {
-                    tracing::warn!(error = %e.kind, "upstream error (HTTP/2 client)")
+                    tracing::warn!(error = %e.report(), "upstream error (HTTP/2 client)")
+                }
+                crate::error::Side::Internal => {
+                    tracing::error!(error = %e.report(), "internal error (HTTP/2 client)")
                 }
                 crate::error::Side::Downstream => {
-                    tracing::debug!(error = %e.kind, "request refused (HTTP/2)")
+                    tracing::debug!(error = %e.report(), "request refused (HTTP/2)")
                 }
             }
             let mut fin = fin.unwrap_or_else(|| unreachable!("taken only on success"));
@@ -536,13 +539,13 @@ pub(crate) fn drain_after_413(c: &Rc<ConnCtx>, mut body: RequestBody, e: ProxyEr
 
 /// An HTTP/2 stream or connection failure reported by hyper, as an I/O error of the side it
 /// happened on.
-pub(crate) fn hyper_error(upstream: bool, e: &hyper::Error) -> ProxyError {
-    let kind = ErrorKind::Io(std::io::Error::other(e.to_string()));
-    if upstream {
-        ProxyError::upstream(kind)
+pub(crate) fn hyper_error(upstream: bool, cause: hyper::Error) -> ProxyError {
+    let e = if upstream {
+        ProxyError::upstream(ErrorKind::Stream)
     } else {
-        ProxyError::downstream(kind)
-    }
+        ProxyError::downstream(ErrorKind::Stream)
+    };
+    e.because(cause)
 }
 
 /// Headers the hooks asked to add to the response ("Name: value\r\n" lines).

@@ -120,19 +120,13 @@ async fn forward_with(
                 None
             };
             let t0 = Instant::now();
-            let (conn, head, rest) = attempt(
-                c,
-                gen,
-                t,
-                backend,
-                wbuf,
-                body_ref,
-                framing,
+            let tries = crate::exchange::h1::Tries {
                 is_head,
                 replayable,
                 may_retry_status,
-            )
-            .await?;
+            };
+            let to = (t, backend);
+            let (conn, head, rest) = attempt(c, gen, to, wbuf, (body_ref, framing), tries).await?;
             c.worker().metrics.upstream_duration.observe(t0.elapsed());
             let status = head.status;
             Ok(((backend, conn, head, rest), status))
@@ -181,7 +175,7 @@ async fn buffer_body(
             }
             return Ok((true, got));
         };
-        let frame = frame.map_err(|e| client_gone(&e))?;
+        let frame = frame.map_err(client_gone)?;
         // Request trailers: HTTP/1.1 upstreams rarely accept them.
         let Ok(data) = frame.into_data() else {
             continue;
@@ -237,8 +231,8 @@ pub(super) async fn next_frame(
     })
 }
 
-pub(super) fn client_gone(e: &BodyError) -> ProxyError {
-    ProxyError::downstream(ErrorKind::Io(std::io::Error::other(e.to_string())))
+pub(super) fn client_gone(e: BodyError) -> ProxyError {
+    ProxyError::downstream(ErrorKind::Stream).because(e)
 }
 
 /// Writes the HTTP/1.1 request head for an HTTP/2 request (names with `_` dropped unless
@@ -327,34 +321,26 @@ fn write_head(
     out.extend_from_slice(b"\r\n");
 }
 
+/// The rest of a request body still to stream (with what is left of `max_body_bytes`), and
+/// its framing on the HTTP/1.1 hop.
+type Streamed<'b> = (Option<(&'b mut RequestBody, Option<u64>)>, BodyKind);
+
 /// One attempt against one backend: returns the connection, the response head and the bytes
 /// read after it.
-#[allow(clippy::too_many_arguments)]
 async fn attempt(
     c: &ConnCtx,
     gen: &Generation,
-    t: &ProxyTarget,
-    backend: usize,
+    (t, backend): (&ProxyTarget, usize),
     wbuf: &[u8],
-    mut body: Option<(&mut RequestBody, Option<u64>)>,
-    framing: BodyKind,
-    is_head: bool,
-    replayable: bool,
-    may_retry_status: bool,
+    (mut body, framing): Streamed<'_>,
+    tries: crate::exchange::h1::Tries,
 ) -> Result<(UpstreamConn, ForeignHead, BytesMut), Fail> {
     let write_timeout = gen.snapshot.upstreams[t.upstream].write_timeout;
     let stream = async |conn: &mut UpstreamConn| match body.as_mut() {
         Some((body, budget)) => stream_body(c, write_timeout, conn, body, framing, *budget).await,
         None => Ok(()),
     };
-    crate::exchange::h1::foreign(
-        (c.worker(), gen),
-        t.to(backend),
-        wbuf,
-        stream,
-        (is_head, replayable, may_retry_status),
-    )
-    .await
+    crate::exchange::h1::foreign((c.worker(), gen), t.to(backend), wbuf, stream, tries).await
 }
 
 /// Streams the request body from the HTTP/2 stream to the upstream (chunk-encoded when its
@@ -370,7 +356,7 @@ async fn stream_body(
     let chunked = framing == BodyKind::Chunked;
     let mut out = Vec::with_capacity(READ_CHUNK);
     while let Some(frame) = next_frame(c, body).await.map_err(Fail::Fatal)? {
-        let frame = frame.map_err(|e| Fail::Fatal(client_gone(&e)))?;
+        let frame = frame.map_err(|e| Fail::Fatal(client_gone(e)))?;
         let Ok(data) = frame.into_data() else {
             continue; // request trailers: HTTP/1.1 upstreams rarely accept them
         };
