@@ -269,20 +269,7 @@ async fn lead_fill(
             stale = Some(obj);
         }
     }
-    let mut head = fill.head.clone();
-    if let Some(obj) = &stale {
-        if let Some(etag) = &obj.etag {
-            head.extend_from_slice(b"If-None-Match: ");
-            head.extend_from_slice(etag);
-            head.extend_from_slice(b"\r\n");
-        }
-        if let Some((lm, _)) = &obj.last_modified {
-            head.extend_from_slice(b"If-Modified-Since: ");
-            head.extend_from_slice(lm);
-            head.extend_from_slice(b"\r\n");
-        }
-    }
-    head.extend_from_slice(b"\r\n");
+    let head = upstream_head(fill, stale.as_deref());
     let requested = now_ms();
     let limit = fill.rc.max_object.max(super::fetch::SERVE_LIMIT);
     let fetched = up.fetch(&head, limit).await;
@@ -345,15 +332,39 @@ async fn lead_fill(
         flight.finish(Outcome::NotStored);
     }
     let mut answer = fill.answer(&obj, label, now);
-    // This client's answer is the upstream's whole: its cookies too (only the stored copy,
-    // shared, goes without them).
-    if let (Filled::Answer(r), Some(cookies)) = (&mut answer, cookie_lines(&fetched.headers)) {
+    add_cookies(&mut answer, &fetched.headers);
+    Ok(answer)
+}
+
+/// The head of the fill's upstream request: the client's, made conditional on the stale
+/// object's validators when there is one, with its final blank line.
+fn upstream_head(fill: &Fill, stale: Option<&Object>) -> Vec<u8> {
+    let mut head = fill.head.clone();
+    if let Some(obj) = stale {
+        if let Some(etag) = &obj.etag {
+            head.extend_from_slice(b"If-None-Match: ");
+            head.extend_from_slice(etag);
+            head.extend_from_slice(b"\r\n");
+        }
+        if let Some((lm, _)) = &obj.last_modified {
+            head.extend_from_slice(b"If-Modified-Since: ");
+            head.extend_from_slice(lm);
+            head.extend_from_slice(b"\r\n");
+        }
+    }
+    head.extend_from_slice(b"\r\n");
+    head
+}
+
+/// This client's answer is the upstream's whole: its cookies too (only the stored copy,
+/// shared, goes without them).
+fn add_cookies(answer: &mut Filled, headers: &http::HeaderMap) {
+    if let (Filled::Answer(r), Some(cookies)) = (answer, cookie_lines(headers)) {
         let mut lines = Vec::with_capacity(r.raw[0].len() + cookies.len());
         lines.extend_from_slice(&r.raw[0]);
         lines.extend_from_slice(&cookies);
         r.raw[0] = Bytes::from(lines);
     }
-    Ok(answer)
 }
 
 /// Stores `obj` under the request's key (its variant's, when the response varies).

@@ -93,16 +93,7 @@ impl ChunkedScanner {
     /// Consumes one run of payload or framing bytes from `data` (which must not be empty).
     pub fn step(&mut self, data: &[u8]) -> Result<Step, ChunkError> {
         if self.state == State::Data {
-            let n = (self.size.min(data.len() as u64)) as usize;
-            self.size -= n as u64;
-            if self.size == 0 {
-                self.state = State::DataCr;
-            }
-            return Ok(Step {
-                consumed: n,
-                payload: true,
-                trailer: false,
-            });
+            return Ok(self.payload_run(data));
         }
         let trailer = matches!(
             self.state,
@@ -110,111 +101,12 @@ impl ChunkedScanner {
         );
         let mut i = 0;
         while i < data.len() {
-            let b = data[i];
+            let from = self.state;
+            self.state = self.next_state(data[i])?;
             i += 1;
-            self.state = match self.state {
-                State::Size { digits } => match b {
-                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
-                        if digits >= 16 {
-                            return Err(ChunkError::SizeOverflow);
-                        }
-                        let v = (b as char).to_digit(16).unwrap_or(0) as u64;
-                        self.size = (self.size << 4) | v;
-                        // Most servers hold a chunk size in a signed 64-bit integer: one that
-                        // does not fit reads as negative or wraps there, and the two ends
-                        // would disagree on where the body ends.
-                        if self.size > MAX_CHUNK_SIZE {
-                            return Err(ChunkError::SizeOverflow);
-                        }
-                        State::Size { digits: digits + 1 }
-                    }
-                    b';' if digits > 0 => State::Ext,
-                    b'\r' if digits > 0 => State::SizeLf,
-                    b'\n' => return Err(ChunkError::BadLineEnding),
-                    _ => return Err(ChunkError::BadSize),
-                },
-                State::Ext => match b {
-                    b'\r' => State::SizeLf,
-                    b'\n' | 0 => return Err(ChunkError::BadLineEnding),
-                    _ => {
-                        self.meta += 1;
-                        if self.meta > META_LIMIT {
-                            return Err(ChunkError::TooLong);
-                        }
-                        State::Ext
-                    }
-                },
-                State::SizeLf => match b {
-                    b'\n' if self.size == 0 => {
-                        // The trailer section starts a run of its own.
-                        self.state = State::TrailerStart;
-                        return Ok(Step {
-                            consumed: i,
-                            payload: false,
-                            trailer: false,
-                        });
-                    }
-                    b'\n' => {
-                        self.state = State::Data;
-                        return Ok(Step {
-                            consumed: i,
-                            payload: false,
-                            trailer: false,
-                        });
-                    }
-                    _ => return Err(ChunkError::BadLineEnding),
-                },
-                State::DataCr => match b {
-                    b'\r' => State::DataLf,
-                    _ => return Err(ChunkError::BadLineEnding),
-                },
-                State::DataLf => match b {
-                    b'\n' => {
-                        self.size = 0;
-                        State::Size { digits: 0 }
-                    }
-                    _ => return Err(ChunkError::BadLineEnding),
-                },
-                State::TrailerStart => match b {
-                    b'\r' => State::FinalLf,
-                    b'\n' => return Err(ChunkError::BadLineEnding),
-                    _ => {
-                        // Counted too: request trailers are held in memory until they end.
-                        self.meta += 1;
-                        if self.meta > META_LIMIT {
-                            return Err(ChunkError::TooLong);
-                        }
-                        State::TrailerLine
-                    }
-                },
-                State::TrailerLine => {
-                    self.meta += 1;
-                    if self.meta > META_LIMIT {
-                        return Err(ChunkError::TooLong);
-                    }
-                    match b {
-                        b'\r' => State::TrailerLf,
-                        b'\n' | 0 => return Err(ChunkError::BadLineEnding),
-                        _ => State::TrailerLine,
-                    }
-                }
-                State::TrailerLf => match b {
-                    b'\n' => State::TrailerStart,
-                    _ => return Err(ChunkError::BadLineEnding),
-                },
-                State::FinalLf => match b {
-                    b'\n' => {
-                        self.state = State::Done;
-                        return Ok(Step {
-                            consumed: i,
-                            payload: false,
-                            trailer,
-                        });
-                    }
-                    _ => return Err(ChunkError::BadLineEnding),
-                },
-                State::Data | State::Done => unreachable!("handled above"),
-            };
+            if ends_run(from) {
+                break;
+            }
         }
         Ok(Step {
             consumed: i,
@@ -222,6 +114,122 @@ impl ChunkedScanner {
             trailer,
         })
     }
+
+    /// The run of chunk payload at the start of `data`, in state `Data`.
+    #[inline]
+    fn payload_run(&mut self, data: &[u8]) -> Step {
+        let n = (self.size.min(data.len() as u64)) as usize;
+        self.size -= n as u64;
+        if self.size == 0 {
+            self.state = State::DataCr;
+        }
+        Step {
+            consumed: n,
+            payload: true,
+            trailer: false,
+        }
+    }
+
+    /// The state after framing byte `b` (never called in `Data` or `Done`).
+    #[inline]
+    fn next_state(&mut self, b: u8) -> Result<State, ChunkError> {
+        Ok(match self.state {
+            State::Size { digits } => return self.size_byte(digits, b),
+            State::Ext => match b {
+                b'\r' => State::SizeLf,
+                b'\n' | 0 => return Err(ChunkError::BadLineEnding),
+                _ => {
+                    self.count_meta()?;
+                    State::Ext
+                }
+            },
+            State::SizeLf => match b {
+                // The trailer section starts a run of its own.
+                b'\n' if self.size == 0 => State::TrailerStart,
+                b'\n' => State::Data,
+                _ => return Err(ChunkError::BadLineEnding),
+            },
+            State::DataCr => match b {
+                b'\r' => State::DataLf,
+                _ => return Err(ChunkError::BadLineEnding),
+            },
+            State::DataLf => match b {
+                b'\n' => {
+                    self.size = 0;
+                    State::Size { digits: 0 }
+                }
+                _ => return Err(ChunkError::BadLineEnding),
+            },
+            State::TrailerStart => match b {
+                b'\r' => State::FinalLf,
+                b'\n' => return Err(ChunkError::BadLineEnding),
+                _ => {
+                    // Counted too: request trailers are held in memory until they end.
+                    self.count_meta()?;
+                    State::TrailerLine
+                }
+            },
+            State::TrailerLine => {
+                self.count_meta()?;
+                match b {
+                    b'\r' => State::TrailerLf,
+                    b'\n' | 0 => return Err(ChunkError::BadLineEnding),
+                    _ => State::TrailerLine,
+                }
+            }
+            State::TrailerLf => match b {
+                b'\n' => State::TrailerStart,
+                _ => return Err(ChunkError::BadLineEnding),
+            },
+            State::FinalLf => match b {
+                b'\n' => State::Done,
+                _ => return Err(ChunkError::BadLineEnding),
+            },
+            State::Data | State::Done => unreachable!("handled above"),
+        })
+    }
+
+    /// Byte `b` of a chunk-size line, after `digits` hex digits.
+    #[inline]
+    fn size_byte(&mut self, digits: u8, b: u8) -> Result<State, ChunkError> {
+        match b {
+            b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                if digits >= 16 {
+                    return Err(ChunkError::SizeOverflow);
+                }
+                let v = (b as char).to_digit(16).unwrap_or(0) as u64;
+                self.size = (self.size << 4) | v;
+                // Most servers hold a chunk size in a signed 64-bit integer: one that does not
+                // fit reads as negative or wraps there, and the two ends would disagree on
+                // where the body ends.
+                if self.size > MAX_CHUNK_SIZE {
+                    return Err(ChunkError::SizeOverflow);
+                }
+                Ok(State::Size { digits: digits + 1 })
+            }
+            b';' if digits > 0 => Ok(State::Ext),
+            b'\r' if digits > 0 => Ok(State::SizeLf),
+            b'\n' => Err(ChunkError::BadLineEnding),
+            _ => Err(ChunkError::BadSize),
+        }
+    }
+
+    /// Counts one extension or trailer byte against [`META_LIMIT`].
+    #[inline]
+    fn count_meta(&mut self) -> Result<(), ChunkError> {
+        self.meta += 1;
+        if self.meta > META_LIMIT {
+            return Err(ChunkError::TooLong);
+        }
+        Ok(())
+    }
+}
+
+/// A framing run ends after the LF that closes a size line (payload or the trailer section
+/// follows, each a run of its own) and after the final LF of the body.
+#[inline]
+fn ends_run(from: State) -> bool {
+    matches!(from, State::SizeLf | State::FinalLf)
 }
 
 #[cfg(test)]

@@ -82,23 +82,12 @@ pub fn parse<'a>(
     let head_len = match req.parse_with_uninit_headers(buf, headers) {
         Ok(Status::Complete(n)) => n,
         Ok(Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(ProxyError::downstream(ErrorKind::HeadTooLarge))
-        }
-        Err(httparse::Error::Version) => return Err(bad("unsupported HTTP version")),
-        Err(_) => return Err(bad("invalid request head")),
+        Err(e) => return Err(head_error(e)),
     };
     if head_len > limits.max_header_bytes {
         return Err(ProxyError::downstream(ErrorKind::HeadTooLarge));
     }
-    // httparse accepts a bare LF as a line end; RFC 9112 allows rejecting it, and a proxy must:
-    // a front end and a back end that disagree on line ends is a request smuggling vector.
-    let head = &buf[..head_len];
-    for i in memchr::memchr_iter(b'\n', head) {
-        if i == 0 || head[i - 1] != b'\r' {
-            return Err(bad("bare LF in request head"));
-        }
-    }
+    reject_bare_lf(&buf[..head_len])?;
     let method = req.method.unwrap_or("");
     let target = req.path.unwrap_or("");
     let version = req.version.unwrap_or(1);
@@ -110,98 +99,196 @@ pub fn parse<'a>(
     }
     let headers: &'a [Header<'a>] = req.headers;
 
-    let mut content_length: Option<u64> = None;
-    let mut chunked = false;
-    let mut host: Option<&'a [u8]> = None;
-    let mut connection: [&'a [u8]; 8] = [&[]; 8];
-    let mut connection_len = 0;
-    let mut expect_continue = false;
+    let mut fields = Fields::new();
     for h in headers {
+        fields.take(h, version)?;
+    }
+    fields.check(version)?;
+
+    // Absolute-form (`GET http://host/path`): its authority replaces the Host header.
+    let (path, authority) = resolve_target(target, method)?;
+    let host_from_target = authority.is_some();
+    let host = authority.or(fields.host);
+
+    let conn_values = &fields.connection[..fields.connection_len];
+    let keep_alive = wants_keep_alive(version, conn_values);
+    let body = body_kind(fields.chunked, fields.content_length);
+    let upgrade = upgrade_protocol(version, body, conn_values, headers);
+    Ok(Some(RequestView {
+        method,
+        path,
+        version,
+        headers,
+        host,
+        host_from_target,
+        connection: fields.connection,
+        connection_len: fields.connection_len,
+        head_len,
+        body,
+        keep_alive,
+        expect_continue: fields.expect_continue && body != BodyKind::None,
+        upgrade,
+    }))
+}
+
+/// The answer to a head httparse refused.
+#[inline]
+fn head_error(e: httparse::Error) -> ProxyError {
+    match e {
+        httparse::Error::TooManyHeaders => ProxyError::downstream(ErrorKind::HeadTooLarge),
+        httparse::Error::Version => bad("unsupported HTTP version"),
+        _ => bad("invalid request head"),
+    }
+}
+
+/// httparse accepts a bare LF as a line end; RFC 9112 allows rejecting it, and a proxy must:
+/// a front end and a back end that disagree on line ends is a request smuggling vector.
+#[inline]
+fn reject_bare_lf(head: &[u8]) -> Result<(), ProxyError> {
+    for i in memchr::memchr_iter(b'\n', head) {
+        if i == 0 || head[i - 1] != b'\r' {
+            return Err(bad("bare LF in request head"));
+        }
+    }
+    Ok(())
+}
+
+/// What the header lines of a request say about its framing, host and connection.
+struct Fields<'a> {
+    content_length: Option<u64>,
+    chunked: bool,
+    host: Option<&'a [u8]>,
+    connection: [&'a [u8]; 8],
+    connection_len: usize,
+    expect_continue: bool,
+}
+
+impl<'a> Fields<'a> {
+    #[inline]
+    fn new() -> Self {
+        Fields {
+            content_length: None,
+            chunked: false,
+            host: None,
+            connection: [&[]; 8],
+            connection_len: 0,
+            expect_continue: false,
+        }
+    }
+
+    /// Takes in one header line, refusing a duplicate or conflicting one.
+    #[inline]
+    fn take(&mut self, h: &Header<'a>, version: u8) -> Result<(), ProxyError> {
         match classify(h.name) {
             Special::ContentLength => {
                 let n =
                     parse_content_length(h.value).ok_or_else(|| bad("invalid Content-Length"))?;
-                if content_length.is_some_and(|prev| prev != n) {
+                if self.content_length.is_some_and(|prev| prev != n) {
                     return Err(bad("conflicting Content-Length headers"));
                 }
-                content_length = Some(n);
+                self.content_length = Some(n);
             }
             Special::TransferEncoding => {
                 // Only a single, final `chunked` coding is accepted: anything else is either
                 // unsupported or an attempt to make two parsers disagree on the body's end.
-                if chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                if self.chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
                     return Err(bad("unsupported Transfer-Encoding"));
                 }
-                chunked = true;
+                self.chunked = true;
             }
             Special::Host => {
-                if host.is_some() {
+                if self.host.is_some() {
                     return Err(bad("duplicate Host header"));
                 }
-                host = Some(h.value);
+                self.host = Some(h.value);
             }
             Special::Connection => {
-                if connection_len == connection.len() {
+                if self.connection_len == self.connection.len() {
                     return Err(bad("too many Connection headers"));
                 }
-                connection[connection_len] = h.value;
-                connection_len += 1;
+                self.connection[self.connection_len] = h.value;
+                self.connection_len += 1;
             }
             Special::Expect => {
                 if h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
-                    expect_continue = version == 1;
+                    self.expect_continue = version == 1;
                 } else {
                     return Err(ProxyError::downstream(ErrorKind::Rejected(417)));
                 }
             }
             _ => {}
         }
-    }
-    if chunked && content_length.is_some() {
-        return Err(bad("both Content-Length and Transfer-Encoding"));
-    }
-    if chunked && version == 0 {
-        return Err(bad("Transfer-Encoding in an HTTP/1.0 request"));
-    }
-    if version == 1 && host.is_none() {
-        return Err(bad("missing Host header"));
-    }
-    if host.is_some_and(|h| !valid_authority(h)) {
-        return Err(bad("invalid Host header"));
+        Ok(())
     }
 
-    // Absolute-form (`GET http://host/path`): its authority replaces the Host header.
-    let (path, host_from_target) = match split_absolute(target) {
+    /// Checks the header lines together, once all are in.
+    #[inline]
+    fn check(&self, version: u8) -> Result<(), ProxyError> {
+        if self.chunked && self.content_length.is_some() {
+            return Err(bad("both Content-Length and Transfer-Encoding"));
+        }
+        if self.chunked && version == 0 {
+            return Err(bad("Transfer-Encoding in an HTTP/1.0 request"));
+        }
+        if version == 1 && self.host.is_none() {
+            return Err(bad("missing Host header"));
+        }
+        if self.host.is_some_and(|h| !valid_authority(h)) {
+            return Err(bad("invalid Host header"));
+        }
+        Ok(())
+    }
+}
+
+/// The origin-form path of a request target, and the authority of an absolute-form one.
+#[inline]
+fn resolve_target<'a>(
+    target: &'a str,
+    method: &str,
+) -> Result<(&'a str, Option<&'a [u8]>), ProxyError> {
+    match split_absolute(target) {
         Some((authority, _)) if !valid_authority(authority.as_bytes()) => {
-            return Err(bad("invalid request target"))
+            Err(bad("invalid request target"))
         }
-        Some((authority, path)) => {
-            host = Some(authority.as_bytes());
-            (path, true)
-        }
+        Some((authority, path)) => Ok((path, Some(authority.as_bytes()))),
         None if target.starts_with('/') || (target == "*" && method == "OPTIONS") => {
-            (target, false)
+            Ok((target, None))
         }
-        None => return Err(bad("invalid request target")),
-    };
+        None => Err(bad("invalid request target")),
+    }
+}
 
-    let conn_values = &connection[..connection_len];
-    let keep_alive = if version == 1 {
+/// Whether the client wants the connection kept open, by its version and Connection values.
+#[inline]
+fn wants_keep_alive(version: u8, conn_values: &[&[u8]]) -> bool {
+    if version == 1 {
         !conn_values.iter().any(|v| has_token(v, "close"))
     } else {
         conn_values.iter().any(|v| has_token(v, "keep-alive"))
-    };
-    let body = if chunked {
+    }
+}
+
+#[inline]
+fn body_kind(chunked: bool, content_length: Option<u64>) -> BodyKind {
+    if chunked {
         BodyKind::Chunked
     } else {
         match content_length {
             Some(0) | None => BodyKind::None,
             Some(n) => BodyKind::Length(n),
         }
-    };
-    let upgrade = if version == 1
-        && body == BodyKind::None
-        && conn_values.iter().any(|v| has_token(v, "upgrade"))
+    }
+}
+
+/// The protocol an HTTP/1.1 request without a body asks to upgrade to, if any.
+#[inline]
+fn upgrade_protocol<'a>(
+    version: u8,
+    body: BodyKind,
+    conn_values: &[&[u8]],
+    headers: &'a [Header<'a>],
+) -> Option<&'a [u8]> {
+    if version == 1 && body == BodyKind::None && conn_values.iter().any(|v| has_token(v, "upgrade"))
     {
         headers
             .iter()
@@ -210,22 +297,7 @@ pub fn parse<'a>(
             .filter(|v| !v.is_empty())
     } else {
         None
-    };
-    Ok(Some(RequestView {
-        method,
-        path,
-        version,
-        headers,
-        host,
-        host_from_target,
-        connection,
-        connection_len,
-        head_len,
-        body,
-        keep_alive,
-        expect_continue: expect_continue && body != BodyKind::None,
-        upgrade,
-    }))
+    }
 }
 
 /// For an incomplete head: `Err` once it can no longer fit the limits.

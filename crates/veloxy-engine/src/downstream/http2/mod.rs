@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -38,6 +38,7 @@ pub(crate) use request_body::RequestBody;
 
 pub(crate) mod bridge;
 mod codec;
+mod errors;
 mod files;
 mod h1_body;
 mod hpack;
@@ -305,7 +306,7 @@ pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Respons
             header(http::header::USER_AGENT),
         )
     });
-    let grpc = is_grpc(req.headers());
+    let grpc = errors::is_grpc(req.headers());
     let mut fin = Some(Box::new(Finish {
         conn: c.clone(),
         record,
@@ -331,75 +332,9 @@ pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Respons
             }
             let mut fin = fin.unwrap_or_else(|| unreachable!("taken only on success"));
             fin.status = if grpc { 200 } else { e.status() };
-            error_response(&e, grpc, fin)
+            errors::error_response(&e, grpc, fin)
         }
     }
-}
-
-fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
-/// veloxy's own answer to a stream it could not forward. gRPC clients get a trailers-only
-/// response with a gRPC status, as gRPC proxies do, rather than an HTTP error they would
-/// report as a protocol failure.
-fn error_response(e: &ProxyError, grpc: bool, mut fin: Box<Finish>) -> Response<ProxyBody> {
-    let status = e.status();
-    let message = e.kind.to_string();
-    let mut headers = HeaderMap::new();
-    if status == 503 || status == 429 {
-        headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    let body = if grpc {
-        let code = match status {
-            404 => "12",      // UNIMPLEMENTED
-            429 => "8",       // RESOURCE_EXHAUSTED
-            400 | 413 => "3", // INVALID_ARGUMENT
-            504 => "4",       // DEADLINE_EXCEEDED
-            401 | 403 => "7", // PERMISSION_DENIED
-            _ => "14",        // UNAVAILABLE
-        };
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc"),
-        );
-        headers.insert("grpc-status", HeaderValue::from_static(code));
-        if let Ok(v) = HeaderValue::from_str(&message) {
-            headers.insert("grpc-message", v);
-        }
-        None
-    } else {
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        let text = match crate::exchange::error_page(&fin.record, status) {
-            Some(page) => {
-                let ct = HeaderValue::from_static(page.content_type);
-                headers.insert(http::header::CONTENT_TYPE, ct);
-                page.body.clone()
-            }
-            None => Bytes::from(format!(
-                "{status} {}: {message}\n",
-                crate::http1::reason(status)
-            )),
-        };
-        let view = crate::exchange::edit::ResponseView {
-            edit: fin.record.edit.as_ref(),
-            hooks: &[],
-            backend: None,
-        };
-        view.apply_map(&mut headers);
-        fin.bytes_sent = text.len() as u64;
-        Some(text)
-    };
-    let mut resp = Response::new(ProxyBody::Full(body, Some(fin)));
-    *resp.status_mut() = http::StatusCode::from_u16(if grpc { 200 } else { status })
-        .unwrap_or(http::StatusCode::BAD_GATEWAY);
-    *resp.headers_mut() = headers;
-    resp
 }
 
 /// The request's host: `:authority`, else the Host header.
@@ -478,7 +413,7 @@ async fn admit_and_drive(
     let f = fin.as_deref_mut().expect("present until success");
     let mut admitted = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record) {
         Ok(a) => a,
-        Err(e) => return Err(drain_after_413(c, req.into_body(), e)),
+        Err(e) => return Err(errors::drain_after_413(c, req.into_body(), e)),
     };
     if let (true, Admitted::Proxy(target)) = (early, &mut admitted) {
         // RFC 8470: the upstream learns the request may be a replay (and may answer 425).
@@ -504,37 +439,6 @@ pub(crate) async fn hold_slot(
 ) -> Result<(), ProxyError> {
     let f = fin.as_deref_mut().expect("present until success");
     exchange::hold_slot(&t.concurrency, &mut f.admission).await
-}
-
-/// How much of a refused body is read and dropped after a 413, and for how long.
-const DRAIN_MAX: u64 = 4 << 20;
-const DRAIN_FOR: Duration = Duration::from_secs(5);
-
-/// After a 413 (`max_body_bytes`), the rest of the client's body is read and dropped, up to
-/// [`DRAIN_MAX`] bytes and [`DRAIN_FOR`], before the stream is reset: answering while the
-/// client still sends, then resetting at once (RFC 9113 allows it) makes curl, and other
-/// clients that stop reading on a reset, report a transport error instead of the 413. The 413
-/// goes out first; this runs beside it. Returns `e` for the caller to answer.
-pub(crate) fn drain_after_413(c: &Rc<ConnCtx>, mut body: RequestBody, e: ProxyError) -> ProxyError {
-    use http_body_util::BodyExt;
-    if matches!(e.kind, ErrorKind::BodyTooLarge) && !http_body::Body::is_end_stream(&body) {
-        let c = c.clone();
-        tokio::task::spawn_local(async move {
-            let mut read = 0u64;
-            let _ = tokio::time::timeout(DRAIN_FOR, async {
-                while let Some(Ok(frame)) = body.frame().await {
-                    let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-                    c.worker.metrics.bytes_in.add(n);
-                    read += n;
-                    if read > DRAIN_MAX {
-                        break;
-                    }
-                }
-            })
-            .await;
-        });
-    }
-    e
 }
 
 /// An HTTP/2 stream or connection failure reported by hyper, as an I/O error of the side it

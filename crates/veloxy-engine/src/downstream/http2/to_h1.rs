@@ -89,7 +89,7 @@ async fn forward_with(
         let buffered_body = buffer_body(c, &mut body, buffering, framing, wbuf, t.max_body).await;
         let (done, got) = match buffered_body {
             Ok(x) => x,
-            Err(e) => return Err(super::drain_after_413(c, body, e)),
+            Err(e) => return Err(super::errors::drain_after_413(c, body, e)),
         };
         streaming = !done;
         buffered = got;
@@ -138,7 +138,7 @@ async fn forward_with(
     }
     let (backend, conn, head, rest) = match result {
         Ok(x) => x,
-        Err(e) => return Err(super::drain_after_413(c, body, e)),
+        Err(e) => return Err(super::errors::drain_after_413(c, body, e)),
     };
     if let Some(page) = super::files::upstream_error_page(c.worker(), head.status, is_head, fin) {
         return Ok(page);

@@ -89,7 +89,7 @@ pub(super) async fn relay(
         f.record.backend = Some(group.backends[b].addr.clone());
     }
     let result = match (result, watch.take_rest()) {
-        (Err(e), Some(rest)) => Err(super::drain_after_413(c, rest, e)),
+        (Err(e), Some(rest)) => Err(super::errors::drain_after_413(c, rest, e)),
         (result, _) => result,
     };
     let resp = result?;
