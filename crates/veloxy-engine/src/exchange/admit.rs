@@ -270,14 +270,20 @@ impl Proxying<'_> {
         });
         if let Some(mut f) = fill {
             let peer = self.peer;
-            let fwd = (
-                peer.client_ip,
-                if peer.tls { "https" } else { "http" },
-                self.gen.snapshot.settings.underscores_in_headers,
-            );
-            let hooks = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
             let host = group.backends[backend].authority();
-            f.set_head(apply::fill_head(head, &target, fwd, hooks, &host));
+            let options = super::h1_head::HeadOptions {
+                method: "GET",
+                framing: crate::http1::BodyKind::None,
+                unconditional: true,
+                fallback_host: &host,
+                client_ip: peer.client_ip,
+                proto: if peer.tls { "https" } else { "http" },
+                keep_underscores: self.gen.snapshot.settings.underscores_in_headers,
+                hook_lines: record.ctx.as_ref().map(|c| c.upstream_headers.as_slice()),
+            };
+            let mut out = Vec::with_capacity(512);
+            super::h1_head::write(head, &target, &options, &mut out);
+            f.set_head(out);
             target.cache = Some(f);
         }
         Ok(Admitted::Proxy(target))

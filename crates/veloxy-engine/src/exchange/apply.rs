@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{answer, edit, Answer, Head, Peer, ProxyTarget, Record};
+use super::{answer, edit, Answer, Head, Peer, Record};
 use crate::error::{ErrorKind, ProxyError};
 
 /// The client's address from `client_ip_header` when the peer is a trusted proxy.
@@ -190,69 +190,4 @@ pub(super) fn gate(
         }
     }
     Ok(None)
-}
-
-/// The upstream GET head of a fill (no validators, no final blank line): the client's
-/// end-to-end fields, minus its conditionals and range (the cache answers those), with the
-/// X-Forwarded fields and the route's edits, as the codec's own head would have them.
-pub(super) fn fill_head(
-    head: &Head,
-    t: &ProxyTarget,
-    fwd: (&str, &str, bool),
-    hook_lines: Option<&[u8]>,
-    fallback_host: &str,
-) -> Vec<u8> {
-    let (client_ip, proto, keep_underscores) = fwd;
-    let edit = t.edit.as_ref();
-    let dropped = |n: &str| edit.is_some_and(|e| e.drops(n));
-    let mut out = Vec::with_capacity(512);
-    out.extend_from_slice(b"GET ");
-    out.extend_from_slice(t.path.as_deref().unwrap_or(head.target).as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    let host: &[u8] = if head.host.is_empty() {
-        fallback_host.as_bytes()
-    } else {
-        head.host
-    };
-    if !dropped("host") {
-        out.extend_from_slice(b"Host: ");
-        out.extend_from_slice(host);
-        out.extend_from_slice(b"\r\n");
-    }
-    for (name, value) in head.fields.iter() {
-        let lower = name.to_ascii_lowercase();
-        let conditional = matches!(
-            lower.as_str(),
-            "if-none-match"
-                | "if-modified-since"
-                | "if-match"
-                | "if-unmodified-since"
-                | "if-range"
-                | "range"
-        );
-        if conditional
-            || crate::http1::classify(&lower) != crate::http1::Special::None
-            || (!keep_underscores && lower.contains('_'))
-            || dropped(&lower)
-        {
-            continue;
-        }
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    }
-    let prior = head
-        .fields
-        .iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case("x-forwarded-for"))
-        .map(|(_, v)| v);
-    crate::http1::write_forwarded(&mut out, prior, client_ip, proto, Some(host), edit);
-    if let Some(e) = edit {
-        e.added().into_iter().for_each(|l| out.extend_from_slice(l));
-    }
-    if let Some(lines) = hook_lines {
-        out.extend_from_slice(lines);
-    }
-    out
 }

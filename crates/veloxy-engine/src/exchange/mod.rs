@@ -20,6 +20,8 @@ pub(crate) mod edit;
 pub(crate) mod fill;
 pub(crate) mod forward_auth;
 pub(crate) mod h1;
+pub(crate) mod h1_body;
+pub(crate) mod h1_head;
 pub(crate) mod h2;
 pub(crate) mod record;
 

@@ -40,7 +40,6 @@ pub(crate) mod bridge;
 mod codec;
 mod errors;
 mod files;
-mod h1_body;
 mod hpack;
 pub(crate) mod request_body;
 mod stall;
@@ -215,7 +214,7 @@ impl Drop for Finish {
 /// A response body: veloxy's own short answers, or a stream from the upstream.
 pub(crate) enum ProxyBody {
     Full(Option<Bytes>, Option<Box<Finish>>),
-    H1(Box<h1_body::H1Body>),
+    H1(Box<crate::exchange::h1_body::H1Body<Finish>>),
     H2(Incoming, Option<Box<Finish>>),
     File(Box<files::FileBody>),
 }
@@ -457,16 +456,14 @@ pub(crate) fn add_hook_headers(raw: &[u8], headers: &mut HeaderMap) {
     crate::exchange::edit::append_fields(crate::exchange::edit::lines(raw), headers);
 }
 
-/// The request fields not forwarded as they are: the one list in [`crate::http1::classify`]
-/// (hop-by-hop fields, framing, Host, Expect, and the X-Forwarded-* fields veloxy rewrites).
-pub(crate) fn skip_request_header(name: &http::HeaderName) -> bool {
-    crate::http1::classify(name.as_str()) != crate::http1::Special::None
-}
-
-/// A name with `_` that `[server] underscores_in_headers` does not keep: dropped before
-/// forwarding, as on the HTTP/1 path (backends may read `X_User` as `X-User`).
-pub(crate) fn dropped_underscore(name: &http::HeaderName, keep_underscores: bool) -> bool {
-    !keep_underscores && name.as_str().contains('_')
+impl crate::exchange::h1_body::Sent for Finish {
+    fn sent(&mut self, n: u64) {
+        self.bytes_sent += n;
+        self.conn.worker.metrics.bytes_out.add(n);
+    }
+    fn status(&self) -> u16 {
+        self.status
+    }
 }
 
 impl ConnCtx {

@@ -15,12 +15,12 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
-use super::h1_body::H1Body;
 use super::request_body::{BodyError, RequestBody};
 use super::{ConnCtx, Finish, ProxyBody};
 use crate::deadline::timeout;
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, Plan};
+use crate::exchange::h1_body::H1Body;
 use crate::exchange::{Buffering, ProxyTarget};
 use crate::http1::body::{BodyState, READ_CHUNK};
 use crate::http1::response::ForeignHead;
@@ -78,8 +78,7 @@ async fn forward_with(
     } else {
         declared.map_or(BodyKind::Chunked, BodyKind::Length)
     };
-    let keep_underscores = gen.snapshot.settings.underscores_in_headers;
-    write_head(c, &parts, t, framing, keep_underscores, fin, wbuf);
+    write_head(c, gen, (&parts, t), framing, fin, wbuf);
 
     let mut streaming = !body.is_end_stream();
     let mut buffered = 0;
@@ -235,95 +234,44 @@ pub(super) fn client_gone(e: BodyError) -> ProxyError {
     ProxyError::downstream(ErrorKind::Stream).because(e)
 }
 
-/// Writes the HTTP/1.1 request head for an HTTP/2 request (names with `_` dropped unless
-/// `keep_underscores`, as on the HTTP/1 path).
-fn write_head(
-    c: &ConnCtx,
-    parts: &http::request::Parts,
-    t: &ProxyTarget,
-    framing: BodyKind,
-    keep_underscores: bool,
-    fin: &Option<Box<Finish>>,
-    out: &mut Vec<u8>,
-) {
-    let edit = t.edit.as_ref();
-    let dropped = |name: &str| edit.is_some_and(|e| e.drops(name));
-    out.extend_from_slice(parts.method.as_str().as_bytes());
-    out.push(b' ');
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(t.path.as_deref().unwrap_or(path).as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    let host = parts
-        .uri
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| {
-            parts
-                .headers
-                .get(http::header::HOST)
-                .and_then(|v| v.to_str().ok())
-        })
-        .unwrap_or("");
-    if !dropped("host") {
-        out.extend_from_slice(b"Host: ");
-        out.extend_from_slice(host.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    let mut cookies = 0;
-    for (name, value) in &parts.headers {
-        // TE included: HTTP/2 allows only "trailers", and an HTTP/1.1 hop has its own.
-        if super::skip_request_header(name)
-            || super::dropped_underscore(name, keep_underscores)
-            || dropped(name.as_str())
-        {
-            continue;
-        }
-        if name == http::header::COOKIE {
-            cookies += 1;
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if cookies > 0 {
-        // HTTP/2 may split Cookie into several fields; HTTP/1.1 wants one (RFC 9113 8.2.3).
-        out.extend_from_slice(b"cookie: ");
-        for (i, v) in parts
-            .headers
-            .get_all(http::header::COOKIE)
-            .iter()
-            .enumerate()
-        {
-            if i > 0 {
-                out.extend_from_slice(b"; ");
-            }
-            out.extend_from_slice(v.as_bytes());
-        }
-        out.extend_from_slice(b"\r\n");
-    }
-    crate::http1::write_framing(framing, out);
-    let prior = parts
-        .headers
-        .get_all("x-forwarded-for")
-        .into_iter()
-        .map(|v| v.as_bytes());
-    let host_field = (!host.is_empty()).then_some(host.as_bytes());
-    let client_ip = c.client_ip();
-    crate::http1::write_forwarded(out, prior, client_ip, c.proto(), host_field, edit);
-    if let Some(e) = edit {
-        e.added().into_iter().for_each(|l| out.extend_from_slice(l));
-    }
-    if let Some(ctx) = fin.as_ref().and_then(|f| f.record.ctx.as_deref()) {
-        out.extend_from_slice(&ctx.upstream_headers);
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
 /// The rest of a request body still to stream (with what is left of `max_body_bytes`), and
 /// its framing on the HTTP/1.1 hop.
 type Streamed<'b> = (Option<(&'b mut RequestBody, Option<u64>)>, BodyKind);
+
+/// Writes the HTTP/1.1 request head for an HTTP/2 or HTTP/3 request, complete with its blank
+/// line (the one writer of [`crate::exchange::h1_head`]).
+fn write_head(
+    c: &ConnCtx,
+    gen: &Generation,
+    (parts, t): (&http::request::Parts, &ProxyTarget),
+    framing: BodyKind,
+    fin: &Option<Box<Finish>>,
+    out: &mut Vec<u8>,
+) {
+    let head = crate::exchange::Head {
+        method: parts.method.as_str(),
+        target: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+        host: super::authority_of(parts).as_bytes(),
+        version: c.version,
+        fields: crate::exchange::Fields::H2(&parts.headers),
+    };
+    let host = gen.snapshot.upstreams[t.upstream].backends[t.backend].authority();
+    let options = crate::exchange::h1_head::HeadOptions {
+        method: parts.method.as_str(),
+        framing,
+        unconditional: false,
+        fallback_host: &host,
+        client_ip: c.client_ip(),
+        proto: c.proto(),
+        keep_underscores: gen.snapshot.settings.underscores_in_headers,
+        hook_lines: fin
+            .as_ref()
+            .and_then(|f| f.record.ctx.as_deref())
+            .map(|ctx| ctx.upstream_headers.as_slice()),
+    };
+    crate::exchange::h1_head::write(&head, t, &options, out);
+    out.extend_from_slice(b"\r\n");
+}
 
 /// One attempt against one backend: returns the connection, the response head and the bytes
 /// read after it.

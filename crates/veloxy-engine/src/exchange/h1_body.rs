@@ -1,6 +1,9 @@
-//! The response body of an HTTP/2 stream forwarded to an HTTP/1.1 upstream: read from the
-//! upstream connection as hyper asks for frames, de-chunked (and compressed when the route
-//! says so), and the connection pooled as soon as the body is complete.
+//! The HTTP/1.1 client's streamed response body ([`H1Body`], an `http_body::Body`, for codecs
+//! that send bodies as frames: HTTP/2 and HTTP/3 clients of HTTP/1 groups): read from the
+//! upstream connection as the codec asks for frames, de-chunked (and compressed when the
+//! route says so), and the connection pooled as soon as the body is complete. The codec's
+//! end-of-exchange guard ([`Sent`]) counts what went out and records the exchange when the
+//! body drops it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,7 +15,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
 use tokio::time::{Instant, Sleep};
 
-use super::Finish;
 use crate::error::{ErrorKind, ProxyError};
 use crate::http1::body::{reserve, BodyState, READ_CHUNK};
 use crate::upstream::pool::UpstreamConn;
@@ -22,27 +24,36 @@ fn up(kind: ErrorKind) -> ProxyError {
     ProxyError::upstream(kind)
 }
 
-/// A response body read from an HTTP/1.1 upstream connection.
-pub(crate) struct H1Body {
-    /// The worker, to give the read buffer back when the body is dropped.
-    pub(super) worker: Rc<crate::worker::Worker>,
-    /// `compress = true` and the response qualified: payload goes through this encoder.
-    pub(super) encoder: Option<crate::compress::StreamEncoder>,
-    pub(super) conn: Option<UpstreamConn>,
-    /// Bytes read but not yet passed on.
-    pub(super) buf: BytesMut,
-    pub(super) state: BodyState,
-    pub(super) gen: Rc<Generation>,
-    pub(super) upstream: usize,
-    pub(super) backend: usize,
-    pub(super) reusable: bool,
-    pub(super) read_timeout: Duration,
-    pub(super) sleep: Option<Pin<Box<Sleep>>>,
-    pub(super) scratch: Vec<u8>,
-    pub(super) fin: Option<Box<Finish>>,
+/// The codec's end of an exchange whose body streams: told what each frame carried, and
+/// dropped (recording the exchange) when the body is complete.
+pub(crate) trait Sent {
+    /// `n` more body bytes went to the client.
+    fn sent(&mut self, n: u64);
+    /// The response's status (for the log of a body cut short).
+    fn status(&self) -> u16;
 }
 
-impl H1Body {
+/// A response body read from an HTTP/1.1 upstream connection.
+pub(crate) struct H1Body<F: Sent> {
+    /// The worker, to give the read buffer back when the body is dropped.
+    pub(crate) worker: Rc<crate::worker::Worker>,
+    /// `compress = true` and the response qualified: payload goes through this encoder.
+    pub(crate) encoder: Option<crate::compress::StreamEncoder>,
+    pub(crate) conn: Option<UpstreamConn>,
+    /// Bytes read but not yet passed on.
+    pub(crate) buf: BytesMut,
+    pub(crate) state: BodyState,
+    pub(crate) gen: Rc<Generation>,
+    pub(crate) upstream: usize,
+    pub(crate) backend: usize,
+    pub(crate) reusable: bool,
+    pub(crate) read_timeout: Duration,
+    pub(crate) sleep: Option<Pin<Box<Sleep>>>,
+    pub(crate) scratch: Vec<u8>,
+    pub(crate) fin: Option<Box<F>>,
+}
+
+impl<F: Sent> H1Body<F> {
     /// The body is complete: pool the connection if it is clean, and record the stream.
     fn finish(&mut self) {
         self.release();
@@ -51,7 +62,7 @@ impl H1Body {
 
     /// Pools the connection as soon as the body is complete: hyper may drop a body whose
     /// `is_end_stream` is true without polling it again.
-    pub(super) fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.reusable && self.buf.is_empty() {
                 let to = (self.upstream, self.backend);
@@ -95,17 +106,16 @@ impl H1Body {
             None => Bytes::new(),
         };
         if let Some(f) = self.fin.as_deref_mut() {
-            f.bytes_sent += data.len() as u64;
-            f.conn.worker.metrics.bytes_out.add(data.len() as u64);
+            f.sent(data.len() as u64);
         }
         Poll::Ready(Some(Ok(Frame::data(data))))
     }
 
-    pub(super) fn is_end_stream(&self) -> bool {
+    pub(crate) fn is_end_stream(&self) -> bool {
         self.state.is_done()
     }
 
-    pub(super) fn poll_frame(
+    pub(crate) fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
@@ -193,13 +203,13 @@ impl H1Body {
     }
 }
 
-impl Drop for H1Body {
+impl<F: Sent> Drop for H1Body<F> {
     fn drop(&mut self) {
         self.worker.give_bytes(std::mem::take(&mut self.buf));
         if !self.state.is_done() {
             if let Some(f) = self.fin.as_deref_mut() {
                 // The client reset the stream, or the upstream failed mid-body.
-                tracing::debug!(status = f.status, "HTTP/2 response body cut short");
+                tracing::debug!(status = f.status(), "streamed response body cut short");
             }
         }
     }
