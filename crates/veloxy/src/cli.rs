@@ -1,4 +1,5 @@
-//! Command line: `run`, `check`, `import`, `proxy` and `serve`.
+//! Command line: `run`, `check`, `import`, `proxy`, `serve`, `completions` (and the hidden
+//! `manpage`, for packaging: see [`crate::manual`]).
 
 use std::path::PathBuf;
 
@@ -16,11 +17,33 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
+/// Examples and signals, shown at the end of `veloxy --help` (and in the man page).
+pub const AFTER_HELP: &str = "\
+Examples:
+  veloxy run --config /etc/veloxy/veloxy.toml
+  veloxy check --config veloxy.toml
+  veloxy proxy --listen 0.0.0.0:8080 --to 127.0.0.1:3000 --to 127.0.0.1:3001
+  veloxy serve --root ./public --browse
+  veloxy serve --root ./public --listen :443 --acme example.com --acme-email ops@example.com
+  veloxy import /etc/nginx/nginx.conf -o veloxy.toml
+  veloxy completions bash > /usr/share/bash-completion/completions/veloxy
+
+Signals (run, proxy, serve):
+  SIGHUP   reload the config file (run --config); a bad file is refused, the running config stays
+  SIGUSR1  reopen the access log (after log rotation)
+  SIGTERM  stop: finish in-flight requests, then exit (SIGINT too)";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "veloxy",
     version = VERSION,
-    about = "A fast reverse proxy and load balancer"
+    about = "A fast reverse proxy, load balancer and web server",
+    long_about = "A fast reverse proxy, load balancer and web server. veloxy runs from a TOML \
+                  config file (`veloxy run --config FILE`, validated by `veloxy check`) or in a \
+                  one-line mode: `veloxy proxy` balances a listen address over backends, \
+                  `veloxy serve` serves a directory. `veloxy import` translates an nginx, Caddy, \
+                  Traefik, HAProxy, Envoy or Kubernetes Ingress config into a veloxy one.",
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -31,7 +54,8 @@ pub struct Cli {
 pub enum Command {
     /// Run from a config file; without --config, run the built-in demo on 127.0.0.1:8080.
     Run {
-        /// The TOML config file; SIGHUP reloads it. Without it: the built-in demo.
+        /// The TOML config file; SIGHUP reloads it [default: none: the built-in demo, a
+        /// listener on 127.0.0.1:8080 balancing over two in-process backends]
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
         #[command(flatten)]
@@ -39,7 +63,7 @@ pub enum Command {
     },
     /// Validate a config file: exit 0, or print `file:line:column: key: error` and exit 1.
     Check {
-        /// The TOML config file to validate.
+        /// The TOML config file to validate (required).
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
         /// Print the compiled config as TOML, every default filled in and paths absolute,
@@ -54,6 +78,16 @@ pub enum Command {
     Proxy(ProxyArgs),
     /// One-line mode: serve the files of a directory.
     Serve(ServeArgs),
+    /// Print a shell completion script to stdout, e.g. `veloxy completions bash >
+    /// /usr/share/bash-completion/completions/veloxy`.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout, for packaging: `veloxy manpage > veloxy.1`.
+    #[command(hide = true)]
+    Manpage,
 }
 
 /// `veloxy import FILE... [--from F] [-o OUT] [--report FILE] [--format text|json] [--strict]`.
@@ -63,13 +97,14 @@ pub struct ImportArgs {
     /// dynamic files or docker-compose files, haproxy.cfg, an Envoy bootstrap, Kubernetes YAML.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
-    /// The source format (default: detected from the first file's content).
+    /// The source format [default: detected from the first file's content]
     #[arg(long, value_name = "FORMAT", value_parser = ["nginx", "caddyfile", "traefik", "haproxy", "envoy", "ingress"])]
     pub from: Option<String>,
-    /// Write the TOML here (and generated files, such as htpasswd, beside it); default: stdout.
+    /// Write the TOML here (and generated files, such as htpasswd, beside it) [default:
+    /// stdout]
     #[arg(short, long, value_name = "OUT.toml")]
     pub output: Option<PathBuf>,
-    /// Write the report here; default: stderr.
+    /// Write the report here [default: stderr]
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
     /// The report's format.
@@ -78,15 +113,16 @@ pub struct ImportArgs {
     /// Exit 1 when any directive was refused (the output is still written).
     #[arg(long)]
     pub strict: bool,
-    /// Resolve `{$VAR}` / `${VAR}` placeholders from the environment (default: refused).
+    /// Resolve `{$VAR}` / `${VAR}` placeholders from the environment (without it they are
+    /// refused).
     #[arg(long)]
     pub env: bool,
-    /// nginx: the prefix relative `include`s and paths are taken from (default: the first
-    /// file's directory).
+    /// nginx: the prefix relative `include`s and paths are taken from [default: the first
+    /// file's directory]
     #[arg(long, value_name = "DIR")]
     pub prefix: Option<PathBuf>,
-    /// ingress: the address of a Service port, `NAME.NAMESPACE:PORT=ADDR` (repeatable; default:
-    /// the DNS name `NAME.NAMESPACE.svc:PORT`).
+    /// ingress: the address of a Service port, `NAME.NAMESPACE:PORT=ADDR` (repeatable)
+    /// [default: the DNS name `NAME.NAMESPACE.svc:PORT`]
     #[arg(long, value_name = "NAME.NS:PORT=ADDR")]
     pub service: Vec<String>,
 }
@@ -108,17 +144,17 @@ pub struct ServeArgs {
     /// Directory to serve.
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub root: String,
-    /// Worker threads (default: one per core).
+    /// Worker threads [default: one per core]
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// List directories without an index file.
     #[arg(long)]
     pub browse: bool,
     /// Fall back to this file (relative to the root) for missing paths, e.g. index.html for
-    /// a single-page app.
+    /// a single-page app [default: none: 404]
     #[arg(long, value_name = "FILE")]
     pub fallback: Option<String>,
-    /// Cache-Control header value for files.
+    /// Cache-Control header value for files [default: none: no Cache-Control header]
     #[arg(long, value_name = "VALUE")]
     pub cache_control: Option<String>,
     #[command(flatten)]
@@ -129,17 +165,17 @@ pub struct ServeArgs {
 
 #[derive(Args, Debug)]
 pub struct ProxyArgs {
-    /// Address to listen on, e.g. 127.0.0.1:8080.
+    /// Address to listen on, e.g. 127.0.0.1:8080 (required).
     #[arg(long, value_name = "ADDR")]
     pub listen: String,
     /// A backend: host:port, or https://host:port for a TLS backend (verified against the
-    /// system roots, or --ca-file); repeat for more (one scheme for all).
+    /// system roots, or --ca-file); repeat for more, one scheme for all (required).
     #[arg(long = "to", value_name = "ADDR", required = true)]
     pub to: Vec<String>,
-    /// CA certificates (PEM) to verify https:// backends with, instead of the system roots.
+    /// CA certificates (PEM) to verify https:// backends with [default: the system roots]
     #[arg(long, value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
-    /// Worker threads (default: one per core).
+    /// Worker threads [default: one per core]
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Idle upstream connections kept per worker and backend.
@@ -154,7 +190,7 @@ pub struct ProxyArgs {
 /// TLS for the one-line modes.
 #[derive(Args, Debug, Default, Clone)]
 pub struct TlsArgs {
-    /// Serve HTTPS with this certificate chain (PEM).
+    /// Serve HTTPS with this certificate chain (PEM) [default: none]
     #[arg(
         long,
         value_name = "FILE",
@@ -162,15 +198,15 @@ pub struct TlsArgs {
         conflicts_with = "tls_self_signed"
     )]
     pub tls_cert: Option<PathBuf>,
-    /// The private key (PEM) for --tls-cert.
+    /// The private key (PEM) for --tls-cert (required with it).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Serve HTTPS with a certificate for localhost issued at start by a local CA kept on
     /// disk (its path is printed so clients can trust it).
     #[arg(long)]
     pub tls_self_signed: bool,
-    /// Directory of the local CA for --tls-self-signed (default: $XDG_DATA_HOME/veloxy/pki or
-    /// ~/.local/share/veloxy/pki).
+    /// Directory of the local CA for --tls-self-signed [default: $XDG_DATA_HOME/veloxy/pki,
+    /// or ~/.local/share/veloxy/pki]
     #[arg(long, value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
     /// Accept HTTP/2 without TLS (h2c prior knowledge). With TLS, HTTP/2 is always offered.
@@ -181,19 +217,22 @@ pub struct TlsArgs {
     pub http3: bool,
     /// Serve HTTPS with a certificate for NAME obtained (and renewed) by ACME; repeat for
     /// more names. Also listens on --acme-http-listen for the http-01 challenge, redirecting
-    /// everything else to HTTPS.
+    /// everything else to HTTPS [default: none]
     #[arg(long, value_name = "NAME", conflicts_with = "tls_self_signed")]
     pub acme: Vec<String>,
-    /// The ACME account's contact email.
+    /// The ACME account's contact email [default: none: an account without contact]
     #[arg(long, value_name = "EMAIL", requires = "acme")]
     pub acme_email: Option<String>,
-    /// The ACME directory URL (default: Let's Encrypt).
+    /// The ACME directory URL [default: Let's Encrypt,
+    /// https://acme-v02.api.letsencrypt.org/directory]
     #[arg(long, value_name = "URL", requires = "acme")]
     pub acme_directory: Option<String>,
-    /// CA certificates (PEM) trusted for the ACME directory (a private or test CA).
+    /// CA certificates (PEM) trusted for the ACME directory (a private or test CA) [default:
+    /// the system roots]
     #[arg(long, value_name = "FILE", requires = "acme")]
     pub acme_ca_file: Option<PathBuf>,
-    /// Where ACME accounts and certificates are kept (default: $XDG_DATA_HOME/veloxy/acme).
+    /// Where ACME accounts and certificates are kept [default: $XDG_DATA_HOME/veloxy/acme,
+    /// or ~/.local/share/veloxy/acme]
     #[arg(long, value_name = "DIR", requires = "acme")]
     pub acme_storage: Option<PathBuf>,
     /// The plain HTTP listener started with --acme: HTTP -> HTTPS redirects and http-01

@@ -8,11 +8,13 @@
 //!   `file:line:column: key: ...`); `--print` writes the compiled config as TOML.
 //! * `veloxy proxy --listen ADDR --to ADDR [--to ADDR ...] [--workers N]`: round robin proxy.
 //! * `veloxy serve [--listen ADDR] [--root DIR] [--browse] [--fallback FILE]`: file server.
+//! * `veloxy completions SHELL`, and the hidden `veloxy manpage`: see [`manual`].
 
 mod cli;
 mod demo;
 mod import;
 mod local_ca;
+mod manual;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -128,6 +130,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             serve(snapshot, None, &policies, upgrade, None)
         }
         Command::Import(args) => import::run(args),
+        Command::Completions { shell } => {
+            manual::completions(shell, &mut std::io::stdout().lock())
+                .context("writing the completion script")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Manpage => {
+            manual::manpage(&mut std::io::stdout().lock()).context("writing the man page")?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Proxy(args) => {
             let tls = args.tls.resolve()?;
             let toml = cli::proxy_config(&args, tls.as_ref());
