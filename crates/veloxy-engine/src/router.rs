@@ -5,8 +5,16 @@
 //! the longest prefix (`path`, a plain byte prefix of the path, like nginx's
 //! `location /prefix`). Among routes with the same path, those with more conditions (`methods`,
 //! `headers`, `query`) go first, then file order. Paths are matched after normalization
-//! ([`routing_path`]), the query excluded. Routes are pre-sorted once at compile time, so a
-//! lookup is a linear scan that stops at the first hit; route tables are small.
+//! ([`routing_path`]), the query excluded.
+//!
+//! Routes are sorted into that order once, when the table is built ([`Router::finish`]), and
+//! indexed by host: exact hosts by hash, `*.suffix` hosts by each suffix of the request's
+//! host (one hash lookup per label), the host-less routes apart. A lookup scans only the
+//! routes of the request's host (then of its suffixes, then the host-less ones) and keeps
+//! the first hit in precedence order, so its cost does not grow with the number of hosts.
+//! Building the table is O(n log n) in its routes.
+
+use std::collections::HashMap;
 
 /// How a route matches the `Host` header (port stripped, compared case-insensitively).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,37 +129,81 @@ impl Route {
     }
 }
 
-/// The routes of one listener, sorted for first-match lookup.
+/// The routes of one listener, sorted for first-match lookup and indexed by host.
 #[derive(Debug, Clone, Default)]
 pub struct Router {
     routes: Vec<Route>,
+    /// Positions in `routes` by host, in precedence order (built by [`Router::finish`]).
+    hosts: HostIndex,
+    /// Positions in `routes` by [`match_key`]: duplicate checks and the carry-over of live
+    /// state over reloads find a route's twin without a scan.
+    by_key: HashMap<u64, Vec<u32>>,
+}
+
+/// Route positions by host.
+#[derive(Debug, Clone, Default)]
+struct HostIndex {
+    /// `api.example.com` routes.
+    exact: HashMap<Box<[u8]>, Vec<u32>>,
+    /// `*.example.com` routes, keyed by `.example.com`.
+    suffix: HashMap<Box<[u8]>, Vec<u32>>,
+    /// Routes for any host.
+    any: Vec<u32>,
+}
+
+/// A hash of what [`Route::same_match`] compares but the conditions (checked on a hit).
+fn match_key(r: &Route) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match &r.host {
+        HostMatch::Any => 0u8.hash(&mut h),
+        HostMatch::Exact(s) => (1u8, s).hash(&mut h),
+        HostMatch::Suffix(s) => (2u8, s).hash(&mut h),
+    }
+    (&r.path, r.exact, r.regex.is_some()).hash(&mut h);
+    h.finish()
 }
 
 impl Router {
     pub(crate) fn add(&mut self, r: Route) {
+        let at = self.routes.len() as u32;
+        self.by_key.entry(match_key(&r)).or_default().push(at);
         self.routes.push(r);
     }
 
-    pub(crate) fn has(&self, r: &Route) -> bool {
-        self.routes.iter().any(|x| x.same_match(r))
+    /// The route that matches exactly what `r` matches (same host, path kind, path and
+    /// conditions), if the table has one.
+    pub(crate) fn twin(&self, r: &Route) -> Option<&Route> {
+        self.by_key
+            .get(&match_key(r))?
+            .iter()
+            .map(|&i| &self.routes[i as usize])
+            .find(|x| x.same_match(r))
     }
 
-    /// Sorts into precedence order (see the module doc). Regex routes keep file order, the
-    /// routes sharing one pattern grouped at its first appearance.
+    pub(crate) fn has(&self, r: &Route) -> bool {
+        self.twin(r).is_some()
+    }
+
+    /// Sorts into precedence order (see the module doc) and builds the host index. Regex
+    /// routes keep file order, the routes sharing one pattern grouped at its first
+    /// appearance.
     pub(crate) fn finish(&mut self) {
-        let first_of = |r: &Route, all: &[Route]| {
-            all.iter()
-                .filter(|x| x.regex.is_some() && x.path == r.path)
-                .map(|x| x.index)
-                .min()
-                .unwrap_or(r.index)
-        };
-        let keys: Vec<(usize, usize)> = self
+        let mut first_of: HashMap<&str, usize> = HashMap::new();
+        for r in self.routes.iter().filter(|r| r.regex.is_some()) {
+            let e = first_of.entry(r.path.as_str()).or_insert(r.index);
+            *e = (*e).min(r.index);
+        }
+        let first: HashMap<usize, usize> = self
             .routes
             .iter()
-            .map(|r| (r.index, first_of(r, &self.routes)))
+            .map(|r| {
+                (
+                    r.index,
+                    first_of.get(r.path.as_str()).copied().unwrap_or(r.index),
+                )
+            })
             .collect();
-        let first = |r: &Route| keys.iter().find(|k| k.0 == r.index).map_or(0, |k| k.1);
         let kind = |r: &Route| match (r.exact, &r.regex) {
             (true, _) => 0u8,
             (false, Some(_)) => 1,
@@ -163,12 +215,31 @@ impl Router {
                 .cmp(&a.host.rank())
                 .then(kind(a).cmp(&kind(b)))
                 .then_with(|| match kind(a) {
-                    1 => first(a).cmp(&first(b)),
+                    1 => first[&a.index].cmp(&first[&b.index]),
                     _ => b.path.len().cmp(&a.path.len()).then(a.path.cmp(&b.path)),
                 })
                 .then(b.conditions.count().cmp(&a.conditions.count()))
                 .then(a.index.cmp(&b.index))
         });
+        self.index();
+    }
+
+    /// Rebuilds the host index and the match keys from the sorted routes.
+    fn index(&mut self) {
+        let mut hosts = HostIndex::default();
+        self.by_key.clear();
+        for (i, r) in self.routes.iter().enumerate() {
+            let i = i as u32;
+            match &r.host {
+                HostMatch::Any => hosts.any.push(i),
+                HostMatch::Exact(h) => hosts.exact.entry(h.as_bytes().into()).or_default().push(i),
+                HostMatch::Suffix(s) => {
+                    hosts.suffix.entry(s.as_bytes().into()).or_default().push(i)
+                }
+            }
+            self.by_key.entry(match_key(r)).or_default().push(i);
+        }
+        self.hosts = hosts;
     }
 
     pub fn routes(&self) -> &[Route] {
@@ -191,16 +262,64 @@ impl Router {
     ) -> Option<(&Route, bool)> {
         let mut buf = [0u8; 256];
         let host = normalize_host(host, &mut buf);
-        self.routes.iter().find_map(|r| {
-            if !r.host.matches(host) || !(r.conditions.count() == 0 || r.conditions.hold(req)) {
+        let hosts = &self.hosts;
+        if let Some(list) = hosts.exact.get(host) {
+            if let Some((at, captured)) = self.first_hit(list, u32::MAX, path, req, slots) {
+                return Some((&self.routes[at as usize], captured));
+            }
+        }
+        // `*.suffix` routes of every suffix of the host: the first hit in precedence order
+        // among the buckets. Captures go to a scratch copy, kept for the winner only.
+        let mut best: Option<(u32, bool)> = None;
+        if !hosts.suffix.is_empty() {
+            let mut scratch = *slots;
+            for (i, _) in host
+                .iter()
+                .enumerate()
+                .filter(|&(i, &b)| b == b'.' && i > 0)
+            {
+                let Some(list) = hosts.suffix.get(&host[i..]) else {
+                    continue;
+                };
+                let before = best.map_or(u32::MAX, |(at, _)| at);
+                if let Some(hit) = self.first_hit(list, before, path, req, &mut scratch) {
+                    best = Some(hit);
+                    if hit.1 {
+                        *slots = scratch;
+                    }
+                }
+            }
+        }
+        let (at, captured) = match best {
+            Some(hit) => hit,
+            None => self.first_hit(&hosts.any, u32::MAX, path, req, slots)?,
+        };
+        Some((&self.routes[at as usize], captured))
+    }
+
+    /// The first route of `list` (positions in precedence order, below `before`) that
+    /// matches the path and conditions, and whether it captured into `slots`.
+    #[inline]
+    fn first_hit(
+        &self,
+        list: &[u32],
+        before: u32,
+        path: &[u8],
+        req: &dyn crate::rules::Request,
+        slots: &mut crate::rules::Slots,
+    ) -> Option<(u32, bool)> {
+        list.iter().take_while(|&&at| at < before).find_map(|&at| {
+            let r = &self.routes[at as usize];
+            if !(r.conditions.count() == 0 || r.conditions.hold(req)) {
                 return None;
             }
-            match (&r.regex, r.exact) {
-                (Some(re), _) if r.captures => re.captures(path, slots).then_some((r, true)),
-                (Some(re), _) => re.is_match(path).then_some((r, false)),
-                (None, true) => (path == r.path.as_bytes()).then_some((r, false)),
-                (None, false) => path.starts_with(r.path.as_bytes()).then_some((r, false)),
-            }
+            let hit = match (&r.regex, r.exact) {
+                (Some(re), _) if r.captures => re.captures(path, slots).then_some(true),
+                (Some(re), _) => re.is_match(path).then_some(false),
+                (None, true) => (path == r.path.as_bytes()).then_some(false),
+                (None, false) => path.starts_with(r.path.as_bytes()).then_some(false),
+            };
+            hit.map(|captured| (at, captured))
         })
     }
 }
@@ -404,5 +523,123 @@ mod tests {
         assert!(HostMatch::parse("a b").is_err());
         assert!(HostMatch::parse("").is_err());
         assert!(HostMatch::parse("foo.*.com").is_err());
+    }
+
+    /// The lookup of a route table before the host index: a scan of every route in
+    /// precedence order. The index must agree with it on every request.
+    fn reference<'r>(r: &'r Router, host: &str, path: &[u8]) -> Option<&'r Route> {
+        let mut buf = [0u8; 256];
+        let host = normalize_host(host.as_bytes(), &mut buf);
+        let mut slots = [None; crate::rules::MAX_SLOTS];
+        r.routes().iter().find(|r| {
+            r.host.matches(host)
+                && match (&r.regex, r.exact) {
+                    (Some(re), _) => re.captures(path, &mut slots),
+                    (None, true) => path == r.path.as_bytes(),
+                    (None, false) => path.starts_with(r.path.as_bytes()),
+                }
+        })
+    }
+
+    /// A small deterministic generator (xorshift), so a failure reproduces.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn the_host_index_agrees_with_a_full_scan_on_random_tables() {
+        let hosts = [
+            "",
+            "example.com",
+            "a.example.com",
+            "b.a.example.com",
+            "*.example.com",
+            "*.a.example.com",
+            "*.com",
+            "other.test",
+            "*.test",
+        ];
+        let paths = ["/", "/a", "/a/", "/a/b", "/ab", "/b/", "/a/b/c"];
+        let regexes = ["^/a/(\\w+)$", "^/b", "^/(a|b)/b"];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for table in 0..200 {
+            let mut r = Router::default();
+            let n = 1 + rng.below(40);
+            for index in 0..n {
+                let host = hosts[rng.below(hosts.len())];
+                let (path, exact, regex) = match rng.below(6) {
+                    0 => {
+                        let p = regexes[rng.below(regexes.len())];
+                        (
+                            p.to_string(),
+                            false,
+                            Some(crate::rules::PathRegex::new(p).unwrap()),
+                        )
+                    }
+                    1 => (paths[rng.below(paths.len())].to_string(), true, None),
+                    _ => (paths[rng.below(paths.len())].to_string(), false, None),
+                };
+                let route = Route {
+                    index,
+                    host: match host {
+                        "" => HostMatch::Any,
+                        h => HostMatch::parse(h).unwrap(),
+                    },
+                    path,
+                    exact,
+                    captures: regex.is_some(),
+                    regex,
+                    conditions: Default::default(),
+                    rules: None,
+                    target: RouteTarget::Proxy {
+                        upstream: index,
+                        compress: false,
+                        target: None,
+                    },
+                    limits: Default::default(),
+                };
+                if !r.has(&route) {
+                    r.add(route);
+                }
+            }
+            r.finish();
+            let asked = [
+                "example.com",
+                "a.example.com",
+                "b.a.example.com",
+                "c.b.a.example.com",
+                "x.example.com",
+                "EXAMPLE.com:8080",
+                "other.test",
+                "z.other.test",
+                "com",
+                "nothing.net",
+            ];
+            for host in asked {
+                for path in paths.iter().chain(&["/a/xyz", "/b/b", "/c"]) {
+                    let want = reference(&r, host, path.as_bytes()).map(|r| r.index);
+                    let got = find(&r, host, path).map(|r| r.index);
+                    assert_eq!(got, want, "table {table}, {host}{path}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_twin_is_found_by_key_before_and_after_sorting() {
+        let mut r = router(&[("a.test", "/x/", 0), ("", "/", 1), ("*.test", "/x/", 2)]);
+        let probe = r.routes()[0].clone();
+        assert!(r.has(&probe));
+        r.finish();
+        assert_eq!(r.twin(&probe).map(|t| t.index), Some(probe.index));
+        let mut other = probe.clone();
+        other.path = "/y/".into();
+        assert!(r.twin(&other).is_none());
     }
 }

@@ -88,7 +88,7 @@ pub(crate) fn carry_over(old: &Snapshot, new: &mut Snapshot) {
             continue;
         };
         for route in listener.router.routes_mut() {
-            let Some(was) = prev.router.routes().iter().find(|r| r.same_match(route)) else {
+            let Some(was) = prev.router.twin(route) else {
                 continue;
             };
             if let (Some(a), Some(b)) = (&mut route.limits.rate, &was.limits.rate) {

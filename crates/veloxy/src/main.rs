@@ -82,6 +82,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let policies = PolicyRegistry::with_builtins();
     match cli.command {
         Command::Check { config, print } => {
+            let started = std::time::Instant::now();
             match veloxy_engine::config::load_file_with(&config, &policies) {
                 Ok(s) => {
                     for w in &s.warnings {
@@ -92,7 +93,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     if print {
                         print!("{}", veloxy_engine::config::print::render(&s));
                     } else {
-                        println!("{}: ok ({})", config.display(), summary(&s));
+                        let took = started.elapsed().as_secs_f64();
+                        println!("{}: ok ({}, in {took:.2} s)", config.display(), summary(&s));
                     }
                     Ok(ExitCode::SUCCESS)
                 }
