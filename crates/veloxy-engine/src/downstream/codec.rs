@@ -141,7 +141,11 @@ impl Codec for H1<'_> {
 /// The request body, decoded, read within the client's body timeout; more than `limit`
 /// decoded bytes is a 413 (a declared length was checked at admission; a chunked body is
 /// counted as it arrives).
-async fn read_body(down: &mut Downstream, p: &mut Prepared, limit: u64) -> Result<Bytes, Fail> {
+pub(crate) async fn read_body(
+    down: &mut Downstream,
+    p: &mut Prepared,
+    limit: u64,
+) -> Result<Bytes, Fail> {
     let bad = |e| Fail::BeforeResponse(request_body_error(e));
     let mut state = BodyState::new(p.body, true);
     let mut out = Vec::new();

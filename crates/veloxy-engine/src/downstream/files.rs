@@ -65,6 +65,15 @@ pub(crate) fn answer(
     StaticReply::new(worker, answer.into_response(req.is_head()), req, record)
 }
 
+/// The request a reply answers: its HTTP version, whether it is a HEAD, and whether the
+/// connection may stay open after the reply.
+#[derive(Clone, Copy)]
+struct ReplyTo {
+    version: u8,
+    is_head: bool,
+    keep_alive: bool,
+}
+
 impl StaticReply {
     /// A reply ready to write, with the `on_response` hooks' fields (also a cached answer
     /// decided at admission).
@@ -74,14 +83,12 @@ impl StaticReply {
         req: &RequestView,
         record: Record,
     ) -> StaticReply {
-        let keep_alive = req.keep_alive && req.body == BodyKind::None;
-        StaticReply::build(
-            worker,
-            response,
-            (req.version, req.is_head()),
-            keep_alive,
-            record,
-        )
+        let to = ReplyTo {
+            version: req.version,
+            is_head: req.is_head(),
+            keep_alive: req.keep_alive && req.body == BodyKind::None,
+        };
+        StaticReply::build(worker, response, to, record)
     }
 
     /// A cached answer to a request already prepared for forwarding (a cache fill's).
@@ -91,8 +98,12 @@ impl StaticReply {
         p: &crate::downstream::connection::Prepared,
         record: Record,
     ) -> StaticReply {
-        let keep_alive = p.keep_alive && p.body == BodyKind::None;
-        StaticReply::build(worker, response, (p.version, p.is_head), keep_alive, record)
+        let to = ReplyTo {
+            version: p.version,
+            is_head: p.is_head,
+            keep_alive: p.keep_alive && p.body == BodyKind::None,
+        };
+        StaticReply::build(worker, response, to, record)
     }
 
     /// An answer of veloxy's own to a request already prepared for forwarding (a
@@ -109,10 +120,14 @@ impl StaticReply {
     fn build(
         worker: &Worker,
         response: crate::static_files::Response,
-        (version, is_head): (u8, bool),
-        keep_alive: bool,
+        to: ReplyTo,
         mut record: Record,
     ) -> StaticReply {
+        let ReplyTo {
+            version,
+            is_head,
+            keep_alive,
+        } = to;
         let response = crate::exchange::with_error_page(&record, response);
         let mut head = Vec::new();
         write_head(&response, version, keep_alive, &mut head);
@@ -135,8 +150,12 @@ impl StaticReply {
     /// Another answer to the same request (a refusal decided after the reply was made).
     pub(crate) fn replaced(self, worker: &Worker, answer: crate::exchange::Answer) -> StaticReply {
         let response = answer.into_response(self.is_head);
-        let request = (self.version, self.is_head);
-        StaticReply::build(worker, response, request, self.keep_alive, self.record)
+        let to = ReplyTo {
+            version: self.version,
+            is_head: self.is_head,
+            keep_alive: self.keep_alive,
+        };
+        StaticReply::build(worker, response, to, self.record)
     }
 }
 

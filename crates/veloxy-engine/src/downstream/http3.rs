@@ -172,7 +172,7 @@ async fn serve_connection(
         worker,
         (peer, local),
         listener,
-        (true, 3),
+        http2::Multiplexed::H3,
         body_timeout,
     ));
     let mut stopping = false;

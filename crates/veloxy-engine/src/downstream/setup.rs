@@ -229,7 +229,7 @@ async fn begin(
                         io,
                         (peer, local),
                         listener,
-                        (true, 2),
+                        crate::downstream::http2::Multiplexed::H2,
                     ))
                     .await;
                     return None;
@@ -269,7 +269,7 @@ async fn begin(
                     io,
                     (peer, local),
                     listener,
-                    (false, 2),
+                    crate::downstream::http2::Multiplexed::H2c,
                 ))
                 .await;
                 return None;

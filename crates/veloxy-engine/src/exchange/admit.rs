@@ -65,8 +65,7 @@ pub(crate) fn admit(
     record.client_ip = client.real;
     // HTTP/1.1 and HTTP/2 answers on an HTTP/3 listener advertise it.
     let alt_svc = (listener.http3.is_some() && head.version != 3).then_some(peer.server_port);
-    let has_id = (id_field, id.is_some());
-    if let Some(answer) = apply::gate(route, head, record, has_id, alt_svc, &vars)? {
+    if let Some(answer) = apply::gate(route, head, record, id_field, alt_svc, &vars)? {
         return Ok(Admitted::Answer(answer));
     }
     let proxied = match route_answer(route, head, &vars) {
@@ -262,7 +261,7 @@ impl Proxying<'_> {
                 .get_or_insert_with(|| response_edit(self.route, self.id_field, self.vars));
             s.set_cookie(backend, edit.lines_mut());
         }
-        let mut target = self.make(upstream, backend, hash, (compress, encoding), path);
+        let mut target = self.make(upstream, backend, hash, compress, encoding, path);
         target.hit = hit;
         target.search = search.and_then(|(s, step, effective)| {
             let node = &group.backends[backend].addr;
@@ -335,7 +334,8 @@ impl Proxying<'_> {
         upstream: usize,
         backend: usize,
         hash: u64,
-        (compress, encoding): (bool, Option<crate::compress::Encoding>),
+        compress: bool,
+        encoding: Option<crate::compress::Encoding>,
         path: Option<edit::UpstreamTarget>,
     ) -> ProxyTarget {
         let (route, head, peer) = (self.route, self.head, self.peer);

@@ -142,7 +142,7 @@ pub(super) fn gate(
     route: &crate::router::Route,
     head: &Head,
     record: &mut Record,
-    (id_field, has_id): (Option<&str>, bool),
+    id_field: Option<&str>,
     alt_svc: Option<u16>,
     vars: &answer::RequestVars,
 ) -> Result<Option<Answer>, ProxyError> {
@@ -151,7 +151,7 @@ pub(super) fn gate(
     let on_answers = |r: &Arc<crate::rules::RouteRules>| {
         r.response.is_some() || !r.error_pages.is_empty() || r.location_rewrite
     };
-    if rules.is_some_and(on_answers) || has_id || alt_svc.is_some() {
+    if rules.is_some_and(on_answers) || id_field.is_some() || alt_svc.is_some() {
         let mut edit = response_edit(route, id_field, vars);
         if let Some(port) = alt_svc {
             let lines = edit.lines_mut();

@@ -13,9 +13,8 @@
 
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use tokio::io::AsyncReadExt;
 use tokio::time::timeout;
 
 use crate::config::UpstreamProtocol;
@@ -25,7 +24,6 @@ use crate::downstream::relay::write_down;
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::exchange::attempt::{self, Plan};
 use crate::exchange::{self, Record};
-use crate::http1::body::{reserve, BodyState, READ_CHUNK};
 use crate::http1::{itoa, reason, BodyKind};
 use crate::worker::{Generation, Worker};
 
@@ -81,11 +79,20 @@ async fn exchange(
     last: &mut Option<usize>,
 ) -> Result<(bool, u16), ProxyError> {
     let group = &gen.snapshot.upstreams[p.target.upstream];
-    let too_large = matches!(p.body, BodyKind::Length(n) if n as usize > group.retry_body_limit);
-    if p.expect_continue && down.rbuf.is_empty() && !too_large {
-        write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+    // The body goes whole (its limit is the group's `retry_body_limit`): a declared length
+    // over it is refused before a 100 Continue invites it.
+    let limit = group.retry_body_limit as u64;
+    if matches!(p.body, BodyKind::Length(n) if n > limit) {
+        return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
     }
-    let body = read_body(down, p.body, group.retry_body_limit).await?;
+    let body = crate::downstream::codec::read_body(down, p, limit)
+        .await
+        .map_err(|f| match f {
+            crate::downstream::proxy::Fail::BeforeResponse(e)
+            | crate::downstream::proxy::Fail::Abort(e) => e,
+        })?;
+    // Read whole: the connection can take the next request.
+    p.body = BodyKind::None;
     exchange::hold_slot(&p.target.concurrency, &mut p.slot).await?;
     let head = p.h2_head.as_deref().ok_or_else(|| {
         ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"))
@@ -105,47 +112,6 @@ async fn exchange(
     })
     .await?;
     relay_response(worker, down, p, record, resp, group.read_timeout).await
-}
-
-/// Reads the request body (decoding chunked framing) into memory, up to `limit` bytes.
-async fn read_body(
-    down: &mut Downstream,
-    kind: BodyKind,
-    limit: usize,
-) -> Result<Bytes, ProxyError> {
-    if let BodyKind::Length(n) = kind {
-        if n as usize > limit {
-            return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
-        }
-    }
-    let mut state = BodyState::new(kind, true);
-    let mut out = Vec::new();
-    let bad = |_| ProxyError::downstream(ErrorKind::BadRequest("invalid chunked body"));
-    loop {
-        if !down.rbuf.is_empty() && !state.is_done() {
-            let used = state.take_into(&down.rbuf, &mut out).map_err(bad)?;
-            down.rbuf.advance(used);
-        }
-        if state.is_done() {
-            return Ok(Bytes::from(out));
-        }
-        if out.len() > limit {
-            return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
-        }
-        reserve(&mut down.rbuf, READ_CHUNK);
-        match timeout(down.body_timeout, down.stream.read_buf(&mut down.rbuf)).await {
-            Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
-            Err(_) => {
-                down.metrics.body_timeouts.inc();
-                return Err(ProxyError::downstream(ErrorKind::BodyTimeout));
-            }
-            _ => {
-                return Err(ProxyError::downstream(ErrorKind::BadRequest(
-                    "request body truncated",
-                )))
-            }
-        }
-    }
 }
 
 /// The HTTP/2 request head for an HTTP/1 request, built from the parsed request (no HTTP/1

@@ -83,7 +83,7 @@ pub(crate) async fn serve<IO>(
     io: IO,
     (peer, local): (SocketAddr, Option<SocketAddr>),
     listener: Arc<crate::runtime::ListenerState>,
-    (tls, version): (bool, u8),
+    proto: Multiplexed,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + 'static,
 {
@@ -107,7 +107,7 @@ pub(crate) async fn serve<IO>(
         worker.clone(),
         (peer, local),
         listener,
-        (tls, version),
+        proto,
         body_timeout,
     ));
     let builder = server_builder(streams, header_bytes);
@@ -356,6 +356,17 @@ fn authority_of_parts<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> &'a str
         .unwrap_or("")
 }
 
+/// A multiplexed client connection's protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Multiplexed {
+    /// HTTP/2 with prior knowledge, in clear text.
+    H2c,
+    /// HTTP/2 over TLS (ALPN h2).
+    H2,
+    /// HTTP/3 over QUIC.
+    H3,
+}
+
 /// Marks a request that arrived in TLS early data (QUIC 0-RTT, `quic_0rtt = true`).
 #[derive(Clone, Copy)]
 pub(crate) struct EarlyData;
@@ -474,9 +485,14 @@ impl ConnCtx {
         worker: Rc<Worker>,
         (peer, local): (SocketAddr, Option<SocketAddr>),
         listener: Arc<crate::runtime::ListenerState>,
-        (tls, version): (bool, u8),
+        proto: Multiplexed,
         body_timeout: Duration,
     ) -> ConnCtx {
+        let (tls, version) = match proto {
+            Multiplexed::H2c => (false, 2),
+            Multiplexed::H2 => (true, 2),
+            Multiplexed::H3 => (true, 3),
+        };
         worker.h2_connections.set(worker.h2_connections.get() + 1);
         ConnCtx {
             worker,

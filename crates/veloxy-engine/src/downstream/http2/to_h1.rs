@@ -384,16 +384,9 @@ fn respond(
             // The whole body came with the head (most small responses): the connection goes
             // back to the pool now, and the stream needs no body reader, upstream read or
             // stall-watch slot (three allocations and a poll less per response).
-            let done = (head.status, head.upstream_reusable);
-            return complete(
-                c,
-                gen,
-                (t.upstream, backend, conn),
-                done,
-                rest,
-                headers,
-                fin,
-            );
+            let reusable = head.upstream_reusable.then_some(conn);
+            let to = (t.upstream, backend, reusable);
+            return complete(c, gen, to, head.status, rest, headers, fin);
         }
     }
     let body = H1Body {
@@ -419,13 +412,13 @@ fn respond(
     upstream_response(head.status, headers, ProxyBody::H1(body))
 }
 
-/// [`respond`] for a response whose body is all in `rest`: pools the upstream connection and
-/// answers the body as one frame.
+/// [`respond`] for a response whose body is all in `rest`: pools the upstream connection
+/// (when it is given: reusable) and answers the body as one frame.
 fn complete(
     c: &Rc<ConnCtx>,
     gen: &Rc<Generation>,
-    (upstream, backend, conn): (usize, usize, UpstreamConn),
-    (status, reusable): (u16, bool),
+    (upstream, backend, conn): (usize, usize, Option<UpstreamConn>),
+    status: u16,
     rest: BytesMut,
     headers: http::HeaderMap,
     mut fin: Box<Finish>,
@@ -434,7 +427,7 @@ fn complete(
     // Copied out so the worker's 16 KiB read buffer is recycled at once.
     let data = Bytes::copy_from_slice(&rest);
     worker.give_bytes(rest);
-    if reusable {
+    if let Some(conn) = conn {
         worker.pool_upstream(gen, (upstream, backend), conn);
     }
     fin.bytes_sent = data.len() as u64;
