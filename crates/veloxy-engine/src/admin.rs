@@ -160,13 +160,13 @@ fn metric_labels<'a>(
             .upstreams
             .iter()
             .flat_map(|g| {
-                let down = g.health.down_mask();
+                let down = g.health.down_set();
                 g.health.backends.iter().enumerate().map(move |(i, b)| {
                     crate::metrics::BackendLabels {
                         upstream: &g.name,
                         addr: b.addr.clone(),
                         open_connections: b.open_connections.load(Ordering::Relaxed) as u64,
-                        up: down & (1 << i) == 0,
+                        up: !down.contains(i),
                         checks_passed: b.checks_passed.load(Ordering::Relaxed),
                         checks_failed: b.checks_failed.load(Ordering::Relaxed),
                     }
@@ -381,8 +381,9 @@ fn runtime_change(shared: &Shared, method: &str, rest: &str, body: &[u8]) -> (u1
     )
 }
 
-/// Largest admin request body (a `PUT` of 64 servers is far smaller).
-const MAX_BODY: usize = 64 * 1024;
+/// Largest admin request body: a `PUT` of the largest group (65,535 servers of about 40
+/// bytes of JSON each) fits.
+const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// `PUT /upstreams/NAME/servers` with a JSON list of `"ip:port"` strings or
 /// `{"addr": "ip:port", "weight": 2}` objects (or `{"servers": [...]}`): the group's set from
@@ -509,7 +510,7 @@ fn upstreams_json(shared: &Shared) -> String {
         if gi > 0 {
             out.push(',');
         }
-        let down = g.health.down_mask();
+        let down = g.health.down_set();
         let _ = write!(
             out,
             "{{\"name\":{:?},\"policy\":{:?},\"backends\":[",
@@ -559,7 +560,7 @@ fn upstreams_json(shared: &Shared) -> String {
                 "{{\"addr\":\"{}\",\"weight\":{},\"usable\":{},\"active_check_up\":{},\"ejected_for_ms\":{},\"consecutive_failures\":{},\"open_connections\":{},\"checks_passed\":{},\"checks_failed\":{},\"state\":\"{}\",\"in_flight\":{in_flight},\"idle_connections\":{idle},\"ewma_latency_ms\":{ewma_ms:.3},\"workers\":{workers}}}",
                 b.addr,
                 g.backends.get(i).map_or(1, |x| x.weight),
-                down & (1 << i) == 0,
+                !down.contains(i),
                 b.active_up.load(Ordering::Relaxed),
                 ejected_ms,
                 b.consecutive_failures.load(Ordering::Relaxed),

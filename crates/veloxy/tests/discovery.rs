@@ -270,7 +270,7 @@ fn put_replaces_the_set_under_load_and_a_reload_restores_the_file() {
 
     for (body, why) in [
         ("not json", "not JSON"),
-        ("[]", "1 to 64"),
+        ("[]", "1 to 65535"),
         ("[\"https://127.0.0.1:1\"]", "plain"),
         ("[{\"addr\": \"127.0.0.1:1\", \"weight\": 0}]", "weight"),
     ] {

@@ -13,11 +13,11 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
     let gen = worker.current();
     let group = &gen.snapshot.upstreams[upstream];
     let started = tokio::time::Instant::now();
-    let mut excluded = group.health.down_mask();
+    let mut excluded = group.health.down_set();
     for _ in 0..=group.retries {
         let pick = gen.groups.borrow_mut()[upstream].pick(&PickContext {
             client: down.peer,
-            excluded,
+            excluded: excluded.clone(),
             hash: 0,
         });
         let Some(backend) = pick else { break };
@@ -43,7 +43,7 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
             }
             Err((e, _)) => {
                 tracing::warn!(upstream = %group.name, error = %e.report(), "stream: connect failed");
-                excluded |= 1 << backend;
+                excluded.insert(backend);
             }
         }
     }

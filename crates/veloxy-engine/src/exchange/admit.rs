@@ -384,13 +384,13 @@ fn choose_backend(
     hash: u64,
 ) -> (Option<usize>, Option<usize>) {
     let group = &gen.snapshot.upstreams[upstream];
-    let excluded = group.health.down_mask();
+    let excluded = group.health.down_set();
     let stuck = group.sticky.as_ref().and_then(|s| {
         let b = s.backend(crate::http1::cookie_value(
             head.fields.cookies(),
             &s.cookie,
         )?)?;
-        (excluded & (1 << b) == 0).then_some(b)
+        (!excluded.contains(b)).then_some(b)
     });
     let mut groups = gen.groups.borrow_mut();
     let state = &mut groups[upstream];

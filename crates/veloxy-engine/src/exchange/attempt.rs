@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, ProxyError, Side};
-use crate::upstream::balancer::PickContext;
+use crate::upstream::balancer::{BackendSet, PickContext};
 use crate::worker::{Generation, Worker};
 
 /// How one attempt against one backend ended, when it did not deliver a response.
@@ -72,14 +72,17 @@ pub(crate) async fn run<T, E: ExchangeError>(
     mut attempt: impl AsyncFnMut(usize, bool) -> Result<(T, u16), AttemptFail<E>>,
 ) -> Result<T, E> {
     let group = &plan.gen.snapshot.upstreams[plan.upstream];
-    let mut tried = 0u64;
+    let mut tried = BackendSet::default();
     let mut retries_left = group.retries;
     let mut current = first;
     loop {
         *last = Some(current);
-        tried |= 1 << current;
-        let others = group.health.down_mask() | tried;
-        let has_other = (0..group.backends.len()).any(|i| others & (1 << i) == 0);
+        tried.insert(current);
+        let has_other = {
+            let mut others = group.health.down_set();
+            others.union_with(&tried);
+            !others.covers(group.backends.len())
+        };
         let budget_left = plan.gen.groups.borrow()[plan.upstream].budget.available();
         let may_retry_status = retries_left > 0 && plan.replayable && has_other && budget_left;
         let mut guard = AttemptGuard::start(plan.gen, plan.upstream, current);
@@ -113,7 +116,7 @@ pub(crate) async fn run<T, E: ExchangeError>(
             plan.gen.groups.borrow_mut()[plan.upstream].end(current, elapsed, true);
         }
         let next = (retries_left > 0)
-            .then(|| pick(plan, tried, true))
+            .then(|| pick(plan, &tried, true))
             .flatten();
         match next {
             Some(b) => {
@@ -128,7 +131,7 @@ pub(crate) async fn run<T, E: ExchangeError>(
 }
 
 /// Picks a backend not in `tried`; a retry (`retry`) must first win the retry budget.
-pub(crate) fn pick(plan: &Plan<'_>, tried: u64, retry: bool) -> Option<usize> {
+pub(crate) fn pick(plan: &Plan<'_>, tried: &BackendSet, retry: bool) -> Option<usize> {
     let group = &plan.gen.snapshot.upstreams[plan.upstream];
     let mut groups = plan.gen.groups.borrow_mut();
     let state = &mut groups[plan.upstream];
@@ -140,9 +143,11 @@ pub(crate) fn pick(plan: &Plan<'_>, tried: u64, retry: bool) -> Option<usize> {
     } else {
         state.budget.earn();
     }
+    let mut excluded = group.health.down_set();
+    excluded.union_with(tried);
     state.pick(&PickContext {
         client: plan.client,
-        excluded: group.health.down_mask() | tried,
+        excluded,
         hash: plan.hash,
     })
 }

@@ -81,7 +81,7 @@ impl AuthRequest {
         let backend = gen.groups.borrow_mut()[self.upstream]
             .pick(&PickContext {
                 client: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
-                excluded: group.health.down_mask(),
+                excluded: group.health.down_set(),
                 hash: 0,
             })
             .ok_or_else(|| down("forward_auth: no auth server is up"))?;

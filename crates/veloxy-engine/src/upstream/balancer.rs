@@ -39,22 +39,110 @@ pub struct BackendInfo {
     pub weight: u32,
 }
 
+/// A set of backends of a group, by index: one bit each. Groups of up to 64 backends (most
+/// of them) fit the first word and never allocate; larger ones (any size) use more words.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendSet {
+    first: u64,
+    rest: Vec<u64>,
+}
+
+impl BackendSet {
+    /// The set whose members are the set bits of `word` (backends 0 to 63).
+    pub fn from_word(word: u64) -> Self {
+        BackendSet {
+            first: word,
+            rest: Vec::new(),
+        }
+    }
+
+    /// The set of these words (bit i of word w: backend 64 w + i).
+    pub fn from_words(words: impl IntoIterator<Item = u64>) -> Self {
+        let mut it = words.into_iter();
+        let first = it.next().unwrap_or(0);
+        let mut rest: Vec<u64> = it.collect();
+        while rest.last() == Some(&0) {
+            rest.pop();
+        }
+        BackendSet { first, rest }
+    }
+
+    /// Whether backend `i` is in the set.
+    #[inline]
+    pub fn contains(&self, i: usize) -> bool {
+        let word = match i / 64 {
+            0 => self.first,
+            w => self.rest.get(w - 1).copied().unwrap_or(0),
+        };
+        word & (1 << (i % 64)) != 0
+    }
+
+    /// Adds backend `i`.
+    #[inline]
+    pub fn insert(&mut self, i: usize) {
+        match i / 64 {
+            0 => self.first |= 1 << i,
+            w => {
+                if self.rest.len() < w {
+                    self.rest.resize(w, 0);
+                }
+                self.rest[w - 1] |= 1 << (i % 64);
+            }
+        }
+    }
+
+    /// Adds every member of `other`.
+    pub fn union_with(&mut self, other: &BackendSet) {
+        self.first |= other.first;
+        if self.rest.len() < other.rest.len() {
+            self.rest.resize(other.rest.len(), 0);
+        }
+        for (a, b) in self.rest.iter_mut().zip(&other.rest) {
+            *a |= b;
+        }
+    }
+
+    /// Whether the set has no member.
+    pub fn is_empty(&self) -> bool {
+        self.first == 0 && self.rest.iter().all(|w| *w == 0)
+    }
+
+    /// Whether every backend of a group of `n` is in the set (word by word).
+    pub fn covers(&self, n: usize) -> bool {
+        let full = |bits: usize| {
+            if bits >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << bits) - 1
+            }
+        };
+        if self.first & full(n) != full(n) {
+            return false;
+        }
+        (1..n.div_ceil(64)).all(|w| {
+            let bits = (n - 64 * w).min(64);
+            self.rest.get(w - 1).copied().unwrap_or(0) & full(bits) == full(bits)
+        })
+    }
+}
+
 /// Per-request input to [`Picker::pick`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PickContext {
     /// The downstream client's address.
     pub client: SocketAddr,
-    /// Bit i set: backend i must not be picked (down, ejected, at its connection limit, or
-    /// already tried by this request).
-    pub excluded: u64,
+    /// Backends that must not be picked (down, ejected, at its connection limit, or already
+    /// tried by this request).
+    pub excluded: BackendSet,
     /// Hash of the group's `hash_key` for this request (client IP by default); 0 if unused.
     pub hash: u64,
 }
 
 impl PickContext {
     /// True when backend `i` must not be picked.
+    #[inline]
     pub fn is_excluded(&self, i: usize) -> bool {
-        i < 64 && self.excluded & (1 << i) != 0
+        self.excluded.contains(i)
     }
 }
 
@@ -188,9 +276,27 @@ mod tests {
     fn ctx(excluded: u64) -> PickContext {
         PickContext {
             client: "127.0.0.1:1".parse().unwrap(),
-            excluded,
+            excluded: BackendSet::from_word(excluded),
             hash: 0,
         }
+    }
+
+    #[test]
+    fn backend_sets_of_any_size() {
+        let mut s = BackendSet::default();
+        assert!(s.is_empty() && s.covers(0) && !s.covers(1));
+        for i in [0, 63, 64, 9_999] {
+            s.insert(i);
+            assert!(s.contains(i));
+        }
+        assert!(!s.contains(1) && !s.contains(10_000) && !s.contains(128));
+        let mut all = BackendSet::default();
+        (0..130).for_each(|i| all.insert(i));
+        assert!(all.covers(130) && all.covers(64) && !all.covers(131));
+        let mut u = BackendSet::from_word(0b10);
+        u.union_with(&s);
+        assert!(u.contains(1) && u.contains(9_999) && !u.contains(2));
+        assert_eq!(BackendSet::from_words([5, 0, 0]), BackendSet::from_word(5));
     }
 
     fn picker(weights: &[u32]) -> Box<dyn Picker> {

@@ -68,7 +68,7 @@ impl Backend {
 pub struct UpstreamGroup {
     /// `[upstreams.NAME]`.
     pub name: String,
-    /// Its servers now, at most 64: the file's addresses plus what its `dns`/`srv` entries
+    /// Its servers now, at most [`crate::upstream::health::MAX_BACKENDS`]: the file's addresses plus what its `dns`/`srv` entries
     /// last resolved to, or the set a runtime `PUT` gave (see [`crate::upstream::discovery`]).
     pub backends: Vec<Backend>,
     /// The file's fixed servers (`addr` entries), which `backends` starts from.

@@ -1,5 +1,5 @@
 //! Backend health shared by all workers: active checks, passive outlier ejection, and the
-//! `down_mask` workers read with one relaxed load per request.
+//! set of down backends workers read with one relaxed load per 64 backends per request.
 //!
 //! Writers are rare (a check flips, a backend gets ejected or comes back); readers are every
 //! request. So the state is a handful of atomics per backend plus one bitmask per group, and
@@ -14,10 +14,14 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 use crate::clock;
+use crate::upstream::balancer::BackendSet;
 use crate::upstream::group::UpstreamGroup;
 
-/// At most this many backends per group (one bit each in the masks).
-pub const MAX_BACKENDS: usize = 64;
+/// At most this many backends per group: a bound on a config or a discovery answer (the
+/// consistent-hash table names backends in 16 bits, one value kept as its empty mark), not
+/// a limit of the other data structures (sets of backends have one bit each, any number of
+/// words).
+pub const MAX_BACKENDS: usize = 65_535;
 
 /// `[upstreams.NAME.health]`, compiled.
 #[derive(Debug, Clone)]
@@ -138,20 +142,22 @@ impl BackendHealth {
     }
 }
 
-/// A group's backends and its `down_mask` (bit i set: backend i must not get new requests).
+/// A group's backends and the set of those down (backend i must not get new requests).
 #[derive(Debug)]
 pub struct GroupHealth {
     /// Each backend's state, by index in the group.
     pub backends: Vec<Arc<BackendHealth>>,
-    down_mask: AtomicU64,
+    /// Bit i of word i / 64 set: backend i is down, ejected or drained.
+    down: Box<[AtomicU64]>,
 }
 
 impl GroupHealth {
     /// A group of these backends, all usable.
     pub fn new(backends: Vec<Arc<BackendHealth>>) -> Self {
+        let words = backends.len().div_ceil(64).max(1);
         let g = GroupHealth {
             backends,
-            down_mask: AtomicU64::new(0),
+            down: (0..words).map(|_| AtomicU64::new(0)).collect(),
         };
         g.recompute();
         g
@@ -166,20 +172,27 @@ impl GroupHealth {
         }
     }
 
-    /// Backends that must not be picked now.
+    /// Backends that must not be picked now (one relaxed load per 64 backends).
     #[inline]
-    pub fn down_mask(&self) -> u64 {
-        self.down_mask.load(Ordering::Relaxed)
+    pub fn down_set(&self) -> BackendSet {
+        match &*self.down {
+            [one] => BackendSet::from_word(one.load(Ordering::Relaxed)),
+            words => BackendSet::from_words(words.iter().map(|w| w.load(Ordering::Relaxed))),
+        }
     }
 
     fn recompute(&self) {
-        let mask = self
-            .backends
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.is_down())
-            .fold(0u64, |m, (i, _)| m | (1 << i));
-        self.down_mask.store(mask, Ordering::Relaxed);
+        for (w, word) in self.down.iter().enumerate() {
+            let bits = self
+                .backends
+                .iter()
+                .enumerate()
+                .skip(64 * w)
+                .take(64)
+                .filter(|(_, b)| b.is_down())
+                .fold(0u64, |m, (i, _)| m | (1 << (i % 64)));
+            word.store(bits, Ordering::Relaxed);
+        }
     }
 
     /// A request to backend `i` succeeded (for outlier purposes).
@@ -230,7 +243,7 @@ impl GroupHealth {
             return false;
         }
         b.consecutive_failures.store(0, Ordering::Relaxed);
-        self.down_mask.fetch_or(1 << i, Ordering::Relaxed);
+        self.down[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
         tracing::warn!(backend = %b.addr, failures = n, ejection = ?length, "backend ejected (outlier)");
         true
     }
@@ -499,7 +512,7 @@ mod tests {
         assert!(!g.record_failure(0, &o));
         assert!(!g.record_failure(0, &o));
         assert!(g.record_failure(0, &o));
-        assert_eq!(g.down_mask(), 0b1);
+        assert_eq!(g.down_set(), BackendSet::from_word(0b1));
         // 50% of 4: a second backend may go, a third may not.
         for _ in 0..3 {
             g.record_failure(1, &o);
@@ -507,10 +520,10 @@ mod tests {
         for _ in 0..3 {
             g.record_failure(2, &o);
         }
-        assert_eq!(g.down_mask(), 0b11);
+        assert_eq!(g.down_set(), BackendSet::from_word(0b11));
         // Expiry brings them back; the back-off doubles for a repeat offender, up to the cap.
         g.expire_ejections(u64::MAX);
-        assert_eq!(g.down_mask(), 0);
+        assert_eq!(g.down_set(), BackendSet::from_word(0));
         for _ in 0..3 {
             g.record_failure(0, &o);
         }
@@ -541,7 +554,7 @@ mod tests {
             ..Outlier::default()
         };
         assert!(!g.record_failure(0, &o));
-        assert_eq!(g.down_mask(), 0);
+        assert_eq!(g.down_set(), BackendSet::from_word(0));
     }
 
     #[test]
@@ -552,12 +565,16 @@ mod tests {
             ..Outlier::default()
         };
         assert!(g.record_failure(0, &o));
-        assert_eq!(g.down_mask(), 0b01);
+        assert_eq!(g.down_set(), BackendSet::from_word(0b01));
         let c = tcp_check();
         g.apply_check(0, false, &c);
-        assert_eq!(g.down_mask(), 0b01, "a failing check does not end it");
+        assert_eq!(
+            g.down_set(),
+            BackendSet::from_word(0b01),
+            "a failing check does not end it"
+        );
         g.apply_check(0, true, &c);
-        assert_eq!(g.down_mask(), 0, "a passing one does");
+        assert_eq!(g.down_set(), BackendSet::from_word(0), "a passing one does");
     }
 
     #[test]
@@ -565,14 +582,36 @@ mod tests {
         let g = group(2);
         let c = tcp_check();
         g.apply_check(1, false, &c);
-        assert_eq!(g.down_mask(), 0);
+        assert_eq!(g.down_set(), BackendSet::from_word(0));
         g.apply_check(1, true, &c);
         g.apply_check(1, false, &c);
-        assert_eq!(g.down_mask(), 0, "streak broken by a pass");
+        assert_eq!(
+            g.down_set(),
+            BackendSet::from_word(0),
+            "streak broken by a pass"
+        );
         g.apply_check(1, false, &c);
-        assert_eq!(g.down_mask(), 0b10);
+        assert_eq!(g.down_set(), BackendSet::from_word(0b10));
         g.apply_check(1, true, &c);
         g.apply_check(1, true, &c);
-        assert_eq!(g.down_mask(), 0);
+        assert_eq!(g.down_set(), BackendSet::from_word(0));
+    }
+
+    #[test]
+    fn down_sets_cover_groups_of_any_size() {
+        let backends: Vec<_> = (0..10_000)
+            .map(|i| {
+                let addr = format!("10.0.{}.{}:80", i / 256, i % 256);
+                Arc::new(BackendHealth::new(addr.parse().unwrap()))
+            })
+            .collect();
+        let g = GroupHealth::new(backends);
+        assert!(g.down_set().is_empty());
+        g.set_drained(9_000, 1);
+        g.set_drained(3, 1);
+        let down = g.down_set();
+        assert!(down.contains(9_000) && down.contains(3) && !down.contains(8_999));
+        g.set_drained(9_000, 0);
+        assert!(!g.down_set().contains(9_000));
     }
 }

@@ -27,9 +27,9 @@ pub(crate) struct GroupState {
     /// This worker's in-flight count and latency EWMA per backend (published by the
     /// heartbeat for `/upstreams`; the policies keep their own state).
     pub local: Vec<LocalBackend>,
-    /// Bit i set: backend i is a backup server (`backup = true`), picked only while no
-    /// other backend may be. Zero for most groups, which then pay one comparison.
-    pub backup_mask: u64,
+    /// The backup servers (`backup = true`), picked only while no other backend may be.
+    /// Empty for most groups, which then pay one comparison.
+    pub backups: balancer::BackendSet,
 }
 
 /// A worker's own running figures for one backend.
@@ -46,11 +46,9 @@ impl GroupState {
     /// Picks a backend for `ctx`: the primaries first, the backups when every primary is
     /// excluded (down, ejected, at its limit or already tried).
     pub fn pick(&mut self, ctx: &balancer::PickContext) -> Option<usize> {
-        if self.backup_mask != 0 {
-            let primaries = balancer::PickContext {
-                excluded: ctx.excluded | self.backup_mask,
-                ..*ctx
-            };
+        if !self.backups.is_empty() {
+            let mut primaries = ctx.clone();
+            primaries.excluded.union_with(&self.backups);
             if let Some(i) = self.picker.pick(&primaries) {
                 return Some(i);
             }
@@ -210,13 +208,12 @@ impl GroupState {
             budget: RetryBudget::new(group.retry_budget),
             h2: (0..group.backends.len()).map(|_| None).collect(),
             local: vec![LocalBackend::default(); group.backends.len()],
-            backup_mask: group
-                .backends
-                .iter()
-                .take(64)
-                .enumerate()
-                .filter(|(_, b)| b.backup)
-                .fold(0, |m, (i, _)| m | 1 << i),
+            backups: {
+                let mut set = balancer::BackendSet::default();
+                let backups = group.backends.iter().enumerate().filter(|(_, b)| b.backup);
+                backups.for_each(|(i, _)| set.insert(i));
+                set
+            },
         }
     }
 }

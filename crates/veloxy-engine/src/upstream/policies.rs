@@ -41,9 +41,8 @@ impl ThreadIdExt for std::thread::ThreadId {
 }
 
 /// Indices of backends that may be picked.
-fn candidates(n: usize, ctx: &PickContext) -> impl Iterator<Item = usize> {
-    let excluded = ctx.excluded;
-    (0..n).filter(move |&i| i >= 64 || excluded & (1 << i) == 0)
+fn candidates(n: usize, ctx: &PickContext) -> impl Iterator<Item = usize> + '_ {
+    (0..n).filter(move |&i| !ctx.is_excluded(i))
 }
 
 /// `least_conn`: the backend with the fewest requests in flight from this worker, weighted
@@ -227,11 +226,29 @@ impl Picker for RandomPicker {
 /// so only that backend's keys move. Weights give a backend proportionally more table slots.
 pub struct ConsistentHash;
 
-/// Maglev lookup table size: a prime well above 100 x backends.
+/// Maglev lookup table size for small groups: a prime well above 100 x backends. Larger
+/// groups get the first prime above 100 x backends ([`maglev_size`]).
 const MAGLEV_SIZE: usize = 65_537;
+
+/// The table size for `n` backends: a prime of at least 100 slots a backend, so each gets
+/// its share within about 1% (Maglev's rule), and at least [`MAGLEV_SIZE`].
+fn maglev_size(n: usize) -> usize {
+    let is_prime = |m: usize| {
+        m > 1
+            && (2..)
+                .take_while(|d| d * d <= m)
+                .all(|d| !m.is_multiple_of(d))
+    };
+    let mut m = (100 * n).max(MAGLEV_SIZE);
+    while !is_prime(m) {
+        m += 1;
+    }
+    m
+}
 
 struct MaglevPicker {
     table: Vec<u16>,
+    backends: usize,
 }
 
 impl Policy for ConsistentHash {
@@ -241,6 +258,7 @@ impl Policy for ConsistentHash {
     fn new_picker(&self, backends: &[BackendInfo]) -> Box<dyn Picker> {
         Box::new(MaglevPicker {
             table: maglev_table(backends),
+            backends: backends.len(),
         })
     }
 }
@@ -248,11 +266,12 @@ impl Policy for ConsistentHash {
 /// Builds the Maglev permutation table (Eisenbud et al., NSDI 2016), keyed by backend address
 /// so a backend keeps its slots when others come or go.
 pub(crate) fn maglev_table(backends: &[BackendInfo]) -> Vec<u16> {
-    let m = MAGLEV_SIZE as u64;
     let n = backends.len();
     if n == 0 {
         return Vec::new();
     }
+    let size = maglev_size(n);
+    let m = size as u64;
     let perms: Vec<(u64, u64)> = backends
         .iter()
         .map(|b| {
@@ -263,7 +282,7 @@ pub(crate) fn maglev_table(backends: &[BackendInfo]) -> Vec<u16> {
         })
         .collect();
     let mut next = vec![0u64; n];
-    let mut table = vec![u16::MAX; MAGLEV_SIZE];
+    let mut table = vec![u16::MAX; size];
     let mut filled = 0;
     'outer: loop {
         for i in 0..n {
@@ -277,7 +296,7 @@ pub(crate) fn maglev_table(backends: &[BackendInfo]) -> Vec<u16> {
                 table[c as usize] = i as u16;
                 next[i] += 1;
                 filled += 1;
-                if filled == MAGLEV_SIZE {
+                if filled == size {
                     break 'outer;
                 }
             }
@@ -291,10 +310,11 @@ impl Picker for MaglevPicker {
         if self.table.is_empty() {
             return None;
         }
-        let start = (ctx.hash % MAGLEV_SIZE as u64) as usize;
+        let size = self.table.len();
+        let start = (ctx.hash % size as u64) as usize;
         // Fall through to later slots (a deterministic sequence per key) when the owner is out.
-        for k in 0..MAGLEV_SIZE {
-            let b = self.table[(start + k * 7919) % MAGLEV_SIZE] as usize;
+        for k in 0..size {
+            let b = self.table[(start + k * 7919) % size] as usize;
             if !ctx.is_excluded(b) {
                 return Some(b);
             }
@@ -302,7 +322,12 @@ impl Picker for MaglevPicker {
                 break;
             }
         }
-        None
+        // Nearly every backend is out: the first usable one after the key's owner, in index
+        // order (still the same for the same key while the set does not change).
+        let owner = self.table[start] as usize;
+        (1..=self.backends)
+            .map(|k| (owner + k) % self.backends)
+            .find(|&b| !ctx.is_excluded(b))
     }
 }
 
@@ -335,7 +360,7 @@ mod tests {
     fn ctx(hash: u64, excluded: u64) -> PickContext {
         PickContext {
             client: "127.0.0.1:1".parse().unwrap(),
-            excluded,
+            excluded: super::super::balancer::BackendSet::from_word(excluded),
             hash,
         }
     }
@@ -430,5 +455,56 @@ mod tests {
             (2000..3000).contains(&counts[1]) && (7000..8000).contains(&counts[2]),
             "{counts:?}"
         );
+    }
+
+    /// Addresses for a large group: 10.A.B.C:80.
+    fn many(n: usize) -> Vec<BackendInfo> {
+        (0..n)
+            .map(|i| BackendInfo {
+                addr: format!("10.{}.{}.{}:80", i >> 16, (i >> 8) & 255, i & 255)
+                    .parse()
+                    .unwrap(),
+                weight: 1 + (i % 3) as u32,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_policy_picks_in_a_group_of_ten_thousand() {
+        let backends = many(10_000);
+        let registry = super::super::balancer::PolicyRegistry::with_builtins();
+        for name in registry.names() {
+            let mut picker = registry.get(name).unwrap().new_picker(&backends);
+            // Only two backends left, one of them past the first 64.
+            let mut excluded = super::super::balancer::BackendSet::default();
+            (0..10_000)
+                .filter(|&i| i != 7 && i != 9_999)
+                .for_each(|i| excluded.insert(i));
+            let mut seen = std::collections::BTreeSet::new();
+            for h in 0..200u64 {
+                let c = PickContext {
+                    client: "127.0.0.1:1".parse().unwrap(),
+                    excluded: excluded.clone(),
+                    hash: hash_bytes(&h.to_le_bytes(), 0),
+                };
+                let b = picker.pick(&c).unwrap_or_else(|| panic!("{name}: no pick"));
+                assert!(b == 7 || b == 9_999, "{name} picked excluded {b}");
+                picker.on_start(b);
+                picker.on_end(b, Duration::from_millis(1), true);
+                seen.insert(b);
+            }
+            assert!(
+                seen.contains(&9_999),
+                "{name} never picked the high backend"
+            );
+            excluded.insert(7);
+            excluded.insert(9_999);
+            let c = PickContext {
+                client: "127.0.0.1:1".parse().unwrap(),
+                excluded,
+                hash: 1,
+            };
+            assert_eq!(picker.pick(&c), None, "{name}: all excluded");
+        }
     }
 }
