@@ -22,7 +22,11 @@ pub struct FileConfig {
     #[serde(default)]
     pub listeners: BTreeMap<String, Spanned<ListenerSection>>,
     #[serde(default)]
-    pub routes: Vec<Spanned<RouteSection>>,
+    /// Boxed: a section is about 2.5 KB of optional keys, and a large config has 100,000
+    /// of them; expanding the list then moves pointers, and each section is freed as soon
+    /// as it is expanded.
+    #[allow(clippy::vec_box)] // on purpose: see above
+    pub routes: Vec<Box<Spanned<RouteSection>>>,
     /// `[rule_sets.NAME]`: route rules that routes take with `use = ["NAME"]`.
     #[serde(default)]
     pub rule_sets: BTreeMap<String, Spanned<RuleSetSection>>,

@@ -41,6 +41,14 @@ pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigEr
                 .chain(exacts.iter().map(|e| (None, e.clone())))
                 .collect(),
         };
+        if let ([l], [h], [(p, e)]) = (listeners.as_slice(), hosts.as_slice(), &kinds[..]) {
+            // One combination (most routes): the section moves, no copy.
+            (r.listener, r.host) = (l.clone(), h.clone());
+            (r.path, r.path_exact) = (p.clone(), e.clone());
+            out.push(Box::new(Spanned::new(span, r)));
+            origin.push(i);
+            continue;
+        }
         for l in &listeners {
             for h in &hosts {
                 for (p, e) in &kinds {
@@ -49,7 +57,7 @@ pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigEr
                     one.host = h.clone();
                     one.path = p.clone();
                     one.path_exact = e.clone();
-                    out.push(Spanned::new(span.clone(), one));
+                    out.push(Box::new(Spanned::new(span.clone(), one)));
                     origin.push(i);
                 }
             }

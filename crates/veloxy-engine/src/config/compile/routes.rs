@@ -23,7 +23,7 @@ const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// Adds every route to the routers of its listeners, then sorts the routers.
 pub(super) fn compile_routes(
     src: &Source,
-    (routes, origin): (&[Spanned<RouteSection>], &[usize]),
+    (routes, origin): (&[Box<Spanned<RouteSection>>], &[usize]),
     (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
     caches: (
         &HashMap<String, super::cache::CacheSpec>,
