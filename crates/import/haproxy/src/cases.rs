@@ -312,26 +312,10 @@ pub fn routes(cases: &[Case]) -> Result<Vec<(Match, usize)>, String> {
                     continue;
                 }
                 let am = &cases[a].m;
-                let both = match xm.meet(am) {
-                    Meet::Empty => continue,
-                    Meet::Both(b) => b,
-                    Meet::Unknown => {
-                        let rx = Ranked {
-                            m: xm,
-                            index: pos(xm, *xc),
-                            first_of_regex: first_of(&snapshot, xm),
-                        };
-                        let ra = Ranked {
-                            m: am,
-                            index: pos(am, a),
-                            first_of_regex: first_of(&snapshot, am),
-                        };
-                        if before(&rx, &ra) {
-                            return Err(overlap_error(xm, am));
-                        }
-                        continue;
-                    }
-                };
+                let meet = xm.meet(am);
+                if matches!(meet, Meet::Empty) {
+                    continue;
+                }
                 let rx = Ranked {
                     m: xm,
                     index: pos(xm, *xc),
@@ -341,6 +325,12 @@ pub fn routes(cases: &[Case]) -> Result<Vec<(Match, usize)>, String> {
                     m: am,
                     index: pos(am, a),
                     first_of_regex: first_of(&snapshot, am),
+                };
+                let both = match meet {
+                    Meet::Empty => continue,
+                    Meet::Both(b) => b,
+                    Meet::Unknown if before(&rx, &ra) => return Err(overlap_error(xm, am)),
+                    Meet::Unknown => continue,
                 };
                 if !before(&rx, &ra) {
                     continue;

@@ -63,11 +63,7 @@ pub fn collect(ctx: &mut Ctx, ings: &[IngInfo]) -> (Vec<Location>, Vec<Server>, 
                     first: i,
                 });
             }
-            let paths = rule
-                .get("http")
-                .and_then(|h| h.get("paths"))
-                .and_then(Node::as_seq)
-                .unwrap_or(&[]);
+            let paths = rule_paths(rule);
             if paths.is_empty() {
                 let shown = if host.is_empty() { "*" } else { &host };
                 ctx.report.ignored(
@@ -85,6 +81,14 @@ pub fn collect(ctx: &mut Ctx, ings: &[IngInfo]) -> (Vec<Location>, Vec<Server>, 
     (locs, servers, catch_all)
 }
 
+/// An Ingress rule's `http.paths` (none when absent).
+fn rule_paths(rule: &Node) -> &[Node] {
+    rule.get("http")
+        .and_then(|h| h.get("paths"))
+        .and_then(Node::as_seq)
+        .unwrap_or(&[])
+}
+
 /// A rule whose host is not a DNS name (a docs placeholder such as `<your domain>`, a name
 /// with `_`): Kubernetes would not accept it and the output must not carry it, so each of
 /// its paths is refused naming the host.
@@ -93,11 +97,7 @@ fn bad_host(ctx: &mut Ctx, rule: &Node, host: &str) {
         "{}: the rule is left out; write the real host name and import again",
         util::not_dns(host)
     );
-    let paths = rule
-        .get("http")
-        .and_then(|h| h.get("paths"))
-        .and_then(Node::as_seq)
-        .unwrap_or(&[]);
+    let paths = rule_paths(rule);
     if paths.is_empty() {
         return ctx.report.refused(&rule.loc, format!("rule {host}"), why);
     }

@@ -104,13 +104,7 @@ fn complete(
         !names(tree, "tcp", "routers").is_empty() || !names(tree, "tcp", "services").is_empty();
     if tcp {
         if names(tree, "tcp", "services").is_empty() {
-            let empty = mk(&loc, Value::Map(Vec::new()));
-            insert(
-                tree,
-                &["tcp", "services", &c.name, "loadBalancer"],
-                &loc,
-                empty,
-            );
+            default_service(tree, "tcp", &c.name, &loc);
         }
         let services = names(tree, "tcp", "services");
         for svc in &services {
@@ -131,13 +125,7 @@ fn complete(
         });
     // Traefik also makes a service for a container whose routers all name others; unused.
     if names(tree, "http", "services").is_empty() && !all_named {
-        let empty = mk(&loc, Value::Map(Vec::new()));
-        insert(
-            tree,
-            &["http", "services", &c.name, "loadBalancer"],
-            &loc,
-            empty,
-        );
+        default_service(tree, "http", &c.name, &loc);
     }
     let services = names(tree, "http", "services");
     let mut api = Vec::new();
@@ -304,4 +292,11 @@ fn server_of(
         string(&loc, &value),
     );
     Some(port)
+}
+
+/// The service Traefik makes for a container whose labels name none: `PROTO.services.NAME`
+/// with an empty load balancer, its server filled from the container afterwards.
+fn default_service(tree: &mut Node, proto: &str, name: &str, loc: &veloxy_import::Loc) {
+    let empty = mk(loc, Value::Map(Vec::new()));
+    insert(tree, &[proto, "services", name, "loadBalancer"], loc, empty);
 }

@@ -76,12 +76,7 @@ impl Codec for H1<'_> {
         let Next::Forward(p) = &mut self.next else {
             unreachable!("only a proxied request reads its body here")
         };
-        let body = read_body(self.down, p, limit).await.map_err(|f| match f {
-            Fail::BeforeResponse(e) | Fail::Abort(e) => e,
-        })?;
-        // Read whole: the connection can take the next request.
-        p.body = BodyKind::None;
-        Ok(body)
+        read_body(self.down, p, limit).await
     }
 
     async fn ready(self) -> bool {
@@ -138,14 +133,23 @@ impl Codec for H1<'_> {
     }
 }
 
-/// The request body, decoded, read within the client's body timeout; more than `limit`
+/// The request body, decoded, read whole within the client's body timeout (the request's
+/// `body` is then `None`: the connection can take the next request); more than `limit`
 /// decoded bytes is a 413 (a declared length was checked at admission; a chunked body is
-/// counted as it arrives).
+/// counted as it arrives). Nothing of a response has been sent on failure.
 pub(crate) async fn read_body(
     down: &mut Downstream,
     p: &mut Prepared,
     limit: u64,
-) -> Result<Bytes, Fail> {
+) -> Result<Bytes, ProxyError> {
+    let body = read_whole(down, p, limit).await.map_err(|f| match f {
+        Fail::BeforeResponse(e) | Fail::Abort(e) => e,
+    })?;
+    p.body = BodyKind::None;
+    Ok(body)
+}
+
+async fn read_whole(down: &mut Downstream, p: &mut Prepared, limit: u64) -> Result<Bytes, Fail> {
     let bad = |e| Fail::BeforeResponse(request_body_error(e));
     let mut state = BodyState::new(p.body, true);
     let mut out = Vec::new();

@@ -85,14 +85,7 @@ async fn exchange(
     if matches!(p.body, BodyKind::Length(n) if n > limit) {
         return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
     }
-    let body = crate::downstream::codec::read_body(down, p, limit)
-        .await
-        .map_err(|f| match f {
-            crate::downstream::proxy::Fail::BeforeResponse(e)
-            | crate::downstream::proxy::Fail::Abort(e) => e,
-        })?;
-    // Read whole: the connection can take the next request.
-    p.body = BodyKind::None;
+    let body = crate::downstream::codec::read_body(down, p, limit).await?;
     exchange::hold_slot(&p.target.concurrency, &mut p.slot).await?;
     let head = p.h2_head.as_deref().ok_or_else(|| {
         ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"))

@@ -27,6 +27,15 @@ use crate::vars::{self, VarCtx};
 use files::{files, rules};
 use proxy::proxy;
 use return_rewrite::{regex, return_target, rewrite_redirect};
+
+/// The words of an `if (...)` condition, parentheses stripped: `["$scheme", "=", "http"]`.
+fn condition(d: &Directive) -> Vec<&str> {
+    d.args
+        .iter()
+        .map(|a| a.text.trim_matches(['(', ')']))
+        .filter(|s| !s.is_empty())
+        .collect()
+}
 pub use return_rewrite::{server_rule, ServerRule};
 
 /// Where a route goes in the server's order.
@@ -369,12 +378,7 @@ fn location_if<'a>(
     extra: &mut Vec<Draft>,
     pending: &mut Vec<MethodIf>,
 ) {
-    let cond: Vec<&str> = d
-        .args
-        .iter()
-        .map(|a| a.text.trim_matches(['(', ')']))
-        .filter(|s| !s.is_empty())
-        .collect();
+    let cond = condition(d);
     let ["$request_method", "=", method] = cond.as_slice() else {
         tr.skip(d, &format!("the condition {}: only `$request_method = M` with a return is translated in a location", cond.join(" ")));
         return;

@@ -4,7 +4,7 @@ use toml::Value;
 use veloxy_import::Section;
 
 use super::files::added_headers;
-use super::{ctx, table};
+use super::{condition, ctx, table};
 use crate::parse::Directive;
 use crate::translate::server::ServerCtx;
 use crate::translate::{Level, Tr};
@@ -166,12 +166,7 @@ fn server_if(
     sctx: &ServerCtx,
     mut sec: Section,
 ) -> ServerRule {
-    let cond: Vec<&str> = d
-        .args
-        .iter()
-        .map(|a| a.text.trim_matches(['(', ')']))
-        .filter(|s| !s.is_empty())
-        .collect();
+    let cond = condition(d);
     let body = d.children();
     let ret = match body {
         [r] if r.name == "return" => r,
