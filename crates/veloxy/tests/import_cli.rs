@@ -165,3 +165,34 @@ fn placeholders_and_generated_secrets() {
         .unwrap()
         .starts_with("alice:$2"));
 }
+
+/// An nginx config written as an envsubst template (the official image's templates): an
+/// upper-case `${NAME}` is the environment's, refused by name without `--env` (exit 1 with
+/// `--strict`) and resolved with it; a lower-case `${name}` stays an nginx variable.
+#[test]
+fn nginx_template_placeholders() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = "events {}\nhttp {\n  upstream app { server ${UPSTREAM}; }\n  server {\n    listen 8080;\n    location / {\n      proxy_pass http://app;\n      proxy_set_header X-Url \"${scheme}://${host}\";\n    }\n  }\n}\n";
+    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    let out = import(
+        dir.path(),
+        &["nginx.conf", "--from", "nginx", "-o", "v.toml", "--strict"],
+    );
+    let report = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("server: refused: environment placeholder UPSTREAM"),
+        "{report}"
+    );
+    let out = Command::new(VELOXY)
+        .args(["import", "nginx.conf", "--from", "nginx", "-o", "v.toml"])
+        .args(["--strict", "--env"])
+        .env("UPSTREAM", "127.0.0.1:9000")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let toml = std::fs::read_to_string(dir.path().join("v.toml")).unwrap();
+    assert!(toml.contains("\"127.0.0.1:9000\""), "{toml}");
+    assert!(toml.contains("{scheme}://{host}"), "{toml}");
+}

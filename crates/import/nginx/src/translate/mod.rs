@@ -15,6 +15,7 @@
 mod auth;
 mod cache;
 mod common;
+mod env;
 mod factor;
 mod level;
 mod location;
@@ -284,11 +285,13 @@ pub struct Tr<'a> {
 
 /// Translates the loaded files.
 pub fn translate(loaded: &Loaded, opts: &Options, prefix: PathBuf) -> (Config, Report) {
+    let mut rep = Report::default();
+    let directives = env::resolve(&loaded.directives, opts, &mut rep);
     let mut tr = Tr {
         opts,
         prefix,
         cfg: Config::default(),
-        rep: Report::default(),
+        rep,
         upstream_blocks: BTreeMap::new(),
         maps: BTreeMap::new(),
         zones: BTreeMap::new(),
@@ -328,7 +331,7 @@ pub fn translate(loaded: &Loaded, opts: &Options, prefix: PathBuf) -> (Config, R
         }
     }
     let mut http = Level::default();
-    tr.main(&loaded.directives, &mut http);
+    tr.main(&directives, &mut http);
     let servers = std::mem::take(&mut tr.servers);
     server::translate_servers(&mut tr, &servers);
     for d in std::mem::take(&mut tr.streams) {
