@@ -47,7 +47,10 @@
 //!    attempt `exchange::h1` (pool or connect, head, body, response head with interims and
 //!    the stale-connection replay; HTTP/1 clients parse and rewrite the head in one pass,
 //!    the others read it into a header map) and the HTTP/2 attempt `exchange::h2` (one
-//!    multiplexed sender per backend per worker). Bodies stream through bounded buffers
+//!    multiplexed sender per backend per worker). HTTP/2 and HTTP/3 clients share one relay
+//!    per upstream protocol, `exchange::framed_h1` and `exchange::framed_h2`, over the
+//!    codec's `exchange::framed::FramedClient` and the protocol-neutral response body
+//!    `exchange::framed::ResponseBody`. Bodies stream through bounded buffers
 //!    (`downstream::relay`, framing in `http1::body`); `compress` encodes on the fly.
 //!    Every wait on the way has a deadline: `deadline::timeout` starts its timer only when a
 //!    step has to wait, and `clock` has the cheap clocks the exchange stamps with.

@@ -287,7 +287,7 @@ fn underscored_request_headers_are_dropped_by_default() {
     }
 }
 
-/// The same for `h2c` upstream groups: HTTP/2 clients (the `to_h2` path) and HTTP/1.1 clients
+/// The same for `h2c` upstream groups: HTTP/2 clients (the `framed_h2` relay) and HTTP/1.1 clients
 /// (the bridge).
 #[test]
 fn underscored_request_headers_are_dropped_toward_h2_upstreams() {

@@ -142,7 +142,7 @@ pub(crate) struct Prepared {
     /// The upstream request head, complete with its blank line (HTTP/1 upstream groups).
     pub head: Vec<u8>,
     /// The upstream request head for an `h2`/`h2c` group, built from the parsed request.
-    pub h2_head: Option<Box<crate::downstream::http2::bridge::H2Head>>,
+    pub h2_head: Option<Box<crate::exchange::h2_head::H2Head>>,
     pub record: Record,
     /// The route's concurrency slot once taken (see [`exchange::hold_slot`]): a cache fill
     /// that lets the request go upstream hands it on to the forward.
@@ -461,13 +461,7 @@ fn upstream_head(
     req: &RequestView,
     target: &ProxyTarget,
     record: &Record,
-) -> Result<
-    (
-        Vec<u8>,
-        Option<Box<crate::downstream::http2::bridge::H2Head>>,
-    ),
-    ProxyError,
-> {
+) -> Result<(Vec<u8>, Option<Box<crate::exchange::h2_head::H2Head>>), ProxyError> {
     let group = &gen.snapshot.upstreams[target.upstream];
     let proto = if down.stream.is_tls() {
         "https"
@@ -503,7 +497,7 @@ fn upstream_head(
         head.extend_from_slice(b"\r\n");
     } else {
         let host = std::str::from_utf8(req.host.unwrap_or(b"")).unwrap_or("");
-        let fwd = crate::downstream::http2::to_h2::Forwarding {
+        let fwd = crate::exchange::h2_head::Forwarding {
             client_ip: &down.client_ip,
             proto,
             host,
@@ -512,14 +506,8 @@ fn upstream_head(
         };
         let lines = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
         let path = target.path.as_deref().unwrap_or(req.path);
-        match crate::downstream::http2::bridge::H2Head::build(
-            req,
-            path,
-            &fwd,
-            group,
-            target.backend,
-            lines,
-        ) {
+        match crate::exchange::h2_head::H2Head::build(req, path, &fwd, group, target.backend, lines)
+        {
             Ok(h) => h2_head = Some(Box::new(h)),
             Err(e) => return Err(e),
         }

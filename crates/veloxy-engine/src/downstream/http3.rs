@@ -245,7 +245,10 @@ async fn exchange(
             Ok(Ok(())) => {}
             Ok(Err(_)) => return, // the client reset the stream or left
             Err(_) => {
-                ctx.worker().metrics.send_timeouts.inc();
+                crate::exchange::framed::FramedClient::worker(&*ctx)
+                    .metrics
+                    .send_timeouts
+                    .inc();
                 send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
                 return;
             }

@@ -2,7 +2,7 @@
 //! that send bodies as frames: HTTP/2 and HTTP/3 clients of HTTP/1 groups): read from the
 //! upstream connection as the codec asks for frames, de-chunked (and compressed when the
 //! route says so), and the connection pooled as soon as the body is complete. The codec's
-//! end-of-exchange guard ([`Sent`]) counts what went out and records the exchange when the
+//! end-of-exchange guard ([`End`]) counts what went out and records the exchange when the
 //! body drops it.
 
 use std::future::Future;
@@ -15,6 +15,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
 use tokio::time::{Instant, Sleep};
 
+use super::framed::End;
 use crate::error::{ErrorKind, ProxyError};
 use crate::http1::body::{reserve, BodyState, READ_CHUNK};
 use crate::upstream::pool::UpstreamConn;
@@ -24,17 +25,8 @@ fn up(kind: ErrorKind) -> ProxyError {
     ProxyError::upstream(kind)
 }
 
-/// The codec's end of an exchange whose body streams: told what each frame carried, and
-/// dropped (recording the exchange) when the body is complete.
-pub(crate) trait Sent {
-    /// `n` more body bytes went to the client.
-    fn sent(&mut self, n: u64);
-    /// The response's status (for the log of a body cut short).
-    fn status(&self) -> u16;
-}
-
 /// A response body read from an HTTP/1.1 upstream connection.
-pub(crate) struct H1Body<F: Sent> {
+pub(crate) struct H1Body<F: End> {
     /// The worker, to give the read buffer back when the body is dropped.
     pub(crate) worker: Rc<crate::worker::Worker>,
     /// `compress = true` and the response qualified: payload goes through this encoder.
@@ -53,7 +45,7 @@ pub(crate) struct H1Body<F: Sent> {
     pub(crate) fin: Option<Box<F>>,
 }
 
-impl<F: Sent> H1Body<F> {
+impl<F: End> H1Body<F> {
     /// The body is complete: pool the connection if it is clean, and record the stream.
     fn finish(&mut self) {
         self.release();
@@ -203,7 +195,7 @@ impl<F: Sent> H1Body<F> {
     }
 }
 
-impl<F: Sent> Drop for H1Body<F> {
+impl<F: End> Drop for H1Body<F> {
     fn drop(&mut self) {
         self.worker.give_bytes(std::mem::take(&mut self.buf));
         if !self.state.is_done() {

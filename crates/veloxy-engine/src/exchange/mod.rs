@@ -19,10 +19,14 @@ pub(crate) mod drive;
 pub(crate) mod edit;
 pub(crate) mod fill;
 pub(crate) mod forward_auth;
+pub(crate) mod framed;
+pub(crate) mod framed_h1;
+pub(crate) mod framed_h2;
 pub(crate) mod h1;
 pub(crate) mod h1_body;
 pub(crate) mod h1_head;
 pub(crate) mod h2;
+pub(crate) mod h2_head;
 pub(crate) mod record;
 
 use std::cell::Cell;

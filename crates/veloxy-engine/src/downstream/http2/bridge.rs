@@ -13,11 +13,9 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use tokio::time::timeout;
 
-use crate::config::UpstreamProtocol;
 use crate::downstream::connection::{Downstream, Prepared};
 use crate::downstream::proxy::{answer_error, reset_downstream};
 use crate::downstream::relay::write_down;
@@ -105,89 +103,6 @@ async fn exchange(
     })
     .await?;
     relay_response(worker, down, p, record, resp, group.read_timeout).await
-}
-
-/// The HTTP/2 request head for an HTTP/1 request, built from the parsed request (no HTTP/1
-/// head is written and parsed back): `:authority` from Host (the backend's address when the
-/// client sent none), the fields filtered and X-Forwarded-* set as for HTTP/2 clients, and
-/// the hooks' fields.
-pub(crate) struct H2Head {
-    method: http::Method,
-    /// `:authority` ("": the address of the backend the attempt goes to).
-    authority: String,
-    /// The request target sent upstream.
-    path: String,
-    headers: http::HeaderMap,
-}
-
-impl H2Head {
-    /// Adds "Name: value\r\n" lines (forward_auth's copied fields).
-    pub(crate) fn add_lines(&mut self, lines: &[u8]) {
-        crate::downstream::http2::add_hook_headers(lines, &mut self.headers);
-    }
-
-    pub(crate) fn build(
-        req: &crate::http1::request::RequestView,
-        path: &str,
-        fwd: &crate::downstream::http2::to_h2::Forwarding,
-        group: &crate::config::UpstreamGroup,
-        backend: usize,
-        hook_lines: Option<&[u8]>,
-    ) -> Result<H2Head, ProxyError> {
-        let bad =
-            || ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"));
-        let method = http::Method::from_bytes(req.method.as_bytes()).map_err(|_| bad())?;
-        let authority = match fwd.edit.and_then(|e| e.host()) {
-            Some(h) => h,
-            None => fwd.host,
-        };
-        // Checked once here, so that no attempt fails on it.
-        let scheme = if group.protocol == UpstreamProtocol::H2 {
-            "https"
-        } else {
-            "http"
-        };
-        let addr = group.backends[backend].addr.to_string();
-        let shown = if authority.is_empty() {
-            &addr
-        } else {
-            authority
-        };
-        format!("{scheme}://{shown}{path}")
-            .parse::<http::Uri>()
-            .map_err(|_| bad())?;
-        let fields = crate::exchange::Fields::H1(req.headers);
-        let mut headers = crate::downstream::http2::to_h2::upstream_headers(fields, fwd);
-        if let Some(lines) = hook_lines {
-            crate::downstream::http2::add_hook_headers(lines, &mut headers);
-        }
-        Ok(H2Head {
-            method,
-            authority: authority.to_owned(),
-            path: path.to_owned(),
-            headers,
-        })
-    }
-
-    /// The HTTP/2 request for an attempt on `backend`: the head and the buffered body.
-    fn request(
-        &self,
-        group: &crate::config::UpstreamGroup,
-        backend: usize,
-        body: Bytes,
-    ) -> Result<http::Request<crate::upstream::H2Body>, ProxyError> {
-        let body = Full::new(body)
-            .map_err(|never| match never {})
-            .boxed_unsync();
-        crate::exchange::h2::upstream_request(
-            group,
-            backend,
-            (&self.authority, &self.path),
-            self.method.clone(),
-            self.headers.clone(),
-            body,
-        )
-    }
 }
 
 fn exchange_error_page(record: &Record, status: u16) -> bool {

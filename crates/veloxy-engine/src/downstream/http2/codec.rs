@@ -1,6 +1,6 @@
 //! The HTTP/2 and HTTP/3 codec's side of the exchange driver ([`crate::exchange::drive`]):
 //! how an admitted stream reads its body, answers, fails, and runs its attempts (to an
-//! HTTP/1 group with [`super::to_h1`], to an `h2`/`h2c` group with [`super::to_h2`]).
+//! HTTP/1 group with [`crate::exchange::framed_h1`], to an `h2`/`h2c` group with [`crate::exchange::framed_h2`]).
 //! Failures come back as `Err` for [`super::handle`] to answer (gRPC-aware).
 
 use std::rc::Rc;
@@ -9,10 +9,11 @@ use bytes::Bytes;
 use http::{Request, Response};
 
 use super::request_body::RequestBody;
-use super::{files, ConnCtx, Finish, ProxyBody};
+use super::{ConnCtx, Finish, ProxyBody};
 use crate::config::UpstreamProtocol;
-use crate::error::{ErrorKind, ProxyError};
+use crate::error::ProxyError;
 use crate::exchange::drive::Codec;
+use crate::exchange::{framed, framed_h1, framed_h2};
 use crate::exchange::{Admitted, Answer, ProxyTarget, Record, Slot};
 use crate::worker::{Generation, Worker};
 
@@ -65,19 +66,7 @@ impl Codec for H2<'_> {
     }
 
     async fn whole_body(&mut self, limit: u64) -> Result<Bytes, ProxyError> {
-        let c = self.c;
-        let mut out = bytes::BytesMut::new();
-        let body = self.req.body_mut();
-        while let Some(frame) = super::to_h1::next_frame(c, body).await? {
-            let frame = frame.map_err(super::to_h1::client_gone)?;
-            if let Ok(data) = frame.into_data() {
-                if (out.len() + data.len()) as u64 > limit {
-                    return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
-                }
-                out.extend_from_slice(&data);
-            }
-        }
-        Ok(out.freeze())
+        framed::whole_body(&**self.c, self.req.body_mut(), limit).await
     }
 
     async fn ready(self) -> Out {
@@ -87,10 +76,11 @@ impl Codec for H2<'_> {
         Ok(match self.admitted {
             Admitted::Files(route) => {
                 let path = self.req.uri().path_and_query().map_or("/", |p| p.as_str());
-                files::serve_file(worker, &route, &self.req, path, f)
+                let req = (self.req.method(), path, self.req.headers());
+                framed::serve_file(worker, &route, req, f)
             }
-            Admitted::Answer(answer) => files::serve_answer(worker, answer, is_head, f),
-            Admitted::Cached(r) => files::serve_cached(worker, r, f),
+            Admitted::Answer(answer) => framed::serve_answer(worker, answer, is_head, f),
+            Admitted::Cached(r) => framed::serve_static(worker, r, f),
             Admitted::Proxy(_) => unreachable!("a proxied request is not ready"),
         })
     }
@@ -98,12 +88,12 @@ impl Codec for H2<'_> {
     async fn answer(self, a: Answer) -> Out {
         let is_head = self.is_head();
         let f = self.fin.take().expect("present until answered");
-        Ok(files::serve_answer(&self.c.worker, a, is_head, f))
+        Ok(framed::serve_answer(&self.c.worker, a, is_head, f))
     }
 
     async fn cached(self, r: crate::static_files::Response) -> Out {
         let f = self.fin.take().expect("present until answered");
-        Ok(files::serve_cached(&self.c.worker, r, f))
+        Ok(framed::serve_static(&self.c.worker, r, f))
     }
 
     async fn fail(self, e: ProxyError) -> Out {
@@ -116,10 +106,10 @@ impl Codec for H2<'_> {
         };
         match gen.snapshot.upstreams[target.upstream].protocol {
             UpstreamProtocol::Http1 => {
-                super::to_h1::relay(self.c, gen, &target, self.req, self.fin).await
+                framed_h1::relay(&**self.c, gen, &target, self.req, self.fin).await
             }
             UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
-                super::to_h2::relay(self.c, gen, &target, self.req, self.fin).await
+                framed_h2::relay(&**self.c, gen, &target, self.req, self.fin).await
             }
         }
     }

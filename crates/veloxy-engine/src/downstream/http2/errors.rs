@@ -8,8 +8,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
 
 use super::request_body::RequestBody;
-use super::{ConnCtx, Finish, ProxyBody};
+use super::{Finish, ProxyBody};
 use crate::error::{ErrorKind, ProxyError};
+use crate::worker::Worker;
 
 pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
@@ -90,16 +91,20 @@ const DRAIN_FOR: Duration = Duration::from_secs(5);
 /// client still sends, then resetting at once (RFC 9113 allows it) makes curl, and other
 /// clients that stop reading on a reset, report a transport error instead of the 413. The 413
 /// goes out first; this runs beside it. Returns `e` for the caller to answer.
-pub(crate) fn drain_after_413(c: &Rc<ConnCtx>, mut body: RequestBody, e: ProxyError) -> ProxyError {
+pub(crate) fn drain_after_413(
+    worker: &Rc<Worker>,
+    mut body: RequestBody,
+    e: ProxyError,
+) -> ProxyError {
     use http_body_util::BodyExt;
     if matches!(e.kind, ErrorKind::BodyTooLarge) && !http_body::Body::is_end_stream(&body) {
-        let c = c.clone();
+        let worker = worker.clone();
         tokio::task::spawn_local(async move {
             let mut read = 0u64;
             let _ = tokio::time::timeout(DRAIN_FOR, async {
                 while let Some(Ok(frame)) = body.frame().await {
                     let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-                    c.worker.metrics.bytes_in.add(n);
+                    worker.metrics.bytes_in.add(n);
                     read += n;
                     if read > DRAIN_MAX {
                         break;

@@ -9,23 +9,20 @@
 //! by the header list size.
 //!
 //! Each stream is one request: routed, limited and hooked like an HTTP/1 request, then sent to
-//! the upstream group in its protocol: HTTP/1.1 through the worker's keep-alive pool
-//! ([`to_h1`]), or HTTP/2 over one multiplexed connection per backend per worker ([`to_h2`]).
+//! the upstream group in its protocol by the framed relays: HTTP/1.1 through the worker's
+//! keep-alive pool ([`crate::exchange::framed_h1`]), or HTTP/2 over one multiplexed connection
+//! per backend per worker ([`crate::exchange::framed_h2`]).
 //! Responses stream back without buffering; a [`Finish`] guard carried by the body records
 //! metrics, the access log line and `on_done` when the body ends or the client resets it.
 
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
-use http_body::{Body, Frame};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -39,12 +36,9 @@ pub(crate) use request_body::RequestBody;
 pub(crate) mod bridge;
 mod codec;
 mod errors;
-mod files;
 mod hpack;
 pub(crate) mod request_body;
 mod stall;
-mod to_h1;
-pub(crate) mod to_h2;
 
 /// Per-stream receive window: how much request body a client may send ahead of the proxy.
 /// Memory per connection is bounded by the connection window below.
@@ -211,72 +205,8 @@ impl Drop for Finish {
     }
 }
 
-/// A response body: veloxy's own short answers, or a stream from the upstream.
-pub(crate) enum ProxyBody {
-    Full(Option<Bytes>, Option<Box<Finish>>),
-    H1(Box<crate::exchange::h1_body::H1Body<Finish>>),
-    H2(Incoming, Option<Box<Finish>>),
-    File(Box<files::FileBody>),
-}
-
-impl Body for ProxyBody {
-    type Data = Bytes;
-    type Error = ProxyError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>> {
-        match self.get_mut() {
-            ProxyBody::Full(data, fin) => {
-                let out = data.take().map(|d| Ok(Frame::data(d)));
-                if out.is_none() {
-                    fin.take();
-                }
-                Poll::Ready(out)
-            }
-            ProxyBody::H1(b) => b.poll_frame(cx),
-            ProxyBody::File(b) => match b.next() {
-                Some(r) => Poll::Ready(Some(r.map(Frame::data))),
-                None => {
-                    b.fin.take();
-                    Poll::Ready(None)
-                }
-            },
-            ProxyBody::H2(body, fin) => {
-                let r = match Pin::new(body).poll_frame(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(r) => r,
-                };
-                match r {
-                    None => {
-                        fin.take();
-                        Poll::Ready(None)
-                    }
-                    Some(Ok(frame)) => {
-                        if let (Some(d), Some(f)) = (frame.data_ref(), fin.as_deref_mut()) {
-                            f.bytes_sent += d.len() as u64;
-                            f.conn.worker.metrics.bytes_out.add(d.len() as u64);
-                        }
-                        Poll::Ready(Some(Ok(frame)))
-                    }
-                    Some(Err(e)) => Poll::Ready(Some(Err(
-                        ProxyError::upstream(ErrorKind::Stream).because(e)
-                    ))),
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ProxyBody::Full(d, _) => d.is_none(),
-            ProxyBody::H1(b) => b.is_end_stream(),
-            ProxyBody::H2(b, _) => b.is_end_stream(),
-            ProxyBody::File(b) => b.parts.is_empty(),
-        }
-    }
-}
+/// A stream's response body (see [`crate::exchange::framed::ResponseBody`]).
+pub(crate) type ProxyBody = crate::exchange::framed::ResponseBody<Finish>;
 
 pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Response<ProxyBody> {
     let w = c.worker.clone();
@@ -336,26 +266,6 @@ pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Respons
     }
 }
 
-/// The request's host: `:authority`, else the Host header.
-pub(crate) fn authority(req: &Request<RequestBody>) -> &str {
-    authority_of_parts(req.uri(), req.headers())
-}
-
-pub(crate) fn authority_of(parts: &http::request::Parts) -> &str {
-    authority_of_parts(&parts.uri, &parts.headers)
-}
-
-fn authority_of_parts<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> &'a str {
-    uri.authority()
-        .map(|a| a.as_str())
-        .or_else(|| {
-            headers
-                .get(http::header::HOST)
-                .and_then(|v| v.to_str().ok())
-        })
-        .unwrap_or("")
-}
-
 /// A multiplexed client connection's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Multiplexed {
@@ -388,7 +298,7 @@ async fn admit_and_drive(
     req: Request<RequestBody>,
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let host = authority(&req);
+    let host = crate::exchange::framed::authority(req.uri(), req.headers());
     // The same check as for HTTP/1 Host headers: no userinfo, path or query characters can
     // ride in on a Host header (or `:authority`) and be spliced into the upstream request.
     if !host.is_empty() && !crate::http1::request::valid_authority(host.as_bytes()) {
@@ -423,7 +333,7 @@ async fn admit_and_drive(
     let f = fin.as_deref_mut().expect("present until success");
     let mut admitted = match exchange::admit(&c.worker, gen, &peer, &head, &mut f.record) {
         Ok(a) => a,
-        Err(e) => return Err(errors::drain_after_413(c, req.into_body(), e)),
+        Err(e) => return Err(errors::drain_after_413(&c.worker, req.into_body(), e)),
     };
     if let (true, Admitted::Proxy(target)) = (early, &mut admitted) {
         // RFC 8470: the upstream learns the request may be a replay (and may answer 425).
@@ -441,16 +351,6 @@ async fn admit_and_drive(
     exchange::drive::drive(&c.worker, gen, codec).await
 }
 
-/// Takes the route's concurrency slot for the stream (see [`exchange::hold_slot`]), held by
-/// its [`Finish`] until the response body ends.
-pub(crate) async fn hold_slot(
-    t: &exchange::ProxyTarget,
-    fin: &mut Option<Box<Finish>>,
-) -> Result<(), ProxyError> {
-    let f = fin.as_deref_mut().expect("present until success");
-    exchange::hold_slot(&t.concurrency, &mut f.admission).await
-}
-
 /// An HTTP/2 stream or connection failure reported by hyper, as an I/O error of the side it
 /// happened on.
 pub(crate) fn hyper_error(upstream: bool, cause: hyper::Error) -> ProxyError {
@@ -462,18 +362,52 @@ pub(crate) fn hyper_error(upstream: bool, cause: hyper::Error) -> ProxyError {
     e.because(cause)
 }
 
-/// Headers the hooks asked to add to the response ("Name: value\r\n" lines).
-pub(crate) fn add_hook_headers(raw: &[u8], headers: &mut HeaderMap) {
-    crate::exchange::edit::append_fields(crate::exchange::edit::lines(raw), headers);
-}
-
-impl crate::exchange::h1_body::Sent for Finish {
+impl crate::exchange::framed::End for Finish {
     fn sent(&mut self, n: u64) {
         self.bytes_sent += n;
         self.conn.worker.metrics.bytes_out.add(n);
     }
     fn status(&self) -> u16 {
         self.status
+    }
+    fn set_status(&mut self, status: u16) {
+        self.status = status;
+    }
+    fn record(&mut self) -> &mut Record {
+        &mut self.record
+    }
+    fn slot(&mut self) -> &mut exchange::Slot {
+        &mut self.admission
+    }
+}
+
+impl crate::exchange::framed::FramedClient for ConnCtx {
+    type Body = RequestBody;
+    type End = Finish;
+    fn worker(&self) -> &Rc<Worker> {
+        &self.worker
+    }
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+    fn client_ip(&self) -> &str {
+        &self.client_ip
+    }
+    fn proto(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+    fn version(&self) -> u8 {
+        self.version
+    }
+    fn body_timeout(&self) -> Duration {
+        self.body_timeout
+    }
+    fn drain(&self, body: RequestBody, e: ProxyError) -> ProxyError {
+        errors::drain_after_413(&self.worker, body, e)
     }
 }
 
@@ -507,22 +441,6 @@ impl ConnCtx {
             last_active_ms: Cell::new(crate::clock::now_ms()),
             body_timeout,
             stalls: stall::Watch::default(),
-        }
-    }
-    pub(crate) fn worker(&self) -> &Rc<Worker> {
-        &self.worker
-    }
-    pub(crate) fn body_timeout(&self) -> Duration {
-        self.body_timeout
-    }
-    pub(crate) fn client_ip(&self) -> &str {
-        &self.client_ip
-    }
-    pub(crate) fn proto(&self) -> &'static str {
-        if self.tls {
-            "https"
-        } else {
-            "http"
         }
     }
 }

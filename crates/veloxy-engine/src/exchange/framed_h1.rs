@@ -1,4 +1,5 @@
-//! An HTTP/2 stream forwarded to an HTTP/1.1 upstream through the worker's keep-alive pool.
+//! A framed client's request (an HTTP/2 or HTTP/3 stream) forwarded to an HTTP/1.1 upstream
+//! through the worker's keep-alive pool.
 //!
 //! The request head is written in HTTP/1.1 form (`:authority` becomes Host, cookies split by
 //! HTTP/2 are joined again, a body of unknown length goes chunked). Small request bodies of
@@ -11,12 +12,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response};
-use http_body::{Body, Frame};
-use http_body_util::BodyExt;
+use http_body::Body;
 use tokio::time::Instant;
 
-use super::request_body::{BodyError, RequestBody};
-use super::{ConnCtx, Finish, ProxyBody};
+use super::framed::{next_frame, End, FramedClient, ResponseBody};
 use crate::deadline::timeout;
 use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::attempt::{self, Plan};
@@ -34,27 +33,30 @@ fn up(kind: ErrorKind) -> ProxyError {
     ProxyError::upstream(kind)
 }
 
-pub(super) async fn relay(
-    c: &Rc<ConnCtx>,
+/// Forwards the request: its head written for HTTP/1.1, the body buffered as far as
+/// `request_buffering` says, the route's concurrency slot, the attempts (retried while the
+/// body is replayable), then the response, streamed.
+pub(crate) async fn relay<C: FramedClient>(
+    c: &C,
     gen: &Rc<Generation>,
     t: &ProxyTarget,
-    req: Request<RequestBody>,
-    fin: &mut Option<Box<Finish>>,
-) -> Result<Response<ProxyBody>, ProxyError> {
+    req: Request<C::Body>,
+    fin: &mut Option<Box<C::End>>,
+) -> Result<Response<ResponseBody<C::End>>, ProxyError> {
     let mut wbuf = c.worker().take_vec();
     let result = forward_with(c, gen, t, req, fin, &mut wbuf).await;
     c.worker().give_vec(wbuf);
     result
 }
 
-async fn forward_with(
-    c: &Rc<ConnCtx>,
+async fn forward_with<C: FramedClient>(
+    c: &C,
     gen: &Rc<Generation>,
     t: &ProxyTarget,
-    req: Request<RequestBody>,
-    fin: &mut Option<Box<Finish>>,
+    req: Request<C::Body>,
+    fin: &mut Option<Box<C::End>>,
     wbuf: &mut Vec<u8>,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<Response<ResponseBody<C::End>>, ProxyError> {
     let group = &gen.snapshot.upstreams[t.upstream];
     let (parts, mut body) = req.into_parts();
     let is_head = parts.method == Method::HEAD;
@@ -88,20 +90,21 @@ async fn forward_with(
         let buffered_body = buffer_body(c, &mut body, buffering, framing, wbuf, t.max_body).await;
         let (done, got) = match buffered_body {
             Ok(x) => x,
-            Err(e) => return Err(super::errors::drain_after_413(c, body, e)),
+            Err(e) => return Err(c.drain(body, e)),
         };
         streaming = !done;
         buffered = got;
     }
     let replayable = idempotent && !streaming;
     // After the buffered part of the body: a slow sender held no slot while it trickled.
-    super::hold_slot(t, fin).await?;
+    let f = fin.as_deref_mut().expect("present until success");
+    super::hold_slot(&t.concurrency, f.slot()).await?;
 
     let plan = Plan {
         worker: c.worker(),
         gen,
         upstream: t.upstream,
-        client: c.peer,
+        client: c.peer(),
         hash: t.hash,
         replayable,
     };
@@ -133,13 +136,13 @@ async fn forward_with(
     )
     .await;
     if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
-        f.record.backend = Some(group.backends[b].addr.clone());
+        f.record().backend = Some(group.backends[b].addr.clone());
     }
     let (backend, conn, head, rest) = match result {
         Ok(x) => x,
-        Err(e) => return Err(super::errors::drain_after_413(c, body, e)),
+        Err(e) => return Err(c.drain(body, e)),
     };
-    if let Some(page) = super::files::upstream_error_page(c.worker(), head.status, is_head, fin) {
+    if let Some(page) = super::framed::upstream_error_page(c.worker(), head.status, is_head, fin) {
         return Ok(page);
     }
     Ok(respond(c, gen, t, backend, conn, head, rest, fin))
@@ -148,9 +151,9 @@ async fn forward_with(
 /// Reads the body into `wbuf` (after the head) as `buffering` says, before any upstream is
 /// involved; returns whether it was read to its end. A body of unknown length goes chunked,
 /// so what is read is chunk-encoded and the rest streams after it.
-async fn buffer_body(
-    c: &ConnCtx,
-    body: &mut RequestBody,
+async fn buffer_body<C: FramedClient>(
+    c: &C,
+    body: &mut C::Body,
     buffering: Buffering,
     framing: BodyKind,
     wbuf: &mut Vec<u8>,
@@ -174,7 +177,6 @@ async fn buffer_body(
             }
             return Ok((true, got));
         };
-        let frame = frame.map_err(client_gone)?;
         // Request trailers: HTTP/1.1 upstreams rarely accept them.
         let Ok(data) = frame.into_data() else {
             continue;
@@ -217,42 +219,25 @@ impl MinNone for BodyKind {
     }
 }
 
-/// The next frame of a request body, waiting at most `body_timeout` for it: a client that
-/// stops sending mid-body must not hold an upstream connection (and a route's concurrency
-/// slot) forever.
-pub(super) async fn next_frame(
-    c: &ConnCtx,
-    body: &mut RequestBody,
-) -> Result<Option<Result<Frame<Bytes>, BodyError>>, ProxyError> {
-    timeout(c.body_timeout(), body.frame()).await.map_err(|_| {
-        c.worker().metrics.body_timeouts.inc();
-        ProxyError::downstream(ErrorKind::BodyTimeout)
-    })
-}
-
-pub(super) fn client_gone(e: BodyError) -> ProxyError {
-    ProxyError::downstream(ErrorKind::Stream).because(e)
-}
-
 /// The rest of a request body still to stream (with what is left of `max_body_bytes`), and
 /// its framing on the HTTP/1.1 hop.
-type Streamed<'b> = (Option<(&'b mut RequestBody, Option<u64>)>, BodyKind);
+type Streamed<'b, B> = (Option<(&'b mut B, Option<u64>)>, BodyKind);
 
 /// Writes the HTTP/1.1 request head for an HTTP/2 or HTTP/3 request, complete with its blank
 /// line (the one writer of [`crate::exchange::h1_head`]).
-fn write_head(
-    c: &ConnCtx,
+fn write_head<C: FramedClient>(
+    c: &C,
     gen: &Generation,
     (parts, t): (&http::request::Parts, &ProxyTarget),
     framing: BodyKind,
-    fin: &Option<Box<Finish>>,
+    fin: &mut Option<Box<C::End>>,
     out: &mut Vec<u8>,
 ) {
     let head = crate::exchange::Head {
         method: parts.method.as_str(),
         target: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-        host: super::authority_of(parts).as_bytes(),
-        version: c.version,
+        host: super::framed::authority(&parts.uri, &parts.headers).as_bytes(),
+        version: c.version(),
         fields: crate::exchange::Fields::H2(&parts.headers),
     };
     let host = gen.snapshot.upstreams[t.upstream].backends[t.backend].authority();
@@ -265,8 +250,8 @@ fn write_head(
         proto: c.proto(),
         keep_underscores: gen.snapshot.settings.underscores_in_headers,
         hook_lines: fin
-            .as_ref()
-            .and_then(|f| f.record.ctx.as_deref())
+            .as_deref_mut()
+            .and_then(|f| f.record().ctx.as_deref())
             .map(|ctx| ctx.upstream_headers.as_slice()),
     };
     crate::exchange::h1_head::write(&head, t, &options, out);
@@ -275,12 +260,12 @@ fn write_head(
 
 /// One attempt against one backend: returns the connection, the response head and the bytes
 /// read after it.
-async fn attempt(
-    c: &ConnCtx,
+async fn attempt<C: FramedClient>(
+    c: &C,
     gen: &Generation,
     (t, backend): (&ProxyTarget, usize),
     wbuf: &[u8],
-    (mut body, framing): Streamed<'_>,
+    (mut body, framing): Streamed<'_, C::Body>,
     tries: crate::exchange::h1::Tries,
 ) -> Result<(UpstreamConn, ForeignHead, BytesMut), Fail> {
     let write_timeout = gen.snapshot.upstreams[t.upstream].write_timeout;
@@ -293,18 +278,17 @@ async fn attempt(
 
 /// Streams the request body from the HTTP/2 stream to the upstream (chunk-encoded when its
 /// length is unknown). Flow control bounds what the client sends ahead.
-async fn stream_body(
-    c: &ConnCtx,
+async fn stream_body<C: FramedClient>(
+    c: &C,
     write_timeout: Duration,
     conn: &mut UpstreamConn,
-    body: &mut RequestBody,
+    body: &mut C::Body,
     framing: BodyKind,
     mut budget: Option<u64>,
 ) -> Result<(), Fail> {
     let chunked = framing == BodyKind::Chunked;
     let mut out = Vec::with_capacity(READ_CHUNK);
     while let Some(frame) = next_frame(c, body).await.map_err(Fail::Fatal)? {
-        let frame = frame.map_err(|e| Fail::Fatal(client_gone(e)))?;
         let Ok(data) = frame.into_data() else {
             continue; // request trailers: HTTP/1.1 upstreams rarely accept them
         };
@@ -341,19 +325,19 @@ async fn write_up(conn: &mut UpstreamConn, limit: Duration, data: &[u8]) -> Resu
 }
 
 #[allow(clippy::too_many_arguments)]
-fn respond(
-    c: &Rc<ConnCtx>,
+fn respond<C: FramedClient>(
+    c: &C,
     gen: &Rc<Generation>,
     t: &ProxyTarget,
     backend: usize,
     conn: UpstreamConn,
     head: ForeignHead,
     rest: BytesMut,
-    fin: &mut Option<Box<Finish>>,
-) -> Response<ProxyBody> {
+    fin: &mut Option<Box<C::End>>,
+) -> Response<ResponseBody<C::End>> {
     let group = &gen.snapshot.upstreams[t.upstream];
     let mut fin = fin.take().expect("present until success");
-    fin.status = head.status;
+    fin.set_status(head.status);
     let mut headers = head.headers;
     if matches!(head.status, 204 | 304) {
         // These responses have no content. A Content-Length on a 204 is forbidden, and HTTP/2
@@ -370,7 +354,7 @@ fn respond(
             }
         }
     }
-    if let Some(view) = crate::exchange::on_response(c.worker(), &mut fin.record, head.status) {
+    if let Some(view) = crate::exchange::on_response(c.worker(), fin.record(), head.status) {
         view.apply_map(&mut headers);
     }
     let has_body = !matches!(head.body, BodyKind::None | BodyKind::Length(0));
@@ -409,20 +393,20 @@ fn respond(
         // No body (HEAD, 204, 304, empty): hyper will not poll it.
         body.release();
     }
-    upstream_response(head.status, headers, ProxyBody::H1(body))
+    upstream_response(head.status, headers, ResponseBody::H1(body))
 }
 
 /// [`respond`] for a response whose body is all in `rest`: pools the upstream connection
 /// (when it is given: reusable) and answers the body as one frame.
-fn complete(
-    c: &Rc<ConnCtx>,
+fn complete<C: FramedClient>(
+    c: &C,
     gen: &Rc<Generation>,
     (upstream, backend, conn): (usize, usize, Option<UpstreamConn>),
     status: u16,
     rest: BytesMut,
     headers: http::HeaderMap,
-    mut fin: Box<Finish>,
-) -> Response<ProxyBody> {
+    mut fin: Box<C::End>,
+) -> Response<ResponseBody<C::End>> {
     let worker = c.worker();
     // Copied out so the worker's 16 KiB read buffer is recycled at once.
     let data = Bytes::copy_from_slice(&rest);
@@ -430,20 +414,12 @@ fn complete(
     if let Some(conn) = conn {
         worker.pool_upstream(gen, (upstream, backend), conn);
     }
-    fin.bytes_sent = data.len() as u64;
-    worker.metrics.bytes_out.add(data.len() as u64);
-    upstream_response(status, headers, ProxyBody::Full(Some(data), Some(fin)))
+    fin.sent(data.len() as u64);
+    upstream_response(status, headers, ResponseBody::Full(Some(data), Some(fin)))
 }
 
 /// The response to the client: the upstream's status and (edited) headers over `body`.
-fn upstream_response(
-    status: u16,
-    headers: http::HeaderMap,
-    body: ProxyBody,
-) -> Response<ProxyBody> {
-    let mut resp = Response::new(body);
-    *resp.status_mut() =
-        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    *resp.headers_mut() = headers;
-    resp
+fn upstream_response<B>(status: u16, headers: http::HeaderMap, body: B) -> Response<B> {
+    let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    super::framed::respond(status, headers, body)
 }

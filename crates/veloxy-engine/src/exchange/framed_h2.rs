@@ -1,0 +1,109 @@
+//! A framed client's request (an HTTP/2 or HTTP/3 stream) forwarded to an HTTP/2 upstream (`protocol = "h2"` over TLS,
+//! or `"h2c"`): what gRPC needs. The attempts are [`crate::exchange::h2`]'s, over one
+//! multiplexed connection per backend per worker. Bodies and trailers pass through as frames,
+//! in both directions, without buffering; the request body is held to `max_body_bytes` and
+//! `body_timeout` on its way ([`crate::exchange::body`]).
+
+use std::rc::Rc;
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+
+use super::framed::{End, FramedClient, ResponseBody};
+use crate::error::ProxyError;
+use crate::exchange::attempt::{self, AttemptFail, Plan};
+use crate::exchange::h2_head::{upstream_headers, Forwarding};
+use crate::exchange::{Fields, ProxyTarget};
+use crate::worker::Generation;
+
+/// Forwards the stream: its fields rewritten for the upstream, the route's concurrency slot,
+/// the attempts (a failed connect moves to another backend), then the response, streamed.
+pub(crate) async fn relay<C: FramedClient>(
+    c: &C,
+    gen: &Rc<Generation>,
+    t: &ProxyTarget,
+    req: Request<C::Body>,
+    fin: &mut Option<Box<C::End>>,
+) -> Result<Response<ResponseBody<C::End>>, ProxyError> {
+    let group = &gen.snapshot.upstreams[t.upstream];
+    let (parts, body) = req.into_parts();
+    let is_head = parts.method == http::Method::HEAD;
+    let host = super::framed::authority(&parts.uri, &parts.headers).to_owned();
+
+    let fwd = Forwarding {
+        client_ip: c.client_ip(),
+        proto: c.proto(),
+        host: &host,
+        keep_underscores: gen.snapshot.settings.underscores_in_headers,
+        edit: t.edit.as_ref(),
+    };
+    let mut headers = upstream_headers(Fields::H2(&parts.headers), &fwd);
+    // A Host the rules set is the upstream's `:authority`.
+    let host = match t.edit.as_ref().and_then(|e| e.host()) {
+        Some(h) => h.to_owned(),
+        None => host,
+    };
+    if let Some(ctx) = fin.as_deref_mut().and_then(|f| f.record().ctx.as_deref()) {
+        super::edit::append_fields(super::edit::lines(&ctx.upstream_headers), &mut headers);
+    }
+
+    // The client's body is held to `max_body_bytes` and `body_timeout` as it streams.
+    let (body, watch) = crate::exchange::body::guard(
+        body,
+        t.max_body,
+        c.body_timeout(),
+        c.worker().metrics.clone(),
+    );
+    // Nothing is buffered: the slot is taken before the first attempt.
+    let f = fin.as_deref_mut().expect("present until success");
+    super::hold_slot(&t.concurrency, f.slot()).await?;
+    // Nothing is sent before a backend has a live connection, so a failed connect moves on
+    // to another backend whatever the method; once sent, the request is not retried (its
+    // body streams through and cannot be replayed).
+    let plan = Plan {
+        worker: c.worker(),
+        gen,
+        upstream: t.upstream,
+        client: c.peer(),
+        hash: t.hash,
+        replayable: false,
+    };
+    let mut pending = Some((parts.method, parts.uri, headers, body));
+    let mut last = None;
+    let result = attempt::run(&plan, t.backend, &mut last, async |backend, _| {
+        let make = || {
+            let (method, uri, headers, body) = pending.take().expect("sent at most once");
+            let path = t.path.as_deref();
+            let path = path.unwrap_or_else(|| uri.path_and_query().map_or("/", |p| p.as_str()));
+            let target = (host.as_str(), path);
+            let body = body.boxed_unsync();
+            crate::exchange::h2::upstream_request(group, backend, target, method, headers, body)
+        };
+        let sent =
+            crate::exchange::h2::attempt_on(c.worker(), gen, (t.upstream, backend), false, make)
+                .await;
+        // The client's body broke a limit: its fault, not the backend's.
+        sent.map_err(|e| watch.error().map_or(e, AttemptFail::Fatal))
+    })
+    .await;
+    if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
+        f.record().backend = Some(group.backends[b].addr.clone());
+    }
+    let result = match (result, watch.take_rest()) {
+        (Err(e), Some(rest)) => Err(c.drain(rest, e)),
+        (result, _) => result,
+    };
+    let resp = result?;
+    let status = resp.status().as_u16();
+    if let Some(page) = super::framed::upstream_error_page(c.worker(), status, is_head, fin) {
+        return Ok(page);
+    }
+    let (mut rparts, rbody) = resp.into_parts();
+    let mut fin = fin.take().expect("present until success");
+    fin.set_status(status);
+    if let Some(view) = crate::exchange::on_response(c.worker(), fin.record(), status) {
+        view.apply_map(&mut rparts.headers);
+    }
+    let body = ResponseBody::H2(rbody, Some(fin));
+    Ok(super::framed::respond(rparts.status, rparts.headers, body))
+}
