@@ -1,4 +1,4 @@
-"""Entry point: `bench/run [--quick|--smoke|--vs-nginx|--tcp|--h3|--cache] [options]` (see
+"""Entry point: `bench/run [--quick|--smoke|--vs-nginx|--tcp|--h3|--cache|--scale] [options]` (see
 bench/README.md)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cache, h3, report, runner, sweep, tcp, vs_nginx
+from . import cache, h3, report, runner, scale, sweep, tcp, vs_nginx
 from .peers import ALL_PROXIES
 from .runner import SetupError
 from .ui import fmt_s, say
@@ -48,6 +48,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       help="veloxy vs nginx vs HAProxy, 1 worker each, across connection counts "
                            "(p99, p99.9, CPU per request), then a fixed-rate ramp at 25-90%% of "
                            "each proxy's own ceiling")
+    mode.add_argument("--scale", action="store_true",
+                      help="route-table scale: veloxy vs nginx vs HAProxy, 1 worker each, CPU per "
+                           "request with 10..100,000 routes over up to 10,000 hosts, then load, "
+                           "check and reload times of a 10,000-host config and p99 during reloads")
     p.add_argument("--proxies", help=f"comma list (default: all: {','.join(ALL_PROXIES)})")
     p.add_argument("--scenarios", help="comma list of scenario names (default: all)")
     p.add_argument("--cores", help="core split PROXY:LOAD, e.g. 0:1 or 0-3:4-15 "
@@ -63,8 +67,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3,
                    help="--vs-nginx (>= 3), --tcp, --h3, --cache (>= 1; below 3 only a smoke "
                         "check): alternating rounds")
-    p.add_argument("--duration", type=float, default=10,
-                   help="--vs-nginx, --tcp, --h3, --cache: seconds per run")
+    p.add_argument("--duration", type=float, default=None,
+                   help="--vs-nginx, --tcp, --h3, --cache: seconds per run (default 10); --scale: "
+                        "per round and table (default 5; the reload rounds take twice that)")
     p.add_argument("--warmup", type=float, default=2,
                    help="--vs-nginx, --tcp, --h3, --cache: warm-up seconds per run")
     p.add_argument("--connections", type=int, default=64,
@@ -84,12 +89,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="--vs-nginx: also count syscalls per request (strace -c -f, short run)")
     p.add_argument("--sweep-connections",
                    help="--sweep: comma list of connection counts (default: 64,256,1000,4000,10000)")
+    p.add_argument("--small", action="store_true",
+                   help="--scale: a smoke check: tables of 10 and 1,000 routes, a 1,000-host "
+                        "reload config, 1 round of 2 s")
+    p.add_argument("--scale-sizes",
+                   help="--scale: comma list of table sizes in routes (default: "
+                        "10,1000,10000,100000; above 10,000: a multiple of 10,000)")
     p.add_argument("--list", action="store_true", help="list scenarios and proxies, then exit")
     args = p.parse_args(argv)
+    if (args.small or args.scale_sizes) and not args.scale:
+        p.error("--small and --scale-sizes are --scale options")
+    if args.scale and args.small:
+        args.rounds = 1
+        if args.duration is None:
+            args.duration = 2
+        args.warmup = min(args.warmup, 1)
+    if args.duration is None:
+        args.duration = 5 if args.scale else 10
     if args.ratelimit:
         if args.rules or args.auth:
             p.error("--ratelimit is a scenario of its own: not with --rules or --auth")
-        if args.quick or args.smoke or args.tcp or args.h3 or args.cache or args.sweep:
+        if args.quick or args.smoke or args.tcp or args.h3 or args.cache or args.sweep or args.scale:
             p.error("--ratelimit is a --vs-nginx scenario")
         args.vs_nginx = True
         if not args.name:
@@ -140,7 +160,8 @@ def main(argv: list[str]) -> int:
                                 "--duration", str(int(args.duration)), "--out", str(out / name)])
     profile = ("smoke" if args.smoke else "quick" if args.quick
                else "vs-nginx" if args.vs_nginx else "tcp" if args.tcp else "h3" if args.h3
-               else "cache" if args.cache else "sweep" if args.sweep else "full")
+               else "cache" if args.cache else "sweep" if args.sweep
+               else "scale" if args.scale else "full")
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
@@ -164,6 +185,8 @@ def main(argv: list[str]) -> int:
         requested = list(cache.CACHE_PEERS)
     elif profile == "sweep":
         requested = list(sweep.SWEEP_PEERS)
+    elif profile == "scale":
+        requested = list(scale.SCALE_PEERS)
     else:
         requested = list(ALL_PROXIES)
     scenarios = [s for s in all_sc if profile in s.PROFILES]
@@ -205,6 +228,8 @@ def main(argv: list[str]) -> int:
             return cache.run(ctx, args, requested)
         if profile == "sweep":
             return sweep.run(ctx, args, requested)
+        if profile == "scale":
+            return scale.run(ctx, args, requested)
         wanted = ["wrk", *requested]
         if profile != "smoke":
             wanted.append("h2load")  # for HTTP/2 scenarios; installed up front with the others

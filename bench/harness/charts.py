@@ -64,8 +64,9 @@ def grouped_bars(path: Path, title: str, ylabel: str, groups: list[str],
 
 
 def lines(path: Path, title: str, xlabel: str, ylabel: str,
-          series: dict[str, list[tuple[float, float | None]]], logy: bool = False) -> bool:
-    """series = proxy -> [(x, y), ...]; one line per proxy."""
+          series: dict[str, list[tuple[float, float | None]]], logy: bool = False,
+          logx: bool = False, zero: bool = False) -> bool:
+    """series = proxy -> [(x, y), ...]; one line per proxy. `zero`: the y axis starts at 0."""
     if not HAVE or not series:
         return False
     plt = _plt()
@@ -84,6 +85,10 @@ def lines(path: Path, title: str, xlabel: str, ylabel: str,
         return False
     if logy:
         ax.set_yscale("log")
+    if logx:
+        ax.set_xscale("log")
+    if zero and not logy:
+        ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
