@@ -414,6 +414,7 @@ fn replace_servers(
         ));
     }
     let mut backends = Vec::with_capacity(list.len());
+    let mut seen = std::collections::HashSet::with_capacity(list.len());
     for entry in list {
         let (addr, weight) = match entry {
             serde_json::Value::String(a) => (a.as_str(), 1),
@@ -441,10 +442,8 @@ fn replace_servers(
                 }
             ));
         }
-        if !backends
-            .iter()
-            .any(|o: &crate::upstream::group::Backend| o.addr == b.addr)
-        {
+        // A set of addresses: a PUT of 10,000 servers stays linear.
+        if seen.insert(b.addr.clone()) {
             backends.push(b);
         }
     }

@@ -27,7 +27,7 @@ pub(crate) struct Shared {
     /// Every bound listener's state (name, open connections), for the admin endpoint.
     pub listeners: std::sync::Mutex<Vec<Arc<ListenerState>>>,
     /// Feeds the health thread the snapshot to check.
-    pub health_tx: watch::Sender<Arc<[crate::config::UpstreamGroup]>>,
+    pub health_tx: watch::Sender<Arc<[Arc<crate::config::UpstreamGroup>]>>,
     /// Tells the ACME thread which names to keep.
     pub acme_tx: watch::Sender<crate::acme::manager::Plan>,
     /// Every worker's counters, summed by the admin endpoint.
@@ -58,7 +58,11 @@ impl Shared {
             return;
         }
         let mut next = (*current).clone();
-        regroup(&mut next.upstreams[i], set, next.settings.workers);
+        regroup(
+            Arc::make_mut(&mut next.upstreams[i]),
+            set,
+            next.settings.workers,
+        );
         let next = Arc::new(next);
         self.snapshot.store(next.clone());
         self.generation
@@ -87,7 +91,7 @@ pub(crate) fn carry_over(old: &Snapshot, new: &mut Snapshot) {
         let Some(prev) = old.listeners.iter().find(|l| l.name == listener.name) else {
             continue;
         };
-        for route in listener.router.routes_mut() {
+        for route in Arc::make_mut(&mut listener.router).routes_mut() {
             let Some(was) = prev.router.twin(route) else {
                 continue;
             };

@@ -395,7 +395,7 @@ impl Running {
         self.shared.found.reset_overrides(&snapshot.upstreams);
         for g in &mut snapshot.upstreams {
             let live = self.shared.found.live_set(g);
-            crate::upstream::discovery::set_backends(g, live);
+            crate::upstream::discovery::set_backends(Arc::make_mut(g), live);
         }
         crate::upstream::health::adopt(&current.upstreams, &mut snapshot.upstreams, workers);
         crate::runtime::carry_over(&current, &mut snapshot);

@@ -2,7 +2,8 @@
 //! upstream pools and pickers. Nothing on the request path is shared with other workers except
 //! the read-only config snapshot and a few counters read with relaxed loads.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, RefMut};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,45 +21,65 @@ use crate::upstream::GroupState;
 pub(crate) struct Generation {
     pub number: u64,
     pub snapshot: Arc<Snapshot>,
-    pub groups: RefCell<Vec<GroupState>>,
+    /// This worker's state for each group, by index. A group a change left as it was (the
+    /// same shared group, or one whose backends and pool settings compare equal) shares its
+    /// state with the generation before: picker, idle connections, in-flight counts, latency
+    /// figures and retry budget go on, and requests of either generation count in one place.
+    groups: Vec<Rc<RefCell<GroupState>>>,
 }
 
 impl Generation {
-    fn new(number: u64, snapshot: Arc<Snapshot>) -> Self {
+    /// The generation for `snapshot`, taking over what it can of `old` (see `groups`); a
+    /// group whose backends changed gets fresh state, with the idle connections and figures
+    /// of the backends it kept (by address). Linear in the number of groups and backends.
+    fn new(number: u64, snapshot: Arc<Snapshot>, old: Option<&Generation>) -> Self {
         let workers = snapshot.settings.workers;
+        let mut by_name: Option<HashMap<&str, usize>> = None;
         let groups = snapshot
             .upstreams
             .iter()
-            .map(|g| GroupState::new(g, workers))
+            .enumerate()
+            .map(|(i, group)| {
+                let Some(old) = old else {
+                    return Rc::new(RefCell::new(GroupState::new(group, workers)));
+                };
+                let was = &old.snapshot.upstreams;
+                let j = match was.get(i) {
+                    Some(g) if g.name == group.name => Some(i),
+                    _ => by_name
+                        .get_or_insert_with(|| {
+                            was.iter()
+                                .enumerate()
+                                .map(|(j, g)| (g.name.as_str(), j))
+                                .collect()
+                        })
+                        .get(group.name.as_str())
+                        .copied(),
+                };
+                let Some(j) = j else {
+                    return Rc::new(RefCell::new(GroupState::new(group, workers)));
+                };
+                let same = Arc::ptr_eq(&was[j], group)
+                    || (old.snapshot.settings.workers == workers
+                        && crate::upstream::same_state(&was[j], group));
+                if same {
+                    return old.groups[j].clone();
+                }
+                let mut state = GroupState::new(group, workers);
+                state.adopt(&mut old.groups[j].borrow_mut(), &was[j], group);
+                Rc::new(RefCell::new(state))
+            })
             .collect();
         Generation {
             number,
             snapshot,
-            groups: RefCell::new(groups),
+            groups,
         }
     }
-}
 
-/// Moves idle upstream connections of backends that survive a reload (same group name, same
-/// address) into the new generation's pools, so a reload costs no reconnects.
-fn carry_idle_connections(old: &Generation, new: &Generation) {
-    let (mut from, mut to) = (old.groups.borrow_mut(), new.groups.borrow_mut());
-    for (ni, group) in new.snapshot.upstreams.iter().enumerate() {
-        let Some(oi) = old
-            .snapshot
-            .upstreams
-            .iter()
-            .position(|g| g.name == group.name)
-        else {
-            continue;
-        };
-        for (nb, backend) in group.backends.iter().enumerate() {
-            let old_backends = &old.snapshot.upstreams[oi].backends;
-            if let Some(ob) = old_backends.iter().position(|b| b.addr == backend.addr) {
-                let conns = from[oi].pool.take_all(ob);
-                to[ni].pool.adopt(nb, conns);
-            }
-        }
+    /// This worker's state for group `i` (a short borrow: never held across an await).
+    pub fn group(&self, i: usize) -> RefMut<'_, GroupState> {
+        self.groups[i].borrow_mut()
     }
 }
 
@@ -114,7 +135,7 @@ impl Worker {
         Worker {
             id,
             shared,
-            generation: RefCell::new(Rc::new(Generation::new(number, snapshot))),
+            generation: RefCell::new(Rc::new(Generation::new(number, snapshot, None))),
             bytes: RefCell::new(Vec::new()),
             head_bufs: RefCell::new(Vec::new()),
             vecs: RefCell::new(Vec::new()),
@@ -149,9 +170,10 @@ impl Worker {
                 return g.clone();
             }
         }
-        let fresh = Rc::new(Generation::new(number, self.shared.snapshot.load_full()));
-        let old = std::mem::replace(&mut *self.generation.borrow_mut(), fresh.clone());
-        carry_idle_connections(&old, &fresh);
+        let old = self.generation.borrow().clone();
+        let fresh = Generation::new(number, self.shared.snapshot.load_full(), Some(&old));
+        let fresh = Rc::new(fresh);
+        *self.generation.borrow_mut() = fresh.clone();
         fresh
     }
 
@@ -287,9 +309,8 @@ impl Worker {
     /// `/upstreams`: a few relaxed stores per backend, off the request path.
     pub fn publish(&self) {
         let gen = self.current();
-        let groups = gen.groups.borrow();
-        for (group, state) in gen.snapshot.upstreams.iter().zip(groups.iter()) {
-            state.publish(group, self.id);
+        for (group, state) in gen.snapshot.upstreams.iter().zip(gen.groups.iter()) {
+            state.borrow().publish(group, self.id);
         }
     }
 
@@ -300,8 +321,8 @@ impl Worker {
     pub fn sweep(&self) {
         let gen = self.current();
         let mut closed = 0;
-        for g in gen.groups.borrow_mut().iter_mut() {
-            closed += g.pool.sweep();
+        for g in &gen.groups {
+            closed += g.borrow_mut().pool.sweep();
         }
         self.idle_memory_freed(closed);
     }
@@ -325,7 +346,7 @@ impl Worker {
         conn: crate::upstream::pool::UpstreamConn,
     ) {
         if !self.shutting_down() {
-            gen.groups.borrow_mut()[upstream].pool.put(backend, conn);
+            gen.group(upstream).pool.put(backend, conn);
         }
     }
 }

@@ -116,8 +116,10 @@ pub struct ListenerSpec {
     pub name: String,
     /// The address to bind (port 0: an ephemeral port, reported by `Running::local_addrs`).
     pub addr: SocketAddr,
-    /// The routes that apply to this listener, sorted for lookup.
-    pub router: Router,
+    /// The routes that apply to this listener, sorted for lookup. Shared: a change that
+    /// leaves the routes alone (a backend set through the runtime API or DNS) copies the
+    /// snapshot without copying its routes.
+    pub router: Arc<Router>,
     /// `redirect_https = true`: every request is answered with a 308 to HTTPS on this port.
     pub redirect_https: Option<u16>,
     /// `proxy_protocol = true`: a PROXY protocol v1/v2 header from a trusted proxy comes first.
@@ -191,8 +193,9 @@ pub struct Snapshot {
     pub settings: Settings,
     /// `[listeners.NAME]`, in name order.
     pub listeners: Vec<ListenerSpec>,
-    /// `[upstreams.NAME]`, in name order; routes refer to them by index.
-    pub upstreams: Vec<UpstreamGroup>,
+    /// `[upstreams.NAME]`, in name order; routes refer to them by index. Each is shared, so
+    /// a change to one group's backends copies that group only.
+    pub upstreams: Vec<Arc<UpstreamGroup>>,
     /// Things that are valid but probably unintended, as `file:line:column: key: warning: ...`
     /// lines: `veloxy check` prints them, `veloxy run` logs them at start and on reload.
     pub warnings: Vec<String>,

@@ -15,7 +15,7 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
     let started = tokio::time::Instant::now();
     let mut excluded = group.health.down_set();
     for _ in 0..=group.retries {
-        let pick = gen.groups.borrow_mut()[upstream].pick(&PickContext {
+        let pick = gen.group(upstream).pick(&PickContext {
             client: down.peer,
             excluded: excluded.clone(),
             hash: 0,

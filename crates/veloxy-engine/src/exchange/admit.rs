@@ -392,8 +392,7 @@ fn choose_backend(
         )?)?;
         (!excluded.contains(b)).then_some(b)
     });
-    let mut groups = gen.groups.borrow_mut();
-    let state = &mut groups[upstream];
+    let mut state = gen.group(upstream);
     state.budget.earn();
     let picked = stuck.or_else(|| {
         state.pick(&PickContext {
@@ -428,7 +427,13 @@ fn enter_route(
         }
     }
     if let Some(hooks) = &worker.shared.hooks {
-        record.ctx = Some(run_on_request(hooks.as_ref(), peer, head, listener, group)?);
+        record.ctx = Some(run_on_request(
+            hooks.as_ref(),
+            peer,
+            head,
+            listener,
+            group.map(|g| &**g),
+        )?);
     }
     Ok(())
 }

@@ -83,7 +83,7 @@ pub(crate) async fn run<T, E: ExchangeError>(
             others.union_with(&tried);
             !others.covers(group.backends.len())
         };
-        let budget_left = plan.gen.groups.borrow()[plan.upstream].budget.available();
+        let budget_left = plan.gen.group(plan.upstream).budget.available();
         let may_retry_status = retries_left > 0 && plan.replayable && has_other && budget_left;
         let mut guard = AttemptGuard::start(plan.gen, plan.upstream, current);
         let result = attempt(current, may_retry_status).await;
@@ -113,7 +113,7 @@ pub(crate) async fn run<T, E: ExchangeError>(
         if counts {
             feedback(plan.gen, plan.upstream, current, elapsed, false);
         } else {
-            plan.gen.groups.borrow_mut()[plan.upstream].end(current, elapsed, true);
+            plan.gen.group(plan.upstream).end(current, elapsed, true);
         }
         let next = (retries_left > 0)
             .then(|| pick(plan, &tried, true))
@@ -133,8 +133,7 @@ pub(crate) async fn run<T, E: ExchangeError>(
 /// Picks a backend not in `tried`; a retry (`retry`) must first win the retry budget.
 pub(crate) fn pick(plan: &Plan<'_>, tried: &BackendSet, retry: bool) -> Option<usize> {
     let group = &plan.gen.snapshot.upstreams[plan.upstream];
-    let mut groups = plan.gen.groups.borrow_mut();
-    let state = &mut groups[plan.upstream];
+    let mut state = plan.gen.group(plan.upstream);
     if retry {
         if !state.budget.try_spend() {
             tracing::debug!(upstream = %group.name, "retry budget exhausted");
@@ -161,7 +160,7 @@ pub(crate) fn feedback(
     ok: bool,
 ) {
     let group = &gen.snapshot.upstreams[upstream];
-    gen.groups.borrow_mut()[upstream].end(backend, elapsed, ok);
+    gen.group(upstream).end(backend, elapsed, ok);
     if ok {
         group.health.record_success(backend);
     } else {
@@ -182,7 +181,7 @@ struct AttemptGuard<'a> {
 
 impl<'a> AttemptGuard<'a> {
     fn start(gen: &'a Generation, upstream: usize, backend: usize) -> Self {
-        gen.groups.borrow_mut()[upstream].start(backend);
+        gen.group(upstream).start(backend);
         AttemptGuard {
             gen,
             upstream,
@@ -203,7 +202,9 @@ impl Drop for AttemptGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             // Cancelled by the client: not the backend's fault.
-            self.gen.groups.borrow_mut()[self.upstream].end(self.backend, self.t0.elapsed(), true);
+            self.gen
+                .group(self.upstream)
+                .end(self.backend, self.t0.elapsed(), true);
         }
     }
 }

@@ -78,7 +78,8 @@ impl AuthRequest {
     ) -> Result<Outcome, ProxyError> {
         let down = |why| ProxyError::upstream(ErrorKind::AuthUnavailable(why));
         let group = &gen.snapshot.upstreams[self.upstream];
-        let backend = gen.groups.borrow_mut()[self.upstream]
+        let backend = gen
+            .group(self.upstream)
             .pick(&PickContext {
                 client: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
                 excluded: group.health.down_set(),

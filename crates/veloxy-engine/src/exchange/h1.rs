@@ -61,9 +61,7 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
 ) -> Result<(UpstreamConn, R::Head), AttemptFail<E>> {
     let up = |kind| ProxyError::upstream(kind);
     let group = &gen.snapshot.upstreams[to.upstream];
-    let pooled = gen.groups.borrow_mut()[to.upstream]
-        .pool
-        .take(to.backend, to.origin);
+    let pooled = gen.group(to.upstream).pool.take(to.backend, to.origin);
     let connect = || async {
         crate::upstream::connect::connect_backend(&*worker.metrics, group, to.backend, to.origin)
             .await

@@ -98,7 +98,7 @@ pub(crate) async fn attempt_on(
         Err(_) => up(ErrorKind::ReadTimeout),
     };
     // Maybe a connection that died silently: the next request opens a fresh one.
-    gen.groups.borrow_mut()[upstream].h2[backend] = None;
+    gen.group(upstream).h2[backend] = None;
     Err(AttemptFail::NoResponse(failed))
 }
 
@@ -118,7 +118,7 @@ async fn send_with_one_reconnect(
             let Some(req) = e.take_message() else {
                 return Err(io_err(e.into_error()));
             };
-            gen.groups.borrow_mut()[upstream].h2[backend] = None;
+            gen.group(upstream).h2[backend] = None;
             let mut fresh = sender_for(worker, gen, upstream, backend)
                 .await
                 .map_err(|(e, _)| e)?;
@@ -135,7 +135,7 @@ pub(crate) async fn sender_for(
     upstream: usize,
     backend: usize,
 ) -> Result<H2Sender, (ProxyError, bool)> {
-    if let Some(s) = gen.groups.borrow()[upstream].h2[backend].as_ref() {
+    if let Some(s) = gen.group(upstream).h2[backend].as_ref() {
         if !s.is_closed() && s.is_ready() {
             return Ok(s.clone());
         }
@@ -165,6 +165,6 @@ pub(crate) async fn sender_for(
             tracing::debug!(backend = %addr, error = %e, "HTTP/2 upstream connection ended");
         }
     });
-    gen.groups.borrow_mut()[upstream].h2[backend] = Some(sender.clone());
+    gen.group(upstream).h2[backend] = Some(sender.clone());
     Ok(sender)
 }

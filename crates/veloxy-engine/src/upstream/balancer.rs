@@ -223,17 +223,66 @@ struct SmoothWeighted {
     /// Equal weights reduce to a rotating index: the common case, kept branch-cheap.
     uniform: bool,
     next: usize,
+    /// Unequal weights in a group of more than `SCAN_UP_TO` backends: the order of one cycle,
+    /// computed once ([`schedule`]), walked by `next`; empty otherwise.
+    table: Vec<u32>,
+}
+
+/// One cycle of weighted round robin for a large group, by stride scheduling (each backend's
+/// turns spaced by 1 / weight, earliest first): picking walks it at a constant cost, where
+/// the smooth algorithm scans the whole group on each pick. The cycle has at most four
+/// turns a backend: larger weight sums are scaled down to that, each backend keeping at
+/// least one turn (so shares are exact within that rounding).
+fn schedule(weights: &[i64]) -> Vec<u32> {
+    use std::cmp::Reverse;
+    const STRIDE: u64 = 1 << 40;
+    let n = weights.len();
+    let sum: i64 = weights.iter().sum();
+    let cap = 4 * n as i64;
+    let turns: Vec<u64> = weights
+        .iter()
+        .map(|&w| {
+            let w = if sum <= cap {
+                w
+            } else {
+                (w * cap / sum).max(1)
+            };
+            w.max(1) as u64
+        })
+        .collect();
+    let len: u64 = turns.iter().sum();
+    let mut heap: std::collections::BinaryHeap<Reverse<(u64, usize)>> = turns
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Reverse((STRIDE / t, i)))
+        .collect();
+    let mut out = Vec::with_capacity(len as usize);
+    while out.len() < len as usize {
+        let Some(Reverse((pass, i))) = heap.pop() else {
+            break;
+        };
+        out.push(i as u32);
+        heap.push(Reverse((pass + STRIDE / turns[i], i)));
+    }
+    out
 }
 
 impl SmoothWeighted {
     fn new(weights: Vec<u32>) -> Self {
         let uniform = weights.windows(2).all(|w| w[0] == w[1]);
         let n = weights.len();
+        let weights: Vec<i64> = weights.into_iter().map(i64::from).collect();
+        let table = if !uniform && n > super::policies::SCAN_UP_TO {
+            schedule(&weights)
+        } else {
+            Vec::new()
+        };
         SmoothWeighted {
-            weights: weights.into_iter().map(i64::from).collect(),
+            weights,
             current: vec![0; n],
             uniform,
             next: 0,
+            table,
         }
     }
 }
@@ -245,6 +294,17 @@ impl Picker for SmoothWeighted {
             for _ in 0..n {
                 let i = self.next;
                 self.next = (self.next + 1) % n;
+                if !ctx.is_excluded(i) {
+                    return Some(i);
+                }
+            }
+            return None;
+        }
+        if !self.table.is_empty() {
+            let len = self.table.len();
+            for _ in 0..len {
+                let i = self.table[self.next] as usize;
+                self.next = (self.next + 1) % len;
                 if !ctx.is_excluded(i) {
                     return Some(i);
                 }

@@ -20,7 +20,7 @@ use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
 
 use crate::upstream::addr::BackendAddr;
-use crate::upstream::group::{Backend, Discovery, DiscoveryName, Sticky, UpstreamGroup};
+use crate::upstream::group::{Backend, Discovery, DiscoveryName, UpstreamGroup};
 use crate::upstream::health::MAX_BACKENDS;
 use crate::upstream::search_cluster::ClusterView;
 
@@ -58,12 +58,14 @@ impl Found {
             };
         }
         let mut out: Vec<Backend> = group.file_backends.to_vec();
+        let mut seen: HashSet<crate::upstream::addr::BackendAddr> =
+            out.iter().map(|b| b.addr.clone()).collect();
         for d in &group.discovery {
             let Some(found) = sets.get(&(group.name.clone(), d.clone())) else {
                 continue;
             };
             for b in found {
-                if out.len() < MAX_BACKENDS && !out.iter().any(|o| o.addr == b.addr) {
+                if out.len() < MAX_BACKENDS && seen.insert(b.addr.clone()) {
                     out.push(b.clone());
                 }
             }
@@ -77,7 +79,7 @@ impl Found {
     }
 
     /// On reload: `PUT` sets survive only for groups that keep runtime overrides.
-    pub fn reset_overrides(&self, groups: &[UpstreamGroup]) {
+    pub fn reset_overrides(&self, groups: &[Arc<UpstreamGroup>]) {
         lock(&self.overrides).retain(|name, _| {
             groups
                 .iter()
@@ -122,7 +124,7 @@ pub(crate) fn regroup(group: &mut UpstreamGroup, backends: Vec<Backend>, workers
 /// Gives `group` the set `backends` with their sticky tokens (health is the caller's).
 pub(crate) fn set_backends(group: &mut UpstreamGroup, backends: Vec<Backend>) {
     if let Some(s) = &mut group.sticky {
-        s.tokens = Sticky::tokens_of(&group.name, &backends);
+        s.set_backends(&group.name, &backends);
     }
     group.backends = backends;
 }
@@ -141,7 +143,7 @@ pub(crate) struct Hooks {
 /// server can start serving with discovered backends in place.
 pub(crate) fn spawn_thread(
     found: Arc<Found>,
-    mut groups: tokio::sync::watch::Receiver<Arc<[UpstreamGroup]>>,
+    mut groups: tokio::sync::watch::Receiver<Arc<[Arc<UpstreamGroup>]>>,
     hooks: Hooks,
 ) -> std::io::Result<std::sync::mpsc::Receiver<()>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -263,7 +265,7 @@ async fn follow(
 }
 
 /// The cluster view of a search group (bound by the runtime before the groups are sent).
-fn view_of(groups: &[UpstreamGroup], name: &str) -> Option<Arc<ClusterView>> {
+fn view_of(groups: &[Arc<UpstreamGroup>], name: &str) -> Option<Arc<ClusterView>> {
     let g = groups.iter().find(|g| g.name == name)?;
     g.search.as_ref()?.cluster.try_get().cloned()
 }

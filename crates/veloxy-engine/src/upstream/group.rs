@@ -228,6 +228,9 @@ pub struct Sticky {
     /// Each backend's token: an opaque hash of the group's name and the backend's address
     /// (the same on every instance, so a fleet agrees; it does not reveal the address).
     pub tokens: Vec<String>,
+    /// The tokens' values with their backend, sorted: a cookie finds its backend by
+    /// bisection, at the same cost in a group of 10,000 as in one of 4 (see [`Sticky::backend`]).
+    pub index: Vec<(u64, u32)>,
 }
 
 impl Sticky {
@@ -246,9 +249,29 @@ impl Sticky {
             .collect()
     }
 
+    /// Gives the cookie the backends of group `name`: their tokens and the index.
+    pub fn set_backends(&mut self, name: &str, backends: &[Backend]) {
+        self.tokens = Sticky::tokens_of(name, backends);
+        let mut index: Vec<(u64, u32)> = self
+            .tokens
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| Some((u64::from_str_radix(t, 16).ok()?, i as u32)))
+            .collect();
+        index.sort_unstable();
+        self.index = index;
+    }
+
     /// The backend a cookie value names, if any.
     pub fn backend(&self, value: &[u8]) -> Option<usize> {
-        self.tokens.iter().position(|t| t.as_bytes() == value)
+        if value.len() != 16 {
+            return None;
+        }
+        let v = u64::from_str_radix(std::str::from_utf8(value).ok()?, 16).ok()?;
+        let at = self.index.partition_point(|&(t, _)| t < v);
+        let &(t, i) = self.index.get(at)?;
+        // A token is written lower-case: another spelling of the same number is not it.
+        (t == v && self.tokens[i as usize].as_bytes() == value).then_some(i as usize)
     }
 
     /// The `Set-Cookie` line naming `backend`.
@@ -270,5 +293,38 @@ impl Sticky {
         }
         line.push_str("\r\n");
         out.extend_from_slice(line.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod sticky_tests {
+    use super::*;
+
+    #[test]
+    fn a_cookie_finds_its_backend_in_a_group_of_ten_thousand() {
+        let backends: Vec<Backend> = (0..10_000)
+            .map(|i| {
+                let addr = format!("10.0.{}.{}:80", i / 250, i % 250);
+                crate::config::backend_at(&addr, 1, None).unwrap()
+            })
+            .collect();
+        let mut s = Sticky {
+            cookie: "srv".into(),
+            ttl: Duration::ZERO,
+            secure: false,
+            http_only: true,
+            tokens: Vec::new(),
+            index: Vec::new(),
+        };
+        s.set_backends("app", &backends);
+        for i in [0, 63, 64, 5_000, 9_999] {
+            let token = s.tokens[i].clone();
+            assert_eq!(s.backend(token.as_bytes()), Some(i));
+            if token.bytes().any(|c| c.is_ascii_alphabetic()) {
+                assert_eq!(s.backend(token.to_uppercase().as_bytes()), None);
+            }
+        }
+        assert_eq!(s.backend(b"not a token"), None);
+        assert_eq!(s.backend(b"0000000000000000"), None);
     }
 }

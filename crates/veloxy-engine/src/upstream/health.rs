@@ -6,6 +6,7 @@
 //! one `veloxy-health` thread for the whole process runs the active checks and ends ejections.
 
 use crate::upstream::addr::BackendAddr;
+use std::collections::HashMap;
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use crate::upstream::group::UpstreamGroup;
 pub const MAX_BACKENDS: usize = 65_535;
 
 /// `[upstreams.NAME.health]`, compiled.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HealthCheck {
     /// HTTP path to GET; `None` = TCP connect check.
     pub path: Option<String>,
@@ -302,11 +303,14 @@ impl GroupHealth {
 
 /// Carries health state over a reload: backends of the same group and address keep theirs.
 /// `workers`: the new config's worker count.
-pub fn adopt(old: &[UpstreamGroup], new: &mut [UpstreamGroup], workers: usize) {
+pub fn adopt(old: &[Arc<UpstreamGroup>], new: &mut [Arc<UpstreamGroup>], workers: usize) {
+    let by_name: std::collections::HashMap<&str, &UpstreamGroup> =
+        old.iter().map(|g| (g.name.as_str(), &**g)).collect();
     for g in new {
-        let Some(prev) = old.iter().find(|o| o.name == g.name) else {
+        let Some(prev) = by_name.get(g.name.as_str()) else {
             continue;
         };
+        let g = Arc::make_mut(g);
         if !g.keep_runtime_overrides {
             // The file's set wins: backends drained or removed at run time serve again.
             for b in &prev.health.backends {
@@ -324,14 +328,14 @@ pub(crate) fn carry(
     backends: &[super::group::Backend],
     workers: usize,
 ) -> Arc<GroupHealth> {
+    // By address through a map: a group of 10,000 changes in linear time.
+    let known: HashMap<&BackendAddr, &Arc<BackendHealth>> =
+        prev.backends.iter().map(|h| (&h.addr, h)).collect();
     let backends = backends
         .iter()
-        .map(|b| {
-            prev.backends
-                .iter()
-                .find(|h| h.addr == b.addr)
-                .cloned()
-                .unwrap_or_else(|| Arc::new(BackendHealth::with_workers(b.addr.clone(), workers)))
+        .map(|b| match known.get(&b.addr) {
+            Some(h) => Arc::clone(h),
+            None => Arc::new(BackendHealth::with_workers(b.addr.clone(), workers)),
         })
         .collect();
     Arc::new(GroupHealth::new(backends))
@@ -424,50 +428,111 @@ where
 }
 
 /// Starts the process-wide health thread. It follows config changes through `snapshots`
-/// (the upstream groups of each new config).
+/// (the upstream groups of each new config): one task expires ejections in every group, and
+/// one task per checked backend probes it. A change keeps the probes of every group it left
+/// alone (the same health state and check); a changed group's probes restart, those of the
+/// backends it kept at a random point of their interval (no burst of probes at each change,
+/// as there would be at 1,000 changes a second), new backends at once.
 pub(crate) fn spawn_thread(
-    mut snapshots: tokio::sync::watch::Receiver<Arc<[UpstreamGroup]>>,
+    mut snapshots: tokio::sync::watch::Receiver<Arc<[Arc<UpstreamGroup>]>>,
 ) -> std::io::Result<()> {
     crate::background::spawn("veloxy-health", move || async move {
-        loop {
-            let snapshot = snapshots.borrow_and_update().clone();
-            let mut tasks = tokio::task::JoinSet::new();
-            for group in snapshot.iter() {
-                let health = group.health.clone();
-                tasks.spawn(async move {
-                    let mut tick = tokio::time::interval(Duration::from_millis(100));
-                    loop {
-                        tick.tick().await;
-                        health.expire_ejections(clock::now_ms());
-                    }
-                });
-                if let Some(check) = group.health_check.clone() {
-                    for i in 0..group.backends.len() {
-                        let health = group.health.clone();
-                        let check = check.clone();
-                        let tls: Option<ProbeTls> =
-                            group.tls.clone().zip(group.backends[i].tls_name.clone());
-                        tasks.spawn(async move {
-                            let addr = health.backends[i].addr.clone();
-                            let mut tick = tokio::time::interval(check.interval);
-                            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                            loop {
-                                tick.tick().await;
-                                if let Some(passed) = probe(&addr, &check, tls.as_ref()).await {
-                                    health.apply_check(i, passed, &check);
-                                }
-                            }
-                        });
-                    }
+        let groups = snapshots.clone();
+        let expiry = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let now = clock::now_ms();
+                for g in groups.borrow().iter() {
+                    g.health.expire_ejections(now);
                 }
             }
+        });
+        let mut probes: HashMap<String, Probes> = HashMap::new();
+        let mut rng = crate::upstream::policies::Rng::seeded();
+        loop {
+            let snapshot = snapshots.borrow_and_update().clone();
+            let mut next = HashMap::with_capacity(probes.len());
+            for group in snapshot.iter() {
+                let Some(check) = &group.health_check else {
+                    continue;
+                };
+                let kept = match probes.remove(&group.name) {
+                    Some(p) if Arc::ptr_eq(&p.health, &group.health) && p.check == *check => p,
+                    prev => Probes::start(group, check, prev, &mut rng),
+                };
+                next.insert(group.name.clone(), kept);
+            }
+            // Groups gone or unchecked: their probes stop as they drop.
+            probes = next;
             if snapshots.changed().await.is_err() {
+                expiry.abort();
                 return;
             }
-            tasks.abort_all();
         }
     })?;
     Ok(())
+}
+
+/// The probe tasks of one group, stopped when dropped.
+struct Probes {
+    health: Arc<GroupHealth>,
+    check: HealthCheck,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
+}
+
+impl Probes {
+    /// One probe task per backend of `group`; `prev` (stopped here) tells which backends
+    /// were already probed, so they resume at a random point of the interval.
+    fn start(
+        group: &UpstreamGroup,
+        check: &HealthCheck,
+        prev: Option<Probes>,
+        rng: &mut crate::upstream::policies::Rng,
+    ) -> Probes {
+        let known: std::collections::HashSet<BackendAddr> = prev
+            .iter()
+            .flat_map(|p| p.health.backends.iter().map(|b| b.addr.clone()))
+            .collect();
+        drop(prev);
+        let interval_ms = check.interval.as_millis().max(1) as usize;
+        let tasks = (0..group.backends.len())
+            .map(|i| {
+                let health = group.health.clone();
+                let check = check.clone();
+                let tls: Option<ProbeTls> =
+                    group.tls.clone().zip(group.backends[i].tls_name.clone());
+                let phase = if known.contains(&health.backends[i].addr) {
+                    Duration::from_millis(rng.below(interval_ms) as u64)
+                } else {
+                    Duration::ZERO
+                };
+                tokio::spawn(async move {
+                    let addr = health.backends[i].addr.clone();
+                    let start = tokio::time::Instant::now() + phase;
+                    let mut tick = tokio::time::interval_at(start, check.interval);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tick.tick().await;
+                        if let Some(passed) = probe(&addr, &check, tls.as_ref()).await {
+                            health.apply_check(i, passed, &check);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Probes {
+            health: group.health.clone(),
+            check: check.clone(),
+            tasks,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -218,6 +218,69 @@ impl GroupState {
     }
 }
 
+impl GroupState {
+    /// Takes over from `old` (this worker's state for the group as it was, `was`) what stays
+    /// true for `now`: the idle connections and running figures of the backends it kept (by
+    /// address), and the retry budget. The picker starts afresh: its state is by index.
+    /// Idle connections are kept only if they were made the same way (protocol, TLS
+    /// settings, PROXY header).
+    pub(crate) fn adopt(&mut self, old: &mut GroupState, was: &UpstreamGroup, now: &UpstreamGroup) {
+        self.budget = RetryBudget {
+            ratio: self.budget.ratio,
+            ..old.budget
+        };
+        let index: std::collections::HashMap<&addr::BackendAddr, usize> = was
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (&b.addr, i))
+            .collect();
+        let conns = same_transport(was, now);
+        for (nb, b) in now.backends.iter().enumerate() {
+            let Some(&ob) = index.get(&b.addr) else {
+                continue;
+            };
+            if let (Some(l), Some(o)) = (self.local.get_mut(nb), old.local.get(ob)) {
+                *l = *o;
+            }
+            if conns {
+                self.pool.adopt(nb, old.pool.take_all(ob));
+            }
+        }
+    }
+}
+
+/// Whether connections made for group `a` serve group `b` as well.
+fn same_transport(a: &UpstreamGroup, b: &UpstreamGroup) -> bool {
+    a.protocol == b.protocol
+        && a.proxy_protocol == b.proxy_protocol
+        && a.tls.is_some() == b.tls.is_some()
+        && a.ca_file == b.ca_file
+        && a.tls_verify == b.tls_verify
+        && a.tls_server_name == b.tls_server_name
+}
+
+/// Whether a worker's state for group `a` serves `b` unchanged: the same backends in the same
+/// order (address, weight, backup), policy, pool and retry settings, and transport. A reload
+/// that leaves a group alone, or a change to another group, keeps its state (see
+/// `worker::Generation`). Linear in the group's size.
+pub(crate) fn same_state(a: &UpstreamGroup, b: &UpstreamGroup) -> bool {
+    let same_backends = a.backends.len() == b.backends.len()
+        && a.backends
+            .iter()
+            .zip(&b.backends)
+            .all(|(x, y)| x.addr == y.addr && x.weight == y.weight && x.backup == y.backup);
+    same_backends
+        && a.name == b.name
+        && a.policy.name() == b.policy.name()
+        && a.keepalive == b.keepalive
+        && a.max_connections == b.max_connections
+        && a.idle_timeout == b.idle_timeout
+        && a.pool_purge_delay == b.pool_purge_delay
+        && a.retry_budget == b.retry_budget
+        && same_transport(a, b)
+}
+
 /// The picker of a group with no backends (yet): every request is a 503.
 struct NoBackends;
 

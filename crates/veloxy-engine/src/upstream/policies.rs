@@ -45,14 +45,40 @@ fn candidates(n: usize, ctx: &PickContext) -> impl Iterator<Item = usize> + '_ {
     (0..n).filter(move |&i| !ctx.is_excluded(i))
 }
 
+/// Groups up to this size are scanned whole on each pick (a few nanoseconds); larger ones
+/// are sampled, so that picking costs the same in a group of 10,000 as in one of 4.
+pub(crate) const SCAN_UP_TO: usize = 64;
+
+/// Random draws a sampled pick makes before it falls back to a scan (when most of a large
+/// group is excluded: down, ejected or tried).
+const DRAWS: usize = 16;
+
+/// A uniformly drawn backend that may be picked, in at most [`DRAWS`] draws.
+fn draw(n: usize, ctx: &PickContext, rng: &mut Rng) -> Option<usize> {
+    (0..DRAWS)
+        .map(|_| rng.below(n))
+        .find(|&i| !ctx.is_excluded(i))
+}
+
 /// `least_conn`: the backend with the fewest requests in flight from this worker, weighted
-/// (in-flight / weight); ties go round robin so idle groups still spread load.
+/// (in-flight / weight); ties go round robin so idle groups still spread load. In groups of
+/// more than [`SCAN_UP_TO`] backends, the less loaded of two backends drawn at random (the
+/// power of two choices, as Envoy's `LEAST_REQUEST` does), so a pick costs the same at any
+/// size.
 pub struct LeastConn;
 
 struct LeastConnPicker {
     weights: Vec<u32>,
     in_flight: Vec<u32>,
     next: usize,
+    rng: Rng,
+}
+
+impl LeastConnPicker {
+    /// in_flight / weight as a fixed-point ratio: plenty for weights up to 2^16.
+    fn load(&self, i: usize) -> u64 {
+        (u64::from(self.in_flight[i]) << 16) / u64::from(self.weights[i].max(1))
+    }
 }
 
 impl Policy for LeastConn {
@@ -64,6 +90,7 @@ impl Policy for LeastConn {
             weights: backends.iter().map(|b| b.weight).collect(),
             in_flight: vec![0; backends.len()],
             next: 0,
+            rng: Rng::seeded(),
         })
     }
 }
@@ -71,15 +98,19 @@ impl Policy for LeastConn {
 impl Picker for LeastConnPicker {
     fn pick(&mut self, ctx: &PickContext) -> Option<usize> {
         let n = self.weights.len();
+        if n > SCAN_UP_TO {
+            if let Some(a) = draw(n, ctx, &mut self.rng) {
+                let b = draw(n, ctx, &mut self.rng).unwrap_or(a);
+                return Some(if self.load(b) < self.load(a) { b } else { a });
+            }
+        }
         let mut best: Option<(usize, u64)> = None;
         for k in 0..n {
             let i = (self.next + k) % n;
             if ctx.is_excluded(i) {
                 continue;
             }
-            // Compare in_flight/weight without division: scale by the other weights' product
-            // is overkill; a fixed-point ratio is plenty for weights up to 2^16.
-            let load = (u64::from(self.in_flight[i]) << 16) / u64::from(self.weights[i].max(1));
+            let load = self.load(i);
             if best.is_none_or(|(_, l)| load < l) {
                 best = Some((i, load));
             }
@@ -138,6 +169,17 @@ impl P2cPicker {
 impl Picker for P2cPicker {
     fn pick(&mut self, ctx: &PickContext) -> Option<usize> {
         let n = self.ewma_us.len();
+        if n > SCAN_UP_TO {
+            if let Some(a) = draw(n, ctx, &mut self.rng) {
+                let b = draw(n, ctx, &mut self.rng).unwrap_or(a);
+                let now = clock::now_us();
+                return Some(if self.cost(b, now) < self.cost(a, now) {
+                    b
+                } else {
+                    a
+                });
+            }
+        }
         let avail: u32 = candidates(n, ctx).count() as u32;
         match avail {
             0 => return None,
@@ -185,6 +227,10 @@ pub struct Random;
 
 struct RandomPicker {
     weights: Vec<u32>,
+    /// For groups over [`SCAN_UP_TO`] with unequal weights: the running sums of the weights,
+    /// searched by bisection. Empty otherwise.
+    sums: Vec<u64>,
+    uniform: bool,
     rng: Rng,
 }
 
@@ -193,8 +239,23 @@ impl Policy for Random {
         "random"
     }
     fn new_picker(&self, backends: &[BackendInfo]) -> Box<dyn Picker> {
+        let weights: Vec<u32> = backends.iter().map(|b| b.weight).collect();
+        let uniform = weights.windows(2).all(|w| w[0] == w[1]);
+        let sums = if weights.len() > SCAN_UP_TO && !uniform {
+            weights
+                .iter()
+                .scan(0u64, |acc, &w| {
+                    *acc += u64::from(w);
+                    Some(*acc)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Box::new(RandomPicker {
-            weights: backends.iter().map(|b| b.weight).collect(),
+            weights,
+            sums,
+            uniform,
             rng: Rng::seeded(),
         })
     }
@@ -202,6 +263,22 @@ impl Policy for Random {
 
 impl Picker for RandomPicker {
     fn pick(&mut self, ctx: &PickContext) -> Option<usize> {
+        let n = self.weights.len();
+        if n > SCAN_UP_TO {
+            let drawn = if self.uniform {
+                draw(n, ctx, &mut self.rng)
+            } else {
+                let total = *self.sums.last().unwrap_or(&0);
+                (0..DRAWS).find_map(|_| {
+                    let r = self.rng.next() % total.max(1);
+                    let i = self.sums.partition_point(|&s| s <= r);
+                    (i < n && !ctx.is_excluded(i)).then_some(i)
+                })
+            };
+            if drawn.is_some() {
+                return drawn;
+            }
+        }
         let total: u64 = candidates(self.weights.len(), ctx)
             .map(|i| u64::from(self.weights[i]))
             .sum();
@@ -506,5 +583,55 @@ mod tests {
             };
             assert_eq!(picker.pick(&c), None, "{name}: all excluded");
         }
+    }
+
+    fn free() -> PickContext {
+        PickContext {
+            client: "127.0.0.1:1".parse().unwrap(),
+            excluded: super::super::balancer::BackendSet::default(),
+            hash: 0,
+        }
+    }
+
+    #[test]
+    fn large_groups_keep_their_weights_and_balance() {
+        let registry = super::super::balancer::PolicyRegistry::with_builtins();
+        // Weights 1, 2, 3 over 300 backends: one round-robin cycle (600 picks) gives each
+        // exactly its weight.
+        let backends = many(300);
+        let mut rr = registry.get("round_robin").unwrap().new_picker(&backends);
+        let mut counts = vec![0u32; 300];
+        for _ in 0..600 * 3 {
+            counts[rr.pick(&free()).unwrap()] += 1;
+        }
+        for (i, c) in counts.iter().enumerate() {
+            assert_eq!(*c, 3 * backends[i].weight, "round_robin, backend {i}");
+        }
+        // Random draws follow the weights: the weight-3 third gets about half the picks.
+        let mut random = registry.get("random").unwrap().new_picker(&backends);
+        let heavy = (0..120_000)
+            .filter(|_| backends[random.pick(&free()).unwrap()].weight == 3)
+            .count();
+        assert!(
+            (55_000..65_000).contains(&heavy),
+            "random: {heavy} of 120000 to weight 3"
+        );
+        // least_conn by two choices keeps in-flight counts close in a group of 1,000.
+        let equal: Vec<BackendInfo> = many(1_000)
+            .into_iter()
+            .map(|b| BackendInfo { weight: 1, ..b })
+            .collect();
+        let mut lc = registry.get("least_conn").unwrap().new_picker(&equal);
+        let mut in_flight = vec![0u32; 1_000];
+        for _ in 0..10_000 {
+            let b = lc.pick(&free()).unwrap();
+            lc.on_start(b);
+            in_flight[b] += 1;
+        }
+        let max = *in_flight.iter().max().unwrap();
+        assert!(
+            max <= 16,
+            "least_conn: {max} in flight on one backend, 10 on average"
+        );
     }
 }

@@ -13,7 +13,6 @@ use crate::config::error::{ConfigError, Source};
 use crate::config::file::{ListenerSection, ServerSection, TlsSection};
 use crate::config::{ListenerSpec, Settings, TlsFiles};
 use crate::late::Late;
-use crate::router::Router;
 use crate::tls::LiveCerts;
 
 /// Compiles every listener, with empty routers (routes are added afterwards). Returns the
@@ -135,7 +134,7 @@ fn compile_listener(
     Ok(ListenerSpec {
         name: name.to_owned(),
         addr,
-        router: Router::default(),
+        router: Arc::default(),
         redirect_https,
         proxy_protocol: l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()),
         tcp,

@@ -112,7 +112,7 @@ fn compile(
     Ok(Snapshot {
         settings,
         listeners,
-        upstreams,
+        upstreams: upstreams.into_iter().map(std::sync::Arc::new).collect(),
         warnings,
         live,
     })

@@ -35,7 +35,7 @@ pub(super) fn compile_routes(
         compile_route(src, i, route, (upstream_index, groups), caches, listeners)?;
     }
     for l in listeners {
-        l.router.finish();
+        std::sync::Arc::make_mut(&mut l.router).finish();
     }
     Ok(())
 }
@@ -316,7 +316,7 @@ fn attach(
             listeners
                 .iter_mut()
                 .filter(|l| !l.tcp)
-                .for_each(|l| l.router.add(compiled.clone()));
+                .for_each(|l| std::sync::Arc::make_mut(&mut l.router).add(compiled.clone()));
         }
         Some(name) => {
             let l = listeners
@@ -346,7 +346,7 @@ fn attach(
                     "duplicate route: same listener, host, path and conditions as an earlier route",
                 ));
             }
-            l.router.add(compiled);
+            std::sync::Arc::make_mut(&mut l.router).add(compiled);
         }
     }
     Ok(())

@@ -646,11 +646,14 @@ fn compile_sticky(
     backends: &[Backend],
 ) -> Option<crate::upstream::group::Sticky> {
     let s = u.sticky.as_ref()?.get_ref();
-    Some(crate::upstream::group::Sticky {
+    let mut sticky = crate::upstream::group::Sticky {
         cookie: s.cookie.clone().unwrap_or_else(|| "veloxy_srv".to_owned()),
         ttl: s.ttl.map_or(Duration::from_secs(3600), |d| d.0),
         secure: s.secure.unwrap_or(false),
         http_only: s.http_only.unwrap_or(true),
-        tokens: crate::upstream::group::Sticky::tokens_of(name, backends),
-    })
+        tokens: Vec::new(),
+        index: Vec::new(),
+    };
+    sticky.set_backends(name, backends);
+    Some(sticky)
 }
