@@ -304,8 +304,15 @@ mod sticky_tests {
     fn a_cookie_finds_its_backend_in_a_group_of_ten_thousand() {
         let backends: Vec<Backend> = (0..10_000)
             .map(|i| {
-                let addr = format!("10.0.{}.{}:80", i / 250, i % 250);
-                crate::config::backend_at(&addr, 1, None).unwrap()
+                let addr: std::net::SocketAddr =
+                    format!("10.0.{}.{}:80", i / 250, i % 250).parse().unwrap();
+                Backend {
+                    addr: BackendAddr::Tcp(addr),
+                    server: addr.to_string(),
+                    tls_name: None,
+                    weight: 1,
+                    backup: false,
+                }
             })
             .collect();
         let mut s = Sticky {
