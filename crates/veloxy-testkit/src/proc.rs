@@ -203,3 +203,14 @@ pub fn logged_addr(v: &Veloxy, marker: &str) -> SocketAddr {
 pub fn admin_addr(v: &Veloxy) -> SocketAddr {
     logged_addr(v, "admin endpoint ready")
 }
+
+/// `METHOD PATH` on `v`'s admin endpoint with `body` (may be empty), connection closed after.
+pub fn admin_call(v: &Veloxy, method: &str, path: &str, body: &str) -> crate::Response {
+    crate::request(
+        admin_addr(v),
+        &format!(
+            "{method} {path} HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}

@@ -107,11 +107,7 @@ fn discovery_config(workers: usize, dns: SocketAddr, entry: &str) -> String {
 }
 
 fn upstreams_json(v: &Veloxy) -> String {
-    request(
-        admin_addr(v),
-        "GET /upstreams HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-    )
-    .body_str()
+    admin_call(v, "GET", "/upstreams", "").body_str()
 }
 
 #[test]
@@ -239,16 +235,6 @@ fn a_group_waiting_for_dns_answers_503_fast_then_serves() {
     assert_eq!(get(web, "/").header("x-upstream"), Some("a"));
 }
 
-fn admin(v: &Veloxy, method: &str, path: &str, body: &str) -> Response {
-    request(
-        admin_addr(v),
-        &format!(
-            "{method} {path} HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        ),
-    )
-}
-
 #[test]
 fn put_replaces_the_set_under_load_and_a_reload_restores_the_file() {
     let (a, b, c) = (
@@ -274,16 +260,16 @@ fn put_replaces_the_set_under_load_and_a_reload_restores_the_file() {
         ("[\"https://127.0.0.1:1\"]", "plain"),
         ("[{\"addr\": \"127.0.0.1:1\", \"weight\": 0}]", "weight"),
     ] {
-        let r = admin(&v, "PUT", "/upstreams/app/servers", body);
+        let r = admin_call(&v, "PUT", "/upstreams/app/servers", body);
         assert_eq!(r.status, 400, "{body}: {}", r.body_str());
         assert!(r.body_str().contains(why), "{body}: {}", r.body_str());
     }
     assert_eq!(
-        admin(&v, "PUT", "/upstreams/nope/servers", "[]").status,
+        admin_call(&v, "PUT", "/upstreams/nope/servers", "[]").status,
         404
     );
 
-    let r = admin(
+    let r = admin_call(
         &v,
         "PUT",
         "/upstreams/app/servers",
@@ -322,7 +308,7 @@ fn put_sets_survive_a_reload_with_runtime_overrides_keep() {
     );
     let v = veloxy(&config);
     let web = logged_addr(&v, "listening listener=web addr=");
-    let r = admin(
+    let r = admin_call(
         &v,
         "PUT",
         "/upstreams/app/servers",

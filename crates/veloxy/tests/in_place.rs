@@ -9,16 +9,6 @@ use std::time::Duration;
 
 use veloxy_testkit::*;
 
-fn admin(v: &Veloxy, method: &str, path: &str, body: &str) -> Response {
-    request(
-        admin_addr(v),
-        &format!(
-            "{method} {path} HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        ),
-    )
-}
-
 fn get_on(web: SocketAddr, host: &str, path: &str) -> Response {
     request(
         web,
@@ -65,11 +55,7 @@ fn a_change_to_one_group_keeps_every_other_groups_state() {
     held.write_all(b"GET /hang HTTP/1.1\r\nHost: lc.test\r\n\r\n")
         .unwrap();
     let busy_seen = eventually(Duration::from_secs(5), || {
-        let body = request(
-            admin_addr(&v),
-            "GET /upstreams HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-        )
-        .body_str();
+        let body = admin_call(&v, "GET", "/upstreams", "").body_str();
         body.contains("\"in_flight\":1")
     });
     assert!(busy_seen, "the held request never showed in /upstreams");
@@ -77,7 +63,7 @@ fn a_change_to_one_group_keeps_every_other_groups_state() {
     let app_conn = get_on(web, "x", "/").header("x-conn-id").map(str::to_owned);
 
     // Another group's set changes through the runtime API: a new config generation.
-    let r = admin(
+    let r = admin_call(
         &v,
         "PUT",
         "/upstreams/app/servers",
@@ -108,11 +94,7 @@ fn a_change_to_one_group_keeps_every_other_groups_state() {
 
 /// `checks_passed` of the backend at `addr`, from `/upstreams` (0 while it is not listed).
 fn checks_passed(v: &Veloxy, addr: SocketAddr) -> u64 {
-    let body = request(
-        admin_addr(v),
-        "GET /upstreams HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-    )
-    .body_str();
+    let body = admin_call(v, "GET", "/upstreams", "").body_str();
     let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     let groups = json.get("upstreams").and_then(|g| g.as_array()).cloned();
     let backends = groups
@@ -147,7 +129,7 @@ fn a_change_restarts_only_the_changed_groups_probes() {
     assert!(eventually(Duration::from_secs(5), || {
         checks_passed(&v, a1.addr) == 1 && checks_passed(&v, b1.addr) == 1
     }));
-    let r = admin(
+    let r = admin_call(
         &v,
         "PUT",
         "/upstreams/a/servers",

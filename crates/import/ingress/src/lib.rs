@@ -66,33 +66,39 @@ impl Importer for Ingress {
             let name: Arc<str> = f.display().to_string().into();
             docs.extend(tree::parse_yaml(&name, &text)?);
         }
-        let mut report = Report::default();
-        let mut objs = Objects::default();
-        for d in &docs {
-            objs.add(d, &mut report);
-        }
-        if objs.ingresses.is_empty() {
-            return Err(ImportError::Usage(
-                "ingress import: no networking.k8s.io/v1 Ingress in the input".into(),
-            ));
-        }
-        let mut ctx = Ctx {
-            objs: &objs,
-            g: Global::default(),
-            opts,
-            config: Config::default(),
-            report,
-            used_secrets: Vec::new(),
-            used_services: Vec::new(),
-            groups: Vec::new(),
-        };
-        run(&mut ctx);
-        let Ctx {
-            config, mut report, ..
-        } = ctx;
-        report.sort();
-        Ok(Imported { config, report })
+        import_docs(&docs, opts)
     }
+}
+
+/// Translates parsed documents (Ingresses, Services, Secrets, ConfigMaps, IngressClasses; from
+/// files or, in the Kubernetes provider, from objects read off the API server as JSON).
+pub fn import_docs(docs: &[Node], opts: &Options) -> Result<Imported, ImportError> {
+    let mut report = Report::default();
+    let mut objs = Objects::default();
+    for d in docs {
+        objs.add(d, &mut report);
+    }
+    if objs.ingresses.is_empty() {
+        return Err(ImportError::Usage(
+            "ingress import: no networking.k8s.io/v1 Ingress in the input".into(),
+        ));
+    }
+    let mut ctx = Ctx {
+        objs: &objs,
+        g: Global::default(),
+        opts,
+        config: Config::default(),
+        report,
+        used_secrets: Vec::new(),
+        used_services: Vec::new(),
+        groups: Vec::new(),
+    };
+    run(&mut ctx);
+    let Ctx {
+        config, mut report, ..
+    } = ctx;
+    report.sort();
+    Ok(Imported { config, report })
 }
 
 /// Everything the translation shares.

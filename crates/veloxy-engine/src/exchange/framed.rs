@@ -276,6 +276,28 @@ pub(crate) fn respond<B>(status: http::StatusCode, headers: HeaderMap, body: B) 
     resp
 }
 
+/// What the attempts of a framed request start from: the route's concurrency slot, taken now
+/// (after whatever part of the body the relay buffers: a slow sender holds no slot while it
+/// trickles), and the plan of the retry loop.
+pub(crate) async fn start_attempts<'a, C: FramedClient>(
+    c: &'a C,
+    gen: &'a std::rc::Rc<crate::worker::Generation>,
+    t: &super::ProxyTarget,
+    fin: &mut Option<Box<C::End>>,
+    replayable: bool,
+) -> Result<super::attempt::Plan<'a>, ProxyError> {
+    let f = fin.as_deref_mut().expect("present until success");
+    super::hold_slot(&t.concurrency, f.slot()).await?;
+    Ok(super::attempt::Plan {
+        worker: c.worker(),
+        gen,
+        upstream: t.upstream,
+        client: c.peer(),
+        hash: t.hash,
+        replayable,
+    })
+}
+
 /// The next frame of a request body, waiting at most `body_timeout` for it: a client that
 /// stops sending mid-body must not hold an upstream connection (and a route's concurrency
 /// slot) forever. A client that reset its stream is [`ErrorKind::Stream`].

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::framed::{next_frame, End, FramedClient, ResponseBody};
 use crate::deadline::timeout;
 use crate::error::{ErrorKind, ProxyError};
-use crate::exchange::attempt::{self, Plan};
+use crate::exchange::attempt;
 use crate::exchange::h1_body::H1Body;
 use crate::exchange::{Buffering, ProxyTarget};
 use crate::http1::body::{BodyState, READ_CHUNK};
@@ -97,17 +97,7 @@ async fn forward_with<C: FramedClient>(
     }
     let replayable = idempotent && !streaming;
     // After the buffered part of the body: a slow sender held no slot while it trickled.
-    let f = fin.as_deref_mut().expect("present until success");
-    super::hold_slot(&t.concurrency, f.slot()).await?;
-
-    let plan = Plan {
-        worker: c.worker(),
-        gen,
-        upstream: t.upstream,
-        client: c.peer(),
-        hash: t.hash,
-        replayable,
-    };
+    let plan = super::framed::start_attempts(c, gen, t, fin, replayable).await?;
     let mut last = None;
     let result = attempt::run(
         &plan,

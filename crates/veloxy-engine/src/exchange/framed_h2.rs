@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 
 use super::framed::{End, FramedClient, ResponseBody};
 use crate::error::ProxyError;
-use crate::exchange::attempt::{self, AttemptFail, Plan};
+use crate::exchange::attempt::{self, AttemptFail};
 use crate::exchange::h2_head::{upstream_headers, Forwarding};
 use crate::exchange::{Fields, ProxyTarget};
 use crate::worker::Generation;
@@ -54,20 +54,11 @@ pub(crate) async fn relay<C: FramedClient>(
         c.body_timeout(),
         c.worker().metrics.clone(),
     );
-    // Nothing is buffered: the slot is taken before the first attempt.
-    let f = fin.as_deref_mut().expect("present until success");
-    super::hold_slot(&t.concurrency, f.slot()).await?;
-    // Nothing is sent before a backend has a live connection, so a failed connect moves on
-    // to another backend whatever the method; once sent, the request is not retried (its
-    // body streams through and cannot be replayed).
-    let plan = Plan {
-        worker: c.worker(),
-        gen,
-        upstream: t.upstream,
-        client: c.peer(),
-        hash: t.hash,
-        replayable: false,
-    };
+    // Nothing is buffered: the slot is taken before the first attempt. Nothing is sent
+    // before a backend has a live connection, so a failed connect moves on to another
+    // backend whatever the method; once sent, the request is not retried (its body streams
+    // through and cannot be replayed).
+    let plan = super::framed::start_attempts(c, gen, t, fin, false).await?;
     let mut pending = Some((parts.method, parts.uri, headers, body));
     let mut last = None;
     let result = attempt::run(&plan, t.backend, &mut last, async |backend, _| {
