@@ -186,6 +186,9 @@ pub struct ListenerSection {
     pub redirect_https: Option<Spanned<bool>>,
     /// The HTTPS port put in those redirects (443, the default, is omitted).
     pub https_port: Option<Spanned<u16>>,
+    /// TLS listeners: what a client speaking plain HTTP to the port gets: `"redirect"`,
+    /// `"serve"` or `"reject"` (unset: the failed handshake it gets today).
+    pub plain_http: Option<Spanned<String>>,
     pub proxy_protocol: Option<Spanned<bool>>,
     /// `"http"` (default) or `"tcp"` (an L4 listener for `[[streams]]`).
     pub protocol: Option<Spanned<String>>,

@@ -109,6 +109,29 @@ pub enum RequestBuffering {
     Off,
 }
 
+/// `plain_http` on a TLS listener: what a client gets that speaks plain HTTP to the port
+/// (its first byte is not a TLS handshake record's), instead of a failed handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlainHttp {
+    /// A 308 to the same host and URI over HTTPS on this port (Caddy's and Traefik's way).
+    Redirect,
+    /// Served over plain HTTP like a plain listener's request (`{scheme}` is http).
+    Serve,
+    /// 400 with a body that says to use https, then the connection closes (nginx's 497).
+    Reject,
+}
+
+impl PlainHttp {
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlainHttp::Redirect => "redirect",
+            PlainHttp::Serve => "serve",
+            PlainHttp::Reject => "reject",
+        }
+    }
+}
+
 /// A compiled listener: a name, an address, and the routes that apply to it.
 #[derive(Debug, Clone)]
 pub struct ListenerSpec {
@@ -122,6 +145,8 @@ pub struct ListenerSpec {
     pub router: Arc<Router>,
     /// `redirect_https = true`: every request is answered with a 308 to HTTPS on this port.
     pub redirect_https: Option<u16>,
+    /// TLS listeners: what a client that speaks plain HTTP to the port gets (`plain_http`).
+    pub plain_http: Option<PlainHttp>,
     /// `proxy_protocol = true`: a PROXY protocol v1/v2 header from a trusted proxy comes first.
     pub proxy_protocol: bool,
     /// `protocol = "tcp"`: an L4 listener (no HTTP).

@@ -158,6 +158,9 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
         out.bool("redirect_https", true);
         out.int("https_port", port);
     }
+    if let Some(mode) = l.plain_http {
+        out.str("plain_http", mode.name());
+    }
     if l.proxy_protocol {
         out.bool("proxy_protocol", true);
     }

@@ -200,6 +200,7 @@ async fn begin(
     worker.metrics.downstream_connections.inc();
     let ConnSetup {
         tls,
+        plain_http,
         http2,
         header_timeout,
         tcp,
@@ -217,7 +218,19 @@ async fn begin(
     if tcp && passthrough.or(stream_group).is_none() {
         return None;
     }
-    let tls = if passthrough.is_some() { None } else { tls };
+    let mut tls = if passthrough.is_some() { None } else { tls };
+    if let (Some(_), Some(mode)) = (&tls, plain_http) {
+        // `plain_http`: a client speaking plain HTTP to this TLS port.
+        match Box::pin(first_byte(&stream, header_timeout)).await? {
+            TLS_HANDSHAKE => {}
+            _ if mode == crate::config::PlainHttp::Reject => {
+                Box::pin(reject_plain(&worker, stream)).await;
+                return None;
+            }
+            // Served as plain HTTP; "redirect" is answered at admission.
+            _ => tls = None,
+        }
+    }
     let stream = match tls {
         None => DownstreamIo::Plain(stream),
         Some(config) => {
@@ -284,6 +297,8 @@ async fn begin(
 /// What a new connection needs of its listener's current config.
 struct ConnSetup {
     tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// A TLS listener's `plain_http`.
+    plain_http: Option<crate::config::PlainHttp>,
     http2: bool,
     header_timeout: Duration,
     /// A `protocol = "tcp"` listener, and its default L4 group.
@@ -318,6 +333,7 @@ async fn setup(
     }
     Some(ConnSetup {
         tls: spec.and_then(|l| l.tls.clone()),
+        plain_http: spec.and_then(|l| l.plain_http),
         http2: spec.is_some_and(|l| l.http2),
         header_timeout: gen.snapshot.settings.header_timeout,
         tcp: spec.is_some_and(|l| l.tcp),
@@ -418,5 +434,29 @@ async fn sniff_preface(down: &mut Downstream, limit: Duration) -> Sniffed {
             Ok(Ok(n)) if n > 0 => down.metrics.bytes_in.add(n as u64),
             _ => return Sniffed::Gone,
         }
+    }
+}
+
+/// The first byte of every TLS connection: a handshake record (a ClientHello).
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// The client's first byte, left in the socket; `None` when it closed or sent nothing within
+/// `limit`.
+async fn first_byte(stream: &TcpStream, limit: Duration) -> Option<u8> {
+    let mut buf = [0u8; 1];
+    let deadline = Instant::now() + limit;
+    match crate::listener::peek::peek_more(stream, &mut buf, 0, deadline).await {
+        Ok(1) => Some(buf[0]),
+        _ => None,
+    }
+}
+
+/// `plain_http = "reject"`: a 400 that says what happened (nginx answers 400 for its 497),
+/// then a lingering close so the client reads it.
+async fn reject_plain(worker: &Worker, mut stream: TcpStream) {
+    let msg =
+        "this port speaks HTTPS: the plain HTTP request was sent to an HTTPS port; use https://";
+    if super::connection::send_error(worker, &mut stream, 400, msg, true, false).await > 0 {
+        super::connection::linger_close(&mut stream).await;
     }
 }

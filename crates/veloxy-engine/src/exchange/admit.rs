@@ -30,7 +30,7 @@ pub(crate) fn admit(
     let no_route = || ProxyError::downstream(ErrorKind::NoRoute);
     let snapshot = &gen.snapshot;
     let listener = &snapshot.listeners[listener_index(gen, peer).ok_or_else(no_route)?];
-    if let Some(answer) = listener_answer(worker, listener, head) {
+    if let Some(answer) = listener_answer(worker, listener, peer, head) {
         return Ok(Admitted::Answer(answer));
     }
     let routing_path = crate::router::request_path(head.target.as_bytes());
@@ -102,6 +102,7 @@ struct Client<'a> {
 fn listener_answer(
     worker: &Worker,
     listener: &crate::config::ListenerSpec,
+    peer: &Peer,
     head: &Head,
 ) -> Option<Answer> {
     if let Some(key_auth) = worker.shared.live.certs().http01(head.target) {
@@ -110,6 +111,10 @@ fn listener_answer(
             &bytes::Bytes::from(key_auth),
             "application/octet-stream",
         ));
+    }
+    // Plain HTTP on a TLS listener (`plain_http`): only "redirect" and "serve" get here.
+    if listener.plain_http == Some(crate::config::PlainHttp::Redirect) && !peer.tls {
+        return Some(Answer::to_https(head, peer.server_port));
     }
     Some(Answer::to_https(head, listener.redirect_https?))
 }

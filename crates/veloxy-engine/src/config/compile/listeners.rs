@@ -131,11 +131,13 @@ fn compile_listener(
         (Some(r), port) if *r.get_ref() => Some(port.as_ref().map_or(443, |p| *p.get_ref())),
         _ => None,
     };
+    let plain_http = plain_http(src, key, l)?;
     Ok(ListenerSpec {
         name: name.to_owned(),
         addr,
         router: Arc::default(),
         redirect_https,
+        plain_http,
         proxy_protocol: l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()),
         tcp,
         // Set by the listener's `[[streams]]` entries.
@@ -280,4 +282,36 @@ fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
         && a.port() != 0
         && a.is_ipv4() == b.is_ipv4()
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// `plain_http`: one of its three values, on a TLS listener only.
+fn plain_http(
+    src: &Source,
+    key: &str,
+    l: &ListenerSection,
+) -> Result<Option<crate::config::PlainHttp>, ConfigError> {
+    use crate::config::PlainHttp;
+    let Some(v) = &l.plain_http else {
+        return Ok(None);
+    };
+    let mode = match v.get_ref().as_str() {
+        "redirect" => PlainHttp::Redirect,
+        "serve" => PlainHttp::Serve,
+        "reject" => PlainHttp::Reject,
+        other => {
+            return Err(src.error(
+                v.span(),
+                format!("{key}.plain_http"),
+                format!("{other:?}: use \"redirect\", \"serve\" or \"reject\""),
+            ))
+        }
+    };
+    if l.tls.is_none() {
+        return Err(src.error(
+            v.span(),
+            format!("{key}.plain_http"),
+            "is for TLS listeners: this one serves plain HTTP already (see redirect_https)",
+        ));
+    }
+    Ok(Some(mode))
 }
