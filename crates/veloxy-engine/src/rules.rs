@@ -347,6 +347,47 @@ pub struct ForwardAuth {
     pub copy_headers: std::sync::Arc<[String]>,
     /// The longest wait for the answer.
     pub timeout: std::time::Duration,
+    /// The client's fields sent to the auth service (`None`: all but hop-by-hop ones).
+    pub send_headers: Option<std::sync::Arc<[FieldPattern]>>,
+    /// The client's fields removed before anything (neither asked about nor forwarded).
+    pub remove_headers: std::sync::Arc<[FieldPattern]>,
+    /// The client's X-Forwarded-* go to the auth service (its For chain extended).
+    pub trust_forward_header: bool,
+}
+
+/// A field name, or a prefix of names (`X-Auth-*`), compared without case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldPattern {
+    Name(String),
+    Prefix(String),
+}
+
+impl FieldPattern {
+    /// `X-Auth-*` is a prefix, anything else a name.
+    pub fn new(text: &str) -> FieldPattern {
+        match text.strip_suffix('*') {
+            Some(p) => FieldPattern::Prefix(p.to_owned()),
+            None => FieldPattern::Name(text.to_owned()),
+        }
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            FieldPattern::Name(n) => n.eq_ignore_ascii_case(name),
+            FieldPattern::Prefix(p) => {
+                name.len() >= p.len()
+                    && name.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes())
+            }
+        }
+    }
+
+    /// As written in the config.
+    pub fn text(&self) -> String {
+        match self {
+            FieldPattern::Name(n) => n.clone(),
+            FieldPattern::Prefix(p) => format!("{p}*"),
+        }
+    }
 }
 
 impl RouteRules {

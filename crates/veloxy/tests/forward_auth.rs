@@ -107,3 +107,104 @@ fn a_forward_auth_timeout_is_logged_as_one() {
     assert!(log.contains("did not answer within its timeout"), "{log}");
     assert!(!log.contains("no backend available"), "{log}");
 }
+
+/// `send_headers`, `remove_headers` and `trust_forward_header` (issue 38): which client
+/// fields the auth service sees, which nobody sees, and whose X-Forwarded-* it gets; over
+/// HTTP/1.1 and HTTP/2.
+#[test]
+fn forward_auth_field_control() {
+    let auth = auth_server();
+    let up = upstream(&[]);
+    let s = Site::start(
+        "",
+        "",
+        &format!(
+            "[[routes]]\npath_regex = \"^/some(/.*)$\"\nrewrite = \"{{re.1}}\"\nupstream = \"app\"\n\
+             forward_auth = {{ upstream = \"authelia\", copy_headers = [\"Remote-User\"], \
+             send_headers = [\"Authorization\", \"X-Tenant\", \"X-Api-*\"], remove_headers = [\"X-Internal-*\"] }}\n\
+             [[routes]]\npath_regex = \"^/all(/.*)$\"\nrewrite = \"{{re.1}}\"\nupstream = \"app\"\n\
+             forward_auth = {{ upstream = \"authelia\", send_headers = \"all\", trust_forward_header = true }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n\
+             [upstreams.authelia]\nservers = [\"{}\"]\n",
+            up.addr, auth.addr
+        ),
+    );
+    let last_seen = || auth.seen.lock().unwrap().last().cloned().unwrap();
+    let fields = "Authorization: Bearer ok\r\nCookie: session=none\r\nX-Tenant: t1\r\n\
+                  X-Api-Key: k1\r\nX-Other: o1\r\nX-Internal-Role: admin\r\n\
+                  X-Forwarded-For: 203.0.113.7\r\nX-Forwarded-Host: spoofed.example\r\n";
+    let (status, raw) = s.h1("/some/echo", fields);
+    assert_eq!(status, 200, "{raw}");
+    let seen = last_seen();
+    for line in ["authorization: Bearer ok", "x-tenant: t1", "x-api-key: k1"] {
+        assert!(has_line(&seen, line), "{line} in {seen}");
+    }
+    for absent in [
+        "session=none",
+        "X-Other",
+        "X-Internal",
+        "203.0.113.7",
+        "spoofed",
+    ] {
+        assert!(
+            !seen.contains(absent),
+            "{absent} sent to the auth service: {seen}"
+        );
+    }
+    assert!(has_line(&seen, "X-Forwarded-For: 127.0.0.1"), "{seen}");
+    // The removed field reaches the upstream neither; the others are forwarded as usual.
+    let body = raw_body(&raw);
+    assert!(!body.contains("X-Internal-Role"), "{body}");
+    assert!(has_line(body, "X-Other: o1"), "{body}");
+    let r = s.h2(
+        "/some/echo",
+        &[
+            ("authorization", "Bearer ok"),
+            ("x-internal-role", "admin"),
+            ("cookie", "a=1"),
+        ],
+    );
+    assert_eq!(r.status, 200);
+    let seen = last_seen();
+    assert!(has_line(&seen, "authorization: Bearer ok"), "{seen}");
+    assert!(
+        !seen.contains("x-internal") && !seen.contains("a=1"),
+        "{seen}"
+    );
+    assert!(
+        !r.body_str().contains("x-internal-role"),
+        "{}",
+        r.body_str()
+    );
+
+    // "all", trusting the client's X-Forwarded-*: every field but Host and hop-by-hop ones;
+    // the For chain extended; one Cookie line from HTTP/2's split cookies.
+    let (status, raw) = s.h1("/all/echo", fields);
+    assert_eq!(status, 200, "{raw}");
+    let seen = last_seen();
+    for line in [
+        "Cookie: session=none",
+        "X-Other: o1",
+        "X-Internal-Role: admin",
+        "X-Forwarded-For: 203.0.113.7, 127.0.0.1",
+        "X-Forwarded-Host: spoofed.example",
+    ] {
+        assert!(has_line(&seen, line), "{line} in {seen}");
+    }
+    assert_eq!(
+        seen.matches("\r\nHost:").count() + seen.matches("\r\nhost:").count(),
+        1,
+        "{seen}"
+    );
+    let r = s.h2(
+        "/all/echo",
+        &[
+            ("authorization", "Bearer ok"),
+            ("cookie", "a=1"),
+            ("cookie", "b=2"),
+        ],
+    );
+    assert_eq!(r.status, 200);
+    let seen = last_seen();
+    assert!(has_line(&seen, "Cookie: a=1; b=2"), "{seen}");
+}

@@ -379,7 +379,8 @@ pub struct CorsSection {
     pub max_age: Option<DurationValue>,
 }
 
-/// `forward_auth = { upstream, path, copy_headers, timeout }`.
+/// `forward_auth = { upstream, path, copy_headers, timeout, send_headers, remove_headers,
+/// trust_forward_header }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForwardAuthSection {
@@ -387,6 +388,20 @@ pub struct ForwardAuthSection {
     pub path: Option<String>,
     pub copy_headers: Option<Vec<String>>,
     pub timeout: Option<DurationValue>,
+    /// The client's fields sent to the auth service: names (`X-*` for a prefix) or `"all"`.
+    pub send_headers: Option<Spanned<FieldNames>>,
+    /// The client's fields removed before anything: sent neither to the auth service nor on.
+    pub remove_headers: Option<Vec<String>>,
+    /// Pass the client's own X-Forwarded-* to the auth service (behind a trusted proxy).
+    pub trust_forward_header: Option<bool>,
+}
+
+/// A list of field names, or one word (`"all"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum FieldNames {
+    List(Vec<String>),
+    Word(String),
 }
 
 /// `basic_auth = { realm, users_file }`.

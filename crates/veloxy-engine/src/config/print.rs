@@ -274,11 +274,17 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
                 out.raw(
                     "forward_auth",
                     &format!(
-                        "{{ upstream = {}, path = {}, copy_headers = {}, timeout = {} }}",
+                        "{{ upstream = {}, path = {}, copy_headers = {}, timeout = {}, send_headers = {}, remove_headers = {}, trust_forward_header = {} }}",
                         string(&snapshot.upstreams[f.upstream].name),
                         string(&f.path),
                         str_list(&f.copy_headers),
-                        string(&duration(f.timeout))
+                        string(&duration(f.timeout)),
+                        match &f.send_headers {
+                            None => string("all"),
+                            Some(p) => str_list(&p.iter().map(|p| p.text()).collect::<Vec<_>>()),
+                        },
+                        str_list(&f.remove_headers.iter().map(|p| p.text()).collect::<Vec<_>>()),
+                        f.trust_forward_header
                     ),
                 );
             }

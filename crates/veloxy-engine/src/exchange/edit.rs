@@ -155,6 +155,7 @@ impl UpstreamEdit {
                 r.request.as_ref().is_some_and(|q| q.drops(name))
                     || r.forward_auth.as_ref().is_some_and(|f| {
                         f.copy_headers.iter().any(|c| c.eq_ignore_ascii_case(name))
+                            || f.remove_headers.iter().any(|p| p.matches(name))
                     })
             })
     }

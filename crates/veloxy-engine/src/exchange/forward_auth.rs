@@ -30,6 +30,21 @@ pub(crate) struct AuthRequest {
     head: Vec<u8>,
 }
 
+/// Whether the client's field `name` goes to the auth service: named by `send_headers`
+/// (every field with `"all"`), not by `remove_headers`, and not one veloxy writes itself
+/// (Host, X-Forwarded-*, X-Forwarded-Method and -Uri) or a hop-by-hop or framing field.
+fn sent(rule: &ForwardAuth, name: &str) -> bool {
+    use crate::http1::{classify, Special};
+    let own = name.len() > 12 && name.as_bytes()[..12].eq_ignore_ascii_case(b"x-forwarded-");
+    matches!(classify(name), Special::None)
+        && !own
+        && !rule.remove_headers.iter().any(|p| p.matches(name))
+        && rule
+            .send_headers
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|p| p.matches(name)))
+}
+
 /// What the auth service said.
 pub(crate) enum Outcome {
     /// Pass, with these fields ("Name: value\r\n" lines) for the upstream request.
@@ -39,27 +54,60 @@ pub(crate) enum Outcome {
 }
 
 impl AuthRequest {
-    /// Renders the subrequest for `head` from the client at `client_ip`.
+    /// Renders the subrequest for `head` from the client at `client_ip`: veloxy's
+    /// X-Forwarded-* (the client's own with `trust_forward_header`, its For chain extended),
+    /// then the client's fields that `send_headers` names (hop-by-hop ones and those
+    /// `remove_headers` names never).
     pub(crate) fn new(rule: &ForwardAuth, head: &Head, peer: &Peer, client_ip: &str) -> Self {
+        let trusted = |name: &str| {
+            let v = head
+                .fields
+                .get(name)
+                .filter(|_| rule.trust_forward_header)?;
+            let v = v.trim_ascii();
+            (!v.is_empty() && !rule.remove_headers.iter().any(|p| p.matches(name)))
+                .then(|| String::from_utf8_lossy(v).into_owned())
+        };
+        let proto = if peer.tls { "https" } else { "http" };
+        let xff = match trusted("x-forwarded-for") {
+            Some(chain) => format!("{chain}, {client_ip}"),
+            None => client_ip.to_owned(),
+        };
         let mut h = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nX-Forwarded-Method: {}\r\nX-Forwarded-Proto: {}\r\n\
              X-Forwarded-Host: {}\r\nX-Forwarded-Uri: {}\r\nX-Forwarded-For: {}\r\n",
             rule.path,
             rule.host,
-            head.method,
-            if peer.tls { "https" } else { "http" },
-            String::from_utf8_lossy(head.host),
-            head.target,
-            client_ip
+            trusted("x-forwarded-method").unwrap_or_else(|| head.method.to_owned()),
+            trusted("x-forwarded-proto").unwrap_or_else(|| proto.to_owned()),
+            trusted("x-forwarded-host")
+                .unwrap_or_else(|| String::from_utf8_lossy(head.host).into_owned()),
+            trusted("x-forwarded-uri").unwrap_or_else(|| head.target.to_owned()),
+            xff
         )
         .into_bytes();
-        for name in ["cookie", "authorization"] {
-            if let Some(v) = head.fields.get(name) {
-                h.extend_from_slice(name.as_bytes());
-                h.extend_from_slice(b": ");
-                h.extend_from_slice(v);
-                h.extend_from_slice(b"\r\n");
+        // HTTP/2 clients may split Cookie into several fields: the auth service gets one.
+        let mut cookie: Vec<u8> = Vec::new();
+        for (name, value) in head.fields.iter() {
+            if !sent(rule, name) {
+                continue;
             }
+            if name.eq_ignore_ascii_case("cookie") {
+                if !cookie.is_empty() {
+                    cookie.extend_from_slice(b"; ");
+                }
+                cookie.extend_from_slice(value);
+                continue;
+            }
+            h.extend_from_slice(name.as_bytes());
+            h.extend_from_slice(b": ");
+            h.extend_from_slice(value);
+            h.extend_from_slice(b"\r\n");
+        }
+        if !cookie.is_empty() {
+            h.extend_from_slice(b"Cookie: ");
+            h.extend_from_slice(&cookie);
+            h.extend_from_slice(b"\r\n");
         }
         h.extend_from_slice(b"Connection: close\r\n\r\n");
         AuthRequest {

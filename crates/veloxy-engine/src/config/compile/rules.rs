@@ -391,13 +391,68 @@ pub(super) fn forward_auth(
             c,
         )?;
     }
+    let (send_headers, remove_headers) = forward_auth_fields(src, v.span(), key, f)?;
     Ok(crate::rules::ForwardAuth {
         upstream,
         host: auth_host(&groups[upstream]),
         path,
         copy_headers: copy.into(),
         timeout: f.timeout.map_or(std::time::Duration::from_secs(2), |d| d.0),
+        send_headers,
+        remove_headers,
+        trust_forward_header: f.trust_forward_header.unwrap_or(false),
     })
+}
+
+/// The patterns of `send_headers` (default Cookie and Authorization; `"all"`: `None`) and
+/// `remove_headers`, each a field name or a prefix ending in `*`.
+#[allow(clippy::type_complexity)]
+fn forward_auth_fields(
+    src: &Source,
+    span: std::ops::Range<usize>,
+    key: &str,
+    f: &crate::config::file::ForwardAuthSection,
+) -> Result<
+    (
+        Option<std::sync::Arc<[crate::rules::FieldPattern]>>,
+        std::sync::Arc<[crate::rules::FieldPattern]>,
+    ),
+    ConfigError,
+> {
+    use crate::config::file::FieldNames;
+    use crate::rules::FieldPattern;
+    let patterns = |names: &[String], what: &str| {
+        names
+            .iter()
+            .map(|n| {
+                let name = n.strip_suffix('*').unwrap_or(n);
+                field_name(
+                    src,
+                    span.clone(),
+                    &format!("{key}.forward_auth.{what}"),
+                    name,
+                )?;
+                Ok(FieldPattern::new(n))
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()
+    };
+    let send = match f.send_headers.as_ref().map(|s| (s.get_ref(), s.span())) {
+        None => Some(vec![
+            FieldPattern::new("Cookie"),
+            FieldPattern::new("Authorization"),
+        ]),
+        Some((FieldNames::Word(w), _)) if w == "all" => None,
+        Some((FieldNames::Word(w), s)) => {
+            return Err(src.error(
+                s,
+                format!("{key}.forward_auth.send_headers"),
+                format!("{w:?}: give a list of field names (\"X-*\" for a prefix) or \"all\""),
+            ))
+        }
+        Some((FieldNames::List(l), _)) => Some(patterns(l, "send_headers")?),
+    };
+    let remove = patterns(f.remove_headers.as_deref().unwrap_or(&[]), "remove_headers")?;
+    Ok((send.map(Into::into), remove.into()))
 }
 
 /// The Host of the auth requests: the group's first fixed server, else its first `dns` or
