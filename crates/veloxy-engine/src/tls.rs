@@ -228,6 +228,8 @@ pub trait LiveCerts: Send + Sync {
     fn alpn_cert(&self, name: &str) -> Option<Arc<CertifiedKey>>;
     /// The ACME certificate held for `name` (lowercase), if any.
     fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>>;
+    /// The local CA's leaf for `name` (lowercase), on `local_ca` listeners.
+    fn local_cert(&self, name: &str) -> Option<Arc<CertifiedKey>>;
     /// `key` with its OCSP staple, when one is held for its leaf.
     fn stapled(&self, key: Arc<CertifiedKey>) -> Arc<CertifiedKey>;
 }
@@ -244,6 +246,9 @@ struct SniResolver {
     wildcard: HashMap<String, Arc<CertifiedKey>>,
     default: Option<Arc<CertifiedKey>>,
     acme: bool,
+    /// `local_ca = true`: the local CA's leaves, this name's for clients without SNI (or
+    /// asking for a name the listener does not have).
+    local: Option<String>,
     live: Late<dyn LiveCerts>,
 }
 
@@ -282,11 +287,16 @@ impl ResolvesServerCert for SniResolver {
 impl SniResolver {
     fn choose(&self, name: Option<&str>) -> Option<Arc<CertifiedKey>> {
         let Some(name) = name else {
-            return self.default.clone();
+            return self.default.clone().or_else(|| self.local_default());
         };
         let name = name.to_ascii_lowercase();
         if self.acme {
             if let Some(k) = self.live.try_get().and_then(|l| l.cert(&name)) {
+                return Some(k);
+            }
+        }
+        if self.local.is_some() {
+            if let Some(k) = self.live.try_get().and_then(|l| l.local_cert(&name)) {
                 return Some(k);
             }
         }
@@ -298,7 +308,13 @@ impl SniResolver {
                 return Some(k.clone());
             }
         }
-        self.default.clone()
+        self.default.clone().or_else(|| self.local_default())
+    }
+
+    /// The local CA's leaf of the listener's first name.
+    fn local_default(&self) -> Option<Arc<CertifiedKey>> {
+        let name = self.local.as_deref()?;
+        self.live.try_get()?.local_cert(name)
     }
 }
 
@@ -310,6 +326,7 @@ pub fn server_config(
     certs: Vec<CertEntry>,
     http2: bool,
     acme: bool,
+    local: Option<String>,
     live: Late<dyn LiveCerts>,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let mut exact = HashMap::new();
@@ -329,6 +346,7 @@ pub fn server_config(
         wildcard,
         default,
         acme,
+        local,
         live,
     };
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
@@ -706,8 +724,8 @@ mod tests {
             hosts: vec!["files.test".into()],
             key: self_signed("files.test"),
         }];
-        let with_files = server_config(files, false, true, slot.clone()).unwrap();
-        let acme_only = server_config(Vec::new(), false, true, slot.clone()).unwrap();
+        let with_files = server_config(files, false, true, None, slot.clone()).unwrap();
+        let acme_only = server_config(Vec::new(), false, true, None, slot.clone()).unwrap();
         // Unbound (a config compiled, not run): the files' default, no ACME certificate, no
         // tls-alpn-01 certificate.
         assert!(answers(&with_files, "acme.test", b"http/1.1"));

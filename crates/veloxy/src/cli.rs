@@ -85,6 +85,16 @@ pub enum Command {
         #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
     },
+    /// Print the local CA's certificate (the CA of `local_ca = true` listeners and
+    /// `--tls-self-signed`), making it first if there is none, for clients to trust.
+    Trust {
+        /// Also install it in the system's trust store (update-ca-certificates).
+        #[arg(long)]
+        install: bool,
+        /// The CA's directory [default: $XDG_DATA_HOME/veloxy/pki or ~/.local/share/veloxy/pki].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Print the man page (roff) to stdout, for packaging: `veloxy manpage > veloxy.1`.
     #[command(hide = true)]
     Manpage,

@@ -137,6 +137,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .context("writing the completion script")?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Trust { install, dir } => local_ca::trust(dir.as_deref(), install),
         Command::Manpage => {
             manual::manpage(&mut std::io::stdout().lock()).context("writing the man page")?;
             Ok(ExitCode::SUCCESS)

@@ -25,6 +25,7 @@
 //! is pending); `tls-alpn-01` by the TLS listeners' certificate resolver (ALPN `acme-tls/1`),
 //! after which the connection closes.
 
+pub mod local;
 pub(crate) mod manager;
 pub(crate) mod ocsp;
 mod order;
@@ -137,6 +138,8 @@ pub struct CertStore {
     staples: ArcSwap<HashMap<Vec<u8>, Staple>>,
     /// Any staple held: when false, handshakes skip the lookup.
     stapling: AtomicBool,
+    /// The local CA's leaves (`local_ca = true` listeners) by name, replaced at each bind.
+    local: ArcSwap<HashMap<String, Arc<CertifiedKey>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -162,7 +165,18 @@ impl CertStore {
             failures: AtomicUsize::new(0),
             staples: ArcSwap::from_pointee(HashMap::new()),
             stapling: AtomicBool::new(false),
+            local: ArcSwap::from_pointee(HashMap::new()),
         }
+    }
+
+    /// The local CA's leaf for `name` (lowercase), if a `local_ca` listener serves it.
+    pub fn local_cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        self.local.load().get(name).cloned()
+    }
+
+    /// Replaces the local CA's leaves (each of a leaf's names maps to it).
+    pub(crate) fn set_local(&self, leaves: HashMap<String, Arc<CertifiedKey>>) {
+        self.local.store(Arc::new(leaves));
     }
 
     /// The ACME certificate held for `name` (lowercase), if any.
@@ -291,6 +305,10 @@ impl crate::tls::LiveCerts for CertStore {
 
     fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
         CertStore::cert(self, name)
+    }
+
+    fn local_cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        CertStore::local_cert(self, name)
     }
 
     #[inline]

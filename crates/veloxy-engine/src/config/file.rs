@@ -207,6 +207,10 @@ pub struct TlsSection {
     pub cert: Option<Spanned<String>>,
     pub key: Option<Spanned<String>>,
     pub acme: Option<Spanned<AcmeNames>>,
+    /// Certificates from the local CA (`veloxy trust` prints it) for `names`.
+    pub local_ca: Option<Spanned<bool>>,
+    /// The names of `local_ca`'s certificate (default localhost and the loopback addresses).
+    pub names: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     pub certs: Vec<Spanned<CertSection>>,
 }

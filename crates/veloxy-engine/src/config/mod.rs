@@ -175,6 +175,9 @@ pub struct ListenerSpec {
     pub upgrade_idle_timeout: Duration,
     /// `tls.acme`: the names this listener serves with ACME certificates (lowercase, sorted).
     pub acme: Vec<String>,
+    /// `tls.local_ca = true`: the names of the local CA's certificate (empty: off). Issued
+    /// when the config is bound to the runtime (`acme::local`), not by `check`.
+    pub local_ca: Vec<String>,
     /// `http3 = true`: QUIC on the same port number over UDP.
     pub http3: Option<Arc<Http3Spec>>,
 }

@@ -190,6 +190,10 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
         // `acme = true` is written as the names it stood for.
         out.raw("acme", &str_list(&l.acme));
     }
+    if !l.local_ca.is_empty() {
+        out.bool("local_ca", true);
+        out.raw("names", &str_list(&l.local_ca));
+    }
     for f in l.tls_files.iter().filter(|f| !f.hosts.is_empty()) {
         out.table(&format!("[[listeners.{name}.tls.certs]]"));
         out.raw("hosts", &str_list(&f.hosts));

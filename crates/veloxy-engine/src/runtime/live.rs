@@ -34,11 +34,13 @@ struct Held {
     views: HashMap<String, Arc<ClusterView>>,
 }
 
-/// A cache store that could not be made (its disk directory).
+/// A live object that could not be made: a cache store (its disk directory) or the local CA
+/// (its directory).
 #[derive(Debug, thiserror::Error)]
-#[error("cache {name:?}: cannot use the disk directory {}: {source}", path.display())]
+#[error("{what} {}: {source}", path.display())]
 pub struct BindError {
-    name: String,
+    /// What failed, e.g. `cache "pages": cannot use the disk directory`.
+    what: String,
     path: std::path::PathBuf,
     #[source]
     source: std::io::Error,
@@ -60,7 +62,7 @@ impl Live {
             let store = match kept {
                 Some(s) => s,
                 None => spec.open().map_err(|source| BindError {
-                    name: spec.name.clone(),
+                    what: format!("cache {:?}: cannot use the disk directory", spec.name),
                     path: spec
                         .disk
                         .as_ref()
@@ -71,9 +73,13 @@ impl Live {
             };
             stores.push(store);
         }
+        let local = local_leaves(snapshot)?;
         // Nothing fails from here on.
         for (spec, store) in snapshot.live.caches.iter().zip(&stores) {
             spec.store.set(store.clone());
+        }
+        if let Some(leaves) = local {
+            self.certs.set_local(leaves);
         }
         snapshot
             .live
@@ -130,4 +136,34 @@ impl Live {
             .as_ref()
             .map_or(0, |c| c.errors.load(std::sync::atomic::Ordering::Relaxed))
     }
+}
+
+/// The local CA's leaves for the `local_ca` listeners of `snapshot`, by name (`None` when
+/// there are none: the store keeps what it has). The CA is made on first use.
+fn local_leaves(
+    snapshot: &Snapshot,
+) -> Result<Option<std::collections::HashMap<String, Arc<rustls::sign::CertifiedKey>>>, BindError> {
+    let wanted: Vec<&crate::config::ListenerSpec> = snapshot
+        .listeners
+        .iter()
+        .filter(|l| !l.local_ca.is_empty())
+        .collect();
+    if wanted.is_empty() {
+        return Ok(None);
+    }
+    let dir = crate::acme::local::default_dir();
+    let failed = |name: &str, e: crate::acme::local::LocalCaError| BindError {
+        what: format!("listener {name:?}: local_ca: cannot use the local CA in"),
+        path: dir.clone(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let ca = crate::acme::local::LocalCa::open(&dir).map_err(|e| failed(&wanted[0].name, e))?;
+    let mut leaves = std::collections::HashMap::new();
+    for l in wanted {
+        let key = ca.issue(&l.local_ca).map_err(|e| failed(&l.name, e))?;
+        for name in &l.local_ca {
+            leaves.insert(name.clone(), key.clone());
+        }
+    }
+    Ok(Some(leaves))
 }

@@ -72,11 +72,13 @@ fn compile_listener(
     let l = section.get_ref();
     let http2_set = l.http2.as_ref().map(|h| *h.get_ref());
     let http2 = http2_set.unwrap_or(l.tls.is_some());
+    let mut local_ca = Vec::new();
     let (tls, tls_files) = match &l.tls {
         None => (None, Vec::new()),
         Some(t) => {
-            let (config, files) =
+            let (config, files, local) =
                 compile_tls(src, &format!("{key}.tls"), t, section.span(), http2, certs)?;
+            local_ca = local;
             (Some(config), files)
         }
     };
@@ -151,6 +153,7 @@ fn compile_listener(
         upgrade_idle_timeout: dur(&l.upgrade_idle_timeout, Duration::from_secs(600)),
         // Filled once routes are known (`acme = true` takes their hosts).
         acme: Vec::new(),
+        local_ca,
         http3: None,
     })
 }
@@ -214,7 +217,19 @@ fn compile_tls(
     span: Range<usize>,
     http2: bool,
     certs: &Late<dyn LiveCerts>,
-) -> Result<(Arc<rustls::ServerConfig>, Vec<TlsFiles>), ConfigError> {
+) -> Result<(Arc<rustls::ServerConfig>, Vec<TlsFiles>, Vec<String>), ConfigError> {
+    let local = local_ca_names(src, key, t)?;
+    if !local.is_empty() {
+        let config = crate::tls::server_config(
+            Vec::new(),
+            http2,
+            false,
+            local.first().cloned(),
+            certs.clone(),
+        )
+        .map_err(|e| src.error(span.clone(), key, e.to_string()))?;
+        return Ok((config, Vec::new(), local));
+    }
     let mut entries = Vec::new();
     let mut files = Vec::new();
     match (&t.cert, &t.key) {
@@ -269,9 +284,59 @@ fn compile_tls(
             "needs cert and key, [[...tls.certs]] entries, or acme",
         ));
     }
-    let config = crate::tls::server_config(entries, http2, acme, certs.clone())
+    let config = crate::tls::server_config(entries, http2, acme, None, certs.clone())
         .map_err(|e| src.error(span.clone(), key, e.to_string()))?;
-    Ok((config, files))
+    Ok((config, files, Vec::new()))
+}
+
+/// `local_ca = true`: the names of its certificate (lowercase; default localhost, 127.0.0.1
+/// and ::1), each a host name or an IP address; alone (no cert, certs or acme beside it).
+/// `names` without `local_ca` is refused.
+fn local_ca_names(src: &Source, key: &str, t: &TlsSection) -> Result<Vec<String>, ConfigError> {
+    let on = t.local_ca.as_ref().is_some_and(|v| *v.get_ref());
+    if !on {
+        if let Some(n) = &t.names {
+            return Err(src.error(
+                n.span(),
+                format!("{key}.names"),
+                "names the local CA's certificate: set local_ca = true",
+            ));
+        }
+        return Ok(Vec::new());
+    }
+    let span = t.local_ca.as_ref().map(|v| v.span()).unwrap_or_default();
+    let beside = [
+        ("cert", t.cert.is_some()),
+        ("certs", !t.certs.is_empty()),
+        ("acme", t.acme.is_some()),
+    ];
+    if let Some((other, _)) = beside.iter().find(|(_, set)| *set) {
+        return Err(src.error(
+            span,
+            format!("{key}.local_ca"),
+            format!("the local CA issues this listener's certificate: drop {other}, or local_ca"),
+        ));
+    }
+    let names: Vec<String> = match &t.names {
+        None => ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
+        Some(n) => n.get_ref().iter().map(|s| s.to_ascii_lowercase()).collect(),
+    };
+    let bad = names.iter().find(|n| {
+        n.parse::<std::net::IpAddr>().is_err()
+            && (n.contains('*') || rustls::pki_types::ServerName::try_from(n.as_str()).is_err())
+    });
+    if let (Some(b), Some(n)) = (bad, &t.names) {
+        return Err(src.error(
+            n.span(),
+            format!("{key}.names"),
+            format!("{b:?} is not a host name or an IP address"),
+        ));
+    }
+    if names.is_empty() {
+        let s = t.names.as_ref().map(|n| n.span()).unwrap_or(span);
+        return Err(src.error(s, format!("{key}.names"), "needs at least one name"));
+    }
+    Ok(names)
 }
 
 /// Two listening addresses that cannot both be bound: the same port, the same family (IPv6
