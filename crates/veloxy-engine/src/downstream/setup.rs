@@ -218,19 +218,15 @@ async fn begin(
     if tcp && passthrough.or(stream_group).is_none() {
         return None;
     }
-    let mut tls = if passthrough.is_some() { None } else { tls };
-    if let (Some(_), Some(mode)) = (&tls, plain_http) {
-        // `plain_http`: a client speaking plain HTTP to this TLS port.
-        match Box::pin(first_byte(&stream, header_timeout)).await? {
-            TLS_HANDSHAKE => {}
-            _ if mode == crate::config::PlainHttp::Reject => {
-                Box::pin(reject_plain(&worker, stream)).await;
-                return None;
-            }
-            // Served as plain HTTP; "redirect" is answered at admission.
-            _ => tls = None,
-        }
-    }
+    let tls = if passthrough.is_some() { None } else { tls };
+    let tls = Box::pin(tls_or_plain(
+        &worker,
+        &mut stream,
+        tls,
+        plain_http,
+        header_timeout,
+    ))
+    .await?;
     let stream = match tls {
         None => DownstreamIo::Plain(stream),
         Some(config) => {
@@ -437,6 +433,30 @@ async fn sniff_preface(down: &mut Downstream, limit: Duration) -> Sniffed {
     }
 }
 
+/// `plain_http` on a TLS listener: the TLS config when the client speaks TLS (its first
+/// byte, peeked, is a handshake record), `Some(None)` when it speaks plain HTTP and is to be
+/// served so (`"serve"`; `"redirect"` is answered at admission); `None` when it closed, sent
+/// nothing in time, or was refused (`"reject"`: answered and closed here).
+async fn tls_or_plain(
+    worker: &Worker,
+    stream: &mut TcpStream,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    plain_http: Option<crate::config::PlainHttp>,
+    limit: Duration,
+) -> Option<Option<std::sync::Arc<rustls::ServerConfig>>> {
+    let (Some(config), Some(mode)) = (&tls, plain_http) else {
+        return Some(tls);
+    };
+    match first_byte(stream, limit).await? {
+        TLS_HANDSHAKE => Some(Some(config.clone())),
+        _ if mode == crate::config::PlainHttp::Reject => {
+            reject_plain(worker, stream).await;
+            None
+        }
+        _ => Some(None),
+    }
+}
+
 /// The first byte of every TLS connection: a handshake record (a ClientHello).
 const TLS_HANDSHAKE: u8 = 0x16;
 
@@ -453,10 +473,10 @@ async fn first_byte(stream: &TcpStream, limit: Duration) -> Option<u8> {
 
 /// `plain_http = "reject"`: a 400 that says what happened (nginx answers 400 for its 497),
 /// then a lingering close so the client reads it.
-async fn reject_plain(worker: &Worker, mut stream: TcpStream) {
+async fn reject_plain(worker: &Worker, stream: &mut TcpStream) {
     let msg =
         "this port speaks HTTPS: the plain HTTP request was sent to an HTTPS port; use https://";
-    if super::connection::send_error(worker, &mut stream, 400, msg, true, false).await > 0 {
-        super::connection::linger_close(&mut stream).await;
+    if super::connection::send_error(worker, stream, 400, msg, true, false).await > 0 {
+        super::connection::linger_close(stream).await;
     }
 }
