@@ -208,6 +208,9 @@ fn load_pair(
     Ok((entry, files))
 }
 
+/// A listener's rustls config, its certificate files, and its `local_ca` names.
+type CompiledTls = (Arc<rustls::ServerConfig>, Vec<TlsFiles>, Vec<String>);
+
 /// Loads a listener's certificates and builds its rustls config, whose resolver reads the
 /// snapshot's `certs` slot (the runtime's ACME store, bound later); also returns the files.
 fn compile_tls(
@@ -217,7 +220,7 @@ fn compile_tls(
     span: Range<usize>,
     http2: bool,
     certs: &Late<dyn LiveCerts>,
-) -> Result<(Arc<rustls::ServerConfig>, Vec<TlsFiles>, Vec<String>), ConfigError> {
+) -> Result<CompiledTls, ConfigError> {
     let local = local_ca_names(src, key, t)?;
     if !local.is_empty() {
         let config = crate::tls::server_config(
