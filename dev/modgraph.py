@@ -95,7 +95,7 @@ LAYERS = [
     ("downstream codecs", ["downstream"]),
     ("exchange driver", ["exchange"]),
     ("state and config", ["worker", "park", "runtime", "config"]),
-    ("exchange steps", ["router", "rules", "hooks", "auth", "cors", "search", "cache",
+    ("exchange steps", ["router", "rules", "hooks", "auth", "cors", "search", "cache", "fastcgi",
                         "static_files", "access_log", "metrics", "acme", "message"]),
     ("upstream, tls and listener sockets", ["upstream", "tls", "listener"]),
     ("primitives", ["limits", "fleet", "http1", "error", "late", "clock", "deadline",

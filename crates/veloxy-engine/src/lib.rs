@@ -113,6 +113,7 @@ pub(crate) mod deadline;
 pub(crate) mod downstream;
 pub mod error;
 pub(crate) mod exchange;
+pub(crate) mod fastcgi;
 pub(crate) mod fleet;
 pub mod hooks;
 pub(crate) mod http1;

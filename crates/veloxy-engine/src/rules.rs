@@ -332,6 +332,8 @@ pub struct RouteRules {
     pub cache: Option<std::sync::Arc<crate::cache::lookup::RouteCache>>,
     /// `search`: the search gateway's guards and bulk routing.
     pub(crate) search: Option<std::sync::Arc<crate::search::SearchRoute>>,
+    /// `fastcgi`: requests go to a FastCGI group with these CGI parameters.
+    pub(crate) fastcgi: Option<std::sync::Arc<crate::fastcgi::FastcgiRoute>>,
 }
 
 /// A route's `forward_auth`, compiled.
@@ -416,6 +418,7 @@ impl RouteRules {
             && self.cors.is_none()
             && self.forward_auth.is_none()
             && self.cache.is_none()
+            && self.fastcgi.is_none()
     }
 }
 

@@ -289,6 +289,8 @@ pub struct RouteSection {
     pub cache: Option<Spanned<RouteCacheSection>>,
     /// Routes to a search group: bulk routing, query cache and guards.
     pub search: Option<Spanned<RouteSearchSection>>,
+    /// Routes to a FastCGI group (PHP-FPM): the CGI parameters.
+    pub fastcgi: Option<Spanned<FastcgiSection>>,
 }
 
 /// `[rule_sets.NAME]`: the rule keys of a route, shared by the routes that `use` the set.
@@ -406,6 +408,20 @@ pub struct ForwardAuthSection {
 pub enum FieldNames {
     List(Vec<String>),
     Word(String),
+}
+
+/// `fastcgi = { root, index, split_path, params }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FastcgiSection {
+    /// The document root, as the FastCGI server sees it.
+    pub root: Spanned<String>,
+    /// The script of a directory and the front controller (default `index.php`).
+    pub index: Option<String>,
+    /// A regex splitting the path into the script and PATH_INFO.
+    pub split_path: Option<Spanned<String>>,
+    /// Extra CGI parameters.
+    pub params: Option<BTreeMap<String, String>>,
 }
 
 /// `basic_auth = { realm, users_file }`.

@@ -298,6 +298,23 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
             if let Some(s) = &rules.search {
                 out.raw("search", &crate::search::describe_route(s));
             }
+            if let Some(f) = &rules.fastcgi {
+                let params: Vec<String> = f
+                    .params
+                    .iter()
+                    .map(|(k, v)| format!("{} = {}", key(k), string(v)))
+                    .collect();
+                out.raw(
+                    "fastcgi",
+                    &format!(
+                        "{{ root = {}, index = {}, split_path = {}, params = {{ {} }} }}",
+                        string(&f.root.to_string_lossy()),
+                        string(&f.index),
+                        string(f.split_path_text.as_str()),
+                        params.join(", ")
+                    ),
+                );
+            }
         }
         // Written when on, or when the route turns its group's default off.
         let rewrites = r.rules.as_ref().is_some_and(|x| x.location_rewrite);
@@ -481,6 +498,7 @@ fn upstream(out: &mut Toml, u: &UpstreamGroup) {
         UpstreamProtocol::Http1 => "http1",
         UpstreamProtocol::H2 => "h2",
         UpstreamProtocol::H2c => "h2c",
+        UpstreamProtocol::Fastcgi => "fastcgi",
     };
     out.str("protocol", protocol);
     if u.location_rewrite {

@@ -375,6 +375,14 @@ impl Proxying<'_> {
             cache: None,
             hit: None,
             search: None,
+            fastcgi: rules.and_then(|r| r.fastcgi.as_deref()).map(|f| {
+                Box::new(super::fastcgi::Job::new(
+                    f,
+                    head,
+                    peer,
+                    rules.and_then(|r| r.max_body),
+                ))
+            }),
         }
     }
 }

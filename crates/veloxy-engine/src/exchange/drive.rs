@@ -96,6 +96,9 @@ pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, m
     if t.search.is_some() {
         return Box::pin(search(c)).await;
     }
+    if t.fastcgi.is_some() {
+        return Box::pin(fastcgi(worker, gen, c)).await;
+    }
     if t.cache.is_some() {
         return Box::pin(fill(worker, gen, c)).await;
     }
@@ -117,6 +120,31 @@ async fn search<C: Codec>(mut c: C) -> C::Out {
     }
     let answer = job.run(body).await;
     c.answer(answer).await
+}
+
+/// A FastCGI route's request: the body read whole, the slot, the request to the group.
+async fn fastcgi<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> C::Out {
+    let t = c.target().expect("proxied");
+    let job = t.fastcgi.take().expect("a FastCGI request");
+    let limit = t.concurrency.clone();
+    let body = match c.whole_body(job.body_limit).await {
+        Ok(body) => body,
+        Err(e) => return c.fail(e).await,
+    };
+    if let Err(e) = super::hold_slot(&limit, c.slot()).await {
+        return c.fail(e).await;
+    }
+    let answered = {
+        let t = &*c.target().expect("proxied");
+        job.run(worker, gen, t, body).await
+    };
+    match answered {
+        Ok(r) => c.cached(r).await,
+        Err(e) => {
+            tracing::warn!(error = %e.report(), "upstream error (FastCGI)");
+            c.fail(e).await
+        }
+    }
 }
 
 /// Step 6: the cache fill (GET or HEAD: no body to read before the slot). When the cache

@@ -17,6 +17,7 @@ pub(crate) mod attempt;
 pub(crate) mod body;
 pub(crate) mod drive;
 pub(crate) mod edit;
+pub(crate) mod fastcgi;
 pub(crate) mod fill;
 pub(crate) mod forward_auth;
 pub(crate) mod framed;
@@ -125,6 +126,8 @@ pub(crate) struct ProxyTarget {
     /// clamp: the codec reads the body whole and runs it instead of forwarding (taken when
     /// run).
     pub search: Option<Box<crate::search::Job>>,
+    /// A FastCGI route's request, prepared at admission (taken when run).
+    pub fastcgi: Option<Box<fastcgi::Job>>,
     /// A fresh cache hit on a route with `forward_auth`: held until the auth service lets
     /// the request pass, then answered instead of forwarding (taken when run). A hit is never
     /// served before every access rule of its route has run.

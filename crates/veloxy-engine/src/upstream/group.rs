@@ -18,6 +18,8 @@ pub enum UpstreamProtocol {
     H2,
     /// HTTP/2 over plain TCP (prior knowledge).
     H2c,
+    /// FastCGI (PHP-FPM): for routes with `fastcgi = { ... }`.
+    Fastcgi,
 }
 
 /// What `consistent_hash` (and custom policies, through `PickContext::hash`) hash on.

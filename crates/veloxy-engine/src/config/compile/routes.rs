@@ -123,6 +123,32 @@ fn compile_route(
         r.cache = Some(c);
         rules = Some(Arc::new(r));
     }
+    match (&r.fastcgi, upstream.map(|u| &groups[u])) {
+        (Some(f), Some(g)) if g.protocol == crate::config::UpstreamProtocol::Fastcgi => {
+            let f = super::rules::fastcgi(src, &key, f)?;
+            let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
+            r.fastcgi = Some(f);
+            rules = Some(Arc::new(r));
+        }
+        (Some(f), _) => {
+            return Err(src.error(
+                f.span(),
+                format!("{key}.fastcgi"),
+                "is for routes to a FastCGI group (an upstream with protocol = \"fastcgi\")",
+            ))
+        }
+        (None, Some(g)) if g.protocol == crate::config::UpstreamProtocol::Fastcgi => {
+            return Err(src.error(
+                r.upstream.as_ref().map_or(0..0, |s| s.span()),
+                format!("{key}.upstream"),
+                format!(
+                    "{:?} is a FastCGI group: the route needs fastcgi = {{ root = \"/var/www/app\" }}",
+                    g.name
+                ),
+            ))
+        }
+        _ => {}
+    }
     if let Some(s) = &r.search {
         let s = super::search::route_search(src, &key, s, upstream.map(|u| &groups[u]), caches.0)?;
         let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();

@@ -194,6 +194,7 @@ pub(super) fn compile_rules(
         forward_auth: None,
         search: None,
         cache: None,
+        fastcgi: None,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }
@@ -554,4 +555,59 @@ pub(super) fn size(src: &Source, key: &str, v: &Spanned<SizeValue>) -> Result<u6
         SizeValue::Bytes(n) => Ok(*n),
         SizeValue::Text(t) => crate::rules::parse_size(t).map_err(|m| src.error(v.span(), key, m)),
     }
+}
+
+/// `fastcgi = { root, index, split_path, params }`: the root is absolute (it is a path on the
+/// FastCGI server's side, so it need not exist here), `split_path` a regex with two groups.
+pub(super) fn fastcgi(
+    src: &Source,
+    key: &str,
+    f: &Spanned<crate::config::file::FastcgiSection>,
+) -> Result<Arc<crate::fastcgi::FastcgiRoute>, ConfigError> {
+    let key = format!("{key}.fastcgi");
+    let s = f.get_ref();
+    let root = s.root.get_ref();
+    if !root.starts_with('/') {
+        return Err(src.error(
+            s.root.span(),
+            format!("{key}.root"),
+            "must be an absolute path (as the FastCGI server sees it)",
+        ));
+    }
+    let index = s.index.clone().unwrap_or_else(|| "index.php".to_owned());
+    if index.is_empty() || index.contains('/') {
+        return Err(src.error(f.span(), format!("{key}.index"), "must be a file name"));
+    }
+    let split_path_text = s
+        .split_path
+        .as_ref()
+        .map_or(r"^(.+\.php)(/.*)$".to_owned(), |p| p.get_ref().clone());
+    let split_path = match &s.split_path {
+        None => regex_automata::meta::Regex::new(r"^(.+\.php)(/.*)$").expect("valid"),
+        Some(p) => {
+            let re = regex_automata::meta::Regex::new(p.get_ref()).map_err(|e| {
+                src.error(
+                    p.span(),
+                    format!("{key}.split_path"),
+                    format!("not a regex: {e}"),
+                )
+            })?;
+            if re.group_info().group_len(regex_automata::PatternID::ZERO) < 3 {
+                return Err(src.error(
+                    p.span(),
+                    format!("{key}.split_path"),
+                    "needs two groups: the script and PATH_INFO",
+                ));
+            }
+            re
+        }
+    };
+    let params = s.params.clone().unwrap_or_default().into_iter().collect();
+    Ok(Arc::new(crate::fastcgi::FastcgiRoute {
+        root: root.into(),
+        index,
+        split_path,
+        split_path_text,
+        params,
+    }))
 }

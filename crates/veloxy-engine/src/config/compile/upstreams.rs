@@ -344,10 +344,16 @@ fn compile_protocol(
             "\"h2c\" is HTTP/2 without TLS: use \"h2\" for https:// servers",
         )),
         Some((_, "h2c")) => Ok(UpstreamProtocol::H2c),
+        Some((p, "fastcgi")) if https => Err(src.error(
+            p.span(),
+            format!("{key}.protocol"),
+            "FastCGI servers are plain (host:port or unix:PATH), not https://",
+        )),
+        Some((_, "fastcgi")) => Ok(UpstreamProtocol::Fastcgi),
         Some((p, other)) => Err(src.error(
             p.span(),
             format!("{key}.protocol"),
-            format!("unknown protocol {other:?} (known: http1, h2, h2c)"),
+            format!("unknown protocol {other:?} (known: http1, h2, h2c, fastcgi)"),
         )),
     }
 }
@@ -478,7 +484,7 @@ fn compile_active_health(
             return Err(src.error(
                 path.span(),
                 format!("{key}.health.path"),
-                "HTTP checks speak HTTP/1.1: h2/h2c groups use connect checks (omit path)",
+                "HTTP checks speak HTTP/1.1: h2, h2c and fastcgi groups use connect checks (omit path)",
             ));
         }
     }

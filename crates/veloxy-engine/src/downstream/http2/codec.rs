@@ -108,7 +108,8 @@ impl Codec for H2<'_> {
             UpstreamProtocol::Http1 => {
                 framed_h1::relay(&**self.c, gen, &target, self.req, self.fin).await
             }
-            UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
+            // FastCGI groups are answered by the driver's FastCGI step.
+            UpstreamProtocol::H2 | UpstreamProtocol::H2c | UpstreamProtocol::Fastcgi => {
                 framed_h2::relay(&**self.c, gen, &target, self.req, self.fin).await
             }
         }
