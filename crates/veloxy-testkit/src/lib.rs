@@ -29,6 +29,7 @@
 //!   * [`site`]: [`Site`], a veloxy with a TLS and a plain listener, spoken to over HTTP/1.1
 //!     and HTTP/2; [`Nginx`], a real nginx as an upstream;
 //!   * [`dns`]: [`Dns`], a real dnsmasq whose A and SRV records a test changes;
+//!   * [`kube`](mod@kube): a real kube-apiserver and etcd in a test's own network namespace;
 //!   * [`skip`] (report a test that cannot run here) and [`eventually`] (poll a condition).
 //!
 //! ## How the binaries are located and built
@@ -57,6 +58,7 @@ pub mod dns;
 pub mod golden;
 pub mod http2;
 pub mod http3;
+pub mod kube;
 pub mod opensearch;
 pub mod origin;
 pub mod pebble;

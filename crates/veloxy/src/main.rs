@@ -13,6 +13,7 @@
 mod cli;
 mod demo;
 mod import;
+mod kube;
 mod local_ca;
 mod manual;
 
@@ -61,7 +62,10 @@ fn error_chain(e: &anyhow::Error) -> String {
 /// HTTP libraries do; RFC 6066 allows only host names) and then serves it as if it had sent
 /// none. One line and one write per handshake is log spam and CPU nobody asked for, so that
 /// module logs only errors, unless `RUST_LOG` or the config's `log` filter names rustls.
-const QUIET_TARGETS: &str = "rustls::msgs::handshake=error";
+/// The Kubernetes client's own lines (several per failed watch, each retry) are left out
+/// too: the provider logs each watch failure once, with its cause, and its recovery.
+const QUIET_TARGETS: &str =
+    "rustls::msgs::handshake=error,kube_client=off,kube_runtime=off,hyper_util=off";
 
 fn init_logging(default_level: &str) {
     let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| default_level.to_string());
@@ -203,7 +207,7 @@ fn serve(
         .enable_all()
         .build()
         .context("building the signal runtime")?;
-    let (mut term, mut int, mut hup, mut usr1) = {
+    let (term, int, hup, usr1) = {
         use tokio::signal::unix::{signal, SignalKind};
         let _runtime = rt.enter();
         let listen = |kind| signal(kind).context("installing signal handlers");
@@ -214,6 +218,7 @@ fn serve(
             listen(SignalKind::user_defined1())?,
         )
     };
+    let kubernetes = snapshot.settings.kubernetes.clone();
     let running = Server::new(snapshot).upgrade(upgrade.upgrade).start()?;
     for (name, addr) in running.local_addrs() {
         tracing::info!(listener = %name, %addr, workers, "listening");
@@ -230,6 +235,66 @@ fn serve(
     if let Some(addr) = running.admin_addr() {
         tracing::info!(%addr, "admin endpoint ready (/metrics, /healthz, /upstreams, POST /reload)");
     }
+    let signals = Signals {
+        term,
+        int,
+        hup,
+        usr1,
+    };
+    let served = std::thread::scope(|scope| -> Result<()> {
+        // The Kubernetes provider runs beside the server on its own thread and applies its
+        // configs itself; SIGHUP and POST /reload go through it (it owns the merged config).
+        let provider = match (kubernetes, config) {
+            (Some(spec), Some(path)) => Some(
+                kube::start(scope, spec, path, &running)
+                    .context("starting the Kubernetes provider")?,
+            ),
+            _ => None,
+        };
+        let result = rt.block_on(wait(
+            &running,
+            config,
+            policies,
+            provider.as_ref(),
+            has_access_log,
+            signals,
+        ));
+        if let Some(p) = provider {
+            p.stop();
+        }
+        result
+    });
+    if let Err(e) = served {
+        running.shutdown();
+        return Err(e);
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+    running.shutdown();
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The signals the main loop reacts to.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+/// How long SIGHUP or `POST /reload` waits for the Kubernetes provider's rebuild.
+const PROVIDER_RELOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves until SIGTERM/SIGINT: SIGUSR1 reopens the access log; SIGHUP and `POST /reload`
+/// reload `config` (through `provider` when there is one).
+async fn wait(
+    running: &veloxy_engine::Running,
+    config: Option<&Path>,
+    policies: &PolicyRegistry,
+    provider: Option<&kube::Provider<'_>>,
+    has_access_log: bool,
+    mut sig: Signals,
+) -> Result<()> {
     // SIGHUP and POST /reload share one path: parse and validate the file first, swap only a
     // good config, keep the running one otherwise.
     let reload = |path: &Path| -> Result<String, String> {
@@ -241,43 +306,56 @@ fn serve(
         running.reload(snapshot).map_err(|e| e.to_string())?;
         Ok(format!("reloaded {}", path.display()))
     };
-    let mut admin_reloads = running.take_reload_requests();
-    rt.block_on(async {
-        let report = |result: &Result<String, String>| match result {
-            // A reload only succeeds with a config file, so `config` is set here; a `None`
-            // would leave the field out rather than print `Some(...)`.
-            Ok(msg) => tracing::info!(config = config.map(|p| tracing::field::display(p.display())), "{msg}"),
-            Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
-        };
-        loop {
-            tokio::select! {
-                _ = term.recv() => break,
-                _ = int.recv() => break,
-                _ = usr1.recv() => {
-                    if has_access_log {
-                        running.reopen_access_log();
-                        tracing::info!("access log reopened");
-                    } else {
-                        tracing::info!("SIGUSR1 ignored: no access log configured");
-                    }
-                }
-                _ = hup.recv() => match config {
-                    None => tracing::warn!("SIGHUP ignored: no config file to reload"),
-                    Some(path) => report(&reload(path)),
+    let reload_any = |path: &Path| {
+        let pending = provider.map(|p| p.reload_file());
+        let direct = pending.is_none().then(|| reload(path));
+        async move {
+            match (direct, pending) {
+                (Some(result), _) => result,
+                (None, Some(rx)) => match tokio::time::timeout(PROVIDER_RELOAD_TIMEOUT, rx).await {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(_)) => Err("the Kubernetes provider has stopped".to_owned()),
+                    Err(_) => Err("the Kubernetes provider did not answer within 30 s".to_owned()),
                 },
-                Some(req) = async { match admin_reloads.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
-                    let result = match config {
-                        None => Err("no config file to reload (started without --config)".to_owned()),
-                        Some(path) => reload(path),
-                    };
-                    report(&result);
-                    let _ = req.reply.send(result);
-                }
+                (None, None) => Err("nothing to reload".to_owned()),
             }
         }
-    });
-    tracing::info!("shutting down: finishing in-flight requests");
-    running.shutdown();
-    tracing::info!("stopped");
-    Ok(ExitCode::SUCCESS)
+    };
+    let report = |result: &Result<String, String>| match result {
+        // A reload only succeeds with a config file, so `config` is set here; a `None`
+        // would leave the field out rather than print `Some(...)`.
+        Ok(msg) => tracing::info!(
+            config = config.map(|p| tracing::field::display(p.display())),
+            "{msg}"
+        ),
+        Err(e) => tracing::error!(error = %e, "reload refused; the running config stays"),
+    };
+    let mut admin_reloads = running.take_reload_requests();
+    loop {
+        tokio::select! {
+            _ = sig.term.recv() => break,
+            _ = sig.int.recv() => break,
+            _ = sig.usr1.recv() => {
+                if has_access_log {
+                    running.reopen_access_log();
+                    tracing::info!("access log reopened");
+                } else {
+                    tracing::info!("SIGUSR1 ignored: no access log configured");
+                }
+            }
+            _ = sig.hup.recv() => match config {
+                None => tracing::warn!("SIGHUP ignored: no config file to reload"),
+                Some(path) => report(&reload_any(path).await),
+            },
+            Some(req) = async { match admin_reloads.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
+                let result = match config {
+                    None => Err("no config file to reload (started without --config)".to_owned()),
+                    Some(path) => reload_any(path).await,
+                };
+                report(&result);
+                let _ = req.reply.send(result);
+            }
+        }
+    }
+    Ok(())
 }

@@ -42,6 +42,31 @@ pub struct FileConfig {
     pub streams: Vec<Spanned<StreamSection>>,
     #[serde(default)]
     pub caches: BTreeMap<String, Spanned<CacheSection>>,
+    /// `[providers]`: where routes come from besides this file. Not `Spanned`: the table is
+    /// usually implicit (only `[providers.kubernetes]` is written), and has no span then.
+    pub providers: Option<ProvidersSection>,
+}
+
+/// `[providers]`: sources of routes and backends besides the file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvidersSection {
+    pub kubernetes: Option<Spanned<KubernetesSection>>,
+}
+
+/// `[providers.kubernetes]`: Ingress objects watched on a Kubernetes API server.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSection {
+    pub kubeconfig: Option<Spanned<String>>,
+    pub namespaces: Option<Spanned<Vec<String>>>,
+    pub ingress_class: Option<Spanned<String>>,
+    pub ingress_nginx: Option<Spanned<bool>>,
+    pub gateway_class: Option<Spanned<String>>,
+    pub http_listener: Option<Spanned<String>>,
+    pub https_listener: Option<Spanned<String>>,
+    pub status_address: Option<Spanned<String>>,
+    pub publish_service: Option<Spanned<String>>,
 }
 
 /// `[caches.NAME]`: a response cache routes can use.

@@ -16,7 +16,7 @@ pub(crate) mod file;
 pub mod print;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,7 +81,8 @@ pub struct Settings {
     /// `trusted_proxies` and `client_ip_header`: where the real client address comes from.
     pub real_ip: Option<crate::access::RealIp>,
     /// Log filter used when `RUST_LOG` is unset. Default `"info"`. Either way the `veloxy`
-    /// command adds `rustls::msgs::handshake=error` unless the filter names rustls.
+    /// command adds `rustls::msgs::handshake=error` (and silences the Kubernetes client's own
+    /// lines) unless the filter names rustls.
     pub log_level: String,
     /// Admin endpoint address (`/metrics`, `/healthz`, `/upstreams`, `POST /reload`). Default: off.
     pub admin: Option<SocketAddr>,
@@ -96,6 +97,47 @@ pub struct Settings {
     /// `resolvers`: the DNS servers `dns`/`srv` upstream servers are resolved through; empty:
     /// the system's (`/etc/resolv.conf`).
     pub resolvers: Vec<SocketAddr>,
+    /// `[providers.kubernetes]`: Ingress objects to serve, watched by the `veloxy` command.
+    /// Read at start; changing it needs a restart.
+    pub kubernetes: Option<KubernetesSpec>,
+}
+
+/// `[providers.kubernetes]`, validated: the listeners it names exist (the HTTPS one with TLS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesSpec {
+    /// A kubeconfig file (absolute); `None`: the in-cluster service account, else
+    /// `$KUBECONFIG` / `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespaces watched; empty: all.
+    pub namespaces: Vec<String>,
+    /// The Ingress class served (`spec.ingressClassName` or the legacy annotation).
+    pub ingress_class: String,
+    /// Also serve class `nginx` (ingress-nginx's annotations are honoured either way).
+    pub ingress_nginx: bool,
+    /// The GatewayClass name (Gateway API is not implemented yet: accepted and warned about).
+    pub gateway_class: Option<String>,
+    /// The listener Ingress rules are served on.
+    pub http_listener: String,
+    /// The TLS listener Ingress TLS hosts are served on.
+    pub https_listener: Option<String>,
+    /// What Ingress status publishes.
+    pub status: Option<StatusAddress>,
+}
+
+/// What goes into `status.loadBalancer.ingress` of the Ingresses served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusAddress {
+    /// `status_address` given as an IP address.
+    Ip(std::net::IpAddr),
+    /// `status_address` given as a host name.
+    Hostname(String),
+    /// `publish_service = "NAMESPACE/NAME"`: that Service's addresses.
+    Service {
+        /// The Service's namespace.
+        namespace: String,
+        /// The Service's name.
+        name: String,
+    },
 }
 
 /// `[server] request_buffering`: when a request body is read before the upstream is chosen.

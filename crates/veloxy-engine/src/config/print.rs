@@ -63,7 +63,37 @@ pub fn render(snapshot: &Snapshot) -> String {
     for u in &snapshot.upstreams {
         upstream(&mut out, u);
     }
+    if let Some(k) = &snapshot.settings.kubernetes {
+        kubernetes(&mut out, k);
+    }
     out.text
+}
+
+/// `[providers.kubernetes]`.
+fn kubernetes(out: &mut Toml, k: &crate::config::KubernetesSpec) {
+    use crate::config::StatusAddress;
+    out.table("[providers.kubernetes]");
+    if let Some(p) = &k.kubeconfig {
+        out.str("kubeconfig", &p.display().to_string());
+    }
+    out.raw("namespaces", &str_list(&k.namespaces));
+    out.str("ingress_class", &k.ingress_class);
+    out.bool("ingress_nginx", k.ingress_nginx);
+    if let Some(g) = &k.gateway_class {
+        out.str("gateway_class", g);
+    }
+    out.str("http_listener", &k.http_listener);
+    if let Some(l) = &k.https_listener {
+        out.str("https_listener", l);
+    }
+    match &k.status {
+        Some(StatusAddress::Ip(ip)) => out.str("status_address", &ip.to_string()),
+        Some(StatusAddress::Hostname(h)) => out.str("status_address", h),
+        Some(StatusAddress::Service { namespace, name }) => {
+            out.str("publish_service", &format!("{namespace}/{name}"))
+        }
+        None => {}
+    }
 }
 
 fn settings(out: &mut Toml, s: &Settings) {

@@ -11,6 +11,7 @@ mod cache;
 mod expand;
 mod http3;
 mod listeners;
+mod providers;
 mod routes;
 mod rules;
 mod search;
@@ -91,7 +92,10 @@ fn compile(
     settings.acme = acme::compile_acme(src, &file, &mut listeners, redis_spec.as_ref())?;
     settings.redis = redis_spec;
     http3::compile_http3(src, &file, &settings, &mut listeners)?;
+    let (kubernetes, provider_warnings) = providers::compile_providers(src, &file, &listeners)?;
+    settings.kubernetes = kubernetes;
     let mut warnings: Vec<String> = io_warning.into_iter().chain(admin_warning).collect();
+    warnings.extend(provider_warnings);
     warnings.extend(acme::unserved_names(src, &file, &listeners));
     warnings.extend(unused_groups(src, &file));
     warnings.extend(file.upstreams.iter().filter_map(|(name, g)| {

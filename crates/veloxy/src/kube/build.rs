@@ -1,0 +1,244 @@
+//! From the watched objects to a running config: select the Ingresses, translate them with
+//! the ingress importer (ingress-nginx's annotation semantics), merge the result into the
+//! config file, compile it and swap it in. An Ingress that breaks the compiled config is
+//! found by compiling each one alone with the file, left out, and logged; a config that
+//! still does not compile is refused and the running one stays.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash as _, Hasher as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::networking::v1::Ingress;
+use veloxy_engine::config::compile::compile_str;
+use veloxy_engine::config::{KubernetesSpec, Snapshot};
+use veloxy_engine::upstream::balancer::PolicyRegistry;
+use veloxy_engine::Running;
+use veloxy_import::{Options, Outcome};
+
+use super::merge::{merge, render};
+use super::objects::{self, id, World};
+
+/// Why a config was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("translating the Ingresses: {0}")]
+    Translate(#[source] veloxy_import::ImportError),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{source} (in the config merged with the Ingress objects, written to {})", merged.display())]
+    Compile {
+        merged: PathBuf,
+        #[source]
+        source: veloxy_engine::ConfigError,
+    },
+    #[error("swapping in the new config: {0}")]
+    Reload(#[source] veloxy_engine::ServerError),
+}
+
+/// What the provider keeps between builds.
+pub struct Builder<'a> {
+    pub spec: KubernetesSpec,
+    /// The config file (compiled configs name it in errors and resolve its relative paths).
+    pub config_path: &'a Path,
+    /// The config file as a TOML table, as last read.
+    pub file: toml::Table,
+    pub policies: PolicyRegistry,
+    /// The private directory (0700) the Secrets' certificates and keys are written to.
+    pub dir: PathBuf,
+    pub running: &'a Running,
+    /// A fingerprint of the last config applied (its text and the files it reads).
+    applied: Option<u64>,
+    /// What the translation refused, as logged (each line once while it holds).
+    reported: std::collections::BTreeSet<String>,
+    /// Ingresses left out because they broke the config: `NS/NAME` and resourceVersion.
+    left_out: std::collections::BTreeMap<String, String>,
+}
+
+/// One translation: the merged config text, the fingerprint of it and its files.
+struct Merged {
+    text: String,
+    fingerprint: u64,
+    notes: Vec<String>,
+}
+
+impl<'a> Builder<'a> {
+    /// A builder for `file`, the config at `config_path`.
+    pub fn new(
+        spec: KubernetesSpec,
+        config_path: &'a Path,
+        file: toml::Table,
+        dir: PathBuf,
+        running: &'a Running,
+    ) -> Self {
+        Builder {
+            spec,
+            config_path,
+            file,
+            policies: PolicyRegistry::with_builtins(),
+            dir,
+            running,
+            applied: None,
+            reported: Default::default(),
+            left_out: Default::default(),
+        }
+    }
+
+    /// Forgets what was applied: the next build is applied even if nothing changed.
+    pub fn invalidate(&mut self) {
+        self.applied = None;
+        self.left_out.clear();
+    }
+
+    /// Builds and applies the config for `world`. Returns the Ingresses served (for their
+    /// status), or the reason the running config stays.
+    pub fn apply(&mut self, world: &World) -> Result<Vec<Arc<Ingress>>, BuildError> {
+        let mut ours: Vec<Arc<Ingress>> = world
+            .ingresses
+            .iter()
+            .filter(|i| objects::ours(i, &self.spec, &world.classes))
+            // Left out before, and unchanged since: not tried again.
+            .filter(|i| self.left_out.get(&id(&i.metadata)) != Some(&version(i)))
+            .cloned()
+            .collect();
+        ours.sort_by_key(|i| id(&i.metadata));
+        self.left_out
+            .retain(|k, _| world.ingresses.iter().any(|i| id(&i.metadata) == *k));
+        let (merged, snapshot) = match self.merged(world, &ours).and_then(|m| self.compile(m)) {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(error = %e, "kubernetes: the config with every Ingress is refused; finding the Ingresses that break it");
+                ours = self.without_bad(world, ours);
+                self.merged(world, &ours).and_then(|m| self.compile(m))?
+            }
+        };
+        let notes: std::collections::BTreeSet<String> = merged.notes.iter().cloned().collect();
+        for n in notes.difference(&self.reported) {
+            tracing::warn!("kubernetes: {n}");
+        }
+        self.reported = notes;
+        let Some(snapshot) = snapshot else {
+            return Ok(ours);
+        };
+        self.running.reload(snapshot).map_err(BuildError::Reload)?;
+        self.applied = Some(merged.fingerprint);
+        tracing::info!(ingresses = ours.len(), "kubernetes: config applied");
+        Ok(ours)
+    }
+
+    /// `ours` without each Ingress that, alone with the file, does not compile (logged, and
+    /// remembered with its version so that it is not tried again until it changes).
+    fn without_bad(&mut self, world: &World, ours: Vec<Arc<Ingress>>) -> Vec<Arc<Ingress>> {
+        let mut good = Vec::new();
+        for ing in ours {
+            let alone = std::slice::from_ref(&ing);
+            match self.merged(world, alone).and_then(|m| self.check(&m.text)) {
+                Ok(()) => good.push(ing),
+                Err(e) => {
+                    tracing::error!(ingress = %id(&ing.metadata), error = %e, "kubernetes: Ingress left out: it cannot be served");
+                    self.left_out.insert(id(&ing.metadata), version(&ing));
+                }
+            }
+        }
+        good
+    }
+
+    /// Compiles `m` unless it is what runs already (`None` then).
+    fn compile(&self, m: Merged) -> Result<(Merged, Option<Snapshot>), BuildError> {
+        if self.applied == Some(m.fingerprint) {
+            return Ok((m, None));
+        }
+        let snapshot = self.snapshot(&m.text)?;
+        Ok((m, Some(snapshot)))
+    }
+
+    fn check(&self, text: &str) -> Result<(), BuildError> {
+        self.snapshot(text).map(drop)
+    }
+
+    fn snapshot(&self, text: &str) -> Result<Snapshot, BuildError> {
+        let s = compile_str(self.config_path, text, &self.policies).map_err(|source| {
+            let merged = self.dir.join("merged.toml");
+            let _ = std::fs::write(&merged, text);
+            BuildError::Compile { merged, source }
+        })?;
+        for w in &s.warnings {
+            tracing::debug!("kubernetes: {w}");
+        }
+        Ok(s)
+    }
+
+    /// The file's config with `ours` translated into it, and the generated files written.
+    fn merged(&self, world: &World, ours: &[Arc<Ingress>]) -> Result<Merged, BuildError> {
+        let mut table = self.file.clone();
+        let mut notes = Vec::new();
+        let mut hasher = DefaultHasher::new();
+        if !ours.is_empty() {
+            let docs = objects::documents(world, ours);
+            let opts = Options {
+                out_dir: self.dir.clone(),
+                services: objects::endpoints(world, ours),
+                ..Default::default()
+            };
+            let imported =
+                veloxy_import_ingress::import_docs(&docs, &opts).map_err(BuildError::Translate)?;
+            for e in &imported.report.entries {
+                if let Outcome::Refused(why) = &e.outcome {
+                    notes.push(format!(
+                        "{}: {}: not served: {why}",
+                        e.loc.file, e.directive
+                    ));
+                }
+            }
+            for f in &imported.config.files {
+                let path = self.dir.join(&f.name);
+                write_private(&path, &f.contents)
+                    .map_err(|source| BuildError::Write { path, source })?;
+                f.name.hash(&mut hasher);
+                f.contents.hash(&mut hasher);
+            }
+            notes.extend(merge(&mut table, &imported.config, &self.spec, &self.dir));
+        }
+        let text = render(&table);
+        text.hash(&mut hasher);
+        Ok(Merged {
+            text,
+            fingerprint: hasher.finish(),
+            notes,
+        })
+    }
+}
+
+/// An object's `metadata.resourceVersion` (it changes with every write).
+fn version(ing: &Ingress) -> String {
+    ing.metadata.resource_version.clone().unwrap_or_default()
+}
+
+/// Writes `contents` to `path` (mode 0600, through a temporary file and a rename), unless
+/// the file already holds them.
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    if std::fs::read_to_string(path).is_ok_and(|c| c == contents) {
+        return Ok(());
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(contents.as_bytes())?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,297 @@
+//! The Kubernetes provider (`[providers.kubernetes]`): Ingress objects watched on an API
+//! server become routes of the running veloxy, without a restart.
+//!
+//! It runs on its own thread with its own tokio runtime, beside the server: [`watch`] keeps
+//! caches of Ingresses, IngressClasses, Services, EndpointSlices and TLS Secrets (watches,
+//! not polling; retried with backoff); after a change and 100 ms of quiet (1 s at most),
+//! [`build`] translates the Ingresses of our class with the ingress importer (so
+//! ingress-nginx's annotations keep their meaning), with each Service port's ready
+//! endpoints as its servers ([`objects`]), merges that into the config file ([`merge`]),
+//! compiles it and swaps it in through [`Running::reload`]; [`status`] then publishes the
+//! address in each served Ingress's status. SIGHUP and `POST /reload` re-read the file and
+//! rebuild through [`Provider::reload_file`]. Gateway API is not implemented yet.
+
+mod build;
+mod merge;
+mod objects;
+mod status;
+mod watch;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::{Scope, ScopedJoinHandle};
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::{mpsc, oneshot, Notify};
+use veloxy_engine::config::KubernetesSpec;
+use veloxy_engine::Running;
+
+use build::Builder;
+
+/// Quiet time after a change before the config is rebuilt (changes in a burst are one
+/// rebuild).
+const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Longest a rebuild waits for a burst of changes to end.
+const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
+/// Longest the first config waits for every watch's first list (a watch that cannot list,
+/// for lack of RBAC rights or an API server, does not hold the others' Ingresses back).
+const LIST_GRACE: Duration = Duration::from_secs(10);
+/// Longest the start-up probe (one list of Ingresses) waits for the API server.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the provider cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("reading the kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "no Kubernetes client configuration (the in-cluster service account, $KUBECONFIG or \
+         ~/.kube/config; or set kubeconfig in [providers.kubernetes]): {0}"
+    )]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("building the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error(
+        "the API server denies listing Ingresses (check the RBAC rules of this identity): {0}"
+    )]
+    Forbidden(#[source] kube::Error),
+    #[error("creating the private directory {path}: {source}")]
+    PrivateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading the config file {path}: {source}")]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing the config file {path}: {source}")]
+    ParseFile {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("starting the provider's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// A reply to a file reload: what the log says, or why the running config stays.
+type Reply = oneshot::Sender<Result<String, String>>;
+
+/// The running provider.
+pub struct Provider<'scope> {
+    stop: Option<oneshot::Sender<()>>,
+    reloads: mpsc::UnboundedSender<Reply>,
+    thread: ScopedJoinHandle<'scope, ()>,
+}
+
+impl Provider<'_> {
+    /// Asks the provider to re-read the config file and rebuild; the answer comes on the
+    /// returned channel.
+    pub fn reload_file(&self) -> oneshot::Receiver<Result<String, String>> {
+        let (tx, rx) = oneshot::channel();
+        // A provider that has stopped drops `tx`: the caller sees a closed channel.
+        let _ = self.reloads.send(tx);
+        rx
+    }
+
+    /// Stops the watches and waits for the provider's thread.
+    pub fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self.thread.join();
+    }
+}
+
+/// Starts the provider on a thread of `scope`: `spec` from the config file at `config`,
+/// applying to `running`. Fails when the client cannot be configured or RBAC denies the
+/// listing of Ingresses; an API server that does not answer yet is retried.
+pub fn start<'scope, 'env>(
+    scope: &'scope Scope<'scope, 'env>,
+    spec: KubernetesSpec,
+    config: &'env Path,
+    running: &'env Running,
+) -> Result<Provider<'scope>, KubeError> {
+    let text = std::fs::read_to_string(config).map_err(|source| KubeError::ReadFile {
+        path: config.to_path_buf(),
+        source,
+    })?;
+    let file: toml::Table = toml::from_str(&text).map_err(|e| KubeError::ParseFile {
+        path: config.to_path_buf(),
+        source: Box::new(e),
+    })?;
+    let dir = private_dir()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(KubeError::Runtime)?;
+    let client = rt.block_on(connect(&spec))?;
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let (reload_tx, reload_rx) = mpsc::unbounded_channel();
+    let thread = std::thread::Builder::new()
+        .name("kubernetes".into())
+        .spawn_scoped(scope, move || {
+            let builder = Builder::new(spec, config, file, dir.clone(), running);
+            rt.block_on(run(client, builder, stop_rx, reload_rx));
+            let _ = std::fs::remove_dir_all(&dir);
+        })
+        .map_err(KubeError::Runtime)?;
+    Ok(Provider {
+        stop: Some(stop_tx),
+        reloads: reload_tx,
+        thread,
+    })
+}
+
+/// The client (from `kubeconfig`, else inferred), checked with one list of Ingresses: RBAC
+/// denial is an error; an API server that does not answer is only logged (the watches retry).
+async fn connect(spec: &KubernetesSpec) -> Result<Client, KubeError> {
+    let config = match &spec.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                KubeError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(|source| KubeError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                })?
+        }
+        None => kube::Config::infer().await.map_err(KubeError::Infer)?,
+    };
+    let client = Client::try_from(config).map_err(KubeError::Client)?;
+    let api: kube::Api<k8s_openapi::api::networking::v1::Ingress> = match spec.namespaces.first() {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    };
+    let params = kube::api::ListParams::default().limit(1);
+    let probe = api.list_metadata(&params);
+    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(kube::Error::Api(e))) if e.code == 401 || e.code == 403 => {
+            return Err(KubeError::Forbidden(kube::Error::Api(e)))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "kubernetes: the API server does not answer yet; retrying")
+        }
+        Err(_) => tracing::warn!("kubernetes: the API server does not answer yet; retrying"),
+    }
+    Ok(client)
+}
+
+/// The provider's loop: rebuild after changes, re-read the file on request, until stopped.
+async fn run(
+    client: Client,
+    mut builder: Builder<'_>,
+    mut stop: oneshot::Receiver<()>,
+    mut reloads: mpsc::UnboundedReceiver<Reply>,
+) {
+    let changed = Arc::new(Notify::new());
+    let caches = watch::Caches::start(&client, &builder.spec.namespaces, &changed);
+    let grace = tokio::time::Instant::now() + LIST_GRACE;
+    let mut grace_timer = std::pin::pin!(tokio::time::sleep_until(grace));
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            () = changed.notified() => {
+                debounce(&changed).await;
+                if caches.listed() || tokio::time::Instant::now() >= grace {
+                    rebuild(&client, &mut builder, &caches).await;
+                }
+            }
+            () = &mut grace_timer, if !caches.listed() => {
+                tracing::warn!("kubernetes: some watches have not listed their objects yet; serving what is known");
+                rebuild(&client, &mut builder, &caches).await;
+                grace_timer.as_mut().reset(grace + Duration::from_secs(3600 * 24 * 365));
+            }
+            Some(reply) = reloads.recv() => {
+                let result = reread(&mut builder).and_then(|()| {
+                    apply(&mut builder, &caches)
+                        .map_err(|e| e.to_string())
+                        .map(|()| format!("reloaded {}", builder.config_path.display()))
+                });
+                let _ = reply.send(result);
+            }
+        }
+    }
+}
+
+/// Waits until no change came for [`DEBOUNCE`], or [`DEBOUNCE_MAX`] passed.
+async fn debounce(changed: &Notify) {
+    let end = tokio::time::Instant::now() + DEBOUNCE_MAX;
+    loop {
+        let quiet = tokio::time::Instant::now() + DEBOUNCE;
+        tokio::select! {
+            () = changed.notified() => {
+                if tokio::time::Instant::now() >= end { return; }
+            }
+            () = tokio::time::sleep_until(quiet.min(end)) => return,
+        }
+    }
+}
+
+/// Builds and applies the config from the caches, then writes the served Ingresses' status.
+async fn rebuild(client: &Client, builder: &mut Builder<'_>, caches: &watch::Caches) {
+    let world = caches.world();
+    match builder.apply(&world) {
+        Ok(served) => {
+            if let Some(s) = &builder.spec.status {
+                let want = status::desired(s, &world);
+                status::publish(client, &served, &want).await;
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "kubernetes: config refused; the running config stays")
+        }
+    }
+}
+
+/// [`Builder::apply`] from the caches, forced (after a file change).
+fn apply(builder: &mut Builder<'_>, caches: &watch::Caches) -> Result<(), build::BuildError> {
+    builder.invalidate();
+    builder.apply(&caches.world()).map(drop)
+}
+
+/// Re-reads and checks the config file (alone, so errors point into it). The
+/// `[providers.kubernetes]` section itself is read at start only.
+fn reread(builder: &mut Builder<'_>) -> Result<(), String> {
+    let path = builder.config_path;
+    let snapshot = veloxy_engine::config::load_file_with(path, &builder.policies)
+        .map_err(|e| e.to_string())?;
+    if snapshot.settings.kubernetes.as_ref() != Some(&builder.spec) {
+        tracing::warn!("kubernetes: [providers.kubernetes] changed: it applies after a restart");
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    builder.file = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(())
+}
+
+/// A fresh directory only this process may read, for the Secrets' certificates and keys.
+fn private_dir() -> Result<PathBuf, KubeError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let path = std::env::temp_dir().join(format!("veloxy-kubernetes-{}", std::process::id()));
+    let err = |source| KubeError::PrivateDir {
+        path: path.clone(),
+        source,
+    };
+    if path.exists() {
+        std::fs::remove_dir_all(&path).map_err(err)?;
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&path)
+        .map_err(err)?;
+    Ok(path)
+}

@@ -1,0 +1,334 @@
+//! From the watched objects to the ingress importer's input: which Ingresses are ours (by
+//! class), the documents the importer reads (Ingresses with their class fields removed, the
+//! Services and TLS Secrets they name) and each Service port's ready endpoints as the
+//! importer's `services` map (`NAME.NAMESPACE:PORT` -> `ADDR:PORT,...`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use serde::Serialize;
+use veloxy_engine::config::KubernetesSpec;
+use veloxy_import::tree::{self, Node};
+
+/// The legacy class annotation, read before `spec.ingressClassName` existed.
+pub const LEGACY_CLASS: &str = "kubernetes.io/ingress.class";
+/// The `spec.controller` of an IngressClass whose Ingresses veloxy serves.
+pub const CONTROLLER: &str = "veloxy.dev/ingress-controller";
+/// The annotation that makes an IngressClass the default one.
+const DEFAULT_CLASS: &str = "ingressclass.kubernetes.io/is-default-class";
+/// The label that ties an EndpointSlice to its Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Everything the translation reads, copied out of the watch caches.
+#[derive(Default)]
+pub struct World {
+    pub ingresses: Vec<Arc<Ingress>>,
+    pub classes: Vec<Arc<IngressClass>>,
+    pub services: Vec<Arc<Service>>,
+    pub slices: Vec<Arc<EndpointSlice>>,
+    pub secrets: Vec<Arc<Secret>>,
+}
+
+/// `NAMESPACE/NAME` of an object.
+pub fn id(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Whether veloxy serves `ing`: its class (`spec.ingressClassName`, else the legacy
+/// annotation) is `ingress_class`, `nginx` with `ingress_nginx`, or an IngressClass whose
+/// controller is veloxy's; an Ingress without a class is served when the IngressClass named
+/// `ingress_class` is the cluster's default.
+pub fn ours(ing: &Ingress, spec: &KubernetesSpec, classes: &[Arc<IngressClass>]) -> bool {
+    let class = ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.clone())
+        .or_else(|| {
+            ing.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(LEGACY_CLASS).cloned())
+        });
+    let named = |name: &str| {
+        classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+    };
+    match class {
+        Some(c) => {
+            c == spec.ingress_class
+                || (spec.ingress_nginx && c == "nginx")
+                || named(&c)
+                    .and_then(|k| k.spec.as_ref()?.controller.as_deref())
+                    .is_some_and(|ctl| ctl == CONTROLLER)
+        }
+        None => named(&spec.ingress_class).is_some_and(|k| {
+            k.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEFAULT_CLASS))
+                .is_some_and(|v| v == "true")
+        }),
+    }
+}
+
+/// The importer's input for `ingresses`: their documents, then those of the Services and
+/// Secrets of their namespaces. Class fields are removed (the class was decided here, and the
+/// importer would otherwise skip classes it takes for another controller's).
+pub fn documents(world: &World, ingresses: &[Arc<Ingress>]) -> Vec<Node> {
+    let mut docs = Vec::new();
+    let namespaces: Vec<&str> = ingresses
+        .iter()
+        .map(|i| i.metadata.namespace.as_deref().unwrap_or("default"))
+        .collect();
+    let in_scope = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        namespaces.contains(&m.namespace.as_deref().unwrap_or("default"))
+    };
+    for ing in ingresses {
+        let mut ing = (**ing).clone();
+        ing.metadata.managed_fields = None;
+        ing.status = None;
+        if let Some(s) = ing.spec.as_mut() {
+            s.ingress_class_name = None;
+        }
+        if let Some(a) = ing.metadata.annotations.as_mut() {
+            a.remove(LEGACY_CLASS);
+            a.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+        docs.extend(document("Ingress", &ing.metadata, &ing));
+    }
+    for s in world.services.iter().filter(|s| in_scope(&s.metadata)) {
+        let mut s = (**s).clone();
+        s.metadata.managed_fields = None;
+        docs.extend(document("Service", &s.metadata, &s));
+    }
+    for s in world.secrets.iter().filter(|s| in_scope(&s.metadata)) {
+        let mut s = (**s).clone();
+        s.metadata.managed_fields = None;
+        docs.extend(document("Secret", &s.metadata, &s));
+    }
+    docs
+}
+
+/// One object as a located document (its report lines name `KIND NS/NAME`).
+fn document<T: Serialize>(
+    kind: &str,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    obj: &T,
+) -> Option<Node> {
+    let name: Arc<str> = format!("{kind} {}", id(meta)).into();
+    let text = serde_json::to_string(obj).ok()?;
+    match tree::parse_yaml(&name, &text) {
+        Ok(mut d) => d.pop(),
+        Err(e) => {
+            tracing::warn!(object = %name, error = %e, "kubernetes: object left out: its JSON does not read back");
+            None
+        }
+    }
+}
+
+/// For every port of every Service of `world`: its ready endpoints, under the keys the
+/// importer looks up: `NAME.NAMESPACE:PORT` and, for a named port, `NAME.NAMESPACE:PORTNAME`.
+/// A port with no ready endpoint, and a Service port an Ingress of `ingresses` names that does
+/// not exist, map to an empty list (their routes answer 503). ExternalName Services are left
+/// to the importer (their DNS name).
+pub fn endpoints(world: &World, ingresses: &[Arc<Ingress>]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for svc in &world.services {
+        if svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+            continue;
+        }
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+        let Some(name) = svc.metadata.name.as_deref() else {
+            continue;
+        };
+        let ports = svc.spec.as_ref().and_then(|s| s.ports.as_ref());
+        for port in ports.into_iter().flatten() {
+            let addrs = ready_addresses(world, ns, name, port).join(",");
+            out.insert(format!("{name}.{ns}:{}", port.port), addrs.clone());
+            if let Some(pn) = port.name.as_deref().filter(|n| !n.is_empty()) {
+                out.insert(format!("{name}.{ns}:{pn}"), addrs);
+            }
+        }
+    }
+    for ing in ingresses {
+        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
+        for b in backends(ing) {
+            let Some(port) = b.port.as_ref() else {
+                continue;
+            };
+            let port = match (&port.name, port.number) {
+                (Some(n), _) if !n.is_empty() => n.clone(),
+                (_, Some(n)) => n.to_string(),
+                _ => continue,
+            };
+            let exists = world.services.iter().any(|s| {
+                s.metadata.namespace.as_deref().unwrap_or("default") == ns
+                    && s.metadata.name.as_deref() == Some(b.name.as_str())
+            });
+            if !exists {
+                out.entry(format!("{}.{ns}:{port}", b.name)).or_default();
+            }
+        }
+    }
+    out
+}
+
+/// The Service backends an Ingress names (its default backend and each path's).
+fn backends(ing: &Ingress) -> Vec<&k8s_openapi::api::networking::v1::IngressServiceBackend> {
+    let Some(spec) = ing.spec.as_ref() else {
+        return Vec::new();
+    };
+    let paths = spec
+        .rules
+        .iter()
+        .flatten()
+        .filter_map(|r| r.http.as_ref())
+        .flat_map(|h| h.paths.iter());
+    spec.default_backend
+        .iter()
+        .chain(paths.map(|p| &p.backend))
+        .filter_map(|b| b.service.as_ref())
+        .collect()
+}
+
+/// `ADDR:PORT` of each ready endpoint of the Service `ns/name` for `port`: the EndpointSlices
+/// labelled with the Service's name, their port of the same name (the resolved targetPort).
+fn ready_addresses(world: &World, ns: &str, name: &str, port: &ServicePort) -> Vec<String> {
+    let want = port.name.as_deref().unwrap_or("");
+    let mut out = Vec::new();
+    for slice in &world.slices {
+        let m = &slice.metadata;
+        if m.namespace.as_deref().unwrap_or("default") != ns
+            || m.labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                .map(String::as_str)
+                != Some(name)
+        {
+            continue;
+        }
+        let number = slice
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref().unwrap_or("") == want)
+            .and_then(|p| p.port);
+        let Some(number) = number else { continue };
+        for e in &slice.endpoints {
+            let c = e.conditions.as_ref();
+            // ready unset means ready (the API's documented default); terminating ones are
+            // not sent new requests.
+            if c.and_then(|c| c.ready) == Some(false) {
+                continue;
+            }
+            for a in &e.addresses {
+                let hostport = if a.contains(':') {
+                    format!("[{a}]:{number}")
+                } else {
+                    format!("{a}:{number}")
+                };
+                if !out.contains(&hostport) {
+                    out.push(hostport);
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(nginx: bool) -> KubernetesSpec {
+        KubernetesSpec {
+            kubeconfig: None,
+            namespaces: Vec::new(),
+            ingress_class: "veloxy".into(),
+            ingress_nginx: nginx,
+            gateway_class: None,
+            http_listener: "web".into(),
+            https_listener: None,
+            status: None,
+        }
+    }
+
+    fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn ing(class: Option<&str>, legacy: Option<&str>) -> Ingress {
+        let mut v = serde_json::json!({"metadata": {"name": "i", "namespace": "ns"},
+            "spec": {"rules": [{"http": {"paths": [{"path": "/", "pathType": "Prefix",
+              "backend": {"service": {"name": "web", "port": {"name": "http"}}}}]}}]}});
+        if let Some(c) = class {
+            v["spec"]["ingressClassName"] = c.into();
+        }
+        if let Some(c) = legacy {
+            v["metadata"]["annotations"] = serde_json::json!({ LEGACY_CLASS: c });
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn class(name: &str, controller: &str, default: bool) -> Arc<IngressClass> {
+        from_json(serde_json::json!({"metadata": {"name": name, "annotations":
+            { DEFAULT_CLASS: default.to_string() }}, "spec": {"controller": controller}}))
+    }
+
+    #[test]
+    fn ingresses_are_ours_by_class_name_annotation_controller_or_default() {
+        let none: &[Arc<IngressClass>] = &[];
+        assert!(ours(&ing(Some("veloxy"), None), &spec(false), none));
+        assert!(ours(&ing(None, Some("veloxy")), &spec(false), none));
+        assert!(!ours(
+            &ing(Some("traefik"), Some("veloxy")),
+            &spec(false),
+            none
+        ));
+        assert!(!ours(&ing(Some("nginx"), None), &spec(false), none));
+        assert!(ours(&ing(Some("nginx"), None), &spec(true), none));
+        let mine = [class("edge", CONTROLLER, false)];
+        assert!(ours(&ing(Some("edge"), None), &spec(false), &mine));
+        assert!(!ours(&ing(None, None), &spec(false), none));
+        let default = [class("veloxy", CONTROLLER, true)];
+        assert!(ours(&ing(None, None), &spec(false), &default));
+    }
+
+    #[test]
+    fn endpoints_are_the_ready_addresses_of_the_named_slice_port() {
+        let svc = from_json(
+            serde_json::json!({"metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": "web"}]}}),
+        );
+        let slice = from_json(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "ns",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}, {"name": "other", "port": 9}],
+            "endpoints": [
+                {"addresses": ["192.0.2.11"], "conditions": {"ready": true}},
+                {"addresses": ["192.0.2.10"]},
+                {"addresses": ["192.0.2.12"], "conditions": {"ready": false}}]}));
+        let world = World {
+            services: vec![svc],
+            slices: vec![slice],
+            ..Default::default()
+        };
+        let ings = [Arc::new(ing(Some("veloxy"), None))];
+        let map = endpoints(&world, &ings);
+        let want = "192.0.2.10:8080,192.0.2.11:8080";
+        assert_eq!(map.get("web.ns:80").map(String::as_str), Some(want));
+        assert_eq!(map.get("web.ns:http").map(String::as_str), Some(want));
+        let missing = endpoints(&World::default(), &ings);
+        assert_eq!(missing.get("web.ns:http").map(String::as_str), Some(""));
+    }
+}

@@ -1,0 +1,109 @@
+//! Ingress status: `status.loadBalancer.ingress` of each served Ingress is set to the
+//! configured address (`status_address`, or the addresses of `publish_service`), written
+//! only when it differs, so the watch event the write causes changes nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::networking::v1::{Ingress, IngressLoadBalancerIngress};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use veloxy_engine::config::StatusAddress;
+
+use super::objects::{id, World};
+
+/// How long one status write may take.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `loadBalancer.ingress` entries for `status` (empty: nothing known to publish yet).
+pub fn desired(status: &StatusAddress, world: &World) -> Vec<IngressLoadBalancerIngress> {
+    let ip = |ip: String| IngressLoadBalancerIngress {
+        ip: Some(ip),
+        ..Default::default()
+    };
+    match status {
+        StatusAddress::Ip(a) => vec![ip(a.to_string())],
+        StatusAddress::Hostname(h) => vec![IngressLoadBalancerIngress {
+            hostname: Some(h.clone()),
+            ..Default::default()
+        }],
+        StatusAddress::Service { namespace, name } => {
+            let Some(svc) = world.services.iter().find(|s| {
+                s.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && s.metadata.name.as_deref() == Some(name.as_str())
+            }) else {
+                return Vec::new();
+            };
+            let lb = svc
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|l| l.ingress.as_ref());
+            let from_lb: Vec<_> = lb
+                .into_iter()
+                .flatten()
+                .map(|i| IngressLoadBalancerIngress {
+                    ip: i.ip.clone(),
+                    hostname: i.hostname.clone(),
+                    ..Default::default()
+                })
+                .collect();
+            if !from_lb.is_empty() {
+                return from_lb;
+            }
+            let spec = svc.spec.as_ref();
+            let external = spec
+                .and_then(|s| s.external_ips.clone())
+                .unwrap_or_default();
+            if !external.is_empty() {
+                return external.into_iter().map(ip).collect();
+            }
+            spec.and_then(|s| s.cluster_ip.clone())
+                .filter(|c| !c.is_empty() && c != "None")
+                .map(ip)
+                .into_iter()
+                .collect()
+        }
+    }
+}
+
+/// Writes `want` into the status of each Ingress of `served` whose status differs.
+pub async fn publish(
+    client: &Client,
+    served: &[Arc<Ingress>],
+    want: &[IngressLoadBalancerIngress],
+) {
+    if want.is_empty() {
+        return;
+    }
+    for ing in served {
+        let current = ing
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_deref())
+            .unwrap_or_default();
+        if current == want {
+            continue;
+        }
+        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
+        let Some(name) = ing.metadata.name.as_deref() else {
+            continue;
+        };
+        let api: Api<Ingress> = Api::namespaced(client.clone(), ns);
+        let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": want}}});
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        let write = api.patch_status(name, &params, &patch);
+        match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+            Ok(Ok(_)) => {
+                tracing::debug!(ingress = %id(&ing.metadata), "kubernetes: status written")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(ingress = %id(&ing.metadata), error = %e, "kubernetes: writing the Ingress status failed")
+            }
+            Err(_) => {
+                tracing::warn!(ingress = %id(&ing.metadata), "kubernetes: writing the Ingress status timed out")
+            }
+        }
+    }
+}

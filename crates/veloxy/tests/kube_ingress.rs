@@ -1,0 +1,495 @@
+//! The Kubernetes provider against a real kube-apiserver and etcd (issue 37): Ingress objects
+//! created through the API become routes of a running veloxy, and changes apply without a
+//! restart.
+//!
+//! The API server refuses loopback addresses in EndpointSlices, so the test runs in a network
+//! namespace of its own (`veloxy_testkit::kube::in_netns`), where `lo` gets TEST-NET
+//! addresses: 192.0.2.1 for the API server and veloxy, 192.0.2.10-12 for the backends.
+//! Nothing leaves the namespace. Without `unshare` rights or the binaries (`bash .ci/kube.sh`
+//! builds them), the test is skipped.
+//!
+//! Objects are created with curl (the API server's REST API, the admin token of
+//! `dev/kube/start.sh`); veloxy reads them with its own client from the kubeconfig.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use veloxy_testkit::kube::{in_netns, ip, Cluster};
+use veloxy_testkit::*;
+
+/// The API server's address (and veloxy's).
+const API_ADDR: &str = "192.0.2.1";
+/// The backends' addresses: a, b, c.
+const BACKENDS: [&str; 3] = ["192.0.2.10", "192.0.2.11", "192.0.2.12"];
+const NS: &str = "shop";
+
+const NET: &str = "/apis/networking.k8s.io/v1";
+const DISCOVERY: &str = "/apis/discovery.k8s.io/v1";
+
+fn ingress(name: &str, class: &str, annotations: Value, spec: Value) -> Value {
+    let mut spec = spec;
+    spec["ingressClassName"] = class.into();
+    json!({"metadata": {"name": name, "annotations": annotations}, "spec": spec})
+}
+
+fn rule(host: &str, paths: &[(&str, &str, Value)]) -> Value {
+    let paths: Vec<Value> = paths
+        .iter()
+        .map(|(p, kind, port)| {
+            json!({"path": p, "pathType": kind,
+                   "backend": {"service": {"name": "web", "port": port}}})
+        })
+        .collect();
+    json!({"host": host, "http": {"paths": paths}})
+}
+
+fn slice(port: u16, addrs: &[&str]) -> Value {
+    let eps: Vec<Value> = addrs
+        .iter()
+        .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
+        .collect();
+    json!({"metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+           "addressType": "IPv4",
+           "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+           "endpoints": eps})
+}
+
+/// Prints veloxy's log when the test fails.
+struct DumpLogOnPanic<'a>(&'a Veloxy);
+
+impl Drop for DumpLogOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- veloxy's log ---\n{}", self.0.proc.log_text());
+        }
+    }
+}
+
+/// `GET path` with `Host: host` (status, x-upstream, body).
+fn hit(addr: SocketAddr, host: &str, path: &str) -> (u16, String, String) {
+    let Ok(mut c) = Client::try_connect(addr) else {
+        return (0, String::new(), String::new());
+    };
+    c.send(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes());
+    match c.try_read_response(false) {
+        Some(r) => (
+            r.status,
+            r.header("x-upstream").unwrap_or_default().to_string(),
+            r.body_str(),
+        ),
+        None => (0, String::new(), String::new()),
+    }
+}
+
+/// Polls `f` every 10 ms until it holds; how long that took, or a panic naming `what`.
+fn within(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{what}: not within {limit:?}");
+}
+
+/// The backend names answering `host` `path` over `n` requests.
+fn names(addr: SocketAddr, host: &str, path: &str, n: usize) -> Vec<String> {
+    let mut seen: Vec<String> = (0..n).map(|_| hit(addr, host, path).1).collect();
+    seen.sort();
+    seen.dedup();
+    seen
+}
+
+/// Backend `name` on `addr:port` (port 0: any).
+fn backend(name: &str, addr: &str, port: u16) -> Upstream {
+    upstream(&["--name", name, "--listen", &format!("{addr}:{port}")])
+}
+
+/// What the steps share.
+struct Scene {
+    k: Cluster,
+    pki: Pki,
+    _tls_dir: tempfile::TempDir,
+    /// The backends' common port.
+    port: u16,
+    _backends: Vec<Upstream>,
+}
+
+const NSP: &str = "/namespaces/shop";
+
+impl Scene {
+    /// The API server and three backends a, b, c on one port (an EndpointSlice port is the
+    /// same for all its endpoints).
+    fn start() -> Scene {
+        ip(&["link", "set", "lo", "up"]);
+        for a in [API_ADDR].iter().chain(BACKENDS.iter()) {
+            ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
+        }
+        let started = Instant::now();
+        let k = Cluster::start(API_ADDR);
+        eprintln!(
+            "api server ready in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        let a = backend("a", BACKENDS[0], 0);
+        let port = a.addr.port();
+        let b = backend("b", BACKENDS[1], port);
+        let c = backend("c", BACKENDS[2], port);
+        let tls_dir = tempfile::tempdir().unwrap();
+        Scene {
+            k,
+            pki: Pki::new(tls_dir.path()),
+            _tls_dir: tls_dir,
+            port,
+            _backends: vec![a, b, c],
+        }
+    }
+
+    fn ingresses(&self) -> String {
+        format!("{NET}{NSP}/ingresses")
+    }
+
+    /// The namespace, Service, EndpointSlice (a and b), TLS Secret, IngressClass and the
+    /// Ingresses: shop (Prefix and Exact), rewrite (regex + rewrite-target), secure (TLS),
+    /// other (class traefik).
+    fn create_objects(&self) {
+        let k = &self.k;
+        k.create("/api/v1/namespaces", json!({"metadata": {"name": NS}}));
+        k.create(
+            &format!("/api/v1{NSP}/services"),
+            json!({"metadata": {"name": "web"},
+                   "spec": {"ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+        );
+        k.create(
+            &format!("{DISCOVERY}{NSP}/endpointslices"),
+            slice(self.port, &BACKENDS[..2]),
+        );
+        let (cert, key) = self.pki.leaf("secure", &["secure.example"], KeyKind::Ecdsa);
+        let b64 =
+            |p: &Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap());
+        k.create(
+            &format!("/api/v1{NSP}/secrets"),
+            json!({"metadata": {"name": "secure-tls"}, "type": "kubernetes.io/tls",
+                   "data": {"tls.crt": b64(&cert), "tls.key": b64(&key)}}),
+        );
+        k.create(
+            &format!("{NET}/ingressclasses"),
+            json!({"metadata": {"name": "veloxy"},
+                   "spec": {"controller": "veloxy.dev/ingress-controller"}}),
+        );
+        let ings = self.ingresses();
+        let port80 = || json!({"number": 80});
+        k.create(
+            &ings,
+            ingress(
+                "shop",
+                "veloxy",
+                json!({}),
+                json!({"rules": [rule("shop.example", &[
+                    ("/app", "Prefix", port80()),
+                    ("/exact", "Exact", json!({"name": "http"})),
+                ])]}),
+            ),
+        );
+        k.create(
+            &ings,
+            ingress(
+                "rewrite",
+                "veloxy",
+                json!({
+                    "nginx.ingress.kubernetes.io/use-regex": "true",
+                    "nginx.ingress.kubernetes.io/rewrite-target": "/$2",
+                }),
+                json!({"rules": [rule("rw.example", &[
+                    ("/api(/|$)(.*)", "ImplementationSpecific", port80()),
+                ])]}),
+            ),
+        );
+        k.create(
+            &ings,
+            ingress(
+                "secure",
+                "veloxy",
+                json!({}),
+                json!({
+                    "tls": [{"hosts": ["secure.example"], "secretName": "secure-tls"}],
+                    "rules": [rule("secure.example", &[("/", "Prefix", port80())])],
+                }),
+            ),
+        );
+        k.create(
+            &ings,
+            ingress(
+                "other",
+                "traefik",
+                json!({}),
+                json!({"rules": [
+                    rule("other.example", &[("/", "Prefix", port80())]),
+                ]}),
+            ),
+        );
+    }
+
+    /// veloxy with a file route of its own and [providers.kubernetes].
+    fn veloxy(&self) -> Veloxy {
+        veloxy(&self.config("from the file"))
+    }
+
+    /// The config file: the file's own route answers `body`.
+    fn config(&self, body: &str) -> String {
+        let (cert, key) = self
+            .pki
+            .leaf("default", &["default.example"], KeyKind::Ecdsa);
+        format!(
+            r#"
+[listeners.web]
+addr = "{API_ADDR}:0"
+
+[listeners.websecure]
+addr = "{API_ADDR}:0"
+[listeners.websecure.tls]
+cert = "{}"
+key = "{}"
+
+[[routes]]
+listener = "web"
+host = "file.example"
+respond = {{ status = 200, body = "{body}\n" }}
+
+[providers.kubernetes]
+kubeconfig = "{}"
+namespaces = ["{NS}"]
+ingress_class = "veloxy"
+http_listener = "web"
+https_listener = "websecure"
+status_address = "203.0.113.10"
+"#,
+            cert.display(),
+            key.display(),
+            self.k.kubeconfig.display()
+        )
+    }
+
+    fn set_endpoints(&self, addrs: &[&str]) {
+        let path = format!("{DISCOVERY}{NSP}/endpointslices/web-1");
+        self.k.patch(&path, slice(self.port, addrs));
+    }
+}
+
+/// (a) Prefix and Exact paths of one host, over both endpoints of the Service; the file's
+/// own route stays.
+fn check_paths(web: SocketAddr) {
+    let first = within(Duration::from_secs(20), "the Ingress routes served", || {
+        hit(web, "shop.example", "/app/x").0 == 200
+    });
+    eprintln!(
+        "(a) Ingress routes served {:.2} s after veloxy started",
+        first.as_secs_f64()
+    );
+    within(Duration::from_secs(5), "both endpoints used", || {
+        names(web, "shop.example", "/app/x", 10) == ["a", "b"]
+    });
+    assert_eq!(hit(web, "shop.example", "/exact").0, 200, "Exact path");
+    assert_eq!(
+        hit(web, "shop.example", "/exact/more").0,
+        404,
+        "Exact does not match below"
+    );
+    assert_eq!(hit(web, "shop.example", "/other").0, 404, "no path matches");
+    assert_eq!(
+        hit(web, "file.example", "/").2,
+        "from the file\n",
+        "the file's route stays"
+    );
+}
+
+/// (c) ingress-nginx's rewrite-target with a regex path; (d) another class is ignored.
+fn check_rewrite_and_class(web: SocketAddr) {
+    let (status, _, body) = hit(web, "rw.example", "/api/echo");
+    assert_eq!(status, 200, "rewrite: {body}");
+    assert!(body.starts_with("GET /echo "), "rewritten path: {body}");
+    assert_eq!(
+        hit(web, "other.example", "/").0,
+        404,
+        "class traefik is ignored"
+    );
+}
+
+/// (e) TLS from the Secret on the https listener; plain HTTP redirects (ssl-redirect).
+fn check_tls(scene: &Scene, web: SocketAddr, websecure: SocketAddr) {
+    let client = default_client(&scene.pki.ca_pem, &[b"http/1.1"]);
+    let (mut s, session) = tls_connect(websecure, "secure.example", client.clone()).unwrap();
+    assert_eq!(
+        session.peer_cn, "secure.example",
+        "the Secret's certificate"
+    );
+    let (status, raw) = https1(&mut s, "secure.example", "/");
+    assert_eq!(status, 200, "{raw}");
+    let (_, session) = tls_connect(websecure, "default.example", client).unwrap();
+    assert_eq!(
+        session.peer_cn, "default.example",
+        "the file's default certificate stays"
+    );
+    assert_eq!(
+        hit(web, "secure.example", "/").0,
+        308,
+        "HTTP to HTTPS for a TLS host"
+    );
+}
+
+/// (f) status.loadBalancer of the served Ingresses, not of the other class's.
+fn check_status(scene: &Scene) {
+    let ings = scene.ingresses();
+    within(Duration::from_secs(10), "Ingress status written", || {
+        let (_, ing) = scene.k.call("GET", &format!("{ings}/shop"), None);
+        ing["status"]["loadBalancer"]["ingress"][0]["ip"] == "203.0.113.10"
+    });
+    let (_, other) = scene.k.call("GET", &format!("{ings}/other"), None);
+    assert!(
+        other["status"]["loadBalancer"]["ingress"].is_null(),
+        "{other}"
+    );
+}
+
+/// Bad Ingresses beside the good ones: one the translation refuses (an invalid regex) and
+/// one that makes the config fail to compile (`limit-rps: "0"`), each reported by name and
+/// left out; then (b) an endpoint change moves traffic within 1 s, without a restart.
+fn check_bad_objects_and_endpoint_change(scene: &Scene, v: &Veloxy, web: SocketAddr) {
+    let ings = scene.ingresses();
+    let port80 = || json!({"number": 80});
+    let regex = json!({"nginx.ingress.kubernetes.io/use-regex": "true"});
+    let bad =
+        json!({"rules": [rule("bad.example", &[("/x(", "ImplementationSpecific", port80())])]});
+    scene.k.create(&ings, ingress("bad", "veloxy", regex, bad));
+    let zero = json!({"nginx.ingress.kubernetes.io/limit-rps": "0"});
+    let broken = json!({"rules": [rule("broken.example", &[("/", "Prefix", port80())])]});
+    scene
+        .k
+        .create(&ings, ingress("broken", "veloxy", zero, broken));
+    within(Duration::from_secs(5), "the bad Ingresses reported", || {
+        let log = v.proc.log_text();
+        log.contains("Ingress shop/bad") && log.contains("ingress=shop/broken")
+    });
+    assert_eq!(
+        hit(web, "broken.example", "/").0,
+        404,
+        "the broken Ingress is left out"
+    );
+    let pid = v.proc.pid();
+    scene.set_endpoints(&BACKENDS[2..]);
+    let moved = within(
+        Duration::from_secs(5),
+        "traffic on the new endpoint",
+        || hit(web, "shop.example", "/app/x").1 == "c",
+    );
+    eprintln!(
+        "(b) endpoint change applied in {:.0} ms",
+        moved.as_secs_f64() * 1000.0
+    );
+    assert!(
+        moved <= Duration::from_secs(1),
+        "endpoint change took {moved:?}"
+    );
+    assert_eq!(names(web, "shop.example", "/app/x", 10), ["c"]);
+    assert_eq!(v.proc.pid(), pid);
+    assert_eq!(
+        hit(web, "rw.example", "/api/echo").0,
+        200,
+        "the others still served"
+    );
+}
+
+/// A route change (a path added to an Ingress) applies within 1 s; SIGHUP re-reads the file
+/// and keeps the Ingress routes.
+fn check_route_change_and_sighup(scene: &Scene, v: &Veloxy, web: SocketAddr) {
+    let rules = json!({"spec": {"rules": [rule("shop.example", &[
+        ("/app", "Prefix", json!({"number": 80})),
+        ("/exact", "Exact", json!({"name": "http"})),
+        ("/new", "Prefix", json!({"number": 80})),
+    ])]}});
+    assert_eq!(hit(web, "shop.example", "/new").0, 404);
+    scene.k.patch(&format!("{}/shop", scene.ingresses()), rules);
+    let added = within(Duration::from_secs(5), "the new path served", || {
+        hit(web, "shop.example", "/new").0 == 200
+    });
+    eprintln!(
+        "route change applied in {:.0} ms",
+        added.as_secs_f64() * 1000.0
+    );
+    assert!(
+        added <= Duration::from_secs(1),
+        "route change took {added:?}"
+    );
+    reload_with(v, &scene.config("changed"), "reloaded");
+    assert_eq!(
+        hit(web, "file.example", "/").2,
+        "changed\n",
+        "the file was re-read"
+    );
+    assert_eq!(
+        hit(web, "shop.example", "/new").0,
+        200,
+        "the Ingress routes stay"
+    );
+}
+
+/// The API server restarted: veloxy keeps serving, then picks up a change made after.
+fn check_api_server_restart(scene: &Scene, v: &Veloxy, web: SocketAddr) {
+    scene.k.stop(Some("kube-apiserver"));
+    assert_eq!(
+        hit(web, "shop.example", "/app/x").1,
+        "c",
+        "served while the API is down"
+    );
+    within(Duration::from_secs(5), "the watch failure logged", || {
+        v.proc.log_text().contains("watch failed")
+    });
+    let t = Instant::now();
+    scene.k.up();
+    eprintln!("api server restarted in {:.1} s", t.elapsed().as_secs_f64());
+    assert_eq!(hit(web, "shop.example", "/app/x").1, "c");
+    scene.set_endpoints(&BACKENDS[..1]);
+    let resumed = within(
+        Duration::from_secs(40),
+        "a change after the restart applied",
+        || hit(web, "shop.example", "/app/x").1 == "a",
+    );
+    eprintln!(
+        "change after the restart applied in {:.1} s",
+        resumed.as_secs_f64()
+    );
+}
+
+#[test]
+fn ingress_objects_become_routes_and_follow_changes() {
+    if !in_netns("ingress_objects_become_routes_and_follow_changes") {
+        return;
+    }
+    let started = Instant::now();
+    let scene = Scene::start();
+    scene.create_objects();
+    let v = scene.veloxy();
+    let _dump = DumpLogOnPanic(&v);
+    let web = logged_addr(&v, "listener=web ");
+    let websecure = logged_addr(&v, "listener=websecure");
+    check_paths(web);
+    check_rewrite_and_class(web);
+    check_tls(&scene, web, websecure);
+    check_status(&scene);
+    check_bad_objects_and_endpoint_change(&scene, &v, web);
+    check_route_change_and_sighup(&scene, &v, web);
+    check_api_server_restart(&scene, &v, web);
+    // SIGTERM: the private directory of the Secrets' keys goes with the process.
+    let private = std::env::temp_dir().join(format!("veloxy-kubernetes-{}", v.proc.pid()));
+    assert!(private.is_dir(), "{}", private.display());
+    signal(v.proc.pid(), "-TERM");
+    within(Duration::from_secs(10), "veloxy stopped", || {
+        v.proc.log_text().contains("stopped")
+    });
+    assert!(!private.exists(), "{} left behind", private.display());
+    eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
+}
