@@ -21,6 +21,10 @@ pub struct Pebble {
     /// Everything pebble printed.
     pub log: Arc<Mutex<Vec<u8>>>,
     management: SocketAddr,
+    /// pebble-challtestsrv's DNS server (UDP and TCP), which pebble's validator asks.
+    pub dns: SocketAddr,
+    /// Its management API (`POST /set-txt {"host", "value"}`, `/clear-txt {"host"}`).
+    pub dns_management: SocketAddr,
     _pebble: Proc,
     _dns: Proc,
     _dir: tempfile::TempDir,
@@ -147,6 +151,8 @@ impl Pebble {
             ca_pem: pki.ca_pem.clone(),
             log,
             management: format!("127.0.0.1:{mgmt}").parse().unwrap(),
+            dns: format!("127.0.0.1:{dns_port}").parse().unwrap(),
+            dns_management: format!("127.0.0.1:{dns_mgmt}").parse().unwrap(),
             _pebble: Proc {
                 child: pebble_child,
                 log: Default::default(),

@@ -268,6 +268,7 @@ async fn keep(
                     challenge = match challenge {
                         Challenge::TlsAlpn01 => Challenge::Http01,
                         Challenge::Http01 => Challenge::TlsAlpn01,
+                        Challenge::Dns01 => Challenge::Dns01,
                     };
                 }
                 let delay = if matches!(e, OrderError::Other(ref m) if m.starts_with("storing")) {

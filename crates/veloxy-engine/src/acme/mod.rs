@@ -25,6 +25,7 @@
 //! is pending); `tls-alpn-01` by the TLS listeners' certificate resolver (ALPN `acme-tls/1`),
 //! after which the connection closes.
 
+mod dns;
 pub mod local;
 pub(crate) mod manager;
 pub(crate) mod ocsp;
@@ -68,6 +69,9 @@ pub enum Challenge {
     Http01,
     /// A special certificate on port 443 for ALPN `acme-tls/1`.
     TlsAlpn01,
+    /// A TXT record `_acme-challenge.NAME`, set through the `dns` provider; the only one
+    /// that proves wildcard names.
+    Dns01,
 }
 
 impl Challenge {
@@ -76,6 +80,7 @@ impl Challenge {
         match self {
             Challenge::Http01 => "http-01",
             Challenge::TlsAlpn01 => "tls-alpn-01",
+            Challenge::Dns01 => "dns-01",
         }
     }
 }
@@ -102,6 +107,13 @@ pub struct AcmeSettings {
     /// `storage = "redis"`: the `[server.redis]` the account, certificates, locks and
     /// challenges are shared through (`storage` then holds the local copies).
     pub redis: Option<crate::fleet::redis::RedisSpec>,
+    /// DNS-01: the command that sets and clears the TXT records (`dns = { command }`).
+    pub dns_command: Vec<String>,
+    /// DNS-01: how long to wait for the TXT record to be answered (`propagation_timeout`).
+    pub propagation_timeout: Duration,
+    /// DNS-01: the servers asked whether the record is answered (`[server] resolvers`;
+    /// empty: the system's).
+    pub resolvers: Vec<std::net::SocketAddr>,
 }
 
 /// One name's state, for `GET /certificates` and the metrics.
@@ -182,6 +194,17 @@ impl CertStore {
     /// The ACME certificate held for `name` (lowercase), if any.
     pub fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
         self.certs.load().get(name).cloned()
+    }
+
+    /// The certificate a handshake for `name` gets: the name's own, else a wildcard's
+    /// (`*.example.com` for `www.example.com`, one label).
+    pub fn serving(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        let certs = self.certs.load();
+        if let Some(k) = certs.get(name) {
+            return Some(k.clone());
+        }
+        let parent = name.split_once('.')?.1;
+        certs.get(&format!("*.{parent}")).cloned()
     }
 
     /// Installs (or replaces) `name`'s certificate: new handshakes use it at once.
@@ -304,7 +327,7 @@ impl crate::tls::LiveCerts for CertStore {
     }
 
     fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
-        CertStore::cert(self, name)
+        CertStore::serving(self, name)
     }
 
     fn local_cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {

@@ -236,7 +236,10 @@ pub(crate) async fn issue(
     let kind = match challenge {
         Challenge::Http01 => ChallengeType::Http01,
         Challenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+        Challenge::Dns01 => ChallengeType::Dns01,
     };
+    // DNS-01 records set for this order, cleared whatever the outcome.
+    let mut records: Vec<(String, String)> = Vec::new();
     let mut authzs = order.authorizations();
     while let Some(authz) = step(dir, async { authzs.next().await.transpose() }).await? {
         let mut authz = authz;
@@ -259,6 +262,26 @@ pub(crate) async fn issue(
                 let digest = super::shared::hex(ka.digest().as_ref());
                 (format!("alpn:{name}"), digest)
             }
+            Challenge::Dns01 => {
+                let (fqdn, value) = (super::dns::record_name(name), ka.dns_value());
+                let set = super::dns::hook(&settings.dns_command, "set", &fqdn, &value).await;
+                records.push((fqdn.clone(), value.clone()));
+                if let Err(e) = set {
+                    clear_records(settings, &records).await;
+                    return Err(e);
+                }
+                let limit = settings.propagation_timeout;
+                let answered =
+                    super::dns::wait_until_answered(&settings.resolvers, &fqdn, &value, limit)
+                        .await;
+                if let Err(e) = answered {
+                    clear_records(settings, &records).await;
+                    return Err(e);
+                }
+                // DNS is already shared by every instance of a fleet.
+                step(dir, ch.set_ready()).await?;
+                continue;
+            }
         };
         if let Some(sh) = shared {
             // The CA may reach any instance: publish the answer to all of them, and give
@@ -270,7 +293,9 @@ pub(crate) async fn issue(
         step(dir, ch.set_ready()).await?;
     }
     let retry = RetryPolicy::new().timeout(Duration::from_secs(90));
-    let status = step_long(dir, order.poll_ready(&retry)).await?;
+    let status = step_long(dir, order.poll_ready(&retry)).await;
+    clear_records(settings, &records).await;
+    let status = status?;
     if let Some(sh) = shared {
         for field in std::mem::take(&mut published.fleet) {
             let _ = sh.withdraw(&field).await;
@@ -290,6 +315,16 @@ pub(crate) async fn issue(
     step(dir, order.finalize_csr(csr.der())).await?;
     let chain = step_long(dir, order.poll_certificate(&retry)).await?;
     Ok((chain, key.serialize_pem()))
+}
+
+/// Clears the DNS-01 records of an order (a failure to clear is logged: the record is
+/// harmless, and the next order sets its own value).
+async fn clear_records(settings: &AcmeSettings, records: &[(String, String)]) {
+    for (fqdn, value) in records {
+        if let Err(e) = super::dns::hook(&settings.dns_command, "clear", fqdn, value).await {
+            tracing::warn!(record = %fqdn, error = %e, "ACME dns-01: clearing the TXT record failed");
+        }
+    }
 }
 
 /// A polling step, bounded by its retry policy (plus a margin) rather than [`STEP_TIMEOUT`].

@@ -172,6 +172,34 @@ pub struct AcmeSection {
     pub ca_file: Option<Spanned<String>>,
     pub challenge: Option<Spanned<String>>,
     pub renew_before: Option<DurationValue>,
+    /// `challenge = "dns-01"`: how the TXT records are set.
+    pub dns: Option<Spanned<AcmeDnsSection>>,
+    /// How long to wait for the TXT record to be answered before telling the CA.
+    pub propagation_timeout: Option<DurationValue>,
+}
+
+/// `dns = { command = [...] }` or `dns = { rfc2136 = { ... } }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeDnsSection {
+    /// Run as `COMMAND set|clear FQDN VALUE`.
+    pub command: Option<Spanned<Vec<String>>>,
+    /// RFC 2136 dynamic updates with TSIG.
+    pub rfc2136: Option<Spanned<Rfc2136Section>>,
+}
+
+/// `rfc2136 = { server, zone, key_name, key_file, algorithm }`: parsed so its keys are
+/// checked, then refused with a clear error until RFC 2136 updates are built (the fields are
+/// read then).
+#[allow(dead_code)]
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rfc2136Section {
+    pub server: String,
+    pub zone: String,
+    pub key_name: String,
+    pub key_file: String,
+    pub algorithm: Option<String>,
 }
 
 /// `acme = true` (the hosts of the listener's routes) or `acme = ["name", ...]`.

@@ -173,6 +173,13 @@ fn settings(out: &mut Toml, s: &Settings) {
             out.str("challenge", c.as_str());
         }
         out.duration("renew_before", a.renew_before);
+        if !a.dns_command.is_empty() {
+            out.raw(
+                "dns",
+                &format!("{{ command = {} }}", str_list(&a.dns_command)),
+            );
+            out.duration("propagation_timeout", a.propagation_timeout);
+        }
     }
 }
 

@@ -313,7 +313,7 @@ async fn round(
     }
 }
 
-fn build_resolver(servers: &[SocketAddr]) -> Result<TokioResolver, String> {
+pub(crate) fn build_resolver(servers: &[SocketAddr]) -> Result<TokioResolver, String> {
     let mut builder = if servers.is_empty() {
         TokioResolver::builder_tokio().map_err(|e| e.to_string())?
     } else {

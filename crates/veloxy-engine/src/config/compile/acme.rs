@@ -84,7 +84,7 @@ pub(super) fn compile_acme(
             continue;
         };
         let key = format!("listeners.{}.tls.acme", l.name);
-        l.acme = names(src, &key, acme, file, &l.name)?;
+        l.acme = names(src, &key, acme, file, &l.name, dns01(file))?;
         any |= !l.acme.is_empty();
     }
     if !any {
@@ -92,6 +92,16 @@ pub(super) fn compile_acme(
     }
     let plain_listener = file.listeners.values().any(|l| is_plain_http(l.get_ref()));
     settings(src, file, plain_listener, redis).map(|s| Some(Arc::new(s)))
+}
+
+/// `[server.acme] challenge = "dns-01"`: wildcard names are allowed.
+fn dns01(file: &FileConfig) -> bool {
+    let challenge = file
+        .server
+        .acme
+        .as_ref()
+        .and_then(|a| a.get_ref().challenge.as_ref());
+    challenge.is_some_and(|c| c.get_ref() == "dns-01")
 }
 
 fn is_plain_http(l: &ListenerSection) -> bool {
@@ -105,6 +115,7 @@ fn names(
     acme: &Spanned<AcmeNames>,
     file: &FileConfig,
     listener: &str,
+    wildcards: bool,
 ) -> Result<Vec<String>, ConfigError> {
     let listed: Vec<String> = match acme.get_ref() {
         AcmeNames::All(false) => return Ok(Vec::new()),
@@ -116,20 +127,23 @@ fn names(
     let mut out = std::collections::BTreeSet::new();
     for name in listed {
         let lower = name.to_ascii_lowercase();
-        if lower.contains('*') {
+        if lower.contains('*') && !wildcards {
             return Err(src.error(
                 acme.span(),
                 key,
                 format!(
-                    "{name:?} is a wildcard: wildcard certificates need the DNS-01 challenge, \
-                     which veloxy does not do; list the exact names, or use a certificate file"
+                    "{name:?} is a wildcard: wildcard certificates need [server.acme] \
+                     challenge = \"dns-01\" (with a dns provider); or list the exact names"
                 ),
             ));
         }
-        let valid = !lower.is_empty()
-            && lower.parse::<std::net::IpAddr>().is_err()
+        // A wildcard is `*.` and a name: one label, leftmost.
+        let bare = lower.strip_prefix("*.").unwrap_or(&lower);
+        let valid = !bare.is_empty()
+            && !bare.contains('*')
+            && bare.parse::<std::net::IpAddr>().is_err()
             && matches!(
-                rustls::pki_types::ServerName::try_from(lower.as_str()),
+                rustls::pki_types::ServerName::try_from(bare),
                 Ok(rustls::pki_types::ServerName::DnsName(_))
             );
         if !valid {
@@ -188,14 +202,16 @@ fn settings(
         None => None,
         Some(("http-01", _)) => Some(Challenge::Http01),
         Some(("tls-alpn-01", _)) => Some(Challenge::TlsAlpn01),
+        Some(("dns-01", _)) => Some(Challenge::Dns01),
         Some((other, span)) => {
             return Err(src.error(
                 span,
                 "server.acme.challenge",
-                format!("{other:?}: use \"http-01\" or \"tls-alpn-01\""),
+                format!("{other:?}: use \"http-01\", \"tls-alpn-01\" or \"dns-01\""),
             ))
         }
     };
+    let dns_command = dns_provider(src, a, challenge)?;
     if challenge == Some(Challenge::Http01) && !plain_listener {
         let span = a.challenge.as_ref().map_or(0..0, |c| c.span());
         return Err(src.error(
@@ -230,5 +246,70 @@ fn settings(
         challenge,
         renew_before: dur(&a.renew_before, Duration::from_secs(30 * 86400)),
         plain_listener,
+        dns_command,
+        propagation_timeout: dur(&a.propagation_timeout, Duration::from_secs(120)),
+        resolvers: resolvers(file),
     })
+}
+
+/// `dns = { command = [...] }`, which `challenge = "dns-01"` needs (and nothing else takes).
+fn dns_provider(
+    src: &Source,
+    a: &crate::config::file::AcmeSection,
+    challenge: Option<Challenge>,
+) -> Result<Vec<String>, ConfigError> {
+    let span = a.challenge.as_ref().map_or(0..0, |c| c.span());
+    let Some(dns) = &a.dns else {
+        if challenge == Some(Challenge::Dns01) {
+            return Err(src.error(
+                span,
+                "server.acme.challenge",
+                "dns-01 needs a dns provider: dns = { command = [\"/usr/local/bin/dns-hook\"] }",
+            ));
+        }
+        return Ok(Vec::new());
+    };
+    if challenge != Some(Challenge::Dns01) {
+        return Err(src.error(
+            dns.span(),
+            "server.acme.dns",
+            "is for challenge = \"dns-01\"",
+        ));
+    }
+    let d = dns.get_ref();
+    if let Some(r) = &d.rfc2136 {
+        return Err(src.error(
+            r.span(),
+            "server.acme.dns.rfc2136",
+            "RFC 2136 updates are not built yet: use dns = { command = [...] } (a script can run nsupdate)",
+        ));
+    }
+    match &d.command {
+        Some(c) if !c.get_ref().is_empty() && !c.get_ref()[0].is_empty() => {
+            let mut cmd = c.get_ref().clone();
+            cmd[0] = absolute(&src.relative(&cmd[0]))
+                .to_string_lossy()
+                .into_owned();
+            Ok(cmd)
+        }
+        Some(c) => Err(src.error(c.span(), "server.acme.dns.command", "needs a program")),
+        None => Err(src.error(dns.span(), "server.acme.dns", "needs command (or rfc2136)")),
+    }
+}
+
+/// `[server] resolvers`, for the DNS-01 propagation check (port 53 unless given).
+fn resolvers(file: &FileConfig) -> Vec<std::net::SocketAddr> {
+    let list = file
+        .server
+        .resolvers
+        .as_ref()
+        .map(|r| r.get_ref().clone())
+        .unwrap_or_default();
+    list.iter()
+        .filter_map(|s| {
+            s.parse::<std::net::SocketAddr>()
+                .ok()
+                .or_else(|| s.parse::<std::net::IpAddr>().ok().map(|ip| (ip, 53).into()))
+        })
+        .collect()
 }
