@@ -170,6 +170,17 @@ fn common_name(der: &CertificateDer) -> String {
     found
 }
 
+/// GET / over HTTPS + HTTP/1.1 with SNI `name`, trusting only `root`: the body of a 200, or
+/// why not (the handshake's error, or the raw answer).
+pub fn get_verified(addr: SocketAddr, name: &str, root: &Path) -> Result<String, String> {
+    let client = default_client(root, &[b"http/1.1"]);
+    let (mut s, _) = tls_connect(addr, name, client).map_err(|e| e.to_string())?;
+    let (status, raw) = https1(&mut s, name, "/");
+    (status == 200)
+        .then(|| crate::raw_body(&raw).to_owned())
+        .ok_or(raw)
+}
+
 /// One HTTP/1.1 request over TLS with `Connection: close`; returns (status, raw response).
 pub fn https1(stream: &mut TlsStream, host: &str, path: &str) -> (u16, String) {
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");

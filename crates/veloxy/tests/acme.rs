@@ -63,16 +63,6 @@ fn placeholder_ca(dir: &Path) -> std::path::PathBuf {
     Pki::new(&sub).ca_pem
 }
 
-/// GET / over HTTPS + HTTP/1.1 with SNI `name`, trusting only `root`: the body, or why not.
-fn get_verified(addr: SocketAddr, name: &str, root: &Path) -> Result<String, String> {
-    let client = default_client(root, &[b"http/1.1"]);
-    let (mut s, _) = tls_connect(addr, name, client).map_err(|e| e.to_string())?;
-    let (status, raw) = https1(&mut s, name, "/");
-    (status == 200)
-        .then(|| raw_body(&raw).to_owned())
-        .ok_or(raw)
-}
-
 fn certificates(admin: SocketAddr) -> serde_json::Value {
     let r = request(
         admin,

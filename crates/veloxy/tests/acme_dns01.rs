@@ -49,15 +49,6 @@ fn config(p: &Pebble, hook: &Path, storage: &Path, names: &str) -> String {
     )
 }
 
-fn get_verified(addr: SocketAddr, name: &str, root: &Path) -> Result<String, String> {
-    let client = default_client(root, &[b"http/1.1"]);
-    let (mut s, _) = tls_connect(addr, name, client).map_err(|e| e.to_string())?;
-    let (status, raw) = https1(&mut s, name, "/");
-    (status == 200)
-        .then(|| raw_body(&raw).to_owned())
-        .ok_or(raw)
-}
-
 #[test]
 fn dns01_issues_a_wildcard_and_an_exact_name_and_clears_the_records() {
     let (port, http_port, tls_port) = (free_port(), free_port(), free_port());

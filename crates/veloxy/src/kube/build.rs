@@ -221,24 +221,9 @@ fn version(ing: &Ingress) -> String {
 /// Writes `contents` to `path` (mode 0600, through a temporary file and a rename), unless
 /// the file already holds them.
 fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     if std::fs::read_to_string(path).is_ok_and(|c| c == contents) {
         return Ok(());
     }
-    if let Some(parent) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)?;
-    }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(contents.as_bytes())?;
-    std::fs::rename(&tmp, path)
+    // The engine's writer: the directory 0700, the file 0600, written whole and renamed.
+    veloxy_engine::acme::storage::write_private(path, contents.as_bytes())
 }
