@@ -190,6 +190,40 @@ impl Cluster {
         )
     }
 
+    /// POSTs a YAML document to `path` (`?dryRun=All` to only validate it): (status, JSON body).
+    pub fn post_yaml(&self, path: &str, yaml: &str) -> (u16, Value) {
+        let mut child = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-X", "POST", "--cacert"])
+            .arg(&self.ca)
+            .args(["-H", &format!("Authorization: Bearer {}", self.token)])
+            .args([
+                "-H",
+                "Content-Type: application/yaml",
+                "--data-binary",
+                "@-",
+            ])
+            .args(["-w", "\n%{http_code}"])
+            .arg(format!("{}{path}", self.url))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(yaml.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (json, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (
+            code.trim().parse().unwrap_or(0),
+            serde_json::from_str(json).unwrap_or(Value::Null),
+        )
+    }
+
     /// Creates an object, which must succeed.
     pub fn create(&self, path: &str, body: Value) {
         let (code, answer) = self.call("POST", path, Some(&body));

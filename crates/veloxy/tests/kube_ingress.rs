@@ -493,3 +493,73 @@ fn ingress_objects_become_routes_and_follow_changes() {
     assert!(!private.exists(), "{} left behind", private.display());
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
 }
+
+/// The kind's collection on the API server, for the manifests of `deploy/`.
+fn collection(kind: &str) -> &'static str {
+    match kind {
+        "Namespace" => "/api/v1/namespaces",
+        "ServiceAccount" => "/api/v1/namespaces/veloxy/serviceaccounts",
+        "ConfigMap" => "/api/v1/namespaces/veloxy/configmaps",
+        "Service" => "/api/v1/namespaces/veloxy/services",
+        "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding" => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "IngressClass" => "/apis/networking.k8s.io/v1/ingressclasses",
+        "Deployment" => "/apis/apps/v1/namespaces/veloxy/deployments",
+        other => panic!("deploy/veloxy.yaml: no collection known for {other}"),
+    }
+}
+
+/// `deploy/veloxy.yaml` is accepted by a real API server with strict field validation (a
+/// dry run, but for the Namespace the others go in), and its embedded config passes check.
+#[test]
+fn the_deploy_manifests_are_accepted() {
+    if !in_netns("the_deploy_manifests_are_accepted") {
+        return;
+    }
+    ip(&["link", "set", "lo", "up"]);
+    ip(&["addr", "add", "192.0.2.1/32", "dev", "lo"]);
+    let cluster = Cluster::start("192.0.2.1");
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/veloxy.yaml"),
+    )
+    .unwrap();
+    let mut kinds = Vec::new();
+    for doc in text.split("\n---\n") {
+        let kind = doc
+            .lines()
+            .find_map(|l| l.strip_prefix("kind: "))
+            .expect("a kind")
+            .trim();
+        let query = if kind == "Namespace" {
+            ""
+        } else {
+            "?dryRun=All&fieldValidation=Strict"
+        };
+        let (code, answer) = cluster.post_yaml(&format!("{}{query}", collection(kind)), doc);
+        assert_eq!(code, 201, "{kind}: {answer}");
+        kinds.push(kind.to_owned());
+    }
+    assert_eq!(kinds.len(), 8, "{kinds:?}");
+    // The config the ConfigMap carries is a valid veloxy config.
+    let config: String = text
+        .split("veloxy.toml: |\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| l.starts_with("    ") || l.is_empty())
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("veloxy.toml");
+    std::fs::write(&path, &config).unwrap();
+    let out = std::process::Command::new(VELOXY.path())
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{config}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
