@@ -59,6 +59,8 @@ mod tests {
         let f = dir.join("bad.yaml");
         std::fs::write(&f, "static_resources:\n  listeners: [\n    - name: x\n").unwrap();
         let err = Envoy.import(&[f], &Options::default()).unwrap_err();
+        // Nothing left behind in the temporary directory, whatever the assertions say.
+        let _ = std::fs::remove_dir_all(&dir);
         assert!(matches!(err, ImportError::Parse(_)), "{err}");
         assert!(err.to_string().contains("bad.yaml:"), "{err}");
     }
