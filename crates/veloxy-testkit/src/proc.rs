@@ -204,6 +204,20 @@ pub fn admin_addr(v: &Veloxy) -> SocketAddr {
     logged_addr(v, "admin endpoint ready")
 }
 
+/// `veloxy check` of `config` (written to a temporary `veloxy.toml`), run by `cmd` (a
+/// [`VELOXY`] command, with whatever environment the test gives it).
+pub fn check_with(mut cmd: Command, config: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("veloxy.toml");
+    std::fs::write(&path, config).unwrap();
+    cmd.args(["check", "--config"]).arg(&path).output().unwrap()
+}
+
+/// [`check_with`] a plain [`VELOXY`] command.
+pub fn check(config: &str) -> std::process::Output {
+    check_with(Command::new(VELOXY), config)
+}
+
 /// `METHOD PATH` on `v`'s admin endpoint with `body` (may be empty), connection closed after.
 pub fn admin_call(v: &Veloxy, method: &str, path: &str, body: &str) -> crate::Response {
     crate::request(

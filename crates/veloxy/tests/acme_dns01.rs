@@ -49,15 +49,19 @@ fn config(p: &Pebble, hook: &Path, storage: &Path, names: &str) -> String {
     )
 }
 
+/// pebble for DNS-01 only (its validator's HTTP and TLS ports are never used).
+fn pebble() -> Option<Pebble> {
+    Pebble::start(&PebbleSetup {
+        port: free_port(),
+        http_port: free_port(),
+        tls_port: free_port(),
+        ..Default::default()
+    })
+}
+
 #[test]
 fn dns01_issues_a_wildcard_and_an_exact_name_and_clears_the_records() {
-    let (port, http_port, tls_port) = (free_port(), free_port(), free_port());
-    let Some(p) = Pebble::start(&PebbleSetup {
-        port,
-        http_port,
-        tls_port,
-        ..Default::default()
-    }) else {
+    let Some(p) = pebble() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -98,13 +102,7 @@ fn dns01_issues_a_wildcard_and_an_exact_name_and_clears_the_records() {
 
 #[test]
 fn a_failing_dns_provider_is_reported_and_nothing_is_asked_of_the_ca() {
-    let (port, http_port, tls_port) = (free_port(), free_port(), free_port());
-    let Some(p) = Pebble::start(&PebbleSetup {
-        port,
-        http_port,
-        tls_port,
-        ..Default::default()
-    }) else {
+    let Some(p) = pebble() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

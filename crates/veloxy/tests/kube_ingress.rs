@@ -549,14 +549,7 @@ fn the_deploy_manifests_are_accepted() {
         .take_while(|l| l.starts_with("    ") || l.is_empty())
         .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
         .collect();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("veloxy.toml");
-    std::fs::write(&path, &config).unwrap();
-    let out = std::process::Command::new(VELOXY.path())
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = check(&config);
     assert!(
         out.status.success(),
         "{config}\n{}",

@@ -37,19 +37,13 @@ fn a_local_ca_listener_serves_its_names_and_trust_prints_the_ca() {
     let ca = data.path().join("veloxy/pki/ca.pem");
 
     // `check` makes no CA.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("veloxy.toml");
     let text = config(
         up.addr,
         "names = [\"localhost\", \"app.test\", \"127.0.0.1\"]",
     );
-    std::fs::write(&path, &text).unwrap();
-    let out = Command::new(VELOXY.path())
-        .env("XDG_DATA_HOME", data.path())
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(VELOXY.path());
+    cmd.env("XDG_DATA_HOME", data.path());
+    let out = check_with(cmd, &text);
     assert!(
         out.status.success(),
         "{}",

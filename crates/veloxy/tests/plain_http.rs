@@ -114,13 +114,7 @@ fn plain_http_is_checked() {
         ),
     ];
     for (text, want) in cases {
-        let path = dir.path().join("veloxy.toml");
-        std::fs::write(&path, &text).unwrap();
-        let out = std::process::Command::new(VELOXY.path())
-            .args(["check", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = check(&text);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{text}");
         assert!(err.contains(want), "{text}\n{err}");
