@@ -99,7 +99,7 @@ LAYERS = [
                         "static_files", "access_log", "metrics", "acme", "message"]),
     ("upstream, tls and listener sockets", ["upstream", "tls", "listener"]),
     ("primitives", ["limits", "fleet", "http1", "error", "late", "clock", "deadline",
-                    "background", "template", "accept", "compress", "access"]),
+                    "background", "template", "accept", "compress", "access", "heap"]),
 ]
 
 

@@ -10,7 +10,7 @@
 //! `search`, `cache`, `static_files`, `access_log`, `metrics`, `acme`, `message`) ->
 //! upstream clients, TLS and listener sockets (`upstream`, `tls`, `listener`) -> primitives
 //! (`limits`, `fleet`, `http1`, `error`, `late`, `clock`, `deadline`, `background`,
-//! `template`, `accept`, `compress`, `access`). `python3 dev/modgraph.py` prints the module graph,
+//! `template`, `accept`, `compress`, `access`, `heap`). `python3 dev/modgraph.py` prints the module graph,
 //! the layers, upward edges and cycles (none of either); `--check`, in CI, fails on an
 //! upward edge, a cycle, or a module in no layer. Where a lower layer needs something of a
 //! higher one, the higher passes it down: a small trait the lower defines
@@ -115,6 +115,7 @@ pub mod error;
 pub(crate) mod exchange;
 pub(crate) mod fastcgi;
 pub(crate) mod fleet;
+pub(crate) mod heap;
 pub mod hooks;
 pub(crate) mod http1;
 pub(crate) mod late;

@@ -287,12 +287,7 @@ impl Worker {
         self.peak_connections.set(now);
         self.idle_buffers_freed.set(0);
         self.shrink_pools();
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: malloc_trim only releases free memory; it is thread-safe (it locks each
-        // arena in turn).
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        crate::heap::trim();
         self.metrics.memory_trims.inc();
     }
 

@@ -69,7 +69,7 @@ pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigEr
 }
 
 /// One name of an expanded list key, or the key absent.
-type OneName = Option<Spanned<Names>>;
+type OneName = crate::config::file::Opt<Names>;
 
 /// The names of a list key, one `Some` per name; `[None]` when the key is absent.
 fn names(src: &Source, i: usize, key: &str, v: OneName) -> Result<Vec<OneName>, ConfigError> {
@@ -78,7 +78,7 @@ fn names(src: &Source, i: usize, key: &str, v: OneName) -> Result<Vec<OneName>, 
     };
     let span = v.span();
     match v.into_inner() {
-        Names::One(s) => Ok(vec![Some(Spanned::new(span, Names::One(s)))]),
+        Names::One(s) => Ok(vec![Some(Box::new(Spanned::new(span, Names::One(s))))]),
         Names::Many(list) if list.is_empty() => Err(src.error(
             span,
             format!("routes[{i}].{key}"),
@@ -86,7 +86,7 @@ fn names(src: &Source, i: usize, key: &str, v: OneName) -> Result<Vec<OneName>, 
         )),
         Names::Many(list) => Ok(list
             .into_iter()
-            .map(|s| Some(Spanned::new(s.span(), Names::One(s.into_inner()))))
+            .map(|s| Some(Box::new(Spanned::new(s.span(), Names::One(s.into_inner())))))
             .collect()),
     }
 }

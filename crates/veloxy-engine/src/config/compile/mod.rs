@@ -37,7 +37,13 @@ pub fn compile_str(
 ) -> Result<Snapshot, ConfigError> {
     let src = Source { file, text };
     let parsed: FileConfig = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
-    compile(&src, parsed, policies)
+    let compiled = compile(&src, parsed, policies);
+    // The document and the file's sections are freed by now: a large config's parse would
+    // otherwise stay resident (100,000 routes: 190 MB instead of about 60).
+    if text.len() >= crate::heap::TRIM_AFTER_CONFIG_BYTES {
+        crate::heap::trim();
+    }
+    compiled
 }
 
 fn compile(

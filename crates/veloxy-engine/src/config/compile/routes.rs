@@ -401,20 +401,21 @@ fn compile_files(
         .map_or(DEFAULT_CACHE_BYTES, |c| *c.get_ref());
     let mut files = StaticRoute::new(prefix, &dir, cache_bytes)
         .map_err(|e| root_err(format!("{configured:?}: {}", io_reason(&e))))?;
-    let names =
-        |v: &Option<Spanned<Vec<String>>>, k: &str| -> Result<Option<Vec<String>>, ConfigError> {
-            let Some(list) = v else { return Ok(None) };
-            for name in list.get_ref() {
-                if name.is_empty() || name.split('/').any(|s| s == "..") || name.contains('\\') {
-                    return Err(src.error(
-                        list.span(),
-                        format!("{key}.{k}"),
-                        format!("{name:?}: use a relative name without \"..\""),
-                    ));
-                }
+    let names = |v: &crate::config::file::Opt<Vec<String>>,
+                 k: &str|
+     -> Result<Option<Vec<String>>, ConfigError> {
+        let Some(list) = v else { return Ok(None) };
+        for name in list.get_ref() {
+            if name.is_empty() || name.split('/').any(|s| s == "..") || name.contains('\\') {
+                return Err(src.error(
+                    list.span(),
+                    format!("{key}.{k}"),
+                    format!("{name:?}: use a relative name without \"..\""),
+                ));
             }
-            Ok(Some(list.get_ref().clone()))
-        };
+        }
+        Ok(Some(list.get_ref().clone()))
+    };
     if let Some(index) = names(&r.index, "index")? {
         if index.iter().any(|n| n.contains('/')) {
             let span = r.index.as_ref().map_or(0..0, |i| i.span());
@@ -440,8 +441,9 @@ fn compile_files(
         }
         files.cache_control = Some(bytes::Bytes::from(v.clone()));
     }
-    let flag =
-        |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
+    let flag = |v: &crate::config::file::Opt<bool>, default: bool| {
+        v.as_ref().map_or(default, |b| *b.get_ref())
+    };
     files.browse = flag(&r.browse, false);
     files.follow_symlinks = flag(&r.follow_symlinks, false);
     files.allow_hidden = flag(&r.allow_hidden, false);
@@ -591,7 +593,7 @@ fn compile_limits(
 
 /// The route's templates use `{re.*}` (checked against its regex at compile time).
 fn uses_captures(r: &RouteSection) -> bool {
-    let header_values = |h: &Option<Spanned<crate::config::file::HeaderRulesSection>>| {
+    let header_values = |h: &crate::config::file::Opt<crate::config::file::HeaderRulesSection>| {
         h.as_ref().is_some_and(|h| {
             let h = h.get_ref();
             h.set

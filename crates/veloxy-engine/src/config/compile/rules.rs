@@ -30,7 +30,7 @@ pub(super) fn compile_match(
     r: &RouteSection,
 ) -> Result<Matching, ConfigError> {
     // (key, span, text): the names were expanded to one each before this.
-    let one = |k: &'static str, v: &Option<toml::Spanned<crate::config::file::Names>>| {
+    let one = |k: &'static str, v: &crate::config::file::Opt<crate::config::file::Names>| {
         v.as_ref().map(|v| (k, v.span(), v.get_ref().to_string()))
     };
     let kinds = [
@@ -166,7 +166,7 @@ pub(super) fn compile_rules(
     regex: Option<&Regex>,
     group_location_rewrite: bool,
 ) -> Result<Option<Arc<RouteRules>>, ConfigError> {
-    let headers = |v: &Option<Spanned<HeaderRulesSection>>, k: &str, request: bool| {
+    let headers = |v: &crate::config::file::Opt<HeaderRulesSection>, k: &str, request: bool| {
         v.as_ref()
             .map(|v| header_rules(src, &format!("{key}.{k}"), v, regex, request))
             .transpose()
@@ -530,7 +530,7 @@ fn ip_rules(
     key: &str,
     r: &RouteSection,
 ) -> Result<Option<crate::access::IpRules>, ConfigError> {
-    let list = |v: &Option<Spanned<Vec<String>>>, k: &str| {
+    let list = |v: &crate::config::file::Opt<Vec<String>>, k: &str| {
         v.as_ref()
             .map(|l| {
                 crate::access::IpList::parse(l.get_ref())
