@@ -34,6 +34,7 @@ pub(crate) mod report;
 pub mod rfc2136;
 pub(crate) mod shared;
 pub mod storage;
+mod tsig_key;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

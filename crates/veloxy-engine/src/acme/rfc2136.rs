@@ -7,19 +7,21 @@
 //! `*.example.test`) do not erase each other's value. The messages are built and signed with
 //! hickory-proto (`update_message`, `TSigner`, the answer checked with its `TSigVerifier`),
 //! sent over TCP (no truncation, no retransmission to manage), each exchange bounded by
-//! [`UPDATE_TIMEOUT`]. The key file is read when the config is compiled (BIND's
-//! `tsig-keygen` format, or the base64 secret alone), so `veloxy check` reports a bad one.
+//! [`UPDATE_TIMEOUT`]. The key file is read when the config is compiled
+//! ([`super::tsig_key`]), so `veloxy check` reports a bad one. hickory's TSIG signs
+//! hmac-sha256/384/512 only, hence no hmac-sha1 (RFC 8945 still allows it).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine as _;
 use hickory_proto::op::{update_message, Message};
 use hickory_proto::rr::rdata::tsig::{TsigAlgorithm, TsigError};
 use hickory_proto::rr::rdata::TXT;
 use hickory_proto::rr::{Name, RData, Record, RecordSet, TSigner};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::tsig_key::{parse_key_file, KeyFileError};
 
 /// The TXT record's TTL: short, so a resolver never holds a stale challenge for long.
 pub(crate) const TXT_TTL: u32 = 60;
@@ -99,30 +101,6 @@ impl std::fmt::Debug for Rfc2136Settings {
     }
 }
 
-/// Why a key file cannot be used (`Display` completes "key_file FILE: ...").
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub(crate) enum KeyFileError {
-    #[error("cannot read it: {0}")]
-    Unreadable(String),
-    #[error("line {line}: {message}")]
-    Syntax { line: usize, message: String },
-    #[error("line {line}: the secret is not base64")]
-    BadBase64 { line: usize },
-    #[error("line {line}: algorithm {name:?} is not supported: use hmac-sha256, hmac-sha384 or hmac-sha512")]
-    UnknownAlgorithm { line: usize, name: String },
-    #[error("no key {wanted:?} in it (it holds {found})")]
-    NoSuchKey { wanted: String, found: String },
-    #[error("line {line}: key {key:?} is {file}, but the config says algorithm = {config:?}")]
-    AlgorithmMismatch {
-        line: usize,
-        key: String,
-        file: String,
-        config: String,
-    },
-    #[error("the secret is empty")]
-    Empty,
-}
-
 impl Rfc2136Settings {
     /// Reads `key_file` for `key_name`; `algorithm` is the config's (`None`: the file's, else
     /// hmac-sha256).
@@ -147,188 +125,6 @@ impl Rfc2136Settings {
     }
 }
 
-/// One token of a BIND key file and its line.
-fn tokens(text: &str) -> Result<Vec<(usize, String)>, KeyFileError> {
-    let mut out = Vec::new();
-    let mut chars = text.chars().peekable();
-    let mut line = 1;
-    while let Some(c) = chars.next() {
-        match c {
-            '\n' => line += 1,
-            c if c.is_whitespace() => {}
-            '#' => while chars.next_if(|&c| c != '\n').is_some() {},
-            '/' if chars.peek() == Some(&'/') => while chars.next_if(|&c| c != '\n').is_some() {},
-            '/' if chars.peek() == Some(&'*') => {
-                chars.next();
-                let mut prev = ' ';
-                loop {
-                    let Some(c) = chars.next() else {
-                        return Err(syntax(line, "unterminated /* comment"));
-                    };
-                    line += usize::from(c == '\n');
-                    if prev == '*' && c == '/' {
-                        break;
-                    }
-                    prev = c;
-                }
-            }
-            '{' | '}' | ';' => out.push((line, c.to_string())),
-            '"' => {
-                let start = line;
-                let mut s = String::from("\"");
-                loop {
-                    match chars.next() {
-                        None => return Err(syntax(start, "unterminated string")),
-                        Some('"') => break,
-                        Some(c) => {
-                            line += usize::from(c == '\n');
-                            s.push(c);
-                        }
-                    }
-                }
-                out.push((start, s));
-            }
-            c => {
-                let mut s = c.to_string();
-                while let Some(c) = chars.next_if(|c| !c.is_whitespace() && !"{};\"".contains(*c)) {
-                    s.push(c);
-                }
-                out.push((line, s));
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn syntax(line: usize, message: &str) -> KeyFileError {
-    KeyFileError::Syntax {
-        line,
-        message: message.to_owned(),
-    }
-}
-
-/// A token's text (a quoted string without its quotes).
-fn unquote(t: &str) -> &str {
-    t.strip_prefix('"').unwrap_or(t)
-}
-
-/// A `key "NAME" { algorithm ALG; secret "BASE64"; };` statement, as read.
-struct KeyStatement {
-    line: usize,
-    name: String,
-    algorithm: Option<(usize, String)>,
-    secret: Option<(usize, String)>,
-}
-
-/// The `key` statements of a BIND key file (other statements are an error: the file is meant
-/// to hold keys only, as `tsig-keygen` writes it).
-fn key_statements(text: &str) -> Result<Vec<KeyStatement>, KeyFileError> {
-    let toks = tokens(text)?;
-    let mut it = toks.iter().peekable();
-    let mut out = Vec::new();
-    let expect = |t: Option<&(usize, String)>, want: &str, line: usize| match t {
-        Some((_, s)) if s == want => Ok(()),
-        Some((l, s)) => Err(syntax(*l, &format!("expected {want:?}, found {s:?}"))),
-        None => Err(syntax(line, &format!("expected {want:?} at the end"))),
-    };
-    while let Some((line, word)) = it.next() {
-        if word != "key" {
-            return Err(syntax(*line, &format!("expected `key`, found {word:?}")));
-        }
-        let Some((_, name)) = it.next() else {
-            return Err(syntax(*line, "a key needs a name"));
-        };
-        expect(it.next(), "{", *line)?;
-        let mut k = KeyStatement {
-            line: *line,
-            name: unquote(name).to_owned(),
-            algorithm: None,
-            secret: None,
-        };
-        loop {
-            let Some((l, field)) = it.next() else {
-                return Err(syntax(*line, "unterminated key statement"));
-            };
-            if field == "}" {
-                break;
-            }
-            let Some((vl, value)) = it.next() else {
-                return Err(syntax(*l, &format!("{field} needs a value")));
-            };
-            match field.as_str() {
-                "algorithm" => k.algorithm = Some((*vl, unquote(value).to_owned())),
-                "secret" => k.secret = Some((*vl, unquote(value).to_owned())),
-                other => return Err(syntax(*l, &format!("unknown key field {other:?}"))),
-            }
-            expect(it.next(), ";", *vl)?;
-        }
-        expect(it.next(), ";", *line)?;
-        out.push(k);
-    }
-    Ok(out)
-}
-
-fn same_name(a: &str, b: &str) -> bool {
-    a.trim_end_matches('.')
-        .eq_ignore_ascii_case(b.trim_end_matches('.'))
-}
-
-fn decode(line: usize, b64: &str) -> Result<Vec<u8>, KeyFileError> {
-    let clean: String = b64.split_whitespace().collect();
-    let secret = base64::engine::general_purpose::STANDARD
-        .decode(clean)
-        .map_err(|_| KeyFileError::BadBase64 { line })?;
-    if secret.is_empty() {
-        return Err(KeyFileError::Empty);
-    }
-    Ok(secret)
-}
-
-/// The algorithm and secret of `key_name` in a key file: BIND's format, or the base64 secret
-/// alone (then `config` or hmac-sha256 is the algorithm).
-pub(crate) fn parse_key_file(
-    text: &str,
-    key_name: &str,
-    config: Option<TsigAlg>,
-) -> Result<(TsigAlg, Vec<u8>), KeyFileError> {
-    let first = tokens(text)?.into_iter().next();
-    if first.as_ref().is_none_or(|(_, t)| t != "key") {
-        let line = first.map_or(1, |(l, _)| l);
-        let secret = decode(line, text)?;
-        return Ok((config.unwrap_or(TsigAlg::HmacSha256), secret));
-    }
-    let keys = key_statements(text)?;
-    let Some(k) = keys.iter().find(|k| same_name(&k.name, key_name)) else {
-        let names: Vec<String> = keys.iter().map(|k| format!("{:?}", k.name)).collect();
-        return Err(KeyFileError::NoSuchKey {
-            wanted: key_name.to_owned(),
-            found: names.join(", "),
-        });
-    };
-    let file_alg = match &k.algorithm {
-        None => None,
-        Some((line, name)) => Some(TsigAlg::parse(name).ok_or(KeyFileError::UnknownAlgorithm {
-            line: *line,
-            name: name.clone(),
-        })?),
-    };
-    let algorithm = match (file_alg, config) {
-        (Some(f), Some(c)) if f != c => {
-            return Err(KeyFileError::AlgorithmMismatch {
-                line: k.algorithm.as_ref().map_or(k.line, |a| a.0),
-                key: k.name.clone(),
-                file: f.name().into(),
-                config: c.name().into(),
-            })
-        }
-        (f, c) => c.or(f).unwrap_or(TsigAlg::HmacSha256),
-    };
-    let Some((line, b64)) = &k.secret else {
-        return Err(syntax(k.line, &format!("key {:?} has no secret", k.name)));
-    };
-    Ok((algorithm, decode(*line, b64)?))
-}
-
 /// Why an update failed; `Display` is what the log and `/certificates` show.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum UpdateError {
@@ -341,15 +137,15 @@ pub(crate) enum UpdateError {
         server: SocketAddr,
         error: std::io::Error,
     },
-    #[error("no answer from {server} within {UPDATE_TIMEOUT:?}")]
-    Timeout { server: SocketAddr },
+    #[error("no answer from {server} within {limit:?}")]
+    Timeout { server: SocketAddr, limit: Duration },
     /// The server's RCODE (and the TSIG error it gave, if any).
     #[error("{server} rejected {update}: {rcode}{tsig}{hint}")]
     Rejected {
         server: SocketAddr,
         /// "the update of FQDN in zone ZONE".
         update: String,
-        rcode: &'static str,
+        rcode: String,
         tsig: String,
         hint: &'static str,
     },
@@ -361,13 +157,15 @@ pub(crate) enum UpdateError {
     },
 }
 
-/// The RCODE's mnemonic (RFC 1035, 2136, 8945).
-pub(crate) fn rcode_name(code: u16) -> &'static str {
+/// The RCODE's mnemonic (RFC 1035, 2136), or its number.
+pub(crate) fn rcode_name(code: u16) -> String {
     const NAMES: [&str; 11] = [
         "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "YXDOMAIN", "YXRRSET",
         "NXRRSET", "NOTAUTH", "NOTZONE",
     ];
-    NAMES.get(usize::from(code)).copied().unwrap_or("RCODE")
+    NAMES
+        .get(usize::from(code))
+        .map_or_else(|| format!("RCODE {code}"), |n| (*n).to_owned())
 }
 
 fn tsig_error_name(e: TsigError) -> String {
@@ -433,12 +231,17 @@ impl Rfc2136Settings {
             .map_or(0, |d| d.as_secs());
         let verifier = message.finalize(&signer, now).map_err(|e| bad(&e))?;
         let bytes = message.to_vec().map_err(|e| bad(&e))?;
-        let server = self.server;
-        let answer = tokio::time::timeout(UPDATE_TIMEOUT, exchange(server, &bytes))
-            .await
-            .map_err(|_| UpdateError::Timeout { server })?
-            .map_err(|error| UpdateError::Io { server, error })?;
+        let answer = self.send(&bytes, UPDATE_TIMEOUT).await?;
         self.check_answer(fqdn, message.metadata.id, &answer, verifier)
+    }
+
+    /// One exchange with the server, within `limit`.
+    async fn send(&self, request: &[u8], limit: Duration) -> Result<Vec<u8>, UpdateError> {
+        let server = self.server;
+        tokio::time::timeout(limit, exchange(server, request))
+            .await
+            .map_err(|_| UpdateError::Timeout { server, limit })?
+            .map_err(|error| UpdateError::Io { server, error })
     }
 
     /// The answer's RCODE and TSIG: the error the server gave, or whether its signature is ours.
@@ -501,59 +304,108 @@ async fn exchange(server: SocketAddr, request: &[u8]) -> std::io::Result<Vec<u8>
 mod tests {
     use super::*;
 
-    const KEYGEN: &str =
-        "key \"veloxy-key\" {\n\talgorithm hmac-sha512;\n\tsecret \"c2VjcmV0\";\n};\n";
-
-    #[test]
-    fn reads_bind_key_files_and_bare_secrets() {
-        let (alg, secret) = parse_key_file(KEYGEN, "veloxy-key.", None).unwrap();
-        assert_eq!(
-            (alg, secret.as_slice()),
-            (TsigAlg::HmacSha512, &b"secret"[..])
-        );
-        let (alg, secret) = parse_key_file("c2VjcmV0\n", "any", None).unwrap();
-        assert_eq!(
-            (alg, secret.as_slice()),
-            (TsigAlg::HmacSha256, &b"secret"[..])
-        );
-        let two = format!("# keys\nkey \"other\" {{ algorithm hmac-sha256; secret \"b3RoZXI=\"; }};\n/* x */ {KEYGEN}");
-        let (_, secret) = parse_key_file(&two, "VELOXY-KEY", Some(TsigAlg::HmacSha512)).unwrap();
-        assert_eq!(secret, b"secret");
-    }
-
-    #[test]
-    fn key_file_errors_name_the_line() {
-        let bad = KEYGEN.replace("c2VjcmV0", "not base64!");
-        assert_eq!(
-            parse_key_file(&bad, "veloxy-key", None),
-            Err(KeyFileError::BadBase64 { line: 3 })
-        );
-        let md5 = KEYGEN.replace("hmac-sha512", "hmac-md5");
-        assert!(matches!(
-            parse_key_file(&md5, "veloxy-key", None),
-            Err(KeyFileError::UnknownAlgorithm { line: 2, .. })
-        ));
-        assert!(matches!(
-            parse_key_file(KEYGEN, "other", None),
-            Err(KeyFileError::NoSuchKey { .. })
-        ));
-        assert!(matches!(
-            parse_key_file(KEYGEN, "veloxy-key", Some(TsigAlg::HmacSha256)),
-            Err(KeyFileError::AlgorithmMismatch { line: 2, .. })
-        ));
-        assert!(matches!(
-            parse_key_file("key \"k\" { secret \"c2VjcmV0\" }", "k", None),
-            Err(KeyFileError::Syntax { line: 1, .. })
-        ));
-        assert_eq!(
-            parse_key_file("\n\n%%%\n", "k", None),
-            Err(KeyFileError::BadBase64 { line: 3 })
-        );
-    }
-
     #[test]
     fn rcodes_are_named() {
         assert_eq!(rcode_name(5), "REFUSED");
         assert_eq!(rcode_name(9), "NOTAUTH");
+        assert_eq!(rcode_name(23), "RCODE 23");
+    }
+
+    /// A one-shot DNS server over TCP: reads one request, answers what `reply` makes of it.
+    async fn fake_server(
+        reply: impl FnOnce(&[u8]) -> Option<Message> + Send + 'static,
+    ) -> SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut len = [0u8; 2];
+            s.read_exact(&mut len).await.unwrap();
+            let mut req = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            s.read_exact(&mut req).await.unwrap();
+            let Some(answer) = reply(&req) else {
+                // Say nothing, keep the connection open: the client's deadline must end it.
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                return;
+            };
+            let bytes = answer.to_vec().unwrap();
+            s.write_all(&(bytes.len() as u16).to_be_bytes())
+                .await
+                .unwrap();
+            s.write_all(&bytes).await.unwrap();
+        });
+        addr
+    }
+
+    fn settings(server: SocketAddr) -> Rfc2136Settings {
+        Rfc2136Settings {
+            server,
+            zone: "example.test".into(),
+            key_name: "acme".into(),
+            algorithm: TsigAlg::HmacSha256,
+            key_file: "tsig.key".into(),
+            secret: b"0123456789abcdef0123456789abcdef".to_vec(),
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_unsigned_answer_is_not_taken_for_a_success() {
+        runtime().block_on(async {
+            let server = fake_server(|req| {
+                let req = Message::from_vec(req).unwrap();
+                // The request is an update of the zone, signed with the key.
+                assert_eq!(req.metadata.op_code, hickory_proto::op::OpCode::Update);
+                assert_eq!(req.signature().unwrap().name.to_ascii(), "acme.");
+                let mut ok = Message::response(req.metadata.id, req.metadata.op_code);
+                ok.metadata.response_code = hickory_proto::op::ResponseCode::NoError;
+                Some(ok)
+            })
+            .await;
+            let e = settings(server)
+                .update("_acme-challenge.example.test", "v", true)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, UpdateError::AnswerNotAuthentic { .. }), "{e}");
+        });
+    }
+
+    #[test]
+    fn a_refusal_names_the_rcode_and_a_silent_server_the_deadline() {
+        runtime().block_on(async {
+            let server = fake_server(|req| {
+                let req = Message::from_vec(req).unwrap();
+                let mut no = Message::response(req.metadata.id, req.metadata.op_code);
+                no.metadata.response_code = hickory_proto::op::ResponseCode::Refused;
+                Some(no)
+            })
+            .await;
+            let e = settings(server)
+                .update("_acme-challenge.example.test", "v", false)
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(": REFUSED (the zone's update policy"), "{e}");
+            let e = settings(server)
+                .update("_acme-challenge.other.test", "v", true)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, UpdateError::NotInZone { .. }), "{e}");
+        });
+        // A server that says nothing: the exchange ends at its deadline.
+        runtime().block_on(async {
+            let server = fake_server(|_| None).await;
+            let e = settings(server)
+                .send(b"\0\0", Duration::from_millis(200))
+                .await
+                .unwrap_err();
+            assert!(matches!(e, UpdateError::Timeout { .. }), "{e}");
+        });
     }
 }
