@@ -147,7 +147,7 @@ impl Dns {
 /// A port free for both UDP and TCP (dnsmasq takes both), below the kernel's ephemeral range
 /// (32768 and up): the tests' own outgoing connections take ports there, and one holding the
 /// number made dnsmasq fail with "Address already in use", at start or at a restart.
-fn free_dns_port() -> u16 {
+pub(crate) fn free_dns_port() -> u16 {
     use std::hash::{BuildHasher, RandomState};
     for attempt in 0u64..1000 {
         let port = 20_000 + (RandomState::new().hash_one(attempt) % 12_000) as u16;

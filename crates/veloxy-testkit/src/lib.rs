@@ -29,6 +29,7 @@
 //!   * [`site`]: [`Site`], a veloxy with a TLS and a plain listener, spoken to over HTTP/1.1
 //!     and HTTP/2; [`Nginx`], a real nginx as an upstream;
 //!   * [`dns`]: [`Dns`], a real dnsmasq whose A and SRV records a test changes;
+//!   * [`bind`]: [`Bind`], a real BIND 9 primary taking TSIG-signed RFC 2136 updates;
 //!   * [`kube`](mod@kube): a real kube-apiserver and etcd in a test's own network namespace;
 //!   * [`skip`] (report a test that cannot run here) and [`eventually`] (poll a condition).
 //!
@@ -51,6 +52,7 @@
 use std::time::{Duration, Instant};
 
 pub mod auth;
+pub mod bind;
 pub mod bins;
 pub mod client;
 pub mod config;
@@ -70,6 +72,7 @@ pub mod tls;
 pub mod ws;
 
 pub use auth::*;
+pub use bind::Bind;
 pub use bins::*;
 pub use client::*;
 pub use config::*;

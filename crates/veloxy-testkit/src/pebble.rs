@@ -65,6 +65,8 @@ pub struct PebbleSetup<'a> {
     pub blocklist: &'a [&'a str],
     /// The OCSP responder URL written into issued certificates (pebble runs none itself).
     pub ocsp_url: Option<String>,
+    /// The DNS server pebble's validator asks (`None`: its pebble-challtestsrv).
+    pub dns_server: Option<SocketAddr>,
 }
 
 fn spawn_logged(cmd: &mut Command, log: Arc<Mutex<Vec<u8>>>) -> std::process::Child {
@@ -132,7 +134,12 @@ impl Pebble {
                 // Every order validates afresh (no reuse of earlier authorizations).
                 .env("PEBBLE_AUTHZREUSE", "0")
                 .args(["-config", config_path.to_str().unwrap()])
-                .args(["-dnsserver", &format!("127.0.0.1:{dns_port}")]),
+                .args([
+                    "-dnsserver",
+                    &setup
+                        .dns_server
+                        .map_or(format!("127.0.0.1:{dns_port}"), |a| a.to_string()),
+                ]),
             log.clone(),
         );
         let api: SocketAddr = format!("127.0.0.1:{}", setup.port).parse().unwrap();

@@ -231,6 +231,7 @@ fn running_with_ocsp(
         validity_s,
         blocklist,
         ocsp_url,
+        dns_server: None,
     })?;
     std::fs::copy(&p.ca_pem, &ca).unwrap();
     let root = trust_pebble(&p, dir);

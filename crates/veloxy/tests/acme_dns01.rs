@@ -129,3 +129,125 @@ fn a_failing_dns_provider_is_reported_and_nothing_is_asked_of_the_ca() {
             .contains("clear _acme-challenge.example.test ")
     }));
 }
+
+/// `dns = { rfc2136 }` against a real BIND 9 primary for `example.test`, which pebble's
+/// validator asks directly.
+fn rfc2136_config(p: &Pebble, bind: &Bind, key_file: &Path, storage: &Path, names: &str) -> String {
+    format!(
+        "[server]\nworkers = 1\nadmin = \"127.0.0.1:0\"\n\
+         [server.acme]\ndirectory = \"{dir}\"\nca_file = \"{ca}\"\nstorage = \"{storage}\"\n\
+         challenge = \"dns-01\"\npropagation_timeout = \"20s\"\n\
+         dns = {{ rfc2136 = {{ server = \"{server}\", zone = \"{zone}\", key_name = \"{key}\", \
+         key_file = \"{key_file}\", algorithm = \"hmac-sha256\" }} }}\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n[listeners.web.tls]\nacme = {names}\n\
+         [[routes]]\nrespond = {{ body = \"hello\" }}\n",
+        dir = p.directory,
+        ca = p.ca_pem.display(),
+        storage = storage.display(),
+        server = bind.addr,
+        zone = bind.zone,
+        key = bind.key_name,
+        key_file = key_file.display(),
+    )
+}
+
+/// BIND and a pebble that validates against it.
+fn bind_and_pebble() -> Option<(Bind, Pebble)> {
+    let bind = Bind::start("example.test", "hmac-sha256")?;
+    let p = Pebble::start(&PebbleSetup {
+        port: free_port(),
+        http_port: free_port(),
+        tls_port: free_port(),
+        dns_server: Some(bind.addr),
+        ..Default::default()
+    })?;
+    Some((bind, p))
+}
+
+#[test]
+fn rfc2136_issues_a_name_and_its_wildcard_through_bind_and_deletes_the_records() {
+    let Some((bind, p)) = bind_and_pebble() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let v = veloxy(&rfc2136_config(
+        &p,
+        &bind,
+        &bind.key_file,
+        &dir.path().join("acme"),
+        "[\"example.test\", \"*.example.test\"]",
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let root = dir.path().join("root.pem");
+    p.write_root(&root);
+    for name in ["example.test", "a.example.test"] {
+        let issued = eventually(Duration::from_secs(90), || {
+            get_verified(web, name, &root).is_ok_and(|b| b == "hello")
+        });
+        assert!(
+            issued,
+            "{name}: no certificate: {}\nnamed: {}",
+            v.proc.log_text(),
+            bind.log_text()
+        );
+    }
+    // Both orders added their value at the one name; each deleted its own record (by rdata,
+    // never the whole RRset), so none is left.
+    assert!(
+        eventually(Duration::from_secs(10), || bind
+            .dig("_acme-challenge.example.test", "TXT")
+            .is_empty()),
+        "records left: {:?}\n{}",
+        bind.dig("_acme-challenge.example.test", "TXT"),
+        bind.log_text()
+    );
+    let named = bind.log_text();
+    let count = |what: &str| named.matches(what).count();
+    assert_eq!(
+        count("adding an RR at '_acme-challenge.example.test' TXT"),
+        2,
+        "{named}"
+    );
+    assert_eq!(
+        count("deleting an RR at _acme-challenge.example.test TXT"),
+        2,
+        "{named}"
+    );
+    assert_eq!(count("deleting rrset"), 0, "{named}");
+}
+
+#[test]
+fn rfc2136_with_a_wrong_tsig_secret_logs_badsig_and_issues_nothing() {
+    let Some((bind, p)) = bind_and_pebble() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The right key name and algorithm, another secret (a bare base64 key file).
+    let wrong = dir.path().join("wrong.key");
+    std::fs::write(&wrong, "d3Jvbmcgc2VjcmV0IHdyb25nIHNlY3JldCB3cm9uZyE=\n").unwrap();
+    let v = veloxy(&rfc2136_config(
+        &p,
+        &bind,
+        &wrong,
+        &dir.path().join("acme"),
+        "[\"example.test\"]",
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let seen = eventually(Duration::from_secs(30), || {
+        v.proc.log_text().lines().any(|l| {
+            l.contains("issuance failed name=example.test") && l.contains("NOTAUTH, BADSIG")
+        })
+    });
+    assert!(
+        seen,
+        "no BADSIG in the log: {}\nnamed: {}",
+        v.proc.log_text(),
+        bind.log_text()
+    );
+    let log = v.proc.log_text();
+    assert!(log.contains("veloxy-acme"), "the key is not named: {log}");
+    let root = dir.path().join("root.pem");
+    p.write_root(&root);
+    assert!(get_verified(web, "example.test", &root).is_err());
+    assert!(bind.dig("_acme-challenge.example.test", "TXT").is_empty());
+}

@@ -101,13 +101,15 @@ fn every_config_key_has_a_reference_entry() {
 }
 
 /// What the test creates in a block's temp dir before `veloxy check`, from the HTML comments
-/// right before the block: `<!-- files: A DIR/ CERT+KEY -->`.
+/// right before the block: `<!-- files: A DIR/ CERT+KEY tsig:KEYFILE -->`.
 #[derive(Default)]
 struct BlockSetup {
     /// `NAME/`: a directory.
     dirs: Vec<String>,
     /// `CERT+KEY`: a certificate for `localhost` and its key.
     certs: Vec<(String, String)>,
+    /// `tsig:NAME`: a TSIG key file as `tsig-keygen -a hmac-sha256 acme` writes it.
+    tsig: Vec<String>,
     /// Any other name: a file holding [`EXAMPLE_FILE_TEXT`].
     files: Vec<String>,
 }
@@ -117,11 +119,18 @@ struct BlockSetup {
 const EXAMPLE_FILE_TEXT: &str =
     "docs:$2y$05$rPGIKnIjPtReS0r/d3tv9OpeblJnEScvYMVtFlYMMiDNcEBEcB8yO\n";
 
+/// The text of a `tsig:NAME` file: BIND's `key` statement for the key `acme` (a made-up
+/// secret).
+const EXAMPLE_TSIG_KEY: &str = "key \"acme\" {\n\talgorithm hmac-sha256;\n\
+     \tsecret \"ZG9jcy1leGFtcGxlLXRzaWcta2V5LW5vdC1hLXNlY3JldDA=\";\n};\n";
+
 impl BlockSetup {
     fn of(block: &Block) -> BlockSetup {
         let mut setup = BlockSetup::default();
         for name in block.files.iter() {
-            if let Some(dir) = name.strip_suffix('/') {
+            if let Some(key) = name.strip_prefix("tsig:") {
+                setup.tsig.push(key.to_owned());
+            } else if let Some(dir) = name.strip_suffix('/') {
                 setup.dirs.push(dir.to_owned());
             } else if let Some((cert, key)) = name.split_once('+') {
                 setup.certs.push((cert.to_owned(), key.to_owned()));
@@ -140,6 +149,9 @@ impl BlockSetup {
             let path = dir.join(f);
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, EXAMPLE_FILE_TEXT).unwrap();
+        }
+        for f in &self.tsig {
+            std::fs::write(dir.join(f), EXAMPLE_TSIG_KEY).unwrap();
         }
         if !self.certs.is_empty() {
             let pki = veloxy_testkit::tls::Pki::new(dir);

@@ -1,16 +1,55 @@
 //! DNS-01 (`challenge = "dns-01"`): the TXT record `_acme-challenge.NAME` set and cleared
 //! through the configured provider, and the wait until it is answered.
 //!
-//! The provider is a command, run as `COMMAND set|clear FQDN VALUE` (FQDN without the trailing
+//! Two providers: a command, run as `COMMAND set|clear FQDN VALUE` (FQDN without the trailing
 //! dot, VALUE the record's text) with [`HOOK_TIMEOUT`], so any DNS provider's CLI (or
-//! `nsupdate`) can be wired in. Propagation: the record is asked of `[server] resolvers` (the
-//! system's when none) every half second, with no cache, until one answer carries the value or
-//! `propagation_timeout` passes; only then is the CA told to look.
+//! `nsupdate`) can be wired in; or RFC 2136 updates signed with TSIG ([`super::rfc2136`]).
+//! Propagation: the record is asked every half second, with no cache, until one answer
+//! carries the value or `propagation_timeout` passes; only then is the CA told to look. The
+//! command's record is asked of `[server] resolvers` (the system's when none), the RFC 2136
+//! one of the zone's primary that was updated (`server`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::order::OrderError;
+use super::rfc2136::Rfc2136Settings;
+
+/// How the TXT records are set and cleared (`dns = { command }` or `dns = { rfc2136 }`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DnsProvider {
+    /// Not DNS-01.
+    #[default]
+    None,
+    /// The command and its arguments.
+    Command(Vec<String>),
+    /// RFC 2136 updates to the zone's primary, signed with TSIG.
+    Rfc2136(Box<Rfc2136Settings>),
+}
+
+impl DnsProvider {
+    /// `set`s or `clear`s the TXT `value` at `fqdn`.
+    pub(crate) async fn run(
+        &self,
+        action: &str,
+        fqdn: &str,
+        value: &str,
+    ) -> Result<(), OrderError> {
+        match self {
+            DnsProvider::None => Err(OrderError::Other("dns-01: no dns provider".into())),
+            DnsProvider::Command(c) => hook(c, action, fqdn, value).await,
+            DnsProvider::Rfc2136(r) => Ok(r.update(fqdn, value, action == "set").await?),
+        }
+    }
+
+    /// The servers asked whether the record is answered.
+    pub(crate) fn witnesses(&self, resolvers: &[SocketAddr]) -> Vec<SocketAddr> {
+        match self {
+            DnsProvider::Rfc2136(r) => vec![r.server],
+            _ => resolvers.to_vec(),
+        }
+    }
+}
 
 /// The longest a provider command may run.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
@@ -23,13 +62,8 @@ pub(crate) fn record_name(name: &str) -> String {
     )
 }
 
-/// Runs the provider: `set` or `clear` the TXT `value` at `fqdn`.
-pub(crate) async fn hook(
-    command: &[String],
-    action: &str,
-    fqdn: &str,
-    value: &str,
-) -> Result<(), OrderError> {
+/// Runs the provider command: `set` or `clear` the TXT `value` at `fqdn`.
+async fn hook(command: &[String], action: &str, fqdn: &str, value: &str) -> Result<(), OrderError> {
     let Some((program, args)) = command.split_first() else {
         return Err(OrderError::Other("dns-01: no dns command".into()));
     };

@@ -31,8 +31,10 @@ pub(crate) mod manager;
 pub(crate) mod ocsp;
 mod order;
 pub(crate) mod report;
+pub mod rfc2136;
 pub(crate) mod shared;
 pub mod storage;
+mod tsig_key;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -44,6 +46,7 @@ use arc_swap::ArcSwap;
 use rustls::sign::CertifiedKey;
 
 pub use crate::tls::ACME_TLS_ALPN;
+pub use dns::DnsProvider;
 
 /// One TLS listener's certificates, as the ACME thread ([`manager::Plan`]) and the
 /// certificate report read them (the config builds them from its listeners).
@@ -107,8 +110,9 @@ pub struct AcmeSettings {
     /// `storage = "redis"`: the `[server.redis]` the account, certificates, locks and
     /// challenges are shared through (`storage` then holds the local copies).
     pub redis: Option<crate::fleet::redis::RedisSpec>,
-    /// DNS-01: the command that sets and clears the TXT records (`dns = { command }`).
-    pub dns_command: Vec<String>,
+    /// DNS-01: how the TXT records are set and cleared (`dns = { command }` or
+    /// `dns = { rfc2136 }`).
+    pub dns: DnsProvider,
     /// DNS-01: how long to wait for the TXT record to be answered (`propagation_timeout`).
     pub propagation_timeout: Duration,
     /// DNS-01: the servers asked whether the record is answered (`[server] resolvers`;

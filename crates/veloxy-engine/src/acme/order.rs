@@ -30,6 +30,15 @@ pub(crate) enum OrderError {
     Timeout(Duration),
     #[error("ACME: {0}")]
     Other(String),
+    /// An RFC 2136 update failed (the server's RCODE and TSIG error named).
+    #[error("dns-01 rfc2136: {0}")]
+    DnsUpdate(Box<super::rfc2136::UpdateError>),
+}
+
+impl From<super::rfc2136::UpdateError> for OrderError {
+    fn from(e: super::rfc2136::UpdateError) -> Self {
+        OrderError::DnsUpdate(Box::new(e))
+    }
 }
 
 impl OrderError {
@@ -264,16 +273,16 @@ pub(crate) async fn issue(
             }
             Challenge::Dns01 => {
                 let (fqdn, value) = (super::dns::record_name(name), ka.dns_value());
-                let set = super::dns::hook(&settings.dns_command, "set", &fqdn, &value).await;
+                let set = settings.dns.run("set", &fqdn, &value).await;
                 records.push((fqdn.clone(), value.clone()));
                 if let Err(e) = set {
                     clear_records(settings, &records).await;
                     return Err(e);
                 }
                 let limit = settings.propagation_timeout;
+                let witnesses = settings.dns.witnesses(&settings.resolvers);
                 let answered =
-                    super::dns::wait_until_answered(&settings.resolvers, &fqdn, &value, limit)
-                        .await;
+                    super::dns::wait_until_answered(&witnesses, &fqdn, &value, limit).await;
                 if let Err(e) = answered {
                     clear_records(settings, &records).await;
                     return Err(e);
@@ -321,7 +330,7 @@ pub(crate) async fn issue(
 /// harmless, and the next order sets its own value).
 async fn clear_records(settings: &AcmeSettings, records: &[(String, String)]) {
     for (fqdn, value) in records {
-        if let Err(e) = super::dns::hook(&settings.dns_command, "clear", fqdn, value).await {
+        if let Err(e) = settings.dns.run("clear", fqdn, value).await {
             tracing::warn!(record = %fqdn, error = %e, "ACME dns-01: clearing the TXT record failed");
         }
     }

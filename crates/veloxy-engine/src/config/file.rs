@@ -188,18 +188,16 @@ pub struct AcmeDnsSection {
     pub rfc2136: Option<Spanned<Rfc2136Section>>,
 }
 
-/// `rfc2136 = { server, zone, key_name, key_file, algorithm }`: parsed so its keys are
-/// checked, then refused with a clear error until RFC 2136 updates are built (the fields are
-/// read then).
-#[allow(dead_code)]
+/// `rfc2136 = { server, zone, key_name, key_file, algorithm }`: RFC 2136 updates sent to
+/// `server` (`IP:PORT`) for `zone`, signed with the TSIG key `key_name` read from `key_file`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rfc2136Section {
-    pub server: String,
-    pub zone: String,
-    pub key_name: String,
-    pub key_file: String,
-    pub algorithm: Option<String>,
+    pub server: Spanned<String>,
+    pub zone: Spanned<String>,
+    pub key_name: Spanned<String>,
+    pub key_file: Spanned<String>,
+    pub algorithm: Option<Spanned<String>>,
 }
 
 /// `acme = true` (the hosts of the listener's routes) or `acme = ["name", ...]`.

@@ -173,11 +173,22 @@ fn settings(out: &mut Toml, s: &Settings) {
             out.str("challenge", c.as_str());
         }
         out.duration("renew_before", a.renew_before);
-        if !a.dns_command.is_empty() {
-            out.raw(
-                "dns",
-                &format!("{{ command = {} }}", str_list(&a.dns_command)),
-            );
+        let dns = match &a.dns {
+            crate::acme::DnsProvider::None => None,
+            crate::acme::DnsProvider::Command(c) => {
+                Some(format!("{{ command = {} }}", str_list(c)))
+            }
+            crate::acme::DnsProvider::Rfc2136(r) => Some(format!(
+                "{{ rfc2136 = {{ server = {}, zone = {}, key_name = {}, key_file = {}, algorithm = {} }} }}",
+                string(&r.server.to_string()),
+                string(&r.zone),
+                string(&r.key_name),
+                string(&r.key_file.to_string_lossy()),
+                string(r.algorithm.name()),
+            )),
+        };
+        if let Some(dns) = dns {
+            out.raw("dns", &dns);
             out.duration("propagation_timeout", a.propagation_timeout);
         }
     }

@@ -7,9 +7,10 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::{absolute, dur};
-use crate::acme::{AcmeSettings, Challenge};
+use crate::acme::rfc2136::{Rfc2136Settings, TsigAlg};
+use crate::acme::{AcmeSettings, Challenge, DnsProvider};
 use crate::config::error::{ConfigError, Source};
-use crate::config::file::{AcmeNames, FileConfig, ListenerSection};
+use crate::config::file::{AcmeNames, FileConfig, ListenerSection, Rfc2136Section};
 use crate::config::ListenerSpec;
 
 /// A listener's `tls.acme`, as written.
@@ -91,7 +92,9 @@ pub(super) fn compile_acme(
         return Ok(None);
     }
     let plain_listener = file.listeners.values().any(|l| is_plain_http(l.get_ref()));
-    settings(src, file, plain_listener, redis).map(|s| Some(Arc::new(s)))
+    let settings = settings(src, file, plain_listener, redis)?;
+    names_outside_zone(src, file, &settings, listeners)?;
+    Ok(Some(Arc::new(settings)))
 }
 
 /// `[server.acme] challenge = "dns-01"`: wildcard names are allowed.
@@ -211,7 +214,7 @@ fn settings(
             ))
         }
     };
-    let dns_command = dns_provider(src, a, challenge)?;
+    let dns = dns_provider(src, a, challenge)?;
     if challenge == Some(Challenge::Http01) && !plain_listener {
         let span = a.challenge.as_ref().map_or(0..0, |c| c.span());
         return Err(src.error(
@@ -246,28 +249,30 @@ fn settings(
         challenge,
         renew_before: dur(&a.renew_before, Duration::from_secs(30 * 86400)),
         plain_listener,
-        dns_command,
+        dns,
         propagation_timeout: dur(&a.propagation_timeout, Duration::from_secs(120)),
         resolvers: resolvers(file),
     })
 }
 
-/// `dns = { command = [...] }`, which `challenge = "dns-01"` needs (and nothing else takes).
+/// `dns = { command = [...] }` or `dns = { rfc2136 = {...} }`, which `challenge = "dns-01"`
+/// needs (and nothing else takes).
 fn dns_provider(
     src: &Source,
     a: &crate::config::file::AcmeSection,
     challenge: Option<Challenge>,
-) -> Result<Vec<String>, ConfigError> {
+) -> Result<DnsProvider, ConfigError> {
     let span = a.challenge.as_ref().map_or(0..0, |c| c.span());
     let Some(dns) = &a.dns else {
         if challenge == Some(Challenge::Dns01) {
             return Err(src.error(
                 span,
                 "server.acme.challenge",
-                "dns-01 needs a dns provider: dns = { command = [\"/usr/local/bin/dns-hook\"] }",
+                "dns-01 needs a dns provider: dns = { command = [\"/usr/local/bin/dns-hook\"] } \
+                 or dns = { rfc2136 = { server, zone, key_name, key_file } }",
             ));
         }
-        return Ok(Vec::new());
+        return Ok(DnsProvider::None);
     };
     if challenge != Some(Challenge::Dns01) {
         return Err(src.error(
@@ -277,24 +282,120 @@ fn dns_provider(
         ));
     }
     let d = dns.get_ref();
-    if let Some(r) = &d.rfc2136 {
-        return Err(src.error(
-            r.span(),
-            "server.acme.dns.rfc2136",
-            "RFC 2136 updates are not built yet: use dns = { command = [...] } (a script can run nsupdate)",
-        ));
-    }
-    match &d.command {
-        Some(c) if !c.get_ref().is_empty() && !c.get_ref()[0].is_empty() => {
+    match (&d.command, &d.rfc2136) {
+        (Some(_), Some(_)) => Err(src.error(
+            dns.span(),
+            "server.acme.dns",
+            "takes command or rfc2136, not both",
+        )),
+        (None, Some(r)) => rfc2136(src, r.get_ref()).map(|r| DnsProvider::Rfc2136(Box::new(r))),
+        (Some(c), None) if !c.get_ref().is_empty() && !c.get_ref()[0].is_empty() => {
             let mut cmd = c.get_ref().clone();
             cmd[0] = absolute(&src.relative(&cmd[0]))
                 .to_string_lossy()
                 .into_owned();
-            Ok(cmd)
+            Ok(DnsProvider::Command(cmd))
         }
-        Some(c) => Err(src.error(c.span(), "server.acme.dns.command", "needs a program")),
-        None => Err(src.error(dns.span(), "server.acme.dns", "needs command (or rfc2136)")),
+        (Some(c), None) => Err(src.error(c.span(), "server.acme.dns.command", "needs a program")),
+        (None, None) => Err(src.error(dns.span(), "server.acme.dns", "needs command (or rfc2136)")),
     }
+}
+
+/// `rfc2136 = { server, zone, key_name, key_file, algorithm }`: the key file is read here.
+fn rfc2136(src: &Source, r: &Rfc2136Section) -> Result<Rfc2136Settings, ConfigError> {
+    const KEY: &str = "server.acme.dns.rfc2136";
+    let err = |span: std::ops::Range<usize>, field: &str, msg: String| {
+        src.error(span, format!("{KEY}.{field}"), msg)
+    };
+    let text = r.server.get_ref();
+    let server = text
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .or_else(|| {
+            text.parse::<std::net::IpAddr>()
+                .ok()
+                .map(|ip| (ip, 53).into())
+        })
+        .ok_or_else(|| {
+            err(
+                r.server.span(),
+                "server",
+                format!("{text:?} is not an address: the primary's IP and port (\"192.0.2.1:53\")"),
+            )
+        })?;
+    let zone = r.zone.get_ref().trim_end_matches('.');
+    if hickory_proto::rr::Name::from_ascii(zone).is_err() || zone.is_empty() || zone.contains('*') {
+        return Err(err(
+            r.zone.span(),
+            "zone",
+            format!("{zone:?} is not a zone name"),
+        ));
+    }
+    let key_name = r.key_name.get_ref();
+    if key_name.is_empty() || hickory_proto::rr::Name::from_ascii(key_name).is_err() {
+        return Err(err(
+            r.key_name.span(),
+            "key_name",
+            format!("{key_name:?} is not a key name (the name in the server's `key \"NAME\"`)"),
+        ));
+    }
+    let algorithm = match &r.algorithm {
+        None => None,
+        Some(a) => Some(TsigAlg::parse(a.get_ref()).ok_or_else(|| {
+            err(
+                a.span(),
+                "algorithm",
+                format!(
+                    "{:?}: use \"hmac-sha256\", \"hmac-sha384\" or \"hmac-sha512\"",
+                    a.get_ref()
+                ),
+            )
+        })?),
+    };
+    let file = r.key_file.get_ref();
+    Rfc2136Settings::load(
+        server,
+        zone,
+        key_name,
+        &absolute(&src.relative(file)),
+        algorithm,
+    )
+    .map_err(|e| err(r.key_file.span(), "key_file", format!("{file:?}: {e}")))
+}
+
+/// Names whose DNS-01 record would fall outside the rfc2136 `zone`: the server would refuse
+/// (NOTZONE) every order for them.
+fn names_outside_zone(
+    src: &Source,
+    file: &FileConfig,
+    settings: &AcmeSettings,
+    listeners: &[ListenerSpec],
+) -> Result<(), ConfigError> {
+    let DnsProvider::Rfc2136(r) = &settings.dns else {
+        return Ok(());
+    };
+    let outside = listeners.iter().flat_map(|l| &l.acme).find(|n| {
+        let bare = n.strip_prefix("*.").unwrap_or(n);
+        bare != r.zone && !bare.ends_with(&format!(".{}", r.zone))
+    });
+    let Some(name) = outside else {
+        return Ok(());
+    };
+    let span = file
+        .server
+        .acme
+        .as_ref()
+        .and_then(|a| a.get_ref().dns.as_ref())
+        .and_then(|d| d.get_ref().rfc2136.as_ref())
+        .map_or(0..0, |r| r.get_ref().zone.span());
+    Err(src.error(
+        span,
+        "server.acme.dns.rfc2136.zone",
+        format!(
+            "{name:?} is not in zone {:?}: its _acme-challenge record cannot be updated there",
+            r.zone
+        ),
+    ))
 }
 
 /// `[server] resolvers`, for the DNS-01 propagation check (port 53 unless given).
