@@ -46,7 +46,7 @@ pub(super) fn grpc_web(
         GrpcWebSection::Flag(true) => None,
         GrpcWebSection::Table(t) => Some(t.cors_origins.clone().unwrap_or_default()),
     };
-    check_group(src, &key, g, r, group)?;
+    check_group(src, &key, g, group)?;
     let err = |m: String| src.error(g.span(), format!("{key}.cors_origins"), m);
     if let Some(list) = &origins {
         if list.is_empty() {
@@ -96,7 +96,6 @@ fn check_group(
     src: &Source,
     key: &str,
     g: &Spanned<GrpcWebSection>,
-    r: &RouteSection,
     group: Option<&UpstreamGroup>,
 ) -> Result<(), ConfigError> {
     match group {
@@ -111,7 +110,7 @@ fn check_group(
                 _ => "http1",
             };
             Err(src.error(
-                r.upstream.as_ref().map_or(g.span(), |u| u.span()),
+                g.span(),
                 key,
                 format!(
                     "upstream {:?} speaks {protocol}: gRPC-Web goes to a gRPC server over \
