@@ -559,3 +559,67 @@ fn the_upstream_sees_a_grpc_request() {
         assert_eq!(w.trailer("grpc-status"), Some("0"));
     });
 }
+
+#[test]
+fn grpc_web_over_http3() {
+    let Some(server) = grpc_server() else {
+        return skip("grpcio is not installed (.ci/run prepares target/py-grpcio)");
+    };
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nupstream = \"grpc\"\ngrpc_web = true\n\
+         [upstreams.grpc]\nservers = [\"{}\"]\nprotocol = \"h2c\"\n",
+        cert.display(),
+        key.display(),
+        server.addr
+    ));
+    runtime().block_on(async {
+        let mut c = h3_connect(v.addr, "localhost", &pki.ca_pem).await.unwrap();
+        for text in [false, true] {
+            let req = http::Request::post("https://localhost/test.Web/Fail")
+                .header("content-type", content_type(text))
+                .header("x-grpc-web", "1")
+                .body(())
+                .unwrap();
+            let call = h3_send(&mut c, req, Some(web_body(b"", text).into()));
+            let r = tokio::time::timeout(Duration::from_secs(20), call)
+                .await
+                .expect("answered in time")
+                .unwrap();
+            assert_eq!(r.status, 200);
+            assert_eq!(r.header("content-type"), Some(content_type(text)));
+            assert!(r.trailers.is_none(), "the trailers went into the body");
+            let w = parse_web(&r.body, text);
+            assert_eq!(w.messages, [b"first".to_vec()]);
+            assert_eq!(w.trailer("grpc-status"), Some("8"));
+            assert_eq!(w.trailer("x-custom-trailer"), Some("custom-value"));
+        }
+    });
+}
+
+/// veloxy's own answer to a gRPC-Web request it cannot forward (the backend is down) is a
+/// gRPC-Web trailers-only answer: the status in the head and in a trailer frame.
+#[test]
+fn grpc_web_clients_get_veloxy_errors_as_grpc_web() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let v = veloxy(&config(dead, "true"));
+    runtime().block_on(async {
+        let mut c = h2_connect(v.addr, None).await;
+        for text in [false, true] {
+            let r = h2_call(&mut c, "Echo", b"x", text).await;
+            assert_eq!(r.status, 200);
+            assert_eq!(r.header("content-type"), Some(content_type(text)));
+            assert_eq!(r.header("grpc-status"), Some("14"));
+            let w = parse_web(&r.body, text);
+            assert!(w.messages.is_empty());
+            assert_eq!(w.trailer("grpc-status"), Some("14"), "{w:?}");
+        }
+    });
+}

@@ -21,6 +21,12 @@
 //!   A response that is not gRPC (no `application/grpc` content-type, no `grpc-status`, say
 //!   an error page of an intermediary) passes through untouched.
 //!
+//! * veloxy's own error answer to a gRPC-Web request from an HTTP/2 or HTTP/3 client (the
+//!   backend down, a timeout) is gRPC-Web too ([`trailers_only`]): 200, the request's
+//!   gRPC-Web content-type, the gRPC status in the head and in a trailer frame. An HTTP/1
+//!   client gets the HTTP error, which gRPC-Web clients map to a status (502, 503 and 504 to
+//!   UNAVAILABLE).
+//!
 //! The HTTP/1 client's bridge (`downstream::http2::bridge`) and the HTTP/2 and HTTP/3
 //! clients' relay ([`super::framed_h2`]) call these; a route without `grpc_web` pays one
 //! `Option` check at admission. CORS preflights for browsers are the route's CORS (see
@@ -53,13 +59,32 @@ enum Suffix {
     Json,
 }
 
-impl Suffix {
-    fn as_str(self) -> &'static str {
-        match self {
-            Suffix::None => "",
-            Suffix::Proto => "+proto",
-            Suffix::Json => "+json",
-        }
+impl Web {
+    /// The gRPC-Web content-type of an answer in message format `suffix`.
+    fn content_type(self, suffix: Suffix) -> HeaderValue {
+        HeaderValue::from_static(match (self.text, suffix) {
+            (false, Suffix::None) => "application/grpc-web",
+            (false, Suffix::Proto) => "application/grpc-web+proto",
+            (false, Suffix::Json) => "application/grpc-web+json",
+            (true, Suffix::None) => "application/grpc-web-text",
+            (true, _) => "application/grpc-web-text+proto",
+        })
+    }
+}
+
+/// veloxy's own trailers-only answer (a gRPC status in `headers`) to a gRPC-Web request:
+/// `headers` get the request's gRPC-Web content-type, and the body returned is the trailer
+/// frame of the status fields (base64 for `-text`), as for an upstream's trailers-only answer.
+pub(crate) fn trailers_only(web: Web, headers: &mut HeaderMap) -> Bytes {
+    headers.insert(http::header::CONTENT_TYPE, web.content_type(web.suffix));
+    let fields = headers
+        .iter()
+        .filter(|(n, _)| STATUS_FIELDS.contains(&n.as_str()));
+    let frame = trailer_frame(fields);
+    if web.text {
+        Bytes::from(STANDARD.encode(&frame))
+    } else {
+        frame
     }
 }
 
@@ -265,15 +290,7 @@ impl Encode<()> {
                 Some(b"+json") if !web.text => Suffix::Json,
                 _ => web.suffix,
             };
-            let base = if web.text {
-                "application/grpc-web-text"
-            } else {
-                "application/grpc-web"
-            };
-            let ct = format!("{base}{}", suffix.as_str());
-            if let Ok(v) = HeaderValue::from_str(&ct) {
-                headers.insert(http::header::CONTENT_TYPE, v);
-            }
+            headers.insert(http::header::CONTENT_TYPE, web.content_type(suffix));
             headers.remove(http::header::CONTENT_LENGTH);
             if headers.contains_key("grpc-status") {
                 let fields = headers
