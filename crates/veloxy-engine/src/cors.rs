@@ -17,6 +17,9 @@ pub struct Cors {
     pub credentials: bool,
     /// `Access-Control-Max-Age` in seconds.
     pub max_age: u64,
+    /// `*` answers with the request's own Origin rather than `*` (the CORS `grpc_web` makes:
+    /// gRPC-Web libraries expect their Origin back).
+    pub echo_origin: bool,
 }
 
 impl Cors {
@@ -25,13 +28,17 @@ impl Cors {
     /// without, allowed or not), so a cache in front cannot serve one origin's answer to
     /// another.
     pub fn varies(&self) -> bool {
-        self.credentials || !self.origins.iter().any(|o| o == "*")
+        self.credentials || self.echo_origin || !self.origins.iter().any(|o| o == "*")
     }
 
     /// The value for `Access-Control-Allow-Origin` when `origin` is allowed.
     fn allow_origin<'a>(&self, origin: &'a str) -> Option<&'a str> {
         if self.origins.iter().any(|o| o == "*") {
-            return Some(if self.credentials { origin } else { "*" });
+            return Some(if self.credentials || self.echo_origin {
+                origin
+            } else {
+                "*"
+            });
         }
         self.origins
             .iter()
@@ -102,6 +109,7 @@ mod tests {
             expose_headers: String::new(),
             credentials,
             max_age: 3600,
+            echo_origin: false,
         }
     }
 

@@ -50,7 +50,9 @@
 //!    multiplexed sender per backend per worker). HTTP/2 and HTTP/3 clients share one relay
 //!    per upstream protocol, `exchange::framed_h1` and `exchange::framed_h2`, over the
 //!    codec's `exchange::framed::FramedClient` and the protocol-neutral response body
-//!    `exchange::framed::ResponseBody`. Bodies stream through bounded buffers
+//!    `exchange::framed::ResponseBody`. A `grpc_web` route's gRPC-Web requests are translated
+//!    to gRPC and back in one place, `exchange::grpc_web`, used by both paths to h2 groups
+//!    (the HTTP/1 bridge and `framed_h2`). Bodies stream through bounded buffers
 //!    (`downstream::relay`, framing in `http1::body`); `compress` encodes on the fly.
 //!    Every wait on the way has a deadline: `deadline::timeout` starts its timer only when a
 //!    step has to wait, and `clock` has the cheap clocks the exchange stamps with.

@@ -334,6 +334,19 @@ pub struct RouteRules {
     pub(crate) search: Option<std::sync::Arc<crate::search::SearchRoute>>,
     /// `fastcgi`: requests go to a FastCGI group with these CGI parameters.
     pub(crate) fastcgi: Option<std::sync::Arc<crate::fastcgi::FastcgiRoute>>,
+    /// `grpc_web`: gRPC-Web requests are translated to gRPC and back.
+    pub grpc_web: Option<GrpcWeb>,
+}
+
+/// A route's `grpc_web`, compiled. The translation is the exchange's (`exchange::grpc_web`);
+/// the CORS answers for browsers are the route's [`RouteRules::cors`], which `grpc_web` fills
+/// when the route has no `cors` of its own.
+#[derive(Debug, Clone, Default)]
+pub struct GrpcWeb {
+    /// `cors_origins` as written, lowercase (`None`: `grpc_web = true`: any origin).
+    pub cors_origins: Option<Vec<String>>,
+    /// The route's `cors` is the one `grpc_web` made (printed as `grpc_web`, not `cors`).
+    pub made_cors: bool,
 }
 
 /// A route's `forward_auth`, compiled.
@@ -419,6 +432,7 @@ impl RouteRules {
             && self.forward_auth.is_none()
             && self.cache.is_none()
             && self.fastcgi.is_none()
+            && self.grpc_web.is_none()
     }
 }
 

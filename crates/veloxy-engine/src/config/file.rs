@@ -347,6 +347,45 @@ pub struct RouteSection {
     pub search: Opt<RouteSearchSection>,
     /// Routes to a FastCGI group (PHP-FPM): the CGI parameters.
     pub fastcgi: Opt<FastcgiSection>,
+    /// Routes to an `h2`/`h2c` group: serve gRPC-Web clients (browsers) as well.
+    pub grpc_web: Opt<GrpcWebSection>,
+}
+
+/// `grpc_web = true`, or `grpc_web = { cors_origins = ["https://app.example"] }`.
+#[derive(Debug, Clone)]
+pub enum GrpcWebSection {
+    /// `true`: on, and CORS preflights allowed from any origin; `false`: off.
+    Flag(bool),
+    /// On, with CORS for these origins only.
+    Table(GrpcWebTable),
+}
+
+/// The table form of `grpc_web`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcWebTable {
+    /// Origins allowed by CORS (`"*"`: any).
+    pub cors_origins: Option<Vec<String>>,
+}
+
+impl<'de> Deserialize<'de> for GrpcWebSection {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = GrpcWebSection;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("true, false or a table { cors_origins = [...] }")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<GrpcWebSection, E> {
+                Ok(GrpcWebSection::Flag(v))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<GrpcWebSection, A::Error> {
+                GrpcWebTable::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(GrpcWebSection::Table)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `[rule_sets.NAME]`: the rule keys of a route, shared by the routes that `use` the set.

@@ -363,6 +363,14 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
                     ),
                 );
             }
+            if let Some(g) = &rules.grpc_web {
+                match &g.cors_origins {
+                    None => out.bool("grpc_web", true),
+                    Some(o) => {
+                        out.raw("grpc_web", &format!("{{ cors_origins = {} }}", str_list(o)))
+                    }
+                }
+            }
         }
         // Written when on, or when the route turns its group's default off.
         let rewrites = r.rules.as_ref().is_some_and(|x| x.location_rewrite);
@@ -425,7 +433,9 @@ fn route_rules(out: &mut Toml, r: &crate::rules::RouteRules) {
     if let Some(max) = r.max_body {
         out.int("max_body_bytes", max);
     }
-    if let Some(c) = &r.cors {
+    // The CORS `grpc_web` made is printed as `grpc_web`.
+    let made = r.grpc_web.as_ref().is_some_and(|g| g.made_cors);
+    if let Some(c) = r.cors.as_ref().filter(|_| !made) {
         let list = |s: &str| -> Vec<String> {
             s.split(", ")
                 .filter(|x| !x.is_empty())

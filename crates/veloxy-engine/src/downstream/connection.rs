@@ -508,7 +508,12 @@ fn upstream_head(
         let path = target.path.as_deref().unwrap_or(req.path);
         match crate::exchange::h2_head::H2Head::build(req, path, &fwd, group, target.backend, lines)
         {
-            Ok(h) => h2_head = Some(Box::new(h)),
+            Ok(mut h) => {
+                if let Some(web) = target.grpc_web {
+                    h.grpc_web(web);
+                }
+                h2_head = Some(Box::new(h))
+            }
             Err(e) => return Err(e),
         }
     }

@@ -383,6 +383,9 @@ impl Proxying<'_> {
                     rules.and_then(|r| r.max_body),
                 ))
             }),
+            grpc_web: rules
+                .filter(|r| r.grpc_web.is_some())
+                .and_then(|_| super::grpc_web::detect(head.fields.get("content-type"))),
         }
     }
 }

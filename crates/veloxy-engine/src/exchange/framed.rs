@@ -70,7 +70,40 @@ pub(crate) enum ResponseBody<F: End> {
     Full(Option<Bytes>, Option<Box<F>>),
     H1(Box<H1Body<F>>),
     H2(Incoming, Option<Box<F>>),
+    /// An HTTP/2 upstream's gRPC answer to a gRPC-Web request, translated.
+    GrpcWeb(Box<super::grpc_web::Encode<Incoming>>, Option<Box<F>>),
     File(Box<FileBody<F>>),
+}
+
+/// The next frame of an upstream's HTTP/2 body, counted as sent to the client; the end of
+/// the body ends the exchange (`fin` dropped).
+fn poll_upstream<B, F: End>(
+    body: Pin<&mut B>,
+    fin: &mut Option<Box<F>>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, ProxyError>>>
+where
+    B: Body<Data = Bytes, Error = hyper::Error>,
+{
+    let r = match body.poll_frame(cx) {
+        Poll::Pending => return Poll::Pending,
+        Poll::Ready(r) => r,
+    };
+    match r {
+        None => {
+            fin.take();
+            Poll::Ready(None)
+        }
+        Some(Ok(frame)) => {
+            if let (Some(d), Some(f)) = (frame.data_ref(), fin.as_deref_mut()) {
+                f.sent(d.len() as u64);
+            }
+            Poll::Ready(Some(Ok(frame)))
+        }
+        Some(Err(e)) => Poll::Ready(Some(
+            Err(ProxyError::upstream(ErrorKind::Stream).because(e)),
+        )),
+    }
 }
 
 impl<F: End> Body for ResponseBody<F> {
@@ -97,27 +130,8 @@ impl<F: End> Body for ResponseBody<F> {
                     Poll::Ready(None)
                 }
             },
-            ResponseBody::H2(body, fin) => {
-                let r = match Pin::new(body).poll_frame(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(r) => r,
-                };
-                match r {
-                    None => {
-                        fin.take();
-                        Poll::Ready(None)
-                    }
-                    Some(Ok(frame)) => {
-                        if let (Some(d), Some(f)) = (frame.data_ref(), fin.as_deref_mut()) {
-                            f.sent(d.len() as u64);
-                        }
-                        Poll::Ready(Some(Ok(frame)))
-                    }
-                    Some(Err(e)) => Poll::Ready(Some(Err(
-                        ProxyError::upstream(ErrorKind::Stream).because(e)
-                    ))),
-                }
-            }
+            ResponseBody::H2(body, fin) => poll_upstream(Pin::new(body), fin, cx),
+            ResponseBody::GrpcWeb(body, fin) => poll_upstream(Pin::new(&mut **body), fin, cx),
         }
     }
 
@@ -126,6 +140,7 @@ impl<F: End> Body for ResponseBody<F> {
             ResponseBody::Full(d, _) => d.is_none(),
             ResponseBody::H1(b) => b.is_end_stream(),
             ResponseBody::H2(b, _) => b.is_end_stream(),
+            ResponseBody::GrpcWeb(b, _) => b.is_end_stream(),
             ResponseBody::File(b) => b.parts.is_empty(),
         }
     }

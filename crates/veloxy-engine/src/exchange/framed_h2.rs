@@ -46,6 +46,9 @@ pub(crate) async fn relay<C: FramedClient>(
     if let Some(ctx) = fin.as_deref_mut().and_then(|f| f.record().ctx.as_deref()) {
         super::edit::append_fields(super::edit::lines(&ctx.upstream_headers), &mut headers);
     }
+    if let Some(web) = t.grpc_web {
+        super::grpc_web::request_headers(&mut headers, web);
+    }
 
     // The client's body is held to `max_body_bytes` and `body_timeout` as it streams.
     let (body, watch) = crate::exchange::body::guard(
@@ -67,7 +70,13 @@ pub(crate) async fn relay<C: FramedClient>(
             let path = t.path.as_deref();
             let path = path.unwrap_or_else(|| uri.path_and_query().map_or("/", |p| p.as_str()));
             let target = (host.as_str(), path);
-            let body = body.boxed_unsync();
+            let body = match t.grpc_web {
+                // A grpc-web-text body is decoded as it streams.
+                Some(w) if w.text => {
+                    super::grpc_web::DecodeText::new(body.boxed_unsync()).boxed_unsync()
+                }
+                _ => body.boxed_unsync(),
+            };
             crate::exchange::h2::upstream_request(group, backend, target, method, headers, body)
         };
         let sent =
@@ -92,9 +101,16 @@ pub(crate) async fn relay<C: FramedClient>(
     let (mut rparts, rbody) = resp.into_parts();
     let mut fin = fin.take().expect("present until success");
     fin.set_status(status);
+    // gRPC-Web: the fields first, so that the route's rules see (and may change) them.
+    let web = t
+        .grpc_web
+        .map(|w| super::grpc_web::Encode::head(w, &mut rparts.headers));
     if let Some(view) = crate::exchange::on_response(c.worker(), fin.record(), status) {
         view.apply_map(&mut rparts.headers);
     }
-    let body = ResponseBody::H2(rbody, Some(fin));
+    let body = match web {
+        Some(web) => ResponseBody::GrpcWeb(Box::new(web.body(rbody)), Some(fin)),
+        None => ResponseBody::H2(rbody, Some(fin)),
+    };
     Ok(super::framed::respond(rparts.status, rparts.headers, body))
 }

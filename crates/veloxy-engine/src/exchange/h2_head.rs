@@ -117,6 +117,12 @@ impl H2Head {
         );
     }
 
+    /// A gRPC-Web request: its fields become a gRPC request's
+    /// ([`crate::exchange::grpc_web::request_headers`]).
+    pub(crate) fn grpc_web(&mut self, web: crate::exchange::grpc_web::Web) {
+        crate::exchange::grpc_web::request_headers(&mut self.headers, web);
+    }
+
     pub(crate) fn build(
         req: &crate::http1::request::RequestView,
         path: &str,

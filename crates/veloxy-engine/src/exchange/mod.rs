@@ -23,6 +23,7 @@ pub(crate) mod forward_auth;
 pub(crate) mod framed;
 pub(crate) mod framed_h1;
 pub(crate) mod framed_h2;
+pub(crate) mod grpc_web;
 pub(crate) mod h1;
 pub(crate) mod h1_body;
 pub(crate) mod h1_head;
@@ -128,6 +129,9 @@ pub(crate) struct ProxyTarget {
     pub search: Option<Box<crate::search::Job>>,
     /// A FastCGI route's request, prepared at admission (taken when run).
     pub fastcgi: Option<Box<fastcgi::Job>>,
+    /// A gRPC-Web request on a `grpc_web` route: translated to gRPC and back
+    /// ([`grpc_web`]). `None` for every other request.
+    pub grpc_web: Option<grpc_web::Web>,
     /// A fresh cache hit on a route with `forward_auth`: held until the auth service lets
     /// the request pass, then answered instead of forwarding (taken when run). A hit is never
     /// served before every access rule of its route has run.

@@ -9,6 +9,7 @@
 mod acme;
 mod cache;
 mod expand;
+mod grpc_web;
 mod http3;
 mod listeners;
 mod providers;

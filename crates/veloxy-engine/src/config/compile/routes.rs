@@ -149,6 +149,8 @@ fn compile_route(
         }
         _ => {}
     }
+    let group = upstream.map(|u| &groups[u]);
+    rules = super::grpc_web::grpc_web(src, &key, r, group, rules)?;
     if let Some(s) = &r.search {
         let s = super::search::route_search(src, &key, s, upstream.map(|u| &groups[u]), caches.0)?;
         let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();

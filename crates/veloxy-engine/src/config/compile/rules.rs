@@ -195,6 +195,7 @@ pub(super) fn compile_rules(
         search: None,
         cache: None,
         fastcgi: None,
+        grpc_web: None,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }
@@ -521,6 +522,7 @@ fn cors(
         expose_headers: names(&c.expose_headers, "expose_headers", &[])?,
         credentials,
         max_age: c.max_age.map_or(3600, |d| d.0.as_secs()),
+        echo_origin: false,
     }))
 }
 

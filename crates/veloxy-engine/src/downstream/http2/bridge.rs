@@ -83,7 +83,10 @@ async fn exchange(
     if matches!(p.body, BodyKind::Length(n) if n > limit) {
         return Err(ProxyError::downstream(ErrorKind::BodyTooLarge));
     }
-    let body = crate::downstream::codec::read_body(down, p, limit).await?;
+    let mut body = crate::downstream::codec::read_body(down, p, limit).await?;
+    if p.target.grpc_web.is_some_and(|w| w.text) {
+        body = crate::exchange::grpc_web::decode_all(&body)?;
+    }
     exchange::hold_slot(&p.target.concurrency, &mut p.slot).await?;
     let head = p.h2_head.as_deref().ok_or_else(|| {
         ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"))
@@ -130,7 +133,30 @@ async fn relay_response(
         worker.give_vec(out);
         return ok.map(|_| (keep, status));
     }
-    let (mut parts, mut body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    match p.target.grpc_web {
+        // gRPC-Web: the fields first, so that the route's rules see (and may change) them.
+        Some(web) => {
+            let body = crate::exchange::grpc_web::Encode::new(body, web, &mut parts.headers);
+            stream_response(worker, down, p, record, (parts, body), read_timeout).await
+        }
+        None => stream_response(worker, down, p, record, (parts, body), read_timeout).await,
+    }
+}
+
+/// Writes the HTTP/1.1 response head of `parts` and streams `body` (and its trailers).
+async fn stream_response<B>(
+    worker: &Worker,
+    down: &mut Downstream,
+    p: &Prepared,
+    record: &mut Record,
+    (mut parts, mut body): (http::response::Parts, B),
+    read_timeout: Duration,
+) -> Result<(bool, u16), ProxyError>
+where
+    B: http_body::Body<Data = bytes::Bytes, Error = hyper::Error> + Unpin,
+{
+    let status = parts.status.as_u16();
     let no_body = p.is_head || status == 204 || status == 304 || (100..200).contains(&status);
     let length = parts
         .headers

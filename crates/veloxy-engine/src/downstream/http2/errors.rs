@@ -10,20 +10,25 @@ use http::{HeaderMap, HeaderValue, Response};
 use super::request_body::RequestBody;
 use super::{Finish, ProxyBody};
 use crate::error::{ErrorKind, ProxyError};
+use crate::exchange::grpc_web::Web;
 use crate::worker::Worker;
 
-pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+/// Whether veloxy's own error answers the request as gRPC (`Some`), and then as gRPC-Web
+/// (`Some(Some(_))`: its gRPC-Web encoding); `None`: as plain HTTP. Only a gRPC request's
+/// content-type is read further.
+pub(super) fn grpc_kind(headers: &HeaderMap) -> Option<Option<Web>> {
+    let ct = headers.get(http::header::CONTENT_TYPE)?.as_bytes();
+    ct.starts_with(b"application/grpc")
+        .then(|| crate::exchange::grpc_web::detect(Some(ct)))
 }
 
 /// veloxy's own answer to a stream it could not forward. gRPC clients get a trailers-only
 /// response with a gRPC status, as gRPC proxies do, rather than an HTTP error they would
-/// report as a protocol failure.
+/// report as a protocol failure; gRPC-Web clients get it in their gRPC-Web content-type, the
+/// status also in a trailer frame ([`crate::exchange::grpc_web::trailers_only`]).
 pub(super) fn error_response(
     e: &ProxyError,
-    grpc: bool,
+    grpc: Option<Option<Web>>,
     mut fin: Box<Finish>,
 ) -> Response<ProxyBody> {
     let status = e.status();
@@ -32,7 +37,7 @@ pub(super) fn error_response(
     if status == 503 || status == 429 {
         headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
-    let body = if grpc {
+    let body = if let Some(web) = grpc {
         let code = match status {
             404 => "12",      // UNIMPLEMENTED
             429 => "8",       // RESOURCE_EXHAUSTED
@@ -49,7 +54,11 @@ pub(super) fn error_response(
         if let Ok(v) = HeaderValue::from_str(&message) {
             headers.insert("grpc-message", v);
         }
-        None
+        web.map(|web| {
+            let frame = crate::exchange::grpc_web::trailers_only(web, &mut headers);
+            fin.bytes_sent = frame.len() as u64;
+            frame
+        })
     } else {
         headers.insert(
             http::header::CONTENT_TYPE,
@@ -76,8 +85,9 @@ pub(super) fn error_response(
         Some(text)
     };
     let mut resp = Response::new(ProxyBody::Full(body, Some(fin)));
-    *resp.status_mut() = http::StatusCode::from_u16(if grpc { 200 } else { status })
-        .unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let status = if grpc.is_some() { 200 } else { status };
+    *resp.status_mut() =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     *resp.headers_mut() = headers;
     resp
 }

@@ -235,7 +235,7 @@ pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Respons
             header(http::header::USER_AGENT),
         )
     });
-    let grpc = errors::is_grpc(req.headers());
+    let grpc = errors::grpc_kind(req.headers());
     let mut fin = Some(Box::new(Finish {
         conn: c.clone(),
         record,
@@ -260,7 +260,7 @@ pub(crate) async fn handle(c: Rc<ConnCtx>, req: Request<RequestBody>) -> Respons
                 }
             }
             let mut fin = fin.unwrap_or_else(|| unreachable!("taken only on success"));
-            fin.status = if grpc { 200 } else { e.status() };
+            fin.status = if grpc.is_some() { 200 } else { e.status() };
             errors::error_response(&e, grpc, fin)
         }
     }
