@@ -21,8 +21,8 @@ pinned to the same proxy core, the 4 veloxy-upstream instances and wrk on the lo
    rounds (the first contender rotates), medians: CPU per request (utime+stime of the proxy's
    process tree over the measured run / requests, and utime alone), p99, requests/s; veloxy's
    CPU per request at 100,000 routes / at 10 (goal: at most 1.05), and each size against nginx
-   and HAProxy. The time each proxy took to listen and answer, and its peak RSS (VmHWM), are
-   kept for every size.
+   and HAProxy. The time each proxy took to listen and answer, its peak RSS (VmHWM) and its
+   RSS once answering (VmRSS, what a loaded table keeps) are kept for every size.
 
 2. Load and reload of the 10,000-host config (one route per host, plus a route for the host
    `127.0.0.1`, which the pacer sends): config check time (`veloxy check --config`, `nginx -t`,
@@ -835,7 +835,7 @@ def summarize(ctx, args) -> str:
     lines += ["", "1. route-table cost (CPU per request: utime+stime of the proxy / requests; "
               "user: utime only)",
               f"{'routes':>8} {'hosts':>6} {'proxy':8} {'req/s':>8} {'CPU/req':>9} {'user/req':>9} "
-              f"{'p99':>8} {'non200':>7} {'listen':>8} {'peakRSS':>9}  vs nginx  vs haproxy  "
+              f"{'p99':>8} {'non200':>7} {'listen':>8} {'peakRSS':>9} {'RSS':>8}  vs nginx  vs haproxy  "
               "per round (req/s / CPU us)"]
     for s in sizes:
         facts = (sc.get("tables") or {}).get(s, {})
@@ -855,7 +855,8 @@ def summarize(ctx, args) -> str:
                 f"{int(s):>8,} {facts.get('hosts', 0):>6,} {n:8} {fmt_rate(m['rps']):>8} "
                 f"{fmt_us(m['cpu_us']):>9} {fmt_us(m['user_us']):>9} {fmt_ms(m['p99']):>8} "
                 f"{m['non200']:>7} {('-' if listen is None else f'{listen:.2f}s'):>8} "
-                f"{(str(st.get('hwm_sum_mb', '-')) + 'MB'):>9}  {_r(m['cpu_us'], vn):>8}  "
+                f"{(str(st.get('hwm_sum_mb', '-')) + 'MB'):>9} "
+                f"{(str(st.get('rss_sum_mb', '-')) + 'MB'):>8}  {_r(m['cpu_us'], vn):>8}  "
                 f"{_r(m['cpu_us'], vh):>9}  {modes.per_round((sc['routes'][s] or {}).get(n, []))}")
         lines += modes.failures((sc.get("routes") or {}).get(s) or {})
     lines.append("(vs nginx / vs haproxy: this proxy's CPU per request / theirs at the same size; "

@@ -106,3 +106,47 @@ fn conditions_and_precedence() {
     *req.method_mut() = http::Method::POST;
     assert_eq!(s.h2_req(req, Some("".into())).body_str(), "write");
 }
+
+/// A config over 1 MiB is compiled on a thread of its own (so the parse's memory can be given
+/// back whole): the same routes, the same precedence and the same errors as a small one.
+#[test]
+fn a_large_config_is_compiled_the_same() {
+    let mut routes = String::new();
+    for i in 0..12_000 {
+        routes.push_str(&format!(
+            "[[routes]]\nhost = \"h{i}.example.test\"\npath = \"/p/\"\n\
+             respond = {{ body = \"route {i} of a table padded to pass one mebibyte\" }}\n"
+        ));
+    }
+    assert!(routes.len() > 1 << 20, "{} bytes", routes.len());
+    let get = |s: &Site, host: &str, path: &str| {
+        s.h1_raw(&format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        ))
+    };
+    let body = |s: &Site, host: &str, path: &str| raw_body(&get(s, host, path).1).to_owned();
+    let s = Site::start("", "", &routes);
+    assert_eq!(
+        body(&s, "h11999.example.test", "/p/x"),
+        "route 11999 of a table padded to pass one mebibyte"
+    );
+    assert_eq!(
+        body(&s, "H7.Example.Test", "/p/"),
+        "route 7 of a table padded to pass one mebibyte"
+    );
+    assert_eq!(get(&s, "h7.example.test", "/q").0, 404);
+    // An error in a large config names its line as in a small one.
+    let bad = format!(
+        "[listeners.plain]\naddr = \"127.0.0.1:0\"\n{routes}\
+         [[routes]]\npath = \"/z\"\nupstream = \"missing\"\n"
+    );
+    let out = check(&bad);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    let line = bad.lines().count();
+    assert!(
+        text.contains(&format!(":{line}:")) && text.contains("missing"),
+        "line {line} not named: {text}"
+    );
+}

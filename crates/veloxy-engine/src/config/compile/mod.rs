@@ -37,22 +37,38 @@ pub fn compile_str(
     policies: &PolicyRegistry,
 ) -> Result<Snapshot, ConfigError> {
     let src = Source { file, text };
-    let parsed: FileConfig = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
-    let compiled = compile(&src, parsed, policies);
-    // The document and the file's sections are freed by now: a large config's parse would
-    // otherwise stay resident (100,000 routes: 190 MB instead of about 60).
-    if text.len() >= crate::heap::TRIM_AFTER_CONFIG_BYTES {
-        crate::heap::trim();
+    let mut parsed: FileConfig = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
+    expand::expand(&src, &mut parsed)?;
+    if text.len() < crate::heap::TRIM_AFTER_CONFIG_BYTES {
+        return compile(&src, &parsed, policies);
     }
+    // A large config: the TOML document and the file's sections (100,000 routes: about
+    // 150 MB) are garbage once compiled, and freed in between the snapshot's own allocations
+    // they would stay resident as holes. So the snapshot is built on a thread of its own,
+    // which allocates from its own malloc arena; the parse's arena is then wholly free and
+    // given back. 100,000 routes: 163 MB resident after loading, 60 MB this way.
+    let compiled = std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new()
+            .name("veloxy-compile".into())
+            .spawn_scoped(scope, || compile(&src, &parsed, policies));
+        match thread {
+            Ok(t) => t
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had: compiled here, and only the holes stay.
+            Err(_) => compile(&src, &parsed, policies),
+        }
+    });
+    drop(parsed);
+    crate::heap::trim();
     compiled
 }
 
 fn compile(
     src: &Source,
-    mut file: FileConfig,
+    file: &FileConfig,
     policies: &PolicyRegistry,
 ) -> Result<Snapshot, ConfigError> {
-    expand::expand(src, &mut file)?;
     let s = &file.server;
     let settings = server::compile_settings(src, s)?;
     let io_warning = server::io_mode(src, s)?;
