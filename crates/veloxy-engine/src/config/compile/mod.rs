@@ -98,7 +98,7 @@ fn compile(
             ));
         }
     }
-    let caches = cache::compile_caches(src, &file)?;
+    let caches = cache::compile_caches(src, file)?;
     let redis_spec = server::compile_redis(src, s)?;
     let redis = redis_spec
         .as_ref()
@@ -110,17 +110,17 @@ fn compile(
         (&caches, redis.as_ref()),
         &mut listeners,
     )?;
-    compile_streams(src, &file, &upstream_index, &mut listeners)?;
+    compile_streams(src, file, &upstream_index, &mut listeners)?;
     let mut settings = settings;
-    settings.acme = acme::compile_acme(src, &file, &mut listeners, redis_spec.as_ref())?;
+    settings.acme = acme::compile_acme(src, file, &mut listeners, redis_spec.as_ref())?;
     settings.redis = redis_spec;
-    http3::compile_http3(src, &file, &settings, &mut listeners)?;
-    let (kubernetes, provider_warnings) = providers::compile_providers(src, &file, &listeners)?;
+    http3::compile_http3(src, file, &settings, &mut listeners)?;
+    let (kubernetes, provider_warnings) = providers::compile_providers(src, file, &listeners)?;
     settings.kubernetes = kubernetes;
     let mut warnings: Vec<String> = io_warning.into_iter().chain(admin_warning).collect();
     warnings.extend(provider_warnings);
-    warnings.extend(acme::unserved_names(src, &file, &listeners));
-    warnings.extend(unused_groups(src, &file));
+    warnings.extend(acme::unserved_names(src, file, &listeners));
+    warnings.extend(unused_groups(src, file));
     warnings.extend(file.upstreams.iter().filter_map(|(name, g)| {
         let v = g.get_ref().tls_verify.as_ref().filter(|v| !*v.get_ref())?;
         Some(src.warning(
