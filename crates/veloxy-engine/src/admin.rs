@@ -292,6 +292,13 @@ async fn handle(
             );
             respond(s, 200, "application/json", &body).await
         }
+        ("GET", "/memory") => {
+            let snapshot = shared.snapshot.load_full();
+            let body = snapshot
+                .footprint()
+                .to_json(crate::config::footprint::resident_bytes());
+            respond(s, 200, "application/json", &body).await
+        }
         ("GET", "/upstreams") => {
             let body = upstreams_json(&shared);
             respond(s, 200, "application/json", &body).await
@@ -323,18 +330,16 @@ async fn handle(
                 }
             }
         }
-        (_, "/metrics" | "/healthz" | "/upstreams" | "/certificates" | "/reload") => {
+        (_, "/metrics" | "/healthz" | "/upstreams" | "/certificates" | "/reload" | "/memory") => {
             respond(s, 405, "text/plain", "method not allowed\n").await
         }
-        _ => {
-            respond(
-                s,
-                404,
-                "text/plain",
-                "not found: try /metrics, /healthz, /upstreams, /certificates, POST /reload\n",
-            )
-            .await
-        }
+        _ => respond(
+            s,
+            404,
+            "text/plain",
+            "not found: try /metrics, /healthz, /upstreams, /certificates, /memory, POST /reload\n",
+        )
+        .await,
     }
 }
 

@@ -246,6 +246,40 @@ impl Router {
         &self.routes
     }
 
+    /// The routes' and the hosts' bytes: each route's struct, its path and host text, its
+    /// places in the host index and the match-key index; each host's index entry.
+    pub(crate) fn footprint(&self) -> (crate::heap::Counted, crate::heap::Counted) {
+        use crate::heap::Counted;
+        use std::mem::size_of;
+        let per_route = size_of::<Route>() + 2 * size_of::<u32>() + size_of::<(u64, Vec<u32>)>();
+        let route_bytes: usize = self
+            .routes
+            .iter()
+            .map(|r| {
+                let host = match &r.host {
+                    HostMatch::Any => 0,
+                    HostMatch::Exact(h) | HostMatch::Suffix(h) => h.capacity(),
+                };
+                per_route + r.path.capacity() + host
+            })
+            .sum();
+        let entry = size_of::<(Box<[u8]>, Vec<u32>)>() + 1;
+        let host_bytes: usize = (self.hosts.exact.iter())
+            .chain(self.hosts.suffix.iter())
+            .map(|(k, v)| entry + k.len() + (v.capacity() - v.len()) * size_of::<u32>())
+            .sum();
+        (
+            Counted {
+                count: self.routes.len(),
+                bytes: route_bytes,
+            },
+            Counted {
+                count: self.hosts.exact.len() + self.hosts.suffix.len(),
+                bytes: host_bytes,
+            },
+        )
+    }
+
     pub(crate) fn routes_mut(&mut self) -> &mut [Route] {
         &mut self.routes
     }

@@ -202,3 +202,60 @@ fn post_reload_swaps_a_good_config_and_refuses_a_bad_one() {
     assert_eq!(r.status, 200, "{}", r.body_str());
     assert_eq!(get(v.addr, "/").header("x-upstream"), Some("b"));
 }
+
+/// `GET /memory`: the loaded config's routes, hosts and backends with their bytes, each kind
+/// bounded per object (issue 36), and the process's resident size.
+#[test]
+fn memory_reports_bytes_per_route_host_and_backend() {
+    let up = upstream(&[]);
+    let mut routes = String::new();
+    for h in 0..50 {
+        for p in 0..4 {
+            routes.push_str(&format!(
+                "[[routes]]\nhost = \"h{h}.example.test\"\npath = \"/p{p}/\"\nupstream = \"app\"\n"
+            ));
+        }
+    }
+    let servers: Vec<String> = (0..30)
+        .map(|i| format!("\"127.0.0.1:{}\"", 20000 + i))
+        .collect();
+    let config = format!(
+        "[server]\nworkers = 1\nadmin = \"127.0.0.1:0\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n{routes}\
+         [upstreams.app]\nservers = [\"{}\", {}]\n",
+        up.addr,
+        servers.join(", ")
+    );
+    let v = veloxy(&config);
+    let r = admin(admin_addr(&v), "GET", "/memory");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let j: serde_json::Value = serde_json::from_str(&r.body_str()).unwrap();
+    let kind = |k: &str| {
+        let o = &j[k];
+        let n = |f: &str| o[f].as_u64().unwrap_or_else(|| panic!("{k}.{f} in {j}"));
+        (n("count"), n("bytes"), n("bytes_each"))
+    };
+    let (routes_n, route_bytes, per_route) = kind("routes");
+    assert_eq!(routes_n, 200, "{j}");
+    assert_eq!(per_route, route_bytes / 200, "{j}");
+    assert!(
+        (64..=1024).contains(&per_route),
+        "a route takes {per_route} bytes: {j}"
+    );
+    let (hosts_n, _, per_host) = kind("hosts");
+    assert_eq!(hosts_n, 50, "{j}");
+    assert!(
+        (16..=256).contains(&per_host),
+        "a host takes {per_host} bytes: {j}"
+    );
+    let (backends_n, _, per_backend) = kind("backends");
+    assert_eq!(backends_n, 31, "{j}");
+    assert!(
+        (32..=1024).contains(&per_backend),
+        "a backend takes {per_backend} bytes: {j}"
+    );
+    let resident = j["resident_bytes"].as_u64().unwrap();
+    assert!(resident > 1 << 20, "{j}");
+    assert_eq!(admin(admin_addr(&v), "POST", "/memory").status, 405);
+}

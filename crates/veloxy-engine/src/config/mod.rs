@@ -13,6 +13,7 @@ pub mod compile;
 mod duration;
 mod error;
 pub(crate) mod file;
+pub(crate) mod footprint;
 pub mod print;
 
 use std::net::SocketAddr;

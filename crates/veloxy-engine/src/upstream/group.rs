@@ -140,6 +140,19 @@ pub struct UpstreamGroup {
     pub(crate) search: Option<crate::upstream::search_cluster::SearchGroup>,
 }
 
+impl UpstreamGroup {
+    /// The backends' bytes: each one's struct and address text, in the live list and in the
+    /// file's (the runtime API's reset target).
+    pub(crate) fn footprint(&self) -> crate::heap::Counted {
+        let one = |b: &Backend| std::mem::size_of::<Backend>() + b.server.capacity();
+        crate::heap::Counted {
+            count: self.backends.len(),
+            bytes: self.backends.iter().map(one).sum::<usize>()
+                + self.file_backends.iter().map(one).sum::<usize>(),
+        }
+    }
+}
+
 impl std::fmt::Debug for UpstreamGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamGroup")
