@@ -3,7 +3,7 @@
 //! retries failures with backoff, and sleeps until the next renewal. Reloads add and remove
 //! names: a name kept by a reload keeps its task (no new order); a new name starts one.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -21,6 +21,9 @@ pub struct Plan {
     pub settings: Option<Arc<AcmeSettings>>,
     /// Every ACME name of every TLS listener.
     pub names: BTreeSet<String>,
+    /// The names of listeners with their own ACME settings (`[listeners.NAME.tls.acme]` with
+    /// a `challenge`), and those settings; the other names use `settings`.
+    pub own: BTreeMap<String, Arc<AcmeSettings>>,
     /// Every certificate (chain, key) whose OCSP staple is kept: the listeners' files and
     /// the ACME certificates in storage.
     pub staple: BTreeSet<(PathBuf, PathBuf)>,
@@ -41,9 +44,15 @@ impl Plan {
             let folder = storage::directory_folder(&s.storage, &s.directory);
             staple.extend(names.iter().map(|n| storage::cert_paths(&folder, n)));
         }
+        let own = listeners
+            .iter()
+            .filter_map(|l| Some((l.acme, l.acme_settings?)))
+            .flat_map(|(names, s)| names.iter().map(|n| (n.clone(), s.clone())))
+            .collect();
         Plan {
             settings,
             names,
+            own,
             staple,
         }
     }
@@ -76,6 +85,8 @@ pub(crate) fn spawn_thread(
 ) -> std::io::Result<()> {
     crate::background::spawn("veloxy-acme", move || async move {
         let mut tasks: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+        // The settings each name's task runs with.
+        let mut running: HashMap<String, Arc<AcmeSettings>> = HashMap::new();
         let mut staples: HashMap<(PathBuf, PathBuf), tokio::task::JoinHandle<()>> = HashMap::new();
         let mut current: Option<Arc<AcmeSettings>> = None;
         let mut account: AccountSlot = Arc::default();
@@ -107,8 +118,21 @@ pub(crate) fn spawn_thread(
             } else {
                 &none
             };
+            // A name whose listener now proves it another way starts over.
+            let effective = |name: &String| plan.own.get(name).or(current.as_ref()).cloned();
+            tasks.retain(|name, t| {
+                let same = running.get(name) == effective(name).as_ref();
+                if !same {
+                    t.abort();
+                }
+                same
+            });
+            running = names
+                .iter()
+                .filter_map(|n| Some((n.clone(), effective(n)?)))
+                .collect();
             sync(&mut tasks, names, |name| {
-                let settings = current.clone().expect("names only with settings");
+                let settings = effective(name).expect("names only with settings");
                 keep(
                     store.clone(),
                     name.clone(),
@@ -425,6 +449,47 @@ fn backoff(e: &OrderError, failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listeners_own_settings_go_with_its_names_only() {
+        let server = Arc::new(AcmeSettings {
+            email: None,
+            directory: "https://ca.test/dir".into(),
+            storage: "/tmp/acme".into(),
+            ca_file: None,
+            challenge: Some(Challenge::Http01),
+            renew_before: Duration::from_secs(86400),
+            plain_listener: true,
+            redis: None,
+            dns: super::super::DnsProvider::None,
+            propagation_timeout: Duration::from_secs(60),
+            resolvers: Vec::new(),
+        });
+        let own = Arc::new(AcmeSettings {
+            challenge: Some(Challenge::Dns01),
+            dns: super::super::DnsProvider::Command(vec!["/bin/true".into()]),
+            ..AcmeSettings::clone(&server)
+        });
+        let (web, wild) = (["a.test".to_owned()], ["*.b.test".to_owned()]);
+        let listeners = [
+            ListenerCerts {
+                name: "web",
+                files: &[],
+                acme: &web,
+                acme_settings: None,
+            },
+            ListenerCerts {
+                name: "wild",
+                files: &[],
+                acme: &wild,
+                acme_settings: Some(&own),
+            },
+        ];
+        let plan = Plan::of(Some(server), &listeners);
+        assert_eq!(plan.names.len(), 2);
+        assert_eq!(plan.own.len(), 1);
+        assert_eq!(plan.own["*.b.test"].challenge, Some(Challenge::Dns01));
+    }
 
     #[test]
     fn renewal_leaves_a_third_of_the_lifetime_at_least() {

@@ -57,6 +57,9 @@ pub(crate) struct ListenerCerts<'a> {
     pub files: &'a [crate::tls::TlsFiles],
     /// The names served with ACME certificates.
     pub acme: &'a [String],
+    /// The listener's own ACME settings (`[listeners.NAME.tls.acme]` with a `challenge`);
+    /// `None`: `[server.acme]`'s.
+    pub acme_settings: Option<&'a Arc<AcmeSettings>>,
 }
 
 /// The path prefix of http-01 challenges (RFC 8555 section 8.3).

@@ -200,12 +200,53 @@ pub struct Rfc2136Section {
     pub algorithm: Option<Spanned<String>>,
 }
 
-/// `acme = true` (the hosts of the listener's routes) or `acme = ["name", ...]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+/// `acme = true` (the hosts of the listener's routes), `acme = ["name", ...]`, or a table
+/// `[listeners.NAME.tls.acme]` with the names and the listener's own way of proving them.
+#[derive(Debug, Clone)]
 pub enum AcmeNames {
     All(bool),
     List(Vec<String>),
+    Table(Box<AcmeListenerSection>),
+}
+
+/// `[listeners.NAME.tls.acme]`: `names` (default: the hosts of the listener's routes, as
+/// `acme = true`) and the keys of `[server.acme]` a listener may set for its own names.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeListenerSection {
+    pub names: Option<Spanned<Vec<String>>>,
+    pub challenge: Option<Spanned<String>>,
+    pub dns: Option<Spanned<AcmeDnsSection>>,
+    pub propagation_timeout: Option<DurationValue>,
+}
+
+impl<'de> Deserialize<'de> for AcmeNames {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AcmeNames;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "true, a list of names, or a table { names = [...], challenge = \"dns-01\", dns = {...} }",
+                )
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<AcmeNames, E> {
+                Ok(AcmeNames::All(v))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<AcmeNames, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(AcmeNames::List(out))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<AcmeNames, A::Error> {
+                AcmeListenerSection::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|t| AcmeNames::Table(Box::new(t)))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `[server.access_log]`.

@@ -218,6 +218,10 @@ pub struct ListenerSpec {
     pub upgrade_idle_timeout: Duration,
     /// `tls.acme`: the names this listener serves with ACME certificates (lowercase, sorted).
     pub acme: Vec<String>,
+    /// `[listeners.NAME.tls.acme]` with its own `challenge`, `dns` or `propagation_timeout`:
+    /// `[server.acme]`'s settings with those in place, for this listener's names (`None`: the
+    /// server's).
+    pub acme_settings: Option<Arc<crate::acme::AcmeSettings>>,
     /// `tls.local_ca = true`: the names of the local CA's certificate (empty: off). Issued
     /// when the config is bound to the runtime (`acme::local`), not by `check`.
     pub local_ca: Vec<String>,
@@ -284,6 +288,7 @@ impl Snapshot {
                 name: &l.name,
                 files: &l.tls_files,
                 acme: &l.acme,
+                acme_settings: l.acme_settings.as_ref(),
             })
             .collect()
     }

@@ -173,25 +173,46 @@ fn settings(out: &mut Toml, s: &Settings) {
             out.str("challenge", c.as_str());
         }
         out.duration("renew_before", a.renew_before);
-        let dns = match &a.dns {
-            crate::acme::DnsProvider::None => None,
-            crate::acme::DnsProvider::Command(c) => {
-                Some(format!("{{ command = {} }}", str_list(c)))
-            }
-            crate::acme::DnsProvider::Rfc2136(r) => Some(format!(
-                "{{ rfc2136 = {{ server = {}, zone = {}, key_name = {}, key_file = {}, algorithm = {} }} }}",
-                string(&r.server.to_string()),
-                string(&r.zone),
-                string(&r.key_name),
-                string(&r.key_file.to_string_lossy()),
-                string(r.algorithm.name()),
-            )),
-        };
-        if let Some(dns) = dns {
+        if let Some(dns) = dns_table(&a.dns) {
             out.raw("dns", &dns);
             out.duration("propagation_timeout", a.propagation_timeout);
         }
     }
+}
+
+/// `[server.acme] dns` (or a listener's) as an inline table; `None` without DNS-01.
+fn dns_table(dns: &crate::acme::DnsProvider) -> Option<String> {
+    match dns {
+        crate::acme::DnsProvider::None => None,
+        crate::acme::DnsProvider::Command(c) => Some(format!("{{ command = {} }}", str_list(c))),
+        crate::acme::DnsProvider::Rfc2136(r) => Some(format!(
+            "{{ rfc2136 = {{ server = {}, zone = {}, key_name = {}, key_file = {}, algorithm = {} }} }}",
+            string(&r.server.to_string()),
+            string(&r.zone),
+            string(&r.key_name),
+            string(&r.key_file.to_string_lossy()),
+            string(r.algorithm.name()),
+        )),
+    }
+}
+
+/// A listener's `tls.acme`: the names it stood for (`acme = true` written as them), and, when
+/// the listener proves them its own way, as a table with its challenge and provider.
+fn listener_acme(out: &mut Toml, l: &ListenerSpec) {
+    let Some(own) = &l.acme_settings else {
+        out.raw("acme", &str_list(&l.acme));
+        return;
+    };
+    let mut table = format!("{{ names = {}", str_list(&l.acme));
+    if let Some(c) = own.challenge {
+        table.push_str(&format!(", challenge = {}", string(c.as_str())));
+    }
+    if let Some(dns) = dns_table(&own.dns) {
+        let timeout = string(&duration(own.propagation_timeout));
+        table.push_str(&format!(", dns = {dns}, propagation_timeout = {timeout}"));
+    }
+    table.push_str(" }");
+    out.raw("acme", &table);
 }
 
 fn listener(out: &mut Toml, l: &ListenerSpec) {
@@ -235,8 +256,7 @@ fn listener(out: &mut Toml, l: &ListenerSpec) {
         out.path("key", &f.key);
     }
     if !l.acme.is_empty() {
-        // `acme = true` is written as the names it stood for.
-        out.raw("acme", &str_list(&l.acme));
+        listener_acme(out, l);
     }
     if !l.local_ca.is_empty() {
         out.bool("local_ca", true);

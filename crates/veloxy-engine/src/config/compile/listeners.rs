@@ -153,6 +153,7 @@ fn compile_listener(
         upgrade_idle_timeout: dur(&l.upgrade_idle_timeout, Duration::from_secs(600)),
         // Filled once routes are known (`acme = true` takes their hosts).
         acme: Vec::new(),
+        acme_settings: None,
         local_ca,
         http3: None,
     })
