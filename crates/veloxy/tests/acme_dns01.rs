@@ -58,11 +58,17 @@ fn config(p: &Pebble, hook: &Path, storage: &Path, names: &str) -> String {
 
 /// pebble for DNS-01 only (its validator's HTTP and TLS ports are never used).
 fn pebble() -> Option<Pebble> {
+    pebble_with(PebbleSetup::default())
+}
+
+/// Pebble on free ports, with `setup`'s other fields (a port set there is kept).
+fn pebble_with(setup: PebbleSetup) -> Option<Pebble> {
+    let port = |p: u16| if p == 0 { free_port() } else { p };
     Pebble::start(&PebbleSetup {
-        port: free_port(),
-        http_port: free_port(),
-        tls_port: free_port(),
-        ..Default::default()
+        port: port(setup.port),
+        http_port: port(setup.http_port),
+        tls_port: port(setup.tls_port),
+        ..setup
     })
 }
 
@@ -161,10 +167,7 @@ fn rfc2136_config(p: &Pebble, bind: &Bind, key_file: &Path, storage: &Path, name
 /// BIND and a pebble that validates against it.
 fn bind_and_pebble() -> Option<(Bind, Pebble)> {
     let bind = Bind::start("example.test", "hmac-sha256")?;
-    let p = Pebble::start(&PebbleSetup {
-        port: free_port(),
-        http_port: free_port(),
-        tls_port: free_port(),
+    let p = pebble_with(PebbleSetup {
         dns_server: Some(bind.addr),
         ..Default::default()
     })?;
@@ -278,10 +281,8 @@ fn calls(log: &Path, what: &str) -> usize {
 #[test]
 fn a_listener_with_its_own_dns01_beside_the_servers_http01_in_one_process() {
     let plain_port = free_port();
-    let Some(p) = Pebble::start(&PebbleSetup {
-        port: free_port(),
+    let Some(p) = pebble_with(PebbleSetup {
         http_port: plain_port,
-        tls_port: free_port(),
         ..Default::default()
     }) else {
         return;
@@ -352,10 +353,7 @@ fn dns01_wildcard(p: &Pebble, dir: &Path) -> (Veloxy, SocketAddr, std::path::Pat
 #[test]
 fn a_dns01_certificate_is_renewed_with_its_records_set_and_cleared_again() {
     // 30 s certificates: renewal is due after 10 s (a third of the lifetime).
-    let Some(p) = Pebble::start(&PebbleSetup {
-        port: free_port(),
-        http_port: free_port(),
-        tls_port: free_port(),
+    let Some(p) = pebble_with(PebbleSetup {
         validity_s: Some(30),
         ..Default::default()
     }) else {
@@ -397,10 +395,7 @@ fn a_dns01_certificate_is_renewed_with_its_records_set_and_cleared_again() {
 #[test]
 fn a_failing_provider_at_renewal_keeps_the_old_certificate_and_retries_until_it_works() {
     // 60 s certificates: renewal is due after 20 s.
-    let Some(p) = Pebble::start(&PebbleSetup {
-        port: free_port(),
-        http_port: free_port(),
-        tls_port: free_port(),
+    let Some(p) = pebble_with(PebbleSetup {
         validity_s: Some(60),
         ..Default::default()
     }) else {
@@ -466,10 +461,7 @@ fn two_instances_sharing_redis_make_one_dns01_order_and_serve_one_certificate() 
         return;
     };
     // 60 s certificates: one renewal after 20 s, by one of the two.
-    let Some(p) = Pebble::start(&PebbleSetup {
-        port: free_port(),
-        http_port: free_port(),
-        tls_port: free_port(),
+    let Some(p) = pebble_with(PebbleSetup {
         validity_s: Some(60),
         ..Default::default()
     }) else {
