@@ -267,6 +267,8 @@ ingress_class = "veloxy"
 http_listener = "web"
 https_listener = "websecure"
 status_address = "203.0.113.10"
+lease = "{NS}/veloxy-status"
+lease_duration = "3s"
 "#,
             cert.display(),
             key.display(),
@@ -352,6 +354,87 @@ fn check_status(scene: &Scene) {
     assert!(
         other["status"]["loadBalancer"]["ingress"].is_null(),
         "{other}"
+    );
+}
+
+/// The Lease's holder.
+fn lease_holder(scene: &Scene) -> String {
+    let path = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/veloxy-status");
+    let (_, lease) = scene.k.call("GET", &path, None);
+    lease["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The Ingress `shop`'s published address.
+fn status_ip(scene: &Scene) -> String {
+    let (_, ing) = scene
+        .k
+        .call("GET", &format!("{}/shop", scene.ingresses()), None);
+    ing["status"]["loadBalancer"]["ingress"][0]["ip"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// (f) A second replica, which would publish another address: it serves the Ingress routes
+/// but leaves status to the first, the Lease's holder.
+fn check_one_status_writer(scene: &Scene, first: &Veloxy) -> Veloxy {
+    within(
+        Duration::from_secs(10),
+        "the first replica holds the lease",
+        || lease_holder(scene).ends_with(&format!("_{}", first.proc.pid())),
+    );
+    assert!(first
+        .proc
+        .log_text()
+        .contains("this replica holds the lease"));
+    let config = scene
+        .config("from the file")
+        .replace("203.0.113.10", "203.0.113.20");
+    let second = veloxy(&config);
+    let web = logged_addr(&second, "listener=web ");
+    within(Duration::from_secs(20), "the second replica serves", || {
+        hit(web, "shop.example", "/app/x").0 == 200
+    });
+    within(
+        Duration::from_secs(10),
+        "the second replica follows",
+        || {
+            second
+                .proc
+                .log_text()
+                .contains("another replica holds the lease")
+        },
+    );
+    // It has built its routes: a writer would have published its address by now.
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        assert_eq!(
+            status_ip(scene),
+            "203.0.113.10",
+            "{}",
+            second.proc.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("(f) one status writer of two replicas");
+    second
+}
+
+/// (g) The first replica stopped (and gave the Lease up): the second takes it and writes its
+/// address.
+fn check_status_handed_over(scene: &Scene, second: &Veloxy) {
+    let took = within(
+        Duration::from_secs(10),
+        "the second replica writes status",
+        || status_ip(scene) == "203.0.113.20",
+    );
+    assert!(lease_holder(scene).ends_with(&format!("_{}", second.proc.pid())));
+    eprintln!(
+        "(g) status handed over {:.2} s after the holder stopped",
+        took.as_secs_f64()
     );
 }
 
@@ -483,6 +566,8 @@ fn ingress_objects_become_routes_and_follow_changes() {
     check_bad_objects_and_endpoint_change(&scene, &v, web);
     check_route_change_and_sighup(&scene, &v, web);
     check_api_server_restart(&scene, &v, web);
+    let second = check_one_status_writer(&scene, &v);
+    let _dump_second = DumpLogOnPanic(&second);
     // SIGTERM: the private directory of the Secrets' keys goes with the process.
     let private = std::env::temp_dir().join(format!("veloxy-kubernetes-{}", v.proc.pid()));
     assert!(private.is_dir(), "{}", private.display());
@@ -491,6 +576,7 @@ fn ingress_objects_become_routes_and_follow_changes() {
         v.proc.log_text().contains("stopped")
     });
     assert!(!private.exists(), "{} left behind", private.display());
+    check_status_handed_over(&scene, &second);
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
 }
 
@@ -503,6 +589,8 @@ fn collection(kind: &str) -> &'static str {
         "Service" => "/api/v1/namespaces/veloxy/services",
         "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles",
         "ClusterRoleBinding" => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "Role" => "/apis/rbac.authorization.k8s.io/v1/namespaces/veloxy/roles",
+        "RoleBinding" => "/apis/rbac.authorization.k8s.io/v1/namespaces/veloxy/rolebindings",
         "IngressClass" => "/apis/networking.k8s.io/v1/ingressclasses",
         "Deployment" => "/apis/apps/v1/namespaces/veloxy/deployments",
         other => panic!("deploy/veloxy.yaml: no collection known for {other}"),
@@ -539,7 +627,7 @@ fn the_deploy_manifests_are_accepted() {
         assert_eq!(code, 201, "{kind}: {answer}");
         kinds.push(kind.to_owned());
     }
-    assert_eq!(kinds.len(), 8, "{kinds:?}");
+    assert_eq!(kinds.len(), 10, "{kinds:?}");
     // The config the ConfigMap carries is a valid veloxy config.
     let config: String = text
         .split("veloxy.toml: |\n")

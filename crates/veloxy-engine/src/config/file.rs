@@ -67,6 +67,10 @@ pub struct KubernetesSection {
     pub https_listener: Option<Spanned<String>>,
     pub status_address: Option<Spanned<String>>,
     pub publish_service: Option<Spanned<String>>,
+    /// `NAMESPACE/NAME` of the Lease that picks the one replica writing status.
+    pub lease: Option<Spanned<String>>,
+    /// How long a lease holder that stopped renewing keeps it.
+    pub lease_duration: Option<DurationValue>,
 }
 
 /// `[caches.NAME]`: a response cache routes can use.

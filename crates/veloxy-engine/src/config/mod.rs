@@ -123,6 +123,13 @@ pub struct KubernetesSpec {
     pub https_listener: Option<String>,
     /// What Ingress status publishes.
     pub status: Option<StatusAddress>,
+    /// `lease = "NAMESPACE/NAME"`: the coordination.k8s.io Lease through which one replica
+    /// writes status; `None`: `veloxy-status` in the pod's namespace (`$POD_NAMESPACE`, the
+    /// service account's, else `default`).
+    pub lease: Option<(String, String)>,
+    /// `lease_duration`: how long a holder that stopped renewing keeps the lease (default
+    /// 15 s; renewed every third of it).
+    pub lease_duration: Duration,
 }
 
 /// What goes into `status.loadBalancer.ingress` of the Ingresses served.

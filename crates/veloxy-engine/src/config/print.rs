@@ -94,6 +94,13 @@ fn kubernetes(out: &mut Toml, k: &crate::config::KubernetesSpec) {
         }
         None => {}
     }
+    if let Some((namespace, name)) = &k.lease {
+        out.str("lease", &format!("{namespace}/{name}"));
+    }
+    out.str(
+        "lease_duration",
+        &format!("{}s", k.lease_duration.as_secs()),
+    );
 }
 
 fn settings(out: &mut Toml, s: &Settings) {

@@ -296,6 +296,8 @@ mod tests {
             http_listener: "web".into(),
             https_listener: Some("websecure".into()),
             status: None,
+            lease: None,
+            lease_duration: std::time::Duration::from_secs(15),
         }
     }
 

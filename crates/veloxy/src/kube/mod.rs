@@ -12,12 +12,14 @@
 //! rebuild through [`Provider::reload_file`]. Gateway API is not implemented yet.
 
 mod build;
+mod lease;
 mod merge;
 mod objects;
 mod status;
 mod watch;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Duration;
@@ -200,25 +202,72 @@ async fn run(
 ) {
     let changed = Arc::new(Notify::new());
     let caches = watch::Caches::start(&client, &builder.spec.namespaces, &changed);
+    // With status to write, one replica writes it: the Lease's holder. Becoming the holder
+    // counts as a change (the status is written at once).
+    let elector = builder.spec.status.as_ref().map(|_| {
+        let spec = &builder.spec;
+        lease::Elector::new(
+            &client,
+            spec.lease.as_ref(),
+            spec.lease_duration,
+            changed.clone(),
+        )
+    });
+    let writer = elector.as_ref().map(lease::Elector::flag);
+    let (lease_stop, lease_stopped) = oneshot::channel::<()>();
+    let elect = async {
+        if let Some(e) = &elector {
+            e.run(async {
+                let _ = lease_stopped.await;
+            })
+            .await;
+        }
+    };
+    let serve = serve(
+        &client,
+        &mut builder,
+        &caches,
+        &changed,
+        writer.as_deref(),
+        (&mut stop, &mut reloads),
+    );
+    tokio::join!(elect, async {
+        serve.await;
+        let _ = lease_stop.send(());
+    });
+}
+
+/// The watch loop: rebuild after changes, re-read the file on request, until stopped.
+async fn serve(
+    client: &Client,
+    builder: &mut Builder<'_>,
+    caches: &watch::Caches,
+    changed: &Notify,
+    writer: Option<&AtomicBool>,
+    (stop, reloads): (
+        &mut oneshot::Receiver<()>,
+        &mut mpsc::UnboundedReceiver<Reply>,
+    ),
+) {
     let grace = tokio::time::Instant::now() + LIST_GRACE;
     let mut grace_timer = std::pin::pin!(tokio::time::sleep_until(grace));
     loop {
         tokio::select! {
-            _ = &mut stop => break,
+            _ = &mut *stop => break,
             () = changed.notified() => {
-                debounce(&changed).await;
+                debounce(changed).await;
                 if caches.listed() || tokio::time::Instant::now() >= grace {
-                    rebuild(&client, &mut builder, &caches).await;
+                    rebuild(client, builder, caches, writer).await;
                 }
             }
             () = &mut grace_timer, if !caches.listed() => {
                 tracing::warn!("kubernetes: some watches have not listed their objects yet; serving what is known");
-                rebuild(&client, &mut builder, &caches).await;
+                rebuild(client, builder, caches, writer).await;
                 grace_timer.as_mut().reset(grace + Duration::from_secs(3600 * 24 * 365));
             }
             Some(reply) = reloads.recv() => {
-                let result = reread(&mut builder).and_then(|()| {
-                    apply(&mut builder, &caches)
+                let result = reread(builder).and_then(|()| {
+                    apply(builder, caches)
                         .map_err(|e| e.to_string())
                         .map(|()| format!("reloaded {}", builder.config_path.display()))
                 });
@@ -242,12 +291,19 @@ async fn debounce(changed: &Notify) {
     }
 }
 
-/// Builds and applies the config from the caches, then writes the served Ingresses' status.
-async fn rebuild(client: &Client, builder: &mut Builder<'_>, caches: &watch::Caches) {
+/// Builds and applies the config from the caches, then writes the served Ingresses' status
+/// (when this replica is the writer: it holds the Lease).
+async fn rebuild(
+    client: &Client,
+    builder: &mut Builder<'_>,
+    caches: &watch::Caches,
+    writer: Option<&AtomicBool>,
+) {
     let world = caches.world();
     match builder.apply(&world) {
         Ok(served) => {
-            if let Some(s) = &builder.spec.status {
+            let writes = writer.is_none_or(|w| w.load(std::sync::atomic::Ordering::SeqCst));
+            if let Some(s) = builder.spec.status.as_ref().filter(|_| writes) {
                 let want = status::desired(s, &world);
                 status::publish(client, &served, &want).await;
             }

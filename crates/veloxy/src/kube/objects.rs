@@ -259,6 +259,8 @@ mod tests {
             http_listener: "web".into(),
             https_listener: None,
             status: None,
+            lease: None,
+            lease_duration: std::time::Duration::from_secs(15),
         }
     }
 

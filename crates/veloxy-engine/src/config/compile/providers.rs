@@ -83,6 +83,21 @@ pub(super) fn compile_providers(
         http_listener,
         https_listener,
         status: status(src, k)?,
+        lease: match &k.lease {
+            Some(l) => Some(namespaced(src, l, "lease", "a Lease")?),
+            None => None,
+        },
+        lease_duration: match &k.lease_duration {
+            None => std::time::Duration::from_secs(15),
+            Some(d) if (2..=300).contains(&d.0.as_secs()) => d.0,
+            Some(_) => {
+                return Err(src.error(
+                    span,
+                    format!("{KEY}.lease_duration"),
+                    "must be between 2s and 5m",
+                ))
+            }
+        },
     };
     let warnings = k
         .gateway_class
@@ -166,23 +181,28 @@ fn status(src: &Source, k: &KubernetesSection) -> Result<Option<StatusAddress>, 
             }
             Ok(Some(StatusAddress::Hostname(name)))
         }
-        (None, Some(p)) => match p.get_ref().split_once('/') {
-            Some((ns, name)) if is_label(ns) && is_label(name) => {
-                Ok(Some(StatusAddress::Service {
-                    namespace: ns.into(),
-                    name: name.into(),
-                }))
-            }
-            _ => Err(src.error(
-                p.span(),
-                "providers.kubernetes.publish_service",
-                format!(
-                    "{:?}: expected \"NAMESPACE/NAME\" of a Service",
-                    p.get_ref()
-                ),
-            )),
-        },
+        (None, Some(p)) => {
+            let (namespace, name) = namespaced(src, p, "publish_service", "a Service")?;
+            Ok(Some(StatusAddress::Service { namespace, name }))
+        }
         (None, None) => Ok(None),
+    }
+}
+
+/// `"NAMESPACE/NAME"` of an object (`what`: "a Service", "a Lease").
+fn namespaced(
+    src: &Source,
+    v: &Spanned<String>,
+    key: &str,
+    what: &str,
+) -> Result<(String, String), ConfigError> {
+    match v.get_ref().split_once('/') {
+        Some((ns, name)) if is_label(ns) && is_label(name) => Ok((ns.into(), name.into())),
+        _ => Err(src.error(
+            v.span(),
+            format!("providers.kubernetes.{key}"),
+            format!("{:?}: expected \"NAMESPACE/NAME\" of {what}", v.get_ref()),
+        )),
     }
 }
 
@@ -219,8 +239,24 @@ mod tests {
                 http_listener: "web".into(),
                 https_listener: None,
                 status: Some(StatusAddress::Ip([203, 0, 113, 10].into())),
+                lease: None,
+                lease_duration: std::time::Duration::from_secs(15),
             })
         );
+        let s =
+            compile("http_listener = \"web\"\nlease = \"ops/writer\"\nlease_duration = \"3s\"\n")
+                .unwrap();
+        let k = s.settings.kubernetes.unwrap();
+        assert_eq!(k.lease, Some(("ops".into(), "writer".into())));
+        assert_eq!(k.lease_duration, std::time::Duration::from_secs(3));
+        for bad in [
+            "lease = \"writer\"",
+            "lease = \"Ops/x\"",
+            "lease_duration = \"1s\"",
+        ] {
+            let e = compile(&format!("http_listener = \"web\"\n{bad}\n")).unwrap_err();
+            assert!(e.contains("providers.kubernetes.lease"), "{bad}: {e}");
+        }
         assert!(compile_str(
             std::path::Path::new("v.toml"),
             LISTENERS,
