@@ -2,7 +2,7 @@
 nginx (`fastcgi_pass`), both to one php-fpm (a static pool of CHILDREN children, opcache on,
 on a unix socket, pinned to the load core(s) with wrk), GET of a small PHP script that answers
 a ~100-byte JSON. Each proxy keeps its FastCGI connections (veloxy's pool, nginx's
-`fastcgi_keep_conn on` with an upstream `keepalive`). Reported by harness/vs_nginx.py:
+`fastcgi_keep_conn on` with an upstream `keepalive`), KEEP idle at most. Reported by harness/vs_nginx.py:
 requests/s, p99, the proxy's CPU per request (its process tree; php-fpm's CPU is not counted)
 and the ratios against nginx."""
 
@@ -16,7 +16,16 @@ from . import modes, peers
 from .procs import StartError
 
 PHP_FPM = "php-fpm"
-CHILDREN = 4
+CHILDREN = 8
+# Idle FastCGI connections each proxy keeps. A php-fpm child serves one connection until it
+# closes, so a kept connection holds a child: with both proxies running side by side (the
+# alternating rounds), each may hold at most KEEP children idle, and let them go after
+# IDLE_S seconds, leaving the other at least CHILDREN - KEEP. veloxy closes connections beyond
+# KEEP when they come back (`pool_purge_delay = "0s"`, as nginx's `keepalive` does): with its
+# default purge delay, surplus connections stay open while the worker is idle, and each keeps
+# a php-fpm child from the other proxy.
+KEEP = 2
+IDLE_S = 2
 # The script: the route's path is the script's path under the root.
 PATH = "/php/bench.php"
 SCRIPT = ("<?php header('Content-Type: application/json');\n"
@@ -80,14 +89,14 @@ def entries(sock: Path, root: Path) -> list[tuple[str, str, dict | None, str]]:
     veloxy = (f'\n[[routes]]\npath = "/php/"\nupstream = "php"\n'
               f'fastcgi = {{ root = "{root}" }}\n'
               f'[upstreams.php]\nprotocol = "fastcgi"\nservers = ["unix:{sock}"]\n'
-              f'keepalive = {CHILDREN * 2}\n')
+              f'keepalive = {KEEP}\nidle_timeout = "{IDLE_S}s"\npool_purge_delay = "0s"\n')
     nginx_http = (f"\n    upstream php {{\n        server unix:{sock};\n"
-                  f"        keepalive {CHILDREN * 2};\n    }}\n")
+                  f"        keepalive {KEEP};\n        keepalive_timeout {IDLE_S}s;\n    }}\n")
     nginx_server = (f"\n        location /php/ {{\n            root {root};\n"
                     "            include /etc/nginx/fastcgi_params;\n"
                     "            fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;\n"
                     "            fastcgi_keep_conn on;\n"
                     "            fastcgi_pass php;\n        }\n")
-    return [("veloxy-fastcgi", "veloxy", {"ROUTE_EXTRA": veloxy}, PATH),
-            ("nginx-fastcgi", "nginx", {"HTTP_EXTRA": nginx_http, "SERVER_EXTRA": nginx_server},
-             PATH)]
+    return [("nginx-fastcgi", "nginx", {"HTTP_EXTRA": nginx_http, "SERVER_EXTRA": nginx_server},
+             PATH),
+            ("veloxy-fastcgi", "veloxy", {"ROUTE_EXTRA": veloxy}, PATH)]
