@@ -85,6 +85,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="--vs-nginx: the ratelimit-global scenario: veloxy without a rate limit, "
                         "with a local and with a global limit (a redis-server on the load core), "
                         "CPU per request, then a Redis outage under load (implies --vs-nginx)")
+    p.add_argument("--fastcgi", action="store_true",
+                   help="--vs-nginx: the fastcgi scenario: veloxy (protocol = \"fastcgi\") vs nginx "
+                        "(fastcgi_pass) to one php-fpm on the load core, a small PHP script, CPU "
+                        "per request of the proxy (implies --vs-nginx)")
     p.add_argument("--strace", action="store_true",
                    help="--vs-nginx: also count syscalls per request (strace -c -f, short run)")
     p.add_argument("--sweep-connections",
@@ -106,6 +110,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.warmup = min(args.warmup, 1)
     if args.duration is None:
         args.duration = 5 if args.scale else 10
+    if args.fastcgi:
+        if args.rules or args.auth or args.ratelimit:
+            p.error("--fastcgi is a scenario of its own: not with --rules, --auth or --ratelimit")
+        if args.quick or args.smoke or args.tcp or args.h3 or args.cache or args.sweep or args.scale:
+            p.error("--fastcgi is a --vs-nginx scenario")
+        args.vs_nginx = True
+        if not args.name:
+            args.name = f"fastcgi-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.ratelimit:
         if args.rules or args.auth:
             p.error("--ratelimit is a scenario of its own: not with --rules or --auth")

@@ -2,7 +2,7 @@
 alternating wrk rounds (veloxy, nginx, veloxy, nginx, ...) with warm-up, CPU per request,
 and optionally syscalls per request with strace -c -f. `--ratelimit` runs the bench scenario
 `ratelimit-global` instead (veloxy without a limit, with a local and with a global limit; see
-harness/ratelimit.py)."""
+harness/ratelimit.py); `--fastcgi` runs veloxy and nginx to one php-fpm (harness/fastcgi.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import statistics
 import subprocess
 import time
 
-from . import measure, peers, procs, ratelimit, report, runner
+from . import fastcgi, measure, peers, procs, ratelimit, report, runner
 from .loadgen import LoadError
 from .procs import StartError
 from .runner import SetupError
@@ -172,7 +172,15 @@ def run(ctx, args) -> int:
     ctx.proxy_cpus = ctx.proxy_cpus[:1]  # both proxies on the same single core
     runner.start_upstreams(ctx)
     running = {}
-    entries = _entries(args, ctx)
+    fpm = None
+    if getattr(args, "fastcgi", False):
+        try:
+            fpm, sock, root = fastcgi.start(ctx)
+        except StartError as e:
+            raise SetupError(str(e)) from e
+        entries = fastcgi.entries(sock, root)
+    else:
+        entries = _entries(args, ctx)
     headers = [AUTH_HEADER] if getattr(args, "auth", False) else None
     labels = [e[0] for e in entries]
     paths = {e[0]: e[3] for e in entries}
@@ -217,6 +225,8 @@ def run(ctx, args) -> int:
     finally:
         for r in running.values():
             peers.stop(r)
+        if fpm is not None:
+            peers.stop(fpm)
     text = summarize(ctx, args)
     print("\n" + text, flush=True)
     (ctx.outdir / "report.md").write_text(_md(ctx, args, text))
@@ -238,6 +248,7 @@ RATIOS = [
     ("veloxy-auth", "veloxy", 3, "(goal: below 1.05)"),
     ("nginx-auth", "veloxy-auth", 1, ""),
     ("nginx", "veloxy", 2, "(above 1 = veloxy uses less CPU per request)"),
+    ("nginx-fastcgi", "veloxy-fastcgi", 2, "(above 1 = veloxy uses less CPU per request)"),
 ]
 
 
@@ -267,6 +278,14 @@ def summarize(ctx, args) -> str:
     if getattr(args, "auth", False):
         lines.insert(1, f"auth scenario: GET {AUTH_PATH} with one valid Authorization; veloxy-auth = "
                         "basic_auth (bcrypt htpasswd, cached credential), nginx-auth = auth_basic")
+    if getattr(args, "fastcgi", False):
+        lines.insert(1, f"fastcgi scenario: GET {fastcgi.PATH} (a ~100-byte JSON from PHP), both "
+                        f"to one php-fpm (static pool of {fastcgi.CHILDREN}, opcache, unix socket, "
+                        f"pinned with wrk on core(s) {ctx.load_cpus}); CPU/req is the proxy's alone")
+        rps = {n: _med(rounds[n], lambda r: r["rps"]) for n in labels}
+        if rps.get("veloxy-fastcgi") and rps.get("nginx-fastcgi"):
+            lines.append(f"veloxy-fastcgi req/s / nginx-fastcgi req/s = "
+                         f"{rps['veloxy-fastcgi'] / rps['nginx-fastcgi']:.2f}")
     for num, den, digits, note in RATIOS:
         if med.get(num) and med.get(den):
             lines.append(f"{num} CPU/req / {den} CPU/req = {med[num] / med[den]:.{digits}f}"

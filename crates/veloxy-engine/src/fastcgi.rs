@@ -1,18 +1,18 @@
 //! FastCGI (PHP-FPM and the like): a route's `fastcgi = { root, index, split_path, params }`
 //! compiled ([`FastcgiRoute`]), the CGI/1.1 parameters of a request ([`params`]), and one
-//! request over a connection ([`exchange`]): the records of the FastCGI 1.0 specification,
+//! request over a connection ([`request_bytes`], [`next_record`]): the records of the FastCGI 1.0 specification,
 //! the response's CGI header section turned into an HTTP status and fields.
 //!
 //! The record codec is hand-written: it is a few dozen lines, and the crates that implement
 //! FastCGI own their connections, where veloxy's come from its keep-alive pool and go back to
 //! it (`FCGI_KEEP_CONN`). The request body is sent whole (read before anything goes upstream,
-//! as nginx's `fastcgi_request_buffering` does by default); the response is read whole, up to
-//! [`MAX_RESPONSE`] (larger: 502), then answered.
+//! as nginx's `fastcgi_request_buffering` does by default); the response is taken off the
+//! connection record by record ([`next_record`]): its header section (up to [`MAX_HEAD`]),
+//! then the body as it comes (`exchange::fastcgi_body`).
 
 use std::path::PathBuf;
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// A route's `fastcgi` table, compiled.
 #[derive(Debug, Clone)]
@@ -28,10 +28,74 @@ pub struct FastcgiRoute {
     pub split_path_text: String,
     /// Extra parameters (`APP_ENV = "prod"`), sent after the standard ones.
     pub params: Vec<(String, String)>,
+    /// The route's `try_files`: static files served from `root` before the script runs.
+    pub try_files: Option<TryFiles>,
 }
 
-/// The longest response read (head and body).
-pub const MAX_RESPONSE: usize = 64 << 20;
+/// `try_files = ["$uri", "$uri/", "/index.php"]` on a FastCGI route, nginx's front
+/// controller (`try_files $uri $uri/ /index.php?$query_string`): a request for a script (a
+/// path `split_path` splits, or ending in `.php`) runs it; else, with `$uri`, an existing
+/// file under the root is served as a file route serves it (never a script's source); with
+/// `$uri/`, a directory holding the index script runs that script; else the last entry, a
+/// script, runs with the request's query (REQUEST_URI stays the request's). A path that
+/// climbs out of the root is refused (400).
+#[derive(Debug, Clone)]
+pub struct TryFiles {
+    /// `$uri` is listed.
+    pub file: bool,
+    /// `$uri/` is listed.
+    pub dir: bool,
+    /// The script run when nothing else is (`/index.php`).
+    pub fallback: String,
+    /// The entries as written (for `check --print`).
+    pub entries: Vec<String>,
+    /// The files under `root`, served as a file route with that root serves them.
+    pub files: std::sync::Arc<crate::static_files::StaticRoute>,
+}
+
+/// Where `try_files` sends a request.
+pub enum Tried {
+    /// A file under the root: served by [`TryFiles::files`].
+    File,
+    /// A script: the path's own (`None`), or this one (an index script, the fallback).
+    Script(Option<String>),
+    /// A path that is not a clean path under the root (400).
+    Refused,
+}
+
+/// Whether `path` names a script: `split_path` splits it (with or without PATH_INFO), or it
+/// ends in `.php`. Such a path is never served as a file.
+fn is_script(route: &FastcgiRoute, path: &str) -> bool {
+    path.ends_with(".php")
+        || route.split_path.is_match(path)
+        || route.split_path.is_match(&format!("{path}/"))
+}
+
+/// Decides a request's way on a route with `try_files` (see [`TryFiles`]).
+pub fn try_files(route: &FastcgiRoute, t: &TryFiles, target: &str) -> Tried {
+    use crate::static_files::path::{clean, PathError};
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    let clean = match clean(target, false) {
+        Ok(c) => c,
+        Err(PathError::Invalid) => return Tried::Refused,
+        // A dot file is not served: the application decides.
+        Err(PathError::Hidden) => return Tried::Script(Some(t.fallback.clone())),
+    };
+    if is_script(route, path) || is_script(route, &clean.path) {
+        return Tried::Script(None);
+    }
+    if t.file && !clean.trailing_slash && t.files.is_file(&clean.path) {
+        return Tried::File;
+    }
+    if t.dir {
+        let dir = clean.path.trim_end_matches('/');
+        let index = format!("{dir}/{}", route.index);
+        if t.files.is_file(&index) {
+            return Tried::Script(Some(index));
+        }
+    }
+    Tried::Script(Some(t.fallback.clone()))
+}
 
 /// What a request tells the parameters.
 pub struct RequestInfo<'a> {
@@ -50,6 +114,8 @@ pub struct RequestInfo<'a> {
     pub protocol: &'static str,
     /// The body's length (it is sent whole).
     pub content_length: usize,
+    /// The script `try_files` chose (`None`: the path's own, by `split_path`).
+    pub script: Option<&'a str>,
 }
 
 /// The CGI/1.1 parameters of a request on `route`: SCRIPT_FILENAME and SCRIPT_NAME (the
@@ -64,6 +130,7 @@ pub fn params(route: &FastcgiRoute, r: &RequestInfo) -> Vec<(String, Vec<u8>)> {
     route.split_path.captures(path, &mut caps);
     let group = |i| caps.get_group(i).map(|s| &path[s.range()]);
     let (script, path_info) = match (caps.is_match(), group(1)) {
+        _ if r.script.is_some() => (r.script.unwrap_or_default().to_owned(), String::new()),
         (true, Some(script)) => (script.to_owned(), group(2).unwrap_or("").to_owned()),
         _ if path.ends_with('/') => (format!("{path}{}", route.index), String::new()),
         _ if path.ends_with(".php") => (path.to_owned(), String::new()),
@@ -200,7 +267,9 @@ pub enum FastcgiError {
     Closed,
     #[error("FastCGI I/O: {0}")]
     Io(#[from] std::io::Error),
-    #[error("the FastCGI server's response is larger than {MAX_RESPONSE} bytes")]
+    #[error("the FastCGI server was silent for longer than the group's read_timeout")]
+    TimedOut,
+    #[error("the FastCGI response's header section is longer than {MAX_HEAD} bytes")]
     TooLarge,
     #[error("the FastCGI server sent a record of version {0}")]
     BadRecord(u8),
@@ -210,83 +279,94 @@ pub enum FastcgiError {
     BadHead,
 }
 
-/// What the FastCGI server answered.
-pub struct Answered {
-    /// The response's stdout: CGI header section and body.
-    pub stdout: BytesMut,
-    /// What it wrote to stderr (for the log).
-    pub stderr: Vec<u8>,
+/// The longest CGI header section read before the body (larger: 502).
+pub const MAX_HEAD: usize = 64 * 1024;
+
+/// One record of the response, as [`next_record`] takes it off the read buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Record {
+    /// Response bytes (the CGI header section, then the body); empty at the stream's end.
+    Stdout(Bytes),
+    /// What the application wrote to stderr.
+    Stderr(Bytes),
+    /// FCGI_END_REQUEST with its protocol status (0: the request completed).
+    End(u8),
+    /// Management records and unknown types carry nothing for this request.
+    Other,
 }
 
-/// Sends `request` (from [`request_bytes`]) on `io` and reads the response to its
-/// END_REQUEST record; the connection may then serve another request.
-pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    io: &mut S,
-    request: &[u8],
-) -> Result<Answered, FastcgiError> {
-    io.write_all(request).await?;
-    let mut out = Answered {
-        stdout: BytesMut::with_capacity(16 * 1024),
-        stderr: Vec::new(),
-    };
-    let mut head = [0u8; 8];
-    loop {
-        if let Err(e) = io.read_exact(&mut head).await {
-            return Err(match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => FastcgiError::Closed,
-                _ => FastcgiError::Io(e),
-            });
+/// How many bytes the record at the start of `buf` needs in all (its 8-byte header, content
+/// and padding; 8 while the header is incomplete): the reader keeps that much room.
+pub fn record_len(buf: &[u8]) -> usize {
+    if buf.len() < 8 {
+        return 8;
+    }
+    8 + u16::from_be_bytes([buf[4], buf[5]]) as usize + buf[6] as usize
+}
+
+/// Takes the first complete record off `buf` (`None`: it is not all there yet).
+pub fn next_record(buf: &mut BytesMut) -> Result<Option<Record>, FastcgiError> {
+    if buf.len() < 8 {
+        return Ok(None);
+    }
+    if buf[0] != VERSION {
+        return Err(FastcgiError::BadRecord(buf[0]));
+    }
+    if buf.len() < record_len(buf) {
+        return Ok(None);
+    }
+    let (kind, len, pad) = (
+        buf[1],
+        u16::from_be_bytes([buf[4], buf[5]]) as usize,
+        buf[6],
+    );
+    buf.advance(8);
+    let content = buf.split_to(len).freeze();
+    buf.advance(pad as usize);
+    Ok(Some(match kind {
+        STDOUT => Record::Stdout(content),
+        STDERR => Record::Stderr(content),
+        END_REQUEST => Record::End(content.get(4).copied().unwrap_or(0)),
+        _ => Record::Other,
+    }))
+}
+
+/// Whether `buf` holds the response's FCGI_END_REQUEST record whole: the rest of the
+/// response can then be taken without reading.
+pub fn complete_in(mut buf: &[u8]) -> bool {
+    while buf.len() >= 8 && buf[0] == VERSION {
+        let n = record_len(buf);
+        if buf.len() < n {
+            return false;
         }
-        if head[0] != VERSION {
-            return Err(FastcgiError::BadRecord(head[0]));
+        if buf[1] == END_REQUEST {
+            return true;
         }
-        let len = u16::from_be_bytes([head[4], head[5]]) as usize;
-        let pad = head[6] as usize;
-        let mut content = vec![0u8; len + pad];
-        io.read_exact(&mut content)
-            .await
-            .map_err(|_| FastcgiError::Closed)?;
-        content.truncate(len);
-        match head[1] {
-            STDOUT => {
-                if out.stdout.len() + len > MAX_RESPONSE {
-                    return Err(FastcgiError::TooLarge);
-                }
-                out.stdout.extend_from_slice(&content);
-            }
-            STDERR if out.stderr.len() < 64 * 1024 => out.stderr.extend_from_slice(&content),
-            END_REQUEST => {
-                let protocol_status = content.get(4).copied().unwrap_or(0);
-                if protocol_status != 0 {
-                    return Err(FastcgiError::Refused(protocol_status));
-                }
-                return Ok(out);
-            }
-            // Management records and unknown types carry nothing for this request.
-            _ => {}
-        }
+        buf = &buf[n..];
+    }
+    false
+}
+
+/// Where the CGI header section in `stdout` ends: (its end, the body's start).
+pub fn head_end(stdout: &[u8]) -> Option<(usize, usize)> {
+    let crlf = memchr::memmem::find(stdout, b"\r\n\r\n").map(|i| (i, i + 4));
+    let lf = memchr::memmem::find(stdout, b"\n\n").map(|i| (i, i + 2));
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
     }
 }
 
-/// A CGI response: the status (`Status:`, else 302 with a `Location`, else 200), the other
-/// fields of its header section, and the body.
-pub struct CgiResponse {
+/// A CGI response head: the status (`Status:`, else 302 with a `Location`, else 200) and
+/// the other fields of its header section.
+pub struct CgiHead {
     pub status: u16,
     pub fields: Vec<(String, Bytes)>,
-    pub body: Bytes,
 }
 
-/// Splits a CGI response (stdout) into status, fields and body.
-pub fn parse_response(stdout: BytesMut) -> Result<CgiResponse, FastcgiError> {
-    let stdout = stdout.freeze();
-    let (head_end, body_start) = match memchr::memmem::find(&stdout, b"\r\n\r\n") {
-        Some(i) => (i, i + 4),
-        None => match memchr::memmem::find(&stdout, b"\n\n") {
-            Some(i) => (i, i + 2),
-            None => return Err(FastcgiError::BadHead),
-        },
-    };
-    let head = std::str::from_utf8(&stdout[..head_end]).map_err(|_| FastcgiError::BadHead)?;
+/// Parses a CGI header section (without the blank line that ends it).
+pub fn parse_head(head: &[u8]) -> Result<CgiHead, FastcgiError> {
+    let head = std::str::from_utf8(head).map_err(|_| FastcgiError::BadHead)?;
     let mut status = None;
     let mut location = false;
     let mut fields = Vec::new();
@@ -308,11 +388,7 @@ pub fn parse_response(stdout: BytesMut) -> Result<CgiResponse, FastcgiError> {
         fields.push((name.to_owned(), Bytes::copy_from_slice(value.as_bytes())));
     }
     let status = status.unwrap_or(if location { 302 } else { 200 });
-    Ok(CgiResponse {
-        status,
-        fields,
-        body: stdout.slice(body_start..),
-    })
+    Ok(CgiHead { status, fields })
 }
 
 #[cfg(test)]
@@ -337,17 +413,41 @@ mod tests {
     }
 
     #[test]
-    fn cgi_responses_give_their_status() {
-        let r = parse_response(BytesMut::from(
-            &b"Status: 404 Not Found\r\nContent-Type: text/plain\r\n\r\nnope"[..],
-        ))
-        .unwrap();
-        assert_eq!((r.status, &r.body[..]), (404, &b"nope"[..]));
-        assert_eq!(r.fields.len(), 1);
-        let r = parse_response(BytesMut::from(&b"Location: /x\n\n"[..])).unwrap();
-        assert_eq!(r.status, 302);
-        let r = parse_response(BytesMut::from(&b"X-A: 1\r\n\r\n"[..])).unwrap();
-        assert_eq!(r.status, 200);
-        assert!(parse_response(BytesMut::from(&b"no head"[..])).is_err());
+    fn cgi_heads_give_their_status() {
+        let r = parse_head(b"Status: 404 Not Found\r\nContent-Type: text/plain").unwrap();
+        assert_eq!((r.status, r.fields.len()), (404, 1));
+        assert_eq!(parse_head(b"Location: /x").unwrap().status, 302);
+        assert_eq!(parse_head(b"X-A: 1\r\n").unwrap().status, 200);
+        assert!(parse_head(b"no head").is_err());
+        assert_eq!(head_end(b"A: 1\r\n\r\nbody"), Some((4, 8)));
+        assert_eq!(head_end(b"A: 1\n\nbody\r\n\r\n"), Some((4, 6)));
+        assert_eq!(head_end(b"A: 1\r\n"), None);
+    }
+
+    #[test]
+    fn records_come_off_the_buffer_whole() {
+        let mut out = Vec::new();
+        record(&mut out, STDOUT, b"hello");
+        record(&mut out, STDERR, b"oops");
+        record(&mut out, END_REQUEST, &[0; 8]);
+        assert!(complete_in(&out));
+        assert!(!complete_in(&out[..out.len() - 1]));
+        // A record split anywhere waits for the rest.
+        let mut buf = BytesMut::from(&out[..12]);
+        assert_eq!(next_record(&mut buf).unwrap(), None);
+        assert_eq!(record_len(&buf), 16);
+        buf.extend_from_slice(&out[12..]);
+        assert_eq!(
+            next_record(&mut buf).unwrap(),
+            Some(Record::Stdout(Bytes::from_static(b"hello")))
+        );
+        assert_eq!(
+            next_record(&mut buf).unwrap(),
+            Some(Record::Stderr(Bytes::from_static(b"oops")))
+        );
+        assert_eq!(next_record(&mut buf).unwrap(), Some(Record::End(0)));
+        assert!(buf.is_empty());
+        let mut bad = BytesMut::from(&[9u8, 6, 0, 1, 0, 0, 0, 0][..]);
+        assert!(next_record(&mut bad).is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! FastCGI routes (issue 38) against a real php-fpm (Debian's `php-fpm`) running PHP scripts:
 //! the CGI parameters, PATH_INFO by `split_path`, the front controller, request bodies,
 //! redirects and cookies, statuses, a 2 MiB answer, stderr in the log, connection reuse, and
-//! a dead FastCGI server; over HTTP/1.1 and HTTP/2.
+//! a dead FastCGI server; over HTTP/1.1 and HTTP/2. Streamed responses (a script that
+//! flushes, 100 MB through bounded memory) and `try_files` (nginx's front controller).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -15,7 +16,14 @@ use veloxy_testkit::*;
 struct PhpFpm {
     child: Child,
     addr: SocketAddr,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+impl PhpFpm {
+    /// php-fpm's access log: one line a request it ran.
+    fn access_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
+    }
 }
 
 impl Drop for PhpFpm {
@@ -50,7 +58,8 @@ fn php_fpm() -> Option<PhpFpm> {
         format!(
             "[global]\nerror_log = {}/php-fpm.log\ndaemonize = no\n\
              [www]\nlisten = 127.0.0.1:{port}\npm = static\npm.max_children = 2\n\
-             catch_workers_output = no\nclear_env = yes\n",
+             catch_workers_output = no\nclear_env = yes\naccess.log = {}/access.log\naccess.format = \"%m %r %f\"\n",
+            dir.path().display(),
             dir.path().display()
         ),
     )
@@ -64,11 +73,7 @@ fn php_fpm() -> Option<PhpFpm> {
         .spawn()
         .ok()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let fpm = PhpFpm {
-        child,
-        addr,
-        _dir: dir,
-    };
+    let fpm = PhpFpm { child, addr, dir };
     eventually(Duration::from_secs(10), || TcpStream::connect(addr).is_ok()).then_some(fpm)
 }
 
@@ -101,6 +106,21 @@ echo json_encode($out);"#,
     for (name, text) in files {
         std::fs::write(root.join(name), text).unwrap();
     }
+}
+
+/// A site with one FastCGI route to `fpm` serving `root`, `route_extra` on the route.
+fn php_site(fpm: &PhpFpm, root: &Path, route_extra: &str) -> Site {
+    Site::start(
+        "",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"php\"\n{route_extra}\n\
+             fastcgi = {{ root = \"{}\" }}\n\
+             [upstreams.php]\nprotocol = \"fastcgi\"\nservers = [\"{}\"]\n",
+            root.display(),
+            fpm.addr
+        ),
+    )
 }
 
 fn json(body: &str) -> serde_json::Value {
@@ -248,4 +268,232 @@ fn fastcgi_keys_are_checked() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(want), "{text}\n{err}");
     }
+}
+
+/// Reads from `s` until `done` says the bytes so far are enough (10 s at most a read).
+fn read_until(s: &mut TcpStream, buf: &mut Vec<u8>, done: impl Fn(&[u8]) -> bool) {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut chunk = [0u8; 16 * 1024];
+    while !done(buf) {
+        let n = s.read(&mut chunk).expect("read within 10 s");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(buf));
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// Issue 38: a FastCGI response streams: a script's flushed output reaches the client while
+/// the script still runs (it waits for a file the test creates only once it has seen the
+/// first chunk), over HTTP/1.1 (chunked, the connection reused after) and HTTP/2; a 100 MB
+/// answer goes through with veloxy's memory bounded (HTTP/1.0: up to the close).
+#[test]
+fn fastcgi_responses_stream() {
+    let Some(fpm) = php_fpm() else {
+        skip("fastcgi_responses_stream: no php-fpm (apt-get install php-fpm)");
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    scripts(root.path());
+    std::fs::write(
+        root.path().join("stream.php"),
+        "<?php header('Content-Type: text/plain'); echo \"first\\n\"; flush();\n\
+         for ($i = 0; $i < 1000 && !file_exists($_GET['f']); $i++) { usleep(10000); }\n\
+         echo file_exists($_GET['f']) ? \"last\\n\" : \"gave up\\n\";",
+    )
+    .unwrap();
+    std::fs::write(
+        root.path().join("huge.php"),
+        "<?php $b = str_repeat('y', 65536); for ($i = 0; $i < 1600; $i++) { echo $b; }",
+    )
+    .unwrap();
+    let site = php_site(&fpm, root.path(), "");
+    let plain = site.addr("plain");
+    let flags = tempfile::tempdir().unwrap();
+
+    // HTTP/1.1: the first chunk before the script ends, chunked, then the connection's next
+    // request.
+    let flag = flags.path().join("h1");
+    let mut s = TcpStream::connect(plain).unwrap();
+    let req = format!(
+        "GET /stream.php?f={} HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        flag.display()
+    );
+    std::io::Write::write_all(&mut s, req.as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    read_until(&mut s, &mut buf, |b| contains(b, "first\n"));
+    let text = String::from_utf8_lossy(&buf).to_lowercase();
+    assert!(text.starts_with("http/1.1 200"), "{text}");
+    assert!(text.contains("transfer-encoding: chunked"), "{text}");
+    assert!(!text.contains("last"), "{text}");
+    std::fs::write(&flag, "go").unwrap();
+    read_until(&mut s, &mut buf, |b| b.ends_with(b"0\r\n\r\n"));
+    assert!(
+        contains(&buf, "last\n"),
+        "{}",
+        String::from_utf8_lossy(&buf)
+    );
+    let mut next = Vec::new();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET /teapot.php HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    read_until(&mut s, &mut next, |b| contains(b, "teapot"));
+    assert!(next.starts_with(b"HTTP/1.1 418"));
+
+    // HTTP/2: the first DATA before the script ends.
+    let flag = flags.path().join("h2");
+    let config = default_client(&site.pki.ca_pem, &[b"h2"]);
+    let web = site.addr("web");
+    let path = format!("/stream.php?f={}", flag.display());
+    let body = runtime().block_on(async {
+        let client = h2_connect(web, Some((config, "localhost"))).await;
+        let mut client = client.ready().await.unwrap();
+        let (resp, _) = client
+            .send_request(h2_get("localhost", &path, true), true)
+            .unwrap();
+        let resp = within(10, resp).await.unwrap().unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut recv = resp.into_body();
+        let mut got = Vec::new();
+        while !contains(&got, "first\n") {
+            let chunk = within(10, recv.data()).await.unwrap().unwrap().unwrap();
+            let _ = recv.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        assert!(!contains(&got, "last"));
+        std::fs::write(&flag, "go").unwrap();
+        while let Some(chunk) = within(10, recv.data()).await.unwrap() {
+            let chunk = chunk.unwrap();
+            let _ = recv.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        got
+    });
+    assert_eq!(String::from_utf8_lossy(&body), "first\nlast\n");
+
+    // 100 MB through bounded memory, read slowly enough for the pipe to fill.
+    let before = site.v.proc.rss_kib();
+    let mut s = TcpStream::connect(plain).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    std::io::Write::write_all(&mut s, b"GET /huge.php HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let (mut total, mut peak) = (0u64, before);
+    let mut chunk = vec![0u8; 256 * 1024];
+    loop {
+        let n = std::io::Read::read(&mut s, &mut chunk).expect("read within 20 s");
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total % (8 << 20) < n as u64 {
+            peak = peak.max(site.v.proc.rss_kib());
+        }
+    }
+    let body_len = 1600 * 65536u64;
+    assert!(total > body_len, "{total}");
+    let head = total - body_len;
+    assert!(head < 1024, "{total}");
+    eprintln!("huge: veloxy RSS {before} KiB before, {peak} KiB at most while streaming 100 MiB");
+    assert!(
+        peak < before + 32 * 1024,
+        "veloxy grew from {before} to {peak} KiB for a streamed body"
+    );
+}
+
+/// Issue 38: `try_files = ["$uri", "$uri/", "/index.php"]`, nginx's front controller: a
+/// static file is served by veloxy (php-fpm's access log never sees it), a script is run
+/// (never its source served), a directory's index.php runs, anything else goes to
+/// /index.php with REQUEST_URI and the query as they came; a path out of the root is
+/// refused. Over HTTP/1.1 and HTTP/2.
+#[test]
+fn fastcgi_try_files_front_controller() {
+    let Some(fpm) = php_fpm() else {
+        skip("fastcgi_try_files_front_controller: no php-fpm (apt-get install php-fpm)");
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let files = [
+        (
+            "index.php",
+            r#"<?php header('Content-Type: application/json');
+echo json_encode(['front' => true, 'uri' => $_SERVER['REQUEST_URI'], 'query' => $_SERVER['QUERY_STRING'],
+  'script' => $_SERVER['SCRIPT_NAME'], 'x' => $_GET['x'] ?? null]);"#,
+        ),
+        ("style.css", "body { color: teal }\n"),
+        ("secret.php", "<?php echo 'ran';"),
+        (
+            "docs/index.php",
+            "<?php echo 'docs ', $_SERVER['SCRIPT_NAME'];",
+        ),
+    ];
+    std::fs::create_dir(root.path().join("docs")).unwrap();
+    for (name, text) in files {
+        std::fs::write(root.path().join(name), text).unwrap();
+    }
+    let site = php_site(
+        &fpm,
+        root.path(),
+        "try_files = [\"$uri\", \"$uri/\", \"/index.php\"]",
+    );
+
+    // A static file: veloxy's, with its type; php-fpm sees nothing of it.
+    let (status, raw) = site.h1("/style.css", "");
+    assert_eq!(status, 200, "{raw}");
+    assert_eq!(raw_body(&raw), "body { color: teal }\n");
+    assert!(raw_header(&raw, "content-type").is_some_and(|t| t.starts_with("text/css")));
+    let r = site.h2("/style.css", &[]);
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (200, "body { color: teal }\n")
+    );
+
+    // The front controller, with the request's URI and query.
+    let (status, raw) = site.h1("/some/route?x=1", "");
+    assert_eq!(status, 200, "{raw}");
+    let v = json(raw_body(&raw));
+    assert_eq!(v["uri"], "/some/route?x=1");
+    assert_eq!(v["query"], "x=1");
+    assert_eq!(v["x"], "1");
+    assert_eq!(v["script"], "/index.php");
+    let r = site.h2("/blog/2024/hello?x=2&y=3", &[]);
+    let v = json(&r.body_str());
+    assert_eq!(v["uri"], "/blog/2024/hello?x=2&y=3");
+    assert_eq!(v["query"], "x=2&y=3");
+
+    // A script runs (its source is never served); a directory runs its index.php.
+    let (status, raw) = site.h1("/secret.php", "");
+    assert_eq!((status, raw_body(&raw)), (200, "ran"));
+    let (status, raw) = site.h1("/docs/", "");
+    assert_eq!((status, raw_body(&raw)), (200, "docs /docs/index.php"));
+
+    // Out of the root: refused, nothing read.
+    for path in ["/../../../etc/passwd", "/%2e%2e/%2e%2e/%2e%2e/etc/passwd"] {
+        let (status, raw) = site.h1(path, "");
+        assert!(matches!(status, 400 | 404), "{path}: {raw}");
+        assert!(!raw.contains("root:"), "{path}: {raw}");
+    }
+
+    // php-fpm ran the scripts, never the stylesheet.
+    assert!(
+        eventually(Duration::from_secs(5), || fpm
+            .access_log()
+            .contains("/docs/index.php")),
+        "{}",
+        fpm.access_log()
+    );
+    assert!(
+        !fpm.access_log().contains("style.css"),
+        "{}",
+        fpm.access_log()
+    );
+}
+
+/// `f`, waited on for at most `secs` seconds.
+fn within<F: std::future::Future>(secs: u64, f: F) -> tokio::time::Timeout<F> {
+    tokio::time::timeout(Duration::from_secs(secs), f)
 }

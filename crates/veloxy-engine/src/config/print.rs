@@ -389,6 +389,9 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
                         params.join(", ")
                     ),
                 );
+                if let Some(t) = &f.try_files {
+                    out.raw("try_files", &str_list(&t.entries));
+                }
             }
             if let Some(g) = &rules.grpc_web {
                 match &g.cors_origins {

@@ -106,6 +106,17 @@ impl Codec for H1<'_> {
         crate::downstream::files::serve(self.worker, self.down, reply).await
     }
 
+    async fn streamed(
+        self,
+        r: crate::static_files::Response,
+        body: Box<crate::exchange::fastcgi_body::FcgiStream>,
+    ) -> bool {
+        let Next::Forward(p) = self.next else {
+            unreachable!("a FastCGI answer is a proxied request's")
+        };
+        crate::downstream::streamed::serve(self.worker, self.down, p, r, body).await
+    }
+
     async fn fail(mut self, e: ProxyError) -> bool {
         let p = match &mut self.next {
             Next::Forward(p) => p,

@@ -332,7 +332,7 @@ where
     Ok(written)
 }
 
-async fn copy_out<S>(
+pub(crate) async fn copy_out<S>(
     stream: &mut S,
     buf: &[u8],
     written: &mut u64,

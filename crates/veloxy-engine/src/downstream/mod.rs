@@ -9,7 +9,8 @@
 //!   waits between requests, which hold no buffer; [`codec`]: its side of the driver.
 //! * [`proxy`] and [`relay`]: the driver's attempts step for an HTTP/1 client and an HTTP/1
 //!   group (the client is [`crate::exchange::h1`]), streaming bodies both ways; [`files`]:
-//!   writing a file route's answer to an HTTP/1 client (with `sendfile`).
+//!   writing a file route's answer to an HTTP/1 client (with `sendfile`); [`streamed`]: a
+//!   FastCGI response's, its body as it arrives.
 //! * [`http2`]: HTTP/2 clients (hyper's server), and HTTP/1 clients of `h2`/`h2c` groups
 //!   (`http2::bridge`); [`http3`]: HTTP/3 clients (quinn + h3), sharing HTTP/2's stream
 //!   handler.
@@ -25,3 +26,4 @@ pub(crate) mod l4;
 pub(crate) mod proxy;
 pub(crate) mod relay;
 pub(crate) mod setup;
+pub(crate) mod streamed;

@@ -235,6 +235,10 @@ impl Proxying<'_> {
             Ok(s) => s,
             Err(answer) => return Ok(Admitted::Answer(answer)),
         };
+        let fastcgi = match self.fastcgi() {
+            Ok(job) => job,
+            Err(admitted) => return Ok(*admitted),
+        };
         let head = self.head;
         // HTTP/1.0 clients cannot take the chunked stream a coder produces.
         let encoding = (compress && head.version >= 1 && head.method != "HEAD")
@@ -268,6 +272,7 @@ impl Proxying<'_> {
         }
         let mut target = self.make(upstream, backend, hash, compress, encoding, path);
         target.hit = hit;
+        target.fastcgi = fastcgi;
         target.search = search.and_then(|(s, step, effective)| {
             let node = &group.backends[backend].addr;
             crate::search::Job::new(step, s, (head, &effective), node, group.read_timeout)
@@ -308,6 +313,32 @@ impl Proxying<'_> {
             }
             step => Some((s, step, effective.to_owned())),
         })
+    }
+
+    /// A FastCGI route's job, its script chosen by `try_files` (if it has them); `Err` with
+    /// the file `try_files` serves, or the refusal of a path outside the root.
+    fn fastcgi(&self) -> Result<Option<Box<super::fastcgi::Job>>, Box<Admitted>> {
+        let rules = self.route.rules.as_ref();
+        let Some(f) = rules.and_then(|r| r.fastcgi.as_deref()) else {
+            return Ok(None);
+        };
+        let script = match &f.try_files {
+            None => None,
+            Some(t) => match crate::fastcgi::try_files(f, t, self.head.target) {
+                crate::fastcgi::Tried::File => {
+                    return Err(Box::new(Admitted::Files(t.files.clone())))
+                }
+                crate::fastcgi::Tried::Refused => {
+                    let body = bytes::Bytes::from_static(b"bad request path\n");
+                    let answer = Answer::fixed(400, &body, "text/plain; charset=utf-8");
+                    return Err(Box::new(Admitted::Answer(answer)));
+                }
+                crate::fastcgi::Tried::Script(s) => s,
+            },
+        };
+        let max_body = rules.and_then(|r| r.max_body);
+        let job = super::fastcgi::Job::new(f, self.head, self.peer, max_body, script.as_deref());
+        Ok(Some(Box::new(job)))
     }
 
     /// The route's cache lookup (if it caches). With forward_auth, a hit waits for the auth
@@ -375,14 +406,7 @@ impl Proxying<'_> {
             cache: None,
             hit: None,
             search: None,
-            fastcgi: rules.and_then(|r| r.fastcgi.as_deref()).map(|f| {
-                Box::new(super::fastcgi::Job::new(
-                    f,
-                    head,
-                    peer,
-                    rules.and_then(|r| r.max_body),
-                ))
-            }),
+            fastcgi: None,
             grpc_web: rules
                 .filter(|r| r.grpc_web.is_some())
                 .and_then(|_| super::grpc_web::detect(head.fields.get("content-type"))),

@@ -59,6 +59,12 @@ pub(crate) trait Codec {
     async fn answer(self, a: Answer) -> Self::Out;
     /// Sends a response from the cache.
     async fn cached(self, r: crate::static_files::Response) -> Self::Out;
+    /// Sends a FastCGI response's head `r` and then its body as it comes from `body`.
+    async fn streamed(
+        self,
+        r: crate::static_files::Response,
+        body: Box<super::fastcgi_body::FcgiStream>,
+    ) -> Self::Out;
     /// Answers `e` (nothing of the response has been sent).
     async fn fail(self, e: ProxyError) -> Self::Out;
     /// Step 7: the attempts on the group's backends, and the response.
@@ -122,7 +128,8 @@ async fn search<C: Codec>(mut c: C) -> C::Out {
     c.answer(answer).await
 }
 
-/// A FastCGI route's request: the body read whole, the slot, the request to the group.
+/// A FastCGI route's request: the body read whole, the slot, the request to the group, the
+/// answer (its body streamed unless it came whole; an error page of the route replaces it).
 async fn fastcgi<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> C::Out {
     let t = c.target().expect("proxied");
     let job = t.fastcgi.take().expect("a FastCGI request");
@@ -138,8 +145,13 @@ async fn fastcgi<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) 
         let t = &*c.target().expect("proxied");
         job.run(worker, gen, t, body).await
     };
+    use super::fastcgi::Answer;
     match answered {
-        Ok(r) => c.cached(r).await,
+        Ok(Answer::Whole(r)) => c.cached(r).await,
+        Ok(Answer::Stream(r, _)) if super::error_page(c.record(), r.status).is_some() => {
+            c.cached(r).await
+        }
+        Ok(Answer::Stream(r, body)) => c.streamed(r, body).await,
         Err(e) => {
             tracing::warn!(error = %e.report(), "upstream error (FastCGI)");
             c.fail(e).await

@@ -1,15 +1,18 @@
 //! FastCGI routes (`fastcgi = { ... }` to a `protocol = "fastcgi"` group), the driver's step
 //! for them: the CGI parameters rendered at admission ([`Job::new`]), the body read whole, the
 //! route's concurrency slot, then attempts through the retry loop ([`super::attempt`]) on
-//! pooled connections (`FCGI_KEEP_CONN`), and the CGI response answered as a static response
-//! (so the route's response rules, error pages and hooks apply, over every client protocol).
-//! What the FastCGI server writes to stderr is logged.
+//! pooled connections (`FCGI_KEEP_CONN`) until a response head comes, and the CGI response
+//! answered as a static response (so the route's response rules, error pages and hooks
+//! apply, over every client protocol): whole when it was complete with its head, else with
+//! its body streamed ([`super::fastcgi_body`]). What the FastCGI server writes to stderr is
+//! logged.
 
-use std::time::Duration;
+use std::rc::Rc;
 
 use bytes::Bytes;
 
 use super::attempt::{self, AttemptFail, Plan};
+use super::fastcgi_body::FcgiStream;
 use super::{Head, Peer, ProxyTarget};
 use crate::error::{ErrorKind, ProxyError};
 use crate::fastcgi::{FastcgiError, FastcgiRoute, RequestInfo};
@@ -36,6 +39,7 @@ impl Job {
         head: &Head,
         peer: &Peer,
         max_body: Option<u64>,
+        script: Option<&str>,
     ) -> Job {
         let info = RequestInfo {
             method: head.method,
@@ -52,6 +56,7 @@ impl Job {
                 _ => "HTTP/3.0",
             },
             content_length: 0,
+            script,
         };
         let mut params = crate::fastcgi::params(route, &info);
         params.retain(|(k, _)| k != "CONTENT_LENGTH");
@@ -63,19 +68,19 @@ impl Job {
     }
 
     /// Sends the request with `body` to the group's backends (retried on another one while
-    /// nothing was answered, for idempotent methods) and answers the CGI response.
+    /// nothing was answered, for idempotent methods) and answers the CGI response: whole when
+    /// its end came with its head (a Content-Length, one write), else streamed.
     pub(crate) async fn run(
         mut self,
-        worker: &Worker,
-        gen: &Generation,
+        worker: &Rc<Worker>,
+        gen: &Rc<Generation>,
         t: &ProxyTarget,
         body: Bytes,
-    ) -> Result<crate::static_files::Response, ProxyError> {
-        let idempotent = self
-            .params
-            .iter()
-            .find(|(k, _)| k == "REQUEST_METHOD")
-            .is_some_and(|(_, m)| matches!(&m[..], b"GET" | b"HEAD" | b"OPTIONS"));
+    ) -> Result<Answer, ProxyError> {
+        let method = self.params.iter().find(|(k, _)| k == "REQUEST_METHOD");
+        let method = method.map_or(&b""[..], |(_, m)| &m[..]);
+        let idempotent = matches!(method, b"GET" | b"HEAD" | b"OPTIONS");
+        let is_head = method == b"HEAD";
         self.params
             .push(("CONTENT_LENGTH".into(), body.len().to_string().into_bytes()));
         let request = crate::fastcgi::request_bytes(&self.params, &body);
@@ -88,19 +93,36 @@ impl Job {
             replayable: idempotent,
         };
         let mut last = None;
-        let answered = attempt::run(&plan, t.backend, &mut last, async |backend, _| {
+        let (head, mut stream) = attempt::run(&plan, t.backend, &mut last, async |backend, _| {
             let a = attempt_on(worker, gen, (t.upstream, backend), &request).await?;
             Ok((a, 200))
         })
         .await?;
-        let group = &gen.snapshot.upstreams[t.upstream];
-        if !answered.stderr.is_empty() {
-            let text = String::from_utf8_lossy(&answered.stderr);
-            tracing::warn!(upstream = %group.name, stderr = %text.trim_end(), "FastCGI stderr");
+        let cgi = crate::fastcgi::parse_head(&head).map_err(bad)?;
+        let mut r = static_response(cgi);
+        match stream.whole() {
+            None => Ok(Answer::Stream(r, stream)),
+            Some(Err(e)) => Err(bad(e)),
+            Some(Ok(body)) => {
+                if !is_head {
+                    r.headers
+                        .push(("content-length", body.len().to_string().into()));
+                }
+                if !body.is_empty() && !is_head {
+                    r.body = crate::static_files::Body::Bytes(body);
+                }
+                Ok(Answer::Whole(r))
+            }
         }
-        let cgi = crate::fastcgi::parse_response(answered.stdout).map_err(bad)?;
-        Ok(static_response(cgi))
     }
+}
+
+/// A FastCGI route's answer.
+pub(crate) enum Answer {
+    /// The response was complete with its head (most answers of a short script).
+    Whole(crate::static_files::Response),
+    /// The head (its body empty); the body follows from the stream.
+    Stream(crate::static_files::Response, Box<FcgiStream>),
 }
 
 fn bad(e: FastcgiError) -> ProxyError {
@@ -108,78 +130,34 @@ fn bad(e: FastcgiError) -> ProxyError {
 }
 
 /// One attempt on `backend`: a pooled connection (a stale one is replaced by a fresh one
-/// once), the request, the response to its end; the connection goes back to the pool.
+/// once), the request, the response's head; the connection goes back to the pool once the
+/// stream has read the response's end.
 async fn attempt_on(
-    worker: &Worker,
-    gen: &Generation,
+    worker: &Rc<Worker>,
+    gen: &Rc<Generation>,
     (upstream, backend): (usize, usize),
     request: &[u8],
-) -> Result<crate::fastcgi::Answered, AttemptFail<ProxyError>> {
-    let group = &gen.snapshot.upstreams[upstream];
+) -> Result<(Bytes, Box<FcgiStream>), AttemptFail<ProxyError>> {
     let pooled = gen.group(upstream).pool.take(backend, None);
     let (mut conn, mut fresh) = match pooled {
         Some(c) => (c, false),
         None => (connect(worker, gen, upstream, backend).await?, true),
     };
     loop {
-        let sent = timeout(
-            group.read_timeout,
-            crate::fastcgi::exchange(&mut conn.stream, request),
-        )
-        .await;
-        match sent {
-            Ok(answered) => {
-                worker.pool_upstream(gen, (upstream, backend), conn);
-                return Ok(answered);
-            }
+        let mut stream = Box::new(FcgiStream::new(worker, gen, (upstream, backend), conn));
+        let no_response = |kind| Err(AttemptFail::NoResponse(ProxyError::upstream(kind)));
+        match stream.head(request).await {
+            Ok(head) => return Ok((head, stream)),
             // A pooled connection the server had closed: once more on a fresh one.
-            Err(Closed) if !fresh => {
+            Err(FastcgiError::Closed) if !fresh => {
                 conn = connect(worker, gen, upstream, backend).await?;
                 fresh = true;
             }
-            Err(Closed) => {
-                return Err(AttemptFail::NoResponse(ProxyError::upstream(
-                    ErrorKind::UpstreamClosed,
-                )))
-            }
-            Err(Failed(e)) => {
-                return Err(AttemptFail::NoResponse(ProxyError::upstream(
-                    ErrorKind::Io(e),
-                )))
-            }
-            Err(TimedOut) => {
-                return Err(AttemptFail::NoResponse(ProxyError::upstream(
-                    ErrorKind::ReadTimeout,
-                )))
-            }
-            Err(Broken(e)) => return Err(AttemptFail::Fatal(bad(e))),
+            Err(FastcgiError::Closed) => return no_response(ErrorKind::UpstreamClosed),
+            Err(FastcgiError::Io(e)) => return no_response(ErrorKind::Io(e)),
+            Err(FastcgiError::TimedOut) => return no_response(ErrorKind::ReadTimeout),
+            Err(e) => return Err(AttemptFail::Fatal(bad(e))),
         }
-    }
-}
-
-use Outcome::*;
-
-/// How an exchange on a connection ended, when it did not answer.
-enum Outcome {
-    /// Closed before the end of the response.
-    Closed,
-    /// An I/O error.
-    Failed(std::io::Error),
-    TimedOut,
-    /// The server answered something that is not a FastCGI response, or too much.
-    Broken(FastcgiError),
-}
-
-async fn timeout(
-    limit: Duration,
-    f: impl std::future::Future<Output = Result<crate::fastcgi::Answered, FastcgiError>>,
-) -> Result<crate::fastcgi::Answered, Outcome> {
-    match crate::deadline::timeout(limit, f).await {
-        Err(_) => Err(TimedOut),
-        Ok(Ok(a)) => Ok(a),
-        Ok(Err(FastcgiError::Closed)) => Err(Closed),
-        Ok(Err(FastcgiError::Io(e))) => Err(Failed(e)),
-        Ok(Err(e)) => Err(Broken(e)),
     }
 }
 
@@ -195,13 +173,13 @@ async fn connect(
         .map_err(|(error, health)| AttemptFail::NotSent { error, health })
 }
 
-/// The CGI response as a static response: its fields serialized as they came.
-fn static_response(cgi: crate::fastcgi::CgiResponse) -> crate::static_files::Response {
+/// The CGI response head as a static response (no body yet): its fields serialized as
+/// they came, but framing, which is veloxy's.
+fn static_response(cgi: crate::fastcgi::CgiHead) -> crate::static_files::Response {
     let mut raw = Vec::new();
     let mut has_type = false;
     for (name, value) in &cgi.fields {
         let lower = name.to_ascii_lowercase();
-        // Framing is veloxy's; the rest is the script's.
         if matches!(
             lower.as_str(),
             "content-length" | "transfer-encoding" | "connection"
@@ -214,18 +192,13 @@ fn static_response(cgi: crate::fastcgi::CgiResponse) -> crate::static_files::Res
         raw.extend_from_slice(value);
         raw.extend_from_slice(b"\r\n");
     }
-    if !has_type && !cgi.body.is_empty() {
+    if !has_type && !matches!(cgi.status, 204 | 304) {
         raw.extend_from_slice(b"Content-Type: text/html; charset=UTF-8\r\n");
     }
-    let body = if cgi.body.is_empty() {
-        crate::static_files::Body::Empty
-    } else {
-        crate::static_files::Body::Bytes(cgi.body)
-    };
     crate::static_files::Response {
         status: cgi.status,
         headers: Vec::new(),
-        body,
+        body: crate::static_files::Body::Empty,
         raw: [Bytes::from(raw), Bytes::new()],
     }
 }

@@ -73,6 +73,8 @@ pub(crate) enum ResponseBody<F: End> {
     /// An HTTP/2 upstream's gRPC answer to a gRPC-Web request, translated.
     GrpcWeb(Box<super::grpc_web::Encode<Incoming>>, Option<Box<F>>),
     File(Box<FileBody<F>>),
+    /// A FastCGI response's body, as its records arrive.
+    Fastcgi(Box<super::fastcgi_body::FcgiStream>, Option<Box<F>>),
 }
 
 /// The next frame of an upstream's HTTP/2 body, counted as sent to the client; the end of
@@ -132,6 +134,20 @@ impl<F: End> Body for ResponseBody<F> {
             },
             ResponseBody::H2(body, fin) => poll_upstream(Pin::new(body), fin, cx),
             ResponseBody::GrpcWeb(body, fin) => poll_upstream(Pin::new(&mut **body), fin, cx),
+            ResponseBody::Fastcgi(body, fin) => match body.poll_data(cx) {
+                Poll::Ready(None) => {
+                    fin.take();
+                    Poll::Ready(None)
+                }
+                Poll::Ready(Some(Ok(data))) => {
+                    if let Some(f) = fin.as_deref_mut() {
+                        f.sent(data.len() as u64);
+                    }
+                    Poll::Ready(Some(Ok(Frame::data(data))))
+                }
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 
@@ -142,6 +158,7 @@ impl<F: End> Body for ResponseBody<F> {
             ResponseBody::H2(b, _) => b.is_end_stream(),
             ResponseBody::GrpcWeb(b, _) => b.is_end_stream(),
             ResponseBody::File(b) => b.parts.is_empty(),
+            ResponseBody::Fastcgi(b, _) => b.is_end_stream(),
         }
     }
 }
@@ -258,6 +275,22 @@ pub(crate) fn serve_static<F: End>(
     let status =
         http::StatusCode::from_u16(r.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
     respond(status, map, ResponseBody::File(Box::new(body)))
+}
+
+/// A FastCGI response: its head `r` as [`serve_static`] sends it, its body streamed from
+/// `stream`.
+pub(crate) fn serve_stream<F: End>(
+    worker: &Worker,
+    r: crate::static_files::Response,
+    stream: Box<super::fastcgi_body::FcgiStream>,
+    fin: Box<F>,
+) -> Response<ResponseBody<F>> {
+    let (parts, body) = serve_static(worker, r, fin).into_parts();
+    let ResponseBody::File(mut file) = body else {
+        unreachable!("a static response has a file body")
+    };
+    let body = ResponseBody::Fastcgi(stream, file.fin.take());
+    Response::from_parts(parts, body)
 }
 
 /// An answer of veloxy's own (redirect, fixed response, error page).

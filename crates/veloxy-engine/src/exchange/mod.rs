@@ -18,6 +18,7 @@ pub(crate) mod body;
 pub(crate) mod drive;
 pub(crate) mod edit;
 pub(crate) mod fastcgi;
+pub(crate) mod fastcgi_body;
 pub(crate) mod fill;
 pub(crate) mod forward_auth;
 pub(crate) mod framed;

@@ -171,6 +171,11 @@ impl StaticRoute {
         })
     }
 
+    /// Whether `rel` (a clean path, `/`-led) names a file this route would serve.
+    pub fn is_file(&self, rel: &str) -> bool {
+        matches!(lookup(self, rel, false), Ok(Found::File(..)))
+    }
+
     fn rules(&self) -> Rules {
         Rules {
             follow_symlinks: self.follow_symlinks,

@@ -9,6 +9,7 @@
 mod acme;
 mod cache;
 mod expand;
+mod fastcgi;
 mod grpc_web;
 mod http3;
 mod listeners;

@@ -68,7 +68,7 @@ fn compile_route(
     let files = match &r.root {
         Some(root) => Some(Arc::new(compile_files(src, &key, r, root, file_prefix)?)),
         None => {
-            file_only_keys(src, &key, r)?;
+            file_only_keys(src, &key, r, r.fastcgi.is_some())?;
             None
         }
     };
@@ -125,7 +125,7 @@ fn compile_route(
     }
     match (&r.fastcgi, upstream.map(|u| &groups[u])) {
         (Some(f), Some(g)) if g.protocol == crate::config::UpstreamProtocol::Fastcgi => {
-            let f = super::rules::fastcgi(src, &key, f)?;
+            let f = super::fastcgi::fastcgi(src, &key, f, r.try_files.as_deref())?;
             let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
             r.fastcgi = Some(f);
             rules = Some(Arc::new(r));
@@ -455,10 +455,17 @@ fn compile_files(
 }
 
 /// Refuses file-route keys on a proxied route (they would silently do nothing).
-fn file_only_keys(src: &Source, key: &str, r: &RouteSection) -> Result<(), ConfigError> {
+/// `try_files` is one of them but on a FastCGI route (`fastcgi`).
+fn file_only_keys(
+    src: &Source,
+    key: &str,
+    r: &RouteSection,
+    fastcgi: bool,
+) -> Result<(), ConfigError> {
+    let try_files = r.try_files.as_ref().filter(|_| !fastcgi);
     let spans = [
         ("index", r.index.as_ref().map(|v| v.span())),
-        ("try_files", r.try_files.as_ref().map(|v| v.span())),
+        ("try_files", try_files.map(|v| v.span())),
         ("cache_control", r.cache_control.as_ref().map(|v| v.span())),
         ("browse", r.browse.as_ref().map(|v| v.span())),
         (
@@ -473,7 +480,11 @@ fn file_only_keys(src: &Source, key: &str, r: &RouteSection) -> Result<(), Confi
         Some((k, span)) => Err(src.error(
             span,
             format!("{key}.{k}"),
-            "only applies to a route with root (file serving)",
+            if k == "try_files" {
+                "only applies to a route with root (file serving) or fastcgi"
+            } else {
+                "only applies to a route with root (file serving)"
+            },
         )),
         None => Ok(()),
     }

@@ -96,6 +96,15 @@ impl Codec for H2<'_> {
         Ok(framed::serve_static(&self.c.worker, r, f))
     }
 
+    async fn streamed(
+        self,
+        r: crate::static_files::Response,
+        body: Box<crate::exchange::fastcgi_body::FcgiStream>,
+    ) -> Out {
+        let f = self.fin.take().expect("present until answered");
+        Ok(framed::serve_stream(&self.c.worker, r, body, f))
+    }
+
     async fn fail(self, e: ProxyError) -> Out {
         Err(e)
     }
