@@ -45,6 +45,11 @@ fn php_fpm_binary() -> Option<PathBuf> {
 }
 
 fn php_fpm() -> Option<PhpFpm> {
+    php_fpm_with(2)
+}
+
+/// php-fpm with a static pool of `children`.
+fn php_fpm_with(children: usize) -> Option<PhpFpm> {
     let bin = php_fpm_binary()?;
     let dir = tempfile::tempdir().unwrap();
     let port = TcpListener::bind("127.0.0.1:0")
@@ -57,7 +62,7 @@ fn php_fpm() -> Option<PhpFpm> {
         &conf,
         format!(
             "[global]\nerror_log = {}/php-fpm.log\ndaemonize = no\n\
-             [www]\nlisten = 127.0.0.1:{port}\npm = static\npm.max_children = 2\n\
+             [www]\nlisten = 127.0.0.1:{port}\npm = static\npm.max_children = {children}\n\
              catch_workers_output = no\nclear_env = yes\naccess.log = {}/access.log\naccess.format = \"%m %r %f\"\n",
             dir.path().display(),
             dir.path().display()
@@ -496,4 +501,87 @@ echo json_encode(['front' => true, 'uri' => $_SERVER['REQUEST_URI'], 'query' => 
 /// `f`, waited on for at most `secs` seconds.
 fn within<F: std::future::Future>(secs: u64, f: F) -> tokio::time::Timeout<F> {
     tokio::time::timeout(Duration::from_secs(secs), f)
+}
+
+/// One FastCGI request straight to php-fpm (as another web server sharing the pool would
+/// send it): whether an answer came within `wait`.
+fn direct_fastcgi_answers(fpm: &PhpFpm, script: &Path, wait: Duration) -> bool {
+    use std::io::{Read, Write};
+    let record = |kind: u8, body: &[u8]| {
+        let mut r = vec![
+            1,
+            kind,
+            0,
+            1,
+            (body.len() >> 8) as u8,
+            body.len() as u8,
+            0,
+            0,
+        ];
+        r.extend_from_slice(body);
+        r
+    };
+    let mut params = Vec::new();
+    let script = script.display().to_string();
+    for (k, v) in [
+        ("SCRIPT_FILENAME", script.as_str()),
+        ("REQUEST_METHOD", "GET"),
+        ("SCRIPT_NAME", "/index.php"),
+        ("REQUEST_URI", "/direct"),
+    ] {
+        params.extend_from_slice(&[k.len() as u8, v.len() as u8]);
+        params.extend_from_slice(k.as_bytes());
+        params.extend_from_slice(v.as_bytes());
+    }
+    let mut req = record(1, &[0, 1, 0, 0, 0, 0, 0, 0]);
+    req.extend(record(4, &params));
+    req.extend(record(4, &[]));
+    req.extend(record(5, &[]));
+    let Ok(mut c) = TcpStream::connect(fpm.addr) else {
+        return false;
+    };
+    c.set_read_timeout(Some(wait)).unwrap();
+    c.write_all(&req).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while let Ok(n) = c.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&got).contains("front /direct") {
+            return true;
+        }
+    }
+    false
+}
+
+/// A php-fpm child serves one connection until it closes, so an idle pooled FastCGI
+/// connection holds a child: with a pool of one child, nothing else (another worker, another
+/// web server) gets an answer while veloxy keeps it. FastCGI groups keep no idle connections
+/// by default (nginx's default too).
+#[test]
+fn fastcgi_groups_hold_no_idle_php_children_by_default() {
+    let Some(fpm) = php_fpm_with(1) else {
+        skip("fastcgi_groups_hold_no_idle_php_children_by_default: no php-fpm");
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    scripts(root.path());
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\nupstream = \"php\"\nfastcgi = {{ root = \"{}\" }}\n\
+         [upstreams.php]\nprotocol = \"fastcgi\"\nservers = [\"{}\"]\n",
+        root.path().display(),
+        fpm.addr
+    ));
+    let script = root.path().join("index.php");
+    for i in 0..3 {
+        let r = get(v.addr, "/index.php");
+        assert_eq!(r.status, 200, "request {i}: {}", r.body_str());
+        assert!(
+            direct_fastcgi_answers(&fpm, &script, Duration::from_secs(3)),
+            "php-fpm's only child is held by veloxy after request {i}"
+        );
+    }
 }

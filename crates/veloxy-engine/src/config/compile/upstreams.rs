@@ -64,6 +64,7 @@ fn compile_group(
     let https = backends.iter().any(|b| b.tls_name.is_some())
         || discovery.iter().any(|d| d.tls_name.is_some());
     let protocol = compile_protocol(src, &key, u, https)?;
+    let fastcgi = protocol == UpstreamProtocol::Fastcgi;
     let tls = client_tls(src, &key, u, section.span(), https, protocol)?;
     // `client_tls` refused a ca_file on plain servers, so one here belongs to `tls`.
     let ca_file = u
@@ -127,8 +128,22 @@ fn compile_group(
         backends,
         discovery,
         policy,
-        keepalive: u.keepalive.as_ref().map_or(128, |k| *k.get_ref()),
-        pool_purge_delay: dur(&u.pool_purge_delay, Duration::from_secs(1)),
+        // A php-fpm child serves one connection until it closes: idle pooled FastCGI
+        // connections hold children, and a worker's idle ones can starve another worker's
+        // requests (and every other client of the pool). So FastCGI groups keep none unless
+        // told (nginx's default too), and close a surplus at once.
+        keepalive: u
+            .keepalive
+            .as_ref()
+            .map_or(if fastcgi { 0 } else { 128 }, |k| *k.get_ref()),
+        pool_purge_delay: dur(
+            &u.pool_purge_delay,
+            if fastcgi {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(1)
+            },
+        ),
         connect_timeout,
         read_timeout,
         write_timeout,
