@@ -75,7 +75,7 @@ impl Job {
             .params
             .iter()
             .find(|(k, _)| k == "REQUEST_METHOD")
-            .is_some_and(|(_, m)| matches!(&m[..], b"GET" | b"HEAD" | b"OPTIONS"));
+            .is_some_and(|(_, m)| matches!(&m[..], b"GET" | b"HEAD" | b"OPTIONS" | b"QUERY"));
         self.params
             .push(("CONTENT_LENGTH".into(), body.len().to_string().into_bytes()));
         let request = crate::fastcgi::request_bytes(&self.params, &body);

@@ -227,6 +227,14 @@ pub(super) fn route_cache(
             match method.to_ascii_uppercase().as_str() {
                 "GET" => get = true,
                 "HEAD" => head = true,
+                "QUERY" => {
+                    return Err(src.error(
+                        m.span(),
+                        format!("{key}.methods"),
+                        "QUERY responses are not cached (a QUERY on a cached route is \
+                         forwarded, bypassing the cache): GET and HEAD",
+                    ))
+                }
                 other => {
                     return Err(src.error(
                         m.span(),
