@@ -197,18 +197,124 @@ fn a_cached_route_passes_query_through_and_keeps_it_apart_from_get() {
     assert_eq!(summary(&g), (200, "GET - ".into(), Some("MISS")));
 }
 
+/// A QUERY on a route caching QUERY, with its length declared (HTTP/2 clients need not).
+fn query(v: &Veloxy, p: Proto, path: &str, ct: &str, body: &[u8]) -> Response {
+    let len = body.len().to_string();
+    let mut headers = vec![("content-type", ct)];
+    if p == H2 {
+        headers.push(("content-length", &len));
+    }
+    fetch_body(v, p, "QUERY", path, &headers, body)
+}
+
+fn query_answer(body: &[u8], ct: &str) -> String {
+    format!("QUERY {ct} {}", String::from_utf8_lossy(body))
+}
+
 #[test]
-fn a_route_cache_refuses_methods_query_with_a_reason() {
+fn query_answers_are_cached_per_body_and_content_type() {
     let o = echo_origin();
-    let out = check(&cache_config(
-        &o,
-        &Setup {
-            route: "methods = [\"GET\", \"QUERY\"]",
-            ..Setup::default()
-        },
-    ));
-    let text = output_text(&out);
-    assert!(!out.status.success(), "{text}");
-    assert!(text.contains("QUERY"), "{text}");
-    assert!(text.contains("not cached"), "{text}");
+    let v = start(&o, "methods = [\"GET\", \"HEAD\", \"QUERY\"]");
+    let json = "application/json";
+    let other: &[u8] = b"{\"q\":\"other\"}";
+    for p in [H1, H2] {
+        let path = format!("/s/{p:?}");
+        let first = query(&v, p, &path, json, BODY);
+        assert_eq!(
+            summary(&first),
+            (200, query_answer(BODY, json), Some("MISS"))
+        );
+        let seq = first.header("x-origin-seq").unwrap().to_string();
+        let seen = o.request(o.hits()).unwrap();
+        assert_eq!(
+            (seen.method.as_str(), &seen.body[..]),
+            ("QUERY", BODY),
+            "the fill sends the body"
+        );
+        // The same body (from either protocol) is the stored answer.
+        for q in [H1, H2] {
+            let hit = query(&v, q, &path, json, BODY);
+            assert_eq!(
+                summary(&hit),
+                (200, query_answer(BODY, json), Some("HIT")),
+                "{q:?}"
+            );
+            assert_eq!(hit.header("x-origin-seq"), Some(seq.as_str()));
+        }
+        // Another body, or the same body as another type, is another entry.
+        let miss = query(&v, p, &path, json, other);
+        assert_eq!(
+            summary(&miss),
+            (200, query_answer(other, json), Some("MISS"))
+        );
+        let hit = query(&v, p, &path, json, other);
+        assert_eq!(summary(&hit), (200, query_answer(other, json), Some("HIT")));
+        let typed = query(&v, p, &path, "text/plain", BODY);
+        assert_eq!(
+            summary(&typed),
+            (200, query_answer(BODY, "text/plain"), Some("MISS"))
+        );
+        // GET never gets a QUERY's answer, and a QUERY never gets GET's.
+        let get = fetch(&v, p, "GET", &path, &[]);
+        assert_eq!(summary(&get), (200, "GET - ".into(), Some("MISS")));
+        assert_eq!(x_cache(&fetch(&v, p, "GET", &path, &[])), Some("HIT"));
+        let again = query(&v, p, &path, json, BODY);
+        assert_eq!(
+            summary(&again),
+            (200, query_answer(BODY, json), Some("HIT"))
+        );
+        assert_eq!(again.header("x-origin-seq"), Some(seq.as_str()));
+    }
+}
+
+#[test]
+fn query_bodies_over_64_kib_and_routes_without_query_bypass_the_cache() {
+    let o = echo_origin();
+    let v = start(&o, "methods = [\"GET\", \"QUERY\"]");
+    let big = vec![b'x'; 64 * 1024 + 1];
+    for p in [H1, H2, H1] {
+        let hits = o.hits();
+        let r = query(&v, p, "/big", "text/plain", &big);
+        assert_eq!((r.status, x_cache(&r)), (200, Some("BYPASS")), "{p:?}");
+        assert_eq!(o.hits(), hits + 1);
+        assert_eq!(o.request(o.hits()).unwrap().body.len(), big.len());
+    }
+    // At the bound it is cached.
+    let edge = vec![b'y'; 64 * 1024];
+    assert_eq!(
+        x_cache(&query(&v, H1, "/edge", "text/plain", &edge)),
+        Some("MISS")
+    );
+    assert_eq!(
+        x_cache(&query(&v, H2, "/edge", "text/plain", &edge)),
+        Some("HIT")
+    );
+    // An HTTP/2 QUERY that does not declare its length is not cached.
+    let r = fetch_body(&v, H2, "QUERY", "/edge", &[JSON], BODY);
+    assert_eq!(x_cache(&r), Some("BYPASS"));
+    // A route whose cache does not name QUERY: the test above
+    // (a_cached_route_passes_query_through_and_keeps_it_apart_from_get).
+}
+
+#[test]
+fn a_query_answer_that_may_not_be_stored_is_answered_and_passed_after() {
+    let o = script_origin(|r| {
+        Scripted::ok(format!("{} {}", r.method, String::from_utf8_lossy(&r.body)))
+            .header("cache-control", "no-store")
+    });
+    let v = start(&o, "methods = [\"QUERY\"]");
+    let first = query(&v, H1, "/ns", "text/plain", b"a");
+    assert_eq!(summary(&first), (200, "QUERY a".into(), Some("MISS")));
+    // A hit-for-pass now: forwarded with its body, answered, stored nowhere.
+    for p in [H1, H2] {
+        let hits = o.hits();
+        let r = query(&v, p, "/ns", "text/plain", b"a");
+        assert_eq!(
+            summary(&r),
+            (200, "QUERY a".into(), Some("BYPASS")),
+            "{p:?}"
+        );
+        assert_eq!(o.hits(), hits + 1);
+        assert_eq!(o.request(o.hits()).unwrap().body, b"a");
+    }
 }
