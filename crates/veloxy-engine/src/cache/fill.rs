@@ -52,17 +52,21 @@ pub(crate) enum Mode {
 /// head itself is gone by then on HTTP/1).
 #[derive(Clone)]
 pub(crate) struct Fill {
-    rc: Arc<RouteCache>,
-    primary: Arc<str>,
-    key: Arc<str>,
-    stale: Option<Arc<Object>>,
-    mode: Mode,
-    client: ClientHead,
+    pub(super) rc: Arc<RouteCache>,
+    pub(super) primary: Arc<str>,
+    pub(super) key: Arc<str>,
+    pub(super) stale: Option<Arc<Object>>,
+    pub(super) mode: Mode,
+    pub(super) client: ClientHead,
     /// The request's fields, for the response's Vary and the storage rules.
     fields: Arc<[(Box<str>, Vec<u8>)]>,
     authorization: bool,
-    /// The upstream GET head, without validators and the final blank line.
+    /// The upstream GET (or QUERY) head, without validators and the final blank line.
     head: Vec<u8>,
+    /// A QUERY's body, sent after the head ([`super::query`]).
+    pub(super) body: Bytes,
+    /// A QUERY whose key waits for its body ([`super::query::with_body`]).
+    needs_body: bool,
 }
 
 /// What the codec does after a fill.
@@ -95,7 +99,21 @@ impl Fill {
             authorization: head.fields.get("authorization").is_some(),
             fields: fields.into(),
             head: Vec::new(),
+            body: Bytes::new(),
+            needs_body: false,
         }
+    }
+
+    /// Marks a QUERY's fill: the exchange reads the body, then [`super::query::with_body`]
+    /// looks it up.
+    pub(crate) fn awaiting_body(mut self) -> Fill {
+        self.needs_body = true;
+        self
+    }
+
+    /// A QUERY's fill (see [`Fill::awaiting_body`]).
+    pub(crate) fn is_query(&self) -> bool {
+        self.needs_body
     }
 
     /// Sets the upstream request head (written by the exchange, which knows the target).
@@ -115,7 +133,7 @@ impl Fill {
     }
 
     /// The answer from `obj`, labelled in the status header.
-    fn answer(&self, obj: &Object, label: &str, now: u64) -> Filled {
+    pub(super) fn answer(&self, obj: &Object, label: &str, now: u64) -> Filled {
         Filled::Answer(super::serve::respond(
             &self.rc,
             obj,
@@ -142,7 +160,7 @@ impl Fill {
 
     /// The request's combined value of field `name` (every line, joined with ", "), as
     /// RFC 9111 section 4.1 compares Vary fields.
-    fn field(&self, name: &str) -> Option<Vec<u8>> {
+    pub(super) fn field(&self, name: &str) -> Option<Vec<u8>> {
         super::lookup::combined(
             self.fields
                 .iter()
@@ -338,7 +356,7 @@ async fn lead_fill(
 
 /// The head of the fill's upstream request: the client's, made conditional on the stale
 /// object's validators when there is one, with its final blank line.
-fn upstream_head(fill: &Fill, stale: Option<&Object>) -> Vec<u8> {
+pub(super) fn upstream_head(fill: &Fill, stale: Option<&Object>) -> Vec<u8> {
     let mut head = fill.head.clone();
     if let Some(obj) = stale {
         if let Some(etag) = &obj.etag {
@@ -353,7 +371,23 @@ fn upstream_head(fill: &Fill, stale: Option<&Object>) -> Vec<u8> {
         }
     }
     head.extend_from_slice(b"\r\n");
+    // A QUERY's body (empty for GET): one buffer, sent again as is by a retry.
+    head.extend_from_slice(&fill.body);
     head
+}
+
+/// The fetched response answered whole, not stored (`None`: a 304 nobody asked for).
+pub(super) fn answer_fetched(
+    fill: &Fill,
+    fetched: &super::fetch::Fetched,
+    requested: u64,
+    label: &str,
+) -> Option<Filled> {
+    let now = now_ms();
+    let (obj, _) = build(fetched, fill, requested, now)?;
+    let mut answer = fill.answer(&obj, label, now);
+    add_cookies(&mut answer, &fetched.headers);
+    Some(answer)
 }
 
 /// This client's answer is the upstream's whole: its cookies too (only the stored copy,

@@ -28,6 +28,8 @@ pub struct RouteCache {
     /// `methods`: GET and/or HEAD (a HEAD is filled with a GET, so a later GET hits).
     pub get: bool,
     pub head: bool,
+    /// `methods` names QUERY: answers stored per body ([`super::query`]).
+    pub query: bool,
     pub(crate) settings: policy::Settings,
     /// `cache_status_header` ("X-Cache" unless renamed; `None`: off), as `Name: ` bytes.
     pub status_header: Option<Bytes>,
@@ -42,6 +44,7 @@ pub(crate) struct RouteCacheSettings {
     pub key: Template,
     pub get: bool,
     pub head: bool,
+    pub query: bool,
     pub policy: policy::Settings,
     pub status_header: Option<String>,
     pub purge: Option<crate::access::IpRules>,
@@ -71,6 +74,7 @@ impl RouteCache {
             key: route.key,
             get: route.get,
             head: route.head,
+            query: route.query,
             settings: route.policy,
             status_header: route.status_header.map(|h| Bytes::from(format!("{h}: "))),
             purge: route.purge,
@@ -108,6 +112,9 @@ pub(crate) fn describe(rc: &RouteCache) -> String {
     }
     if rc.head {
         methods.push("\"HEAD\"");
+    }
+    if rc.query {
+        methods.push("\"QUERY\"");
     }
     let status = rc.status_header.as_ref().map_or(String::new(), |h| {
         String::from_utf8_lossy(&h[..h.len() - 2]).into_owned()
@@ -181,6 +188,7 @@ pub(crate) fn admit(
     let cacheable = match head.method {
         "GET" => rc.get,
         "HEAD" => rc.head,
+        "QUERY" => rc.query && super::query::cacheable_length(head).is_some(),
         _ => false,
     };
     // A HEAD shares the GET's object: it is filled with a GET.
@@ -200,6 +208,13 @@ pub(crate) fn admit(
             .fields
             .get("pragma")
             .is_some_and(|p| p.eq_ignore_ascii_case(b"no-cache"));
+    let mode = if refresh { Mode::Refresh } else { Mode::Normal };
+    if head.method == "QUERY" {
+        // Its key needs its body: looked up once the exchange has read it.
+        let key: Arc<str> = Arc::from(key);
+        let fill = Fill::new(rc.clone(), (key.clone(), key), None, mode, (head, encoding));
+        return Step::Fill(Box::new(fill.awaiting_body()));
+    }
     let now = now_ms();
     let primary: Arc<str> = Arc::from(key);
     let (key, found) = match store.entries.get(&primary) {
@@ -228,7 +243,7 @@ pub(crate) fn admit(
             rc.clone(),
             (primary, key),
             stale,
-            if refresh { Mode::Refresh } else { Mode::Normal },
+            mode,
             (head, encoding),
         ))),
     }

@@ -12,6 +12,8 @@
 //!   (collapsing across workers), `stale-while-revalidate` refreshes in the background,
 //!   `stale-if-error` answers when the upstream fails. Its upstream is a [`fetch::Upstream`]
 //!   the codec passes in (`downstream::cached::FillUpstream`).
+//! * [`query`]: QUERY answers, keyed by the request body's digest, looked up once the
+//!   exchange has read the body.
 //! * [`serve`]: an object as an answer: `Age`, the status header, client conditionals
 //!   (304), ranges (206), HEAD.
 
@@ -20,6 +22,7 @@ pub(crate) mod fetch;
 pub(crate) mod fill;
 pub(crate) mod lookup;
 pub(crate) mod policy;
+pub(crate) mod query;
 pub(crate) mod serve;
 
 use std::collections::HashMap;

@@ -280,9 +280,14 @@ impl Proxying<'_> {
         if let Some(mut f) = fill {
             let peer = self.peer;
             let host = group.backends[backend].authority();
+            // A QUERY's fill sends its body (read later, of the declared length).
+            let (method, framing) = match crate::cache::query::cacheable_length(head) {
+                Some(n) if f.is_query() => ("QUERY", crate::http1::BodyKind::Length(n)),
+                _ => ("GET", crate::http1::BodyKind::None),
+            };
             let options = super::h1_head::HeadOptions {
-                method: "GET",
-                framing: crate::http1::BodyKind::None,
+                method,
+                framing,
                 unconditional: true,
                 fallback_host: &host,
                 client_ip: peer.client_ip,

@@ -159,12 +159,29 @@ async fn fastcgi<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) 
     }
 }
 
-/// Step 6: the cache fill (GET or HEAD: no body to read before the slot). When the cache
-/// lets the request go upstream, the slot stays held for the attempts.
+/// Step 6: the cache fill (GET or HEAD: no body to read before the slot; a QUERY's body is
+/// read first, since its key needs it). When the cache lets the request go upstream, the slot
+/// stays held for the attempts.
 async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> C::Out {
+    use crate::cache::query::Keyed;
     let t = c.target().expect("proxied");
-    let fill = t.cache.take().expect("a fill");
+    let mut fill = t.cache.take().expect("a fill");
     let limit = t.concurrency.clone();
+    let mut pass = false;
+    if fill.is_query() {
+        let body = match c.whole_body(crate::cache::query::BODY_LIMIT).await {
+            Ok(body) => body,
+            Err(e) => return c.fail(e).await,
+        };
+        fill = match crate::cache::query::with_body(fill, body) {
+            Keyed::Hit(r) => return c.cached(r).await,
+            Keyed::Pass(f) => {
+                pass = true;
+                f
+            }
+            Keyed::Fill(f) => f,
+        };
+    }
     if let Err(e) = super::hold_slot(&limit, c.slot()).await {
         return c.fail(e).await;
     }
@@ -175,7 +192,7 @@ async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> 
             gen,
             target,
         };
-        crate::cache::fill::run(&up, fill).await
+        fill_or_forward(&up, fill, pass).await
     };
     match filled {
         Ok(crate::cache::fill::Filled::Answer(r)) => c.cached(r).await,
@@ -187,5 +204,23 @@ async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> 
             tracing::warn!(error = %e.report(), "upstream error (cache fill)");
             c.fail(e).await
         }
+    }
+}
+
+/// Runs the fill; a QUERY (its body read already) that the fill does not answer is sent once
+/// more and answered whole, `BYPASS` for a hit-for-pass (`pass`), `MISS` otherwise.
+async fn fill_or_forward(
+    up: &super::fill::FillUpstream<'_>,
+    fill: Box<crate::cache::fill::Fill>,
+    pass: bool,
+) -> Result<crate::cache::fill::Filled, ProxyError> {
+    use crate::cache::fill::Filled;
+    if pass {
+        return crate::cache::query::forward(up, &fill, "BYPASS").await;
+    }
+    let query = fill.is_query().then(|| fill.clone());
+    match (crate::cache::fill::run(up, fill).await, query) {
+        (Ok(Filled::Forward(_)), Some(q)) => crate::cache::query::forward(up, &q, "MISS").await,
+        (filled, _) => filled,
     }
 }

@@ -79,7 +79,7 @@ impl Job {
     ) -> Result<Answer, ProxyError> {
         let method = self.params.iter().find(|(k, _)| k == "REQUEST_METHOD");
         let method = method.map_or(&b""[..], |(_, m)| &m[..]);
-        let idempotent = matches!(method, b"GET" | b"HEAD" | b"OPTIONS");
+        let idempotent = matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"QUERY");
         let is_head = method == b"HEAD";
         self.params
             .push(("CONTENT_LENGTH".into(), body.len().to_string().into_bytes()));

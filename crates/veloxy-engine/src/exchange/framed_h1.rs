@@ -60,10 +60,7 @@ async fn forward_with<C: FramedClient>(
     let group = &gen.snapshot.upstreams[t.upstream];
     let (parts, mut body) = req.into_parts();
     let is_head = parts.method == Method::HEAD;
-    let idempotent = matches!(
-        parts.method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-    );
+    let idempotent = crate::http1::request::idempotent_method(parts.method.as_str());
     let declared = parts
         .headers
         .get(http::header::CONTENT_LENGTH)
@@ -71,7 +68,8 @@ async fn forward_with<C: FramedClient>(
         .and_then(|v| v.parse::<u64>().ok());
     let framing = if body.is_end_stream() {
         // An empty POST/PUT/PATCH still says so: some servers answer 411 without a length.
-        let empty_with_length = matches!(parts.method, Method::POST | Method::PUT | Method::PATCH);
+        let empty_with_length = matches!(parts.method, Method::POST | Method::PUT | Method::PATCH)
+            || parts.method.as_str() == "QUERY";
         if empty_with_length {
             BodyKind::Length(0)
         } else {

@@ -46,12 +46,9 @@ impl RequestView<'_> {
         self.method == "HEAD"
     }
 
-    /// Methods RFC 9110 calls idempotent: safe to send twice.
+    /// Methods RFC 9110 calls idempotent: safe to send twice (see [`idempotent_method`]).
     pub fn is_idempotent(&self) -> bool {
-        matches!(
-            self.method,
-            "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
-        )
+        idempotent_method(self.method)
     }
 
     /// The first value of header `name`, case-insensitively.
@@ -65,6 +62,17 @@ impl RequestView<'_> {
     fn connection_values(&self) -> &[&[u8]] {
         &self.connection[..self.connection_len]
     }
+}
+
+/// Whether a method is idempotent (RFC 9110 section 9.2.2), so a request with it may be sent
+/// again after a failure: GET, HEAD, OPTIONS, TRACE, PUT, DELETE, and QUERY
+/// (draft-ietf-httpbis-safe-method-w-body: safe and idempotent, with a body). Every client
+/// protocol and the FastCGI client decide retries with this one list.
+pub fn idempotent_method(method: &str) -> bool {
+    matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE" | "QUERY"
+    )
 }
 
 fn bad(msg: &'static str) -> ProxyError {

@@ -220,18 +220,19 @@ pub(super) fn route_cache(
     let template_text = r.key.as_ref().map_or(DEFAULT_KEY, |k| k.get_ref().as_str());
     let span = r.key.as_ref().map_or(c.span(), |k| k.span());
     let template = super::rules::template(src, span, &format!("{key}.key"), template_text, None)?;
-    let (mut get, mut head) = (true, true);
+    let (mut get, mut head, mut query) = (true, true, false);
     if let Some(m) = &r.methods {
         (get, head) = (false, false);
         for method in m.get_ref() {
             match method.to_ascii_uppercase().as_str() {
                 "GET" => get = true,
                 "HEAD" => head = true,
+                "QUERY" => query = true,
                 other => {
                     return Err(src.error(
                         m.span(),
                         format!("{key}.methods"),
-                        format!("{other:?} responses are not cacheable here: GET and HEAD"),
+                        format!("{other:?} responses are not cacheable here: GET, HEAD and QUERY"),
                     ))
                 }
             }
@@ -257,6 +258,7 @@ pub(super) fn route_cache(
         key: template,
         get,
         head,
+        query,
         policy: crate::cache::policy::Settings {
             default_ttl: dur(&r.default_ttl, Duration::ZERO),
             stale_while_revalidate: dur(&r.stale_while_revalidate, Duration::ZERO),

@@ -282,13 +282,13 @@ pub(crate) enum Multiplexed {
 pub(crate) struct EarlyData;
 
 /// Whether a request may be served from early data, where an attacker can replay it: only the
-/// safe methods. (PUT and DELETE are idempotent, but a replay after a later change undoes
+/// safe methods, QUERY among them (draft-ietf-httpbis-safe-method-w-body). (PUT and DELETE are idempotent, but a replay after a later change undoes
 /// that change, so they wait for the handshake too.)
 fn replay_safe(method: &http::Method) -> bool {
     matches!(
         *method,
         http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
-    )
+    ) || method.as_str() == "QUERY"
 }
 
 /// Admits one stream through the exchange core, then runs the exchange driver on it.
