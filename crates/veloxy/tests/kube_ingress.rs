@@ -355,6 +355,26 @@ fn check_status(scene: &Scene) {
         other["status"]["loadBalancer"]["ingress"].is_null(),
         "{other}"
     );
+    // An Ingress moved to another class has veloxy's address cleared; moved back, it is
+    // written again.
+    let published = |name: &str| {
+        let (_, ing) = scene.k.call("GET", &format!("{ings}/{name}"), None);
+        ing["status"]["loadBalancer"]["ingress"][0]["ip"] == "203.0.113.10"
+    };
+    within(Duration::from_secs(10), "rewrite's status written", || {
+        published("rewrite")
+    });
+    let class = |c: &str| json!({"spec": {"ingressClassName": c}});
+    scene.k.patch(&format!("{ings}/rewrite"), class("traefik"));
+    within(Duration::from_secs(10), "rewrite's status cleared", || {
+        !published("rewrite")
+    });
+    scene.k.patch(&format!("{ings}/rewrite"), class("veloxy"));
+    within(
+        Duration::from_secs(10),
+        "rewrite's status written again",
+        || published("rewrite"),
+    );
 }
 
 /// The Lease's holder.

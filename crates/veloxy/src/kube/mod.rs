@@ -305,7 +305,7 @@ async fn rebuild(
             let writes = writer.is_none_or(|w| w.load(std::sync::atomic::Ordering::SeqCst));
             if let Some(s) = builder.spec.status.as_ref().filter(|_| writes) {
                 let want = status::desired(s, &world);
-                status::publish(client, &served, &want).await;
+                status::publish(client, &served, &world.ingresses, &want).await;
             }
         }
         Err(e) => {

@@ -1,6 +1,7 @@
 //! Ingress status: `status.loadBalancer.ingress` of each served Ingress is set to the
 //! configured address (`status_address`, or the addresses of `publish_service`), written
-//! only when it differs, so the watch event the write causes changes nothing.
+//! only when it differs, so the watch event the write causes changes nothing; an Ingress no
+//! longer served (moved to another class) has that address cleared again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,43 +68,60 @@ pub fn desired(status: &StatusAddress, world: &World) -> Vec<IngressLoadBalancer
     }
 }
 
-/// Writes `want` into the status of each Ingress of `served` whose status differs.
+/// Writes `want` into the status of each Ingress of `served` whose status differs, and
+/// clears it from the Ingresses of `all` that are no longer served (moved to another class,
+/// or refused) but still carry exactly `want`: another controller's address is left alone.
 pub async fn publish(
     client: &Client,
     served: &[Arc<Ingress>],
+    all: &[Arc<Ingress>],
     want: &[IngressLoadBalancerIngress],
 ) {
     if want.is_empty() {
         return;
     }
-    for ing in served {
-        let current = ing
-            .status
+    let current = |ing: &Ingress| {
+        ing.status
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|l| l.ingress.as_deref())
-            .unwrap_or_default();
-        if current == want {
-            continue;
+            .and_then(|l| l.ingress.clone())
+            .unwrap_or_default()
+    };
+    for ing in served {
+        if current(ing) != want {
+            write(client, ing, serde_json::json!(want)).await;
         }
-        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
-        let Some(name) = ing.metadata.name.as_deref() else {
-            continue;
-        };
-        let api: Api<Ingress> = Api::namespaced(client.clone(), ns);
-        let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": want}}});
-        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-        let write = api.patch_status(name, &params, &patch);
-        match tokio::time::timeout(WRITE_TIMEOUT, write).await {
-            Ok(Ok(_)) => {
-                tracing::debug!(ingress = %id(&ing.metadata), "kubernetes: status written")
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(ingress = %id(&ing.metadata), error = %e, "kubernetes: writing the Ingress status failed")
-            }
-            Err(_) => {
-                tracing::warn!(ingress = %id(&ing.metadata), "kubernetes: writing the Ingress status timed out")
-            }
+    }
+    let is_served = |ing: &Ingress| served.iter().any(|s| s.metadata.uid == ing.metadata.uid);
+    for ing in all {
+        if current(ing) == want && !is_served(ing) {
+            write(client, ing, serde_json::Value::Null).await;
+        }
+    }
+}
+
+/// Sets (or, with `null`, removes) `status.loadBalancer.ingress` of `ing`.
+async fn write(client: &Client, ing: &Ingress, addresses: serde_json::Value) {
+    let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
+    let Some(name) = ing.metadata.name.as_deref() else {
+        return;
+    };
+    let what = if addresses.is_null() {
+        "cleared"
+    } else {
+        "written"
+    };
+    let api: Api<Ingress> = Api::namespaced(client.clone(), ns);
+    let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": addresses}}});
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let result = api.patch_status(name, &params, &patch);
+    match tokio::time::timeout(WRITE_TIMEOUT, result).await {
+        Ok(Ok(_)) => tracing::debug!(ingress = %id(&ing.metadata), "kubernetes: status {what}"),
+        Ok(Err(e)) => {
+            tracing::warn!(ingress = %id(&ing.metadata), error = %e, "kubernetes: Ingress status not {what}")
+        }
+        Err(_) => {
+            tracing::warn!(ingress = %id(&ing.metadata), "kubernetes: Ingress status not {what}: timed out")
         }
     }
 }
