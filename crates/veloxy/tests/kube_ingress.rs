@@ -176,6 +176,19 @@ impl Scene {
             json!({"metadata": {"name": "secure-tls"}, "type": "kubernetes.io/tls",
                    "data": {"tls.crt": b64(&cert), "tls.key": b64(&key)}}),
         );
+        // ingress-nginx's basic auth: an Opaque Secret whose `auth` is an htpasswd file.
+        let users = self._tls_dir.path().join("users");
+        assert!(htpasswd(
+            &users,
+            "alice",
+            "s3cret",
+            &["-c", "-B", "-C", "5"]
+        ));
+        k.create(
+            &format!("/api/v1{NSP}/secrets"),
+            json!({"metadata": {"name": "basic-users"}, "type": "Opaque",
+                   "data": {"auth": b64(&users)}}),
+        );
         k.create(
             &format!("{NET}/ingressclasses"),
             json!({"metadata": {"name": "veloxy"},
@@ -219,6 +232,19 @@ impl Scene {
                     "tls": [{"hosts": ["secure.example"], "secretName": "secure-tls"}],
                     "rules": [rule("secure.example", &[("/", "Prefix", port80())])],
                 }),
+            ),
+        );
+        k.create(
+            &ings,
+            ingress(
+                "private",
+                "veloxy",
+                json!({
+                    "nginx.ingress.kubernetes.io/auth-type": "basic",
+                    "nginx.ingress.kubernetes.io/auth-secret": "basic-users",
+                    "nginx.ingress.kubernetes.io/auth-realm": "staff",
+                }),
+                json!({"rules": [rule("private.example", &[("/", "Prefix", port80())])]}),
             ),
         );
         k.create(
@@ -375,6 +401,36 @@ fn check_status(scene: &Scene) {
         "rewrite's status written again",
         || published("rewrite"),
     );
+}
+
+/// (h) ingress-nginx's basic auth from an Opaque Secret: 401 with the realm without
+/// credentials or with a wrong password, the backend with the right ones.
+fn check_basic_auth(web: SocketAddr) {
+    let ask = |auth: Option<&str>| {
+        let Ok(mut c) = Client::try_connect(web) else {
+            return (0, String::new());
+        };
+        let auth = auth
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        c.send(
+            format!("GET / HTTP/1.1\r\nHost: private.example\r\n{auth}Connection: close\r\n\r\n")
+                .as_bytes(),
+        );
+        c.try_read_response(false).map_or((0, String::new()), |r| {
+            let realm = r.header("www-authenticate").unwrap_or_default().to_owned();
+            (r.status, realm)
+        })
+    };
+    within(
+        Duration::from_secs(10),
+        "the private Ingress served",
+        || ask(None).0 == 401,
+    );
+    assert!(ask(None).1.contains("staff"), "{:?}", ask(None));
+    assert_eq!(ask(Some(&basic_credentials("alice", "wrong"))).0, 401);
+    assert_eq!(ask(Some(&basic_credentials("alice", "s3cret"))).0, 200);
+    eprintln!("(h) basic auth from an Opaque Secret");
 }
 
 /// The Lease's holder.
@@ -582,6 +638,7 @@ fn ingress_objects_become_routes_and_follow_changes() {
     check_paths(web);
     check_rewrite_and_class(web);
     check_tls(&scene, web, websecure);
+    check_basic_auth(web);
     check_status(&scene);
     check_bad_objects_and_endpoint_change(&scene, &v, web);
     check_route_change_and_sighup(&scene, &v, web);

@@ -23,6 +23,24 @@ const PROXY_ONLY: &[&str] = &[
     "cache",
 ];
 
+/// A route value naming one of the translation's generated files (a basic-auth users file)
+/// made absolute: the file is written under `out_dir`, and the merged config is read as if
+/// it were the config file, from that file's directory.
+fn absolute_files(v: &mut Value, imported: &Config, out_dir: &Path) {
+    match v {
+        Value::String(s) if imported.files.iter().any(|f| f.name == *s) => {
+            *s = out_dir.join(&*s).display().to_string();
+        }
+        Value::Table(t) => t
+            .iter_mut()
+            .for_each(|(_, v)| absolute_files(v, imported, out_dir)),
+        Value::Array(a) => a
+            .iter_mut()
+            .for_each(|v| absolute_files(v, imported, out_dir)),
+        _ => {}
+    }
+}
+
 /// Merges `imported` into `file` (the config file as a TOML table). `out_dir`: where the
 /// translation's generated files (certificates and keys) were written. Returns lines for the
 /// log about what could not be merged.
@@ -60,6 +78,9 @@ pub fn merge(
     for r in &imported.routes {
         let mut t: Table = r.keys.iter().cloned().collect();
         rename_refs(&mut t, &empty_groups);
+        for (_, v) in t.iter_mut() {
+            absolute_files(v, imported, out_dir);
+        }
         let on: Vec<&str> = match t.get("listener").and_then(Value::as_str) {
             Some("https") => https.into_iter().collect(),
             Some(_) => vec![spec.http_listener.as_str()],

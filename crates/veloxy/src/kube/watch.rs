@@ -52,8 +52,11 @@ impl Caches {
             namespaces.iter().map(|n| Some(n.as_str())).collect()
         };
         let all = watcher::Config::default();
-        // Only TLS Secrets: the provider reads no other kind, and a cluster's Secrets are many.
+        // Only the Secrets the provider reads (a cluster's Secrets are many): TLS ones, and
+        // Opaque ones, where ingress-nginx's basic-auth users live (an htpasswd `auth` key,
+        // or user -> hash with auth-secret-type: auth-map).
         let tls = watcher::Config::default().fields("type=kubernetes.io/tls");
+        let opaque = watcher::Config::default().fields("type=Opaque");
         for ns in scopes {
             let store = c.watch(api(client, ns), all.clone(), "Ingress", changed);
             c.ingresses.push(store);
@@ -62,6 +65,8 @@ impl Caches {
             let store = c.watch(api(client, ns), all.clone(), "EndpointSlice", changed);
             c.slices.push(store);
             let store = c.watch(api(client, ns), tls.clone(), "Secret", changed);
+            c.secrets.push(store);
+            let store = c.watch(api(client, ns), opaque.clone(), "Secret", changed);
             c.secrets.push(store);
         }
         let store = c.watch(Api::all(client.clone()), all, "IngressClass", changed);
