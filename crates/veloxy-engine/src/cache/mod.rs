@@ -12,12 +12,14 @@
 //!   (collapsing across workers), `stale-while-revalidate` refreshes in the background,
 //!   `stale-if-error` answers when the upstream fails. Its upstream is a [`fetch::Upstream`]
 //!   the codec passes in (`downstream::cached::FillUpstream`).
+//! * [`invalidate`]: what a non-error response to an unsafe request removes (RFC 9111 4.4).
 //! * [`serve`]: an object as an answer: `Age`, the status header, client conditionals
 //!   (304), ranges (206), HEAD.
 
 pub(crate) mod disk;
 pub(crate) mod fetch;
 pub(crate) mod fill;
+pub(crate) mod invalidate;
 pub(crate) mod lookup;
 pub(crate) mod policy;
 pub(crate) mod serve;
@@ -33,7 +35,8 @@ use bytes::Bytes;
 pub(crate) struct Object {
     pub status: u16,
     /// The stored header fields as `name: value\r\n` lines: the upstream's, without framing,
-    /// hop-by-hop fields, `Date`, `Age` and `Server` (veloxy writes those itself).
+    /// hop-by-hop fields, `Age` (veloxy computes it) and `Set-Cookie`; the origin's `Date`
+    /// and `Server` stay, and the codecs write them instead of their own.
     pub lines: Bytes,
     pub body: Bytes,
     pub etag: Option<Bytes>,
