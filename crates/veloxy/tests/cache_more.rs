@@ -217,6 +217,10 @@ fn cdn_cache_control_and_the_configured_targeted_field_replace_cache_control() {
             _ => s.header("cache-control", "max-age=60"),
         }
     });
+    let hit = ["MISS", "HIT"].map(String::from);
+    // CDN-Cache-Control is obeyed without any setting.
+    let plain = start(&o, "");
+    assert_eq!(twice(&plain, "/cdn-fresh"), hit);
     let v = start_with(
         &o,
         Setup {
@@ -224,7 +228,6 @@ fn cdn_cache_control_and_the_configured_targeted_field_replace_cache_control() {
             ..Setup::default()
         },
     );
-    let hit = ["MISS", "HIT"].map(String::from);
     assert_eq!(twice(&v, "/cdn-fresh"), hit);
     assert_eq!(twice(&v, "/cdn-invalid"), hit);
     assert_eq!(twice(&v, "/own"), hit);
@@ -237,7 +240,6 @@ fn cdn_cache_control_and_the_configured_targeted_field_replace_cache_control() {
     assert_eq!(r.header("cdn-cache-control"), Some("max-age=60"));
     assert_eq!(r.header("cache-control"), Some("no-store"));
     // Without the setting, the own field means nothing: CDN-Cache-Control's no-store decides.
-    let plain = start(&o, "");
     let [_, second] = twice(&plain, "/own");
     assert_ne!(second, "HIT");
 }
