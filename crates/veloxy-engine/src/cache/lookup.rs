@@ -146,6 +146,9 @@ pub(crate) fn describe_store(
         ("memory", store.memory.to_string()),
         ("max_object", max_object.to_string()),
     ];
+    if let [own, _] = &*store.targeted {
+        keys.push(("targeted_cache_control", format!("{own:?}")));
+    }
     if let Some(d) = &store.disk {
         keys.push((
             "disk",

@@ -245,6 +245,9 @@ pub(crate) struct StoreSpec {
     pub memory: u64,
     pub disk: Option<DiskSpec>,
     pub store: crate::late::Late<Store>,
+    /// `targeted_cache_control` then `CDN-Cache-Control`, lowercase (what the routes using
+    /// the store obey, see [`lookup::RouteCache`]; not part of the store itself).
+    pub targeted: Arc<[Box<str>]>,
 }
 
 impl StoreSpec {

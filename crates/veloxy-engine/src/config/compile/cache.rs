@@ -23,8 +23,6 @@ pub(super) struct CacheSpec {
     live: crate::cache::StoreSpec,
     max_object: u64,
     status_header: Option<String>,
-    /// The targeted cache-control fields obeyed, in order (lowercase).
-    targeted: Arc<[Box<str>]>,
 }
 
 impl CacheSpec {
@@ -162,10 +160,10 @@ pub(super) fn compile_caches(
                     memory,
                     disk,
                     store: Late::empty(),
+                    targeted,
                 },
                 max_object,
                 status_header: status_header.unwrap_or(Some("X-Cache".to_owned())),
-                targeted,
             },
         );
     }
@@ -301,7 +299,7 @@ pub(super) fn route_cache(
         status_header: status,
         purge,
         compress,
-        targeted: spec.targeted.clone(),
+        targeted: spec.live.targeted.clone(),
     };
     Ok(Arc::new(RouteCache::new(spec.store(), route)))
 }
