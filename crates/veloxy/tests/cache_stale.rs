@@ -225,3 +225,25 @@ fn a_304_refreshed_answer_carries_the_304_s_date_and_hits_keep_it() {
     }
     assert_eq!(o.hits(), 2);
 }
+
+#[test]
+fn an_answer_without_a_date_is_dated_on_arrival_and_its_hits_keep_that_date() {
+    let o = script_origin(|r| {
+        Scripted::ok(format!("v{}", r.seq)).header("cache-control", "max-age=60")
+    });
+    let v = start(&o, "");
+    let first = get1(&v, "/n", &[]);
+    assert_eq!(x_cache(&first), Some("MISS"));
+    let date = first.header("date").unwrap().to_owned();
+    // Past the second the answer arrived in: a hit still says when it was received.
+    std::thread::sleep(Duration::from_millis(1100));
+    for p in [Proto::H1, Proto::H2] {
+        let r = fetch(&v, p, "GET", "/n", &[]);
+        assert_eq!(x_cache(&r), Some("HIT"), "{p:?}");
+        assert_eq!(r.header("date"), Some(date.as_str()), "{p:?}");
+        assert!(
+            r.header("age").unwrap().parse::<u64>().unwrap() >= 1,
+            "{p:?}"
+        );
+    }
+}

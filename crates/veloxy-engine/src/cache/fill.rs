@@ -480,7 +480,7 @@ fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now: u64) -> Bu
     let initial = policy::initial_age_ms(age, date, requested, now);
     let obj = Object {
         status: f.status,
-        lines: lines_of(h),
+        lines: lines_of(h, now),
         body: f.body.clone(),
         etag: h
             .get(http::header::ETAG)
@@ -526,6 +526,11 @@ fn revalidated(
     for name in f.headers.keys() {
         merged.remove(name);
     }
+    if !f.headers.contains_key(http::header::DATE) {
+        // A 304 without a Date was generated now (RFC 9110 6.6.1): the old Date goes, and
+        // the object is dated on arrival as any answer without one.
+        merged.remove(http::header::DATE);
+    }
     for (n, v) in &f.headers {
         merged.append(n.clone(), v.clone());
     }
@@ -543,8 +548,15 @@ fn revalidated(
 /// not Set-Cookie (a stored response is shared: only the
 /// client whose request fetched it gets its cookies, see [`cookie_lines`]); framing and
 /// hop-by-hop fields are already gone.
-fn lines_of(h: &http::HeaderMap) -> Bytes {
+fn lines_of(h: &http::HeaderMap, now: u64) -> Bytes {
     let mut out = Vec::with_capacity(256);
+    if !h.contains_key(http::header::DATE) {
+        // Dated on arrival (RFC 9110 6.6.1), so that every answer from it has one Date.
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(now);
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(httpdate::fmt_http_date(at).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     for (n, v) in h {
         if matches!(n.as_str(), "age" | "set-cookie" | "content-length") {
             continue;
