@@ -305,3 +305,38 @@ fn check_refuses_a_disk_path_under_a_file() {
         "{text}"
     );
 }
+
+#[test]
+fn an_unsafe_request_invalidates_the_disk_copy_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = script_origin(|r| match r.method.as_str() {
+        "GET" => Scripted::ok(format!("v{}", r.seq)).header("cache-control", "max-age=600"),
+        _ => Scripted::new(204),
+    });
+    let lines = disk_lines(dir.path(), "64MiB");
+    let setup = || Setup {
+        caches: &lines,
+        ..Setup::default()
+    };
+    let v = start_with(&o, setup());
+    for p in ["/a", "/keep"] {
+        assert_eq!(x_cache(&get1(&v, p, &HOST)), Some("MISS"));
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || entry_files(dir.path()).len()
+            == 2),
+        "both entries written"
+    );
+    let r = fetch(&v, Proto::H1, "PUT", "/a", &HOST);
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        entry_files(dir.path()).len(),
+        1,
+        "the disk copy is gone at once"
+    );
+    drop(v);
+    // A new process finds only the other entry on disk.
+    let v = start_with(&o, setup());
+    assert_eq!(x_cache(&get1(&v, "/keep", &HOST)), Some("HIT"));
+    assert_eq!(x_cache(&get1(&v, "/a", &HOST)), Some("MISS"));
+}

@@ -167,3 +167,83 @@ fn stale_while_revalidate_answers_at_once_and_refreshes_in_the_background() {
     assert!(refreshed, "{last:?}");
     assert_eq!(o.hits(), 2, "one background refresh");
 }
+
+#[test]
+fn a_304_refreshed_answer_carries_the_304_s_date_and_hits_keep_it() {
+    let now = std::time::SystemTime::now();
+    let first_date = http_date(now - Duration::from_secs(20));
+    let refreshed_date = http_date(now - Duration::from_secs(5));
+    let (d1, d2) = (first_date.clone(), refreshed_date.clone());
+    // Stale on arrival (20 s old, max-age=1): the next request revalidates at once.
+    let o = script_origin(move |r| {
+        if r.seq == 1 {
+            Scripted::ok("body")
+                .header("cache-control", "max-age=1")
+                .header("etag", "\"e\"")
+                .header("date", d1.clone())
+        } else {
+            Scripted::not_modified()
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"e\"")
+                .header("date", d2.clone())
+                .header("x-fresh", "2")
+        }
+    });
+    let v = start(&o, "");
+    let r = get1(&v, "/d", &[]);
+    assert_eq!(x_cache(&r), Some("MISS"));
+    assert_eq!(
+        r.header("date"),
+        Some(first_date.as_str()),
+        "the origin's Date"
+    );
+    for (p, label) in [
+        (Proto::H1, "REVALIDATED"),
+        (Proto::H1, "HIT"),
+        (Proto::H2, "HIT"),
+    ] {
+        let r = fetch(&v, p, "GET", "/d", &[]);
+        assert_eq!(summary(&r), (200, "body".into(), Some(label)), "{p:?}");
+        assert_eq!(
+            r.header("date"),
+            Some(refreshed_date.as_str()),
+            "{p:?} {label}: the 304's Date"
+        );
+        assert_eq!(r.header("x-fresh"), Some("2"), "{p:?} {label}");
+        assert_eq!(
+            r.headers
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("date"))
+                .count(),
+            1
+        );
+        let age: u64 = r.header("age").unwrap().parse().unwrap();
+        assert!(
+            (5..30).contains(&age),
+            "{p:?} {label}: Age counts from it: {age}"
+        );
+    }
+    assert_eq!(o.hits(), 2);
+}
+
+#[test]
+fn an_answer_without_a_date_is_dated_on_arrival_and_its_hits_keep_that_date() {
+    let o = script_origin(|r| {
+        Scripted::ok(format!("v{}", r.seq)).header("cache-control", "max-age=60")
+    });
+    let v = start(&o, "");
+    let first = get1(&v, "/n", &[]);
+    assert_eq!(x_cache(&first), Some("MISS"));
+    let date = first.header("date").unwrap().to_owned();
+    // Past the second the answer arrived in: a hit still says when it was received.
+    std::thread::sleep(Duration::from_millis(1100));
+    for p in [Proto::H1, Proto::H2] {
+        let r = fetch(&v, p, "GET", "/n", &[]);
+        assert_eq!(x_cache(&r), Some("HIT"), "{p:?}");
+        assert_eq!(r.header("date"), Some(date.as_str()), "{p:?}");
+        assert!(
+            r.header("age").unwrap().parse::<u64>().unwrap() >= 1,
+            "{p:?}"
+        );
+    }
+}

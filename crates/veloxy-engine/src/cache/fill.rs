@@ -457,6 +457,29 @@ fn vary_names(headers: &http::HeaderMap) -> Vec<Box<str>> {
     names
 }
 
+/// The directives this cache obeys: the first targeted field present and valid (RFC 9213:
+/// the configured one, then `CDN-Cache-Control`; `Cache-Control` and `Expires` are then
+/// ignored, the bool says so), else `Cache-Control`.
+fn cache_control(h: &http::HeaderMap, targeted: &[Box<str>]) -> (CacheControl, bool) {
+    let lines = |name: &str| {
+        h.get_all(name)
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect::<Vec<_>>()
+    };
+    targeted
+        .iter()
+        .filter(|n| h.contains_key(&***n))
+        .find_map(|n| CacheControl::parse_targeted(lines(n).into_iter()))
+        .map(|cc| (cc, true))
+        .unwrap_or_else(|| {
+            (
+                CacheControl::parse(lines("cache-control").into_iter()),
+                false,
+            )
+        })
+}
+
 type Built = Option<(Object, Option<policy::Lifetime>)>;
 
 /// The fetched response as an object, with its lifetime when it may be stored.
@@ -465,11 +488,7 @@ fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now: u64) -> Bu
     if f.status == 304 {
         return None;
     }
-    let cc = CacheControl::parse(
-        h.get_all(http::header::CACHE_CONTROL)
-            .iter()
-            .map(|v| v.as_bytes()),
-    );
+    let (cc, targeted) = cache_control(h, &fill.rc.targeted);
     let date = h
         .get(http::header::DATE)
         .and_then(|v| policy::http_date(v.as_bytes()));
@@ -478,6 +497,7 @@ fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now: u64) -> Bu
         cc: &cc,
         expires: h
             .get(http::header::EXPIRES)
+            .filter(|_| !targeted)
             .map(|v| policy::http_date(v.as_bytes())),
         date,
         has_validator: h.contains_key(http::header::ETAG)
@@ -490,11 +510,11 @@ fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now: u64) -> Bu
     let life = policy::lifetime(&facts, &fill.rc.settings);
     let age = h
         .get(http::header::AGE)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        .and_then(|v| policy::age(v.as_bytes()));
     let initial = policy::initial_age_ms(age, date, requested, now);
     let obj = Object {
         status: f.status,
-        lines: lines_of(h),
+        lines: lines_of(h, now),
         body: f.body.clone(),
         etag: h
             .get(http::header::ETAG)
@@ -540,6 +560,11 @@ fn revalidated(
     for name in f.headers.keys() {
         merged.remove(name);
     }
+    if !f.headers.contains_key(http::header::DATE) {
+        // A 304 without a Date was generated now (RFC 9110 6.6.1): the old Date goes, and
+        // the object is dated on arrival as any answer without one.
+        merged.remove(http::header::DATE);
+    }
     for (n, v) in &f.headers {
         merged.append(n.clone(), v.clone());
     }
@@ -552,14 +577,22 @@ fn revalidated(
     Some((obj, life))
 }
 
-/// Fields kept with an object: the upstream's (Server included, RFC 9111 section 3.1), not
-/// those veloxy computes (Date, Age), not Set-Cookie (a stored response is shared: only the
+/// Fields kept with an object: the upstream's (Server and Date included, RFC 9111 section 3.1:
+/// a stored answer keeps the origin's Date, updated by a 304), not Age (veloxy computes it),
+/// not Set-Cookie (a stored response is shared: only the
 /// client whose request fetched it gets its cookies, see [`cookie_lines`]); framing and
 /// hop-by-hop fields are already gone.
-fn lines_of(h: &http::HeaderMap) -> Bytes {
+fn lines_of(h: &http::HeaderMap, now: u64) -> Bytes {
     let mut out = Vec::with_capacity(256);
+    if !h.contains_key(http::header::DATE) {
+        // Dated on arrival (RFC 9110 6.6.1), so that every answer from it has one Date.
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(now);
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(httpdate::fmt_http_date(at).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     for (n, v) in h {
-        if matches!(n.as_str(), "date" | "age" | "set-cookie" | "content-length") {
+        if matches!(n.as_str(), "age" | "set-cookie" | "content-length") {
             continue;
         }
         out.extend_from_slice(n.as_str().as_bytes());

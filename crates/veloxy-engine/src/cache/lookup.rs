@@ -37,6 +37,9 @@ pub struct RouteCache {
     pub purge: Option<crate::access::IpRules>,
     /// The route compresses (`compress = true`): answers carry a coded copy of the body.
     pub compress: bool,
+    /// `[caches.NAME] targeted_cache_control`, then `CDN-Cache-Control` (RFC 9213): the
+    /// fields whose directives replace Cache-Control's for this cache, lowercase, in order.
+    pub(crate) targeted: Arc<[Box<str>]>,
 }
 
 /// What a route's `cache = {...}` sets (see [`RouteCache`]'s fields).
@@ -49,6 +52,7 @@ pub(crate) struct RouteCacheSettings {
     pub status_header: Option<String>,
     pub purge: Option<crate::access::IpRules>,
     pub compress: bool,
+    pub targeted: Arc<[Box<str>]>,
 }
 
 impl std::fmt::Debug for RouteCache {
@@ -79,6 +83,7 @@ impl RouteCache {
             status_header: route.status_header.map(|h| Bytes::from(format!("{h}: "))),
             purge: route.purge,
             compress: route.compress,
+            targeted: route.targeted,
         }
     }
 
@@ -148,6 +153,9 @@ pub(crate) fn describe_store(
         ("memory", store.memory.to_string()),
         ("max_object", max_object.to_string()),
     ];
+    if let [own, _] = &*store.targeted {
+        keys.push(("targeted_cache_control", format!("{own:?}")));
+    }
     if let Some(d) = &store.disk {
         keys.push((
             "disk",
@@ -202,12 +210,15 @@ pub(crate) fn admit(
         return Step::Bypass;
     }
     // `no-cache` (or `Pragma: no-cache`, or max-age=0) from the client: revalidate first.
-    let refresh = req_cc.no_cache
-        || req_cc.max_age == Some(0)
+    // A reload (`max-age=0` alone) of a fresh `immutable` object is answered from it
+    // (RFC 8246); a forced reload (`no-cache`) is not.
+    let force = req_cc.no_cache
         || head
             .fields
             .get("pragma")
             .is_some_and(|p| p.eq_ignore_ascii_case(b"no-cache"));
+    let reload = req_cc.max_age == Some(0);
+    let refresh = force || reload;
     let mode = if refresh { Mode::Refresh } else { Mode::Normal };
     if head.method == "QUERY" {
         // Its key needs its body: looked up once the exchange has read it.
@@ -234,7 +245,7 @@ pub(crate) fn admit(
         Some(Entry::Pass(_)) | None => (primary.clone(), None),
     };
     match found {
-        Some(obj) if !refresh && obj.is_fresh(now) => {
+        Some(obj) if (!refresh || (!force && immutable(&obj))) && obj.is_fresh(now) => {
             Stats::inc(&store.stats.hits);
             let client = head_view(head, encoding);
             Step::Answer(super::serve::respond(rc, &obj, client, "HIT", now))
@@ -247,6 +258,13 @@ pub(crate) fn admit(
             (head, encoding),
         ))),
     }
+}
+
+/// The stored response says `Cache-Control: immutable` (RFC 8246).
+fn immutable(obj: &Object) -> bool {
+    crate::http1::lines(&obj.lines).any(|(n, v)| {
+        n.eq_ignore_ascii_case(b"cache-control") && crate::http1::has_token(v, "immutable")
+    })
 }
 
 /// The request fields a stored answer depends on.

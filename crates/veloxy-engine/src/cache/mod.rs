@@ -14,12 +14,14 @@
 //!   the codec passes in (`downstream::cached::FillUpstream`).
 //! * [`query`]: QUERY answers, keyed by the request body's digest, looked up once the
 //!   exchange has read the body.
+//! * [`invalidate`]: what a non-error response to an unsafe request removes (RFC 9111 4.4).
 //! * [`serve`]: an object as an answer: `Age`, the status header, client conditionals
 //!   (304), ranges (206), HEAD.
 
 pub(crate) mod disk;
 pub(crate) mod fetch;
 pub(crate) mod fill;
+pub(crate) mod invalidate;
 pub(crate) mod lookup;
 pub(crate) mod policy;
 pub(crate) mod query;
@@ -36,7 +38,8 @@ use bytes::Bytes;
 pub(crate) struct Object {
     pub status: u16,
     /// The stored header fields as `name: value\r\n` lines: the upstream's, without framing,
-    /// hop-by-hop fields, `Date`, `Age` and `Server` (veloxy writes those itself).
+    /// hop-by-hop fields, `Age` (veloxy computes it) and `Set-Cookie`; the origin's `Date`
+    /// and `Server` stay, and the codecs write them instead of their own.
     pub lines: Bytes,
     pub body: Bytes,
     pub etag: Option<Bytes>,
@@ -245,6 +248,9 @@ pub(crate) struct StoreSpec {
     pub memory: u64,
     pub disk: Option<DiskSpec>,
     pub store: crate::late::Late<Store>,
+    /// `targeted_cache_control` then `CDN-Cache-Control`, lowercase (what the routes using
+    /// the store obey, see [`lookup::RouteCache`]; not part of the store itself).
+    pub targeted: Arc<[Box<str>]>,
 }
 
 impl StoreSpec {

@@ -55,9 +55,103 @@ impl CacheControl {
         cc
     }
 
+    /// A targeted field's directives (RFC 9213): its lines, joined, as a Structured Fields
+    /// Dictionary. `None` when the value is empty or not a valid Dictionary, or a directive
+    /// veloxy acts on has the wrong type (`max-age="60"`): the field is then ignored, as if
+    /// absent.
+    pub fn parse_targeted<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<CacheControl> {
+        let mut joined = Vec::new();
+        for v in values {
+            if !joined.is_empty() {
+                joined.push(b',');
+            }
+            joined.extend_from_slice(v);
+        }
+        let text = std::str::from_utf8(&joined).ok()?;
+        let mut cc = CacheControl::default();
+        let mut any = false;
+        for member in text.split(',') {
+            let member = member.trim_matches([' ', '\t']);
+            // Parameters (`;a=b`) are allowed and ignored.
+            let item = member.split(';').next()?;
+            let (name, value) = match item.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (item, None),
+            };
+            if !sf_key(name) || value.is_some_and(|v| !sf_bare_item(v)) {
+                return None;
+            }
+            any = true;
+            let secs = || -> Option<Option<u64>> {
+                match value {
+                    None => Some(None),
+                    Some(v) if v.bytes().all(|b| b.is_ascii_digit()) => {
+                        Some(Some(v.parse::<u64>().unwrap_or(u64::MAX)))
+                    }
+                    Some(_) => None,
+                }
+            };
+            match name {
+                "max-age" => cc.max_age = Some(secs()?.unwrap_or(0)),
+                "s-maxage" => cc.s_maxage = Some(secs()?.unwrap_or(0)),
+                "stale-while-revalidate" => cc.stale_while_revalidate = secs()?,
+                "stale-if-error" => cc.stale_if_error = secs()?,
+                "no-store" => cc.no_store = true,
+                "no-cache" => cc.no_cache = true,
+                "private" => cc.private = true,
+                "public" => cc.public = true,
+                "must-revalidate" => cc.must_revalidate = true,
+                "proxy-revalidate" => cc.proxy_revalidate = true,
+                _ => {}
+            }
+        }
+        any.then_some(cc)
+    }
+
     /// A shared cache must not serve the response stale (RFC 9111 5.2.2.2, 5.2.2.8).
     pub fn forbids_stale(&self) -> bool {
         self.must_revalidate || self.proxy_revalidate || self.s_maxage.is_some()
+    }
+}
+
+/// The targeted field every CDN obeys (RFC 9213); `[caches.NAME] targeted_cache_control`
+/// names one veloxy obeys before it.
+pub(crate) const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
+
+/// A Structured Fields key (RFC 8941 section 3.1.2): lowercase, starting with a letter or `*`.
+fn sf_key(k: &str) -> bool {
+    let b = k.as_bytes();
+    b.first()
+        .is_some_and(|c| c.is_ascii_lowercase() || *c == b'*')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-.*".contains(c))
+}
+
+/// A Structured Fields bare item: an integer or decimal, a string, a token, a byte sequence
+/// or a boolean (RFC 8941 section 3.3).
+fn sf_bare_item(v: &str) -> bool {
+    let b = v.as_bytes();
+    match b.first() {
+        Some(b'"') => {
+            b.len() >= 2
+                && b[b.len() - 1] == b'"'
+                && b[1..b.len() - 1].iter().all(|c| (0x20..0x7f).contains(c))
+        }
+        Some(b'?') => v == "?0" || v == "?1",
+        Some(b':') => b.len() >= 2 && b[b.len() - 1] == b':',
+        Some(c) if c.is_ascii_digit() || *c == b'-' => {
+            let digits = v.strip_prefix('-').unwrap_or(v);
+            let (int, frac) = digits.split_once('.').unwrap_or((digits, "0"));
+            !int.is_empty()
+                && int.len() <= 15
+                && !frac.is_empty()
+                && frac.len() <= 3
+                && int.bytes().chain(frac.bytes()).all(|c| c.is_ascii_digit())
+        }
+        Some(c) if c.is_ascii_alphabetic() || *c == b'*' => v
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&c)),
+        _ => false,
     }
 }
 
@@ -177,6 +271,25 @@ pub(crate) fn initial_age_ms(
     // Clocks: a Date far in the past (a skewed origin) would make every response stale on
     // arrival; a shared cache on one host trusts its own round trip more than that.
     apparent.min(corrected.max(1000) + 60_000).max(corrected)
+}
+
+/// The `Age` a response carries (RFC 9111 section 5.1), from its first field line: the
+/// first member of that line (`7200, 0` is 7200), without parameters, when it is a
+/// non-negative integer; anything else (`abc`, `-7200`, `7200.0`) is ignored, as if absent.
+/// A value too large to represent is 2^31 seconds, as the RFC caps it.
+pub(crate) fn age(first_line: &[u8]) -> Option<u64> {
+    let member = first_line.split(|&b| b == b',').next()?;
+    let value = member.split(|&b| b == b';').next()?.trim_ascii();
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    const MAX: u64 = 1 << 31;
+    Some(
+        std::str::from_utf8(value)
+            .ok()?
+            .parse::<u64>()
+            .map_or(MAX, |v| v.min(MAX)),
+    )
 }
 
 /// An `HTTP-date` as Unix seconds.
@@ -303,6 +416,47 @@ mod tests {
             lifetime(&facts(&m), &route).unwrap().stale_if_error,
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn cache_age_takes_the_first_member_and_ignores_invalid_values() {
+        for (v, want) in [
+            ("30", Some(30)),
+            ("7200, 0", Some(7200)),
+            ("0, 7200", Some(0)),
+            ("7200;foo=bar", Some(7200)),
+            ("99999999999999999999999", Some(1 << 31)),
+            ("abc", None),
+            ("-7200", None),
+            ("7200.0", None),
+            ("1.5", None),
+            ("", None),
+        ] {
+            assert_eq!(age(v.as_bytes()), want, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn cache_targeted_fields_parse_as_structured_fields_or_are_ignored() {
+        let t = |s: &str| CacheControl::parse_targeted([s.as_bytes()].into_iter());
+        let c = t("max-age=3600, stale-if-error=60, foobar").unwrap();
+        assert_eq!((c.max_age, c.stale_if_error), (Some(3600), Some(60)));
+        assert!(t("no-store").unwrap().no_store);
+        assert!(t("private;x=1").unwrap().private);
+        assert_eq!(
+            t("max-age=99999999999").unwrap().max_age,
+            Some(99_999_999_999)
+        );
+        for bad in [
+            "",
+            "max-age=10000, &&&&&",
+            "max-age=\"10000\"",
+            "max-age =100",
+            "max-age= 100",
+            "MaX-aGe=3600",
+        ] {
+            assert_eq!(t(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

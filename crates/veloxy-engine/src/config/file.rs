@@ -82,6 +82,8 @@ pub struct CacheSection {
     pub max_object: Option<Spanned<SizeValue>>,
     /// The answer's cache status field (default `X-Cache`; `""` turns it off).
     pub cache_status_header: Option<Spanned<String>>,
+    /// A targeted cache-control field (RFC 9213) veloxy obeys before `CDN-Cache-Control`.
+    pub targeted_cache_control: Option<Spanned<String>>,
 }
 
 /// `disk = { path = "...", size = "10GiB" }` of a cache.

@@ -229,13 +229,16 @@ pub(crate) fn write_head(r: &Response, version: u8, keep_alive: bool, out: &mut 
     out.push(b' ');
     out.extend_from_slice(reason(r.status).as_bytes());
     out.extend_from_slice(b"\r\n");
-    // A stored answer keeps its upstream's Server; everything else is veloxy's.
-    let upstream_server =
-        r.raw[0].starts_with(b"server:") || memchr::memmem::find(&r.raw[0], b"\nserver:").is_some();
-    if !upstream_server {
+    // A stored answer keeps its upstream's Server and Date; everything else is veloxy's.
+    let stored = |name: &[u8]| {
+        r.raw[0].starts_with(&name[1..]) || memchr::memmem::find(&r.raw[0], name).is_some()
+    };
+    if !stored(b"\nserver:") {
         out.extend_from_slice(b"server: veloxy\r\n");
     }
-    push_date(out);
+    if !stored(b"\ndate:") {
+        push_date(out);
+    }
     for (name, value) in &r.headers {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");

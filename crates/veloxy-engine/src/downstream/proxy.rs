@@ -505,6 +505,14 @@ impl Run<'_> {
         }
         // `location_rewrite` recognizes the backend's address.
         self.record.backend = Some(self.group.backends[backend].addr.clone());
+        if self.record.invalidate.is_some() {
+            let head: &[u8] = self.obuf;
+            exchange::invalidate(self.record, meta.status, |n| {
+                crate::http1::lines(head)
+                    .find(|(f, _)| f.eq_ignore_ascii_case(n.as_bytes()))
+                    .map(|(_, v)| v)
+            });
+        }
         if let Some(view) = exchange::on_response(self.worker, self.record, meta.status) {
             view.apply_h1(self.obuf);
         }

@@ -362,6 +362,12 @@ impl Proxying<'_> {
             Step::Answer(r) => CacheStep::Hit(r),
             Step::Bypass => {
                 super::add_answer_line(record, &rc.status_line("BYPASS"));
+                record.invalidate = crate::cache::invalidate::pending(
+                    rc,
+                    self.head.method,
+                    self.head.target,
+                    self.vars,
+                );
                 CacheStep::Pass
             }
             Step::Fill(f) => CacheStep::Fill(f),

@@ -114,6 +114,7 @@ async fn once(
             is_head: false,
             replayable: true,
             may_retry_status,
+            whole: true,
         },
     )
     .await?;

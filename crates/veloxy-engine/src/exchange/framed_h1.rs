@@ -114,6 +114,7 @@ async fn forward_with<C: FramedClient>(
                 is_head,
                 replayable,
                 may_retry_status,
+                whole: false,
             };
             let to = (t, backend);
             let (conn, head, rest) = attempt(c, gen, to, wbuf, (body_ref, framing), tries).await?;
@@ -342,6 +343,7 @@ fn respond<C: FramedClient>(
             }
         }
     }
+    crate::exchange::invalidate_map(fin.record(), head.status, &headers);
     if let Some(view) = crate::exchange::on_response(c.worker(), fin.record(), head.status) {
         view.apply_map(&mut headers);
     }

@@ -105,6 +105,7 @@ pub(crate) async fn relay<C: FramedClient>(
     let web = t
         .grpc_web
         .map(|w| super::grpc_web::Encode::head(w, &mut rparts.headers));
+    crate::exchange::invalidate_map(fin.record(), status, &rparts.headers);
     if let Some(view) = crate::exchange::on_response(c.worker(), fin.record(), status) {
         view.apply_map(&mut rparts.headers);
     }

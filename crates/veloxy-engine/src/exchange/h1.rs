@@ -156,13 +156,16 @@ async fn read_head<E: ExchangeError, R: HeadReader>(
 /// [`AttemptFail::RetryStatus`] from [`foreign`].
 pub(crate) struct Foreign {
     pub request_is_head: bool,
+    /// [`Tries::whole`].
+    pub te_over_cl: bool,
 }
 
 impl HeadReader for Foreign {
     type Head = crate::http1::response::ForeignHead;
     fn parse(&mut self, buf: &[u8]) -> Result<HeadParse<Self::Head>, ProxyError> {
         Ok(
-            match crate::http1::response::parse_foreign(buf, self.request_is_head)? {
+            match crate::http1::response::parse_foreign(buf, self.request_is_head, self.te_over_cl)?
+            {
                 None => HeadParse::Partial,
                 Some(Err(interim)) => HeadParse::Interim(interim),
                 Some(Ok(head)) => HeadParse::Final(head),
@@ -180,6 +183,10 @@ pub(crate) struct Tries {
     pub replayable: bool,
     /// A `retry_on` status comes back as [`AttemptFail::RetryStatus`].
     pub may_retry_status: bool,
+    /// The caller reads the body whole and the connection is then dropped when its framing
+    /// was ambiguous (the cache fill): a Content-Length beside a chunked Transfer-Encoding is
+    /// dropped rather than refused (RFC 9112 6.3).
+    pub whole: bool,
 }
 
 /// How an attempt through [`foreign`] failed.
@@ -200,6 +207,7 @@ pub(crate) async fn foreign(
     let mut ubuf = worker.take_bytes();
     let mut reader = Foreign {
         request_is_head: tries.is_head,
+        te_over_cl: tries.whole,
     };
     let (conn, head) = attempt(
         (worker, gen),

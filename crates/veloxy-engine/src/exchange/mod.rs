@@ -282,6 +282,26 @@ pub(crate) fn on_response<'c>(
     })
 }
 
+/// An unsafe request's cache invalidation (RFC 9111 4.4), once the upstream's response head
+/// is known: `field` finds its `Location` and `Content-Location`. Nothing when the request
+/// invalidates nothing.
+pub(crate) fn invalidate<'h>(
+    record: &mut Record,
+    status: u16,
+    field: impl Fn(&str) -> Option<&'h [u8]>,
+) {
+    if let Some(p) = record.invalidate.take() {
+        p.done(status, field("location"), field("content-location"));
+    }
+}
+
+/// [`invalidate`] for a response head as a header map.
+pub(crate) fn invalidate_map(record: &mut Record, status: u16, headers: &http::HeaderMap) {
+    if record.invalidate.is_some() {
+        invalidate(record, status, |n| headers.get(n).map(|v| v.as_bytes()));
+    }
+}
+
 /// A static answer (a file route's, or veloxy's own) with its body replaced by the route's
 /// error page for its status, if it has one.
 pub(crate) fn with_error_page(

@@ -43,6 +43,8 @@ pub(crate) struct Record {
     /// it ([`super::verified`]) before it answers anything, from a file, the cache or a
     /// backend.
     pub verify: Option<Box<crate::auth::Verify>>,
+    /// An unsafe request on a caching route: what its response invalidates (RFC 9111 4.4).
+    pub invalidate: Option<Box<crate::cache::invalidate::Pending>>,
 }
 
 impl Record {
@@ -73,6 +75,7 @@ impl Record {
             request_id: None,
             client_ip: None,
             verify: None,
+            invalidate: None,
         }
     }
 
@@ -90,6 +93,7 @@ impl Record {
             request_id: None,
             client_ip: None,
             verify: None,
+            invalidate: None,
         }
     }
 

@@ -49,6 +49,9 @@ struct Framing<'a> {
     te_value: &'a [u8],
     connection: [&'a [u8]; 8],
     connection_len: usize,
+    /// A Content-Length beside Transfer-Encoding was dropped (see [`Framing::scan`]): the
+    /// connection is not reused.
+    length_dropped: bool,
 }
 
 /// Checks a response's Transfer-Encoding list: it must end in `chunked` (chunked framing).
@@ -74,14 +77,18 @@ fn check_codings(value: &[u8]) -> Result<(), ProxyError> {
 }
 
 impl<'a> Framing<'a> {
-    /// Reads the framing headers, refusing conflicting or invalid ones.
-    fn scan(headers: &[httparse::Header<'a>]) -> Result<Self, ProxyError> {
+    /// Reads the framing headers, refusing conflicting or invalid ones. With `te_over_cl`
+    /// (a reader that takes the whole body and then drops the connection: the cache fill), a
+    /// Content-Length beside a chunked Transfer-Encoding is dropped instead, as RFC 9112 6.3
+    /// lets an intermediary do: Transfer-Encoding frames the body.
+    fn scan(headers: &[httparse::Header<'a>], te_over_cl: bool) -> Result<Self, ProxyError> {
         let mut f = Framing {
             content_length: None,
             transfer_encoding: false,
             te_value: b"",
             connection: [&[]; 8],
             connection_len: 0,
+            length_dropped: false,
         };
         for h in headers {
             match classify(h.name) {
@@ -109,7 +116,11 @@ impl<'a> Framing<'a> {
             }
         }
         if f.transfer_encoding && f.content_length.is_some() {
-            return Err(bad("both Content-Length and Transfer-Encoding"));
+            if !te_over_cl {
+                return Err(bad("both Content-Length and Transfer-Encoding"));
+            }
+            f.content_length = None;
+            f.length_dropped = true;
         }
         Ok(f)
     }
@@ -135,6 +146,7 @@ impl<'a> Framing<'a> {
     /// The upstream connection can carry another request after this body.
     fn reusable(&self, body: BodyKind, version: u8) -> bool {
         body != BodyKind::UntilClose
+            && !self.length_dropped
             && if version == 1 {
                 !self.connection().iter().any(|v| has_token(v, "close"))
             } else {
@@ -264,7 +276,7 @@ fn write_head(
         return Err(bad("invalid status code"));
     }
     let version = res.version.unwrap_or(1);
-    let framing = Framing::scan(res.headers)?;
+    let framing = Framing::scan(res.headers, false)?;
     let (transfer_encoding, te_value) = (framing.transfer_encoding, framing.te_value);
     // Codings before the final chunked (`gzip, chunked`) are the client's to decode: forwarded
     // verbatim to HTTP/1.1 clients; an HTTP/1.0 client cannot receive a transfer-coding at all.
@@ -328,12 +340,15 @@ pub(crate) struct ForeignHead {
 /// (HTTP/2): framing and hop-by-hop headers are dropped, the body framing is returned.
 /// `Ok(None)`: need more bytes. `Err` as for [`parse_and_write`]. Interim (1xx) heads come
 /// back as `Parsed::Interim` through the `Err(Ok(len))` arm.
+///
+/// `te_over_cl`: see [`Framing::scan`] (the cache fill).
 pub(crate) fn parse_foreign(
     buf: &[u8],
     request_is_head: bool,
+    te_over_cl: bool,
 ) -> Result<Option<Result<ForeignHead, usize>>, ProxyError> {
     with_head(buf, |res, head_len| {
-        foreign_head(buf, res, head_len, request_is_head)
+        foreign_head(buf, res, head_len, (request_is_head, te_over_cl))
     })
 }
 
@@ -346,7 +361,7 @@ fn foreign_head(
     buf: &[u8],
     res: &httparse::Response<'_, '_>,
     head_len: usize,
-    request_is_head: bool,
+    (request_is_head, te_over_cl): (bool, bool),
 ) -> Result<Result<ForeignHead, usize>, ProxyError> {
     let status = res.code.unwrap_or(0);
     if (100..200).contains(&status) {
@@ -359,7 +374,7 @@ fn foreign_head(
         return Err(bad("invalid status code"));
     }
     let version = res.version.unwrap_or(1);
-    let framing = Framing::scan(res.headers)?;
+    let framing = Framing::scan(res.headers, te_over_cl)?;
     if framing.transfer_encoding && !framing.te_value.eq_ignore_ascii_case(b"chunked") {
         // `gzip, chunked`: the payload is still gzip-coded and HTTP/2 has no way to say so.
         return Err(bad("transfer-coding an HTTP/2 client cannot decode"));
@@ -454,7 +469,7 @@ mod tests {
             parse_and_write(raw, false, 0, true, &mut out).is_err(),
             "HTTP/1.0 client"
         );
-        assert!(parse_foreign(raw, false).is_err(), "HTTP/2 client");
+        assert!(parse_foreign(raw, false, false).is_err(), "HTTP/2 client");
     }
 
     #[test]
@@ -467,7 +482,7 @@ mod tests {
                 assert!(r.is_err(), "{te:?} to HTTP/1.{v} (HEAD {head}) accepted");
             }
             assert!(
-                parse_foreign(raw.as_bytes(), false).is_err(),
+                parse_foreign(raw.as_bytes(), false, false).is_err(),
                 "{te:?} to HTTP/2"
             );
         }
@@ -483,7 +498,7 @@ mod tests {
         assert_eq!(m.body, BodyKind::Length(2));
         assert_eq!(s.matches("Set-Cookie: ").count(), 300);
         assert!(s.ends_with("Set-Cookie: c299=v; Path=/\r\n"), "{s}");
-        let Ok(Some(Ok(h))) = parse_foreign(&[&raw[..], b"\r\n"].concat(), false) else {
+        let Ok(Some(Ok(h))) = parse_foreign(&[&raw[..], b"\r\n"].concat(), false, false) else {
             panic!("HTTP/2 client: not parsed");
         };
         assert_eq!(h.headers.get_all("set-cookie").iter().count(), 300);
@@ -493,7 +508,7 @@ mod tests {
             parse_and_write(&raw, false, 1, true, &mut out).unwrap(),
             Parsed::Partial
         ));
-        assert!(matches!(parse_foreign(&raw, false), Ok(None)));
+        assert!(matches!(parse_foreign(&raw, false, false), Ok(None)));
     }
 
     #[test]
@@ -518,5 +533,19 @@ mod tests {
             &mut out
         )
         .is_err());
+    }
+
+    #[test]
+    fn cache_fill_takes_transfer_encoding_over_a_content_length_and_drops_the_connection() {
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert!(
+            parse_foreign(raw, false, false).is_err(),
+            "refused elsewhere"
+        );
+        let Ok(Some(Ok(h))) = parse_foreign(raw, false, true) else {
+            panic!("the cache fill's head parses");
+        };
+        assert_eq!(h.body, BodyKind::Chunked);
+        assert!(!h.upstream_reusable);
     }
 }

@@ -119,6 +119,7 @@ pub(super) fn compile_caches(
             ));
         }
         let status_header = status_header(src, &key, c.cache_status_header.as_ref())?;
+        let targeted = targeted(src, &key, c.targeted_cache_control.as_ref())?;
         let disk = match &c.disk {
             None => None,
             Some(d) => {
@@ -159,6 +160,7 @@ pub(super) fn compile_caches(
                     memory,
                     disk,
                     store: Late::empty(),
+                    targeted,
                 },
                 max_object,
                 status_header: status_header.unwrap_or(Some("X-Cache".to_owned())),
@@ -166,6 +168,34 @@ pub(super) fn compile_caches(
         );
     }
     Ok(out)
+}
+
+/// `targeted_cache_control`: the field veloxy obeys first (RFC 9213), then
+/// `CDN-Cache-Control`, which it always obeys.
+fn targeted(
+    src: &Source,
+    key: &str,
+    v: Option<&Spanned<String>>,
+) -> Result<Arc<[Box<str>]>, ConfigError> {
+    let cdn: Box<str> = crate::cache::policy::CDN_CACHE_CONTROL.into();
+    let Some(v) = v else {
+        return Ok(Arc::from([cdn]));
+    };
+    let field = format!("{key}.targeted_cache_control");
+    super::rules::field_name(src, v.span(), &field, v.get_ref().trim())?;
+    let name = v.get_ref().trim().to_ascii_lowercase();
+    if matches!(name.as_str(), "cache-control" | "pragma" | "expires") {
+        return Err(src.error(
+            v.span(),
+            field,
+            "names a field of its own meaning: a targeted field is another one, \
+             like \"Veloxy-Cache-Control\"",
+        ));
+    }
+    if *name == *cdn {
+        return Ok(Arc::from([cdn]));
+    }
+    Ok(Arc::from([name.into_boxed_str(), cdn]))
 }
 
 /// `cache_status_header`: `Some(None)` turns it off ("").
@@ -271,6 +301,7 @@ pub(super) fn route_cache(
         status_header: status,
         purge,
         compress,
+        targeted: spec.live.targeted.clone(),
     };
     Ok(Arc::new(RouteCache::new(spec.store(), route)))
 }

@@ -171,6 +171,7 @@ where
     out.push(b' ');
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
+    crate::exchange::invalidate_map(record, status, &parts.headers);
     if let Some(view) = crate::exchange::on_response(worker, record, status) {
         view.apply_map(&mut parts.headers);
     }
