@@ -31,9 +31,13 @@ pub(crate) struct Pending {
     authority: String,
 }
 
-/// Methods a cache need not invalidate for (RFC 9110 section 9.2.1); PURGE has its own answer.
+/// Methods a cache need not invalidate for (RFC 9110 section 9.2.1, and QUERY, safe by its
+/// specification: its answers never replace the GET's); PURGE has its own answer.
 fn is_safe(method: &str) -> bool {
-    matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PURGE")
+    matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "QUERY" | "PURGE"
+    )
 }
 
 /// The request's variables, for a GET of another target of the same origin.

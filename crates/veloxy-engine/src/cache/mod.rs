@@ -14,6 +14,8 @@
 //!   the codec passes in (`downstream::cached::FillUpstream`).
 //! * [`query`]: QUERY answers, keyed by the request body's digest, looked up once the
 //!   exchange has read the body.
+//! * [`object`]: a fetched answer as a stored object (freshness, `Vary`, kept fields), and
+//!   a stale one refreshed by a 304.
 //! * [`invalidate`]: what a non-error response to an unsafe request removes (RFC 9111 4.4).
 //! * [`serve`]: an object as an answer: `Age`, the status header, client conditionals
 //!   (304), ranges (206), HEAD.
@@ -23,6 +25,7 @@ pub(crate) mod fetch;
 pub(crate) mod fill;
 pub(crate) mod invalidate;
 pub(crate) mod lookup;
+pub(crate) mod object;
 pub(crate) mod policy;
 pub(crate) mod query;
 pub(crate) mod serve;
