@@ -228,21 +228,10 @@ pub(crate) fn admit(
     }
     let now = now_ms();
     let primary: Arc<str> = Arc::from(key);
-    let (key, found) = match store.entries.get(&primary) {
-        Some(Entry::Vary(names)) => {
-            let v: Arc<str> = Arc::from(variant_key(&primary, &names, head));
-            let found = match store.entries.get(&v) {
-                Some(Entry::Object(o)) => Some(o),
-                _ => None,
-            };
-            (v, found)
-        }
-        Some(Entry::Object(o)) => (primary.clone(), Some(o)),
-        Some(Entry::Pass(until)) if until > now => {
-            Stats::inc(&store.stats.bypass);
-            return Step::Bypass;
-        }
-        Some(Entry::Pass(_)) | None => (primary.clone(), None),
+    let Some((key, found)) = find(store, &primary, now, |names| {
+        variant_key(&primary, names, head)
+    }) else {
+        return Step::Bypass;
     };
     match found {
         Some(obj) if (!refresh || (!force && immutable(&obj))) && obj.is_fresh(now) => {
@@ -257,6 +246,33 @@ pub(crate) fn admit(
             mode,
             (head, encoding),
         ))),
+    }
+}
+
+/// What the store holds under `primary`: the key of the object (its variant's, from
+/// `variant`, when the answers vary) and the object if there is one; `None` while the key is
+/// a hit-for-pass (counted as a bypass).
+pub(super) fn find(
+    store: &super::Store,
+    primary: &Arc<str>,
+    now: u64,
+    variant: impl FnOnce(&[Box<str>]) -> String,
+) -> Option<(Arc<str>, Option<Arc<Object>>)> {
+    match store.entries.get(primary) {
+        Some(Entry::Vary(names)) => {
+            let v: Arc<str> = Arc::from(variant(&names));
+            let found = match store.entries.get(&v) {
+                Some(Entry::Object(o)) => Some(o),
+                _ => None,
+            };
+            Some((v, found))
+        }
+        Some(Entry::Object(o)) => Some((primary.clone(), Some(o))),
+        Some(Entry::Pass(until)) if until > now => {
+            Stats::inc(&store.stats.bypass);
+            None
+        }
+        Some(Entry::Pass(_)) | None => Some((primary.clone(), None)),
     }
 }
 

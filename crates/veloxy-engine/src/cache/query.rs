@@ -15,7 +15,7 @@ use bytes::Bytes;
 
 use super::fetch::Upstream;
 use super::fill::{Fill, Filled, Mode};
-use super::{now_ms, Entry, Stats};
+use super::{now_ms, Stats};
 use crate::error::{ErrorKind, ProxyError};
 use crate::message::Head;
 
@@ -70,22 +70,11 @@ pub(crate) fn with_body(mut fill: Box<Fill>, body: Bytes) -> Keyed {
     let primary: Arc<str> = Arc::from(key(&fill.primary, ct.as_deref(), &body));
     fill.body = body;
     let now = now_ms();
-    let (key, found) = match store.entries.get(&primary) {
-        Some(Entry::Vary(names)) => {
-            let v = super::lookup::variant_key_with(&primary, &names, |n| fill.field(n));
-            let v: Arc<str> = Arc::from(v);
-            let found = match store.entries.get(&v) {
-                Some(Entry::Object(o)) => Some(o),
-                _ => None,
-            };
-            (v, found)
-        }
-        Some(Entry::Object(o)) => (primary.clone(), Some(o)),
-        Some(Entry::Pass(until)) if until > now => {
-            Stats::inc(&store.stats.bypass);
-            return Keyed::Pass(fill);
-        }
-        Some(Entry::Pass(_)) | None => (primary.clone(), None),
+    let found = super::lookup::find(&store, &primary, now, |names| {
+        super::lookup::variant_key_with(&primary, names, |n| fill.field(n))
+    });
+    let Some((key, found)) = found else {
+        return Keyed::Pass(fill);
     };
     if let Some(obj) = found
         .as_ref()
