@@ -16,6 +16,8 @@ use veloxy_testkit::*;
 struct PhpFpm {
     child: Child,
     addr: SocketAddr,
+    /// Set when it listens on a unix socket instead (`addr` is then unused).
+    socket: Option<PathBuf>,
     dir: tempfile::TempDir,
 }
 
@@ -48,21 +50,31 @@ fn php_fpm() -> Option<PhpFpm> {
     php_fpm_with(2)
 }
 
-/// php-fpm with a static pool of `children`.
+/// php-fpm with a static pool of `children` on a loopback port.
 fn php_fpm_with(children: usize) -> Option<PhpFpm> {
+    php_fpm_on(children, false)
+}
+
+/// php-fpm with a static pool of `children`, on a unix socket in its folder when `unix`.
+fn php_fpm_on(children: usize, unix: bool) -> Option<PhpFpm> {
     let bin = php_fpm_binary()?;
     let dir = tempfile::tempdir().unwrap();
+    let socket = unix.then(|| dir.path().join("php-fpm.sock"));
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
+    let listen = match &socket {
+        Some(path) => path.display().to_string(),
+        None => format!("127.0.0.1:{port}"),
+    };
     let conf = dir.path().join("php-fpm.conf");
     std::fs::write(
         &conf,
         format!(
             "[global]\nerror_log = {}/php-fpm.log\ndaemonize = no\n\
-             [www]\nlisten = 127.0.0.1:{port}\npm = static\npm.max_children = {children}\n\
+             [www]\nlisten = {listen}\npm = static\npm.max_children = {children}\n\
              catch_workers_output = no\nclear_env = yes\naccess.log = {}/access.log\naccess.format = \"%m %r %f\"\n",
             dir.path().display(),
             dir.path().display()
@@ -78,8 +90,17 @@ fn php_fpm_with(children: usize) -> Option<PhpFpm> {
         .spawn()
         .ok()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let fpm = PhpFpm { child, addr, dir };
-    eventually(Duration::from_secs(10), || TcpStream::connect(addr).is_ok()).then_some(fpm)
+    let ready = |fpm: &PhpFpm| match &fpm.socket {
+        Some(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
+        None => TcpStream::connect(fpm.addr).is_ok(),
+    };
+    let fpm = PhpFpm {
+        child,
+        addr,
+        socket,
+        dir,
+    };
+    eventually(Duration::from_secs(10), || ready(&fpm)).then_some(fpm)
 }
 
 fn scripts(root: &Path) {
@@ -584,4 +605,35 @@ fn fastcgi_groups_hold_no_idle_php_children_by_default() {
             "php-fpm's only child is held by veloxy after request {i}"
         );
     }
+}
+
+/// `servers = ["unix:PATH"]`, as the issue writes it: php-fpm on a unix socket, over HTTP/1.1
+/// and HTTP/2.
+#[test]
+fn php_fpm_on_a_unix_socket_over_http1_and_http2() {
+    let Some(fpm) = php_fpm_on(2, true) else {
+        skip("php_fpm_on_a_unix_socket_over_http1_and_http2: no php-fpm");
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    scripts(root.path());
+    let socket = fpm.socket.as_ref().unwrap().display().to_string();
+    let site = Site::start(
+        "",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"php\"\n\
+             fastcgi = {{ root = \"{}\", index = \"index.php\", split_path = \"^(.+\\\\.php)(/.*)$\" }}\n\
+             [upstreams.php]\nprotocol = \"fastcgi\"\nservers = [\"unix:{socket}\"]\n",
+            root.path().display()
+        ),
+    );
+    let (status, raw) = site.h1("/vars.php/x?q=1", "");
+    assert_eq!(status, 200, "{raw}");
+    let v = json(raw_body(&raw));
+    assert_eq!(v["PATH_INFO"], "/x");
+    assert_eq!(v["QUERY_STRING"], "q=1");
+    let r = site.h2("/vars.php/y", &[]);
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert_eq!(json(&r.body_str())["PATH_INFO"], "/y");
 }
