@@ -20,6 +20,7 @@
 //! * [`serve`]: an object as an answer: `Age`, the status header, client conditionals
 //!   (304), ranges (206), HEAD.
 
+pub(crate) mod date;
 pub(crate) mod disk;
 pub(crate) mod fetch;
 pub(crate) mod fill;

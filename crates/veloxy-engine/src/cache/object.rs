@@ -49,6 +49,17 @@ pub(super) fn cache_control(h: &http::HeaderMap, targeted: &[Box<str>]) -> (Cach
 
 pub(super) type Built = Option<(Object, Option<policy::Lifetime>)>;
 
+/// `Expires` as Unix seconds: `None` when absent, `Some(None)` when invalid or given more
+/// than once (either way already expired, RFC 9111 section 5.3).
+fn expires(h: &http::HeaderMap) -> Option<Option<u64>> {
+    let mut lines = h.get_all(http::header::EXPIRES).iter();
+    let first = lines.next()?;
+    Some(match lines.next() {
+        None => policy::http_date(first.as_bytes()),
+        Some(_) => None,
+    })
+}
+
 /// The fetched response as an object, with its lifetime when it may be stored.
 pub(super) fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now: u64) -> Built {
     let h = &f.headers;
@@ -62,11 +73,9 @@ pub(super) fn build(f: &super::fetch::Fetched, fill: &Fill, requested: u64, now:
     let facts = policy::Facts {
         status: f.status,
         cc: &cc,
-        expires: h
-            .get(http::header::EXPIRES)
-            .filter(|_| !targeted)
-            .map(|v| policy::http_date(v.as_bytes())),
+        expires: expires(h).filter(|_| !targeted),
         date,
+        now: now / 1000,
         has_validator: h.contains_key(http::header::ETAG)
             || h.contains_key(http::header::LAST_MODIFIED),
         set_cookie: h.contains_key(http::header::SET_COOKIE),

@@ -16,6 +16,9 @@ pub(crate) struct CacheControl {
     pub proxy_revalidate: bool,
     pub stale_while_revalidate: Option<u64>,
     pub stale_if_error: Option<u64>,
+    /// `must-understand` (RFC 9111 section 5.2.2.3): store only a status whose caching rules
+    /// veloxy knows, and then ignore `no-store`.
+    pub must_understand: bool,
 }
 
 impl CacheControl {
@@ -40,6 +43,7 @@ impl CacheControl {
                     "max-age" => cc.max_age = Some(secs().unwrap_or(0)),
                     "s-maxage" => cc.s_maxage = Some(secs().unwrap_or(0)),
                     "no-store" => cc.no_store = true,
+                    "must-understand" => cc.must_understand = true,
                     // `no-cache="field"` (a qualified form) is treated as plain no-cache.
                     "no-cache" => cc.no_cache = true,
                     "private" => cc.private = true,
@@ -193,6 +197,9 @@ pub(crate) struct Facts<'a> {
     /// `Expires`, `Date` as Unix seconds (`None`: absent or unparsable).
     pub expires: Option<Option<u64>>,
     pub date: Option<u64>,
+    /// When the response arrived, in Unix seconds: the `Date` of one with none (or an
+    /// invalid one), as RFC 9110 section 6.6.1 lets a recipient assume.
+    pub now: u64,
     pub has_validator: bool,
     pub set_cookie: bool,
     pub vary_star: bool,
@@ -223,13 +230,20 @@ pub(crate) fn lifetime(f: &Facts, s: &Settings) -> Option<Lifetime> {
             always_revalidate: false,
         });
     }
-    if cc.no_store || cc.private {
+    // must-understand: a status veloxy knows the caching rules of (those RFC 9110 section
+    // 15.1 lists as heuristically cacheable) is stored despite `no-store`; any other is not
+    // stored at all.
+    if cc.must_understand && !heuristically_cacheable(f.status) {
+        return None;
+    }
+    let no_store = cc.no_store && !cc.must_understand;
+    if no_store || cc.private {
         return None;
     }
     let explicit = cc.s_maxage.or(cc.max_age).or_else(|| match f.expires {
         // An invalid Expires (like "0") means already expired.
         Some(None) => Some(0),
-        Some(Some(exp)) => Some(exp.saturating_sub(f.date.unwrap_or(exp))),
+        Some(Some(exp)) => Some(exp.saturating_sub(f.date.unwrap_or(f.now))),
         None => None,
     });
     let fresh = match explicit {
@@ -294,8 +308,7 @@ pub(crate) fn age(first_line: &[u8]) -> Option<u64> {
 
 /// An `HTTP-date` as Unix seconds.
 pub(crate) fn http_date(v: &[u8]) -> Option<u64> {
-    let t = httpdate::parse_http_date(std::str::from_utf8(v).ok()?).ok()?;
-    Some(crate::static_files::conditional::secs(t))
+    super::date::parse(v)
 }
 
 /// Whether `If-None-Match` (a list, or `*`) matches `etag` by the weak comparison.
@@ -334,6 +347,7 @@ mod tests {
             vary_star: false,
             authorization: false,
             request_no_store: false,
+            now: 1_000_000,
         }
     }
 
@@ -358,6 +372,24 @@ mod tests {
         assert_eq!(lifetime(&f, &ROUTE).unwrap().fresh, Duration::from_secs(60));
         f.expires = Some(None);
         assert_eq!(lifetime(&f, &ROUTE), None, "an invalid Expires is stale");
+        // No Date (or an invalid one): Expires counts from when the response arrived.
+        f.expires = Some(Some(1_000_030));
+        f.date = None;
+        assert_eq!(lifetime(&f, &ROUTE).unwrap().fresh, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn must_understand_stores_known_statuses_despite_no_store_and_no_others() {
+        let c = cc("max-age=3600, no-store, must-understand");
+        let mut f = facts(&c);
+        assert_eq!(lifetime(&f, &ROUTE).unwrap().fresh, Duration::from_secs(3600));
+        f.status = 599;
+        assert_eq!(lifetime(&f, &ROUTE), None);
+        let c = cc("max-age=3600, must-understand");
+        let mut f = facts(&c);
+        f.status = 299;
+        assert_eq!(lifetime(&f, &ROUTE), None);
+        assert_eq!(lifetime(&facts(&cc("max-age=3600, no-store")), &ROUTE), None);
     }
 
     #[test]
