@@ -44,6 +44,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       help="search gateway against a real 3-node OpenSearch cluster (runs "
                            "bench/search_cluster.py): bulk docs/s and search p99 through veloxy "
                            "route_to_shards / forward / query_cache, nginx, and directly")
+    mode.add_argument("--cache-tests", action="store_true",
+                      help="the HTTP caching test suite (cache-tests.fyi) against veloxy, nginx "
+                           "proxy_cache and Varnish (runs bench/cache_tests.py; --suite DIR for a "
+                           "checkout of the suite instead of its npm release)")
     mode.add_argument("--sweep", action="store_true",
                       help="veloxy vs nginx vs HAProxy, 1 worker each, across connection counts "
                            "(p99, p99.9, CPU per request), then a fixed-rate ramp at 25-90%% of "
@@ -53,6 +57,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                            "request with 10..100,000 routes over up to 10,000 hosts, then load, "
                            "check and reload times of a 10,000-host config and p99 during reloads")
     p.add_argument("--proxies", help=f"comma list (default: all: {','.join(ALL_PROXIES)})")
+    p.add_argument("--suite", help="--cache-tests: a checkout of http-tests/cache-tests")
     p.add_argument("--scenarios", help="comma list of scenario names (default: all)")
     p.add_argument("--cores", help="core split PROXY:LOAD, e.g. 0:1 or 0-3:4-15 "
                                    "(default: first half of the cores for the proxy)")
@@ -170,6 +175,15 @@ def main(argv: list[str]) -> int:
         script = BENCH / "search_cluster.py"
         return subprocess.call([sys.executable, str(script), "--rounds", str(args.rounds),
                                 "--duration", str(int(args.duration)), "--out", str(out / name)])
+    if args.cache_tests:
+        name = args.name or f"cache-tests-{time.strftime('%Y%m%d-%H%M%S')}"
+        out = Path(args.results_dir) if args.results_dir else BENCH / "results"
+        cmd = [sys.executable, str(BENCH / "cache_tests.py"), "--out", str(out / name)]
+        if args.proxies:
+            cmd += ["--proxies", args.proxies]
+        if args.suite:
+            cmd += ["--suite", args.suite]
+        return subprocess.call(cmd)
     profile = ("smoke" if args.smoke else "quick" if args.quick
                else "vs-nginx" if args.vs_nginx else "tcp" if args.tcp else "h3" if args.h3
                else "cache" if args.cache else "sweep" if args.sweep
