@@ -91,6 +91,9 @@ pub(crate) async fn relay(
     let mut obuf = worker.take_vec();
     let mut req_body = BodyState::request(p.body, p.target.max_body);
     let mut backend = None;
+    if p.target.hints.is_some() && p.version >= 1 {
+        send_hints(worker, gen, down, &p).await;
+    }
 
     // The body is read before a concurrency slot or an upstream connection is taken: a slow
     // sender then holds neither (`request_buffering = "auto"`).
@@ -161,6 +164,30 @@ pub(crate) async fn relay(
     worker.give_vec(obuf);
     worker.give_bytes(ubuf);
     keep
+}
+
+/// `early_hints`: the `103 Early Hints` of the path's last 200 answer, if it had preload or
+/// preconnect links, before the upstream is asked (HTTP/1.1 clients only).
+async fn send_hints(worker: &Worker, gen: &Generation, down: &mut Downstream, p: &Prepared) {
+    let Some(key) = p.target.hints.as_deref() else {
+        return;
+    };
+    let Some(links) = gen.hints.borrow_mut().get(key) else {
+        return;
+    };
+    let mut out = worker.take_vec();
+    crate::hints::write_h1(&links, &mut out);
+    let _ = write_down(down, &out).await;
+    worker.give_vec(out);
+}
+
+/// `early_hints`: learns the Link fields of a 200 answer's head (`head`, written for the
+/// client) for its path.
+fn learn_hints(gen: &Generation, key: &crate::hints::HintKey, head: &[u8]) {
+    let links = crate::http1::lines(head)
+        .filter(|(name, _)| name.eq_ignore_ascii_case(b"link"))
+        .map(|(_, value)| value);
+    gen.hints.borrow_mut().learn(key, links);
 }
 
 /// How an error answer went.
@@ -344,6 +371,8 @@ struct Relayed<'a> {
 /// A final response head, as [`Relayed`] read it.
 enum RelayedHead {
     Final(ResponseMeta),
+    /// An interim (1xx) head to forward to the client (an HTTP/1.1 one); it is this long.
+    Interim(usize),
     /// `101 Switching Protocols` to an upgrade request; the head is this long.
     Switch(usize),
 }
@@ -364,11 +393,35 @@ impl HeadReader for Relayed<'_> {
             )? {
                 Parsed::Switch { head_len } => HeadParse::Final(RelayedHead::Switch(head_len)),
                 Parsed::Partial => HeadParse::Partial,
+                // HTTP/1.0 clients get no 1xx; 100 Continue is veloxy's own to send.
+                Parsed::Interim(len)
+                    if p.version >= 1 && crate::http1::interim::status(&buf[..len]).is_some() =>
+                {
+                    HeadParse::Final(RelayedHead::Interim(len))
+                }
                 Parsed::Interim(len) => HeadParse::Interim(len),
                 Parsed::Final(meta) => HeadParse::Final(RelayedHead::Final(meta)),
             },
         )
     }
+}
+
+/// Forwards an upstream's interim (1xx) head `head` to the HTTP/1.1 client, without its
+/// hop-by-hop fields and before the final head (response rules do not apply to it).
+async fn forward_interim(
+    worker: &Worker,
+    down: &mut Downstream,
+    head: &[u8],
+) -> Result<(), AttemptFail> {
+    let mut out = worker.take_vec();
+    let written = match crate::http1::interim::write_h1(head, &mut out) {
+        true => write_down(down, &out)
+            .await
+            .map_err(|e| AttemptFail::Fatal(Fail::Abort(e))),
+        false => Ok(()),
+    };
+    worker.give_vec(out);
+    written
 }
 
 /// The state of one request across attempts.
@@ -412,7 +465,7 @@ impl Run<'_> {
             p,
             obuf: &mut *self.obuf,
         };
-        let (conn, head) = h1::attempt(
+        let (mut conn, mut head) = h1::attempt(
             (self.worker, self.gen),
             p.target.to(backend),
             self.wbuf,
@@ -422,9 +475,18 @@ impl Run<'_> {
             replayable,
         )
         .await?;
+        while let RelayedHead::Interim(len) = head {
+            let deadline = Instant::now() + group.read_timeout;
+            forward_interim(self.worker, down, &self.ubuf[..len]).await?;
+            self.ubuf.advance(len);
+            head = h1::next_head(deadline, &mut conn, self.ubuf, &mut reader)
+                .await?
+                .ok_or(AttemptFail::Fatal(up(ErrorKind::UpstreamClosed)))?;
+        }
         self.worker.metrics.upstream_duration.observe(t0.elapsed());
         let meta = match head {
             RelayedHead::Final(meta) => meta,
+            RelayedHead::Interim(_) => unreachable!("forwarded above"),
             RelayedHead::Switch(head_len) => {
                 return self
                     .switch(down, conn, head_len)
@@ -515,6 +577,9 @@ impl Run<'_> {
         }
         if let Some(view) = exchange::on_response(self.worker, self.record, meta.status) {
             view.apply_h1(self.obuf);
+        }
+        if let (Some(key), 200) = (self.p.target.hints.as_deref(), meta.status) {
+            learn_hints(self.gen, key, self.obuf);
         }
         // `compress = true`: maybe rewrite the head and encode the (de-chunked) payload.
         let mut encoder = if self.p.target.compress {

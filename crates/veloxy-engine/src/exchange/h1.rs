@@ -112,12 +112,24 @@ async fn read_head<E: ExchangeError, R: HeadReader>(
     ubuf: &mut BytesMut,
     reader: &mut R,
 ) -> Result<Option<R::Head>, AttemptFail<E>> {
-    use crate::http1::response::MAX_RESPONSE_HEAD;
-    let no_response = |kind| AttemptFail::NoResponse(ProxyError::upstream(kind));
-    let fatal = |kind| AttemptFail::Fatal(E::from_error(ProxyError::upstream(kind)));
     // `read_timeout` bounds the whole wait for the final head, interim responses included.
     let deadline = Instant::now() + read_timeout;
     ubuf.clear();
+    next_head(deadline, conn, ubuf, reader).await
+}
+
+/// Reads on to the next head the reader stops at (after an interim head a caller forwards:
+/// its bytes are advanced past, and `ubuf` may already hold the next one), until `deadline`.
+/// `None`: the upstream closed with `ubuf` empty.
+pub(crate) async fn next_head<E: ExchangeError, R: HeadReader>(
+    deadline: Instant,
+    conn: &mut UpstreamConn,
+    ubuf: &mut BytesMut,
+    reader: &mut R,
+) -> Result<Option<R::Head>, AttemptFail<E>> {
+    use crate::http1::response::MAX_RESPONSE_HEAD;
+    let no_response = |kind| AttemptFail::NoResponse(ProxyError::upstream(kind));
+    let fatal = |kind| AttemptFail::Fatal(E::from_error(ProxyError::upstream(kind)));
     loop {
         if !ubuf.is_empty() {
             match reader.parse(ubuf) {

@@ -1,0 +1,205 @@
+//! Interim responses and `103 Early Hints`, through real processes: a 103 an HTTP/1.1
+//! upstream sends before its 200 reaches HTTP/1.1 clients (raw socket and `curl -v`), without
+//! its hop-by-hop fields; HTTP/1.0 clients get none; `Expect: 100-continue` is answered as
+//! before (one 100, veloxy's); a route with `early_hints = true` sends a 103 itself from the
+//! preload/preconnect Link fields of the path's last 200 answer (not from a 404).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use veloxy_testkit::*;
+
+const LINK: &str = "</style.css>; rel=preload; as=style";
+
+/// An HTTP/1.1 upstream that answers every request with, first, a 103 (with a Link field and
+/// a hop-by-hop field) and a 100 it must not forward, then a 200 with `body`, on one
+/// connection per request (`Connection: close`). Its requests' heads go to `seen`.
+fn hinting_upstream(body: &'static str) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().take(64) {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                    if s.read(&mut b).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let _ = s.write_all(
+                    format!(
+                        "HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\nKeep-Alive: timeout=5\r\n\r\n"
+                    )
+                    .as_bytes(),
+                );
+                let _ = s.flush();
+                std::thread::sleep(Duration::from_millis(50));
+                let _ = s.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            });
+        }
+    });
+    addr
+}
+
+fn config(upstream: SocketAddr, route: &str) -> String {
+    format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n\
+         [[routes]]\nupstream = \"app\"\n{route}\n\
+         [upstreams.app]\nservers = [\"{upstream}\"]\n"
+    )
+}
+
+/// Sends `raw` and reads everything until the connection closes (bounded by a timeout).
+fn exchange(addr: SocketAddr, raw: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(raw.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn an_upstream_103_reaches_http11_clients_before_the_final_head() {
+    let up = hinting_upstream("page");
+    let v = veloxy(&config(up, ""));
+    let got = exchange(
+        v.addr,
+        "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    let expected = format!("HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\n\r\nHTTP/1.1 200 OK\r\n");
+    assert!(got.starts_with(&expected), "{got}");
+    assert!(
+        !got.contains("Keep-Alive: timeout"),
+        "hop-by-hop field forwarded: {got}"
+    );
+    assert!(got.ends_with("\r\n\r\npage"), "{got}");
+}
+
+#[test]
+fn http10_clients_get_no_interim_response() {
+    let up = hinting_upstream("page");
+    let v = veloxy(&config(up, ""));
+    let got = exchange(v.addr, "GET / HTTP/1.0\r\nHost: a\r\n\r\n");
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
+    assert!(!got.contains("103"), "{got}");
+    assert!(got.ends_with("page"), "{got}");
+}
+
+#[test]
+fn expect_continue_is_answered_once_by_veloxy() {
+    // An upstream that answers its own 100 Continue first: veloxy's is the only one the
+    // client sees (before its body), then the upstream's 103 and 200.
+    let up = hinting_upstream("posted");
+    let v = veloxy(&config(up, ""));
+    let mut s = TcpStream::connect(v.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\
+          Connection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut first = [0u8; 25];
+    s.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(b"body").unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(!rest.contains("100 Continue"), "{rest}");
+    assert!(rest.starts_with("HTTP/1.1 103 Early Hints\r\n"), "{rest}");
+    assert!(rest.ends_with("posted"), "{rest}");
+}
+
+#[test]
+fn curl_shows_the_103_over_http11() {
+    if !require("curl", "--version", "curl is not installed") {
+        return;
+    }
+    let up = hinting_upstream("page");
+    let v = veloxy(&config(up, ""));
+    let out = std::process::Command::new("curl")
+        .args(["-sv", "--http1.1", "--max-time", "10"])
+        .arg(format!("http://{}/", v.addr))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let i103 = err.find("< HTTP/1.1 103 Early Hints").expect(&err);
+    let i200 = err.find("< HTTP/1.1 200 OK").expect(&err);
+    assert!(i103 < i200, "{err}");
+    assert!(err.contains(&format!("< Link: {LINK}")), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "page");
+}
+
+/// An origin whose `/page` answers 200 with preload, preconnect and other Link fields, and
+/// `/missing` 404 with a preload Link field; it sends no 103 of its own.
+fn linking_origin() -> ScriptOrigin {
+    script_origin(|r| {
+        let (status, body) = match r.path() {
+            "/missing" => (404, "no"),
+            _ => (200, "page"),
+        };
+        let mut s = Scripted::ok(body)
+            .header(
+                "link",
+                "</app.js>; rel=preload; as=script, </next>; rel=next",
+            )
+            .header("link", "<https://cdn.example>; rel=preconnect");
+        s.status = status;
+        s
+    })
+}
+
+#[test]
+fn early_hints_route_sends_the_last_200s_links_before_asking_the_upstream() {
+    let o = linking_origin();
+    let v = veloxy(&config(o.addr, "early_hints = true"));
+    let get = |path: &str| {
+        exchange(
+            v.addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"),
+        )
+    };
+    let first = get("/page?v=1");
+    assert!(first.starts_with("HTTP/1.1 200 "), "no 103 yet: {first}");
+    let second = get("/page?v=2");
+    let hints = "HTTP/1.1 103 Early Hints\r\nLink: </app.js>; rel=preload; as=script\r\n\
+                 Link: <https://cdn.example>; rel=preconnect\r\n\r\nHTTP/1.1 200 ";
+    assert!(second.starts_with(hints), "{second}");
+    // A 404 teaches nothing, and HTTP/1.0 clients get no 103.
+    assert!(get("/missing").starts_with("HTTP/1.1 404"));
+    let again = get("/missing");
+    assert!(again.starts_with("HTTP/1.1 404"), "{again}");
+    let old = exchange(v.addr, "GET /page HTTP/1.0\r\nHost: a\r\n\r\n");
+    assert!(old.starts_with("HTTP/1.1 200 "), "{old}");
+    // Other methods get none.
+    let head = exchange(
+        v.addr,
+        "HEAD /page HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+}
+
+#[test]
+fn without_early_hints_the_route_sends_none() {
+    let o = linking_origin();
+    let v = veloxy(&config(o.addr, ""));
+    for _ in 0..2 {
+        let got = exchange(
+            v.addr,
+            "GET /page HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        );
+        assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
+    }
+}
