@@ -149,6 +149,36 @@ fn hinted(link: &[u8]) -> bool {
     })
 }
 
+/// The informational (1xx) responses of one framed request on their way to its client, for
+/// codecs that can send one before the final response (HTTP/3): the codec puts one in the
+/// request's extensions and sends what arrives while the exchange runs. A few at most wait;
+/// more are dropped (they are hints).
+#[derive(Clone)]
+pub(crate) struct Interims(tokio::sync::mpsc::Sender<http::Response<()>>);
+
+impl Interims {
+    /// Interim responses waiting for the codec, at most.
+    const QUEUE: usize = 4;
+
+    /// A sender for the request's extensions and the codec's receiver.
+    pub(crate) fn channel() -> (Self, tokio::sync::mpsc::Receiver<http::Response<()>>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(Self::QUEUE);
+        (Interims(tx), rx)
+    }
+
+    /// Sends `res` to the client (unless the codec is gone or behind).
+    pub(crate) fn send(&self, res: http::Response<()>) {
+        let _ = self.0.try_send(res);
+    }
+
+    /// Forwards an upstream's interim head (HTTP/1 bytes) if it is one to forward.
+    pub(crate) fn forward(&self, head: &[u8]) {
+        if let Some(res) = crate::http1::interim::to_response(head) {
+            self.send(res);
+        }
+    }
+}
+
 /// Writes a `103 Early Hints` head with `links` for an HTTP/1.1 client.
 pub(crate) fn write_h1(links: &[HeaderValue], out: &mut Vec<u8>) {
     out.extend_from_slice(b"HTTP/1.1 103 Early Hints\r\n");

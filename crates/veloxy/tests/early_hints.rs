@@ -203,3 +203,82 @@ fn without_early_hints_the_route_sends_none() {
         assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
     }
 }
+
+/// Sends `req` over HTTP/3 and reads every head up to the final one: the statuses and Link
+/// fields of each, then the body.
+async fn h3_heads(
+    send: &mut h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes>,
+    req: http::Request<()>,
+) -> (Vec<(u16, Vec<String>)>, String) {
+    use bytes::Buf;
+    let mut stream = send.send_request(req).await.unwrap();
+    stream.finish().await.unwrap();
+    let mut heads = Vec::new();
+    for _ in 0..4 {
+        let res = stream.recv_response().await.unwrap();
+        let links = res.headers().get_all("link").iter();
+        let links = links.map(|v| v.to_str().unwrap().to_owned()).collect();
+        heads.push((res.status().as_u16(), links));
+        if res.status().as_u16() >= 200 {
+            break;
+        }
+    }
+    let mut body = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    (heads, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[test]
+fn http3_clients_get_the_upstreams_103_and_the_routes_early_hints() {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let (up, o) = (hinting_upstream("page"), linking_origin());
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\npath = \"/hinted/\"\nupstream = \"linking\"\nearly_hints = true\n\
+         [[routes]]\nupstream = \"app\"\n\
+         [upstreams.app]\nservers = [\"{up}\"]\n[upstreams.linking]\nservers = [\"{}\"]\n",
+        cert.display(),
+        key.display(),
+        o.addr
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    runtime().block_on(async {
+        let mut c = h3_connect(web, "localhost", &pki.ca_pem).await.unwrap();
+        let (heads, body) = h3_heads(&mut c, h3_get("localhost", "/")).await;
+        assert_eq!(heads, [(103, vec![LINK.to_owned()]), (200, vec![])]);
+        assert_eq!(body, "page");
+        let (heads, _) = h3_heads(&mut c, h3_get("localhost", "/hinted/a")).await;
+        assert_eq!(
+            heads.len(),
+            1,
+            "no 103 before the path's first 200: {heads:?}"
+        );
+        let (heads, body) = h3_heads(&mut c, h3_get("localhost", "/hinted/a")).await;
+        let hints = vec![
+            "</app.js>; rel=preload; as=script".to_owned(),
+            "<https://cdn.example>; rel=preconnect".to_owned(),
+        ];
+        assert_eq!(heads[0], (103, hints), "{heads:?}");
+        assert_eq!((heads.len(), heads[1].0, body.as_str()), (2, 200, "page"));
+    });
+}
+
+#[test]
+fn http2_clients_get_the_final_answer_without_the_103() {
+    // hyper's HTTP/2 server cannot send an informational response: the 103 is dropped, the
+    // answer is whole.
+    let up = hinting_upstream("page");
+    let v = veloxy(&config(up, ""));
+    let r = runtime().block_on(async {
+        let mut c = h2_connect(v.addr, None).await;
+        h2_send(&mut c, h2_get("a", "/", false), None)
+            .await
+            .unwrap()
+    });
+    assert_eq!((r.status, r.body_str().as_str()), (200, "page"));
+}

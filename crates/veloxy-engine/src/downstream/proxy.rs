@@ -92,7 +92,7 @@ pub(crate) async fn relay(
     let mut req_body = BodyState::request(p.body, p.target.max_body);
     let mut backend = None;
     if p.target.hints.is_some() && p.version >= 1 {
-        send_hints(worker, gen, down, &p).await;
+        super::interim::send_hints(worker, gen, down, &p).await;
     }
 
     // The body is read before a concurrency slot or an upstream connection is taken: a slow
@@ -164,30 +164,6 @@ pub(crate) async fn relay(
     worker.give_vec(obuf);
     worker.give_bytes(ubuf);
     keep
-}
-
-/// `early_hints`: the `103 Early Hints` of the path's last 200 answer, if it had preload or
-/// preconnect links, before the upstream is asked (HTTP/1.1 clients only).
-async fn send_hints(worker: &Worker, gen: &Generation, down: &mut Downstream, p: &Prepared) {
-    let Some(key) = p.target.hints.as_deref() else {
-        return;
-    };
-    let Some(links) = gen.hints.borrow_mut().get(key) else {
-        return;
-    };
-    let mut out = worker.take_vec();
-    crate::hints::write_h1(&links, &mut out);
-    let _ = write_down(down, &out).await;
-    worker.give_vec(out);
-}
-
-/// `early_hints`: learns the Link fields of a 200 answer's head (`head`, written for the
-/// client) for its path.
-fn learn_hints(gen: &Generation, key: &crate::hints::HintKey, head: &[u8]) {
-    let links = crate::http1::lines(head)
-        .filter(|(name, _)| name.eq_ignore_ascii_case(b"link"))
-        .map(|(_, value)| value);
-    gen.hints.borrow_mut().learn(key, links);
 }
 
 /// How an error answer went.
@@ -406,24 +382,6 @@ impl HeadReader for Relayed<'_> {
     }
 }
 
-/// Forwards an upstream's interim (1xx) head `head` to the HTTP/1.1 client, without its
-/// hop-by-hop fields and before the final head (response rules do not apply to it).
-async fn forward_interim(
-    worker: &Worker,
-    down: &mut Downstream,
-    head: &[u8],
-) -> Result<(), AttemptFail> {
-    let mut out = worker.take_vec();
-    let written = match crate::http1::interim::write_h1(head, &mut out) {
-        true => write_down(down, &out)
-            .await
-            .map_err(|e| AttemptFail::Fatal(Fail::Abort(e))),
-        false => Ok(()),
-    };
-    worker.give_vec(out);
-    written
-}
-
 /// The state of one request across attempts.
 struct Run<'a> {
     worker: &'a Worker,
@@ -477,7 +435,9 @@ impl Run<'_> {
         .await?;
         while let RelayedHead::Interim(len) = head {
             let deadline = Instant::now() + group.read_timeout;
-            forward_interim(self.worker, down, &self.ubuf[..len]).await?;
+            super::interim::forward(self.worker, down, &self.ubuf[..len])
+                .await
+                .map_err(|e| AttemptFail::Fatal(Fail::Abort(e)))?;
             self.ubuf.advance(len);
             head = h1::next_head(deadline, &mut conn, self.ubuf, &mut reader)
                 .await?
@@ -575,11 +535,11 @@ impl Run<'_> {
                     .map(|(_, v)| v)
             });
         }
+        if let (Some(key), 200) = (self.p.target.hints.as_deref(), meta.status) {
+            super::interim::learn_hints(self.gen, key, self.obuf);
+        }
         if let Some(view) = exchange::on_response(self.worker, self.record, meta.status) {
             view.apply_h1(self.obuf);
-        }
-        if let (Some(key), 200) = (self.p.target.hints.as_deref(), meta.status) {
-            learn_hints(self.gen, key, self.obuf);
         }
         // `compress = true`: maybe rewrite the head and encode the (de-chunked) payload.
         let mut encoder = if self.p.target.compress {

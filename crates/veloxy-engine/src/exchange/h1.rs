@@ -170,6 +170,9 @@ pub(crate) struct Foreign {
     pub request_is_head: bool,
     /// [`Tries::whole`].
     pub te_over_cl: bool,
+    /// Where a forwardable interim head goes (a framed client's codec that can send one);
+    /// `None`: skipped.
+    pub interims: Option<crate::hints::Interims>,
 }
 
 impl HeadReader for Foreign {
@@ -179,7 +182,12 @@ impl HeadReader for Foreign {
             match crate::http1::response::parse_foreign(buf, self.request_is_head, self.te_over_cl)?
             {
                 None => HeadParse::Partial,
-                Some(Err(interim)) => HeadParse::Interim(interim),
+                Some(Err(interim)) => {
+                    if let Some(to) = &self.interims {
+                        to.forward(&buf[..interim]);
+                    }
+                    HeadParse::Interim(interim)
+                }
                 Some(Ok(head)) => HeadParse::Final(head),
             },
         )
@@ -214,12 +222,24 @@ pub(crate) async fn foreign(
     body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), HeadFail>,
     tries: Tries,
 ) -> Result<(UpstreamConn, crate::http1::response::ForeignHead, BytesMut), HeadFail> {
+    foreign_relaying((worker, gen), to, wbuf, body, (tries, None)).await
+}
+
+/// [`foreign`], forwarding the upstream's interim heads to `interims`.
+pub(crate) async fn foreign_relaying(
+    (worker, gen): (&Worker, &Generation),
+    to: Backend,
+    wbuf: &[u8],
+    body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), HeadFail>,
+    (tries, interims): (Tries, Option<crate::hints::Interims>),
+) -> Result<(UpstreamConn, crate::http1::response::ForeignHead, BytesMut), HeadFail> {
     // A recycled worker buffer: response bytes are copied out of it into right-sized frames,
     // so no 16 KiB allocation lives as long as a response body does.
     let mut ubuf = worker.take_bytes();
     let mut reader = Foreign {
         request_is_head: tries.is_head,
         te_over_cl: tries.whole,
+        interims,
     };
     let (conn, head) = attempt(
         (worker, gen),
