@@ -13,14 +13,39 @@ use veloxy_testkit::*;
 const LINK: &str = "</style.css>; rel=preload; as=style";
 
 /// An HTTP/1.1 upstream that answers every request with, first, a 103 (with a Link field and
-/// a hop-by-hop field) and a 100 it must not forward, then a 200 with `body`, on one
-/// connection per request (`Connection: close`). Its requests' heads go to `seen`.
+/// a hop-by-hop field), then after a short wait a 200 with `body`, on one connection per
+/// request (`Connection: close`).
 fn hinting_upstream(body: &'static str) -> SocketAddr {
+    raw_upstream(Duration::from_millis(50), move |_| {
+        vec![
+            format!("HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\nKeep-Alive: timeout=5\r\n\r\n"),
+            final_answer("text/plain", body),
+        ]
+    })
+}
+
+/// A 200 with `body` that closes its connection.
+fn final_answer(content_type: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// An HTTP/1.1 upstream writing the parts `answer` makes of each request's target, `gap`
+/// apart (the last one a final answer that closes the connection).
+fn raw_upstream(
+    gap: Duration,
+    answer: impl Fn(&str) -> Vec<String> + Send + Sync + 'static,
+) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
+    let answer = std::sync::Arc::new(answer);
     std::thread::spawn(move || {
         for s in l.incoming().take(64) {
             let Ok(mut s) = s else { continue };
+            let answer = answer.clone();
             std::thread::spawn(move || {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
                 let mut head = Vec::new();
@@ -31,21 +56,15 @@ fn hinting_upstream(body: &'static str) -> SocketAddr {
                     }
                     head.push(b[0]);
                 }
-                let _ = s.write_all(
-                    format!(
-                        "HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\nKeep-Alive: timeout=5\r\n\r\n"
-                    )
-                    .as_bytes(),
-                );
-                let _ = s.flush();
-                std::thread::sleep(Duration::from_millis(50));
-                let _ = s.write_all(
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                );
+                let head = String::from_utf8_lossy(&head);
+                let target = head.split(' ').nth(1).unwrap_or("/");
+                for (i, part) in answer(target).iter().enumerate() {
+                    if i > 0 {
+                        std::thread::sleep(gap);
+                    }
+                    let _ = s.write_all(part.as_bytes());
+                    let _ = s.flush();
+                }
             });
         }
     });
@@ -281,4 +300,159 @@ fn http2_clients_get_the_final_answer_without_the_103() {
             .unwrap()
     });
     assert_eq!((r.status, r.body_str().as_str()), (200, "page"));
+}
+
+/// The SHA-256 of the certificate's public key, base64 (Chromium's
+/// `--ignore-certificate-errors-spki-list`, which QUIC connections need to accept it).
+fn spki_hash(cert: &std::path::Path) -> Option<String> {
+    let script = format!(
+        "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der \
+         | openssl dgst -sha256 -binary | base64",
+        cert.display()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .ok()?;
+    let hash = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    (out.status.success() && !hash.is_empty()).then_some(hash)
+}
+
+/// Runs headless Chromium on `url` with a net log into `netlog`, at most 60 s.
+fn chromium(
+    url: &str,
+    (port, spki): (u16, &str),
+    profile: &std::path::Path,
+    netlog: &std::path::Path,
+) {
+    let mut child = std::process::Command::new("chromium")
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--ignore-certificate-errors",
+            &format!("--ignore-certificate-errors-spki-list={spki}"),
+            "--host-resolver-rules=MAP localhost 127.0.0.1",
+            "--enable-quic",
+            &format!("--origin-to-force-quic-on=localhost:{port}"),
+            &format!("--user-data-dir={}", profile.display()),
+            &format!("--log-net-log={}", netlog.display()),
+            "--dump-dom",
+            url,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("chromium starts");
+    let done = eventually(Duration::from_secs(60), || {
+        child.try_wait().ok().flatten().is_some()
+    });
+    if !done {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("chromium did not finish within 60 s");
+    }
+}
+
+/// One event of a Chromium net log: time (ms), source id, type name, params.
+type NetEvent = (u64, u64, String, serde_json::Value);
+
+fn net_events(netlog: &std::path::Path) -> Vec<NetEvent> {
+    let log: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(netlog).unwrap()).unwrap();
+    let names: std::collections::HashMap<u64, String> = log["constants"]["logEventTypes"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (v.as_u64().unwrap(), k.clone()))
+        .collect();
+    let events = log["events"].as_array().unwrap().iter();
+    events
+        .map(|e| {
+            let time = e["time"].as_str().and_then(|t| t.parse().ok()).unwrap_or(0);
+            let kind = names
+                .get(&e["type"].as_u64().unwrap())
+                .cloned()
+                .unwrap_or_default();
+            (
+                time,
+                e["source"]["id"].as_u64().unwrap_or(0),
+                kind,
+                e["params"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn chromium_receives_early_hints_over_http3_and_preloads_before_the_page_arrives() {
+    if !require("chromium", "--version", "chromium is not installed")
+        || !require("openssl", "version", "openssl is not installed")
+    {
+        return;
+    }
+    const PAGE: &str = "<!doctype html><html><head><link rel=\"stylesheet\" href=\"/style.css\">\
+                        </head><body>hinted</body></html>";
+    // The page's 200 comes 700 ms after its 103: the preload starts in between.
+    let up = raw_upstream(Duration::from_millis(700), |target| match target {
+        "/style.css" => vec![final_answer("text/css", "body { color: teal }")],
+        _ => vec![
+            format!("HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\n\r\n"),
+            final_answer("text/html", PAGE),
+        ],
+    });
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let Some(spki) = spki_hash(&cert) else {
+        return skip("openssl could not hash the certificate's key");
+    };
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\nhttp3 = true\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{up}\"]\n",
+        cert.display(),
+        key.display(),
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let netlog = certs.path().join("netlog.json");
+    let url = format!("https://localhost:{}/", web.port());
+    chromium(
+        &url,
+        (web.port(), &spki),
+        &certs.path().join("profile"),
+        &netlog,
+    );
+    let events = net_events(&netlog);
+    let has = |p: &serde_json::Value, text: &str| p.to_string().contains(text);
+    // The 103 came over HTTP/3 (QPACK-decoded HEADERS on the QUIC session) ...
+    let over_h3 = events.iter().find(|(_, _, kind, p)| {
+        kind == "HTTP3_HEADERS_DECODED" && has(p, ":status: 103") && has(p, "rel=preload")
+    });
+    assert!(
+        over_h3.is_some(),
+        "no 103 HEADERS over HTTP/3 in the net log"
+    );
+    // ... and reached the page's request as Early Hints,
+    let (t103, page, _, _) = events
+        .iter()
+        .find(|(_, _, kind, p)| {
+            kind == "HTTP_TRANSACTION_READ_EARLY_HINTS_RESPONSE_HEADERS" && has(p, "style.css")
+        })
+        .expect("the page's request read no Early Hints");
+    let t200 = events
+        .iter()
+        .find(|(_, src, kind, _)| src == page && kind == "HTTP_TRANSACTION_READ_RESPONSE_HEADERS")
+        .map(|e| e.0)
+        .expect("the page's final head");
+    // ... whose preload started before the page's final head arrived.
+    let preload = events.iter().find(|(t, _, kind, p)| {
+        kind == "URL_REQUEST_START_JOB" && has(p, "/style.css") && t >= t103
+    });
+    let tpre = preload.expect("no request for the preloaded style sheet").0;
+    assert!(tpre < t200, "preload at {tpre} ms, page at {t200} ms");
+    eprintln!(
+        "early hints over HTTP/3: 103 at {t103} ms, preload of /style.css at {tpre} ms, \
+         page's 200 at {t200} ms"
+    );
 }
