@@ -384,43 +384,54 @@ fn net_events(netlog: &std::path::Path) -> Vec<NetEvent> {
         .collect()
 }
 
-#[test]
-fn chromium_receives_early_hints_over_http3_and_preloads_before_the_page_arrives() {
+const PAGE: &str = "<!doctype html><html><head><link rel=\"stylesheet\" href=\"/style.css\">\
+                    </head><body>hinted</body></html>";
+
+/// A TLS listener with HTTP/2 and HTTP/3 in front of `up` (`route`: more keys of the route),
+/// and Chromium's SPKI hash of its certificate; `None` (the test reported skipped) without
+/// chromium or openssl.
+fn browser_site(
+    up: SocketAddr,
+    route: &str,
+) -> Option<(Veloxy, SocketAddr, String, tempfile::TempDir)> {
     if !require("chromium", "--version", "chromium is not installed")
         || !require("openssl", "version", "openssl is not installed")
     {
-        return;
+        return None;
     }
-    const PAGE: &str = "<!doctype html><html><head><link rel=\"stylesheet\" href=\"/style.css\">\
-                        </head><body>hinted</body></html>";
-    // The page's 200 comes 700 ms after its 103: the preload starts in between.
-    let up = raw_upstream(Duration::from_millis(700), |target| match target {
-        "/style.css" => vec![final_answer("text/css", "body { color: teal }")],
-        _ => vec![
-            format!("HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\n\r\n"),
-            final_answer("text/html", PAGE),
-        ],
-    });
     let certs = tempfile::tempdir().unwrap();
     let pki = Pki::new(certs.path());
     let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
     let Some(spki) = spki_hash(&cert) else {
-        return skip("openssl could not hash the certificate's key");
+        skip("openssl could not hash the certificate's key");
+        return None;
     };
     let v = veloxy(&format!(
         "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\nhttp3 = true\n\
          [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
-         [[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{up}\"]\n",
+         [[routes]]\nupstream = \"app\"\n{route}\n[upstreams.app]\nservers = [\"{up}\"]\n",
         cert.display(),
         key.display(),
     ));
     let web = logged_addr(&v, "listening listener=web addr=");
-    let netlog = certs.path().join("netlog.json");
+    Some((v, web, spki, certs))
+}
+
+/// Loads `https://localhost:PORT/` in Chromium (a fresh profile) and checks its net log: a
+/// 103 with the style sheet's preload came over HTTP/3 and reached the page's request, and
+/// the preload started before the page's final head. Returns the times (ms) of the three.
+fn load_and_check(
+    web: SocketAddr,
+    spki: &str,
+    dir: &std::path::Path,
+    run: &str,
+) -> (u64, u64, u64) {
+    let netlog = dir.join(format!("netlog-{run}.json"));
     let url = format!("https://localhost:{}/", web.port());
     chromium(
         &url,
-        (web.port(), &spki),
-        &certs.path().join("profile"),
+        (web.port(), spki),
+        &dir.join(format!("profile-{run}")),
         &netlog,
     );
     let events = net_events(&netlog);
@@ -431,7 +442,7 @@ fn chromium_receives_early_hints_over_http3_and_preloads_before_the_page_arrives
     });
     assert!(
         over_h3.is_some(),
-        "no 103 HEADERS over HTTP/3 in the net log"
+        "{run}: no 103 HEADERS over HTTP/3 in the net log"
     );
     // ... and reached the page's request as Early Hints,
     let (t103, page, _, _) = events
@@ -450,9 +461,130 @@ fn chromium_receives_early_hints_over_http3_and_preloads_before_the_page_arrives
         kind == "URL_REQUEST_START_JOB" && has(p, "/style.css") && t >= t103
     });
     let tpre = preload.expect("no request for the preloaded style sheet").0;
-    assert!(tpre < t200, "preload at {tpre} ms, page at {t200} ms");
-    eprintln!(
-        "early hints over HTTP/3: 103 at {t103} ms, preload of /style.css at {tpre} ms, \
-         page's 200 at {t200} ms"
+    assert!(
+        tpre < t200,
+        "{run}: preload at {tpre} ms, page at {t200} ms"
     );
+    eprintln!(
+        "{run}: 103 at {t103} ms, preload of /style.css at {tpre} ms, page's 200 at {t200} ms"
+    );
+    (*t103, tpre, t200)
+}
+
+#[test]
+fn chromium_receives_an_upstreams_early_hints_over_http3_and_preloads_before_the_page() {
+    // The page's 200 comes 700 ms after its 103: the preload starts in between.
+    let up = raw_upstream(Duration::from_millis(700), |target| match target {
+        "/style.css" => vec![final_answer("text/css", "body { color: teal }")],
+        _ => vec![
+            format!("HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\n\r\n"),
+            final_answer("text/html", PAGE),
+        ],
+    });
+    let Some((_v, web, spki, dir)) = browser_site(up, "") else {
+        return;
+    };
+    load_and_check(web, &spki, dir.path(), "upstream-103");
+}
+
+#[test]
+fn chromium_receives_the_early_hints_veloxy_learned_on_its_second_visit() {
+    // No 103 from this upstream: the page's 200 (after 700 ms) carries the Link field.
+    let up = raw_upstream(Duration::from_millis(700), |target| match target {
+        "/style.css" => vec![final_answer("text/css", "body { color: teal }")],
+        _ => vec![
+            String::new(),
+            final_answer("text/html", PAGE).replacen("\r\n", &format!("\r\nLink: {LINK}\r\n"), 1),
+        ],
+    });
+    let Some((_v, web, spki, dir)) = browser_site(up, "early_hints = true") else {
+        return;
+    };
+    // The first visit teaches veloxy the Link field (Chromium sees no 103 then) ...
+    let netlog = dir.path().join("netlog-first.json");
+    let url = format!("https://localhost:{}/", web.port());
+    chromium(
+        &url,
+        (web.port(), &spki),
+        &dir.path().join("profile-first"),
+        &netlog,
+    );
+    let first = net_events(&netlog);
+    assert!(
+        !first
+            .iter()
+            .any(|(_, _, kind, _)| kind == "HTTP_TRANSACTION_READ_EARLY_HINTS_RESPONSE_HEADERS"),
+        "Early Hints on the first visit"
+    );
+    // ... the second gets it in veloxy's own 103, before the upstream answers.
+    load_and_check(web, &spki, dir.path(), "learned-103");
+}
+
+#[test]
+fn response_rules_leave_the_103_alone() {
+    let up = hinting_upstream("page");
+    let v = veloxy(&config(
+        up,
+        "response_headers = { add = { \"X-Rule\" = \"on\" } }",
+    ));
+    let got = exchange(
+        v.addr,
+        "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    let (interim, last) = got.split_once("HTTP/1.1 200 OK\r\n").expect(&got);
+    assert_eq!(
+        interim,
+        format!("HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\n\r\n")
+    );
+    assert!(last.to_ascii_lowercase().contains("x-rule: on"), "{got}");
+}
+
+#[test]
+fn a_cache_fill_stores_the_final_answer_not_the_103() {
+    let up = hinting_upstream("cached page");
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [caches.main]\nmemory = \"4MiB\"\ncache_status_header = \"X-Cache-Status\"\n\
+         [[routes]]\nupstream = \"app\"\ncache = {{ store = \"main\", default_ttl = \"1m\" }}\n\
+         [upstreams.app]\nservers = [\"{up}\"]\n"
+    ));
+    let get = || {
+        exchange(
+            v.addr,
+            "GET /c HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+    };
+    let first = get();
+    assert!(first.contains("HTTP/1.1 200 OK\r\n"), "{first}");
+    assert!(first.ends_with("cached page"), "{first}");
+    let hit = get();
+    assert!(hit.starts_with("HTTP/1.1 200 OK\r\n"), "{hit}");
+    assert!(hit.contains("X-Cache-Status: HIT"), "{hit}");
+    assert!(hit.ends_with("\r\n\r\ncached page"), "{hit}");
+}
+
+#[test]
+fn a_reload_turns_early_hints_on() {
+    let o = linking_origin();
+    let v = veloxy(&config(o.addr, ""));
+    let get = || {
+        exchange(
+            v.addr,
+            "GET /page HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+    };
+    assert!(get().starts_with("HTTP/1.1 200 "));
+    assert!(get().starts_with("HTTP/1.1 200 "));
+    reload_with(&v, &config(o.addr, "early_hints = true"), "reloaded");
+    assert!(
+        get().starts_with("HTTP/1.1 200 "),
+        "a fresh memory after the reload"
+    );
+    let hinted = get();
+    assert!(
+        hinted.starts_with("HTTP/1.1 103 Early Hints\r\n"),
+        "{hinted}"
+    );
+    reload_with(&v, &config(o.addr, ""), "reloaded");
+    assert!(get().starts_with("HTTP/1.1 200 "));
 }
