@@ -342,6 +342,8 @@ async fn buffer_request_body(
 struct Relayed<'a> {
     p: &'a Prepared,
     obuf: &'a mut Vec<u8>,
+    /// Interim heads forwarded so far (at most [`super::interim::MAX_FORWARDED`]).
+    interims: u8,
 }
 
 /// A final response head, as [`Relayed`] read it.
@@ -369,9 +371,8 @@ impl HeadReader for Relayed<'_> {
             )? {
                 Parsed::Switch { head_len } => HeadParse::Final(RelayedHead::Switch(head_len)),
                 Parsed::Partial => HeadParse::Partial,
-                // HTTP/1.0 clients get no 1xx; 100 Continue is veloxy's own to send.
                 Parsed::Interim(len)
-                    if p.version >= 1 && crate::http1::interim::status(&buf[..len]).is_some() =>
+                    if super::interim::forwards(p, &mut self.interims, &buf[..len]) =>
                 {
                     HeadParse::Final(RelayedHead::Interim(len))
                 }
@@ -422,6 +423,7 @@ impl Run<'_> {
         let mut reader = Relayed {
             p,
             obuf: &mut *self.obuf,
+            interims: 0,
         };
         let (mut conn, mut head) = h1::attempt(
             (self.worker, self.gen),
@@ -433,8 +435,9 @@ impl Run<'_> {
             replayable,
         )
         .await?;
+        // After a forwarded interim head, `read_timeout` bounds the wait for the final one.
+        let deadline = Instant::now() + group.read_timeout;
         while let RelayedHead::Interim(len) = head {
-            let deadline = Instant::now() + group.read_timeout;
             super::interim::forward(self.worker, down, &self.ubuf[..len])
                 .await
                 .map_err(|e| AttemptFail::Fatal(Fail::Abort(e)))?;
