@@ -384,6 +384,9 @@ fn net_events(netlog: &std::path::Path) -> Vec<NetEvent> {
         .collect()
 }
 
+/// The style sheet's type, and a lifetime so the page can use the preloaded copy.
+const CSS: &str = "text/css\r\nCache-Control: max-age=60";
+
 const PAGE: &str = "<!doctype html><html><head><link rel=\"stylesheet\" href=\"/style.css\">\
                     </head><body>hinted</body></html>";
 
@@ -465,6 +468,15 @@ fn load_and_check(
         tpre < t200,
         "{run}: preload at {tpre} ms, page at {t200} ms"
     );
+    // The page used the preloaded copy: the style sheet crossed the network once.
+    let fetched = events.iter().filter(|(_, _, kind, p)| {
+        kind == "HTTP3_HEADERS_DECODED" && has(p, "content-type: text/css")
+    });
+    assert_eq!(
+        fetched.count(),
+        1,
+        "{run}: the style sheet was fetched again"
+    );
     eprintln!(
         "{run}: 103 at {t103} ms, preload of /style.css at {tpre} ms, page's 200 at {t200} ms"
     );
@@ -475,7 +487,7 @@ fn load_and_check(
 fn chromium_receives_an_upstreams_early_hints_over_http3_and_preloads_before_the_page() {
     // The page's 200 comes 700 ms after its 103: the preload starts in between.
     let up = raw_upstream(Duration::from_millis(700), |target| match target {
-        "/style.css" => vec![final_answer("text/css", "body { color: teal }")],
+        "/style.css" => vec![final_answer(CSS, "body { color: teal }")],
         _ => vec![
             format!("HTTP/1.1 103 Early Hints\r\nLink: {LINK}\r\n\r\n"),
             final_answer("text/html", PAGE),
@@ -491,7 +503,7 @@ fn chromium_receives_an_upstreams_early_hints_over_http3_and_preloads_before_the
 fn chromium_receives_the_early_hints_veloxy_learned_on_its_second_visit() {
     // No 103 from this upstream: the page's 200 (after 700 ms) carries the Link field.
     let up = raw_upstream(Duration::from_millis(700), |target| match target {
-        "/style.css" => vec![final_answer("text/css", "body { color: teal }")],
+        "/style.css" => vec![final_answer(CSS, "body { color: teal }")],
         _ => vec![
             String::new(),
             final_answer("text/html", PAGE).replacen("\r\n", &format!("\r\nLink: {LINK}\r\n"), 1),
