@@ -1,6 +1,6 @@
 //! A route's `early_hints`: `103 Early Hints` from the Link fields of the path's last answer
-//! ([`crate::hints`]). Proxied routes to HTTP/1.1 groups only: the answer whose fields are
-//! learned comes through the HTTP/1.1 client.
+//! ([`crate::hints`]). Proxied routes to HTTP/1.1 groups without `cache` only: the answer
+//! whose fields are learned comes through the HTTP/1.1 client, not through a cache fill.
 
 use std::sync::Arc;
 
@@ -31,6 +31,11 @@ pub(super) fn early_hints(
             return error("is for routes to an HTTP/1.1 group (protocol = \"http1\")")
         }
         Some(_) => {}
+    }
+    if r.cache.is_some() {
+        // A fill fetches and stores the answer itself: it neither sends the hints nor
+        // teaches them, so the pair would be on in name only.
+        return error("is not for routes with cache (answers come through the cache)");
     }
     let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
     r.early_hints = true;
