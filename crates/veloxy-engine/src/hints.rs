@@ -152,29 +152,51 @@ fn hinted(link: &[u8]) -> bool {
 /// The informational (1xx) responses of one framed request on their way to its client, for
 /// codecs that can send one before the final response (HTTP/3): the codec puts one in the
 /// request's extensions and sends what arrives while the exchange runs. A few at most wait;
-/// more are dropped (they are hints).
-#[derive(Clone)]
-pub(crate) struct Interims(tokio::sync::mpsc::Sender<http::Response<()>>);
+/// more are dropped (they are hints). One small allocation per request, no channel (tokio's
+/// would allocate a block of slots for every request).
+#[derive(Clone, Default)]
+pub(crate) struct Interims(std::sync::Arc<Queue>);
+
+/// What an [`Interims`] shares: the waiting responses and the codec's wake-up.
+#[derive(Default)]
+pub(crate) struct Queue {
+    waiting: std::sync::Mutex<std::collections::VecDeque<http::Response<()>>>,
+    ready: tokio::sync::Notify,
+}
 
 impl Interims {
     /// Interim responses waiting for the codec, at most.
     const QUEUE: usize = 4;
 
-    /// A sender for the request's extensions and the codec's receiver.
-    pub(crate) fn channel() -> (Self, tokio::sync::mpsc::Receiver<http::Response<()>>) {
-        let (tx, rx) = tokio::sync::mpsc::channel(Self::QUEUE);
-        (Interims(tx), rx)
-    }
-
-    /// Sends `res` to the client (unless the codec is gone or behind).
+    /// Sends `res` to the client (unless the codec is behind by [`Self::QUEUE`]).
     pub(crate) fn send(&self, res: http::Response<()>) {
-        let _ = self.0.try_send(res);
+        let mut waiting = self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.len() < Self::QUEUE {
+            waiting.push_back(res);
+            self.0.ready.notify_one();
+        }
     }
 
     /// Forwards an upstream's interim head (HTTP/1 bytes) if it is one to forward.
     pub(crate) fn forward(&self, head: &[u8]) {
         if let Some(res) = crate::http1::interim::to_response(head) {
             self.send(res);
+        }
+    }
+
+    /// The next waiting response, if any.
+    pub(crate) fn take(&self) -> Option<http::Response<()>> {
+        let mut waiting = self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.pop_front()
+    }
+
+    /// The next response, waiting for one.
+    pub(crate) async fn next(&self) -> http::Response<()> {
+        loop {
+            if let Some(res) = self.take() {
+                return res;
+            }
+            self.0.ready.notified().await;
         }
     }
 }

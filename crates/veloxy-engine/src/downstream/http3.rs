@@ -214,7 +214,7 @@ async fn serve_connection(
 /// `None`: the client is gone or stalled.
 async fn with_interims<R>(
     handled: impl std::future::Future<Output = R>,
-    mut queued: tokio::sync::mpsc::Receiver<http::Response<()>>,
+    queued: crate::hints::Interims,
     send: &mut h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>,
     send_timeout: Duration,
 ) -> Option<R> {
@@ -222,7 +222,7 @@ async fn with_interims<R>(
     let res = loop {
         tokio::select! {
             biased;
-            Some(interim) = queued.recv() => {
+            interim = queued.next() => {
                 if !matches!(timeout(send_timeout, send.send_response(interim)).await, Ok(Ok(()))) {
                     return None;
                 }
@@ -230,7 +230,7 @@ async fn with_interims<R>(
             res = &mut handled => break res,
         }
     };
-    while let Ok(interim) = queued.try_recv() {
+    while let Some(interim) = queued.take() {
         if !matches!(
             timeout(send_timeout, send.send_response(interim)).await,
             Ok(Ok(()))
@@ -251,8 +251,8 @@ async fn exchange(
 ) {
     let (mut send, recv) = stream.split();
     let mut req = req.map(|()| RequestBody::H3(H3Body::new(recv)));
-    let (interims, queued) = crate::hints::Interims::channel();
-    req.extensions_mut().insert(interims);
+    let queued = crate::hints::Interims::default();
+    req.extensions_mut().insert(queued.clone());
     let handled = http2::handle(ctx.clone(), req);
     let Some(res) = with_interims(handled, queued, &mut send, send_timeout).await else {
         return;
