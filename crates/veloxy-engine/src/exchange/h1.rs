@@ -4,8 +4,11 @@
 //!
 //! An attempt takes a pooled connection (or opens one), writes the request head, lets the
 //! caller stream the body, then reads the response head within the group's `read_timeout`
-//! (interim 1xx heads skipped, the deadline not extended by them). A pooled connection the
-//! backend had closed (a write error, or a close before any response byte) is replaced once
+//! (interim 1xx heads skipped, the deadline not extended by them, or forwarded: the HTTP/1
+//! client's reader returns them to the caller, which writes them and reads on with
+//! [`next_head`] within one more `read_timeout`; the framed clients' reader hands them to the
+//! codec's [`crate::hints::Interims`]). A pooled connection the backend had closed (a write
+//! error, or a close before any response byte) is replaced once
 //! by a fresh one when the request is replayable; that is not a retry. What the head means is
 //! the caller's [`HeadReader`]: the HTTP/1 client's writes the downstream head while it
 //! parses (the fast path: no second pass), the others parse into a header map.
