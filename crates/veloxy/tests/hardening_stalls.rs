@@ -189,7 +189,10 @@ fn interim_responses_do_not_extend_read_timeout() {
         interims += 1;
     };
     assert_eq!(r.status, 504, "{}", r.head);
-    assert!((1..=8).contains(&interims), "{interims} interim responses forwarded");
+    assert!(
+        (1..=8).contains(&interims),
+        "{interims} interim responses forwarded"
+    );
     assert!(
         start.elapsed() < Duration::from_secs(4),
         "final head awaited {:?} with a 1 s read_timeout",
