@@ -7,7 +7,7 @@
 //! this order (top to bottom): entry (`server`, `admin`) -> downstream codecs
 //! (`downstream`) -> the exchange driver (`exchange`) -> state and config (`worker`, `park`,
 //! `runtime`, `config`) -> the exchange's steps (`router`, `rules`, `hooks`, `auth`, `cors`,
-//! `search`, `cache`, `static_files`, `access_log`, `metrics`, `acme`, `message`) ->
+//! `search`, `cache`, `static_files`, `access_log`, `metrics`, `acme`, `message`, `hints`) ->
 //! upstream clients, TLS and listener sockets (`upstream`, `tls`, `listener`) -> primitives
 //! (`limits`, `fleet`, `http1`, `error`, `late`, `clock`, `deadline`, `background`,
 //! `template`, `accept`, `compress`, `access`, `heap`). `python3 dev/modgraph.py` prints the module graph,
@@ -118,6 +118,7 @@ pub(crate) mod exchange;
 pub(crate) mod fastcgi;
 pub(crate) mod fleet;
 pub(crate) mod heap;
+pub(crate) mod hints;
 pub mod hooks;
 pub(crate) mod http1;
 pub(crate) mod late;

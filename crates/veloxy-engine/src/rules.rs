@@ -336,6 +336,9 @@ pub struct RouteRules {
     pub(crate) fastcgi: Option<std::sync::Arc<crate::fastcgi::FastcgiRoute>>,
     /// `grpc_web`: gRPC-Web requests are translated to gRPC and back.
     pub grpc_web: Option<GrpcWeb>,
+    /// `early_hints`: a GET gets a `103 Early Hints` with the Link fields the path's last
+    /// 200 answer had ([`crate::hints`]).
+    pub early_hints: bool,
 }
 
 /// A route's `grpc_web`, compiled. The translation is the exchange's (`exchange::grpc_web`);
@@ -433,6 +436,7 @@ impl RouteRules {
             && self.cache.is_none()
             && self.fastcgi.is_none()
             && self.grpc_web.is_none()
+            && !self.early_hints
     }
 }
 

@@ -26,6 +26,8 @@ pub(crate) struct Generation {
     /// state with the generation before: picker, idle connections, in-flight counts, latency
     /// figures and retry budget go on, and requests of either generation count in one place.
     groups: Vec<Rc<RefCell<GroupState>>>,
+    /// `early_hints` routes' remembered Link fields (empty, unallocated, without them).
+    pub hints: RefCell<crate::hints::Memory>,
 }
 
 impl Generation {
@@ -74,6 +76,7 @@ impl Generation {
             number,
             snapshot,
             groups,
+            hints: RefCell::default(),
         }
     }
 

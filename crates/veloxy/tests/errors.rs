@@ -254,7 +254,11 @@ fn interim_and_final_response_in_one_read_are_both_parsed() {
     });
     let v = veloxy(&simple_config(&[addr], "read_timeout = \"3s\""));
     let start = Instant::now();
-    let r = get(v.addr, "/");
+    // The 103 is forwarded to the HTTP/1.1 client (early_hints.rs), then the final answer.
+    let mut c = Client::connect(v.addr);
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!(c.read_response(false).status, 103);
+    let r = c.read_response(false);
     assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
     assert!(
         start.elapsed() < Duration::from_secs(1),

@@ -396,6 +396,9 @@ pub struct RouteSection {
     pub fastcgi: Opt<FastcgiSection>,
     /// Routes to an `h2`/`h2c` group: serve gRPC-Web clients (browsers) as well.
     pub grpc_web: Opt<GrpcWebSection>,
+    /// Proxied routes: send `103 Early Hints` with the preload/preconnect `Link` fields of the
+    /// path's last 200 answer before asking the upstream.
+    pub early_hints: Opt<bool>,
 }
 
 /// `grpc_web = true`, or `grpc_web = { cors_origins = ["https://app.example"] }`.
@@ -455,6 +458,7 @@ pub struct RuleSetSection {
     pub queue: Opt<usize>,
     pub queue_timeout: Option<DurationValue>,
     pub cache: Opt<RouteCacheSection>,
+    pub early_hints: Opt<bool>,
 }
 
 /// A name or a list of names (`listener`, `host`, `path`, `path_exact` of a route). The

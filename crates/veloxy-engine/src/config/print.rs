@@ -393,6 +393,9 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
                     out.raw("try_files", &str_list(&t.entries));
                 }
             }
+            if rules.early_hints {
+                out.bool("early_hints", true);
+            }
             if let Some(g) = &rules.grpc_web {
                 match &g.cors_origins {
                     None => out.bool("grpc_web", true),

@@ -209,6 +209,38 @@ async fn serve_connection(
     }
 }
 
+/// Runs the exchange `handled`, sending the informational responses (103 Early Hints) it
+/// queues as they come, then those still queued when it ends: all before the final head.
+/// `None`: the client is gone or stalled.
+async fn with_interims<R>(
+    handled: impl std::future::Future<Output = R>,
+    queued: crate::hints::Interims,
+    send: &mut h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>,
+    send_timeout: Duration,
+) -> Option<R> {
+    tokio::pin!(handled);
+    let res = loop {
+        tokio::select! {
+            biased;
+            interim = queued.next() => {
+                if !matches!(timeout(send_timeout, send.send_response(interim)).await, Ok(Ok(()))) {
+                    return None;
+                }
+            }
+            res = &mut handled => break res,
+        }
+    };
+    while let Some(interim) = queued.take() {
+        if !matches!(
+            timeout(send_timeout, send.send_response(interim)).await,
+            Ok(Ok(()))
+        ) {
+            return None;
+        }
+    }
+    Some(res)
+}
+
 /// One request stream: through the exchange, and its answer back to the client. Each write
 /// waits at most `send_timeout` for the client's flow-control window, as on HTTP/2.
 async fn exchange(
@@ -218,8 +250,14 @@ async fn exchange(
     send_timeout: Duration,
 ) {
     let (mut send, recv) = stream.split();
-    let req = req.map(|()| RequestBody::H3(H3Body::new(recv)));
-    let (mut parts, mut body) = http2::handle(ctx.clone(), req).await.into_parts();
+    let mut req = req.map(|()| RequestBody::H3(H3Body::new(recv)));
+    let queued = crate::hints::Interims::default();
+    req.extensions_mut().insert(queued.clone());
+    let handled = http2::handle(ctx.clone(), req);
+    let Some(res) = with_interims(handled, queued, &mut send, send_timeout).await else {
+        return;
+    };
+    let (mut parts, mut body) = res.into_parts();
     parts
         .headers
         .entry(http::header::DATE)

@@ -22,6 +22,7 @@ pub(crate) mod files;
 pub(crate) mod http2;
 pub(crate) mod http3;
 pub(crate) mod idle;
+pub(crate) mod interim;
 pub(crate) mod l4;
 pub(crate) mod proxy;
 pub(crate) mod relay;

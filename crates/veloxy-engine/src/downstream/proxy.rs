@@ -91,6 +91,9 @@ pub(crate) async fn relay(
     let mut obuf = worker.take_vec();
     let mut req_body = BodyState::request(p.body, p.target.max_body);
     let mut backend = None;
+    if p.target.hints.is_some() && p.version >= 1 {
+        super::interim::send_hints(worker, gen, down, &p).await;
+    }
 
     // The body is read before a concurrency slot or an upstream connection is taken: a slow
     // sender then holds neither (`request_buffering = "auto"`).
@@ -339,11 +342,15 @@ async fn buffer_request_body(
 struct Relayed<'a> {
     p: &'a Prepared,
     obuf: &'a mut Vec<u8>,
+    /// Interim heads forwarded so far (at most [`super::interim::MAX_FORWARDED`]).
+    interims: u8,
 }
 
 /// A final response head, as [`Relayed`] read it.
 enum RelayedHead {
     Final(ResponseMeta),
+    /// An interim (1xx) head to forward to the client (an HTTP/1.1 one); it is this long.
+    Interim(usize),
     /// `101 Switching Protocols` to an upgrade request; the head is this long.
     Switch(usize),
 }
@@ -364,6 +371,11 @@ impl HeadReader for Relayed<'_> {
             )? {
                 Parsed::Switch { head_len } => HeadParse::Final(RelayedHead::Switch(head_len)),
                 Parsed::Partial => HeadParse::Partial,
+                Parsed::Interim(len)
+                    if super::interim::forwards(p, &mut self.interims, &buf[..len]) =>
+                {
+                    HeadParse::Final(RelayedHead::Interim(len))
+                }
                 Parsed::Interim(len) => HeadParse::Interim(len),
                 Parsed::Final(meta) => HeadParse::Final(RelayedHead::Final(meta)),
             },
@@ -411,8 +423,9 @@ impl Run<'_> {
         let mut reader = Relayed {
             p,
             obuf: &mut *self.obuf,
+            interims: 0,
         };
-        let (conn, head) = h1::attempt(
+        let (mut conn, mut head) = h1::attempt(
             (self.worker, self.gen),
             p.target.to(backend),
             self.wbuf,
@@ -422,9 +435,21 @@ impl Run<'_> {
             replayable,
         )
         .await?;
+        // After a forwarded interim head, `read_timeout` bounds the wait for the final one.
+        let deadline = Instant::now() + group.read_timeout;
+        while let RelayedHead::Interim(len) = head {
+            super::interim::forward(self.worker, down, &self.ubuf[..len])
+                .await
+                .map_err(|e| AttemptFail::Fatal(Fail::Abort(e)))?;
+            self.ubuf.advance(len);
+            head = h1::next_head(deadline, &mut conn, self.ubuf, &mut reader)
+                .await?
+                .ok_or(AttemptFail::Fatal(up(ErrorKind::UpstreamClosed)))?;
+        }
         self.worker.metrics.upstream_duration.observe(t0.elapsed());
         let meta = match head {
             RelayedHead::Final(meta) => meta,
+            RelayedHead::Interim(_) => unreachable!("forwarded above"),
             RelayedHead::Switch(head_len) => {
                 return self
                     .switch(down, conn, head_len)
@@ -512,6 +537,9 @@ impl Run<'_> {
                     .find(|(f, _)| f.eq_ignore_ascii_case(n.as_bytes()))
                     .map(|(_, v)| v)
             });
+        }
+        if let (Some(key), 200) = (self.p.target.hints.as_deref(), meta.status) {
+            super::interim::learn_hints(self.gen, key, self.obuf);
         }
         if let Some(view) = exchange::on_response(self.worker, self.record, meta.status) {
             view.apply_h1(self.obuf);

@@ -421,6 +421,12 @@ impl Proxying<'_> {
             grpc_web: rules
                 .filter(|r| r.grpc_web.is_some())
                 .and_then(|_| super::grpc_web::detect(head.fields.get("content-type"))),
+            hints: (rules.is_some_and(|r| r.early_hints) && head.method == "GET").then(|| {
+                Box::new(crate::hints::HintKey {
+                    route: route.index,
+                    path: head.path().into(),
+                })
+            }),
         }
     }
 }

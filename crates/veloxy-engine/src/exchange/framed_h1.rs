@@ -79,6 +79,7 @@ async fn forward_with<C: FramedClient>(
         declared.map_or(BodyKind::Chunked, BodyKind::Length)
     };
     write_head(c, gen, (&parts, t), framing, fin, wbuf);
+    let interims = send_hints(gen, t, &parts.extensions);
 
     let mut streaming = !body.is_end_stream();
     let mut buffered = 0;
@@ -117,6 +118,7 @@ async fn forward_with<C: FramedClient>(
                 whole: false,
             };
             let to = (t, backend);
+            let tries = (tries, interims.clone());
             let (conn, head, rest) = attempt(c, gen, to, wbuf, (body_ref, framing), tries).await?;
             c.worker().metrics.upstream_duration.observe(t0.elapsed());
             let status = head.status;
@@ -134,6 +136,7 @@ async fn forward_with<C: FramedClient>(
     if let Some(page) = super::framed::upstream_error_page(c.worker(), head.status, is_head, fin) {
         return Ok(page);
     }
+    learn_hints(gen, t, &head);
     Ok(respond(c, gen, t, backend, conn, head, rest, fin))
 }
 
@@ -255,14 +258,41 @@ async fn attempt<C: FramedClient>(
     (t, backend): (&ProxyTarget, usize),
     wbuf: &[u8],
     (mut body, framing): Streamed<'_, C::Body>,
-    tries: crate::exchange::h1::Tries,
+    tries: (crate::exchange::h1::Tries, Option<crate::hints::Interims>),
 ) -> Result<(UpstreamConn, ForeignHead, BytesMut), Fail> {
     let write_timeout = gen.snapshot.upstreams[t.upstream].write_timeout;
     let stream = async |conn: &mut UpstreamConn| match body.as_mut() {
         Some((body, budget)) => stream_body(c, write_timeout, conn, body, framing, *budget).await,
         None => Ok(()),
     };
-    crate::exchange::h1::foreign((c.worker(), gen), t.to(backend), wbuf, stream, tries).await
+    crate::exchange::h1::foreign_relaying((c.worker(), gen), t.to(backend), wbuf, stream, tries)
+        .await
+}
+
+/// The request's way to send informational responses, if its codec has one (HTTP/3); first
+/// through it, on an `early_hints` route, the `103 Early Hints` of the path's last 200.
+fn send_hints(
+    gen: &Generation,
+    t: &ProxyTarget,
+    extensions: &http::Extensions,
+) -> Option<crate::hints::Interims> {
+    let interims = extensions.get::<crate::hints::Interims>()?;
+    if let Some(key) = t.hints.as_deref() {
+        if let Some(links) = gen.hints.borrow_mut().get(key) {
+            interims.send(crate::hints::response(links));
+        }
+    }
+    Some(interims.clone())
+}
+
+/// `early_hints`: learns the Link fields of a 200 answer for its path.
+fn learn_hints(gen: &Generation, t: &ProxyTarget, head: &ForeignHead) {
+    if let (Some(key), 200) = (t.hints.as_deref(), head.status) {
+        let links = head.headers.get_all(http::header::LINK).iter();
+        gen.hints
+            .borrow_mut()
+            .learn(key, links.map(|v| v.as_bytes()));
+    }
 }
 
 /// Streams the request body from the HTTP/2 stream to the upstream (chunk-encoded when its

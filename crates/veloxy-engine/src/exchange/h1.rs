@@ -4,8 +4,11 @@
 //!
 //! An attempt takes a pooled connection (or opens one), writes the request head, lets the
 //! caller stream the body, then reads the response head within the group's `read_timeout`
-//! (interim 1xx heads skipped, the deadline not extended by them). A pooled connection the
-//! backend had closed (a write error, or a close before any response byte) is replaced once
+//! (interim 1xx heads skipped, the deadline not extended by them, or forwarded: the HTTP/1
+//! client's reader returns them to the caller, which writes them and reads on with
+//! [`next_head`] within one more `read_timeout`; the framed clients' reader hands them to the
+//! codec's [`crate::hints::Interims`]). A pooled connection the backend had closed (a write
+//! error, or a close before any response byte) is replaced once
 //! by a fresh one when the request is replayable; that is not a retry. What the head means is
 //! the caller's [`HeadReader`]: the HTTP/1 client's writes the downstream head while it
 //! parses (the fast path: no second pass), the others parse into a header map.
@@ -112,12 +115,24 @@ async fn read_head<E: ExchangeError, R: HeadReader>(
     ubuf: &mut BytesMut,
     reader: &mut R,
 ) -> Result<Option<R::Head>, AttemptFail<E>> {
-    use crate::http1::response::MAX_RESPONSE_HEAD;
-    let no_response = |kind| AttemptFail::NoResponse(ProxyError::upstream(kind));
-    let fatal = |kind| AttemptFail::Fatal(E::from_error(ProxyError::upstream(kind)));
     // `read_timeout` bounds the whole wait for the final head, interim responses included.
     let deadline = Instant::now() + read_timeout;
     ubuf.clear();
+    next_head(deadline, conn, ubuf, reader).await
+}
+
+/// Reads on to the next head the reader stops at (after an interim head a caller forwards:
+/// its bytes are advanced past, and `ubuf` may already hold the next one), until `deadline`.
+/// `None`: the upstream closed with `ubuf` empty.
+pub(crate) async fn next_head<E: ExchangeError, R: HeadReader>(
+    deadline: Instant,
+    conn: &mut UpstreamConn,
+    ubuf: &mut BytesMut,
+    reader: &mut R,
+) -> Result<Option<R::Head>, AttemptFail<E>> {
+    use crate::http1::response::MAX_RESPONSE_HEAD;
+    let no_response = |kind| AttemptFail::NoResponse(ProxyError::upstream(kind));
+    let fatal = |kind| AttemptFail::Fatal(E::from_error(ProxyError::upstream(kind)));
     loop {
         if !ubuf.is_empty() {
             match reader.parse(ubuf) {
@@ -158,6 +173,9 @@ pub(crate) struct Foreign {
     pub request_is_head: bool,
     /// [`Tries::whole`].
     pub te_over_cl: bool,
+    /// Where a forwardable interim head goes (a framed client's codec that can send one);
+    /// `None`: skipped.
+    pub interims: Option<crate::hints::Interims>,
 }
 
 impl HeadReader for Foreign {
@@ -167,7 +185,12 @@ impl HeadReader for Foreign {
             match crate::http1::response::parse_foreign(buf, self.request_is_head, self.te_over_cl)?
             {
                 None => HeadParse::Partial,
-                Some(Err(interim)) => HeadParse::Interim(interim),
+                Some(Err(interim)) => {
+                    if let Some(to) = &self.interims {
+                        to.forward(&buf[..interim]);
+                    }
+                    HeadParse::Interim(interim)
+                }
                 Some(Ok(head)) => HeadParse::Final(head),
             },
         )
@@ -202,12 +225,24 @@ pub(crate) async fn foreign(
     body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), HeadFail>,
     tries: Tries,
 ) -> Result<(UpstreamConn, crate::http1::response::ForeignHead, BytesMut), HeadFail> {
+    foreign_relaying((worker, gen), to, wbuf, body, (tries, None)).await
+}
+
+/// [`foreign`], forwarding the upstream's interim heads to `interims`.
+pub(crate) async fn foreign_relaying(
+    (worker, gen): (&Worker, &Generation),
+    to: Backend,
+    wbuf: &[u8],
+    body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), HeadFail>,
+    (tries, interims): (Tries, Option<crate::hints::Interims>),
+) -> Result<(UpstreamConn, crate::http1::response::ForeignHead, BytesMut), HeadFail> {
     // A recycled worker buffer: response bytes are copied out of it into right-sized frames,
     // so no 16 KiB allocation lives as long as a response body does.
     let mut ubuf = worker.take_bytes();
     let mut reader = Foreign {
         request_is_head: tries.is_head,
         te_over_cl: tries.whole,
+        interims,
     };
     let (conn, head) = attempt(
         (worker, gen),

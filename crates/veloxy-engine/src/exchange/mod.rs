@@ -137,6 +137,9 @@ pub(crate) struct ProxyTarget {
     /// the request pass, then answered instead of forwarding (taken when run). A hit is never
     /// served before every access rule of its route has run.
     pub hit: Option<Box<crate::static_files::Response>>,
+    /// `early_hints` on a GET: where the path's Link fields are remembered
+    /// ([`crate::hints`]). `None` for every other request.
+    pub hints: Option<Box<crate::hints::HintKey>>,
 }
 
 impl ProxyTarget {

@@ -8,6 +8,7 @@
 
 pub(crate) mod body;
 pub mod chunked;
+pub(crate) mod interim;
 pub mod request;
 pub mod response;
 

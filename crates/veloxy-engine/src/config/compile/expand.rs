@@ -142,7 +142,8 @@ fn fill(r: &mut RouteSection, s: &RuleSetSection) {
         max_concurrency,
         queue,
         queue_timeout,
-        cache
+        cache,
+        early_hints
     );
 }
 

@@ -8,6 +8,7 @@
 
 mod acme;
 mod cache;
+mod early_hints;
 mod expand;
 mod fastcgi;
 mod grpc_web;

@@ -1,0 +1,67 @@
+//! Interim responses to HTTP/1.1 clients: an upstream's 1xx forwarded before the final head,
+//! and the `103 Early Hints` of an `early_hints` route ([`crate::hints`]).
+
+use crate::downstream::connection::{Downstream, Prepared};
+use crate::downstream::relay::write_down;
+use crate::error::ProxyError;
+use crate::worker::{Generation, Worker};
+
+/// Interim heads forwarded to a client per response; later ones are dropped (an upstream
+/// cannot make veloxy write heads without end while its final one waits).
+pub(crate) const MAX_FORWARDED: u8 = 8;
+
+/// `early_hints`: the `103 Early Hints` of the path's last 200 answer, if it had preload or
+/// preconnect links, before the upstream is asked (HTTP/1.1 clients only).
+pub(crate) async fn send_hints(
+    worker: &Worker,
+    gen: &Generation,
+    down: &mut Downstream,
+    p: &Prepared,
+) {
+    let Some(key) = p.target.hints.as_deref() else {
+        return;
+    };
+    let Some(links) = gen.hints.borrow_mut().get(key) else {
+        return;
+    };
+    let mut out = worker.take_vec();
+    crate::hints::write_h1(&links, &mut out);
+    let _ = write_down(down, &out).await;
+    worker.give_vec(out);
+}
+
+/// `early_hints`: learns the Link fields of a 200 answer's head (`head`, written for the
+/// client) for its path.
+pub(crate) fn learn_hints(gen: &Generation, key: &crate::hints::HintKey, head: &[u8]) {
+    let links = crate::http1::lines(head)
+        .filter(|(name, _)| name.eq_ignore_ascii_case(b"link"))
+        .map(|(_, value)| value);
+    gen.hints.borrow_mut().learn(key, links);
+}
+
+/// Whether the upstream's interim head `head` goes to the client of `p`, counting it in
+/// `forwarded`: HTTP/1.0 clients get no 1xx, `100 Continue` is veloxy's own to send, and at
+/// most [`MAX_FORWARDED`] go to one response.
+pub(crate) fn forwards(p: &Prepared, forwarded: &mut u8, head: &[u8]) -> bool {
+    let yes = p.version >= 1
+        && *forwarded < MAX_FORWARDED
+        && crate::http1::interim::status(head).is_some();
+    *forwarded += u8::from(yes);
+    yes
+}
+
+/// Forwards an upstream's interim (1xx) head `head` to the HTTP/1.1 client, without its
+/// hop-by-hop fields and before the final head (response rules do not apply to it).
+pub(crate) async fn forward(
+    worker: &Worker,
+    down: &mut Downstream,
+    head: &[u8],
+) -> Result<(), ProxyError> {
+    let mut out = worker.take_vec();
+    let written = match crate::http1::interim::write_h1(head, &mut out) {
+        true => write_down(down, &out).await,
+        false => Ok(()),
+    };
+    worker.give_vec(out);
+    written
+}
