@@ -382,14 +382,20 @@ mod tests {
     fn must_understand_stores_known_statuses_despite_no_store_and_no_others() {
         let c = cc("max-age=3600, no-store, must-understand");
         let mut f = facts(&c);
-        assert_eq!(lifetime(&f, &ROUTE).unwrap().fresh, Duration::from_secs(3600));
+        assert_eq!(
+            lifetime(&f, &ROUTE).unwrap().fresh,
+            Duration::from_secs(3600)
+        );
         f.status = 599;
         assert_eq!(lifetime(&f, &ROUTE), None);
         let c = cc("max-age=3600, must-understand");
         let mut f = facts(&c);
         f.status = 299;
         assert_eq!(lifetime(&f, &ROUTE), None);
-        assert_eq!(lifetime(&facts(&cc("max-age=3600, no-store")), &ROUTE), None);
+        assert_eq!(
+            lifetime(&facts(&cc("max-age=3600, no-store")), &ROUTE),
+            None
+        );
     }
 
     #[test]
