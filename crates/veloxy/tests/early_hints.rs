@@ -552,7 +552,7 @@ fn response_rules_leave_the_103_alone() {
 }
 
 #[test]
-fn a_cache_fill_stores_the_final_answer_not_the_103() {
+fn a_cache_fill_passes_the_103_through_and_stores_the_final_answer_only() {
     let up = hinting_upstream("cached page");
     let v = veloxy(&format!(
         "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\n\
@@ -567,7 +567,10 @@ fn a_cache_fill_stores_the_final_answer_not_the_103() {
         )
     };
     let first = get();
-    assert!(first.contains("HTTP/1.1 200 OK\r\n"), "{first}");
+    // The client whose request fills gets the upstream's 103 (RFC 9110 15.2: a proxy
+    // forwards interim responses), then the 200.
+    assert!(first.starts_with("HTTP/1.1 103 "), "{first}");
+    assert!(first.contains("\r\n\r\nHTTP/1.1 200 OK\r\n"), "{first}");
     assert!(first.ends_with("cached page"), "{first}");
     let hit = get();
     assert!(hit.starts_with("HTTP/1.1 200 OK\r\n"), "{hit}");

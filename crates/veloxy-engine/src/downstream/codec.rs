@@ -25,6 +25,8 @@ pub(crate) struct H1<'a> {
     pub next: Next,
     /// Where a slot would go for a request admission answered (never taken for one).
     pub spare: Slot,
+    /// A cache fill's upstream interim heads, written before the cached answer.
+    pub interims: Option<crate::hints::Interims>,
 }
 
 impl H1<'_> {
@@ -97,7 +99,17 @@ impl Codec for H1<'_> {
         crate::downstream::files::serve(self.worker, self.down, reply).await
     }
 
-    async fn cached(self, r: crate::static_files::Response) -> bool {
+    fn interims(&mut self) -> Option<crate::hints::Interims> {
+        let http11 = matches!(&self.next, Next::Forward(p) if p.version >= 1);
+        let q = http11.then(crate::hints::Interims::default)?;
+        self.interims = Some(q.clone());
+        Some(q)
+    }
+
+    async fn cached(mut self, r: crate::static_files::Response) -> bool {
+        if let Some(q) = self.interims.take() {
+            crate::downstream::interim::drain(self.worker, self.down, &q).await;
+        }
         let Next::Forward(mut p) = self.next else {
             unreachable!("a hit to serve is a proxied request's")
         };

@@ -288,6 +288,7 @@ async fn handle(
     down.request_buffering = settings.request_buffering;
     worker.metrics.in_flight.inc();
     let codec = crate::downstream::codec::H1 {
+        interims: None,
         worker,
         down,
         next: prepared,

@@ -39,6 +39,19 @@ pub(crate) fn learn_hints(gen: &Generation, key: &crate::hints::HintKey, head: &
     gen.hints.borrow_mut().learn(key, links);
 }
 
+/// Writes the interim responses waiting in `q` (a cache fill's, queued by the upstream
+/// reader) to the HTTP/1.1 client, before the final answer.
+pub(crate) async fn drain(worker: &Worker, down: &mut Downstream, q: &crate::hints::Interims) {
+    let mut out = worker.take_vec();
+    while let Some(res) = q.take() {
+        crate::http1::interim::write_response(&res, &mut out);
+    }
+    if !out.is_empty() {
+        let _ = write_down(down, &out).await;
+    }
+    worker.give_vec(out);
+}
+
 /// Whether the upstream's interim head `head` goes to the client of `p`, counting it in
 /// `forwarded`: HTTP/1.0 clients get no 1xx, `100 Continue` is veloxy's own to send, and at
 /// most [`MAX_FORWARDED`] go to one response.

@@ -50,6 +50,11 @@ pub(crate) trait Codec {
     /// forward_auth let the request pass: `lines` (`Name: value\r\n` fields it copied from
     /// the auth service's answer) go on the upstream request.
     fn add_upstream_lines(&mut self, lines: &[u8]);
+    /// Where a cache fill's upstream interim (1xx) heads go to reach the client, if its
+    /// protocol can carry them (HTTP/1.1, HTTP/3); drained before the cached answer.
+    fn interims(&mut self) -> Option<crate::hints::Interims> {
+        None
+    }
     /// The request body, read whole within the body timeout; more than `limit` bytes is 413.
     async fn whole_body(&mut self, limit: u64) -> Result<Bytes, ProxyError>;
 
@@ -186,11 +191,13 @@ async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> 
         return c.fail(e).await;
     }
     let filled = {
+        let interims = c.interims();
         let target = &*c.target().expect("proxied");
         let up = super::fill::FillUpstream {
             worker,
             gen,
             target,
+            interims,
         };
         fill_or_forward(&up, fill, pass).await
     };

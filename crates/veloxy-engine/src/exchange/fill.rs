@@ -23,6 +23,8 @@ pub(crate) struct FillUpstream<'a> {
     pub worker: &'a Rc<Worker>,
     pub gen: &'a Rc<Generation>,
     pub target: &'a ProxyTarget,
+    /// Where the upstream's interim (1xx) heads go: to the client whose request fills.
+    pub interims: Option<crate::hints::Interims>,
 }
 
 /// A [`FillUpstream`] that owns what it refers to, for a background refresh.
@@ -34,7 +36,8 @@ struct Detached {
 
 impl Upstream for FillUpstream<'_> {
     async fn fetch(&self, head: &[u8], max: u64) -> Result<Option<Fetched>, ProxyError> {
-        fetch(self.worker, self.gen, self.target, head, max).await
+        let to = (self.target, self.interims.as_ref());
+        fetch(self.worker, self.gen, to, head, max).await
     }
 
     fn detach(&self) -> impl Upstream + 'static {
@@ -48,7 +51,7 @@ impl Upstream for FillUpstream<'_> {
 
 impl Upstream for Detached {
     async fn fetch(&self, head: &[u8], max: u64) -> Result<Option<Fetched>, ProxyError> {
-        fetch(&self.worker, &self.gen, &self.target, head, max).await
+        fetch(&self.worker, &self.gen, (&self.target, None), head, max).await
     }
 
     fn detach(&self) -> impl Upstream + 'static {
@@ -71,7 +74,7 @@ fn up(kind: ErrorKind) -> ProxyError {
 async fn fetch(
     worker: &Worker,
     gen: &Generation,
-    t: &ProxyTarget,
+    (t, interims): (&ProxyTarget, Option<&crate::hints::Interims>),
     head: &[u8],
     max: u64,
 ) -> Result<Option<Fetched>, ProxyError> {
@@ -86,7 +89,8 @@ async fn fetch(
     let mut last = None;
     attempt::run(&plan, t.backend, &mut last, async |backend, may_retry| {
         let t0 = Instant::now();
-        let r = once(worker, gen, t, backend, head, max, may_retry).await?;
+        let to = (t, interims.cloned());
+        let r = once(worker, gen, to, backend, head, max, may_retry).await?;
         worker.metrics.upstream_duration.observe(t0.elapsed());
         let status = r.as_ref().map_or(200, |f| f.status);
         Ok((r, status))
@@ -98,24 +102,27 @@ async fn fetch(
 async fn once(
     worker: &Worker,
     gen: &Generation,
-    t: &ProxyTarget,
+    (t, interims): (&ProxyTarget, Option<crate::hints::Interims>),
     backend: usize,
     head: &[u8],
     max: u64,
     may_retry_status: bool,
 ) -> Result<Option<Fetched>, Fail> {
     let group = &gen.snapshot.upstreams[t.upstream];
-    let (mut conn, parsed, mut buf) = crate::exchange::h1::foreign(
+    let (mut conn, parsed, mut buf) = crate::exchange::h1::foreign_relaying(
         (worker, gen),
         t.to(backend),
         head,
         async |_: &mut crate::upstream::pool::UpstreamConn| Ok(()),
-        crate::exchange::h1::Tries {
-            is_head: false,
-            replayable: true,
-            may_retry_status,
-            whole: true,
-        },
+        (
+            crate::exchange::h1::Tries {
+                is_head: false,
+                replayable: true,
+                may_retry_status,
+                whole: true,
+            },
+            interims,
+        ),
     )
     .await?;
     if let crate::http1::BodyKind::Length(n) = parsed.body {

@@ -168,7 +168,7 @@ pub(crate) async fn next_head<E: ExchangeError, R: HeadReader>(
 
 /// The [`HeadReader`] of callers that want the head as a header map (HTTP/2 and HTTP/3
 /// clients, the cache fill). With `retry_on`, a status in it comes back as
-/// [`AttemptFail::RetryStatus`] from [`foreign`].
+/// [`AttemptFail::RetryStatus`] from [`foreign_relaying`].
 pub(crate) struct Foreign {
     pub request_is_head: bool,
     /// [`Tries::whole`].
@@ -197,7 +197,7 @@ impl HeadReader for Foreign {
     }
 }
 
-/// How an attempt through [`foreign`] may go.
+/// How an attempt through [`foreign_relaying`] may go.
 #[derive(Clone, Copy)]
 pub(crate) struct Tries {
     /// The request is a HEAD: its response has no body whatever its fields say.
@@ -212,23 +212,13 @@ pub(crate) struct Tries {
     pub whole: bool,
 }
 
-/// How an attempt through [`foreign`] failed.
+/// How an attempt through [`foreign_relaying`] failed.
 pub(crate) type HeadFail = AttemptFail<ProxyError>;
 
 /// An [`attempt`] whose head is parsed into a header map, in a recycled worker buffer
 /// returned with the bytes read after the head. With `may_retry_status`, a `retry_on` status
-/// comes back as [`AttemptFail::RetryStatus`].
-pub(crate) async fn foreign(
-    (worker, gen): (&Worker, &Generation),
-    to: Backend,
-    wbuf: &[u8],
-    body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), HeadFail>,
-    tries: Tries,
-) -> Result<(UpstreamConn, crate::http1::response::ForeignHead, BytesMut), HeadFail> {
-    foreign_relaying((worker, gen), to, wbuf, body, (tries, None)).await
-}
-
-/// [`foreign`], forwarding the upstream's interim heads to `interims`.
+/// comes back as [`AttemptFail::RetryStatus`]. A forwardable interim
+/// (1xx) head goes to `interims` when there is one.
 pub(crate) async fn foreign_relaying(
     (worker, gen): (&Worker, &Generation),
     to: Backend,

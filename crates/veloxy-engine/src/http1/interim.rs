@@ -89,6 +89,19 @@ pub(crate) fn write_h1(head: &[u8], out: &mut Vec<u8>) -> bool {
     true
 }
 
+/// Writes `res` (an informational response) as an HTTP/1.1 head.
+pub(crate) fn write_response(res: &http::Response<()>, out: &mut Vec<u8>) {
+    let status = res.status().as_u16();
+    out.extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
+    for (name, value) in res.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// The interim head `head` as an HTTP/2 or HTTP/3 informational response (fields a framed
 /// protocol cannot carry dropped too). `None`: not one to forward.
 pub(crate) fn to_response(head: &[u8]) -> Option<http::Response<()>> {

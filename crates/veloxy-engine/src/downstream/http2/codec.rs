@@ -65,6 +65,13 @@ impl Codec for H2<'_> {
         }
     }
 
+    fn interims(&mut self) -> Option<crate::hints::Interims> {
+        self.req
+            .extensions()
+            .get::<crate::hints::Interims>()
+            .cloned()
+    }
+
     async fn whole_body(&mut self, limit: u64) -> Result<Bytes, ProxyError> {
         framed::whole_body(&**self.c, self.req.body_mut(), limit).await
     }
