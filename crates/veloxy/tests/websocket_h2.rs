@@ -1,0 +1,171 @@
+//! WebSocket over HTTP/2 (RFC 8441) through veloxy, spoken by an independent client (Python
+//! `h2` and `wsproto`, tests/support/ws_h2.py) over h2c and TLS h2 to the testkit's
+//! WebSocket echo upstream (HTTP/1.1): echoes both ways, the close handshake, the access
+//! rules, a dead upstream, an upstream that refuses, and CONNECTs veloxy does not serve.
+//! The browser's side (headless Chromium) is in websocket_chromium.rs.
+
+use veloxy_testkit::*;
+
+use std::net::SocketAddr;
+
+/// A Python with `h2` and `wsproto`: VELOXY_WS_PYTHON, the venv `.ci/run` prepares
+/// (target/py-aioquic), or the system's python3.
+fn python() -> Option<String> {
+    let venv = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../target/py-aioquic/bin/python"
+    );
+    let candidates = [
+        std::env::var("VELOXY_WS_PYTHON").ok(),
+        Some(venv.to_owned()),
+        Some("python3".to_owned()),
+    ];
+    candidates.into_iter().flatten().find(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import h2, wsproto"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// Runs the client against `addr`; returns its JSON answer.
+fn client(
+    python: &str,
+    addr: SocketAddr,
+    target: (&str, &str),
+    extra: &[&str],
+) -> serde_json::Value {
+    let (authority, path) = target;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/ws_h2.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args([
+            &addr.ip().to_string(),
+            &addr.port().to_string(),
+            authority,
+            path,
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn h2c_config(backend: SocketAddr, route_keys: &str) -> String {
+    format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n\
+         [[routes]]\nupstream = \"app\"\n{route_keys}\n[upstreams.app]\nservers = [\"{backend}\"]\n"
+    )
+}
+
+fn assert_echoed(r: &serde_json::Value) {
+    assert_eq!(r["enable_connect_protocol"], true, "{r}");
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(r["text_echo"], true, "{r}");
+    assert_eq!(r["binary_echo"], true, "{r}");
+    assert_eq!(r["close_code"], 1000, "{r}");
+}
+
+#[test]
+fn websocket_over_h2c_echoes_and_closes() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    let backend = ws_echo_server();
+    let v = veloxy(&h2c_config(backend, ""));
+    let r = client(&py, v.addr, ("app.test", "/ws"), &["--big", "300000"]);
+    assert_echoed(&r);
+    // A second WebSocket on a fresh connection, then an ordinary request: the proxy is fine.
+    assert_echoed(&client(&py, v.addr, ("app.test", "/ws"), &[]));
+}
+
+#[test]
+fn websocket_over_tls_h2_echoes_and_is_logged_as_http2() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    let backend = ws_echo_server();
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let log = certs.path().join("access.log");
+    let config = format!(
+        "[server]\nworkers = 1\n[server.access_log]\npath = {:?}\nformat = \"json\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n[listeners.web.tls]\ncert = {:?}\nkey = {:?}\n\
+         [[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{backend}\"]\n",
+        log.to_str().unwrap(),
+        cert.to_str().unwrap(),
+        key.to_str().unwrap()
+    );
+    let v = veloxy(&config);
+    let ca = pki.ca_pem.to_str().unwrap().to_owned();
+    let r = client(&py, v.addr, ("localhost", "/ws"), &["--tls", &ca]);
+    assert_echoed(&r);
+    let mut line = String::new();
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || {
+            line = std::fs::read_to_string(&log).unwrap_or_default();
+            !line.is_empty()
+        }),
+        "no access log line"
+    );
+    let entry: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    assert_eq!(entry["status"], 200, "{line}");
+    assert!(line.contains("HTTP/2"), "{line}");
+    assert!(line.contains("CONNECT"), "{line}");
+}
+
+#[test]
+fn access_rules_apply_to_websockets() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    let backend = ws_echo_server();
+    let v = veloxy(&h2c_config(backend, "deny = [\"127.0.0.0/8\"]"));
+    let r = client(&py, v.addr, ("app.test", "/ws"), &[]);
+    assert_eq!(r["status"], 403, "{r}");
+}
+
+#[test]
+fn dead_and_refusing_upstreams() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let v = veloxy(&h2c_config(dead, ""));
+    assert_eq!(client(&py, v.addr, ("app.test", "/ws"), &[])["status"], 502);
+    // An HTTP server that knows no WebSocket: its 404 comes back; a 200 that does not
+    // switch protocols is no open WebSocket (502).
+    let up = upstream(&["--name", "plain"]);
+    let v = veloxy(&h2c_config(up.addr, ""));
+    let r = client(&py, v.addr, ("app.test", "/ws"), &[]);
+    assert_eq!(r["status"], 502, "{r}");
+    let r = client(&py, v.addr, ("app.test", "/status/403"), &[]);
+    assert_eq!(r["status"], 403, "{r}");
+}
+
+#[test]
+fn other_connects_are_refused() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    let backend = ws_echo_server();
+    let v = veloxy(&h2c_config(backend, ""));
+    let r = client(
+        &py,
+        v.addr,
+        ("app.test", "/ws"),
+        &["--protocol", "webtransport"],
+    );
+    assert_eq!(r["status"], 501, "{r}");
+}
