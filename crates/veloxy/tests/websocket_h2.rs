@@ -168,4 +168,21 @@ fn other_connects_are_refused() {
         &["--protocol", "webtransport"],
     );
     assert_eq!(r["status"], 501, "{r}");
+    // RFC 8441 has no key over HTTP/2: a client's would go upstream beside veloxy's own.
+    let key = "sec-websocket-key:dGhlIHNhbXBsZSBub25jZQ==";
+    let r = client(&py, v.addr, ("app.test", "/ws"), &["--header", key]);
+    assert_eq!(r["status"], 400, "{r}");
+    // The extended CONNECT is not forwarded to HTTP/2 upstreams: a clear refusal.
+    let v = veloxy(
+        &h2c_config(backend, "")
+            .replace("[upstreams.app]\n", "[upstreams.app]\nprotocol = \"h2c\"\n"),
+    );
+    let r = client(&py, v.addr, ("app.test", "/ws"), &[]);
+    assert_eq!(r["status"], 501, "{r}");
+    // Nor does a route that answers by itself open a WebSocket.
+    let v = veloxy(
+        &h2c_config(backend, "").replace("upstream = \"app\"\n", "respond = { body = \"hi\" }\n"),
+    );
+    let r = client(&py, v.addr, ("app.test", "/ws"), &[]);
+    assert_eq!(r["status"], 501, "{r}");
 }

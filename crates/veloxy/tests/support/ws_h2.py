@@ -2,6 +2,7 @@
 """A WebSocket client over HTTP/2 (RFC 8441), by the `h2` and `wsproto` packages.
 
 usage: ws_h2.py HOST PORT AUTHORITY PATH [--tls CA_PEM] [--protocol NAME] [--big N]
+                [--header NAME:VALUE]
 
 Connects (h2c prior knowledge, or TLS with ALPN h2), checks the server's SETTINGS offer
 SETTINGS_ENABLE_CONNECT_PROTOCOL, opens an extended CONNECT with `:protocol = NAME`
@@ -33,6 +34,10 @@ def main():
     ca = args[args.index("--tls") + 1] if "--tls" in args else None
     proto = args[args.index("--protocol") + 1] if "--protocol" in args else "websocket"
     big = int(args[args.index("--big") + 1]) if "--big" in args else 100000
+    extra = []
+    if "--header" in args:
+        name, value = args[args.index("--header") + 1].split(":", 1)
+        extra.append((name, value))
     sock = socket.create_connection((host, port), timeout=10)
     if ca:
         ctx = ssl.create_default_context(cafile=ca)
@@ -69,7 +74,7 @@ def main():
         (":method", "CONNECT"), (":protocol", proto), (":scheme", scheme),
         (":path", path), (":authority", authority),
         ("sec-websocket-version", "13"), ("origin", f"{scheme}://{authority}"),
-    ])
+    ] + extra)
     sock.sendall(conn.data_to_send())
     for ev in events():
         if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:

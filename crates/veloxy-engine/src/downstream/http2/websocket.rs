@@ -38,6 +38,11 @@ const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /// with 501 (veloxy is no forward proxy, and knows no other `:protocol`).
 pub(super) fn extended<B>(req: &Request<B>) -> Result<bool, ProxyError> {
     match req.extensions().get::<hyper::ext::Protocol>() {
+        // RFC 8441 5: the key and accept fields are not used over HTTP/2; a client's key
+        // would go upstream beside veloxy's own.
+        Some(_) if req.headers().contains_key("sec-websocket-key") => Err(ProxyError::downstream(
+            ErrorKind::BadRequest("Sec-WebSocket-Key over HTTP/2"),
+        )),
         Some(p) if p.as_str().eq_ignore_ascii_case("websocket") => Ok(true),
         _ => Err(ProxyError::downstream(ErrorKind::Rejected(501))),
     }
@@ -45,7 +50,7 @@ pub(super) fn extended<B>(req: &Request<B>) -> Result<bool, ProxyError> {
 
 /// What admission decided, for a WebSocket: a proxied request loses its cache fill (a
 /// tunnel is not stored); veloxy's own answers stay; a file route or a cached object has
-/// nothing to tunnel to.
+/// nothing to tunnel to, and a route answering 2xx itself neither.
 pub(super) fn admitted(a: Admitted) -> Result<Admitted, ProxyError> {
     match a {
         Admitted::Proxy(mut t) => {
@@ -56,7 +61,10 @@ pub(super) fn admitted(a: Admitted) -> Result<Admitted, ProxyError> {
             t.hit = None;
             Ok(Admitted::Proxy(t))
         }
-        Admitted::Answer(a) => Ok(Admitted::Answer(a)),
+        // A refusal or a redirect of the route's rules; a success would tell the client its
+        // WebSocket is open when nothing is behind it.
+        Admitted::Answer(a) if a.status >= 300 => Ok(Admitted::Answer(a)),
+        Admitted::Answer(_) => Err(ProxyError::downstream(ErrorKind::Rejected(501))),
         Admitted::Files(_) | Admitted::Cached(_) => Err(ProxyError::downstream(
             ErrorKind::BadRequest("WebSocket to a route without an upstream group"),
         )),
