@@ -172,17 +172,46 @@ fn other_connects_are_refused() {
     let key = "sec-websocket-key:dGhlIHNhbXBsZSBub25jZQ==";
     let r = client(&py, v.addr, ("app.test", "/ws"), &["--header", key]);
     assert_eq!(r["status"], 400, "{r}");
-    // The extended CONNECT is not forwarded to HTTP/2 upstreams: a clear refusal.
+    // An h2c group whose backend speaks no HTTP/2 (the echo server): 502.
     let v = veloxy(
         &h2c_config(backend, "")
             .replace("[upstreams.app]\n", "[upstreams.app]\nprotocol = \"h2c\"\n"),
     );
     let r = client(&py, v.addr, ("app.test", "/ws"), &[]);
-    assert_eq!(r["status"], 501, "{r}");
-    // Nor does a route that answers by itself open a WebSocket.
+    assert_eq!(r["status"], 502, "{r}");
+    // A route that answers by itself opens no WebSocket.
     let v = veloxy(
         &h2c_config(backend, "").replace("upstream = \"app\"\n", "respond = { body = \"hi\" }\n"),
     );
     let r = client(&py, v.addr, ("app.test", "/ws"), &[]);
     assert_eq!(r["status"], 501, "{r}");
+}
+
+#[test]
+fn websocket_to_an_h2c_group_is_forwarded_as_extended_connect() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    // veloxy in front of veloxy: the inner one (an h2c listener that offers RFC 8441 and
+    // bridges to the echo upstream) is the outer one's h2c group.
+    let backend = ws_echo_server();
+    let inner = veloxy(&h2c_config(backend, ""));
+    let outer = veloxy(
+        &h2c_config(inner.addr, "")
+            .replace("[upstreams.app]\n", "[upstreams.app]\nprotocol = \"h2c\"\n"),
+    );
+    assert_echoed(&client(
+        &py,
+        outer.addr,
+        ("app.test", "/ws"),
+        &["--big", "300000"],
+    ));
+    // An inner one's refusal (its access rules) comes back as it is.
+    let inner = veloxy(&h2c_config(backend, "deny = [\"127.0.0.0/8\"]"));
+    let outer = veloxy(
+        &h2c_config(inner.addr, "")
+            .replace("[upstreams.app]\n", "[upstreams.app]\nprotocol = \"h2c\"\n"),
+    );
+    let r = client(&py, outer.addr, ("app.test", "/ws"), &[]);
+    assert_eq!(r["status"], 403, "{r}");
 }

@@ -40,6 +40,7 @@ mod hpack;
 pub(crate) mod request_body;
 mod stall;
 mod websocket;
+mod websocket_h2;
 
 /// Per-stream receive window: how much request body a client may send ahead of the proxy.
 /// Memory per connection is bounded by the connection window below.

@@ -10,9 +10,10 @@
 //! ways (hyper's upgrade of the stream), with the listener's `upgrade_idle_timeout`, as the
 //! HTTP/1 tunnel does. An upstream that refuses the upgrade has its status passed back.
 //!
-//! Refused: a CONNECT without `:protocol` or with another protocol (501: veloxy is no
-//! forward proxy), a WebSocket to a route whose group speaks HTTP/2 or FastCGI (501: the
-//! extended CONNECT is not forwarded to HTTP/2 upstreams), and to a file route (400).
+//! To a group that speaks HTTP/2 the extended CONNECT goes as it is
+//! ([`super::websocket_h2`]). Refused: a CONNECT without `:protocol` or with another protocol
+//! (501: veloxy is no forward proxy), a WebSocket to a FastCGI route or to a route that
+//! answers `2xx` itself (501), and to a file route (400).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -114,12 +115,9 @@ impl HeadReader for SwitchReader {
             match name.as_str() {
                 "upgrade" => s.upgrade = h.value.eq_ignore_ascii_case(b"websocket"),
                 "sec-websocket-accept" => s.accept = Some(value),
-                "sec-websocket-protocol" | "sec-websocket-extensions" => {
-                    if let Ok(n) = http::HeaderName::from_bytes(name.as_bytes()) {
-                        s.fields.append(n, value);
-                    }
-                }
-                _ => {}
+                _ => s
+                    .fields
+                    .extend(chosen_fields([(name.as_str(), &value)].into_iter())),
             }
         }
         Ok(HeadParse::Final(s))
@@ -209,10 +207,13 @@ pub(super) async fn relay(
     fin: &mut Option<Box<Finish>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let group = &gen.snapshot.upstreams[t.upstream];
-    if group.protocol != UpstreamProtocol::Http1 {
-        // Forwarding the extended CONNECT needs it offered by the upstream (its SETTINGS),
-        // which the shared HTTP/2 client does not negotiate: refused, and documented.
-        return Err(ProxyError::downstream(ErrorKind::Rejected(501)));
+    match group.protocol {
+        UpstreamProtocol::Http1 => {}
+        UpstreamProtocol::H2 | UpstreamProtocol::H2c => {
+            return super::websocket_h2::forward(c, gen, t, req, fin).await
+        }
+        // Admission refused FastCGI routes already.
+        UpstreamProtocol::Fastcgi => return Err(ProxyError::downstream(ErrorKind::Rejected(501))),
     }
     let key = new_key();
     let mut wbuf = Vec::with_capacity(1024);
@@ -262,12 +263,7 @@ pub(super) async fn relay(
     let mut fin = fin.take().expect("present until answered");
     fin.set_status(200);
     c.worker.metrics.upgrades.inc();
-    let idle = gen
-        .snapshot
-        .listeners
-        .iter()
-        .find(|l| *l.name == *c.listener.name)
-        .map_or(Duration::from_secs(600), |l| l.upgrade_idle_timeout);
+    let idle = idle_limit(c, gen);
     let worker = c.worker.clone();
     tokio::task::spawn_local(async move {
         if let Ok(upgraded) = on.await {
@@ -289,18 +285,51 @@ pub(super) async fn relay(
     ))
 }
 
+/// The listener's `upgrade_idle_timeout`.
+pub(super) fn idle_limit(c: &ConnCtx, gen: &Generation) -> Duration {
+    gen.snapshot
+        .listeners
+        .iter()
+        .find(|l| *l.name == *c.listener.name)
+        .map_or(Duration::from_secs(600), |l| l.upgrade_idle_timeout)
+}
+
+/// Of an upstream's answer, the fields the client's `200` carries: the protocol and the
+/// extensions the upstream chose.
+pub(super) fn chosen_fields<'a>(
+    fields: impl Iterator<Item = (&'a str, &'a HeaderValue)>,
+) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, value) in fields {
+        for chosen in [
+            http::header::SEC_WEBSOCKET_PROTOCOL,
+            http::header::SEC_WEBSOCKET_EXTENSIONS,
+        ] {
+            if name.eq_ignore_ascii_case(chosen.as_str()) {
+                out.append(chosen, value.clone());
+            }
+        }
+    }
+    out
+}
+
 /// Where a tunnel counts its bytes: sent to the client on the exchange's record, received
 /// in the worker's metrics.
-struct Counts<'a> {
-    fin: &'a mut Finish,
-    worker: &'a crate::worker::Worker,
+pub(super) struct Counts<'a> {
+    pub fin: &'a mut Finish,
+    pub worker: &'a crate::worker::Worker,
 }
 
 /// Relays bytes both ways until both sides have closed, a write fails, or nothing moves for
 /// `idle` (every write and shutdown bounded by it too, so a peer that stops reading cannot
 /// pin the tunnel). `first`: bytes the upstream sent with its 101, for the client.
-async fn tunnel<D, U>(down: &mut D, up: &mut U, first: BytesMut, idle: Duration, n: Counts<'_>)
-where
+pub(super) async fn tunnel<D, U>(
+    down: &mut D,
+    up: &mut U,
+    first: BytesMut,
+    idle: Duration,
+    n: Counts<'_>,
+) where
     D: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
