@@ -215,3 +215,33 @@ fn websocket_to_an_h2c_group_is_forwarded_as_extended_connect() {
     let r = client(&py, outer.addr, ("app.test", "/ws"), &[]);
     assert_eq!(r["status"], 403, "{r}");
 }
+
+#[test]
+fn traffic_keeps_a_websocket_open_and_silence_closes_it() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    let backend = ws_echo_server();
+    // The connection's own idle limit is shorter than the tunnel's: an open WebSocket is a
+    // live stream, so only the tunnel's limit applies.
+    let config = h2c_config(backend, "")
+        .replace("workers = 1\n", "workers = 1\nkeepalive_timeout = \"1s\"\n")
+        .replace(
+            "http2 = true\n",
+            "http2 = true\nupgrade_idle_timeout = \"2s\"\n",
+        );
+    let v = veloxy(&config);
+    let r = client(&py, v.addr, ("app.test", "/ws"), &["--hold", "3"]);
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(
+        r["held"], true,
+        "traffic past both limits keeps it open: {r}"
+    );
+    let after = r["ended_after"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("left open: {r}"));
+    assert!(
+        (1.8..6.0).contains(&after),
+        "closed by the 2 s idle limit: {r}"
+    );
+}

@@ -2,14 +2,17 @@
 """A WebSocket client over HTTP/2 (RFC 8441), by the `h2` and `wsproto` packages.
 
 usage: ws_h2.py HOST PORT AUTHORITY PATH [--tls CA_PEM] [--protocol NAME] [--big N]
-                [--header NAME:VALUE]
+                [--header NAME:VALUE] [--hold SECONDS]
 
 Connects (h2c prior knowledge, or TLS with ALPN h2), checks the server's SETTINGS offer
 SETTINGS_ENABLE_CONNECT_PROTOCOL, opens an extended CONNECT with `:protocol = NAME`
 (default websocket) and, when the answer is 200, sends a text message "hello", a binary
 message of N bytes (default 100000), then a close frame (1000), and reads the echoes and
 the close answer. Prints one JSON object: the settings flag, the status, whether each echo
-came back intact, the close code received. Every wait is bounded (10 s).
+came back intact, the close code received. With --hold, after the echoes it sends "ping"
+every 0.3 s for SECONDS (each must come back: "held"), then stays silent and reports after
+how long the server ended the stream ("ended_after", null if it did not within 10 s)
+instead of closing. Every wait is bounded.
 """
 
 import json
@@ -34,6 +37,9 @@ def main():
     ca = args[args.index("--tls") + 1] if "--tls" in args else None
     proto = args[args.index("--protocol") + 1] if "--protocol" in args else "websocket"
     big = int(args[args.index("--big") + 1]) if "--big" in args else 100000
+    hold = float(args[args.index("--hold") + 1]) if "--hold" in args else None
+    global DEADLINE
+    DEADLINE += 2 * (hold or 0) + 10
     extra = []
     if "--header" in args:
         name, value = args[args.index("--header") + 1].split(":", 1)
@@ -126,11 +132,53 @@ def main():
             if getattr(ev, "stream_id", sid) == sid:
                 break
         if got_text is not None and len(got_bin) >= len(payload) and not sent_close:
+            if hold is not None:
+                close = "held"
+                break
             send(ws.send(CloseConnection(code=1000)))
             sent_close = True
     out["text_echo"] = got_text == "hello"
     out["binary_echo"] = bytes(got_bin) == payload
     out["close_code"] = close
+    if hold is not None:
+
+        def next_text():
+            # The next text message, None once the stream or connection has ended, False when
+            # nothing came within the socket's 10 s.
+            try:
+                while True:
+                    ev = pending_ws.pop(0) if pending_ws else next(events())
+                    if isinstance(ev, h2.events.DataReceived) and ev.stream_id == sid:
+                        conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+                        sock.sendall(conn.data_to_send())
+                        ws.receive_data(ev.data)
+                        for w in ws.events():
+                            if isinstance(w, TextMessage):
+                                return w.data
+                    elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                        if ev.stream_id == sid:
+                            return None
+                    elif isinstance(ev, h2.events.ConnectionTerminated):
+                        return None
+            except (TimeoutError, socket.timeout):
+                return False  # nothing within the wait: still open
+            except (EOFError, OSError):
+                return None
+
+        end = time.monotonic() + hold
+        held = True
+        while time.monotonic() < end:
+            time.sleep(0.3)
+            send(ws.send(TextMessage(data="ping")))
+            if next_text() != "ping":
+                held = False
+                break
+        out["held"] = held
+        t0 = time.monotonic()
+        ended = next_text() is None
+        out["ended_after"] = round(time.monotonic() - t0, 2) if ended else None
+        print(json.dumps(out))
+        return
     conn.end_stream(sid)
     sock.sendall(conn.data_to_send())
     print(json.dumps(out))
