@@ -13,7 +13,7 @@ use veloxy_testkit::*;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PAGE: &str = r#"<!doctype html>
 <html><body><pre id="out">waiting</pre>
