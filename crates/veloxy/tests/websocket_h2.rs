@@ -245,3 +245,123 @@ fn traffic_keeps_a_websocket_open_and_silence_closes_it() {
         "closed by the 2 s idle limit: {r}"
     );
 }
+
+/// A WebSocket upstream that records each upgrade request's head and answers it with the
+/// subprotocol `chat` (then echoes), or with a wrong Sec-WebSocket-Accept when `honest` is
+/// false.
+fn recording_upstream(honest: bool) -> (SocketAddr, std::sync::mpsc::Receiver<String>) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::{handshake::derive_accept_key, protocol::Role};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        runtime().block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                    let mut b = [0u8; 1];
+                    if s.read(&mut b).await.unwrap_or(0) == 0 {
+                        break;
+                    }
+                    head.push(b[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let key = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned();
+                let _ = tx.send(head);
+                let accept = match honest {
+                    true => derive_accept_key(key.as_bytes()),
+                    false => derive_accept_key(b"another key"),
+                };
+                let answer = format!(
+                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                     Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Protocol: chat\r\n\r\n"
+                );
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    continue;
+                }
+                let mut ws =
+                    tokio_tungstenite::WebSocketStream::from_raw_socket(s, Role::Server, None)
+                        .await;
+                tokio::spawn(async move {
+                    while let Some(Ok(m)) = ws.next().await {
+                        if m.is_close() {
+                            let _ = ws.flush().await;
+                            break;
+                        }
+                        if (m.is_text() || m.is_binary()) && ws.send(m).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    (addr, rx)
+}
+
+#[test]
+fn the_upgrade_request_and_the_chosen_subprotocol() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    let (up, heads) = recording_upstream(true);
+    let v = veloxy(&h2c_config(up, ""));
+    let fields = [
+        "--header",
+        "sec-websocket-protocol:chat, superchat",
+        "--header",
+        "sec-websocket-extensions:x-test",
+    ];
+    let r = client(&py, v.addr, ("app.test", "/ws?room=1"), &fields);
+    assert_echoed(&r);
+    assert_eq!(r["headers"]["sec-websocket-protocol"], "chat", "{r}");
+    let head = heads
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .unwrap();
+    assert!(head.starts_with("GET /ws?room=1 HTTP/1.1\r\n"), "{head}");
+    for field in [
+        "Host: app.test\r\n",
+        "Connection: Upgrade\r\n",
+        "Upgrade: websocket\r\n",
+        "sec-websocket-version: 13\r\n",
+        "sec-websocket-protocol: chat, superchat\r\n",
+        "sec-websocket-extensions: x-test\r\n",
+        "X-Forwarded-For: 127.0.0.1\r\n",
+    ] {
+        assert!(head.contains(field), "{field:?} missing from {head}");
+    }
+    let key = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+        .unwrap_or_else(|| panic!("no key: {head}"));
+    assert_eq!(base64_len(key), 16, "a 16-byte nonce: {head}");
+    assert!(!head.contains("CONNECT"), "{head}");
+}
+
+#[test]
+fn a_wrong_accept_value_is_a_502() {
+    let Some(py) = python() else {
+        return skip("python3 with h2 and wsproto is not installed (.ci/run installs them)");
+    };
+    let (up, _heads) = recording_upstream(false);
+    let v = veloxy(&h2c_config(up, ""));
+    let r = client(&py, v.addr, ("app.test", "/ws"), &[]);
+    assert_eq!(r["status"], 502, "{r}");
+}
+
+/// The length of what `b64` decodes to.
+fn base64_len(b64: &str) -> usize {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_or(0, |b| b.len())
+}

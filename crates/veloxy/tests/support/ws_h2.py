@@ -2,13 +2,14 @@
 """A WebSocket client over HTTP/2 (RFC 8441), by the `h2` and `wsproto` packages.
 
 usage: ws_h2.py HOST PORT AUTHORITY PATH [--tls CA_PEM] [--protocol NAME] [--big N]
-                [--header NAME:VALUE] [--hold SECONDS]
+                [--header NAME:VALUE]... [--hold SECONDS]
 
 Connects (h2c prior knowledge, or TLS with ALPN h2), checks the server's SETTINGS offer
 SETTINGS_ENABLE_CONNECT_PROTOCOL, opens an extended CONNECT with `:protocol = NAME`
 (default websocket) and, when the answer is 200, sends a text message "hello", a binary
 message of N bytes (default 100000), then a close frame (1000), and reads the echoes and
-the close answer. Prints one JSON object: the settings flag, the status, whether each echo
+the close answer. Prints one JSON object: the settings flag, the status and response fields,
+whether each echo
 came back intact, the close code received. With --hold, after the echoes it sends "ping"
 every 0.3 s for SECONDS (each must come back: "held"), then stays silent and reports after
 how long the server ended the stream ("ended_after", null if it did not within 10 s)
@@ -41,9 +42,10 @@ def main():
     global DEADLINE
     DEADLINE += 2 * (hold or 0) + 10
     extra = []
-    if "--header" in args:
-        name, value = args[args.index("--header") + 1].split(":", 1)
-        extra.append((name, value))
+    for i, a in enumerate(args):
+        if a == "--header":
+            name, value = args[i + 1].split(":", 1)
+            extra.append((name, value))
     sock = socket.create_connection((host, port), timeout=10)
     if ca:
         ctx = ssl.create_default_context(cafile=ca)
@@ -85,6 +87,7 @@ def main():
     for ev in events():
         if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
             out["status"] = int(dict(ev.headers)[b":status"])
+            out["headers"] = {k.decode(): v.decode() for k, v in ev.headers}
             break
         if isinstance(ev, h2.events.StreamReset) and ev.stream_id == sid:
             out["reset"] = int(ev.error_code)
