@@ -231,7 +231,9 @@ pub(super) async fn relay(
             &mut ubuf,
             nothing,
             &mut SwitchReader,
-            false,
+            // A GET without a body: a pooled connection the backend had closed is replaced
+            // by a fresh one, as for the HTTP/1 upgrade.
+            true,
         )
         .await?;
         let status = head.status;
