@@ -93,7 +93,9 @@
 //!   that. A TCP connection relayed byte for byte (the config's `[[streams]]` and
 //!   `protocol = "tcp"` listeners; the config's name is kept, it is a contract) is an **L4
 //!   relay** (`downstream::l4`).
-//! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways.
+//! * **tunnel**: an upgraded (WebSocket) connection relayed as raw bytes both ways; also an
+//!   HTTP/2 stream opened by a WebSocket's extended CONNECT (RFC 8441,
+//!   `downstream::http2::websocket`).
 //! * **parked**: an idle HTTP/1 client connection whose task has ended; its socket waits in
 //!   the worker's own epoll instance until its next request (`park`).
 

@@ -22,6 +22,8 @@ pub fn ws_echo_server() -> SocketAddr {
                     };
                     while let Some(Ok(m)) = ws.next().await {
                         if m.is_close() {
+                            // Sends the close answer tungstenite queued (RFC 6455 5.5.1).
+                            let _ = ws.flush().await;
                             break;
                         }
                         if (m.is_text() || m.is_binary()) && ws.send(m).await.is_err() {

@@ -120,6 +120,10 @@ impl Codec for H2<'_> {
         let Admitted::Proxy(target) = self.admitted else {
             unreachable!("only a proxied request runs attempts")
         };
+        if self.req.method() == http::Method::CONNECT {
+            // Only a WebSocket's extended CONNECT is admitted (RFC 8441).
+            return super::websocket::relay(self.c, gen, &target, self.req, self.fin).await;
+        }
         match gen.snapshot.upstreams[target.upstream].protocol {
             UpstreamProtocol::Http1 => {
                 framed_h1::relay(&**self.c, gen, &target, self.req, self.fin).await

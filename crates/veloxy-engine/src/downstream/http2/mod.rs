@@ -39,6 +39,8 @@ mod errors;
 mod hpack;
 pub(crate) mod request_body;
 mod stall;
+mod websocket;
+mod websocket_h2;
 
 /// Per-stream receive window: how much request body a client may send ahead of the proxy.
 /// Memory per connection is bounded by the connection window below.
@@ -169,6 +171,8 @@ fn server_builder(
         .max_send_buf_size(STREAM_WINDOW as usize)
         .max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .max_local_error_reset_streams(Some(MAX_LOCAL_RESETS))
+        // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSocket over HTTP/2 (RFC 8441, `websocket`).
+        .enable_connect_protocol()
         // Pings find clients that vanished without a FIN.
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
@@ -306,16 +310,19 @@ async fn admit_and_drive(
             "invalid authority",
         )));
     }
-    if *req.method() == http::Method::CONNECT {
-        return Err(ProxyError::downstream(ErrorKind::Rejected(501)));
-    }
+    let websocket = *req.method() == http::Method::CONNECT && websocket::extended(&req)?;
     let early = req.extensions().get::<EarlyData>().is_some();
     if early && !replay_safe(req.method()) {
         return Err(ProxyError::downstream(ErrorKind::TooEarly));
     }
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let head = Head {
-        method: req.method().as_str(),
+        // An extended CONNECT for a WebSocket is routed as the GET its HTTP/1.1 form is.
+        method: if websocket {
+            "GET"
+        } else {
+            req.method().as_str()
+        },
         target: path,
         host: host.as_bytes(),
         version: c.version,
@@ -335,6 +342,9 @@ async fn admit_and_drive(
         Ok(a) => a,
         Err(e) => return Err(errors::drain_after_413(&c.worker, req.into_body(), e)),
     };
+    if websocket {
+        admitted = websocket::admitted(admitted)?;
+    }
     if let (true, Admitted::Proxy(target)) = (early, &mut admitted) {
         // RFC 8470: the upstream learns the request may be a replay (and may answer 425).
         target
