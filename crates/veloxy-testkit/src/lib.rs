@@ -126,6 +126,28 @@ pub fn skip(reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {reason}");
 }
 
+/// A Python that imports every module of `imports` (e.g. `"h2, wsproto"`): the one named by
+/// the environment variable `env_var`, else the venv `.ci/run` prepares under the
+/// repository's `target/` (`venv`, e.g. `py-aioquic`), else the system's `python3`.
+pub fn python_with(env_var: &str, venv: &str, imports: &str) -> Option<String> {
+    let local = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target")
+        .join(venv)
+        .join("bin/python");
+    let candidates = [
+        std::env::var(env_var).ok(),
+        Some(local.to_string_lossy().into_owned()),
+        Some("python3".to_owned()),
+    ];
+    candidates.into_iter().flatten().find(|p| {
+        std::process::Command::new(p)
+            .args(["-c", &format!("import {imports}")])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
 /// Whether `program` runs here (probed with `probe`, e.g. `--version`); when it does not, the
 /// running test is reported skipped with `why` (the caller then returns).
 pub fn require(program: &str, probe: &str, why: &str) -> bool {

@@ -23,20 +23,7 @@ use bytes::Bytes;
 
 /// The Python with grpcio that `.ci/run` prepares.
 fn grpcio_python() -> Option<String> {
-    let p = std::env::var("VELOXY_GRPCIO_PYTHON").ok().or_else(|| {
-        let local = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../target/py-grpcio/bin/python"
-        );
-        std::path::Path::new(local)
-            .exists()
-            .then(|| local.to_owned())
-    })?;
-    let ok = Command::new(&p)
-        .args(["-c", "import grpc"])
-        .status()
-        .is_ok_and(|s| s.success());
-    ok.then_some(p)
+    veloxy_testkit::python_with("VELOXY_GRPCIO_PYTHON", "py-grpcio", "grpc")
 }
 
 /// The grpcio server, stopped (its stdin closed, then killed) when dropped.

@@ -270,20 +270,7 @@ fn a_64_mib_download_streams_with_bounded_memory() {
 
 /// The Python with aioquic that `.ci/run` prepares (VELOXY_AIOQUIC_PYTHON).
 fn aioquic_python() -> Option<String> {
-    let p = std::env::var("VELOXY_AIOQUIC_PYTHON").ok().or_else(|| {
-        let local = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../target/py-aioquic/bin/python"
-        );
-        std::path::Path::new(local)
-            .exists()
-            .then(|| local.to_owned())
-    })?;
-    let ok = std::process::Command::new(&p)
-        .args(["-c", "import aioquic"])
-        .status()
-        .is_ok_and(|s| s.success());
-    ok.then_some(p)
+    python_with("VELOXY_AIOQUIC_PYTHON", "py-aioquic", "aioquic")
 }
 
 #[test]

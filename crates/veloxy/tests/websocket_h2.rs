@@ -11,22 +11,7 @@ use std::net::SocketAddr;
 /// A Python with `h2` and `wsproto`: VELOXY_WS_PYTHON, the venv `.ci/run` prepares
 /// (target/py-aioquic), or the system's python3.
 fn python() -> Option<String> {
-    let venv = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../target/py-aioquic/bin/python"
-    );
-    let candidates = [
-        std::env::var("VELOXY_WS_PYTHON").ok(),
-        Some(venv.to_owned()),
-        Some("python3".to_owned()),
-    ];
-    candidates.into_iter().flatten().find(|p| {
-        std::process::Command::new(p)
-            .args(["-c", "import h2, wsproto"])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
+    python_with("VELOXY_WS_PYTHON", "py-aioquic", "h2, wsproto")
 }
 
 /// Runs the client against `addr`; returns its JSON answer.

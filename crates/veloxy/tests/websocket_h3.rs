@@ -9,22 +9,7 @@ use veloxy_testkit::*;
 /// A Python with aioquic: VELOXY_AIOQUIC_PYTHON, the venv `.ci/run` prepares
 /// (target/py-aioquic), or the system's python3.
 fn aioquic_python() -> Option<String> {
-    let venv = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../target/py-aioquic/bin/python"
-    );
-    let candidates = [
-        std::env::var("VELOXY_AIOQUIC_PYTHON").ok(),
-        Some(venv.to_owned()),
-        Some("python3".to_owned()),
-    ];
-    candidates.into_iter().flatten().find(|p| {
-        std::process::Command::new(p)
-            .args(["-c", "import aioquic"])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
+    python_with("VELOXY_AIOQUIC_PYTHON", "py-aioquic", "aioquic")
 }
 
 #[test]
