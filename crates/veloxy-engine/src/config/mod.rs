@@ -115,7 +115,8 @@ pub struct KubernetesSpec {
     pub ingress_class: String,
     /// Also serve class `nginx` (ingress-nginx's annotations are honoured either way).
     pub ingress_nginx: bool,
-    /// The GatewayClass name (Gateway API is not implemented yet: accepted and warned about).
+    /// The GatewayClass served (its controllerName must be `veloxy.dev/gateway-controller`);
+    /// `None`: every GatewayClass with that controllerName.
     pub gateway_class: Option<String>,
     /// The listener Ingress rules are served on.
     pub http_listener: String,

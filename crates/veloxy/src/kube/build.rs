@@ -16,6 +16,7 @@ use veloxy_engine::upstream::balancer::PolicyRegistry;
 use veloxy_engine::Running;
 use veloxy_import::{Options, Outcome};
 
+use super::gateway;
 use super::merge::{merge, render};
 use super::objects::{self, id, World};
 
@@ -57,6 +58,8 @@ pub struct Builder<'a> {
     reported: std::collections::BTreeSet<String>,
     /// Ingresses left out because they broke the config: `NS/NAME` and resourceVersion.
     left_out: std::collections::BTreeMap<String, String>,
+    /// The Gateway API objects of the config applied last, for their status.
+    pub gateway: gateway::Report,
 }
 
 /// One translation: the merged config text, the fingerprint of it and its files.
@@ -64,6 +67,7 @@ struct Merged {
     text: String,
     fingerprint: u64,
     notes: Vec<String>,
+    gateway: gateway::Report,
 }
 
 impl<'a> Builder<'a> {
@@ -85,6 +89,7 @@ impl<'a> Builder<'a> {
             applied: None,
             reported: Default::default(),
             left_out: Default::default(),
+            gateway: Default::default(),
         }
     }
 
@@ -108,12 +113,25 @@ impl<'a> Builder<'a> {
         ours.sort_by_key(|i| id(&i.metadata));
         self.left_out
             .retain(|k, _| world.ingresses.iter().any(|i| id(&i.metadata) == *k));
-        let (merged, snapshot) = match self.merged(world, &ours).and_then(|m| self.compile(m)) {
+        let all = self
+            .merged(world, &ours, true)
+            .and_then(|m| self.compile(m));
+        let (merged, snapshot) = match all {
             Ok(done) => done,
             Err(e) => {
-                tracing::warn!(error = %e, "kubernetes: the config with every Ingress is refused; finding the Ingresses that break it");
+                tracing::warn!(error = %e, "kubernetes: the config with every object is refused; finding the Ingresses that break it");
                 ours = self.without_bad(world, ours);
-                self.merged(world, &ours).and_then(|m| self.compile(m))?
+                match self
+                    .merged(world, &ours, true)
+                    .and_then(|m| self.compile(m))
+                {
+                    Ok(done) => done,
+                    Err(e) => {
+                        tracing::error!(error = %e, "kubernetes: the Gateway API objects are left out: with them the config is refused");
+                        self.merged(world, &ours, false)
+                            .and_then(|m| self.compile(m))?
+                    }
+                }
             }
         };
         let notes: std::collections::BTreeSet<String> = merged.notes.iter().cloned().collect();
@@ -121,6 +139,7 @@ impl<'a> Builder<'a> {
             tracing::warn!("kubernetes: {n}");
         }
         self.reported = notes;
+        self.gateway = merged.gateway;
         let Some(snapshot) = snapshot else {
             return Ok(ours);
         };
@@ -136,7 +155,10 @@ impl<'a> Builder<'a> {
         let mut good = Vec::new();
         for ing in ours {
             let alone = std::slice::from_ref(&ing);
-            match self.merged(world, alone).and_then(|m| self.check(&m.text)) {
+            match self
+                .merged(world, alone, false)
+                .and_then(|m| self.check(&m.text))
+            {
                 Ok(()) => good.push(ing),
                 Err(e) => {
                     tracing::error!(ingress = %id(&ing.metadata), error = %e, "kubernetes: Ingress left out: it cannot be served");
@@ -172,8 +194,14 @@ impl<'a> Builder<'a> {
         Ok(s)
     }
 
-    /// The file's config with `ours` translated into it, and the generated files written.
-    fn merged(&self, world: &World, ours: &[Arc<Ingress>]) -> Result<Merged, BuildError> {
+    /// The file's config with `ours` (and, with `gateways`, the Gateway API objects)
+    /// translated into it, and the generated files written.
+    fn merged(
+        &self,
+        world: &World,
+        ours: &[Arc<Ingress>],
+        gateways: bool,
+    ) -> Result<Merged, BuildError> {
         let mut table = self.file.clone();
         let mut notes = Vec::new();
         let mut hasher = DefaultHasher::new();
@@ -203,12 +231,27 @@ impl<'a> Builder<'a> {
             }
             notes.extend(merge(&mut table, &imported.config, &self.spec, &self.dir));
         }
+        let mut report = gateway::Report::default();
+        if gateways {
+            let t = gateway::translate(world, &self.spec, &self.file, &self.dir);
+            for (name, contents) in &t.files {
+                let path = self.dir.join(name);
+                write_private(&path, contents)
+                    .map_err(|source| BuildError::Write { path, source })?;
+                name.hash(&mut hasher);
+                contents.hash(&mut hasher);
+            }
+            notes.extend(t.notes);
+            super::merge::add_gateway(&mut table, t.routes, t.upstreams, t.certs);
+            report = t.report;
+        }
         let text = render(&table);
         text.hash(&mut hasher);
         Ok(Merged {
             text,
             fingerprint: hasher.finish(),
             notes,
+            gateway: report,
         })
     }
 }

@@ -9,9 +9,13 @@
 //! endpoints as its servers ([`objects`]), merges that into the config file ([`merge`]),
 //! compiles it and swaps it in through [`Running::reload`]; [`status`] then publishes the
 //! address in each served Ingress's status. SIGHUP and `POST /reload` re-read the file and
-//! rebuild through [`Provider::reload_file`]. Gateway API is not implemented yet.
+//! rebuild through [`Provider::reload_file`]. When the API server serves the Gateway API
+//! CRDs, GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes and ReferenceGrants are watched
+//! too and translated by [`gateway`] into the same config; their status is written by
+//! [`gateway::status`].
 
 mod build;
+mod gateway;
 mod lease;
 mod merge;
 mod objects;
@@ -201,10 +205,13 @@ async fn run(
     mut reloads: mpsc::UnboundedReceiver<Reply>,
 ) {
     let changed = Arc::new(Notify::new());
-    let caches = watch::Caches::start(&client, &builder.spec.namespaces, &changed);
-    // With status to write, one replica writes it: the Lease's holder. Becoming the holder
-    // counts as a change (the status is written at once).
-    let elector = builder.spec.status.as_ref().map(|_| {
+    let gateway = gateway_served(&client).await;
+    let caches = watch::Caches::start(&client, &builder.spec.namespaces, gateway, &changed);
+    // With status to write (Ingress addresses, Gateway API conditions), one replica writes
+    // it: the Lease's holder. Becoming the holder counts as a change (the status is written
+    // at once).
+    let status = builder.spec.status.is_some() || gateway;
+    let elector = status.then(|| {
         let spec = &builder.spec;
         lease::Elector::new(
             &client,
@@ -277,6 +284,44 @@ async fn serve(
     }
 }
 
+/// Whether the API server serves the Gateway API v1 CRDs (GatewayClass, Gateway,
+/// HTTPRoute, GRPCRoute, ReferenceGrant). Without them only Ingresses are watched (installing
+/// them later takes a restart); an API server that does not answer is taken to serve them
+/// (their watches retry like the others).
+async fn gateway_served(client: &Client) -> bool {
+    const NEEDED: &[&str] = &[
+        "gatewayclasses",
+        "gateways",
+        "httproutes",
+        "grpcroutes",
+        "referencegrants",
+    ];
+    let gv = format!("{}/v1", gateway::types::GROUP);
+    match tokio::time::timeout(PROBE_TIMEOUT, client.list_api_group_resources(&gv)).await {
+        Ok(Ok(list)) => {
+            let missing: Vec<&str> = NEEDED
+                .iter()
+                .filter(|n| !list.resources.iter().any(|r| r.name == **n))
+                .copied()
+                .collect();
+            if missing.is_empty() {
+                tracing::info!("kubernetes: Gateway API v1 served: watching its objects");
+                return true;
+            }
+            tracing::info!(
+                ?missing,
+                "kubernetes: Gateway API CRDs missing: serving Ingresses only"
+            );
+            false
+        }
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
+            tracing::info!("kubernetes: the API server serves no Gateway API CRDs: serving Ingresses only (restart after installing them)");
+            false
+        }
+        _ => true,
+    }
+}
+
 /// Waits until no change came for [`DEBOUNCE`], or [`DEBOUNCE_MAX`] passed.
 async fn debounce(changed: &Notify) {
     let end = tokio::time::Instant::now() + DEBOUNCE_MAX;
@@ -306,6 +351,10 @@ async fn rebuild(
             if let Some(s) = builder.spec.status.as_ref().filter(|_| writes) {
                 let want = status::desired(s, &world);
                 status::publish(client, &served, &world.ingresses, &want).await;
+            }
+            if writes {
+                let address = builder.spec.status.as_ref();
+                gateway::status::publish(client, &builder.gateway, address).await;
             }
         }
         Err(e) => {
