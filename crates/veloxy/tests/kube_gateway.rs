@@ -432,6 +432,52 @@ fn check_status(scene: &Scene) {
     );
 }
 
+/// The Events in `shop` about `name`.
+fn events_about(scene: &Scene, name: &str) -> Vec<Value> {
+    let (_, list) = scene.k.call(
+        "GET",
+        &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
+        None,
+    );
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    items
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name)
+        .collect()
+}
+
+/// A Warning Event for the refused route, written once (the rebuilds after it, for status
+/// writes and the other objects, add none).
+fn check_event(scene: &Scene) {
+    within(
+        Duration::from_secs(10),
+        "an Event for the refused route",
+        || {
+            events_about(scene, "mirror").iter().any(|e| {
+                e["type"] == "Warning"
+                    && e["reason"] == "UnsupportedValue"
+                    && e["regarding"]["kind"] == "HTTPRoute"
+                    && e["note"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("RequestMirror"))
+            })
+        },
+    );
+    let events = events_about(scene, "mirror");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0]["series"].is_null(), "reported once: {events:?}");
+}
+
+/// After the changes (several rebuilds), the refused route's Event is still the one.
+fn check_event_not_repeated(scene: &Scene) {
+    let events = events_about(scene, "mirror");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0]["series"].is_null(),
+        "not reported again: {events:?}"
+    );
+}
+
 /// A route change and an endpoint change, each applied within 1 s.
 fn check_changes(scene: &Scene, web: SocketAddr) {
     let rules = json!({"spec": {"rules": [
@@ -477,7 +523,9 @@ fn gateway_api_objects_become_routes_with_status() {
     check_tls(&scene, websecure);
     check_reference_grant(&scene, web);
     check_status(&scene);
+    check_event(&scene);
     check_changes(&scene, web);
+    check_event_not_repeated(&scene);
     let _ = &scene.dir;
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -16,6 +16,7 @@ use veloxy_engine::upstream::balancer::PolicyRegistry;
 use veloxy_engine::Running;
 use veloxy_import::{Options, Outcome};
 
+use super::events::Problem;
 use super::gateway;
 use super::merge::{merge, render};
 use super::objects::{self, id, World};
@@ -60,6 +61,10 @@ pub struct Builder<'a> {
     left_out: std::collections::BTreeMap<String, String>,
     /// The Gateway API objects of the config applied last, for their status.
     pub gateway: gateway::Report,
+    /// What was skipped or refused in the config applied last, by object (for Events).
+    pub problems: Vec<Problem>,
+    /// Why each Ingress of `left_out` was left out.
+    left_out_why: std::collections::BTreeMap<String, String>,
 }
 
 /// One translation: the merged config text, the fingerprint of it and its files.
@@ -67,6 +72,7 @@ struct Merged {
     text: String,
     fingerprint: u64,
     notes: Vec<String>,
+    problems: Vec<Problem>,
     gateway: gateway::Report,
 }
 
@@ -90,6 +96,8 @@ impl<'a> Builder<'a> {
             reported: Default::default(),
             left_out: Default::default(),
             gateway: Default::default(),
+            problems: Vec::new(),
+            left_out_why: Default::default(),
         }
     }
 
@@ -113,6 +121,8 @@ impl<'a> Builder<'a> {
         ours.sort_by_key(|i| id(&i.metadata));
         self.left_out
             .retain(|k, _| world.ingresses.iter().any(|i| id(&i.metadata) == *k));
+        let left_out = &self.left_out;
+        self.left_out_why.retain(|k, _| left_out.contains_key(k));
         let all = self
             .merged(world, &ours, true)
             .and_then(|m| self.compile(m));
@@ -140,6 +150,13 @@ impl<'a> Builder<'a> {
         }
         self.reported = notes;
         self.gateway = merged.gateway;
+        self.problems = merged.problems;
+        for (ing, why) in &self.left_out_why {
+            let note = format!("left out: it cannot be served: {why}");
+            if let Some(p) = Problem::from_loc(&format!("Ingress {ing}"), "Invalid", note) {
+                self.problems.push(p);
+            }
+        }
         let Some(snapshot) = snapshot else {
             return Ok(ours);
         };
@@ -163,6 +180,7 @@ impl<'a> Builder<'a> {
                 Err(e) => {
                     tracing::error!(ingress = %id(&ing.metadata), error = %e, "kubernetes: Ingress left out: it cannot be served");
                     self.left_out.insert(id(&ing.metadata), version(&ing));
+                    self.left_out_why.insert(id(&ing.metadata), e.to_string());
                 }
             }
         }
@@ -204,6 +222,7 @@ impl<'a> Builder<'a> {
     ) -> Result<Merged, BuildError> {
         let mut table = self.file.clone();
         let mut notes = Vec::new();
+        let mut problems = Vec::new();
         let mut hasher = DefaultHasher::new();
         if !ours.is_empty() {
             let docs = objects::documents(world, ours);
@@ -220,6 +239,8 @@ impl<'a> Builder<'a> {
                         "{}: {}: not served: {why}",
                         e.loc.file, e.directive
                     ));
+                    let note = format!("{}: not served: {why}", e.directive);
+                    problems.extend(Problem::from_loc(&e.loc.file, "Refused", note));
                 }
             }
             for f in &imported.config.files {
@@ -242,6 +263,7 @@ impl<'a> Builder<'a> {
                 contents.hash(&mut hasher);
             }
             notes.extend(t.notes);
+            problems.extend(t.problems);
             super::merge::add_gateway(&mut table, t.routes, t.upstreams, t.certs);
             report = t.report;
         }
@@ -251,6 +273,7 @@ impl<'a> Builder<'a> {
             text,
             fingerprint: hasher.finish(),
             notes,
+            problems,
             gateway: report,
         })
     }

@@ -15,6 +15,7 @@
 //! [`gateway::status`].
 
 mod build;
+mod events;
 mod gateway;
 mod lease;
 mod merge;
@@ -256,6 +257,7 @@ async fn serve(
         &mut mpsc::UnboundedReceiver<Reply>,
     ),
 ) {
+    let mut recorder = events::Recorder::new(client, lease::identity());
     let grace = tokio::time::Instant::now() + LIST_GRACE;
     let mut grace_timer = std::pin::pin!(tokio::time::sleep_until(grace));
     loop {
@@ -264,12 +266,12 @@ async fn serve(
             () = changed.notified() => {
                 debounce(changed).await;
                 if caches.listed() || tokio::time::Instant::now() >= grace {
-                    rebuild(client, builder, caches, writer).await;
+                    rebuild(client, builder, caches, writer, &mut recorder).await;
                 }
             }
             () = &mut grace_timer, if !caches.listed() => {
                 tracing::warn!("kubernetes: some watches have not listed their objects yet; serving what is known");
-                rebuild(client, builder, caches, writer).await;
+                rebuild(client, builder, caches, writer, &mut recorder).await;
                 grace_timer.as_mut().reset(grace + Duration::from_secs(3600 * 24 * 365));
             }
             Some(reply) = reloads.recv() => {
@@ -336,13 +338,15 @@ async fn debounce(changed: &Notify) {
     }
 }
 
-/// Builds and applies the config from the caches, then writes the served Ingresses' status
-/// (when this replica is the writer: it holds the Lease).
+/// Builds and applies the config from the caches, then writes the served Ingresses' status,
+/// the Gateway API status and the Events about refused objects (when this replica is the
+/// writer: it holds the Lease, or there is no Lease).
 async fn rebuild(
     client: &Client,
     builder: &mut Builder<'_>,
     caches: &watch::Caches,
     writer: Option<&AtomicBool>,
+    recorder: &mut events::Recorder,
 ) {
     let world = caches.world();
     match builder.apply(&world) {
@@ -355,6 +359,7 @@ async fn rebuild(
             if writes {
                 let address = builder.spec.status.as_ref();
                 gateway::status::publish(client, &builder.gateway, address).await;
+                recorder.publish(&builder.problems).await;
             }
         }
         Err(e) => {

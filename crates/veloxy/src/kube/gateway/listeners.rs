@@ -9,6 +9,7 @@ use veloxy_engine::config::KubernetesSpec;
 
 use super::types::{Gateway, Listener, GROUP};
 use super::{backends, ListenerReport, Translation, KINDS};
+use crate::kube::events::Problem;
 use crate::kube::objects::{id, World};
 
 /// A Gateway listener's report: the veloxy listener serving it, its certificates.
@@ -74,6 +75,18 @@ pub(super) fn listener(
         tls(world, gw, l, &mut r, t);
     }
     r
+}
+
+/// A Gateway listener's refusal, for an Event.
+pub(super) fn problem(
+    gw: &Gateway,
+    l: &Listener,
+    (reason, msg): &(&'static str, String),
+) -> Problem {
+    let m = &gw.metadata;
+    let note = format!("listener {}: {msg}", l.name);
+    let name = m.name.as_deref().unwrap_or_default();
+    Problem::new("Gateway", m.namespace.as_deref(), name, reason, note)
 }
 
 /// The file's listener for a Gateway listener on `port`: one with that port and TLS when

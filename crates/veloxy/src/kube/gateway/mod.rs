@@ -25,6 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use toml::{Table, Value};
 use veloxy_engine::config::KubernetesSpec;
 
+use super::events::Problem;
 use super::objects::{id, World};
 use rules::{Target, Via};
 use types::{Gateway, GatewayClass, Listener, ParentRef, GROUP};
@@ -51,6 +52,8 @@ pub struct Translation {
     pub files: Vec<(String, String)>,
     /// Lines for the log: what was refused and why.
     pub notes: Vec<String>,
+    /// The same, by object, for Events.
+    pub problems: Vec<Problem>,
     pub report: Report,
 }
 
@@ -167,12 +170,20 @@ pub fn translate(world: &World, spec: &KubernetesSpec, file: &Table, dir: &Path)
             .iter()
             .any(|c| c.metadata.name.as_deref() == Some(gw.spec.gateway_class_name.as_str()));
         if ours {
-            let listeners = gw
+            let listeners: Vec<ListenerReport> = gw
                 .spec
                 .listeners
                 .iter()
                 .map(|l| listeners::listener(world, spec, file, gw, l, &mut t))
                 .collect();
+            for (l, r) in gw.spec.listeners.iter().zip(&listeners) {
+                for e in [&r.accepted, &r.resolved]
+                    .into_iter()
+                    .filter_map(|c| c.as_ref().err())
+                {
+                    t.problems.push(listeners::problem(gw, l, e));
+                }
+            }
             t.report.gateways.push(GatewayReport {
                 gateway: gw.clone(),
                 listeners,
@@ -286,6 +297,21 @@ fn route(world: &World, r: &AnyRoute<'_>, t: &mut Translation, seen: &mut BTreeS
         if let Err(e) = e {
             t.notes
                 .push(format!("{} {}: rule not served: {e}", r.kind(), id(meta)));
+        }
+    }
+    let name = meta.name.as_deref().unwrap_or_default();
+    for p in &report.parents {
+        let errors = [&p.accepted, &p.resolved];
+        for (reason, msg) in errors.into_iter().filter_map(|c| c.as_ref().err()) {
+            let note = format!("parent Gateway {}: {msg}", p.parent.name);
+            t.problems
+                .push(Problem::new(r.kind(), Some(ns), name, reason, note));
+        }
+        if let Some(why) = &p.partially_invalid {
+            let note = format!("rules not served: {why}");
+            let reason = "UnsupportedValue";
+            t.problems
+                .push(Problem::new(r.kind(), Some(ns), name, reason, note));
         }
     }
     if !report.parents.is_empty() {
@@ -428,12 +454,24 @@ fn attach(
                 if seen.insert(key) {
                     t.routes.push(Value::Table(route));
                 } else {
-                    t.notes.push(format!(
-                        "{} {}: a match on {on} {} is an older route's: not served",
+                    let note = format!(
+                        "a match on listener {on}, host {} is an older route's: not served",
+                        h.map_or("(any)", |h| h.as_str())
+                    );
+                    t.notes
+                        .push(format!("{} {}: {note}", r.kind(), id(r.meta())));
+                    let m = r.meta();
+                    let name = m.name.as_deref().unwrap_or_default();
+                    let p = Problem::new(
                         r.kind(),
-                        id(r.meta()),
-                        h.map_or("(any host)", |h| h.as_str())
-                    ));
+                        m.namespace.as_deref(),
+                        name,
+                        "RouteConflict",
+                        note,
+                    );
+                    if !t.problems.contains(&p) {
+                        t.problems.push(p);
+                    }
                 }
             }
         }
