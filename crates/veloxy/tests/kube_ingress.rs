@@ -533,6 +533,23 @@ fn check_bad_objects_and_endpoint_change(scene: &Scene, v: &Veloxy, web: SocketA
         let log = v.proc.log_text();
         log.contains("Ingress shop/bad") && log.contains("ingress=shop/broken")
     });
+    // Each is reported as a Warning Event on the Ingress: the refused regex, the Ingress
+    // left out.
+    let event = |name: &str, reason: &str| {
+        let path = format!("/apis/events.k8s.io/v1/namespaces/{NS}/events");
+        let (_, list) = scene.k.call("GET", &path, None);
+        list["items"].as_array().into_iter().flatten().any(|e| {
+            e["regarding"]["kind"] == "Ingress"
+                && e["regarding"]["name"] == name
+                && e["reason"] == reason
+                && e["type"] == "Warning"
+        })
+    };
+    within(
+        Duration::from_secs(10),
+        "Events for the bad Ingresses",
+        || event("bad", "Refused") && event("broken", "Invalid"),
+    );
     assert_eq!(
         hit(web, "broken.example", "/").0,
         404,
