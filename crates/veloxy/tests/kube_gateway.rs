@@ -86,11 +86,47 @@ fn http_route(name: &str, hosts: &[&str], parent: Value, rules: Value) -> Value 
            "spec": {"parentRefs": [parent], "hostnames": hosts, "rules": rules}})
 }
 
+/// An h2c server (the GRPCRoute's backend) on `addr`: every request is answered 200 with
+/// `x-grpc-path` naming the path it asked for.
+fn h2c_server(addr: &str) -> SocketAddr {
+    let l = std::net::TcpListener::bind(format!("{addr}:0")).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let local = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(s).await else {
+                        return;
+                    };
+                    while let Some(Ok((req, mut respond))) = conn.accept().await {
+                        let resp = http::Response::builder()
+                            .status(200)
+                            .header("x-grpc-path", req.uri().path())
+                            .header("content-type", "application/grpc")
+                            .body(())
+                            .unwrap();
+                        let _ = respond.send_response(resp, true);
+                    }
+                });
+            }
+        });
+    });
+    local
+}
+
 struct Scene {
     k: Cluster,
     pki: Pki,
     dir: tempfile::TempDir,
     port: u16,
+    /// The h2c backend's port (on c's address).
+    grpc_port: u16,
     _backends: Vec<Upstream>,
 }
 
@@ -111,6 +147,7 @@ impl Scene {
             .zip(&BACKENDS[1..])
             .map(|(n, addr)| upstream(&["--name", n, "--listen", &format!("{addr}:{port}")]))
             .collect();
+        let grpc_port = h2c_server(BACKENDS[2]).port();
         let dir = tempfile::tempdir().unwrap();
         let mut backends = vec![a];
         backends.extend(bc);
@@ -119,6 +156,7 @@ impl Scene {
             pki: Pki::new(dir.path()),
             dir,
             port,
+            grpc_port,
             _backends: backends,
         }
     }
@@ -143,6 +181,9 @@ impl Scene {
             let s = slice(&format!("{svc}-1"), svc, self.port, &[BACKENDS[addr]]);
             k.create(&self.path(ns, "endpointslices"), s);
         }
+        k.create(&self.path(NS, "services"), service("grpc"));
+        let s = slice("grpc-1", "grpc", self.grpc_port, &[BACKENDS[2]]);
+        k.create(&self.path(NS, "endpointslices"), s);
         let (cert, key) = self.pki.leaf("secure", &["secure.example"], KeyKind::Ecdsa);
         let b64 =
             |p: &Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap());
@@ -235,6 +276,19 @@ impl Scene {
                           "requestMirror": {"backendRef": {"name": "api", "port": 80}}}],
                         "backendRefs": [backend("web", 1)]}]),
             ),
+        );
+    }
+
+    /// A GRPCRoute for one method of `hello.Greeter`, to the h2c backend.
+    fn create_grpc_route(&self) {
+        self.create_gw(
+            &self.path(NS, "grpcroutes"),
+            "GRPCRoute",
+            json!({"metadata": {"name": "greeter"}, "spec": {
+                "parentRefs": [{"name": "gw", "sectionName": "http"}],
+                "hostnames": ["grpc.example"],
+                "rules": [{"matches": [{"method": {"service": "hello.Greeter", "method": "SayHello"}}],
+                           "backendRefs": [{"name": "grpc", "port": 80}]}]}}),
         );
     }
 
@@ -335,6 +389,20 @@ fn check_filters(web: SocketAddr) {
     assert_eq!(r.status, 404, "a prefix matches whole segments");
 }
 
+/// The GRPCRoute's method match, to the h2c backend.
+fn check_grpc(web: SocketAddr) {
+    let path = "/hello.Greeter/SayHello";
+    let r = get_with(web, "grpc.example", path, "").unwrap();
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(
+        r.header("x-grpc-path"),
+        Some(path),
+        "over h2c to the backend"
+    );
+    let other = get_with(web, "grpc.example", "/hello.Greeter/SayMany", "").unwrap();
+    assert_eq!(other.status, 404, "another method does not match");
+}
+
 /// The HTTPS listener's certificate from its Secret, its route through it.
 fn check_tls(scene: &Scene, websecure: SocketAddr) {
     let client = default_client(&scene.pki.ca_pem, &[b"http/1.1"]);
@@ -407,7 +475,7 @@ fn check_status(scene: &Scene) {
             .iter()
             .all(|t| cond(s, t)["status"] == "True" && cond(s, t)["observedGeneration"] == gen)
             && s["addresses"][0]["value"] == "203.0.113.10"
-            && s["listeners"][0]["attachedRoutes"] == 4
+            && s["listeners"][0]["attachedRoutes"] == 5
             && s["listeners"][1]["attachedRoutes"] == 1
             && cond(&s["listeners"][1], "ResolvedRefs")["status"] == "True"
     });
@@ -514,17 +582,26 @@ fn gateway_api_objects_become_routes_with_status() {
     let started = Instant::now();
     let scene = Scene::start();
     scene.create_objects();
+    scene.create_grpc_route();
     let v = veloxy(&scene.config());
     let _dump = DumpLogOnPanic(&v);
     let web = logged_addr(&v, "listener=web ");
     let websecure = logged_addr(&v, "listener=websecure");
     check_split(web);
     check_filters(web);
+    check_grpc(web);
     check_tls(&scene, websecure);
     check_reference_grant(&scene, web);
     check_status(&scene);
     check_event(&scene);
+    // Status is written only when it changes: the rebuilds of the changes below (none of
+    // which changes the Gateway's or the mirror route's status) do not write them again.
+    let version =
+        |kind: &str, name: &str| scene.get(NS, kind, name)["metadata"]["resourceVersion"].clone();
+    let before = (version("gateways", "gw"), version("httproutes", "mirror"));
     check_changes(&scene, web);
+    let after = (version("gateways", "gw"), version("httproutes", "mirror"));
+    assert_eq!(before, after, "status rewritten without a change");
     check_event_not_repeated(&scene);
     let _ = &scene.dir;
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
