@@ -536,6 +536,51 @@ fn check_event(scene: &Scene) {
     assert!(events[0]["series"].is_null(), "reported once: {events:?}");
 }
 
+/// A route that breaks the compiled config (a header veloxy manages) is left out and
+/// reported (an Event, Invalid); the other routes stay served.
+fn check_breaking_route(scene: &Scene, web: SocketAddr) {
+    let framing = json!([{"name": "Transfer-Encoding", "value": "chunked"}]);
+    scene.create_gw(
+        &scene.path(NS, "httproutes"),
+        "HTTPRoute",
+        http_route(
+            "breaks",
+            &["breaks.example"],
+            json!({"name": "gw"}),
+            json!([
+            {"filters": [{"type": "RequestHeaderModifier",
+                          "requestHeaderModifier": {"set": framing}}],
+             "backendRefs": [{"name": "web", "port": 80}]}]),
+        ),
+    );
+    within(
+        Duration::from_secs(10),
+        "the breaking route reported",
+        || {
+            events_about(scene, "breaks").iter().any(|e| {
+                e["reason"] == "Invalid"
+                    && e["note"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("managed by veloxy"))
+            })
+        },
+    );
+    assert_eq!(hit(web, "breaks.example", "/").0, 404, "left out");
+    assert_eq!(
+        hit(web, "split.example", "/new").0,
+        200,
+        "the others served"
+    );
+    // Fixed, it is served.
+    let fixed = json!({"spec": {"rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}});
+    scene
+        .k
+        .patch(&format!("{}/breaks", scene.path(NS, "httproutes")), fixed);
+    within(Duration::from_secs(5), "the fixed route served", || {
+        hit(web, "breaks.example", "/").0 == 200
+    });
+}
+
 /// After the changes (several rebuilds), the refused route's Event is still the one.
 fn check_event_not_repeated(scene: &Scene) {
     let events = events_about(scene, "mirror");
@@ -603,6 +648,7 @@ fn gateway_api_objects_become_routes_with_status() {
     let after = (version("gateways", "gw"), version("httproutes", "mirror"));
     assert_eq!(before, after, "status rewritten without a change");
     check_event_not_repeated(&scene);
+    check_breaking_route(&scene, web);
     let _ = &scene.dir;
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -28,6 +28,13 @@ pub use error::ConfigError;
 use crate::router::Router;
 use crate::upstream::balancer::PolicyRegistry;
 
+/// Why `pattern` is not a valid `path_regex` (the syntax and limits a route's is checked
+/// with), or `None`: for providers that write routes from other objects (a Gateway API
+/// RegularExpression path match) and refuse one object rather than the whole config.
+pub fn path_regex_error(pattern: &str) -> Option<String> {
+    crate::rules::PathRegex::new(pattern).err()
+}
+
 /// Loads, validates and compiles a config file with the built-in policies.
 pub fn load_file(path: &Path) -> Result<Snapshot, ConfigError> {
     load_file_with(path, &PolicyRegistry::with_builtins())

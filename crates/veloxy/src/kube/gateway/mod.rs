@@ -44,6 +44,8 @@ pub(crate) const KINDS: &[&str] = &["HTTPRoute", "GRPCRoute"];
 pub struct Translation {
     /// `[[routes]]` tables, in precedence order.
     pub routes: Vec<Value>,
+    /// The object each of `routes` comes from: (kind, namespace, name).
+    pub origins: Vec<(&'static str, String, String)>,
     /// `[upstreams.NAME]` tables.
     pub upstreams: Table,
     /// (veloxy listener, `tls.certs` entry).
@@ -453,6 +455,10 @@ fn attach(
                 let key = match_key(&route);
                 if seen.insert(key) {
                     t.routes.push(Value::Table(route));
+                    let m = r.meta();
+                    let ns = m.namespace.clone().unwrap_or_else(|| "default".into());
+                    t.origins
+                        .push((r.kind(), ns, m.name.clone().unwrap_or_default()));
                 } else {
                     let note = format!(
                         "a match on listener {on}, host {} is an older route's: not served",

@@ -245,7 +245,12 @@ fn path_variants(m: &HttpMatch, prefix_mod: bool) -> Result<Vec<(Table, Rest)>, 
     };
     match kind {
         "Exact" if !prefix_mod => Ok(vec![(one("path_exact", value), Rest::None)]),
-        "RegularExpression" if !prefix_mod => Ok(vec![(one("path_regex", value), Rest::None)]),
+        "RegularExpression" if !prefix_mod => {
+            if let Some(e) = veloxy_engine::config::path_regex_error(value) {
+                return Err(format!("path regex {value:?}: {e}"));
+            }
+            Ok(vec![(one("path_regex", value), Rest::None)])
+        }
         "PathPrefix" => {
             let p = value.trim_end_matches('/');
             if prefix_mod {
@@ -416,6 +421,11 @@ mod tests {
             routes[0]["redirect"]["to"].as_str(),
             Some("https://{host}{uri}")
         );
+        let r = rule(
+            serde_json::json!({"matches": [{"path": {"type": "RegularExpression", "value": "/x("}}]}),
+        );
+        let e = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap_err();
+        assert!(e.contains("path regex"), "{e}");
         let r = rule(serde_json::json!({"filters": [{"type": "RequestMirror"}]}));
         let e = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap_err();
         assert!(e.contains("RequestMirror"), "{e}");
