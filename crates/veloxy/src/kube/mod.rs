@@ -357,8 +357,13 @@ async fn rebuild(
                 status::publish(client, &served, &world.ingresses, &want).await;
             }
             if writes {
-                let address = builder.spec.status.as_ref();
-                gateway::status::publish(client, &builder.gateway, address).await;
+                let addresses = builder
+                    .spec
+                    .status
+                    .as_ref()
+                    .map(|s| status::desired(s, &world));
+                let addresses = addresses.unwrap_or_default();
+                gateway::status::publish(client, &builder.gateway, &addresses).await;
                 recorder.publish(&builder.problems).await;
             }
         }

@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::networking::v1::IngressLoadBalancerIngress;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
-use veloxy_engine::config::StatusAddress;
 
 use super::types::{Gateway, GatewayClass, GrpcRoute, HttpRoute, GROUP};
 use super::{Cond, Report, CONTROLLER};
@@ -20,8 +20,10 @@ use crate::kube::objects::id;
 /// How long one status write may take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Writes the status of `report`'s objects that differ; `address`: the Gateways' addresses.
-pub async fn publish(client: &Client, report: &Report, address: Option<&StatusAddress>) {
+/// Writes the status of `report`'s objects that differ; `addresses`: the Gateways'
+/// (`status_address`, or the addresses of `publish_service`, as Ingresses get them).
+pub async fn publish(client: &Client, report: &Report, addresses: &[IngressLoadBalancerIngress]) {
+    let addresses: Vec<Value> = addresses.iter().filter_map(address_value).collect();
     for c in &report.classes {
         let old = c.status.clone().unwrap_or(Value::Null);
         let gen = c.metadata.generation;
@@ -37,7 +39,7 @@ pub async fn publish(client: &Client, report: &Report, address: Option<&StatusAd
     for g in &report.gateways {
         let gw = &g.gateway;
         let old = gw.status.clone().unwrap_or(Value::Null);
-        let want = gateway(g, address, &old);
+        let want = gateway(g, &addresses, &old);
         if !subset(&want, &old) {
             let ns = gw.metadata.namespace.as_deref().unwrap_or("default");
             let api: Api<Gateway> = Api::namespaced(client.clone(), ns);
@@ -51,7 +53,7 @@ pub async fn publish(client: &Client, report: &Report, address: Option<&StatusAd
 }
 
 /// A Gateway's status.
-fn gateway(g: &super::GatewayReport, address: Option<&StatusAddress>, old: &Value) -> Value {
+fn gateway(g: &super::GatewayReport, addresses: &[Value], old: &Value) -> Value {
     let gen = g.gateway.metadata.generation;
     let mut listeners = Vec::new();
     for (i, l) in g.listeners.iter().enumerate() {
@@ -102,18 +104,18 @@ fn gateway(g: &super::GatewayReport, address: Option<&StatusAddress>, old: &Valu
         ],
         "listeners": listeners,
     });
-    if let Some(a) = address.and_then(address_value) {
-        want["addresses"] = json!([a]);
+    if !addresses.is_empty() {
+        want["addresses"] = Value::Array(addresses.to_vec());
     }
     want
 }
 
-/// `status.addresses[]` of a configured address (a `publish_service` is not resolved here).
-fn address_value(a: &StatusAddress) -> Option<Value> {
-    match a {
-        StatusAddress::Ip(ip) => Some(json!({"type": "IPAddress", "value": ip.to_string()})),
-        StatusAddress::Hostname(h) => Some(json!({"type": "Hostname", "value": h})),
-        StatusAddress::Service { .. } => None,
+/// A `status.addresses[]` entry.
+fn address_value(a: &IngressLoadBalancerIngress) -> Option<Value> {
+    match (&a.ip, &a.hostname) {
+        (Some(ip), _) => Some(json!({"type": "IPAddress", "value": ip})),
+        (None, Some(h)) => Some(json!({"type": "Hostname", "value": h})),
+        (None, None) => None,
     }
 }
 
