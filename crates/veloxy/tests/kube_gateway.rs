@@ -581,6 +581,26 @@ fn check_breaking_route(scene: &Scene, web: SocketAddr) {
     });
 }
 
+/// A route that moves to another controller's Gateway loses veloxy's `parents[]` entry.
+fn check_parent_cleared(scene: &Scene) {
+    let path = format!("{}/mirror", scene.path(NS, "httproutes"));
+    scene.k.patch(
+        &path,
+        json!({"spec": {"parentRefs": [{"name": "not-ours"}]}}),
+    );
+    within(
+        Duration::from_secs(10),
+        "veloxy's parent entry removed",
+        || {
+            let r = scene.get(NS, "httproutes", "mirror");
+            r["status"]["parents"].as_array().is_some_and(|p| {
+                !p.iter()
+                    .any(|e| e["controllerName"] == "veloxy.dev/gateway-controller")
+            })
+        },
+    );
+}
+
 /// After the changes (several rebuilds), the refused route's Event is still the one.
 fn check_event_not_repeated(scene: &Scene) {
     let events = events_about(scene, "mirror");
@@ -649,6 +669,7 @@ fn gateway_api_objects_become_routes_with_status() {
     assert_eq!(before, after, "status rewritten without a change");
     check_event_not_repeated(&scene);
     check_breaking_route(&scene, web);
+    check_parent_cleared(&scene);
     let _ = &scene.dir;
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
 }

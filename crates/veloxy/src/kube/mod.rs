@@ -364,6 +364,7 @@ async fn rebuild(
                     .map(|s| status::desired(s, &world));
                 let addresses = addresses.unwrap_or_default();
                 gateway::status::publish(client, &builder.gateway, &addresses).await;
+                gateway::status::clear_stale(client, &builder.gateway, &world).await;
                 recorder.publish(&builder.problems).await;
             }
         }

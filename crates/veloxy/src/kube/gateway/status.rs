@@ -52,6 +52,34 @@ pub async fn publish(client: &Client, report: &Report, addresses: &[IngressLoadB
     }
 }
 
+/// Removes our `parents[]` entries from the routes of `world` that no longer name one of
+/// our Gateways (other controllers' entries stay).
+pub async fn clear_stale(client: &Client, report: &Report, world: &crate::kube::objects::World) {
+    let reported = |uid: &Option<String>| report.routes.iter().any(|r| r.meta.uid == *uid);
+    let http = world
+        .http_routes
+        .iter()
+        .map(|r| ("HTTPRoute", &r.metadata, &r.status));
+    let grpc = world
+        .grpc_routes
+        .iter()
+        .map(|r| ("GRPCRoute", &r.metadata, &r.status));
+    for (kind, meta, status) in http.chain(grpc) {
+        let parents = status.as_ref().and_then(|s| s["parents"].as_array());
+        let Some(parents) = parents else { continue };
+        if reported(&meta.uid) || !parents.iter().any(|p| p["controllerName"] == CONTROLLER) {
+            continue;
+        }
+        let report = super::RouteReport {
+            kind,
+            meta: meta.clone(),
+            status: status.clone(),
+            parents: Vec::new(),
+        };
+        route(client, &report).await;
+    }
+}
+
 /// A Gateway's status.
 fn gateway(g: &super::GatewayReport, addresses: &[Value], old: &Value) -> Value {
     let gen = g.gateway.metadata.generation;
