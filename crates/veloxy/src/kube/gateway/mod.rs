@@ -17,7 +17,7 @@ mod rules;
 pub mod status;
 pub mod types;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -202,7 +202,7 @@ pub fn translate(world: &World, spec: &KubernetesSpec, file: &Table, dir: &Path)
         let m = r.meta();
         (m.creation_timestamp.clone().map(|c| c.0), id(m))
     });
-    let mut seen = BTreeSet::new();
+    let mut seen = BTreeMap::new();
     for r in &all {
         route(world, r, &mut t, &mut seen);
     }
@@ -240,9 +240,12 @@ fn hosts(listener: Option<&str>, route: &[String]) -> Option<Vec<String>> {
     }
 }
 
+/// Which route (`KIND NS/NAME`) each match key (see [`match_key`]) was emitted for.
+type Seen = BTreeMap<String, String>;
+
 /// One route: its rules' groups, its parents' status, its veloxy routes on each listener it
 /// attaches to.
-fn route(world: &World, r: &AnyRoute<'_>, t: &mut Translation, seen: &mut BTreeSet<String>) {
+fn route(world: &World, r: &AnyRoute<'_>, t: &mut Translation, seen: &mut Seen) {
     let meta = r.meta();
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let mut report = RouteReport {
@@ -378,7 +381,7 @@ fn attach(
     pr: &ParentRef,
     ns: &str,
     targets: &[(Cond, Result<Target, String>)],
-    seen: &mut BTreeSet<String>,
+    seen: &mut Seen,
 ) -> Cond {
     let gw = &t.report.gateways[gi];
     let gw_ns = gw
@@ -453,7 +456,18 @@ fn attach(
                     route.insert("host".into(), h.as_str().into());
                 }
                 let key = match_key(&route);
-                if seen.insert(key) {
+                let me = format!("{} {}", r.kind(), id(r.meta()));
+                let first = match seen.entry(key) {
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(me);
+                        true
+                    }
+                    // The same route through another Gateway listener served on this
+                    // listener: once is enough.
+                    std::collections::btree_map::Entry::Occupied(o) if *o.get() == me => continue,
+                    std::collections::btree_map::Entry::Occupied(_) => false,
+                };
+                if first {
                     t.routes.push(Value::Table(route));
                     let m = r.meta();
                     let ns = m.namespace.clone().unwrap_or_else(|| "default".into());
@@ -532,6 +546,64 @@ fn match_key(t: &Table) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn route(name: &str, created: &str) -> Arc<types::HttpRoute> {
+        obj(
+            serde_json::json!({"metadata": {"name": name, "namespace": "ns",
+            "creationTimestamp": created},
+            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["a.example"],
+                     "rules": [{"matches": [{"path": {"type": "Exact", "value": "/x"}}]}]}}),
+        )
+    }
+
+    #[test]
+    fn the_older_of_two_routes_with_one_match_is_served_once() {
+        let spec = KubernetesSpec {
+            kubeconfig: None,
+            namespaces: Vec::new(),
+            ingress_class: "veloxy".into(),
+            ingress_nginx: false,
+            gateway_class: None,
+            http_listener: "web".into(),
+            https_listener: None,
+            status: None,
+            lease: None,
+            lease_duration: std::time::Duration::from_secs(15),
+        };
+        let world = World {
+            gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+                "spec": {"controllerName": CONTROLLER}}))],
+            // Two HTTP listeners, both served on `web`: the route is emitted once.
+            gateways: vec![obj(
+                serde_json::json!({"metadata": {"name": "gw", "namespace": "ns"},
+                "spec": {"gatewayClassName": "c", "listeners": [
+                    {"name": "a", "port": 80, "protocol": "HTTP"},
+                    {"name": "b", "port": 8080, "protocol": "HTTP"}]}}),
+            )],
+            http_routes: vec![
+                route("new", "2026-01-02T00:00:00Z"),
+                route("old", "2026-01-01T00:00:00Z"),
+            ],
+            ..Default::default()
+        };
+        let t = translate(&world, &spec, &Table::new(), Path::new("/x"));
+        assert_eq!(t.routes.len(), 1, "{:?}", t.routes);
+        assert_eq!(t.origins[0].2, "old");
+        let conflicts: Vec<&Problem> = t
+            .problems
+            .iter()
+            .filter(|p| p.reason == "RouteConflict")
+            .collect();
+        assert_eq!(conflicts.len(), 1, "{:?}", t.problems);
+        assert_eq!(conflicts[0].name, "new");
+        // No backendRefs: the rule answers 500, as the spec says.
+        assert_eq!(t.routes[0]["respond"]["status"].as_integer(), Some(500));
+        assert_eq!(t.report.gateways[0].listeners[0].attached, 2);
+    }
 
     #[test]
     fn listener_and_route_hostnames_intersect() {
