@@ -12,7 +12,7 @@
 //! rebuild through [`Provider::reload_file`]. When the API server serves the Gateway API
 //! CRDs, GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes and ReferenceGrants are watched
 //! too and translated by [`gateway`] into the same config; their status is written by
-//! [`gateway::status`].
+//! [`gateway::status`]. Objects skipped or refused are reported as Events ([`events`]).
 
 mod build;
 mod events;

@@ -168,6 +168,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_grant_allows_its_from_kind_and_namespace_to_its_kind_and_name() {
+        let g: ReferenceGrant = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "g", "namespace": "certs"},
+            "spec": {"from": [{"group": GROUP, "kind": "Gateway", "namespace": "edge"}],
+                     "to": [{"group": "", "kind": "Secret", "name": "wild"}]}}))
+        .unwrap();
+        let grants = [std::sync::Arc::new(g)];
+        assert!(granted(
+            &grants, "Gateway", "edge", "Secret", "certs", "wild"
+        ));
+        assert!(!granted(
+            &grants, "Gateway", "edge", "Secret", "certs", "other"
+        ));
+        assert!(!granted(
+            &grants,
+            "HTTPRoute",
+            "edge",
+            "Secret",
+            "certs",
+            "wild"
+        ));
+        assert!(!granted(
+            &grants, "Gateway", "shop", "Secret", "certs", "wild"
+        ));
+        assert!(!granted(
+            &grants, "Gateway", "edge", "Service", "certs", "wild"
+        ));
+        assert!(!granted(
+            &grants, "Gateway", "edge", "Secret", "edge", "wild"
+        ));
+    }
+
+    #[test]
     fn each_reference_gets_its_weight_whatever_its_endpoints() {
         let s = servers(&[
             (3, vec!["a:1".into()]),
