@@ -653,6 +653,10 @@ fn gateway_api_objects_become_routes_with_status() {
     let web = logged_addr(&v, "listener=web ");
     let websecure = logged_addr(&v, "listener=websecure");
     check_split(web);
+    assert!(v
+        .proc
+        .log_text()
+        .contains("Gateway API v1 served: watching its objects"));
     check_filters(web);
     check_grpc(web);
     check_tls(&scene, websecure);

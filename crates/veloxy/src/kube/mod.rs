@@ -307,8 +307,7 @@ async fn gateway_served(client: &Client) -> bool {
                 .copied()
                 .collect();
             if missing.is_empty() {
-                tracing::info!("kubernetes: Gateway API v1 served: watching its objects");
-                return true;
+                return gateway_allowed(client).await;
             }
             tracing::info!(
                 ?missing,
@@ -321,6 +320,24 @@ async fn gateway_served(client: &Client) -> bool {
             false
         }
         _ => true,
+    }
+}
+
+/// Whether this identity may list GatewayClasses: when RBAC denies it (a deployment made
+/// before Gateway API support), Gateway API is left off with an error in the log, and
+/// Ingresses are served.
+async fn gateway_allowed(client: &Client) -> bool {
+    let api: kube::Api<gateway::types::GatewayClass> = kube::Api::all(client.clone());
+    let params = kube::api::ListParams::default().limit(1);
+    match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&params)).await {
+        Ok(Err(kube::Error::Api(e))) if e.code == 401 || e.code == 403 => {
+            tracing::error!(error = %e, "kubernetes: the API server denies listing GatewayClasses (check the RBAC rules of this identity): Gateway API is off, Ingresses are served");
+            false
+        }
+        _ => {
+            tracing::info!("kubernetes: Gateway API v1 served: watching its objects");
+            true
+        }
     }
 }
 
