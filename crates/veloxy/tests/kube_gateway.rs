@@ -205,7 +205,8 @@ impl Scene {
               "listeners": [
                 {"name": "http", "port": 80, "protocol": "HTTP"},
                 {"name": "https", "port": 443, "protocol": "HTTPS", "hostname": "secure.example",
-                 "tls": {"certificateRefs": [{"name": "secure-tls"}]}}]}}),
+                 "tls": {"certificateRefs": [{"name": "secure-tls"}]}},
+                {"name": "tcp", "port": 9000, "protocol": "TCP"}]}}),
         );
         let gw = json!({"name": "gw"});
         let routes = self.path(NS, "httproutes");
@@ -478,7 +479,18 @@ fn check_status(scene: &Scene) {
             && s["listeners"][0]["attachedRoutes"] == 5
             && s["listeners"][1]["attachedRoutes"] == 1
             && cond(&s["listeners"][1], "ResolvedRefs")["status"] == "True"
+            && cond(s, "Accepted")["reason"] == "ListenersNotValid"
+            && cond(&s["listeners"][2], "Accepted")["reason"] == "UnsupportedProtocol"
     });
+    within(
+        Duration::from_secs(10),
+        "an Event for the refused listener",
+        || {
+            events_about(scene, "gw").iter().any(|e| {
+                e["regarding"]["kind"] == "Gateway" && e["reason"] == "UnsupportedProtocol"
+            })
+        },
+    );
     within(
         Duration::from_secs(10),
         "the refused route's status",

@@ -127,7 +127,8 @@ fn gateway(g: &super::GatewayReport, addresses: &[Value], old: &Value) -> Value 
     };
     let mut want = json!({
         "conditions": [
-            condition("Accepted", &accepted, "Accepted", gen, old),
+            // Accepted with some listeners invalid: the reason says so.
+            condition("Accepted", &accepted, if valid { "Accepted" } else { "ListenersNotValid" }, gen, old),
             condition("Programmed", &programmed, "Programmed", gen, old),
         ],
         "listeners": listeners,
