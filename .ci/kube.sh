@@ -170,5 +170,8 @@ t_all=$SECONDS
 ok=1
 build_etcd || ok=0
 build_kube_apiserver || ok=0
+# The Gateway API CRDs (tests install them into the API server, offline in their network
+# namespace): fetched once into the cache.
+bash "$(dirname "$0")/../dev/kube/gateway-crds.sh" --fetch || ok=0
 [ "$ok" = 1 ] || fail "see the messages above"
 say "ready in $((SECONDS - t_all)) s: $bin/etcd $bin/kube-apiserver"

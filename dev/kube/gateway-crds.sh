@@ -3,6 +3,7 @@
 # until each is Established (served).
 #
 #   dev/kube/gateway-crds.sh DIR [standard|experimental]     (default: standard)
+#   dev/kube/gateway-crds.sh --fetch                          (only fill the cache: .ci/kube.sh)
 #
 # The CRDs come from the Go module sigs.k8s.io/gateway-api at $VELOXY_GATEWAY_API_VERSION
 # (default v1.6.3, the newest that Go 1.26 accepts), fetched once through the Go module proxy and
@@ -20,11 +21,13 @@ die() {
   echo "gateway-crds.sh: $*" >&2
   exit 1
 }
-[ $# -ge 1 ] || die "usage: $0 DIR [standard|experimental]"
+[ $# -ge 1 ] || die "usage: $0 DIR [standard|experimental] | --fetch"
 DIR="$1"
+FETCH_ONLY=0
+[ "$DIR" = "--fetch" ] && FETCH_ONLY=1
 CHANNEL="${2:-standard}"
 case "$CHANNEL" in standard | experimental) ;; *) die "channel must be standard or experimental" ;; esac
-[ -f "$DIR/env" ] || die "$DIR/env not found: run dev/kube/start.sh $DIR first"
+[ "$FETCH_ONLY" = 1 ] || [ -f "$DIR/env" ] || die "$DIR/env not found: run dev/kube/start.sh $DIR first"
 VERSION="${VELOXY_GATEWAY_API_VERSION:-v1.6.3}"
 cache="${VELOXY_CACHE:-$HOME/.cache/veloxy}"
 dest="$cache/gateway-api-crds/$VERSION"
@@ -60,6 +63,8 @@ EOF
   ls "$dest/standard"/*.json >/dev/null 2>&1 || die "no CRD found in $src/config/crd/standard"
   touch "$dest/.complete"
 fi
+
+[ "$FETCH_ONLY" = 1 ] && exit 0
 
 # --- apply and wait ---------------------------------------------------------------------------
 python3 - "$DIR/env" "$dest/$CHANNEL" <<'EOF'

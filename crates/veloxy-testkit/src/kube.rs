@@ -89,6 +89,26 @@ pub fn in_netns(name: &str) -> bool {
     false
 }
 
+/// Whether the Gateway API CRDs are in the cache (`bash .ci/kube.sh` fetches them; a test
+/// in its network namespace cannot). Reports the test skipped when not.
+pub fn gateway_crds_cached() -> bool {
+    let version = std::env::var("VELOXY_GATEWAY_API_VERSION").unwrap_or("v1.6.3".into());
+    let bin = kube_bin("x");
+    let cache = bin.parent().and_then(Path::parent).unwrap();
+    let stamp = cache
+        .join("gateway-api-crds")
+        .join(version)
+        .join(".complete");
+    if !stamp.exists() {
+        crate::skip(&format!(
+            "no Gateway API CRDs at {} (run `bash .ci/kube.sh`)",
+            stamp.display()
+        ));
+        return false;
+    }
+    true
+}
+
 /// `ip ARGS...`, which must succeed.
 pub fn ip(args: &[&str]) {
     let ok = Command::new("ip")
@@ -148,6 +168,22 @@ impl Cluster {
         assert!(
             out.status.success(),
             "start.sh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Installs the Gateway API CRDs (standard channel, from the cache that
+    /// `dev/kube/gateway-crds.sh --fetch` fills; see [`gateway_crds_cached`]) and waits until
+    /// they are served.
+    pub fn gateway_crds(&self) {
+        let out = Command::new("bash")
+            .arg(repo().join("dev/kube/gateway-crds.sh"))
+            .arg(self.dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gateway-crds.sh: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use veloxy_testkit::kube::{in_netns, ip, Cluster};
+use veloxy_testkit::kube::{gateway_crds_cached, in_netns, ip, Cluster};
 use veloxy_testkit::*;
 
 /// The API server's address (and veloxy's).
@@ -533,6 +533,23 @@ fn check_bad_objects_and_endpoint_change(scene: &Scene, v: &Veloxy, web: SocketA
         let log = v.proc.log_text();
         log.contains("Ingress shop/bad") && log.contains("ingress=shop/broken")
     });
+    // Each is reported as a Warning Event on the Ingress: the refused regex, the Ingress
+    // left out.
+    let event = |name: &str, reason: &str| {
+        let path = format!("/apis/events.k8s.io/v1/namespaces/{NS}/events");
+        let (_, list) = scene.k.call("GET", &path, None);
+        list["items"].as_array().into_iter().flatten().any(|e| {
+            e["regarding"]["kind"] == "Ingress"
+                && e["regarding"]["name"] == name
+                && e["reason"] == reason
+                && e["type"] == "Warning"
+        })
+    };
+    within(
+        Duration::from_secs(10),
+        "Events for the bad Ingresses",
+        || event("bad", "Refused") && event("broken", "Invalid"),
+    );
     assert_eq!(
         hit(web, "broken.example", "/").0,
         404,
@@ -636,6 +653,15 @@ fn ingress_objects_become_routes_and_follow_changes() {
     let web = logged_addr(&v, "listener=web ");
     let websecure = logged_addr(&v, "listener=websecure");
     check_paths(web);
+    // This API server has no Gateway API CRDs: Ingresses are served, and the log says why
+    // Gateway objects are not watched.
+    assert!(
+        v.proc
+            .log_text()
+            .contains("serves no Gateway API CRDs: serving Ingresses only"),
+        "{}",
+        v.proc.log_text()
+    );
     check_rewrite_and_class(web);
     check_tls(&scene, web, websecure);
     check_basic_auth(web);
@@ -669,21 +695,24 @@ fn collection(kind: &str) -> &'static str {
         "Role" => "/apis/rbac.authorization.k8s.io/v1/namespaces/veloxy/roles",
         "RoleBinding" => "/apis/rbac.authorization.k8s.io/v1/namespaces/veloxy/rolebindings",
         "IngressClass" => "/apis/networking.k8s.io/v1/ingressclasses",
+        "GatewayClass" => "/apis/gateway.networking.k8s.io/v1/gatewayclasses",
         "Deployment" => "/apis/apps/v1/namespaces/veloxy/deployments",
         other => panic!("deploy/veloxy.yaml: no collection known for {other}"),
     }
 }
 
-/// `deploy/veloxy.yaml` is accepted by a real API server with strict field validation (a
-/// dry run, but for the Namespace the others go in), and its embedded config passes check.
+/// `deploy/veloxy.yaml` is accepted by a real API server with the Gateway API CRDs, with
+/// strict field validation (a dry run, but for the Namespace the others go in), and its
+/// embedded config passes check.
 #[test]
 fn the_deploy_manifests_are_accepted() {
-    if !in_netns("the_deploy_manifests_are_accepted") {
+    if !gateway_crds_cached() || !in_netns("the_deploy_manifests_are_accepted") {
         return;
     }
     ip(&["link", "set", "lo", "up"]);
     ip(&["addr", "add", "192.0.2.1/32", "dev", "lo"]);
     let cluster = Cluster::start("192.0.2.1");
+    cluster.gateway_crds();
     let text = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/veloxy.yaml"),
     )
@@ -704,7 +733,7 @@ fn the_deploy_manifests_are_accepted() {
         assert_eq!(code, 201, "{kind}: {answer}");
         kinds.push(kind.to_owned());
     }
-    assert_eq!(kinds.len(), 10, "{kinds:?}");
+    assert_eq!(kinds.len(), 11, "{kinds:?}");
     // The config the ConfigMap carries is a valid veloxy config.
     let config: String = text
         .split("veloxy.toml: |\n")

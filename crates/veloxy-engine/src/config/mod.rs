@@ -28,6 +28,13 @@ pub use error::ConfigError;
 use crate::router::Router;
 use crate::upstream::balancer::PolicyRegistry;
 
+/// Why `pattern` is not a valid `path_regex` (the syntax and limits a route's is checked
+/// with), or `None`: for providers that write routes from other objects (a Gateway API
+/// RegularExpression path match) and refuse one object rather than the whole config.
+pub fn path_regex_error(pattern: &str) -> Option<String> {
+    crate::rules::PathRegex::new(pattern).err()
+}
+
 /// Loads, validates and compiles a config file with the built-in policies.
 pub fn load_file(path: &Path) -> Result<Snapshot, ConfigError> {
     load_file_with(path, &PolicyRegistry::with_builtins())
@@ -115,7 +122,8 @@ pub struct KubernetesSpec {
     pub ingress_class: String,
     /// Also serve class `nginx` (ingress-nginx's annotations are honoured either way).
     pub ingress_nginx: bool,
-    /// The GatewayClass name (Gateway API is not implemented yet: accepted and warned about).
+    /// The GatewayClass served (its controllerName must be `veloxy.dev/gateway-controller`);
+    /// `None`: every GatewayClass with that controllerName.
     pub gateway_class: Option<String>,
     /// The listener Ingress rules are served on.
     pub http_listener: String,

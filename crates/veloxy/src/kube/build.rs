@@ -16,6 +16,8 @@ use veloxy_engine::upstream::balancer::PolicyRegistry;
 use veloxy_engine::Running;
 use veloxy_import::{Options, Outcome};
 
+use super::events::Problem;
+use super::gateway;
 use super::merge::{merge, render};
 use super::objects::{self, id, World};
 
@@ -57,6 +59,26 @@ pub struct Builder<'a> {
     reported: std::collections::BTreeSet<String>,
     /// Ingresses left out because they broke the config: `NS/NAME` and resourceVersion.
     left_out: std::collections::BTreeMap<String, String>,
+    /// The Gateway API objects of the config applied last, for their status.
+    pub gateway: gateway::Report,
+    /// What was skipped or refused in the config applied last, by object (for Events).
+    pub problems: Vec<Problem>,
+    /// Why each Ingress of `left_out` was left out.
+    left_out_why: std::collections::BTreeMap<String, String>,
+    /// Gateway API routes left out because they broke the config: the route's TOML text
+    /// and why (each is tried again only when its translation changes).
+    gateway_bad: std::collections::BTreeMap<String, String>,
+}
+
+/// Which Gateway API routes a merge takes.
+#[derive(Clone, Copy)]
+enum Gw<'k> {
+    /// None of them.
+    Off,
+    /// All but those of `gateway_bad`.
+    On,
+    /// Only this one (its groups and certificates too): to find the ones that break it.
+    Only(&'k str),
 }
 
 /// One translation: the merged config text, the fingerprint of it and its files.
@@ -64,6 +86,10 @@ struct Merged {
     text: String,
     fingerprint: u64,
     notes: Vec<String>,
+    problems: Vec<Problem>,
+    gateway: gateway::Report,
+    /// The TOML text of every Gateway API route translated (left out or not).
+    gateway_routes: Vec<String>,
 }
 
 impl<'a> Builder<'a> {
@@ -85,6 +111,10 @@ impl<'a> Builder<'a> {
             applied: None,
             reported: Default::default(),
             left_out: Default::default(),
+            gateway: Default::default(),
+            problems: Vec::new(),
+            left_out_why: Default::default(),
+            gateway_bad: Default::default(),
         }
     }
 
@@ -108,19 +138,40 @@ impl<'a> Builder<'a> {
         ours.sort_by_key(|i| id(&i.metadata));
         self.left_out
             .retain(|k, _| world.ingresses.iter().any(|i| id(&i.metadata) == *k));
-        let (merged, snapshot) = match self.merged(world, &ours).and_then(|m| self.compile(m)) {
+        let left_out = &self.left_out;
+        self.left_out_why.retain(|k, _| left_out.contains_key(k));
+        let all = self
+            .merged(world, &ours, Gw::On)
+            .and_then(|m| self.compile(m));
+        let (merged, snapshot) = match all {
             Ok(done) => done,
             Err(e) => {
-                tracing::warn!(error = %e, "kubernetes: the config with every Ingress is refused; finding the Ingresses that break it");
+                tracing::warn!(error = %e, "kubernetes: the config with every object is refused; finding the objects that break it");
                 ours = self.without_bad(world, ours);
-                self.merged(world, &ours).and_then(|m| self.compile(m))?
+                let again = self
+                    .merged(world, &ours, Gw::On)
+                    .and_then(|m| self.compile(m));
+                match again {
+                    Ok(done) => done,
+                    Err(_) => self.without_bad_routes(world, &ours)?,
+                }
             }
         };
+        let translated = &merged.gateway_routes;
+        self.gateway_bad.retain(|k, _| translated.contains(k));
         let notes: std::collections::BTreeSet<String> = merged.notes.iter().cloned().collect();
         for n in notes.difference(&self.reported) {
             tracing::warn!("kubernetes: {n}");
         }
         self.reported = notes;
+        self.gateway = merged.gateway;
+        self.problems = merged.problems;
+        for (ing, why) in &self.left_out_why {
+            let note = format!("left out: it cannot be served: {why}");
+            if let Some(p) = Problem::from_loc(&format!("Ingress {ing}"), "Invalid", note) {
+                self.problems.push(p);
+            }
+        }
         let Some(snapshot) = snapshot else {
             return Ok(ours);
         };
@@ -136,15 +187,50 @@ impl<'a> Builder<'a> {
         let mut good = Vec::new();
         for ing in ours {
             let alone = std::slice::from_ref(&ing);
-            match self.merged(world, alone).and_then(|m| self.check(&m.text)) {
+            match self
+                .merged(world, alone, Gw::Off)
+                .and_then(|m| self.check(&m.text))
+            {
                 Ok(()) => good.push(ing),
                 Err(e) => {
                     tracing::error!(ingress = %id(&ing.metadata), error = %e, "kubernetes: Ingress left out: it cannot be served");
                     self.left_out.insert(id(&ing.metadata), version(&ing));
+                    self.left_out_why.insert(id(&ing.metadata), e.to_string());
                 }
             }
         }
         good
+    }
+
+    /// The config without each Gateway API route that, alone with the file and `ours`, does
+    /// not compile (remembered in `gateway_bad`); without any Gateway API route when it still
+    /// does not compile (a certificate that does not load, say).
+    fn without_bad_routes(
+        &mut self,
+        world: &World,
+        ours: &[Arc<Ingress>],
+    ) -> Result<(Merged, Option<Snapshot>), BuildError> {
+        let all = self.merged(world, ours, Gw::On)?;
+        for key in &all.gateway_routes {
+            if self.gateway_bad.contains_key(key) {
+                continue;
+            }
+            let alone = self.merged(world, ours, Gw::Only(key));
+            if let Err(e) = alone.and_then(|m| self.check(&m.text)) {
+                self.gateway_bad.insert(key.clone(), e.to_string());
+            }
+        }
+        match self
+            .merged(world, ours, Gw::On)
+            .and_then(|m| self.compile(m))
+        {
+            Ok(done) => Ok(done),
+            Err(e) => {
+                tracing::error!(error = %e, "kubernetes: the Gateway API objects are left out: with them the config is refused");
+                self.merged(world, ours, Gw::Off)
+                    .and_then(|m| self.compile(m))
+            }
+        }
     }
 
     /// Compiles `m` unless it is what runs already (`None` then).
@@ -172,10 +258,17 @@ impl<'a> Builder<'a> {
         Ok(s)
     }
 
-    /// The file's config with `ours` translated into it, and the generated files written.
-    fn merged(&self, world: &World, ours: &[Arc<Ingress>]) -> Result<Merged, BuildError> {
+    /// The file's config with `ours` (and the Gateway API routes `gateways` says) translated
+    /// into it, and the generated files written.
+    fn merged(
+        &self,
+        world: &World,
+        ours: &[Arc<Ingress>],
+        gateways: Gw<'_>,
+    ) -> Result<Merged, BuildError> {
         let mut table = self.file.clone();
         let mut notes = Vec::new();
+        let mut problems = Vec::new();
         let mut hasher = DefaultHasher::new();
         if !ours.is_empty() {
             let docs = objects::documents(world, ours);
@@ -192,6 +285,8 @@ impl<'a> Builder<'a> {
                         "{}: {}: not served: {why}",
                         e.loc.file, e.directive
                     ));
+                    let note = format!("{}: not served: {why}", e.directive);
+                    problems.extend(Problem::from_loc(&e.loc.file, "Refused", note));
                 }
             }
             for f in &imported.config.files {
@@ -203,12 +298,49 @@ impl<'a> Builder<'a> {
             }
             notes.extend(merge(&mut table, &imported.config, &self.spec, &self.dir));
         }
+        let mut report = gateway::Report::default();
+        let mut gateway_routes = Vec::new();
+        if !matches!(gateways, Gw::Off) {
+            let mut t = gateway::translate(world, &self.spec, &self.file, &self.dir);
+            for (name, contents) in &t.files {
+                let path = self.dir.join(name);
+                write_private(&path, contents)
+                    .map_err(|source| BuildError::Write { path, source })?;
+                name.hash(&mut hasher);
+                contents.hash(&mut hasher);
+            }
+            let mut routes = Vec::new();
+            for (route, (kind, ns, name)) in t.routes.into_iter().zip(t.origins) {
+                let key = route.to_string();
+                let keep = match gateways {
+                    Gw::Only(only) => key == only,
+                    _ => !self.gateway_bad.contains_key(&key),
+                };
+                if let Some(why) = self.gateway_bad.get(&key) {
+                    let note = format!("a route of it is left out: {why}");
+                    notes.push(format!("{kind} {ns}/{name}: {note}"));
+                    t.problems
+                        .push(Problem::new(kind, Some(&ns), &name, "Invalid", note));
+                }
+                if keep {
+                    routes.push(route);
+                }
+                gateway_routes.push(key);
+            }
+            notes.extend(t.notes);
+            problems.extend(t.problems);
+            super::merge::add_gateway(&mut table, routes, t.upstreams, t.certs);
+            report = t.report;
+        }
         let text = render(&table);
         text.hash(&mut hasher);
         Ok(Merged {
             text,
             fingerprint: hasher.finish(),
             notes,
+            problems,
+            gateway: report,
+            gateway_routes,
         })
     }
 }

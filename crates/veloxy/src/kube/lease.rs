@@ -208,7 +208,7 @@ fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
 }
 
 /// This replica's name in the Lease: `$POD_NAME` (else the host name) and the process id.
-fn identity() -> String {
+pub(super) fn identity() -> String {
     let host = std::env::var("POD_NAME")
         .ok()
         .filter(|n| !n.is_empty())

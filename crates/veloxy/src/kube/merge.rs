@@ -154,6 +154,26 @@ fn add_named(
     left_out
 }
 
+/// Adds the Gateway API translation: its routes after the file's and the Ingresses', its
+/// groups, and its certificates to their listeners' `tls.certs`.
+pub fn add_gateway(
+    file: &mut Table,
+    routes: Vec<Value>,
+    upstreams: Table,
+    certs: Vec<(String, Value)>,
+) {
+    if !upstreams.is_empty() {
+        table(file, "upstreams").extend(upstreams);
+    }
+    if !routes.is_empty() {
+        array(file, "routes").extend(routes);
+    }
+    for (listener, cert) in certs {
+        let l = table(table(file, "listeners"), &listener);
+        array(table(l, "tls"), "certs").push(cert);
+    }
+}
+
 /// Prefixes the group, rule set and cache names a route refers to; a route whose group has
 /// no server answers 503.
 fn rename_refs(t: &mut Table, empty_groups: &[String]) {

@@ -9,9 +9,14 @@
 //! endpoints as its servers ([`objects`]), merges that into the config file ([`merge`]),
 //! compiles it and swaps it in through [`Running::reload`]; [`status`] then publishes the
 //! address in each served Ingress's status. SIGHUP and `POST /reload` re-read the file and
-//! rebuild through [`Provider::reload_file`]. Gateway API is not implemented yet.
+//! rebuild through [`Provider::reload_file`]. When the API server serves the Gateway API
+//! CRDs, GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes and ReferenceGrants are watched
+//! too and translated by [`gateway`] into the same config; their status is written by
+//! [`gateway::status`]. Objects skipped or refused are reported as Events ([`events`]).
 
 mod build;
+mod events;
+mod gateway;
 mod lease;
 mod merge;
 mod objects;
@@ -201,10 +206,13 @@ async fn run(
     mut reloads: mpsc::UnboundedReceiver<Reply>,
 ) {
     let changed = Arc::new(Notify::new());
-    let caches = watch::Caches::start(&client, &builder.spec.namespaces, &changed);
-    // With status to write, one replica writes it: the Lease's holder. Becoming the holder
-    // counts as a change (the status is written at once).
-    let elector = builder.spec.status.as_ref().map(|_| {
+    let gateway = gateway_served(&client).await;
+    let caches = watch::Caches::start(&client, &builder.spec.namespaces, gateway, &changed);
+    // With status to write (Ingress addresses, Gateway API conditions), one replica writes
+    // it: the Lease's holder. Becoming the holder counts as a change (the status is written
+    // at once).
+    let status = builder.spec.status.is_some() || gateway;
+    let elector = status.then(|| {
         let spec = &builder.spec;
         lease::Elector::new(
             &client,
@@ -249,6 +257,7 @@ async fn serve(
         &mut mpsc::UnboundedReceiver<Reply>,
     ),
 ) {
+    let mut recorder = events::Recorder::new(client, lease::identity());
     let grace = tokio::time::Instant::now() + LIST_GRACE;
     let mut grace_timer = std::pin::pin!(tokio::time::sleep_until(grace));
     loop {
@@ -257,12 +266,12 @@ async fn serve(
             () = changed.notified() => {
                 debounce(changed).await;
                 if caches.listed() || tokio::time::Instant::now() >= grace {
-                    rebuild(client, builder, caches, writer).await;
+                    rebuild(client, builder, caches, writer, &mut recorder).await;
                 }
             }
             () = &mut grace_timer, if !caches.listed() => {
                 tracing::warn!("kubernetes: some watches have not listed their objects yet; serving what is known");
-                rebuild(client, builder, caches, writer).await;
+                rebuild(client, builder, caches, writer, &mut recorder).await;
                 grace_timer.as_mut().reset(grace + Duration::from_secs(3600 * 24 * 365));
             }
             Some(reply) = reloads.recv() => {
@@ -273,6 +282,61 @@ async fn serve(
                 });
                 let _ = reply.send(result);
             }
+        }
+    }
+}
+
+/// Whether the API server serves the Gateway API v1 CRDs (GatewayClass, Gateway,
+/// HTTPRoute, GRPCRoute, ReferenceGrant). Without them only Ingresses are watched (installing
+/// them later takes a restart); an API server that does not answer is taken to serve them
+/// (their watches retry like the others).
+async fn gateway_served(client: &Client) -> bool {
+    const NEEDED: &[&str] = &[
+        "gatewayclasses",
+        "gateways",
+        "httproutes",
+        "grpcroutes",
+        "referencegrants",
+    ];
+    let gv = format!("{}/v1", gateway::types::GROUP);
+    match tokio::time::timeout(PROBE_TIMEOUT, client.list_api_group_resources(&gv)).await {
+        Ok(Ok(list)) => {
+            let missing: Vec<&str> = NEEDED
+                .iter()
+                .filter(|n| !list.resources.iter().any(|r| r.name == **n))
+                .copied()
+                .collect();
+            if missing.is_empty() {
+                return gateway_allowed(client).await;
+            }
+            tracing::info!(
+                ?missing,
+                "kubernetes: Gateway API CRDs missing: serving Ingresses only"
+            );
+            false
+        }
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
+            tracing::info!("kubernetes: the API server serves no Gateway API CRDs: serving Ingresses only (restart after installing them)");
+            false
+        }
+        _ => true,
+    }
+}
+
+/// Whether this identity may list GatewayClasses: when RBAC denies it (a deployment made
+/// before Gateway API support), Gateway API is left off with an error in the log, and
+/// Ingresses are served.
+async fn gateway_allowed(client: &Client) -> bool {
+    let api: kube::Api<gateway::types::GatewayClass> = kube::Api::all(client.clone());
+    let params = kube::api::ListParams::default().limit(1);
+    match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&params)).await {
+        Ok(Err(kube::Error::Api(e))) if e.code == 401 || e.code == 403 => {
+            tracing::error!(error = %e, "kubernetes: the API server denies listing GatewayClasses (check the RBAC rules of this identity): Gateway API is off, Ingresses are served");
+            false
+        }
+        _ => {
+            tracing::info!("kubernetes: Gateway API v1 served: watching its objects");
+            true
         }
     }
 }
@@ -291,13 +355,15 @@ async fn debounce(changed: &Notify) {
     }
 }
 
-/// Builds and applies the config from the caches, then writes the served Ingresses' status
-/// (when this replica is the writer: it holds the Lease).
+/// Builds and applies the config from the caches, then writes the served Ingresses' status,
+/// the Gateway API status and the Events about refused objects (when this replica is the
+/// writer: it holds the Lease, or there is no Lease).
 async fn rebuild(
     client: &Client,
     builder: &mut Builder<'_>,
     caches: &watch::Caches,
     writer: Option<&AtomicBool>,
+    recorder: &mut events::Recorder,
 ) {
     let world = caches.world();
     match builder.apply(&world) {
@@ -306,6 +372,17 @@ async fn rebuild(
             if let Some(s) = builder.spec.status.as_ref().filter(|_| writes) {
                 let want = status::desired(s, &world);
                 status::publish(client, &served, &world.ingresses, &want).await;
+            }
+            if writes {
+                let addresses = builder
+                    .spec
+                    .status
+                    .as_ref()
+                    .map(|s| status::desired(s, &world));
+                let addresses = addresses.unwrap_or_default();
+                gateway::status::publish(client, &builder.gateway, &addresses).await;
+                gateway::status::clear_stale(client, &builder.gateway, &world).await;
+                recorder.publish(&builder.problems).await;
             }
         }
         Err(e) => {

@@ -10,6 +10,8 @@ use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use serde::Serialize;
+
+use super::gateway::types::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use veloxy_engine::config::KubernetesSpec;
 use veloxy_import::tree::{self, Node};
 
@@ -30,6 +32,12 @@ pub struct World {
     pub services: Vec<Arc<Service>>,
     pub slices: Vec<Arc<EndpointSlice>>,
     pub secrets: Vec<Arc<Secret>>,
+    /// Gateway API objects (empty when the API server does not serve its CRDs).
+    pub gateway_classes: Vec<Arc<GatewayClass>>,
+    pub gateways: Vec<Arc<Gateway>>,
+    pub http_routes: Vec<Arc<HttpRoute>>,
+    pub grpc_routes: Vec<Arc<GrpcRoute>>,
+    pub grants: Vec<Arc<ReferenceGrant>>,
 }
 
 /// `NAMESPACE/NAME` of an object.
@@ -201,7 +209,7 @@ fn backends(ing: &Ingress) -> Vec<&k8s_openapi::api::networking::v1::IngressServ
 
 /// `ADDR:PORT` of each ready endpoint of the Service `ns/name` for `port`: the EndpointSlices
 /// labelled with the Service's name, their port of the same name (the resolved targetPort).
-fn ready_addresses(world: &World, ns: &str, name: &str, port: &ServicePort) -> Vec<String> {
+pub fn ready_addresses(world: &World, ns: &str, name: &str, port: &ServicePort) -> Vec<String> {
     let want = port.name.as_deref().unwrap_or("");
     let mut out = Vec::new();
     for slice in &world.slices {

@@ -19,6 +19,7 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
+use super::gateway::types::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use super::objects::World;
 
 /// The caches of every watched kind.
@@ -29,20 +30,36 @@ pub struct Caches {
     services: Vec<Store<Service>>,
     slices: Vec<Store<EndpointSlice>>,
     secrets: Vec<Store<Secret>>,
+    gateway_classes: Vec<Store<GatewayClass>>,
+    gateways: Vec<Store<Gateway>>,
+    http_routes: Vec<Store<HttpRoute>>,
+    grpc_routes: Vec<Store<GrpcRoute>>,
+    grants: Vec<Store<ReferenceGrant>>,
     /// One flag per watch: its first list is complete.
     listed: Vec<Arc<AtomicBool>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Caches {
-    /// Starts the watches (on the current tokio runtime) in `namespaces` (empty: all).
-    pub fn start(client: &Client, namespaces: &[String], changed: &Arc<Notify>) -> Caches {
+    /// Starts the watches (on the current tokio runtime) in `namespaces` (empty: all); with
+    /// `gateway`, those of the Gateway API too.
+    pub fn start(
+        client: &Client,
+        namespaces: &[String],
+        gateway: bool,
+        changed: &Arc<Notify>,
+    ) -> Caches {
         let mut c = Caches {
             ingresses: Vec::new(),
             classes: Vec::new(),
             services: Vec::new(),
             slices: Vec::new(),
             secrets: Vec::new(),
+            gateway_classes: Vec::new(),
+            gateways: Vec::new(),
+            http_routes: Vec::new(),
+            grpc_routes: Vec::new(),
+            grants: Vec::new(),
             listed: Vec::new(),
             tasks: Vec::new(),
         };
@@ -68,6 +85,25 @@ impl Caches {
             c.secrets.push(store);
             let store = c.watch(api(client, ns), opaque.clone(), "Secret", changed);
             c.secrets.push(store);
+            if gateway {
+                let store = c.watch(api(client, ns), all.clone(), "Gateway", changed);
+                c.gateways.push(store);
+                let store = c.watch(api(client, ns), all.clone(), "HTTPRoute", changed);
+                c.http_routes.push(store);
+                let store = c.watch(api(client, ns), all.clone(), "GRPCRoute", changed);
+                c.grpc_routes.push(store);
+                let store = c.watch(api(client, ns), all.clone(), "ReferenceGrant", changed);
+                c.grants.push(store);
+            }
+        }
+        if gateway {
+            let store = c.watch(
+                Api::all(client.clone()),
+                all.clone(),
+                "GatewayClass",
+                changed,
+            );
+            c.gateway_classes.push(store);
         }
         let store = c.watch(Api::all(client.clone()), all, "IngressClass", changed);
         c.classes.push(store);
@@ -89,6 +125,11 @@ impl Caches {
             services: sorted(&self.services),
             slices: sorted(&self.slices),
             secrets: sorted(&self.secrets),
+            gateway_classes: sorted(&self.gateway_classes),
+            gateways: sorted(&self.gateways),
+            http_routes: sorted(&self.http_routes),
+            grpc_routes: sorted(&self.grpc_routes),
+            grants: sorted(&self.grants),
         }
     }
 

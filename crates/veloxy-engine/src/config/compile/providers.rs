@@ -8,7 +8,7 @@ use crate::config::file::{FileConfig, KubernetesSection};
 use crate::config::{KubernetesSpec, ListenerSpec, StatusAddress};
 
 /// The Kubernetes provider's settings, if the file has `[providers.kubernetes]`, and the
-/// warnings about them (`gateway_class`: Gateway API is not implemented yet).
+/// warnings about them (none at present).
 pub(super) fn compile_providers(
     src: &Source,
     file: &FileConfig,
@@ -99,19 +99,7 @@ pub(super) fn compile_providers(
             }
         },
     };
-    let warnings = k
-        .gateway_class
-        .iter()
-        .map(|c| {
-            src.warning(
-                c.span(),
-                &format!("{KEY}.gateway_class"),
-                "Gateway API (GatewayClass, Gateway, HTTPRoute) is not implemented yet: only \
-                 Ingress objects are served",
-            )
-        })
-        .collect();
-    Ok((Some(spec), warnings))
+    Ok((Some(spec), Vec::new()))
 }
 
 /// `namespaces`: valid names, each once; empty or absent: all namespaces.
@@ -292,14 +280,12 @@ mod tests {
     }
 
     #[test]
-    fn gateway_class_is_accepted_with_a_warning() {
+    fn gateway_class_is_accepted() {
         let s = compile("http_listener = \"web\"\ngateway_class = \"veloxy\"\n").unwrap();
         let k = s.settings.kubernetes.unwrap();
         assert_eq!(k.gateway_class.as_deref(), Some("veloxy"));
         assert!(
-            s.warnings.iter().any(|w| w.contains("gateway_class")
-                && w.contains("Gateway API")
-                && w.contains("not implemented")),
+            !s.warnings.iter().any(|w| w.contains("gateway_class")),
             "{:?}",
             s.warnings
         );

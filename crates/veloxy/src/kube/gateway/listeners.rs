@@ -1,0 +1,209 @@
+//! Gateway listeners: the veloxy listener each is served on, the route kinds it takes, its
+//! HTTPS certificates (TLS Secrets, another namespace's with a ReferenceGrant).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use toml::{Table, Value};
+use veloxy_engine::config::KubernetesSpec;
+
+use super::types::{Gateway, Listener, GROUP};
+use super::{backends, ListenerReport, Translation, KINDS};
+use crate::kube::events::Problem;
+use crate::kube::objects::{id, World};
+
+/// A Gateway listener's report: the veloxy listener serving it, its certificates.
+pub(super) fn listener(
+    world: &World,
+    spec: &KubernetesSpec,
+    file: &Table,
+    gw: &Gateway,
+    l: &Listener,
+    t: &mut Translation,
+) -> ListenerReport {
+    let mut r = ListenerReport {
+        name: l.name.clone(),
+        kinds: Vec::new(),
+        attached: 0,
+        accepted: Ok(()),
+        resolved: Ok(()),
+        veloxy: None,
+        spec: l.clone(),
+        hosts: BTreeSet::new(),
+        certs: Vec::new(),
+    };
+    let https = match l.protocol.as_str() {
+        "HTTP" => false,
+        "HTTPS" => true,
+        other => {
+            r.accepted = Err((
+                "UnsupportedProtocol",
+                format!("protocol {other} is not served (HTTP and HTTPS are)"),
+            ));
+            return r;
+        }
+    };
+    let allowed = l
+        .allowed_routes
+        .as_ref()
+        .map(|a| &a.kinds[..])
+        .unwrap_or(&[]);
+    for k in allowed {
+        let group_ok = k.group.as_deref().unwrap_or(GROUP) == GROUP;
+        match KINDS.iter().find(|s| **s == k.kind) {
+            Some(s) if group_ok => r.kinds.push(s),
+            _ => {
+                r.resolved = Err((
+                    "InvalidRouteKinds",
+                    format!("route kind {} is not supported", k.kind),
+                ))
+            }
+        }
+    }
+    if allowed.is_empty() {
+        r.kinds = KINDS.to_vec();
+    }
+    r.veloxy = served_on(file, spec, l.port, https);
+    if r.veloxy.is_none() {
+        r.accepted = Err((
+            "PortUnavailable",
+            "no veloxy listener for HTTPS: set https_listener in [providers.kubernetes]".into(),
+        ));
+        return r;
+    }
+    if https {
+        tls(world, gw, l, &mut r, t);
+    }
+    r
+}
+
+/// A Gateway listener's refusal, for an Event.
+pub(super) fn problem(
+    gw: &Gateway,
+    l: &Listener,
+    (reason, msg): &(&'static str, String),
+) -> Problem {
+    let m = &gw.metadata;
+    let note = format!("listener {}: {msg}", l.name);
+    let name = m.name.as_deref().unwrap_or_default();
+    Problem::new("Gateway", m.namespace.as_deref(), name, reason, note)
+}
+
+/// The file's listener for a Gateway listener on `port`: one with that port and TLS when
+/// `https`, else `http_listener` / `https_listener`.
+fn served_on(file: &Table, spec: &KubernetesSpec, port: i32, https: bool) -> Option<String> {
+    let listeners = file.get("listeners").and_then(Value::as_table);
+    for (name, l) in listeners.into_iter().flatten() {
+        let Some(l) = l.as_table() else { continue };
+        let lport = l
+            .get("addr")
+            .and_then(Value::as_str)
+            .and_then(|a| a.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse::<i32>().ok());
+        if lport == Some(port) && l.contains_key("tls") == https {
+            return Some(name.clone());
+        }
+    }
+    if https {
+        spec.https_listener.clone()
+    } else {
+        Some(spec.http_listener.clone())
+    }
+}
+
+/// An HTTPS listener's certificateRefs: TLS Secrets (another namespace's with a
+/// ReferenceGrant), written as PEM files.
+fn tls(world: &World, gw: &Gateway, l: &Listener, r: &mut ListenerReport, t: &mut Translation) {
+    let ns = gw.metadata.namespace.as_deref().unwrap_or("default");
+    let Some(cfg) = l.tls.as_ref() else {
+        r.resolved = Err((
+            "InvalidCertificateRef",
+            "an HTTPS listener needs tls".into(),
+        ));
+        return;
+    };
+    if cfg.mode.as_deref().unwrap_or("Terminate") != "Terminate" {
+        r.accepted = Err((
+            "UnsupportedProtocol",
+            "TLS mode Passthrough is not served".into(),
+        ));
+        return;
+    }
+    for c in &cfg.certificate_refs {
+        let group = c.group.as_deref().unwrap_or("");
+        let kind = c.kind.as_deref().unwrap_or("Secret");
+        let sns = c.namespace.as_deref().unwrap_or(ns);
+        if !group.is_empty() || kind != "Secret" {
+            r.resolved = Err((
+                "InvalidCertificateRef",
+                format!("{kind} {}: only Secrets", c.name),
+            ));
+            continue;
+        }
+        if sns != ns && !backends::granted(&world.grants, "Gateway", ns, "Secret", sns, &c.name) {
+            r.resolved = Err((
+                "RefNotPermitted",
+                format!(
+                    "Secret {sns}/{}: no ReferenceGrant in {sns} allows it",
+                    c.name
+                ),
+            ));
+            continue;
+        }
+        let secret = world.secrets.iter().find(|s| {
+            s.metadata.namespace.as_deref() == Some(sns)
+                && s.metadata.name.as_deref() == Some(c.name.as_str())
+        });
+        let pem = |k: &str| {
+            let d = secret?.data.as_ref()?.get(k)?;
+            String::from_utf8(d.0.clone()).ok()
+        };
+        let (Some(cert), Some(key)) = (pem("tls.crt"), pem("tls.key")) else {
+            r.resolved = Err((
+                "InvalidCertificateRef",
+                format!(
+                    "Secret {sns}/{} not found or without tls.crt and tls.key",
+                    c.name
+                ),
+            ));
+            continue;
+        };
+        let base = format!("gw-{sns}-{}", c.name);
+        t.files.push((format!("{base}.crt"), cert));
+        t.files.push((format!("{base}.key"), key));
+        r.certs.push((format!("{base}.crt"), format!("{base}.key")));
+    }
+    if let Err((_, m)) = &r.resolved {
+        t.notes.push(format!(
+            "Gateway {} listener {}: {m}",
+            id(&gw.metadata),
+            l.name
+        ));
+    }
+}
+
+/// The certificates of the served HTTPS listeners, for the SNI names of the listener's
+/// hostname or, without one, of the routes attached to it.
+pub(super) fn certs(t: &mut Translation, dir: &Path) {
+    let mut out = Vec::new();
+    for g in &t.report.gateways {
+        for l in &g.listeners {
+            let Some(on) = &l.veloxy else { continue };
+            let hosts: Vec<Value> = match &l.spec.hostname {
+                Some(h) => vec![h.as_str().into()],
+                None => l.hosts.iter().map(|h| Value::from(h.as_str())).collect(),
+            };
+            if hosts.is_empty() {
+                continue;
+            }
+            for (cert, key) in &l.certs {
+                let mut e = Table::new();
+                e.insert("hosts".into(), Value::Array(hosts.clone()));
+                e.insert("cert".into(), dir.join(cert).display().to_string().into());
+                e.insert("key".into(), dir.join(key).display().to_string().into());
+                out.push((on.clone(), Value::Table(e)));
+            }
+        }
+    }
+    t.certs = out;
+}
