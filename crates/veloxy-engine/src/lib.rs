@@ -7,7 +7,7 @@
 //! this order (top to bottom): entry (`server`, `admin`) -> downstream codecs
 //! (`downstream`) -> the exchange driver (`exchange`) -> state and config (`worker`, `park`,
 //! `runtime`, `config`) -> the exchange's steps (`router`, `rules`, `hooks`, `auth`, `cors`,
-//! `search`, `cache`, `static_files`, `access_log`, `metrics`, `acme`, `message`) ->
+//! `search`, `cache`, `static_files`, `access_log`, `metrics`, `otel`, `acme`, `message`) ->
 //! upstream clients, TLS and listener sockets (`upstream`, `tls`, `listener`) -> primitives
 //! (`limits`, `fleet`, `http1`, `error`, `late`, `clock`, `deadline`, `background`,
 //! `template`, `accept`, `compress`, `access`, `heap`). `python3 dev/modgraph.py` prints the module graph,
@@ -125,6 +125,7 @@ pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod message;
 pub(crate) mod metrics;
+pub(crate) mod otel;
 pub(crate) mod park;
 pub(crate) mod router;
 pub(crate) mod rules;

@@ -336,6 +336,17 @@ pub struct RouteRules {
     pub(crate) fastcgi: Option<std::sync::Arc<crate::fastcgi::FastcgiRoute>>,
     /// `grpc_web`: gRPC-Web requests are translated to gRPC and back.
     pub grpc_web: Option<GrpcWeb>,
+    /// `tracing`: the route's own sampling (`None`: the server's).
+    pub tracing: Option<RouteTracing>,
+}
+
+/// A route's `tracing` key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RouteTracing {
+    /// `tracing = false`: no spans, no trace context sent upstream.
+    Off,
+    /// `tracing = { sample_ratio = R }`.
+    Ratio(f64),
 }
 
 /// A route's `grpc_web`, compiled. The translation is the exchange's (`exchange::grpc_web`);

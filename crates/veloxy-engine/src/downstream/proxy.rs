@@ -96,7 +96,7 @@ pub(crate) async fn relay(
     // sender then holds neither (`request_buffering = "auto"`).
     let outcome = match buffer_request_body(group, down, &mut p, &mut req_body, &mut wbuf).await {
         Err(f) => Err(f),
-        Ok(()) => match exchange::hold_slot(&p.target.concurrency, &mut p.slot).await {
+        Ok(()) => match held(&p.target.concurrency, &mut p.slot, &record).await {
             Err(e) => Err(Fail::BeforeResponse(e)),
             Ok(()) => {
                 let plan = Plan {
@@ -106,6 +106,7 @@ pub(crate) async fn relay(
                     client: down.peer,
                     hash: p.target.hash,
                     replayable: p.idempotent && req_body.is_done(),
+                    trace: record.trace.clone(),
                 };
                 let mut run = Run {
                     worker,
@@ -161,6 +162,20 @@ pub(crate) async fn relay(
     worker.give_vec(obuf);
     worker.give_bytes(ubuf);
     keep
+}
+
+/// The route's concurrency slot, its wait traced for a sampled exchange.
+async fn held(
+    limit: &Option<std::sync::Arc<crate::limits::ConcurrencyLimit>>,
+    slot: &mut exchange::Slot,
+    record: &Record,
+) -> Result<(), crate::error::ProxyError> {
+    let span = exchange::trace::queue(record.trace.as_ref(), limit, slot);
+    let held = exchange::hold_slot(limit, slot).await;
+    if let (Some(t), Some(span)) = (&record.trace, span) {
+        exchange::trace::queued(t, span, &held);
+    }
+    held
 }
 
 /// How an error answer went.

@@ -50,6 +50,9 @@ pub(crate) fn admit(
     };
     check_client(route, head, &client)?;
     enter_route(worker, snapshot, peer, head, &listener.name, route, record)?;
+    if snapshot.settings.tracing.is_some() {
+        super::trace::admit(snapshot, route, head, peer, client.ip, record);
+    }
     let id_field = snapshot.settings.request_id.as_deref();
     let id = id_field.map(|f| edit::request_id(head.fields.get(&f.to_ascii_lowercase())));
     let vars = answer::RequestVars {
@@ -81,6 +84,7 @@ pub(crate) fn admit(
         client: &client,
         id_field,
         has_id: id.is_some(),
+        trace: record.trace.clone(),
     };
     let target = ctx.target(proxied, record);
     record.request_id = id;
@@ -201,6 +205,8 @@ struct Proxying<'a> {
     id_field: Option<&'a str>,
     /// `[server] request_id` is on: the request has an ID.
     has_id: bool,
+    /// The exchange is sampled: the upstream request carries its trace context.
+    trace: Option<std::sync::Arc<crate::otel::Trace>>,
 }
 
 /// The search gateway's step: `Err` with the answer to a denied API; a job for a bulk or a
@@ -212,7 +218,7 @@ type SearchStep<'a> = Option<(
 )>;
 
 /// The cache step's outcome.
-enum CacheStep {
+pub(super) enum CacheStep {
     /// Not cached (or bypassed): forward.
     Pass,
     /// A fresh hit (or a purge's answer): serve it now.
@@ -247,7 +253,11 @@ impl Proxying<'_> {
                     .choose(|_| true)
             })
             .flatten();
-        let (hit, fill) = match self.cache(encoding, record) {
+        let step = self.cache(encoding, record);
+        if let Some(t) = &record.trace {
+            super::trace::cache_status(t, &step);
+        }
+        let (hit, fill) = match step {
             CacheStep::Pass => (None, None),
             CacheStep::Hit(r) => return Ok(Admitted::Cached(r)),
             CacheStep::Held(r) => (Some(r), None),
@@ -387,9 +397,15 @@ impl Proxying<'_> {
     ) -> ProxyTarget {
         let (route, head, peer) = (self.route, self.head, self.peer);
         let rules = route.rules.as_ref();
-        let upstream_edit =
-            (rules.is_some_and(|r| r.request.is_some() || r.forward_auth.is_some()) || self.has_id)
-                .then(|| upstream_edit(route, self.id_field, self.vars));
+        let trace = self.trace.as_deref();
+        let mut upstream_edit = (rules
+            .is_some_and(|r| r.request.is_some() || r.forward_auth.is_some())
+            || self.has_id
+            || trace.is_some())
+        .then(|| upstream_edit(route, self.id_field, self.vars));
+        if let (Some(t), Some(e)) = (trace, upstream_edit.as_mut()) {
+            e.trace(t);
+        }
         ProxyTarget {
             upstream,
             backend,

@@ -83,7 +83,12 @@ pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, m
         return c.ready().await;
     };
     if let Some(auth) = t.forward_auth.take() {
-        match Box::pin(auth.run(worker, gen)).await {
+        let span = c.record().trace.as_ref().map(|t| t.phase("forward_auth"));
+        let outcome = Box::pin(auth.run(worker, gen)).await;
+        if let (Some(t), Some(span)) = (&c.record().trace, span) {
+            super::trace::forward_auth(t, span, &outcome);
+        }
+        match outcome {
             Ok(Outcome::Pass(lines)) => {
                 c.target().expect("proxied").authorized(&lines);
                 c.add_upstream_lines(&lines);

@@ -82,6 +82,7 @@ async fn fetch(
         client: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
         hash: t.hash,
         replayable: true,
+        trace: None,
     };
     let mut last = None;
     attempt::run(&plan, t.backend, &mut last, async |backend, may_retry| {

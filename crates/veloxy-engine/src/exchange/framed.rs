@@ -335,7 +335,13 @@ pub(crate) async fn start_attempts<'a, C: FramedClient>(
     replayable: bool,
 ) -> Result<super::attempt::Plan<'a>, ProxyError> {
     let f = fin.as_deref_mut().expect("present until success");
-    super::hold_slot(&t.concurrency, f.slot()).await?;
+    let trace = f.record().trace.clone();
+    let span = super::trace::queue(trace.as_ref(), &t.concurrency, f.slot());
+    let held = super::hold_slot(&t.concurrency, f.slot()).await;
+    if let (Some(tr), Some(span)) = (&trace, span) {
+        super::trace::queued(tr, span, &held);
+    }
+    held?;
     Ok(super::attempt::Plan {
         worker: c.worker(),
         gen,
@@ -343,6 +349,7 @@ pub(crate) async fn start_attempts<'a, C: FramedClient>(
         client: c.peer(),
         hash: t.hash,
         replayable,
+        trace,
     })
 }
 

@@ -31,6 +31,7 @@ pub(crate) mod h1_head;
 pub(crate) mod h2;
 pub(crate) mod h2_head;
 pub(crate) mod record;
+pub(crate) mod trace;
 
 use std::cell::Cell;
 use std::net::SocketAddr;

@@ -196,6 +196,7 @@ pub(super) fn compile_rules(
         cache: None,
         fastcgi: None,
         grpc_web: None,
+        tracing: None,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }

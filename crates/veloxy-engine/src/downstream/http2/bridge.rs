@@ -87,7 +87,12 @@ async fn exchange(
     if p.target.grpc_web.is_some_and(|w| w.text) {
         body = crate::exchange::grpc_web::decode_all(&body)?;
     }
-    exchange::hold_slot(&p.target.concurrency, &mut p.slot).await?;
+    let span = exchange::trace::queue(record.trace.as_ref(), &p.target.concurrency, &p.slot);
+    let held = exchange::hold_slot(&p.target.concurrency, &mut p.slot).await;
+    if let (Some(t), Some(span)) = (&record.trace, span) {
+        exchange::trace::queued(t, span, &held);
+    }
+    held?;
     let head = p.h2_head.as_deref().ok_or_else(|| {
         ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"))
     })?;
@@ -98,6 +103,7 @@ async fn exchange(
         client: down.peer,
         hash: p.target.hash,
         replayable: p.idempotent,
+        trace: record.trace.clone(),
     };
     let upstream = p.target.upstream;
     let resp = attempt::run(&plan, p.target.backend, last, async |backend, may_retry| {
