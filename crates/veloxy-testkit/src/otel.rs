@@ -67,6 +67,19 @@ impl Collector {
             ));
             return None;
         }
+        // A port picked here may be taken by another test before the collector binds it:
+        // then the collector exits, and a new pair of ports is tried.
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Collector::spawn(&bin) {
+                Ok(c) => return Some(c),
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("otelcol did not start: {failures:#?}");
+    }
+
+    fn spawn(bin: &std::path::Path) -> Result<Collector, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("spans.jsonl");
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -81,7 +94,7 @@ impl Collector {
         let config_path = dir.path().join("otelcol.yaml");
         std::fs::write(&config_path, config).unwrap();
         let log = std::fs::File::create(dir.path().join("otelcol.log")).unwrap();
-        let child = Command::new(&bin)
+        let child = Command::new(bin)
             .arg("--config")
             .arg(format!("file:{}", config_path.display()))
             .stdout(Stdio::null())
@@ -99,16 +112,17 @@ impl Collector {
         let up = |a: &SocketAddr| TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok();
         while !(up(&c.http) && up(&c.grpc)) {
             if let Ok(Some(status)) = c.child.try_wait() {
-                panic!("otelcol exited ({status}): {}", c.log());
+                return Err(format!("otelcol exited ({status}): {}", c.log()));
             }
-            assert!(
-                Instant::now() < deadline,
-                "otelcol did not listen on {http} and {grpc}: {}",
-                c.log()
-            );
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "otelcol did not listen on {http} and {grpc}: {}",
+                    c.log()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(c)
+        Ok(c)
     }
 
     /// The collector's own log (stderr).

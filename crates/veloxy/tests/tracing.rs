@@ -267,6 +267,18 @@ fn retries_are_marked_and_a_dead_upstream_is_an_error() {
         failed[0].parent_span_id, retry.parent_span_id,
         "both attempts are the exchange's children"
     );
+    // The retry's request names the retry's own attempt span.
+    let seen: Vec<(String, String, String)> = up
+        .requests()
+        .iter()
+        .filter_map(|r| r.header("traceparent").map(traceparent))
+        .filter(|(t, _, _)| *t == retry.trace_id)
+        .collect();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen[0].1, retry.span_id,
+        "the retry's traceparent names its attempt"
+    );
     let down = one(&spans, "the 502", |s| {
         s.kind == 2 && s.attr("http.response.status_code") == Some("502")
     });

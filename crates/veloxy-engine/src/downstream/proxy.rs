@@ -115,7 +115,7 @@ pub(crate) async fn relay(
                     p: &p,
                     record: &mut record,
                     req_body: &mut req_body,
-                    wbuf: &wbuf,
+                    wbuf: &mut wbuf,
                     ubuf: &mut ubuf,
                     obuf: &mut obuf,
                 };
@@ -394,7 +394,7 @@ struct Run<'a> {
     p: &'a Prepared,
     record: &'a mut Record,
     req_body: &'a mut BodyState,
-    wbuf: &'a [u8],
+    wbuf: &'a mut Vec<u8>,
     ubuf: &'a mut BytesMut,
     obuf: &'a mut Vec<u8>,
 }
@@ -409,6 +409,9 @@ impl Run<'_> {
         may_retry_status: bool,
     ) -> Result<ResponseMeta, AttemptFail> {
         let (group, p) = (self.group, self.p);
+        if let Some(t) = &self.record.trace {
+            t.patch_head(self.wbuf);
+        }
         let replayable = p.idempotent && self.req_body.is_done();
         let t0 = Instant::now();
         let req_body = &mut *self.req_body;
@@ -430,7 +433,7 @@ impl Run<'_> {
         let (conn, head) = h1::attempt(
             (self.worker, self.gen),
             p.target.to(backend),
-            self.wbuf,
+            &*self.wbuf,
             self.ubuf,
             body,
             &mut reader,

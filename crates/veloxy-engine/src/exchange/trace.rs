@@ -80,6 +80,16 @@ fn split_host(host: &str, default_port: u16) -> (&str, u16) {
     }
 }
 
+/// Names the current attempt in an HTTP/2 request's `traceparent` (a retry's request).
+#[cold]
+pub(crate) fn set_traceparent(t: &Trace, headers: &mut http::HeaderMap) {
+    if headers.contains_key("traceparent") {
+        if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
+            headers.insert("traceparent", v);
+        }
+    }
+}
+
 /// How an upstream attempt ended, for its span.
 pub(crate) enum AttemptEnd<'a> {
     /// A response with this status.

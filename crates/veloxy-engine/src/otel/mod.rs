@@ -67,9 +67,11 @@ pub(crate) struct Trace {
     /// The wall clock at `start`, to turn the exchange's `Instant`s into times.
     wall: SystemTime,
     start: Instant,
-    /// The span id the next upstream attempt takes (the first one is written in the
-    /// upstream request's `traceparent` at admission).
-    next_attempt: AtomicU64,
+    /// The span id of the current upstream attempt; before the first, the id the first
+    /// takes (written in the upstream request's `traceparent` at admission).
+    attempt: AtomicU64,
+    /// Attempts started so far.
+    attempts: AtomicU64,
     /// Finished child spans and the server span's attributes.
     spans: Mutex<Vec<SpanData>>,
     attributes: Mutex<Vec<KeyValue>>,
@@ -123,7 +125,8 @@ pub(crate) fn start(
         state,
         wall: SystemTime::now() - started.elapsed(),
         start: started,
-        next_attempt: AtomicU64::new(u64::from_be_bytes(new_span_id().to_bytes())),
+        attempt: AtomicU64::new(u64::from_be_bytes(new_span_id().to_bytes())),
+        attempts: AtomicU64::new(0),
         spans: Mutex::new(Vec::new()),
         attributes: Mutex::new(Vec::new()),
         exporter: exporter.clone(),
@@ -195,15 +198,34 @@ impl Trace {
     /// request, naming the first attempt's span as the parent.
     pub(crate) fn upstream_lines(&self, out: &mut Vec<u8>) {
         use std::io::Write as _;
-        let attempt = self.next_attempt.load(Ordering::Relaxed);
-        let _ = write!(
-            out,
-            "traceparent: 00-{}-{attempt:016x}-01\r\n",
-            self.trace_id
-        );
+        let _ = write!(out, "traceparent: {}\r\n", self.traceparent());
         let state = self.state.header();
         if !state.is_empty() {
             let _ = write!(out, "tracestate: {state}\r\n");
+        }
+    }
+
+    /// The `traceparent` value naming the current upstream attempt's span.
+    pub(crate) fn traceparent(&self) -> String {
+        let attempt = self.attempt.load(Ordering::Relaxed);
+        format!("00-{}-{attempt:016x}-01", self.trace_id)
+    }
+
+    /// Rewrites the `traceparent` line of an HTTP/1.1 request head in `buf` (written by
+    /// [`Self::upstream_lines`]; the body may follow the head) to name the current attempt:
+    /// a retry sends the same head bytes under its own span. The id's width is fixed, so
+    /// the bytes are overwritten in place.
+    pub(crate) fn patch_head(&self, buf: &mut [u8]) {
+        const NAME: &[u8] = b"\r\ntraceparent: 00-";
+        let head_end = memchr::memmem::find(buf, b"\r\n\r\n").unwrap_or(buf.len());
+        let Some(at) = memchr::memmem::find(&buf[..head_end], NAME) else {
+            return;
+        };
+        // 32 hex digits of the trace id and a dash, then the 16 of the parent span id.
+        let from = at + NAME.len() + 33;
+        if let Some(span) = buf.get_mut(from..from + 16) {
+            let id = format!("{:016x}", self.attempt.load(Ordering::Relaxed));
+            span.copy_from_slice(id.as_bytes());
         }
     }
 
@@ -222,13 +244,19 @@ impl Trace {
         }
     }
 
-    /// Starts an upstream attempt's span (a client span): the first takes the id the
-    /// upstream request's `traceparent` names.
+    /// Starts an upstream attempt's span (a client span) and makes it the current attempt:
+    /// the first takes the id the upstream request's `traceparent` names at admission, a
+    /// retry a new one (its request's `traceparent` is rewritten: [`Self::patch_head`],
+    /// [`Self::traceparent`]).
     pub(crate) fn attempt(&self) -> Phase {
-        let id = self.next_attempt.swap(
-            u64::from_be_bytes(new_span_id().to_bytes()),
-            Ordering::Relaxed,
-        );
+        let id = match self.attempts.fetch_add(1, Ordering::Relaxed) {
+            0 => self.attempt.load(Ordering::Relaxed),
+            _ => {
+                let id = u64::from_be_bytes(new_span_id().to_bytes());
+                self.attempt.store(id, Ordering::Relaxed);
+                id
+            }
+        };
         Phase {
             id: SpanId::from_bytes(id.to_be_bytes()),
             name: "upstream attempt",

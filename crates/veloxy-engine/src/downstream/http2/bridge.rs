@@ -107,7 +107,13 @@ async fn exchange(
     };
     let upstream = p.target.upstream;
     let resp = attempt::run(&plan, p.target.backend, last, async |backend, may_retry| {
-        let make = || head.request(group, backend, body.clone());
+        let make = || {
+            let mut r = head.request(group, backend, body.clone())?;
+            if let Some(t) = &plan.trace {
+                exchange::trace::set_traceparent(t, r.headers_mut());
+            }
+            Ok(r)
+        };
         crate::exchange::h2::attempt_on(worker, gen, (upstream, backend), may_retry, make).await
     })
     .await?;
