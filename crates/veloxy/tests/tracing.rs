@@ -416,3 +416,177 @@ fn otlp_grpc_endpoint_exports_too() {
         s.kind == 2 && s.attr("url.path") == Some("/api/grpc")
     });
 }
+
+#[test]
+fn http3_exchanges_and_veloxy_own_answers_have_spans() {
+    let Some(col) = Collector::start() else {
+        return;
+    };
+    let up = origin();
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("localhost", &["localhost"], KeyKind::Ecdsa);
+    let log = certs.path().join("access.log");
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[server.access_log]\npath = {:?}\n\
+         [server.tracing]\notlp_endpoint = \"{}\"\nsample_ratio = 1.0\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nhttp3 = true\n\
+         [listeners.web.tls]\ncert = {:?}\nkey = {:?}\n\
+         [[routes]]\npath = \"/fixed\"\nrespond = {{ status = 204 }}\n\
+         [[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{}\"]\n",
+        log.to_str().unwrap(),
+        col.endpoint(),
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+        up.addr
+    ));
+    let web = logged_addr(&v, "listening listener=web addr=");
+    let ca = pki.ca_pem.clone();
+    let statuses = runtime().block_on(async {
+        let mut c = h3_connect(web, "localhost", &ca).await.unwrap();
+        let a = h3_send(&mut c, h3_get("localhost", "/h3/proxied"), None)
+            .await
+            .unwrap();
+        let b = h3_send(&mut c, h3_get("localhost", "/fixed"), None)
+            .await
+            .unwrap();
+        (a.status, b.status)
+    });
+    assert_eq!(statuses, (200, 204));
+    let spans = col.wait("two exchanges over HTTP/3", |s| {
+        s.iter().filter(|s| s.kind == 2).count() >= 2 && s.iter().any(|s| s.kind == 3)
+    });
+    let proxied = one(&spans, "the proxied exchange", |s| {
+        s.kind == 2 && s.attr("url.path") == Some("/h3/proxied")
+    });
+    assert_eq!(proxied.attr("network.protocol.version"), Some("3"));
+    assert_eq!(proxied.attr("url.scheme"), Some("https"));
+    let attempt = one(&spans, "attempt span", |s| s.kind == 3);
+    assert_eq!(attempt.parent_span_id, proxied.span_id);
+    let (trace, parent, _) = traceparent(up.requests()[0].header("traceparent").unwrap());
+    assert_eq!(
+        (trace.as_str(), parent.as_str()),
+        (proxied.trace_id.as_str(), attempt.span_id.as_str())
+    );
+    let fixed = one(&spans, "the fixed answer", |s| {
+        s.kind == 2 && s.attr("url.path") == Some("/fixed")
+    });
+    assert_eq!(fixed.attr("http.response.status_code"), Some("204"));
+    assert_eq!(fixed.name, "GET /fixed");
+    // The combined access log ends with the trace and span ids.
+    let mut text = String::new();
+    assert!(eventually(Duration::from_secs(5), || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().count() >= 2
+    }));
+    let line = text.lines().find(|l| l.contains("/fixed")).unwrap();
+    assert!(
+        line.ends_with(&format!(" \"{}\" \"{}\"", fixed.trace_id, fixed.span_id)),
+        "{line}"
+    );
+}
+
+#[test]
+fn reload_moves_the_export_to_another_collector() {
+    let Some(first) = Collector::start() else {
+        return;
+    };
+    let Some(second) = Collector::start() else {
+        return;
+    };
+    let up = origin();
+    let conf = |c: &Collector| config(&c.endpoint(), "sample_ratio = 1.0", &[up.addr], "");
+    let v = veloxy(&conf(&first));
+    let get = |path: &str| {
+        let r = request(
+            v.addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"),
+        );
+        assert_eq!(r.status, 200);
+    };
+    get("/api/first");
+    first.wait("the first exchange", |s| {
+        s.iter().any(|s| s.attr("url.path") == Some("/api/first"))
+    });
+    reload_with(
+        &v,
+        &conf(&second).replace("service_name = \"edge\"", "service_name = \"edge2\""),
+        "reloaded",
+    );
+    get("/api/second");
+    let spans = second.wait("the exchange after the reload", |s| {
+        s.iter().any(|s| s.attr("url.path") == Some("/api/second"))
+    });
+    let server = one(&spans, "server span", |s| s.kind == 2);
+    assert_eq!(
+        server.resource.get("service.name").map(String::as_str),
+        Some("edge2")
+    );
+    assert!(first
+        .spans()
+        .iter()
+        .all(|s| s.attr("url.path") != Some("/api/second")));
+}
+
+#[test]
+fn forward_auth_and_the_queue_are_child_spans() {
+    let Some(col) = Collector::start() else {
+        return;
+    };
+    let up = origin();
+    let auth = script_origin(|r| match r.header("authorization") {
+        Some("Bearer ok") => Scripted::new(200),
+        _ => Scripted::new(401),
+    });
+    let extra = format!(
+        "[[routes]]\npath = \"/guarded\"\nupstream = \"app\"\nmax_concurrency = 4\n\
+         forward_auth = {{ upstream = \"auth\", path = \"/verify\" }}\n\
+         [upstreams.auth]\nservers = [\"{}\"]\n",
+        auth.addr
+    );
+    let v = veloxy(&config(
+        &col.endpoint(),
+        "sample_ratio = 1.0",
+        &[up.addr],
+        &extra,
+    ));
+    let ok = request(
+        v.addr,
+        "GET /guarded/a HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ok\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(ok.status, 200);
+    let denied = request(
+        v.addr,
+        "GET /guarded/b HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(denied.status, 401);
+    let spans = col.wait("both exchanges", |s| {
+        s.iter().filter(|s| s.kind == 2).count() >= 2
+    });
+    let passed = one(&spans, "the passed exchange", |s| {
+        s.kind == 2 && s.attr("url.path") == Some("/guarded/a")
+    });
+    let children =
+        |id: &str| -> Vec<&Span> { spans.iter().filter(|s| s.parent_span_id == id).collect() };
+    let names: Vec<&str> = children(&passed.span_id)
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    for n in ["forward_auth", "queue wait", "upstream attempt"] {
+        assert!(names.contains(&n), "{n} under the exchange: {names:?}");
+    }
+    let fa = children(&passed.span_id)
+        .into_iter()
+        .find(|s| s.name == "forward_auth")
+        .unwrap();
+    assert_eq!(fa.attr("veloxy.forward_auth.allowed"), Some("true"));
+    let refused = one(&spans, "the denied exchange", |s| {
+        s.kind == 2 && s.attr("url.path") == Some("/guarded/b")
+    });
+    let fa = one(&spans, "the denied forward_auth", |s| {
+        s.parent_span_id == refused.span_id && s.name == "forward_auth"
+    });
+    assert_eq!(fa.attr("veloxy.forward_auth.allowed"), Some("false"));
+    assert_eq!(fa.attr("http.response.status_code"), Some("401"));
+    assert_eq!(refused.attr("http.response.status_code"), Some("401"));
+}
