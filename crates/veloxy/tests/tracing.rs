@@ -590,3 +590,52 @@ fn forward_auth_and_the_queue_are_child_spans() {
     assert_eq!(fa.attr("http.response.status_code"), Some("401"));
     assert_eq!(refused.attr("http.response.status_code"), Some("401"));
 }
+
+#[test]
+fn a_cache_fill_is_traced_and_a_hit_says_so() {
+    let Some(col) = Collector::start() else {
+        return;
+    };
+    let up = script_origin(|_| {
+        let mut s = Scripted::ok("cached body");
+        s.headers
+            .push(("Cache-Control".into(), "max-age=60".into()));
+        s
+    });
+    let extra = "[caches.main]\nmemory = \"8MiB\"\n[[routes]]\npath = \"/c\"\nupstream = \"app\"\ncache = { store = \"main\" }\n";
+    let v = veloxy(&config(
+        &col.endpoint(),
+        "sample_ratio = 1.0",
+        &[up.addr],
+        extra,
+    ));
+    for _ in 0..2 {
+        let r = request(
+            v.addr,
+            "GET /c/page HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, b"cached body");
+    }
+    assert_eq!(up.requests().len(), 1, "the second is a hit");
+    let spans = col.wait("both exchanges", |s| {
+        s.iter().filter(|s| s.kind == 2).count() >= 2
+    });
+    let miss = one(&spans, "the fill", |s| {
+        s.kind == 2 && s.attr("veloxy.cache.status") == Some("MISS")
+    });
+    let hit = one(&spans, "the hit", |s| {
+        s.kind == 2 && s.attr("veloxy.cache.status") == Some("HIT")
+    });
+    let attempt = one(&spans, "the fill's attempt", |s| s.kind == 3);
+    assert_eq!(attempt.parent_span_id, miss.span_id);
+    assert!(
+        spans.iter().all(|s| s.parent_span_id != hit.span_id),
+        "a hit asks no backend"
+    );
+    let (trace, parent, _) = traceparent(up.requests()[0].header("traceparent").unwrap());
+    assert_eq!(
+        (trace, parent),
+        (miss.trace_id.clone(), attempt.span_id.clone())
+    );
+}

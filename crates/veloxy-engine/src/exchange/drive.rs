@@ -191,11 +191,13 @@ async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> 
         return c.fail(e).await;
     }
     let filled = {
+        let trace = c.record().trace.clone();
         let target = &*c.target().expect("proxied");
         let up = super::fill::FillUpstream {
             worker,
             gen,
             target,
+            trace,
         };
         fill_or_forward(&up, fill, pass).await
     };

@@ -23,6 +23,9 @@ pub(crate) struct FillUpstream<'a> {
     pub worker: &'a Rc<Worker>,
     pub gen: &'a Rc<Generation>,
     pub target: &'a ProxyTarget,
+    /// The exchange is sampled: each attempt gets a span (a background refresh, detached
+    /// from its exchange, has none).
+    pub trace: Option<std::sync::Arc<crate::otel::Trace>>,
 }
 
 /// A [`FillUpstream`] that owns what it refers to, for a background refresh.
@@ -34,7 +37,14 @@ struct Detached {
 
 impl Upstream for FillUpstream<'_> {
     async fn fetch(&self, head: &[u8], max: u64) -> Result<Option<Fetched>, ProxyError> {
-        fetch(self.worker, self.gen, self.target, head, max).await
+        fetch(
+            (self.worker, self.gen),
+            self.target,
+            self.trace.clone(),
+            head,
+            max,
+        )
+        .await
     }
 
     fn detach(&self) -> impl Upstream + 'static {
@@ -48,7 +58,7 @@ impl Upstream for FillUpstream<'_> {
 
 impl Upstream for Detached {
     async fn fetch(&self, head: &[u8], max: u64) -> Result<Option<Fetched>, ProxyError> {
-        fetch(&self.worker, &self.gen, &self.target, head, max).await
+        fetch((&self.worker, &self.gen), &self.target, None, head, max).await
     }
 
     fn detach(&self) -> impl Upstream + 'static {
@@ -69,9 +79,9 @@ fn up(kind: ErrorKind) -> ProxyError {
 /// Sends `head` (complete, blank line included) and reads the response; `Ok(None)` when its
 /// body is larger than `max` (the connection is then closed, not pooled).
 async fn fetch(
-    worker: &Worker,
-    gen: &Generation,
+    (worker, gen): (&Worker, &Generation),
     t: &ProxyTarget,
+    trace: Option<std::sync::Arc<crate::otel::Trace>>,
     head: &[u8],
     max: u64,
 ) -> Result<Option<Fetched>, ProxyError> {
@@ -82,10 +92,17 @@ async fn fetch(
         client: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
         hash: t.hash,
         replayable: true,
-        trace: None,
+        trace,
     };
     let mut last = None;
     attempt::run(&plan, t.backend, &mut last, async |backend, may_retry| {
+        // A sampled exchange's head names the current attempt (a copy: the head is shared).
+        let patched = plan.trace.as_ref().map(|tr| {
+            let mut h = head.to_vec();
+            tr.patch_head(&mut h);
+            h
+        });
+        let head = patched.as_deref().unwrap_or(head);
         let t0 = Instant::now();
         let r = once(worker, gen, t, backend, head, max, may_retry).await?;
         worker.metrics.upstream_duration.observe(t0.elapsed());
