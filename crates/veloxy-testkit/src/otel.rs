@@ -39,6 +39,8 @@ pub struct Span {
     pub status: i64,
     pub start_ns: u64,
     pub end_ns: u64,
+    /// The span's events: name and attributes, in order.
+    pub events: Vec<(String, BTreeMap<String, String>)>,
 }
 
 impl Span {
@@ -252,6 +254,15 @@ fn span(s: &serde_json::Value, resource: &BTreeMap<String, String>) -> Span {
         status: s["status"]["code"].as_i64().unwrap_or(0),
         start_ns: ns("startTimeUnixNano"),
         end_ns: ns("endTimeUnixNano"),
+        events: s["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let name = e["name"].as_str().unwrap_or("").to_owned();
+                (name, attributes(&e["attributes"]))
+            })
+            .collect(),
     }
 }
 

@@ -136,6 +136,16 @@ fn http1_span_tree_continues_the_client_trace_and_the_backend_joins_it() {
         Some(up.addr.to_string().as_str())
     );
     assert_eq!(attempt.attr("http.response.status_code"), Some("200"));
+    let events: Vec<&str> = attempt.events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(events, ["connected", "request sent", "response head"]);
+    assert_eq!(
+        attempt.events[0]
+            .1
+            .get("veloxy.connection.reused")
+            .map(String::as_str),
+        Some("false"),
+        "a new connection"
+    );
     assert!(attempt.attr("veloxy.retry").is_none());
     assert!(attempt.start_ns >= server.start_ns && attempt.end_ns <= server.end_ns);
     let backend = one(&spans, "backend span", |s| {

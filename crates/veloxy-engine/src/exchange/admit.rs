@@ -397,7 +397,7 @@ impl Proxying<'_> {
     ) -> ProxyTarget {
         let (route, head, peer) = (self.route, self.head, self.peer);
         let rules = route.rules.as_ref();
-        let trace = self.trace.as_deref();
+        let trace = self.trace.as_ref();
         let mut upstream_edit = (rules
             .is_some_and(|r| r.request.is_some() || r.forward_auth.is_some())
             || self.has_id

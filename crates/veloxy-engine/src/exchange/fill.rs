@@ -48,10 +48,14 @@ impl Upstream for FillUpstream<'_> {
     }
 
     fn detach(&self) -> impl Upstream + 'static {
+        let mut target = self.target.clone();
+        if let Some(e) = target.edit.as_mut() {
+            e.untrace(); // the exchange ends before a background refresh does
+        }
         Detached {
             worker: self.worker.clone(),
             gen: self.gen.clone(),
-            target: self.target.clone(),
+            target,
         }
     }
 }

@@ -142,8 +142,9 @@ pub(crate) struct ProxyTarget {
 
 impl ProxyTarget {
     /// Where an attempt on `backend` goes.
-    pub(crate) fn to(&self, backend: usize) -> h1::Backend {
+    pub(crate) fn to(&self, backend: usize) -> h1::Backend<'_> {
         h1::Backend {
+            trace: self.edit.as_ref().and_then(|e| e.traced()),
             upstream: self.upstream,
             backend,
             origin: self.origin,

@@ -90,6 +90,17 @@ pub(crate) fn set_traceparent(t: &Trace, headers: &mut http::HeaderMap) {
     }
 }
 
+/// An event of the current upstream attempt: `connected` (with
+/// `veloxy.connection.reused`: a pooled connection, or a new one whose time includes the
+/// TCP connect and TLS handshake), `request sent`, `response head` (the time to first byte).
+#[cold]
+pub(crate) fn event(t: &Trace, name: &'static str, reused: Option<bool>) {
+    let attributes = reused
+        .map(|r| vec![KeyValue::new("veloxy.connection.reused", r)])
+        .unwrap_or_default();
+    t.event(name, attributes);
+}
+
 /// How an upstream attempt ended, for its span.
 pub(crate) enum AttemptEnd<'a> {
     /// A response with this status.

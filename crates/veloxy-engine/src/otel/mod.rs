@@ -74,6 +74,8 @@ pub(crate) struct Trace {
     attempts: AtomicU64,
     /// Finished child spans and the server span's attributes.
     spans: Mutex<Vec<SpanData>>,
+    /// Events of the current upstream attempt (connected, request sent, response head).
+    events: Mutex<Vec<opentelemetry::trace::Event>>,
     attributes: Mutex<Vec<KeyValue>>,
     exporter: Arc<Exporter>,
 }
@@ -128,6 +130,7 @@ pub(crate) fn start(
         attempt: AtomicU64::new(u64::from_be_bytes(new_span_id().to_bytes())),
         attempts: AtomicU64::new(0),
         spans: Mutex::new(Vec::new()),
+        events: Mutex::new(Vec::new()),
         attributes: Mutex::new(Vec::new()),
         exporter: exporter.clone(),
     }))
@@ -275,7 +278,8 @@ impl Trace {
             None => Status::Unset,
         };
         let name = Cow::Borrowed(p.name);
-        let span = self.span(
+        let client = p.kind == SpanKind::Client;
+        let mut span = self.span(
             p.id,
             self.span_id,
             p.kind,
@@ -284,10 +288,24 @@ impl Trace {
             attributes,
             status,
         );
+        if client {
+            let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            span.events.events = std::mem::take(&mut *events);
+        }
         self.spans
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(span);
+    }
+
+    /// Records an event of the current upstream attempt, now.
+    pub(crate) fn event(&self, name: &'static str, attributes: Vec<KeyValue>) {
+        let at = self.wall + self.start.elapsed();
+        let e = opentelemetry::trace::Event::new(name, at, attributes, 0);
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(e);
     }
 
     /// Adds attributes to the exchange's span.
