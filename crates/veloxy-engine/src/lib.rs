@@ -40,7 +40,9 @@
 //!    veloxy's own answer; forward_auth; a hit held for it; the search job; the cache fill
 //!    (`exchange::fill`); the attempts (`exchange::attempt`: retries under the retry budget,
 //!    outlier feedback) with the response rules, hooks and compression on the answer. Every
-//!    exchange ends in `exchange::record` (access log, metrics, `on_done`).
+//!    exchange ends in `exchange::record` (access log, metrics, `on_done`). With
+//!    `[server.tracing]`, admission decides sampling (`exchange::trace`); a sampled exchange
+//!    carries its spans in its record and hands them to the exporter thread (`otel`) at its end.
 //! 4. **upstream** ([`upstream`]): `connect` (TCP, TLS, `max_connections`), the per-worker
 //!    keep-alive `pool`, the `balancer` (a policy's picker per worker), active and passive
 //!    `health`. One client per upstream protocol, each used by every caller: the HTTP/1

@@ -19,7 +19,9 @@ pub(super) fn compile_tracing(
     let t = section.get_ref();
     let key = |k: &str| format!("server.tracing.{k}");
     let endpoint = t.otlp_endpoint.get_ref().trim_end_matches('/');
-    let rest = ["http://", "https://", "grpc://"]
+    // TLS to the collector is not built (the exporter's HTTP client is plain hyper): a local
+    // agent or collector is the usual hop.
+    let rest = ["http://", "grpc://"]
         .iter()
         .find_map(|p| endpoint.strip_prefix(p));
     if rest.is_none_or(|r| r.is_empty() || r.contains(char::is_whitespace)) {
