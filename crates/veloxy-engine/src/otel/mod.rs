@@ -397,6 +397,85 @@ impl Trace {
 mod tests {
     use super::*;
 
+    fn settings(ratio: f64, parent_based: bool, trust_incoming: bool) -> TracingSettings {
+        TracingSettings {
+            otlp_endpoint: "http://127.0.0.1:1".into(),
+            service_name: "test".into(),
+            sample_ratio: ratio,
+            parent_based,
+            trust_incoming,
+            propagate: vec!["tracecontext".into()],
+            resource: Vec::new(),
+        }
+    }
+
+    const PARENT: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const UNSAMPLED: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+
+    fn sample(s: &TracingSettings, parent: Option<&[u8]>) -> Option<Arc<Trace>> {
+        let exporter = Arc::new(Exporter::start(s).unwrap());
+        let incoming = Incoming {
+            traceparent: parent,
+            tracestate: Some(b"a=1,b=2"),
+        };
+        start(s, &exporter, None, incoming, Instant::now(), || {
+            "GET /".into()
+        })
+    }
+
+    #[test]
+    fn sampling_decisions() {
+        assert!(sample(&settings(0.0, true, true), None).is_none());
+        assert!(sample(&settings(1.0, true, true), None).is_some());
+        // parent_based: the client's flag decides, whatever the ratio.
+        let t = sample(&settings(0.0, true, true), Some(PARENT)).unwrap();
+        assert_eq!(t.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(t.parent.to_string(), "00f067aa0ba902b7");
+        assert_eq!(t.state.header(), "a=1,b=2");
+        assert!(sample(&settings(1.0, true, true), Some(UNSAMPLED)).is_none());
+        // Not parent_based: the ratio decides, the trace is still continued.
+        let t = sample(&settings(1.0, false, true), Some(UNSAMPLED)).unwrap();
+        assert_eq!(t.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        // Not trusted: a new trace, no parent, no state.
+        let t = sample(&settings(1.0, true, false), Some(PARENT)).unwrap();
+        assert_ne!(t.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(t.parent, SpanId::INVALID);
+        assert_eq!(t.state.header(), "");
+    }
+
+    #[test]
+    fn a_retry_rewrites_the_head_not_the_body() {
+        let t = sample(&settings(1.0, true, true), Some(PARENT)).unwrap();
+        let mut head = b"GET / HTTP/1.1\r\nHost: a\r\n".to_vec();
+        t.upstream_lines(&mut head);
+        head.extend_from_slice(b"\r\n");
+        let body = b"\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000001-01";
+        head.extend_from_slice(body);
+        let first = t.attempt();
+        t.patch_head(&mut head);
+        let text = String::from_utf8(head.clone()).unwrap();
+        assert!(
+            text.contains(&format!(
+                "traceparent: 00-{}-{}-01\r\n",
+                t.trace_id, first.id
+            )),
+            "{text}"
+        );
+        let second = t.attempt();
+        assert_ne!(first.id, second.id);
+        t.patch_head(&mut head);
+        let text = String::from_utf8(head.clone()).unwrap();
+        assert!(
+            text.contains(&format!(
+                "traceparent: 00-{}-{}-01\r\n",
+                t.trace_id, second.id
+            )),
+            "{text}"
+        );
+        assert!(head.ends_with(body), "the body is not touched: {text}");
+        assert!(text.contains("tracestate: a=1,b=2\r\n"), "{text}");
+    }
+
     #[test]
     fn traceparent_parsing() {
         let ok = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
