@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OTELCOL_VERSION=v0.161.0 # the release named in dev/otelcol/go.mod
-WRAPPER_REV=3            # bump when dev/otelcol or the build flags change
+WRAPPER_REV=4            # bump when dev/otelcol or the build flags change
 
 cache="${VELOXY_CACHE:-$HOME/.cache/veloxy}"
 bin="$cache/bin"
@@ -36,7 +36,7 @@ echo "== otelcol.sh: building otelcol $OTELCOL_VERSION into $bin (once per machi
 : >"$log"
 rm -rf "$src"
 mkdir -p "$src"
-cp dev/otelcol/main.go dev/otelcol/go.mod "$src/"
+cp dev/otelcol/main.go dev/otelcol/go.mod dev/otelcol/go.sum "$src/"
 if ! (cd "$src" && go mod tidy >>"$log" 2>&1 &&
   nice -n 19 go build -trimpath -ldflags "-s -w" -o "$bin/otelcol.tmp" . >>"$log" 2>&1); then
   echo "otelcol.sh: FAILED (last lines of $log):" >&2
