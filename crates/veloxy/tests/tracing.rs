@@ -157,15 +157,33 @@ fn http1_span_tree_continues_the_client_trace_and_the_backend_joins_it() {
     );
     assert_eq!(backend.trace_id, server.trace_id);
 
-    // The access log names the same trace and span.
-    let mut line = String::new();
+    // The access log names the same trace and span; an unsampled request (ratio 0) and one
+    // with no route have the fields, empty.
+    for path in ["/api/unsampled", "/no-route"] {
+        request(
+            v.addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n"),
+        );
+    }
+    let mut text = String::new();
     assert!(eventually(Duration::from_secs(5), || {
-        line = std::fs::read_to_string(&log).unwrap_or_default();
-        !line.is_empty()
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().count() >= 3
     }));
-    let j: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
-    assert_eq!(j["trace_id"], CLIENT_TRACE);
-    assert_eq!(j["span_id"], server.span_id.as_str());
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["trace_id"], CLIENT_TRACE);
+    assert_eq!(lines[0]["span_id"], server.span_id.as_str());
+    for j in &lines[1..] {
+        assert_eq!(
+            (&j["trace_id"], &j["span_id"]),
+            (&serde_json::json!(""), &serde_json::json!("")),
+            "{j}"
+        );
+    }
+    assert_eq!(lines[2]["status"], 404);
 }
 
 #[test]

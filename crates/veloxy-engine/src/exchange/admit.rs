@@ -29,6 +29,8 @@ pub(crate) fn admit(
 ) -> Result<Admitted, ProxyError> {
     let no_route = || ProxyError::downstream(ErrorKind::NoRoute);
     let snapshot = &gen.snapshot;
+    // The access log's trace columns are there for every request (empty when unsampled).
+    record.traced = snapshot.settings.tracing.is_some();
     let listener = &snapshot.listeners[listener_index(gen, peer).ok_or_else(no_route)?];
     if let Some(answer) = listener_answer(worker, listener, peer, head) {
         return Ok(Admitted::Answer(answer));

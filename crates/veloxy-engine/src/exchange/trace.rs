@@ -23,7 +23,6 @@ pub(super) fn admit(
     let Some(settings) = &snapshot.settings.tracing else {
         return;
     };
-    record.traced = true;
     let ratio = match route.rules.as_ref().and_then(|r| r.tracing) {
         Some(RouteTracing::Off) => return,
         Some(RouteTracing::Ratio(r)) => Some(r),
