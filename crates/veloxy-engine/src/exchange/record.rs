@@ -125,7 +125,7 @@ impl Record {
         let ids = self
             .trace
             .take()
-            .map(|t| self.end_trace(worker, &t, status));
+            .and_then(|t| self.end_trace(worker, &t, status));
         if let (Some(log), Some(f)) = (&worker.shared.access_log, self.log.take()) {
             let entry = crate::access_log::Entry {
                 client,
@@ -161,9 +161,14 @@ impl Record {
     }
 
     /// Ends a sampled exchange's span and queues its spans for export (counting them when
-    /// the queue is full); returns the trace and span ids for the access log.
+    /// the queue is full); returns the trace and span ids when the access log writes them.
     #[cold]
-    fn end_trace(&self, worker: &Worker, t: &crate::otel::Trace, status: u16) -> (String, String) {
+    fn end_trace(
+        &self,
+        worker: &Worker,
+        t: &crate::otel::Trace,
+        status: u16,
+    ) -> Option<(String, String)> {
         use opentelemetry::KeyValue;
         if let Some(b) = &self.backend {
             t.set([KeyValue::new("veloxy.backend", b.to_string())]);
@@ -172,6 +177,6 @@ impl Record {
         if dropped > 0 {
             worker.metrics.tracing_spans_dropped.add(dropped);
         }
-        t.ids()
+        self.log.is_some().then(|| t.ids())
     }
 }
