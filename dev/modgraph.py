@@ -96,7 +96,7 @@ LAYERS = [
     ("exchange driver", ["exchange"]),
     ("state and config", ["worker", "park", "runtime", "config"]),
     ("exchange steps", ["router", "rules", "hooks", "auth", "cors", "search", "cache", "fastcgi",
-                        "static_files", "access_log", "metrics", "acme", "message", "hints"]),
+                        "static_files", "access_log", "metrics", "otel", "acme", "message", "hints"]),
     ("upstream, tls and listener sockets", ["upstream", "tls", "listener"]),
     ("primitives", ["limits", "fleet", "http1", "error", "late", "clock", "deadline",
                     "background", "template", "accept", "compress", "access", "heap"]),

@@ -53,6 +53,10 @@ pub struct Entry<'a> {
     pub request_id: Option<&'a str>,
     /// L4 streams: the bytes received from the client (`bytes_received` in JSON).
     pub bytes_received: Option<u64>,
+    /// `[server.tracing]` is on: the trace and span ids of the exchange's span (empty when
+    /// it was not sampled). Combined lines end with `"TRACE_ID" "SPAN_ID"` (`"-"` when
+    /// empty), JSON has `trace_id` and `span_id` members.
+    pub trace: Option<(&'a str, &'a str)>,
 }
 
 /// The workers' side of the log.
@@ -259,8 +263,19 @@ fn combined(e: &Entry) -> String {
         quoted(&mut s, id.as_bytes(), false);
         s.push('"');
     }
+    if let Some((trace, span)) = e.trace {
+        let _ = write!(s, " \"{}\" \"{}\"", or_dash(trace), or_dash(span));
+    }
     s.push('\n');
     s
+}
+
+fn or_dash(v: &str) -> &str {
+    if v.is_empty() {
+        "-"
+    } else {
+        v
+    }
 }
 
 fn json(e: &Entry) -> String {
@@ -299,6 +314,10 @@ fn json(e: &Entry) -> String {
         quoted(&mut s, id.as_bytes(), true);
     }
     s.push('"');
+    if let Some((trace, span)) = e.trace {
+        // Hex digits: nothing to escape.
+        let _ = write!(s, ",\"trace_id\":\"{trace}\",\"span_id\":\"{span}\"");
+    }
     if let Some(n) = e.bytes_received {
         let _ = write!(s, ",\"bytes_received\":{n}");
     }
@@ -340,6 +359,7 @@ mod tests {
             upstream: "app",
             backend: Some(&BACKEND),
             request_id: None,
+            trace: None,
             bytes_received: None,
         }
     }

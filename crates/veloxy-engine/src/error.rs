@@ -136,6 +136,22 @@ pub struct ProxyError {
 }
 
 impl ProxyError {
+    /// Logs the error by its side: an upstream error as a warning naming the group and the
+    /// backend (left out when none was picked), an internal one as an error, a client's at
+    /// debug level.
+    pub(crate) fn log(&self, upstream: &str, backend: Option<impl std::fmt::Display>) {
+        match self.side {
+            Side::Upstream => tracing::warn!(
+                upstream,
+                backend = backend.map(tracing::field::display),
+                error = %self.report(),
+                "upstream error"
+            ),
+            Side::Internal => tracing::error!(error = %self.report(), "internal error"),
+            Side::Downstream => tracing::debug!(error = %self.report(), "downstream error"),
+        }
+    }
+
     /// An error of the client side.
     pub fn downstream(kind: ErrorKind) -> Self {
         ProxyError {

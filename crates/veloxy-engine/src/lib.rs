@@ -7,7 +7,8 @@
 //! this order (top to bottom): entry (`server`, `admin`) -> downstream codecs
 //! (`downstream`) -> the exchange driver (`exchange`) -> state and config (`worker`, `park`,
 //! `runtime`, `config`) -> the exchange's steps (`router`, `rules`, `hooks`, `auth`, `cors`,
-//! `search`, `cache`, `static_files`, `access_log`, `metrics`, `acme`, `message`, `hints`) ->
+//! `search`, `cache`, `static_files`, `access_log`, `metrics`, `otel`, `acme`, `message`,
+//! `hints`) ->
 //! upstream clients, TLS and listener sockets (`upstream`, `tls`, `listener`) -> primitives
 //! (`limits`, `fleet`, `http1`, `error`, `late`, `clock`, `deadline`, `background`,
 //! `template`, `accept`, `compress`, `access`, `heap`). `python3 dev/modgraph.py` prints the module graph,
@@ -40,7 +41,9 @@
 //!    veloxy's own answer; forward_auth; a hit held for it; the search job; the cache fill
 //!    (`exchange::fill`); the attempts (`exchange::attempt`: retries under the retry budget,
 //!    outlier feedback) with the response rules, hooks and compression on the answer. Every
-//!    exchange ends in `exchange::record` (access log, metrics, `on_done`).
+//!    exchange ends in `exchange::record` (access log, metrics, `on_done`). With
+//!    `[server.tracing]`, admission decides sampling (`exchange::trace`); a sampled exchange
+//!    carries its spans in its record and hands them to the exporter thread (`otel`) at its end.
 //! 4. **upstream** ([`upstream`]): `connect` (TCP, TLS, `max_connections`), the per-worker
 //!    keep-alive `pool`, the `balancer` (a policy's picker per worker), active and passive
 //!    `health`. One client per upstream protocol, each used by every caller: the HTTP/1
@@ -128,6 +131,7 @@ pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod message;
 pub(crate) mod metrics;
+pub(crate) mod otel;
 pub(crate) mod park;
 pub(crate) mod router;
 pub(crate) mod rules;

@@ -339,6 +339,17 @@ pub struct RouteRules {
     /// `early_hints`: a GET gets a `103 Early Hints` with the Link fields the path's last
     /// 200 answer had ([`crate::hints`]).
     pub early_hints: bool,
+    /// `tracing`: the route's own sampling (`None`: the server's).
+    pub tracing: Option<RouteTracing>,
+}
+
+/// A route's `tracing` key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RouteTracing {
+    /// `tracing = false`: no spans, no trace context sent upstream.
+    Off,
+    /// `tracing = { sample_ratio = R }`.
+    Ratio(f64),
 }
 
 /// A route's `grpc_web`, compiled. The translation is the exchange's (`exchange::grpc_web`);

@@ -31,6 +31,8 @@
 //!   * [`dns`]: [`Dns`], a real dnsmasq whose A and SRV records a test changes;
 //!   * [`bind`]: [`Bind`], a real BIND 9 primary taking TSIG-signed RFC 2136 updates;
 //!   * [`kube`](mod@kube): a real kube-apiserver and etcd in a test's own network namespace;
+//!   * [`otel`]: [`Collector`], a real OpenTelemetry Collector writing the spans it receives
+//!     to a file the tests read back;
 //!   * [`skip`] (report a test that cannot run here) and [`eventually`] (poll a condition).
 //!
 //! ## How the binaries are located and built
@@ -63,6 +65,7 @@ pub mod http3;
 pub mod kube;
 pub mod opensearch;
 pub mod origin;
+pub mod otel;
 pub mod pebble;
 pub mod proc;
 pub mod redis;
@@ -82,6 +85,7 @@ pub use http2::*;
 pub use http3::*;
 pub use opensearch::OpenSearch;
 pub use origin::*;
+pub use otel::Collector;
 pub use pebble::*;
 pub use proc::*;
 pub use redis::RedisServer;

@@ -152,6 +152,68 @@ pub struct ServerSection {
     /// The I/O mode: `"epoll"` (the default and the only one built) or `"io_uring"` (served
     /// with epoll, and said so in a warning).
     pub io: Option<Spanned<String>>,
+    /// OpenTelemetry tracing: spans exported over OTLP.
+    pub tracing: Option<Spanned<TracingSection>>,
+}
+
+/// `[server.tracing]`: OpenTelemetry spans for exchanges, exported over OTLP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSection {
+    /// `"http://host:4318"` (OTLP/HTTP protobuf, POSTed to `/v1/traces`) or
+    /// `"grpc://host:4317"` (OTLP/gRPC).
+    pub otlp_endpoint: Spanned<String>,
+    pub service_name: Option<Spanned<String>>,
+    /// Head sampling for requests with no sampled parent, 0.0 to 1.0.
+    pub sample_ratio: Option<Spanned<f64>>,
+    /// Follow an incoming `traceparent`'s sampled flag.
+    pub parent_based: Option<bool>,
+    /// Propagation formats: `["tracecontext"]`.
+    pub propagate: Option<Spanned<Vec<String>>>,
+    /// Resource attributes added to every span.
+    pub resource: Option<BTreeMap<String, String>>,
+    /// Continue a client's `traceparent` (default true); false starts a new trace for every
+    /// request.
+    pub trust_incoming: Option<bool>,
+}
+
+/// A route's `tracing`: `false`, or `{ sample_ratio = 1.0 }`.
+#[derive(Debug, Clone)]
+pub enum RouteTracingSection {
+    /// `false`: no spans for the route (`true`: the server's settings).
+    Flag(bool),
+    /// The route's own ratio.
+    Table(RouteTracingTable),
+}
+
+/// The table form of a route's `tracing`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteTracingTable {
+    pub sample_ratio: Option<f64>,
+}
+
+impl<'de> Deserialize<'de> for RouteTracingSection {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RouteTracingSection;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("true, false or a table { sample_ratio = 1.0 }")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<RouteTracingSection, E> {
+                Ok(RouteTracingSection::Flag(v))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RouteTracingSection, A::Error> {
+                RouteTracingTable::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RouteTracingSection::Table)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `[server.redis]`.
@@ -399,6 +461,8 @@ pub struct RouteSection {
     /// Proxied routes: send `103 Early Hints` with the preload/preconnect `Link` fields of the
     /// path's last 200 answer before asking the upstream.
     pub early_hints: Opt<bool>,
+    /// OpenTelemetry tracing for this route: `false`, or its own `sample_ratio`.
+    pub tracing: Opt<RouteTracingSection>,
 }
 
 /// `grpc_web = true`, or `grpc_web = { cors_origins = ["https://app.example"] }`.

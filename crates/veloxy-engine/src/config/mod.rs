@@ -102,6 +102,8 @@ pub struct Settings {
     pub acme: Option<Arc<crate::acme::AcmeSettings>>,
     /// `[server.redis]`.
     pub redis: Option<crate::fleet::redis::RedisSpec>,
+    /// `[server.tracing]`: OpenTelemetry spans, exported over OTLP.
+    pub tracing: Option<crate::otel::TracingSettings>,
     /// `resolvers`: the DNS servers `dns`/`srv` upstream servers are resolved through; empty:
     /// the system's (`/etc/resolv.conf`).
     pub resolvers: Vec<SocketAddr>,
@@ -315,6 +317,8 @@ impl Snapshot {
 pub(crate) struct LiveSpecs {
     /// `[server.redis]`'s client (its spec is `settings.redis`).
     pub redis: Option<crate::late::Late<crate::fleet::redis::RedisClient>>,
+    /// `[server.tracing]`'s span exporter (its settings are `settings.tracing`).
+    pub tracer: Option<crate::late::Late<crate::otel::Exporter>>,
     /// `[caches.NAME]`, in name order.
     pub caches: Vec<crate::cache::StoreSpec>,
     /// The runtime's ACME certificate store, which every TLS listener's certificate resolver

@@ -162,6 +162,18 @@ fn settings(out: &mut Toml, s: &Settings) {
             out.path("ca_file", c);
         }
     }
+    if let Some(t) = &s.tracing {
+        out.table("[server.tracing]");
+        out.str("otlp_endpoint", &t.otlp_endpoint);
+        out.str("service_name", &t.service_name);
+        out.raw("sample_ratio", &format!("{:?}", t.sample_ratio));
+        out.bool("parent_based", t.parent_based);
+        out.bool("trust_incoming", t.trust_incoming);
+        out.raw("propagate", &str_list(&t.propagate));
+        if !t.resource.is_empty() {
+            out.raw("resource", &table(&t.resource));
+        }
+    }
     if let Some(a) = &s.acme {
         out.table("[server.acme]");
         if let Some(e) = &a.email {
@@ -395,6 +407,13 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
             }
             if rules.early_hints {
                 out.bool("early_hints", true);
+            }
+            match rules.tracing {
+                Some(crate::rules::RouteTracing::Off) => out.bool("tracing", false),
+                Some(crate::rules::RouteTracing::Ratio(r)) => {
+                    out.raw("tracing", &format!("{{ sample_ratio = {r:?} }}"))
+                }
+                None => {}
             }
             if let Some(g) = &rules.grpc_web {
                 match &g.cors_origins {

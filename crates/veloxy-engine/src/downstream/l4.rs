@@ -75,6 +75,7 @@ fn log(
         upstream,
         backend: Some(backend),
         request_id: None,
+        trace: None,
         bytes_received: Some(received),
     };
     if !log.log(&entry) {

@@ -99,37 +99,42 @@ pub(crate) async fn relay(
     // sender then holds neither (`request_buffering = "auto"`).
     let outcome = match buffer_request_body(group, down, &mut p, &mut req_body, &mut wbuf).await {
         Err(f) => Err(f),
-        Ok(()) => match exchange::hold_slot(&p.target.concurrency, &mut p.slot).await {
-            Err(e) => Err(Fail::BeforeResponse(e)),
-            Ok(()) => {
-                let plan = Plan {
-                    worker,
-                    gen,
-                    upstream: p.target.upstream,
-                    client: down.peer,
-                    hash: p.target.hash,
-                    replayable: p.idempotent && req_body.is_done(),
-                };
-                let mut run = Run {
-                    worker,
-                    gen,
-                    group,
-                    p: &p,
-                    record: &mut record,
-                    req_body: &mut req_body,
-                    wbuf: &wbuf,
-                    ubuf: &mut ubuf,
-                    obuf: &mut obuf,
-                };
-                let first = p.target.backend;
-                attempt::run(&plan, first, &mut backend, async |b, may_retry_status| {
-                    let meta = run.attempt(down, b, may_retry_status).await?;
-                    let status = meta.status;
-                    Ok((meta, status))
-                })
+        Ok(()) => {
+            match exchange::hold_slot(&p.target.concurrency, &mut p.slot, record.trace.as_ref())
                 .await
+            {
+                Err(e) => Err(Fail::BeforeResponse(e)),
+                Ok(()) => {
+                    let plan = Plan {
+                        worker,
+                        gen,
+                        upstream: p.target.upstream,
+                        client: down.peer,
+                        hash: p.target.hash,
+                        replayable: p.idempotent && req_body.is_done(),
+                        trace: record.trace.clone(),
+                    };
+                    let mut run = Run {
+                        worker,
+                        gen,
+                        group,
+                        p: &p,
+                        record: &mut record,
+                        req_body: &mut req_body,
+                        wbuf: &mut wbuf,
+                        ubuf: &mut ubuf,
+                        obuf: &mut obuf,
+                    };
+                    let first = p.target.backend;
+                    attempt::run(&plan, first, &mut backend, async |b, may_retry_status| {
+                        let meta = run.attempt(down, b, may_retry_status).await?;
+                        let status = meta.status;
+                        Ok((meta, status))
+                    })
+                    .await
+                }
             }
-        },
+        }
     };
 
     // The slot is free once the response is delivered (not while an error answer lingers).
@@ -141,14 +146,14 @@ pub(crate) async fn relay(
             false,
         ),
         Err(Fail::BeforeResponse(e)) => {
-            log_error(&e, group, backend);
+            e.log(&group.name, backend.map(|b| &group.backends[b].addr));
             // Keep the client only if its request was fully read and the error is not its fault.
             let close = !req_body.is_done() || e.closes_connection() || !p.keep_alive;
             let a = answer_error(worker, down, &e, close, p.is_head, &record).await;
             (a.keep, e.status(), a.linger)
         }
         Err(Fail::Abort(e)) => {
-            log_error(&e, group, backend);
+            e.log(&group.name, backend.map(|b| &group.backends[b].addr));
             if e.side == Side::Upstream {
                 reset_downstream(down);
             }
@@ -281,20 +286,6 @@ pub(crate) fn reset_downstream(down: &mut Downstream) {
     down.reset = true;
 }
 
-fn log_error(e: &ProxyError, group: &UpstreamGroup, backend: Option<usize>) {
-    match e.side {
-        Side::Upstream => tracing::warn!(
-            upstream = %group.name,
-            // Left out when no backend was picked, rather than logged as `Some(...)`/`None`.
-            backend = backend.map(|b| tracing::field::display(&group.backends[b].addr)),
-            error = %e.report(),
-            "upstream error"
-        ),
-        Side::Internal => tracing::error!(error = %e.report(), "internal error"),
-        Side::Downstream => tracing::debug!(error = %e.report(), "downstream error"),
-    }
-}
-
 /// Moves the request body bytes already read into the upstream write buffer, then reads as
 /// much more of the body as [`exchange::body_buffering`] says before any upstream is
 /// involved. A body that is read completely can be replayed on another backend.
@@ -391,7 +382,7 @@ struct Run<'a> {
     p: &'a Prepared,
     record: &'a mut Record,
     req_body: &'a mut BodyState,
-    wbuf: &'a [u8],
+    wbuf: &'a mut Vec<u8>,
     ubuf: &'a mut BytesMut,
     obuf: &'a mut Vec<u8>,
 }
@@ -406,6 +397,9 @@ impl Run<'_> {
         may_retry_status: bool,
     ) -> Result<ResponseMeta, AttemptFail> {
         let (group, p) = (self.group, self.p);
+        if let Some(t) = &self.record.trace {
+            t.patch_head(self.wbuf);
+        }
         let replayable = p.idempotent && self.req_body.is_done();
         let t0 = Instant::now();
         let req_body = &mut *self.req_body;
@@ -428,7 +422,7 @@ impl Run<'_> {
         let (mut conn, mut head) = h1::attempt(
             (self.worker, self.gen),
             p.target.to(backend),
-            self.wbuf,
+            &*self.wbuf,
             self.ubuf,
             body,
             &mut reader,

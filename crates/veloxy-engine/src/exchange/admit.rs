@@ -29,6 +29,8 @@ pub(crate) fn admit(
 ) -> Result<Admitted, ProxyError> {
     let no_route = || ProxyError::downstream(ErrorKind::NoRoute);
     let snapshot = &gen.snapshot;
+    // The access log's trace columns are there for every request (empty when unsampled).
+    record.traced = snapshot.settings.tracing.is_some();
     let listener = &snapshot.listeners[listener_index(gen, peer).ok_or_else(no_route)?];
     if let Some(answer) = listener_answer(worker, listener, peer, head) {
         return Ok(Admitted::Answer(answer));
@@ -50,6 +52,9 @@ pub(crate) fn admit(
     };
     check_client(route, head, &client)?;
     enter_route(worker, snapshot, peer, head, &listener.name, route, record)?;
+    if snapshot.settings.tracing.is_some() {
+        super::trace::admit(snapshot, route, head, peer, client.ip, record);
+    }
     let id_field = snapshot.settings.request_id.as_deref();
     let id = id_field.map(|f| edit::request_id(head.fields.get(&f.to_ascii_lowercase())));
     let vars = answer::RequestVars {
@@ -81,6 +86,7 @@ pub(crate) fn admit(
         client: &client,
         id_field,
         has_id: id.is_some(),
+        trace: record.trace.clone(),
     };
     let target = ctx.target(proxied, record);
     record.request_id = id;
@@ -156,7 +162,9 @@ struct Proxied {
     path: Option<edit::UpstreamTarget>,
 }
 
-/// What the route's target makes of the request.
+/// What the route's target makes of the request. Returned once per request and matched at
+/// once, so its size costs one move: boxing the answer would cost an allocation instead.
+#[allow(clippy::large_enum_variant)]
 enum Routed {
     /// A file route, a redirect or a fixed response.
     Answered(Admitted),
@@ -201,6 +209,8 @@ struct Proxying<'a> {
     id_field: Option<&'a str>,
     /// `[server] request_id` is on: the request has an ID.
     has_id: bool,
+    /// The exchange is sampled: the upstream request carries its trace context.
+    trace: Option<std::sync::Arc<crate::otel::Trace>>,
 }
 
 /// The search gateway's step: `Err` with the answer to a denied API; a job for a bulk or a
@@ -212,7 +222,7 @@ type SearchStep<'a> = Option<(
 )>;
 
 /// The cache step's outcome.
-enum CacheStep {
+pub(super) enum CacheStep {
     /// Not cached (or bypassed): forward.
     Pass,
     /// A fresh hit (or a purge's answer): serve it now.
@@ -247,7 +257,11 @@ impl Proxying<'_> {
                     .choose(|_| true)
             })
             .flatten();
-        let (hit, fill) = match self.cache(encoding, record) {
+        let step = self.cache(encoding, record);
+        if let Some(t) = &record.trace {
+            super::trace::cache_status(t, &step);
+        }
+        let (hit, fill) = match step {
             CacheStep::Pass => (None, None),
             CacheStep::Hit(r) => return Ok(Admitted::Cached(r)),
             CacheStep::Held(r) => (Some(r), None),
@@ -387,9 +401,15 @@ impl Proxying<'_> {
     ) -> ProxyTarget {
         let (route, head, peer) = (self.route, self.head, self.peer);
         let rules = route.rules.as_ref();
-        let upstream_edit =
-            (rules.is_some_and(|r| r.request.is_some() || r.forward_auth.is_some()) || self.has_id)
-                .then(|| upstream_edit(route, self.id_field, self.vars));
+        let trace = self.trace.as_ref();
+        let mut upstream_edit = (rules
+            .is_some_and(|r| r.request.is_some() || r.forward_auth.is_some())
+            || self.has_id
+            || trace.is_some())
+        .then(|| upstream_edit(route, self.id_field, self.vars));
+        if let (Some(t), Some(e)) = (trace, upstream_edit.as_mut()) {
+            e.trace(t);
+        }
         ProxyTarget {
             upstream,
             backend,

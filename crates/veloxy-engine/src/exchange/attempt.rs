@@ -59,6 +59,8 @@ pub(crate) struct Plan<'a> {
     /// Idempotent, with its body fully buffered: may be sent again after a response-less
     /// failure or a `retry_on` status.
     pub replayable: bool,
+    /// The exchange is sampled: each attempt gets a span.
+    pub trace: Option<std::sync::Arc<crate::otel::Trace>>,
 }
 
 /// Runs attempts from `first` until one delivers. `attempt(backend, may_retry_status)` makes
@@ -86,8 +88,18 @@ pub(crate) async fn run<T, E: ExchangeError>(
         let budget_left = plan.gen.group(plan.upstream).budget.available();
         let may_retry_status = retries_left > 0 && plan.replayable && has_other && budget_left;
         let mut guard = AttemptGuard::start(plan.gen, plan.upstream, current);
+        let span = plan.trace.as_ref().map(|t| t.attempt());
         let result = attempt(current, may_retry_status).await;
         let elapsed = guard.disarm();
+        if let (Some(t), Some(span)) = (&plan.trace, span) {
+            trace_attempt(
+                t,
+                span,
+                &group.backends[current].addr,
+                group.retries - retries_left,
+                &result,
+            );
+        }
         let (error, counts) = match result {
             Ok((value, status)) => {
                 let failed = group.outlier.on_5xx && status >= 500;
@@ -128,6 +140,27 @@ pub(crate) async fn run<T, E: ExchangeError>(
             None => return Err(E::from_error(error)),
         }
     }
+}
+
+/// Records an attempt's span (a sampled exchange).
+#[cold]
+fn trace_attempt<T, E: ExchangeError>(
+    t: &crate::otel::Trace,
+    span: crate::otel::Phase,
+    backend: &crate::upstream::addr::BackendAddr,
+    resend: u32,
+    result: &Result<(T, u16), AttemptFail<E>>,
+) {
+    use super::trace::AttemptEnd;
+    let end = match result {
+        Ok((_, status)) => AttemptEnd::Status(*status),
+        Err(AttemptFail::RetryStatus(s)) => AttemptEnd::Status(*s),
+        Err(AttemptFail::NotSent { error, .. } | AttemptFail::NoResponse(error)) => {
+            AttemptEnd::Failed(error)
+        }
+        Err(AttemptFail::Fatal(e)) => AttemptEnd::Fatal(e.side()),
+    };
+    super::trace::attempt(t, span, backend, resend, end);
 }
 
 /// Picks a backend not in `tried`; a retry (`retry`) must first win the retry budget.

@@ -88,7 +88,12 @@ pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, m
         return c.ready().await;
     };
     if let Some(auth) = t.forward_auth.take() {
-        match Box::pin(auth.run(worker, gen)).await {
+        let span = c.record().trace.as_ref().map(|t| t.phase("forward_auth"));
+        let outcome = Box::pin(auth.run(worker, gen)).await;
+        if let (Some(t), Some(span)) = (&c.record().trace, span) {
+            super::trace::forward_auth(t, span, &outcome);
+        }
+        match outcome {
             Ok(Outcome::Pass(lines)) => {
                 c.target().expect("proxied").authorized(&lines);
                 c.add_upstream_lines(&lines);
@@ -126,7 +131,8 @@ async fn search<C: Codec>(mut c: C) -> C::Out {
         Err(e) => return c.fail(e).await,
     };
     // After the body: a slow sender holds no slot.
-    if let Err(e) = super::hold_slot(&limit, c.slot()).await {
+    let trace = c.record().trace.clone();
+    if let Err(e) = super::hold_slot(&limit, c.slot(), trace.as_ref()).await {
         return c.fail(e).await;
     }
     let answer = job.run(body).await;
@@ -143,7 +149,8 @@ async fn fastcgi<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) 
         Ok(body) => body,
         Err(e) => return c.fail(e).await,
     };
-    if let Err(e) = super::hold_slot(&limit, c.slot()).await {
+    let trace = c.record().trace.clone();
+    if let Err(e) = super::hold_slot(&limit, c.slot(), trace.as_ref()).await {
         return c.fail(e).await;
     }
     let answered = {
@@ -187,17 +194,20 @@ async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> 
             Keyed::Fill(f) => f,
         };
     }
-    if let Err(e) = super::hold_slot(&limit, c.slot()).await {
+    let trace = c.record().trace.clone();
+    if let Err(e) = super::hold_slot(&limit, c.slot(), trace.as_ref()).await {
         return c.fail(e).await;
     }
     let filled = {
         let interims = c.interims();
+        let trace = c.record().trace.clone();
         let target = &*c.target().expect("proxied");
         let up = super::fill::FillUpstream {
             worker,
             gen,
             target,
             interims,
+            trace,
         };
         fill_or_forward(&up, fill, pass).await
     };

@@ -21,6 +21,9 @@ pub(crate) struct UpstreamEdit {
     id_field: Option<Box<str>>,
     /// Set and added fields, and the request ID, as "Name: value\r\n" lines.
     pub lines: Vec<u8>,
+    /// A sampled exchange's trace: the client's `traceparent` and `tracestate` are replaced
+    /// by veloxy's (in `lines`), and upstream attempts record their events in it.
+    trace: Option<Arc<crate::otel::Trace>>,
 }
 
 /// Buffers for rendered lines, kept per thread: an edit takes one and gives it back when it
@@ -141,16 +144,39 @@ impl UpstreamEdit {
             rules,
             id_field,
             lines,
+            trace: None,
         }
+    }
+
+    /// A sampled exchange: the upstream request carries veloxy's trace context instead of
+    /// the client's.
+    pub(crate) fn trace(&mut self, t: &Arc<crate::otel::Trace>) {
+        t.upstream_lines(&mut self.lines);
+        self.trace = Some(t.clone());
+    }
+
+    /// The sampled exchange's trace, if any.
+    pub(crate) fn traced(&self) -> Option<&crate::otel::Trace> {
+        self.trace.as_deref()
+    }
+
+    /// Lets go of the trace (a background refresh outlives its exchange; the request head it
+    /// sends was written already).
+    pub(crate) fn untrace(&mut self) {
+        self.trace = None;
     }
 
     /// The client's `name` fields are not forwarded: those the rules set or remove, the
     /// request ID's, and those forward_auth copies (a client must not supply its own
     /// `Remote-User`).
     pub fn drops(&self, name: &str) -> bool {
-        self.id_field
-            .as_deref()
-            .is_some_and(|f| f.eq_ignore_ascii_case(name))
+        (self.trace.is_some()
+            && (name.eq_ignore_ascii_case("traceparent")
+                || name.eq_ignore_ascii_case("tracestate")))
+            || self
+                .id_field
+                .as_deref()
+                .is_some_and(|f| f.eq_ignore_ascii_case(name))
             || self.rules.as_ref().is_some_and(|r| {
                 r.request.as_ref().is_some_and(|q| q.drops(name))
                     || r.forward_auth.as_ref().is_some_and(|f| {

@@ -91,6 +91,7 @@ impl Job {
             client: self.client,
             hash: t.hash,
             replayable: idempotent,
+            trace: None,
         };
         let mut last = None;
         let (head, mut stream) = attempt::run(&plan, t.backend, &mut last, async |backend, _| {

@@ -25,6 +25,9 @@ pub(crate) struct FillUpstream<'a> {
     pub target: &'a ProxyTarget,
     /// Where the upstream's interim (1xx) heads go: to the client whose request fills.
     pub interims: Option<crate::hints::Interims>,
+    /// The exchange is sampled: each attempt gets a span (a background refresh, detached
+    /// from its exchange, has none).
+    pub trace: Option<std::sync::Arc<crate::otel::Trace>>,
 }
 
 /// A [`FillUpstream`] that owns what it refers to, for a background refresh.
@@ -37,21 +40,32 @@ struct Detached {
 impl Upstream for FillUpstream<'_> {
     async fn fetch(&self, head: &[u8], max: u64) -> Result<Option<Fetched>, ProxyError> {
         let to = (self.target, self.interims.as_ref());
-        fetch(self.worker, self.gen, to, head, max).await
+        fetch((self.worker, self.gen), to, self.trace.clone(), head, max).await
     }
 
     fn detach(&self) -> impl Upstream + 'static {
+        let mut target = self.target.clone();
+        if let Some(e) = target.edit.as_mut() {
+            e.untrace(); // the exchange ends before a background refresh does
+        }
         Detached {
             worker: self.worker.clone(),
             gen: self.gen.clone(),
-            target: self.target.clone(),
+            target,
         }
     }
 }
 
 impl Upstream for Detached {
     async fn fetch(&self, head: &[u8], max: u64) -> Result<Option<Fetched>, ProxyError> {
-        fetch(&self.worker, &self.gen, (&self.target, None), head, max).await
+        fetch(
+            (&self.worker, &self.gen),
+            (&self.target, None),
+            None,
+            head,
+            max,
+        )
+        .await
     }
 
     fn detach(&self) -> impl Upstream + 'static {
@@ -72,9 +86,9 @@ fn up(kind: ErrorKind) -> ProxyError {
 /// Sends `head` (complete, blank line included) and reads the response; `Ok(None)` when its
 /// body is larger than `max` (the connection is then closed, not pooled).
 async fn fetch(
-    worker: &Worker,
-    gen: &Generation,
+    (worker, gen): (&Worker, &Generation),
     (t, interims): (&ProxyTarget, Option<&crate::hints::Interims>),
+    trace: Option<std::sync::Arc<crate::otel::Trace>>,
     head: &[u8],
     max: u64,
 ) -> Result<Option<Fetched>, ProxyError> {
@@ -85,9 +99,17 @@ async fn fetch(
         client: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
         hash: t.hash,
         replayable: true,
+        trace,
     };
     let mut last = None;
     attempt::run(&plan, t.backend, &mut last, async |backend, may_retry| {
+        // A sampled exchange's head names the current attempt (a copy: the head is shared).
+        let patched = plan.trace.as_ref().map(|tr| {
+            let mut h = head.to_vec();
+            tr.patch_head(&mut h);
+            h
+        });
+        let head = patched.as_deref().unwrap_or(head);
         let t0 = Instant::now();
         let to = (t, interims.cloned());
         let r = once(worker, gen, to, backend, head, max, may_retry).await?;

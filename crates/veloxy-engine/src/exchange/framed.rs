@@ -335,7 +335,8 @@ pub(crate) async fn start_attempts<'a, C: FramedClient>(
     replayable: bool,
 ) -> Result<super::attempt::Plan<'a>, ProxyError> {
     let f = fin.as_deref_mut().expect("present until success");
-    super::hold_slot(&t.concurrency, f.slot()).await?;
+    let trace = f.record().trace.clone();
+    super::hold_slot(&t.concurrency, f.slot(), trace.as_ref()).await?;
     Ok(super::attempt::Plan {
         worker: c.worker(),
         gen,
@@ -343,6 +344,7 @@ pub(crate) async fn start_attempts<'a, C: FramedClient>(
         client: c.peer(),
         hash: t.hash,
         replayable,
+        trace,
     })
 }
 

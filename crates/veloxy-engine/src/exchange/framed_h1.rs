@@ -110,6 +110,9 @@ async fn forward_with<C: FramedClient>(
             } else {
                 None
             };
+            if let Some(tr) = &plan.trace {
+                tr.patch_head(wbuf);
+            }
             let t0 = Instant::now();
             let tries = crate::exchange::h1::Tries {
                 is_head,

@@ -66,7 +66,10 @@ pub(crate) async fn relay<C: FramedClient>(
     let mut last = None;
     let result = attempt::run(&plan, t.backend, &mut last, async |backend, _| {
         let make = || {
-            let (method, uri, headers, body) = pending.take().expect("sent at most once");
+            let (method, uri, mut headers, body) = pending.take().expect("sent at most once");
+            if let Some(tr) = &plan.trace {
+                super::trace::set_traceparent(tr, &mut headers);
+            }
             let path = t.path.as_deref();
             let path = path.unwrap_or_else(|| uri.path_and_query().map_or("/", |p| p.as_str()));
             let target = (host.as_str(), path);

@@ -43,10 +43,12 @@ pub(crate) trait HeadReader {
 /// Where an attempt goes: a backend of an upstream group, for a client (the PROXY header's
 /// origin, for groups that send one).
 #[derive(Clone, Copy)]
-pub(crate) struct Backend {
+pub(crate) struct Backend<'a> {
     pub upstream: usize,
     pub backend: usize,
     pub origin: Option<crate::upstream::proxy_header::Origin>,
+    /// A sampled exchange: the attempt's events (connected, request sent, response head).
+    pub trace: Option<&'a crate::otel::Trace>,
 }
 
 /// One HTTP/1.1 attempt on `to`: a pooled connection (or a new one), the request head `wbuf`,
@@ -55,7 +57,7 @@ pub(crate) struct Backend {
 /// may be replaced by a fresh one.
 pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
     (worker, gen): (&Worker, &Generation),
-    to: Backend,
+    to: Backend<'_>,
     wbuf: &[u8],
     ubuf: &mut BytesMut,
     mut body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), AttemptFail<E>>,
@@ -77,6 +79,9 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
         }
         None => (connect().await?, false),
     };
+    if let Some(t) = to.trace {
+        super::trace::event(t, "connected", Some(reused));
+    }
     'attempt: loop {
         match timeout(
             group.write_timeout,
@@ -88,18 +93,32 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
             Ok(Err(_)) if reused && replayable => {
                 conn = connect().await?;
                 reused = false;
+                if let Some(t) = to.trace {
+                    super::trace::event(t, "connected", Some(false));
+                }
                 continue 'attempt;
             }
             Ok(Err(e)) => return Err(AttemptFail::NoResponse(up(ErrorKind::Io(e)))),
             Ok(Ok(())) => {}
         }
         body(&mut conn).await?;
+        if let Some(t) = to.trace {
+            super::trace::event(t, "request sent", None);
+        }
         match read_head(group.read_timeout, &mut conn, ubuf, reader).await? {
-            Some(head) => return Ok((conn, head)),
+            Some(head) => {
+                if let Some(t) = to.trace {
+                    super::trace::event(t, "response head", None);
+                }
+                return Ok((conn, head));
+            }
             None if reused && replayable => {
                 // A pooled connection the upstream had closed: replay on a fresh one.
                 conn = connect().await?;
                 reused = false;
+                if let Some(t) = to.trace {
+                    super::trace::event(t, "connected", Some(false));
+                }
             }
             None => return Err(AttemptFail::NoResponse(up(ErrorKind::UpstreamClosed))),
         }
@@ -221,7 +240,7 @@ pub(crate) type HeadFail = AttemptFail<ProxyError>;
 /// (1xx) head goes to `interims` when there is one.
 pub(crate) async fn foreign_relaying(
     (worker, gen): (&Worker, &Generation),
-    to: Backend,
+    to: Backend<'_>,
     wbuf: &[u8],
     body: impl AsyncFnMut(&mut UpstreamConn) -> Result<(), HeadFail>,
     (tries, interims): (Tries, Option<crate::hints::Interims>),

@@ -31,6 +31,7 @@ pub(crate) mod h1_head;
 pub(crate) mod h2;
 pub(crate) mod h2_head;
 pub(crate) mod record;
+pub(crate) mod trace;
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -144,8 +145,9 @@ pub(crate) struct ProxyTarget {
 
 impl ProxyTarget {
     /// Where an attempt on `backend` goes.
-    pub(crate) fn to(&self, backend: usize) -> h1::Backend {
+    pub(crate) fn to(&self, backend: usize) -> h1::Backend<'_> {
         h1::Backend {
+            trace: self.edit.as_ref().and_then(|e| e.traced()),
             upstream: self.upstream,
             backend,
             origin: self.origin,
@@ -247,18 +249,27 @@ pub(crate) type Slot = Option<crate::limits::OwnedAdmission>;
 /// follower included: it is a request in flight on the route) or the first attempt. The
 /// slot is held until the answer is complete; a fill that lets the request go upstream
 /// hands its slot on to the forward, which does not take a second one.
+/// A sampled exchange's wait for the slot is its `queue wait` span.
 pub(crate) async fn hold_slot(
     limit: &Option<Arc<ConcurrencyLimit>>,
     held: &mut Slot,
+    trace: Option<&Arc<crate::otel::Trace>>,
 ) -> Result<(), ProxyError> {
-    if let (Some(l), None) = (limit, held.as_ref()) {
-        let admission = l
-            .admit_owned()
-            .await
-            .map_err(|_| ProxyError::downstream(ErrorKind::Overloaded))?;
-        *held = Some(admission);
+    let (Some(l), None) = (limit, held.as_ref()) else {
+        return Ok(());
+    };
+    let span = trace::queue(trace, limit, held);
+    let r = match l.admit_owned().await {
+        Ok(admission) => {
+            *held = Some(admission);
+            Ok(())
+        }
+        Err(_) => Err(ProxyError::downstream(ErrorKind::Overloaded)),
+    };
+    if let (Some(t), Some(span)) = (trace, span) {
+        trace::queued(t, span, &r);
     }
-    Ok(())
+    r
 }
 
 /// The `on_response` phase: what the route's response rules and the hooks do to a response

@@ -45,6 +45,10 @@ pub(crate) struct Record {
     pub verify: Option<Box<crate::auth::Verify>>,
     /// An unsafe request on a caching route: what its response invalidates (RFC 9111 4.4).
     pub invalidate: Option<Box<crate::cache::invalidate::Pending>>,
+    /// `[server.tracing]` is on (the access log writes trace ids).
+    pub traced: bool,
+    /// The exchange was sampled: its trace, its spans so far.
+    pub trace: Option<std::sync::Arc<crate::otel::Trace>>,
 }
 
 impl Record {
@@ -76,6 +80,8 @@ impl Record {
             client_ip: None,
             verify: None,
             invalidate: None,
+            traced: false,
+            trace: None,
         }
     }
 
@@ -94,6 +100,8 @@ impl Record {
             client_ip: None,
             verify: None,
             invalidate: None,
+            traced: false,
+            trace: None,
         }
     }
 
@@ -114,6 +122,10 @@ impl Record {
             None => worker.metrics.unrouted(status),
         }
         worker.metrics.request_duration.observe(duration);
+        let ids = self
+            .trace
+            .take()
+            .and_then(|t| self.end_trace(worker, &t, status));
         if let (Some(log), Some(f)) = (&worker.shared.access_log, self.log.take()) {
             let entry = crate::access_log::Entry {
                 client,
@@ -129,6 +141,10 @@ impl Record {
                 backend: self.backend.as_ref(),
                 request_id: self.request_id.as_deref(),
                 bytes_received: None,
+                trace: self.traced.then(|| {
+                    ids.as_ref()
+                        .map_or(("", ""), |(t, s)| (t.as_str(), s.as_str()))
+                }),
             };
             if !log.log(&entry) {
                 worker.metrics.access_log_dropped.inc();
@@ -142,5 +158,25 @@ impl Record {
             };
             hooks.on_done(&summary, ctx);
         }
+    }
+
+    /// Ends a sampled exchange's span and queues its spans for export (counting them when
+    /// the queue is full); returns the trace and span ids when the access log writes them.
+    #[cold]
+    fn end_trace(
+        &self,
+        worker: &Worker,
+        t: &crate::otel::Trace,
+        status: u16,
+    ) -> Option<(String, String)> {
+        use opentelemetry::KeyValue;
+        if let Some(b) = &self.backend {
+            t.set([KeyValue::new("veloxy.backend", b.to_string())]);
+        }
+        let dropped = t.finish(status);
+        if dropped > 0 {
+            worker.metrics.tracing_spans_dropped.add(dropped);
+        }
+        self.log.is_some().then(|| t.ids())
     }
 }

@@ -15,6 +15,7 @@ use crate::acme::CertStore;
 use crate::cache::Store;
 use crate::config::Snapshot;
 use crate::fleet::redis::RedisClient;
+use crate::otel::Exporter;
 use crate::upstream::search_cluster::ClusterView;
 
 /// The objects the installed snapshot uses.
@@ -32,6 +33,9 @@ struct Held {
     stores: Vec<Arc<Store>>,
     redis: Option<Arc<RedisClient>>,
     views: HashMap<String, Arc<ClusterView>>,
+    /// The span exporter (`[server.tracing]`): kept while its endpoint, service name and
+    /// resource stay the same; dropping the last handle ends its thread.
+    tracer: Option<Arc<Exporter>>,
 }
 
 /// A live object that could not be made: a cache store (its disk directory) or the local CA
@@ -73,6 +77,7 @@ impl Live {
             };
             stores.push(store);
         }
+        let tracer = tracer(&held, snapshot)?;
         let local = local_leaves(snapshot)?;
         // Nothing fails from here on.
         for (spec, store) in snapshot.live.caches.iter().zip(&stores) {
@@ -109,10 +114,14 @@ impl Live {
             let view = search.cluster.set(kept.unwrap_or_default()).clone();
             views.insert(g.name.clone(), view);
         }
+        if let (Some(slot), Some(t)) = (&snapshot.live.tracer, &tracer) {
+            slot.set(t.clone());
+        }
         *held = Held {
             stores,
             redis,
             views,
+            tracer,
         };
         Ok(())
     }
@@ -135,6 +144,29 @@ impl Live {
         held.redis
             .as_ref()
             .map_or(0, |c| c.errors.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// The span exporter `snapshot` needs: the held one when made from the same settings, else
+/// a new one (its thread started).
+fn tracer(held: &Held, snapshot: &Snapshot) -> Result<Option<Arc<Exporter>>, BindError> {
+    let (Some(slot), Some(settings)) = (&snapshot.live.tracer, &snapshot.settings.tracing) else {
+        return Ok(None);
+    };
+    if let Some(t) = slot.try_get() {
+        return Ok(Some(t.clone()));
+    }
+    let same = |e: &&Arc<Exporter>| e.settings.exporter_key() == settings.exporter_key();
+    if let Some(t) = held.tracer.as_ref().filter(same) {
+        return Ok(Some(t.clone()));
+    }
+    match Exporter::start(settings) {
+        Ok(e) => Ok(Some(Arc::new(e))),
+        Err(e) => Err(BindError {
+            what: "tracing: the exporter".to_owned(),
+            path: std::path::PathBuf::from(&settings.otlp_endpoint),
+            source: std::io::Error::other(e.to_string()),
+        }),
     }
 }
 

@@ -19,6 +19,7 @@ mod routes;
 mod rules;
 mod search;
 mod server;
+mod tracing;
 pub(crate) mod upstreams;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -72,7 +73,7 @@ fn compile(
     policies: &PolicyRegistry,
 ) -> Result<Snapshot, ConfigError> {
     let s = &file.server;
-    let settings = server::compile_settings(src, s)?;
+    let mut settings = server::compile_settings(src, s)?;
     let io_warning = server::io_mode(src, s)?;
     let (upstreams, upstream_index) =
         upstreams::compile_upstreams(src, &file.upstreams, policies, settings.workers)?;
@@ -105,6 +106,16 @@ fn compile(
     let redis = redis_spec
         .as_ref()
         .map(|_| crate::late::Late::<crate::fleet::redis::RedisClient>::empty());
+    settings.tracing = tracing::compile_tracing(src, s)?;
+    tracing::check_routes(
+        src,
+        (&file.routes, &file.route_origin),
+        settings.tracing.as_ref(),
+    )?;
+    let tracer = settings
+        .tracing
+        .as_ref()
+        .map(|_| crate::late::Late::<crate::otel::Exporter>::empty());
     routes::compile_routes(
         src,
         (&file.routes, &file.route_origin),
@@ -113,7 +124,6 @@ fn compile(
         &mut listeners,
     )?;
     compile_streams(src, file, &upstream_index, &mut listeners)?;
-    let mut settings = settings;
     settings.acme = acme::compile_acme(src, file, &mut listeners, redis_spec.as_ref())?;
     settings.redis = redis_spec;
     http3::compile_http3(src, file, &settings, &mut listeners)?;
@@ -135,6 +145,7 @@ fn compile(
     warnings.extend(foreign_variables(src, src.text));
     let live = crate::config::LiveSpecs {
         redis,
+        tracer,
         caches: cache::store_specs(caches),
         certs,
     };

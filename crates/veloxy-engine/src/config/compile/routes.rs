@@ -152,6 +152,11 @@ fn compile_route(
     let group = upstream.map(|u| &groups[u]);
     rules = super::grpc_web::grpc_web(src, &key, r, group, rules)?;
     rules = super::early_hints::early_hints(src, &key, r, group, rules)?;
+    if let Some(t) = super::tracing::route_tracing(src, &key, r)? {
+        let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
+        r.tracing = Some(t);
+        rules = Some(Arc::new(r));
+    }
     if let Some(s) = &r.search {
         let s = super::search::route_search(src, &key, s, upstream.map(|u| &groups[u]), caches.0)?;
         let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();

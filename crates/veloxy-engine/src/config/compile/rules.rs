@@ -197,6 +197,7 @@ pub(super) fn compile_rules(
         fastcgi: None,
         grpc_web: None,
         early_hints: false,
+        tracing: None,
     };
     Ok((!rules.is_empty()).then(|| Arc::new(rules)))
 }

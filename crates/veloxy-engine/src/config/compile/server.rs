@@ -36,6 +36,7 @@ pub(super) fn compile_settings(src: &Source, s: &ServerSection) -> Result<Settin
         },
         acme: None,
         redis: None,
+        tracing: None,
         kubernetes: None,
         resolvers: resolvers(src, &s.resolvers)?,
         admin_token: admin_token(src, s)?,

@@ -87,7 +87,7 @@ async fn exchange(
     if p.target.grpc_web.is_some_and(|w| w.text) {
         body = crate::exchange::grpc_web::decode_all(&body)?;
     }
-    exchange::hold_slot(&p.target.concurrency, &mut p.slot).await?;
+    exchange::hold_slot(&p.target.concurrency, &mut p.slot, record.trace.as_ref()).await?;
     let head = p.h2_head.as_deref().ok_or_else(|| {
         ProxyError::downstream(ErrorKind::BadRequest("request not expressible in HTTP/2"))
     })?;
@@ -98,10 +98,17 @@ async fn exchange(
         client: down.peer,
         hash: p.target.hash,
         replayable: p.idempotent,
+        trace: record.trace.clone(),
     };
     let upstream = p.target.upstream;
     let resp = attempt::run(&plan, p.target.backend, last, async |backend, may_retry| {
-        let make = || head.request(group, backend, body.clone());
+        let make = || {
+            let mut r = head.request(group, backend, body.clone())?;
+            if let Some(t) = &plan.trace {
+                exchange::trace::set_traceparent(t, r.headers_mut());
+            }
+            Ok(r)
+        };
         crate::exchange::h2::attempt_on(worker, gen, (upstream, backend), may_retry, make).await
     })
     .await?;
