@@ -389,7 +389,10 @@ fn ratio_zero_exports_nothing_a_route_overrides_it_and_reload_changes_it() {
 #[test]
 fn a_dead_collector_costs_requests_nothing_and_drops_are_counted() {
     let up = origin();
-    let endpoint = format!("http://{}", dead_addr());
+    // A collector that never answers (bound, never accepting): its port cannot be taken by
+    // another test's server meanwhile, as a closed one could, and each export times out.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
     let v = veloxy(&config(&endpoint, "sample_ratio = 1.0", &[up.addr], ""));
     let t0 = Instant::now();
     for i in 0..50 {
@@ -418,8 +421,10 @@ fn a_dead_collector_costs_requests_nothing_and_drops_are_counted() {
                 .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
                 .is_some_and(|n| n > 0)
         }),
-        "dropped spans counted:\n{text}"
+        "dropped spans counted:\n{text}\nveloxy's log:\n{}",
+        v.proc.log_text()
     );
+    drop(silent);
 }
 
 #[test]
