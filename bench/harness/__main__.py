@@ -90,6 +90,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="--vs-nginx: the ratelimit-global scenario: veloxy without a rate limit, "
                         "with a local and with a global limit (a redis-server on the load core), "
                         "CPU per request, then a Redis outage under load (implies --vs-nginx)")
+    p.add_argument("--tracing", action="store_true",
+                   help="--vs-nginx: veloxy with OpenTelemetry tracing off, at sample_ratio 0.01 and "
+                        "1.0 (OTLP/HTTP to a sink on the load side), and nginx: CPU per request")
     p.add_argument("--fastcgi", action="store_true",
                    help="--vs-nginx: the fastcgi scenario: veloxy (protocol = \"fastcgi\") vs nginx "
                         "(fastcgi_pass) to one php-fpm on the load core, a small PHP script, CPU "
@@ -115,6 +118,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.warmup = min(args.warmup, 1)
     if args.duration is None:
         args.duration = 5 if args.scale else 10
+    if args.tracing:
+        if args.rules or args.auth or args.ratelimit or args.fastcgi:
+            p.error("--tracing is a scenario of its own")
+        args.vs_nginx = True
+        if not args.name:
+            args.name = f"tracing-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.fastcgi:
         if args.rules or args.auth or args.ratelimit:
             p.error("--fastcgi is a scenario of its own: not with --rules, --auth or --ratelimit")

@@ -92,10 +92,58 @@ def _auth_entries(ctx) -> list[tuple[str, str, dict | None, str]]:
             ("nginx-auth", "nginx", {"SERVER_EXTRA": nginx_auth}, AUTH_PATH)]
 
 
+# `--tracing`: veloxy with OpenTelemetry tracing off, at sample_ratio 0.01 and at 1.0 (every
+# request a server span and an attempt span, exported over OTLP/HTTP by veloxy's exporter
+# thread, which runs in veloxy's process and is counted in its CPU), against nginx. The
+# collector is a sink in the harness's process (on the load side) that reads each POST and
+# answers 200: the cost measured is veloxy's, building, batching, encoding and sending.
+TRACING_RATIOS = [("veloxy-trace-0.01", "0.01"), ("veloxy-trace-1", "1.0")]
+
+
+def _otlp_sink() -> str:
+    """Starts (once per process) an OTLP/HTTP sink on 127.0.0.1; its endpoint."""
+    global _SINK
+    if _SINK is None:
+        import http.server
+        import threading
+
+        class Sink(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802 (http.server's naming)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        _SINK = f"http://127.0.0.1:{server.server_address[1]}"
+    return _SINK
+
+
+_SINK: str | None = None
+
+
+def _tracing_entries() -> list[tuple[str, str, dict | None, str]]:
+    endpoint = _otlp_sink()
+    out = [("veloxy", "veloxy", None, "/")]
+    for label, ratio in TRACING_RATIOS:
+        extra = f'\n[server.tracing]\notlp_endpoint = "{endpoint}"\nsample_ratio = {ratio}\n'
+        out.append((label, "veloxy", {"SERVER_EXTRA": extra}, "/"))
+    return out + [("nginx", "nginx", None, "/")]
+
+
 def _entries(args, ctx=None) -> list[tuple[str, str, dict | None, str]]:
     """(label, peer, config extras, request path) of each contender."""
     if getattr(args, "auth", False):
         return _auth_entries(ctx)
+    if getattr(args, "tracing", False):
+        return _tracing_entries()
     if not getattr(args, "rules", False):
         return [(n, n, None, "/") for n in PAIR]
     return [("veloxy", "veloxy", None, RULES_PATH),
@@ -247,6 +295,8 @@ RATIOS = [
     ("nginx-rules", "veloxy-rules", 2, "(goal: at least 1.1)"),
     ("veloxy-auth", "veloxy", 3, "(goal: below 1.05)"),
     ("nginx-auth", "veloxy-auth", 1, ""),
+    ("veloxy-trace-0.01", "veloxy", 3, "(goal: at most 1.03)"),
+    ("veloxy-trace-1", "veloxy", 3, "(goal: at most 1.15)"),
     ("nginx", "veloxy", 2, "(above 1 = veloxy uses less CPU per request)"),
     ("nginx-fastcgi", "veloxy-fastcgi", 2, "(above 1 = veloxy uses less CPU per request)"),
 ]

@@ -99,8 +99,6 @@ pub struct WorkerMetrics {
     pub shed_503: Counter,
     pub rate_limited_429: Counter,
     pub access_log_dropped: Counter,
-    /// Spans dropped because the exporter's queue was full.
-    pub tracing_spans_dropped: Counter,
     /// TLS handshakes that failed or timed out.
     pub tls_handshake_errors: Counter,
     /// HTTP/2 streams opened by clients.
@@ -146,7 +144,6 @@ impl Default for WorkerMetrics {
             shed_503: Counter::default(),
             rate_limited_429: Counter::default(),
             access_log_dropped: Counter::default(),
-            tracing_spans_dropped: Counter::default(),
             tls_handshake_errors: Counter::default(),
             h2_streams: Counter::default(),
             h3_streams: Counter::default(),
@@ -403,8 +400,7 @@ pub fn render(m: &Metrics, labels: &Labels) -> String {
         "veloxy_tracing_spans_dropped_total",
         "counter",
         "Spans not exported: the exporter's queue was full, or the collector refused them, failed or timed out.",
-        sum(m, |w| w.tracing_spans_dropped.get())
-            + crate::otel::export::EXPORT_DROPPED.load(std::sync::atomic::Ordering::Relaxed),
+        crate::otel::export::EXPORT_DROPPED.load(std::sync::atomic::Ordering::Relaxed),
     );
     counter(
         &mut out,

@@ -122,10 +122,7 @@ impl Record {
             None => worker.metrics.unrouted(status),
         }
         worker.metrics.request_duration.observe(duration);
-        let ids = self
-            .trace
-            .take()
-            .and_then(|t| self.end_trace(worker, &t, status));
+        let ids = self.trace.take().and_then(|t| self.end_trace(&t, status));
         if let (Some(log), Some(f)) = (&worker.shared.access_log, self.log.take()) {
             let entry = crate::access_log::Entry {
                 client,
@@ -160,23 +157,14 @@ impl Record {
         }
     }
 
-    /// Ends a sampled exchange's span and queues its spans for export (counting them when
-    /// the queue is full); returns the trace and span ids when the access log writes them.
+    /// Ends a sampled exchange's span and queues its spans for export; returns the trace and span ids when the access log writes them.
     #[cold]
-    fn end_trace(
-        &self,
-        worker: &Worker,
-        t: &crate::otel::Trace,
-        status: u16,
-    ) -> Option<(String, String)> {
+    fn end_trace(&self, t: &crate::otel::Trace, status: u16) -> Option<(String, String)> {
         use opentelemetry::KeyValue;
         if let Some(b) = &self.backend {
             t.set([KeyValue::new("veloxy.backend", b.to_string())]);
         }
-        let dropped = t.finish(status);
-        if dropped > 0 {
-            worker.metrics.tracing_spans_dropped.add(dropped);
-        }
+        t.finish(status);
         self.log.is_some().then(|| t.ids())
     }
 }

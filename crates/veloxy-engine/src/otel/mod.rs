@@ -350,8 +350,8 @@ impl Trace {
     }
 
     /// Ends the exchange's span (`status` 0: nothing was answered) and hands every span to
-    /// the exporter. Returns how many were dropped (the queue was full).
-    pub(crate) fn finish(&self, status: u16) -> u64 {
+    /// the exporter (drops are counted there).
+    pub(crate) fn finish(&self, status: u16) {
         let mut attributes =
             std::mem::take(&mut *self.attributes.lock().unwrap_or_else(|e| e.into_inner()));
         let error = match status {
@@ -385,11 +385,7 @@ impl Trace {
         );
         let mut spans = std::mem::take(&mut *self.spans.lock().unwrap_or_else(|e| e.into_inner()));
         spans.push(server);
-        let n = spans.len() as u64;
-        match self.exporter.send(spans) {
-            true => 0,
-            false => n,
-        }
+        self.exporter.send(spans);
     }
 }
 
