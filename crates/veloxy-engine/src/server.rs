@@ -465,6 +465,8 @@ impl Running {
         for t in self.threads {
             let _ = t.join();
         }
+        // The workers' last spans, handed on as their threads ended, reach the collector.
+        crate::otel::export::drain(Duration::from_secs(3));
     }
 }
 

@@ -672,3 +672,38 @@ fn a_cache_fill_is_traced_and_a_hit_says_so() {
         (miss.trace_id.clone(), attempt.span_id.clone())
     );
 }
+
+/// A stop (SIGTERM) right after requests: the spans still in the worker's batch and the
+/// exporter's queue reach the collector before the process exits.
+#[test]
+fn spans_of_the_last_requests_are_exported_at_shutdown() {
+    let Some(col) = Collector::start() else {
+        return;
+    };
+    let up = origin();
+    let mut v = veloxy(&config(
+        &col.endpoint(),
+        "sample_ratio = 1.0",
+        &[up.addr],
+        "",
+    ));
+    for i in 0..5 {
+        let r = request(
+            v.addr,
+            &format!("GET /api/last-{i} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"),
+        );
+        assert_eq!(r.status, 200);
+    }
+    signal(v.proc.pid(), "-TERM");
+    let exited = eventually(Duration::from_secs(10), || {
+        v.proc.child.try_wait().is_ok_and(|s| s.is_some())
+    });
+    assert!(exited, "veloxy did not stop");
+    col.wait("the five server spans", |s| {
+        (0..5).all(|i| {
+            let path = format!("/api/last-{i}");
+            s.iter()
+                .any(|s| s.kind == 2 && s.attr("url.path") == Some(path.as_str()))
+        })
+    });
+}

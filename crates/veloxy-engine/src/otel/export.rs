@@ -42,6 +42,21 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// Spans the exporter thread could not deliver (the collector refused them, failed or timed
 /// out), summed into `veloxy_tracing_spans_dropped_total` with the workers' queue drops.
 pub(crate) static EXPORT_DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Worker batches handed to an exporter thread, and those it has exported or dropped: equal
+/// when nothing waits ([`drain`]).
+static HANDED: AtomicU64 = AtomicU64::new(0);
+static DONE: AtomicU64 = AtomicU64::new(0);
+
+/// At shutdown, once the workers have ended (each hands its last batch on as its thread
+/// ends): waits, up to `limit`, until the exporter threads have sent every batch they got.
+pub(crate) fn drain(limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while DONE.load(Ordering::Acquire) < HANDED.load(Ordering::Acquire)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
 
 /// The handle workers send finished spans to.
 #[derive(Debug)]
@@ -116,9 +131,13 @@ impl Exporter {
 
     fn hand_over(&self, spans: Vec<SpanData>) {
         let n = spans.len() as u64;
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(spans)
-        {
-            EXPORT_DROPPED.fetch_add(n, Ordering::Relaxed);
+        match self.tx.try_send(spans) {
+            Ok(()) => {
+                HANDED.fetch_add(1, Ordering::AcqRel);
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                EXPORT_DROPPED.fetch_add(n, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -128,6 +147,13 @@ impl Exporter {
 struct Pending {
     to: Option<std::sync::Arc<Exporter>>,
     spans: Vec<SpanData>,
+}
+
+impl Drop for Pending {
+    /// A worker thread that ends (shutdown) hands its last batch on.
+    fn drop(&mut self) {
+        self.flush();
+    }
 }
 
 impl Pending {
@@ -201,6 +227,7 @@ fn run(s: &TracingSettings, rx: Receiver<Vec<SpanData>>) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut open = true;
     while open {
+        let mut got = 1;
         match rx.recv() {
             Ok(spans) => batch.extend(spans),
             Err(_) => break,
@@ -209,7 +236,10 @@ fn run(s: &TracingSettings, rx: Receiver<Vec<SpanData>>) {
         while batch.len() < BATCH {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match rx.recv_timeout(left) {
-                Ok(spans) => batch.extend(spans),
+                Ok(spans) => {
+                    got += 1;
+                    batch.extend(spans);
+                }
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => {
                     open = false;
@@ -233,6 +263,7 @@ fn run(s: &TracingSettings, rx: Receiver<Vec<SpanData>>) {
                 tracing::debug!(spans = n, "tracing: export timed out");
             }
         }
+        DONE.fetch_add(got, Ordering::AcqRel);
     }
     let _ = exporter.shutdown();
 }
