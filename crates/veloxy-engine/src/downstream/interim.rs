@@ -18,25 +18,13 @@ pub(crate) async fn send_hints(
     down: &mut Downstream,
     p: &Prepared,
 ) {
-    let Some(key) = p.target.hints.as_deref() else {
-        return;
-    };
-    let Some(links) = gen.hints.borrow_mut().get(key) else {
+    let Some(links) = crate::exchange::early_hints(gen, &p.target) else {
         return;
     };
     let mut out = worker.take_vec();
     crate::hints::write_h1(&links, &mut out);
     let _ = write_down(down, &out).await;
     worker.give_vec(out);
-}
-
-/// `early_hints`: learns the Link fields of a 200 answer's head (`head`, written for the
-/// client) for its path.
-pub(crate) fn learn_hints(gen: &Generation, key: &crate::hints::HintKey, head: &[u8]) {
-    let links = crate::http1::lines(head)
-        .filter(|(name, _)| name.eq_ignore_ascii_case(b"link"))
-        .map(|(_, value)| value);
-    gen.hints.borrow_mut().learn(key, links);
 }
 
 /// Writes the interim responses waiting in `q` (a cache fill's, queued by the upstream

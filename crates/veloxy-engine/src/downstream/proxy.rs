@@ -532,8 +532,11 @@ impl Run<'_> {
                     .map(|(_, v)| v)
             });
         }
-        if let (Some(key), 200) = (self.p.target.hints.as_deref(), meta.status) {
-            super::interim::learn_hints(self.gen, key, self.obuf);
+        if self.p.target.hints.is_some() {
+            let links = crate::http1::lines(self.obuf)
+                .filter(|(name, _)| name.eq_ignore_ascii_case(b"link"))
+                .map(|(_, value)| value);
+            exchange::learn_early_hints(self.gen, &self.p.target, meta.status, links);
         }
         if let Some(view) = exchange::on_response(self.worker, self.record, meta.status) {
             view.apply_h1(self.obuf);

@@ -139,7 +139,8 @@ async fn forward_with<C: FramedClient>(
     if let Some(page) = super::framed::upstream_error_page(c.worker(), head.status, is_head, fin) {
         return Ok(page);
     }
-    learn_hints(gen, t, &head);
+    let links = head.headers.get_all(http::header::LINK).iter();
+    super::learn_early_hints(gen, t, head.status, links.map(|v| v.as_bytes()));
     Ok(respond(c, gen, t, backend, conn, head, rest, fin))
 }
 
@@ -280,22 +281,10 @@ fn send_hints(
     extensions: &http::Extensions,
 ) -> Option<crate::hints::Interims> {
     let interims = extensions.get::<crate::hints::Interims>()?;
-    if let Some(key) = t.hints.as_deref() {
-        if let Some(links) = gen.hints.borrow_mut().get(key) {
-            interims.send(crate::hints::response(links));
-        }
+    if let Some(links) = super::early_hints(gen, t) {
+        interims.send(crate::hints::response(links));
     }
     Some(interims.clone())
-}
-
-/// `early_hints`: learns the Link fields of a 200 answer for its path.
-fn learn_hints(gen: &Generation, t: &ProxyTarget, head: &ForeignHead) {
-    if let (Some(key), 200) = (t.hints.as_deref(), head.status) {
-        let links = head.headers.get_all(http::header::LINK).iter();
-        gen.hints
-            .borrow_mut()
-            .learn(key, links.map(|v| v.as_bytes()));
-    }
 }
 
 /// Streams the request body from the HTTP/2 stream to the upstream (chunk-encoded when its

@@ -296,6 +296,30 @@ pub(crate) fn on_response<'c>(
     })
 }
 
+/// `early_hints`: the Link fields remembered for the path of `t` (the last 200 answer's
+/// preload and preconnect links), for the codec to send as a `103 Early Hints` before the
+/// upstream is asked. `None` off the route option, or when nothing is remembered.
+pub(crate) fn early_hints(
+    gen: &crate::worker::Generation,
+    t: &ProxyTarget,
+) -> Option<Vec<http::HeaderValue>> {
+    let key = t.hints.as_deref()?;
+    gen.hints.borrow_mut().get(key)
+}
+
+/// `early_hints`: once the upstream's response head is known, a 200's Link field values
+/// (`links`) become what the path's next request is hinted with.
+pub(crate) fn learn_early_hints<'h>(
+    gen: &crate::worker::Generation,
+    t: &ProxyTarget,
+    status: u16,
+    links: impl Iterator<Item = &'h [u8]>,
+) {
+    if let (Some(key), 200) = (t.hints.as_deref(), status) {
+        gen.hints.borrow_mut().learn(key, links);
+    }
+}
+
 /// An unsafe request's cache invalidation (RFC 9111 4.4), once the upstream's response head
 /// is known: `field` finds its `Location` and `Content-Location`. Nothing when the request
 /// invalidates nothing.
