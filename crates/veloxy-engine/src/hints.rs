@@ -149,6 +149,11 @@ fn hinted(link: &[u8]) -> bool {
     })
 }
 
+/// Interim heads of an upstream forwarded to a client per response, on every client
+/// protocol; later ones are dropped (an upstream cannot make veloxy write heads without end
+/// while its final one waits).
+pub(crate) const MAX_FORWARDED: u8 = 8;
+
 /// The informational (1xx) responses of one framed request on their way to its client, for
 /// codecs that can send one before the final response (HTTP/3): the codec puts one in the
 /// request's extensions and sends what arrives while the exchange runs. A few at most wait;
@@ -162,6 +167,8 @@ pub(crate) struct Interims(std::sync::Arc<Queue>);
 pub(crate) struct Queue {
     waiting: std::sync::Mutex<std::collections::VecDeque<http::Response<()>>>,
     ready: tokio::sync::Notify,
+    /// Upstream interim heads forwarded (at most [`MAX_FORWARDED`]).
+    forwarded: std::sync::atomic::AtomicU8,
 }
 
 impl Interims {
@@ -177,9 +184,15 @@ impl Interims {
         }
     }
 
-    /// Forwards an upstream's interim head (HTTP/1 bytes) if it is one to forward.
+    /// Forwards an upstream's interim head (HTTP/1 bytes) if it is one to forward and fewer
+    /// than [`MAX_FORWARDED`] went before it.
     pub(crate) fn forward(&self, head: &[u8]) {
-        if let Some(res) = crate::http1::interim::to_response(head) {
+        use std::sync::atomic::Ordering;
+        let Some(res) = crate::http1::interim::to_response(head) else {
+            return;
+        };
+        if self.0.forwarded.load(Ordering::Relaxed) < MAX_FORWARDED {
+            self.0.forwarded.fetch_add(1, Ordering::Relaxed);
             self.send(res);
         }
     }
@@ -269,5 +282,21 @@ mod tests {
             m.learn(&key(&format!("/b{i}")), [big.as_bytes()].into_iter());
         }
         assert!(m.bytes <= MAX_BYTES);
+    }
+
+    #[test]
+    fn an_upstream_gets_at_most_max_forwarded_interim_heads_through() {
+        let q = Interims::default();
+        let mut through = 0;
+        for _ in 0..3 * MAX_FORWARDED {
+            q.forward(b"HTTP/1.1 102 Processing\r\n\r\n");
+            while q.take().is_some() {
+                through += 1;
+            }
+        }
+        assert_eq!(through, MAX_FORWARDED);
+        // veloxy's own 103 is not an upstream's: it is not counted.
+        q.send(response(Vec::new()));
+        assert!(q.take().is_some());
     }
 }

@@ -6,10 +6,6 @@ use crate::downstream::relay::write_down;
 use crate::error::ProxyError;
 use crate::worker::{Generation, Worker};
 
-/// Interim heads forwarded to a client per response; later ones are dropped (an upstream
-/// cannot make veloxy write heads without end while its final one waits).
-pub(crate) const MAX_FORWARDED: u8 = 8;
-
 /// `early_hints`: the `103 Early Hints` of the path's last 200 answer, if it had preload or
 /// preconnect links, before the upstream is asked (HTTP/1.1 clients only).
 pub(crate) async fn send_hints(
@@ -42,10 +38,10 @@ pub(crate) async fn drain(worker: &Worker, down: &mut Downstream, q: &crate::hin
 
 /// Whether the upstream's interim head `head` goes to the client of `p`, counting it in
 /// `forwarded`: HTTP/1.0 clients get no 1xx, `100 Continue` is veloxy's own to send, and at
-/// most [`MAX_FORWARDED`] go to one response.
+/// most [`crate::hints::MAX_FORWARDED`] go to one response.
 pub(crate) fn forwards(p: &Prepared, forwarded: &mut u8, head: &[u8]) -> bool {
     let yes = p.version >= 1
-        && *forwarded < MAX_FORWARDED
+        && *forwarded < crate::hints::MAX_FORWARDED
         && crate::http1::interim::status(head).is_some();
     *forwarded += u8::from(yes);
     yes

@@ -333,7 +333,7 @@ async fn buffer_request_body(
 struct Relayed<'a> {
     p: &'a Prepared,
     obuf: &'a mut Vec<u8>,
-    /// Interim heads forwarded so far (at most [`super::interim::MAX_FORWARDED`]).
+    /// Interim heads forwarded so far (at most [`crate::hints::MAX_FORWARDED`]).
     interims: u8,
 }
 
