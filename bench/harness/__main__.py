@@ -52,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       help="veloxy vs nginx vs HAProxy, 1 worker each, across connection counts "
                            "(p99, p99.9, CPU per request), then a fixed-rate ramp at 25-90%% of "
                            "each proxy's own ceiling")
+    mode.add_argument("--kube", action="store_true",
+                      help="veloxy as a Kubernetes Ingress controller: 1,000 Ingresses on a real "
+                           "kube-apiserver, load with EndpointSlice churn (bench/kube_load.py)")
     mode.add_argument("--scale", action="store_true",
                       help="route-table scale: veloxy vs nginx vs HAProxy, 1 worker each, CPU per "
                            "request with 10..100,000 routes over up to 10,000 hosts, then load, "
@@ -184,6 +187,13 @@ def main(argv: list[str]) -> int:
         script = BENCH / "search_cluster.py"
         return subprocess.call([sys.executable, str(script), "--rounds", str(args.rounds),
                                 "--duration", str(int(args.duration)), "--out", str(out / name)])
+    if args.kube:
+        name = args.name or f"kube-{time.strftime('%Y%m%d-%H%M%S')}"
+        out = Path(args.results_dir) if args.results_dir else BENCH / "results"
+        cmd = [sys.executable, str(BENCH / "kube_load.py"), "--out", str(out / name)]
+        if args.duration is not None and "--duration" in " ".join(argv):
+            cmd += ["--churn-seconds", str(args.duration)]
+        return subprocess.call(cmd)
     if args.cache_tests:
         name = args.name or f"cache-tests-{time.strftime('%Y%m%d-%H%M%S')}"
         out = Path(args.results_dir) if args.results_dir else BENCH / "results"

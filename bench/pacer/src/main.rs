@@ -19,8 +19,12 @@
 //! 1 ns, so an idle generator wakes within microseconds of a due time instead of rounding up
 //! to the next millisecond (which `epoll_wait` would, adding up to 1 ms to every latency).
 //!
+//! Hosts: `-H FILE` names a file with one `Host` value a line; request k carries line
+//! k mod n (formatted once at start), so the load spreads evenly over many virtual hosts
+//! (`bench/kube_load.py`: 1,000 Ingress hosts). Without it every request carries the URL's.
+//!
 //! Output: one JSON object on stdout. Usage:
-//! `pacer http://127.0.0.1:8080/path -c 64 -r 20000 -d 5 [-w 1] [-t 2]`
+//! `pacer http://127.0.0.1:8080/path -c 64 -r 20000 -d 5 [-w 1] [-t 2] [-H HOSTS_FILE]`
 
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -34,7 +38,8 @@ use conn::{Conn, Event};
 
 struct Args {
     addr: SocketAddr,
-    request: Vec<u8>,
+    /// The requests, formatted once: one per `-H` host (one with the URL's host without).
+    requests: Vec<Vec<u8>>,
     connections: usize,
     rate: f64,
     duration: Duration,
@@ -45,7 +50,7 @@ struct Args {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("pacer: {why}\nusage: pacer http://HOST:PORT/PATH -c CONNS -r RATE -d SECS [-w WARMUP_SECS] [-t TIMEOUT_SECS]");
+    eprintln!("pacer: {why}\nusage: pacer http://HOST:PORT/PATH -c CONNS -r RATE -d SECS [-w WARMUP_SECS] [-t TIMEOUT_SECS] [-H HOSTS_FILE]");
     std::process::exit(2)
 }
 
@@ -53,8 +58,13 @@ fn parse_args() -> Args {
     let mut url = None;
     let (mut c, mut r, mut d, mut w, mut t) = (64usize, None, 5.0f64, 1.0f64, 2.0f64);
     let mut q = 100.0f64;
+    let mut hosts_file = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
+        if a == "-H" {
+            hosts_file = Some(it.next().unwrap_or_else(|| usage("-H wants a file")));
+            continue;
+        }
         let mut val = |name: &str| -> f64 {
             it.next()
                 .and_then(|v| v.parse().ok())
@@ -83,10 +93,26 @@ fn parse_args() -> Args {
     let addr = host
         .parse()
         .unwrap_or_else(|_| usage("the URL's host must be IP:PORT"));
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
+    let hosts: Vec<String> = match hosts_file {
+        None => vec![host.to_string()],
+        Some(f) => std::fs::read_to_string(&f)
+            .unwrap_or_else(|e| usage(&format!("cannot read {f}: {e}")))
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect(),
+    };
+    if hosts.is_empty() {
+        usage("the -H file names no host");
+    }
+    let requests = hosts
+        .iter()
+        .map(|h| format!("GET {path} HTTP/1.1\r\nHost: {h}\r\n\r\n").into_bytes())
+        .collect();
     Args {
         addr,
-        request,
+        requests,
         connections: c,
         rate,
         duration: Duration::from_secs_f64(d),
@@ -260,7 +286,8 @@ fn main() {
             if !conns[i].ready() {
                 continue; // closed while queued (reopened later) or queued twice
             }
-            match conns[i].send(&args.request, due_at(next), now) {
+            let request = &args.requests[(next % args.requests.len() as u64) as usize];
+            match conns[i].send(request, due_at(next), now) {
                 Ok(()) => next += 1,
                 // `send` marked the request in flight first: `fail` counts it.
                 Err(_) => fail(&mut conns[i], &mut rec, &mut dead, i, false),

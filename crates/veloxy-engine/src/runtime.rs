@@ -47,22 +47,28 @@ impl Shared {
     /// Swaps in a snapshot where group `name` has its live set of backends (see
     /// [`crate::upstream::discovery`]); nothing happens if the set is unchanged.
     pub fn republish(&self, name: &str) {
+        self.republish_many(&[name]);
+    }
+
+    /// [`Shared::republish`] for several groups, in one swap.
+    pub fn republish_many(&self, names: &[&str]) {
         use crate::upstream::discovery::{regroup, same};
         let _swap = self.swap.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.snapshot.load_full();
-        let Some(i) = current.upstreams.iter().position(|g| g.name == name) else {
-            return;
-        };
-        let set = self.found.live_set(&current.upstreams[i]);
-        if same(&set, &current.upstreams[i].backends) {
-            return;
+        let mut next: Option<Snapshot> = None;
+        for name in names {
+            let Some(i) = current.upstreams.iter().position(|g| g.name == *name) else {
+                continue;
+            };
+            let set = self.found.live_set(&current.upstreams[i]);
+            if same(&set, &current.upstreams[i].backends) {
+                continue;
+            }
+            let next = next.get_or_insert_with(|| (*current).clone());
+            let workers = next.settings.workers;
+            regroup(Arc::make_mut(&mut next.upstreams[i]), set, workers);
         }
-        let mut next = (*current).clone();
-        regroup(
-            Arc::make_mut(&mut next.upstreams[i]),
-            set,
-            next.settings.workers,
-        );
+        let Some(next) = next else { return };
         let next = Arc::new(next);
         self.snapshot.store(next.clone());
         self.generation

@@ -298,6 +298,55 @@ pub struct Running {
 }
 
 impl Running {
+    /// Gives upstream groups new sets of servers in place, as the runtime API's
+    /// `PUT /upstreams/NAME/servers` does, in one swap: each `(group, servers)` names a group
+    /// and its servers as `([https://]host:port, weight)`, listed as a config's `servers`
+    /// would be (an address listed twice counts twice). Backends that stay keep their health
+    /// and pooled connections; nothing is compiled. Refused whole, before anything changes,
+    /// when a group is unknown, a list is empty or too long, an address does not resolve or
+    /// a server's scheme differs from its group's. The sets hold until the next reload (the
+    /// Kubernetes provider's endpoint changes use this; its next full build carries the same
+    /// sets in the config).
+    pub fn set_servers(&self, changes: &[(&str, Vec<(String, u32)>)]) -> Result<(), String> {
+        let current = self.shared.snapshot.load_full();
+        let mut sets = Vec::with_capacity(changes.len());
+        for (name, servers) in changes {
+            let group = current
+                .upstreams
+                .iter()
+                .find(|g| g.name == *name)
+                .ok_or_else(|| format!("no upstream group {name:?}"))?;
+            if servers.is_empty() || servers.len() > crate::upstream::health::MAX_BACKENDS {
+                return Err(format!(
+                    "upstream group {name:?}: give 1 to {} servers",
+                    crate::upstream::health::MAX_BACKENDS
+                ));
+            }
+            let mut backends = Vec::with_capacity(servers.len());
+            for (addr, weight) in servers {
+                let b = crate::config::backend_at(
+                    addr,
+                    (*weight).max(1),
+                    group.tls_server_name.as_deref(),
+                )
+                .map_err(|m| format!("upstream group {name:?}: {addr}: {m}"))?;
+                if b.tls_name.is_some() != group.tls.is_some() {
+                    return Err(format!(
+                        "upstream group {name:?}: {addr}: the scheme differs from the group's"
+                    ));
+                }
+                backends.push(b);
+            }
+            sets.push((*name, backends));
+        }
+        let names: Vec<&str> = sets.iter().map(|(n, _)| *n).collect();
+        for (name, backends) in sets {
+            self.shared.found.set_override(name, backends);
+        }
+        self.shared.republish_many(&names);
+        Ok(())
+    }
+
     /// Reopens the access log file (SIGUSR1, for logrotate).
     pub fn reopen_access_log(&self) {
         if let Some(log) = &self.shared.access_log {

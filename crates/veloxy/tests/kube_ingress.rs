@@ -572,6 +572,16 @@ fn check_bad_objects_and_endpoint_change(scene: &Scene, v: &Veloxy, web: SocketA
     );
     assert_eq!(names(web, "shop.example", "/app/x", 10), ["c"]);
     assert_eq!(v.proc.pid(), pid);
+    // Only servers changed: applied to the running group, with no compile.
+    within(
+        Duration::from_secs(2),
+        "the change applied in place",
+        || {
+            v.proc
+                .log_text()
+                .contains("kubernetes: servers changed in place")
+        },
+    );
     assert_eq!(
         hit(web, "rw.example", "/api/echo").0,
         200,

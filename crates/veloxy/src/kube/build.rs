@@ -18,6 +18,7 @@ use veloxy_import::{Options, Outcome};
 
 use super::events::Problem;
 use super::gateway;
+use super::in_place::{self, Servers};
 use super::merge::{merge, render};
 use super::objects::{self, id, World};
 
@@ -55,6 +56,10 @@ pub struct Builder<'a> {
     pub running: &'a Running,
     /// A fingerprint of the last config applied (its text and the files it reads).
     applied: Option<u64>,
+    /// The fingerprint of its structure (all but the groups' servers), and the servers it
+    /// runs with: a build that differs only in servers is applied in place.
+    structure: Option<u64>,
+    running_servers: std::collections::BTreeMap<String, in_place::Plain>,
     /// What the translation refused, as logged (each line once while it holds).
     reported: std::collections::BTreeSet<String>,
     /// Ingresses left out because they broke the config: `NS/NAME` and resourceVersion.
@@ -81,10 +86,18 @@ enum Gw<'k> {
     Only(&'k str),
 }
 
-/// One translation: the merged config text, the fingerprint of it and its files.
+/// One translation: the merged config (its groups' servers apart), the fingerprints of it
+/// and its files.
 struct Merged {
-    text: String,
+    /// The merged config without the groups' `servers`.
+    table: toml::Table,
+    servers: Servers,
+    /// Of the structure (the table as it is, and the files).
+    structure: u64,
+    /// Of everything.
     fingerprint: u64,
+    /// Set by [`Builder::compile`] when only servers changed: the new sets.
+    in_place: Option<in_place::Sets>,
     notes: Vec<String>,
     problems: Vec<Problem>,
     gateway: gateway::Report,
@@ -109,6 +122,8 @@ impl<'a> Builder<'a> {
             dir,
             running,
             applied: None,
+            structure: None,
+            running_servers: Default::default(),
             reported: Default::default(),
             left_out: Default::default(),
             gateway: Default::default(),
@@ -121,12 +136,14 @@ impl<'a> Builder<'a> {
     /// Forgets what was applied: the next build is applied even if nothing changed.
     pub fn invalidate(&mut self) {
         self.applied = None;
+        self.structure = None;
         self.left_out.clear();
     }
 
     /// Builds and applies the config for `world`. Returns the Ingresses served (for their
     /// status), or the reason the running config stays.
     pub fn apply(&mut self, world: &World) -> Result<Vec<Arc<Ingress>>, BuildError> {
+        let began = std::time::Instant::now();
         let mut ours: Vec<Arc<Ingress>> = world
             .ingresses
             .iter()
@@ -140,10 +157,10 @@ impl<'a> Builder<'a> {
             .retain(|k, _| world.ingresses.iter().any(|i| id(&i.metadata) == *k));
         let left_out = &self.left_out;
         self.left_out_why.retain(|k, _| left_out.contains_key(k));
-        let all = self
-            .merged(world, &ours, Gw::On)
-            .and_then(|m| self.compile(m));
-        let (merged, snapshot) = match all {
+        let translated = self.merged(world, &ours, Gw::On);
+        let translate_ms = began.elapsed().as_secs_f64() * 1e3;
+        let all = translated.and_then(|m| self.compile(m));
+        let (mut merged, snapshot) = match all {
             Ok(done) => done,
             Err(e) => {
                 tracing::warn!(error = %e, "kubernetes: the config with every object is refused; finding the objects that break it");
@@ -164,20 +181,51 @@ impl<'a> Builder<'a> {
             tracing::warn!("kubernetes: {n}");
         }
         self.reported = notes;
-        self.gateway = merged.gateway;
-        self.problems = merged.problems;
+        self.gateway = std::mem::take(&mut merged.gateway);
+        self.problems = std::mem::take(&mut merged.problems);
         for (ing, why) in &self.left_out_why {
             let note = format!("left out: it cannot be served: {why}");
             if let Some(p) = Problem::from_loc(&format!("Ingress {ing}"), "Invalid", note) {
                 self.problems.push(p);
             }
         }
-        let Some(snapshot) = snapshot else {
-            return Ok(ours);
+        let snapshot = match (snapshot, &merged.in_place) {
+            (None, None) => return Ok(ours),
+            (None, Some(sets)) => {
+                let changes: Vec<(&str, Vec<(String, u32)>)> =
+                    sets.iter().map(|(g, s)| (g.as_str(), s.clone())).collect();
+                match self.running.set_servers(&changes) {
+                    Ok(()) => {
+                        for (g, s) in sets {
+                            self.running_servers.insert(g.clone(), Some(s.clone()));
+                        }
+                        self.applied = Some(merged.fingerprint);
+                        tracing::info!(
+                            groups = sets.len(),
+                            took_ms = format!("{:.1}", began.elapsed().as_secs_f64() * 1e3),
+                            "kubernetes: servers changed in place"
+                        );
+                        return Ok(ours);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kubernetes: servers could not change in place; building the whole config");
+                        self.snapshot(&merged.text())?
+                    }
+                }
+            }
+            (Some(snapshot), _) => snapshot,
         };
         self.running.reload(snapshot).map_err(BuildError::Reload)?;
         self.applied = Some(merged.fingerprint);
-        tracing::info!(ingresses = ours.len(), "kubernetes: config applied");
+        self.structure = Some(merged.structure);
+        self.running_servers = merged.servers.plain.clone();
+        let took_ms = began.elapsed().as_secs_f64() * 1e3;
+        tracing::info!(
+            ingresses = ours.len(),
+            took_ms = format!("{took_ms:.1}"),
+            translate_ms = format!("{translate_ms:.1}"),
+            "kubernetes: config applied"
+        );
         Ok(ours)
     }
 
@@ -189,7 +237,7 @@ impl<'a> Builder<'a> {
             let alone = std::slice::from_ref(&ing);
             match self
                 .merged(world, alone, Gw::Off)
-                .and_then(|m| self.check(&m.text))
+                .and_then(|m| self.check(&m.text()))
             {
                 Ok(()) => good.push(ing),
                 Err(e) => {
@@ -216,7 +264,7 @@ impl<'a> Builder<'a> {
                 continue;
             }
             let alone = self.merged(world, ours, Gw::Only(key));
-            if let Err(e) = alone.and_then(|m| self.check(&m.text)) {
+            if let Err(e) = alone.and_then(|m| self.check(&m.text())) {
                 self.gateway_bad.insert(key.clone(), e.to_string());
             }
         }
@@ -233,12 +281,19 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Compiles `m` unless it is what runs already (`None` then).
-    fn compile(&self, m: Merged) -> Result<(Merged, Option<Snapshot>), BuildError> {
+    /// Compiles `m` unless it is what runs already, or differs from it in servers only
+    /// (`None` then, with `m.in_place` set in the second case).
+    fn compile(&self, mut m: Merged) -> Result<(Merged, Option<Snapshot>), BuildError> {
         if self.applied == Some(m.fingerprint) {
             return Ok((m, None));
         }
-        let snapshot = self.snapshot(&m.text)?;
+        if self.structure == Some(m.structure) {
+            if let Some(sets) = in_place::changes(&self.running_servers, &m.servers.plain) {
+                m.in_place = Some(sets);
+                return Ok((m, None));
+            }
+        }
+        let snapshot = self.snapshot(&m.text())?;
         Ok((m, Some(snapshot)))
     }
 
@@ -332,16 +387,28 @@ impl<'a> Builder<'a> {
             super::merge::add_gateway(&mut table, routes, t.upstreams, t.certs);
             report = t.report;
         }
-        let text = render(&table);
-        text.hash(&mut hasher);
+        let servers = Servers::take(&mut table);
+        render(&table).hash(&mut hasher);
+        let structure = hasher.finish();
+        servers.hash(&mut hasher);
         Ok(Merged {
-            text,
+            table,
+            servers,
+            structure,
             fingerprint: hasher.finish(),
+            in_place: None,
             notes,
             problems,
             gateway: report,
             gateway_routes,
         })
+    }
+}
+
+impl Merged {
+    /// The merged config's text.
+    fn text(&self) -> String {
+        render(&self.servers.put_back(&self.table))
     }
 }
 

@@ -17,6 +17,7 @@
 mod build;
 mod events;
 mod gateway;
+mod in_place;
 mod lease;
 mod merge;
 mod objects;

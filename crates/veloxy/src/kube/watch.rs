@@ -130,6 +130,7 @@ impl Caches {
             http_routes: sorted(&self.http_routes),
             grpc_routes: sorted(&self.grpc_routes),
             grants: sorted(&self.grants),
+            slice_index: Default::default(),
         }
     }
 

@@ -1,0 +1,552 @@
+#!/usr/bin/env python3
+"""`bench/run --kube`: veloxy as a Kubernetes Ingress controller under load (issue 37).
+
+A real etcd + kube-apiserver (dev/kube/start.sh; binaries from `bash .ci/kube.sh`) in a network
+namespace of its own (the script re-runs itself under `unshare -n`; TEST-NET addresses on its
+`lo`, nothing leaves it). In it:
+
+- **Objects**: N Services (default 1,000), each with one EndpointSlice of E ready endpoints
+  (default 5: 192.0.2.10-14, port 20000+i) and one Ingress (`s{i}.bench.test`, path `/`
+  Prefix, class `veloxy`). They are created before veloxy starts.
+- **Backends**: one nginx (`worker_processes 1`) listening on 0.0.0.0 ports 20000+i and
+  21000+i, answering 200 with the port it was reached on, so an answer says which
+  EndpointSlice port served it.
+- **veloxy**: `workers = 1`, pinned to the proxy core, `[providers.kubernetes]` with the
+  admin kubeconfig, its listener on 192.0.2.2:8080. Everything else (API server, etcd, nginx,
+  the load) runs on the other core.
+
+Measured:
+1. **Start**: seconds from `veloxy run` to every sampled host answering 200 (the first full
+   list, translation, compile, swap), and veloxy's own `took_ms` of that first
+   `kubernetes: config applied`; resident memory (VmRSS) and its peak (VmHWM) once serving.
+2. **Steady load**: bench/pacer at a fixed rate over all N hosts in turn (`-H`), latency
+   counted from when each request was due: p50/p99/max, failed requests.
+3. **Churn**: the same load while R EndpointSlice changes a second (default 100, for S
+   seconds, default 60) swap one endpoint address of a Service for another live one
+   (192.0.2.15-19), from 4 API client threads on a fixed schedule. Failed requests, p99
+   against the steady run's (goal: within 20%), API changes made and refused, and veloxy's
+   rebuilds (`config applied` lines) with their `took_ms`.
+4. **Propagation** during the churn: every 5 s the port of one probe Service's slice flips
+   between 20000+k and 21000+k; the time from the API's answer to the first answer from the
+   new port (polled every 10 ms), goal under 1 s.
+
+Output: OUT/report.md and OUT/results.json. Needs root (unshare -n), nginx, the kube
+binaries, bench/pacer (built by bench/run) and a veloxy binary (VELOXY_BIN or
+target/release/veloxy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+CACHE = Path(os.environ.get("VELOXY_CACHE", Path.home() / ".cache" / "veloxy"))
+API_ADDR = "192.0.2.1"
+PROXY_ADDR = "192.0.2.2"
+PROXY_PORT = 8080
+BASE_ADDRS = [f"192.0.2.{10 + k}" for k in range(5)]
+SPARE_ADDRS = [f"192.0.2.{15 + k}" for k in range(5)]
+PORT_A = 20000
+PORT_B = 21000
+NS = "bench"
+DOMAIN = "bench.test"
+PROXY_CPU = "0"
+OTHER_CPU = "1"
+GOAL_P99_RATIO = 1.20
+GOAL_PROPAGATION_S = 1.0
+GOAL_START_S = 1.0
+GOAL_RSS_MB = 100.0
+
+
+def say(msg: str) -> None:
+    print(f"[kube-load] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def enter_netns() -> None:
+    """Re-runs this script in a new network namespace (root), with TEST-NET addresses on lo."""
+    if os.environ.get("VELOXY_KUBE_LOAD_NETNS") == "1":
+        run(["ip", "link", "set", "lo", "up"])
+        for a in [API_ADDR, PROXY_ADDR, *BASE_ADDRS, *SPARE_ADDRS]:
+            run(["ip", "addr", "add", f"{a}/32", "dev", "lo"])
+        return
+    env = dict(os.environ, VELOXY_KUBE_LOAD_NETNS="1")
+    os.execvpe("unshare", ["unshare", "-n", sys.executable, *sys.argv], env)
+
+
+class Api:
+    """A keep-alive HTTPS client of the API server (one per thread)."""
+
+    def __init__(self, env: dict):
+        url = env["APISERVER_URL"].removeprefix("https://")
+        self.host, port = url.rsplit(":", 1)
+        self.port = int(port)
+        self.token = env["TOKEN"]
+        self.ctx = ssl.create_default_context(cafile=env["CA_FILE"])
+        self.conn: http.client.HTTPSConnection | None = None
+
+    def call(self, method: str, path: str, body=None,
+             ctype: str = "application/json") -> tuple[int, dict]:
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx,
+                                                        timeout=10)
+            try:
+                self.conn.request(method, path, body=data, headers={
+                    "Authorization": "Bearer " + self.token, "Content-Type": ctype})
+                r = self.conn.getresponse()
+                raw = r.read()
+                try:
+                    return r.status, json.loads(raw) if raw else {}
+                except ValueError:
+                    return r.status, {"message": raw.decode(errors="replace")}
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt == 1:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def slice_body(i: int, addrs: list[str], port: int) -> dict:
+    return {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": f"s{i}-a", "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": f"s{i}"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addrs],
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+    }
+
+
+def create_objects(env: dict, n: int, endpoints: int) -> float:
+    """The namespace, the IngressClass, and n Services, EndpointSlices and Ingresses (4
+    threads). Returns the seconds it took."""
+    t0 = time.monotonic()
+    api = Api(env)
+    code, _ = api.call("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
+    assert code in (201, 409), code
+    code, body = api.call("POST", "/apis/networking.k8s.io/v1/ingressclasses", {
+        "metadata": {"name": "veloxy"}, "spec": {"controller": "veloxy.dev/ingress-controller"}})
+    assert code in (201, 409), (code, body)
+    errors: list[str] = []
+
+    def make(lo: int, hi: int) -> None:
+        c = Api(env)
+        for i in range(lo, hi):
+            for path, body in (
+                (f"/api/v1/namespaces/{NS}/services", {
+                    "metadata": {"name": f"s{i}"},
+                    "spec": {"ports": [{"name": "http", "port": 80,
+                                        "targetPort": PORT_A + i}]}}),
+                (f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
+                 slice_body(i, BASE_ADDRS[:endpoints], PORT_A + i)),
+                (f"/apis/networking.k8s.io/v1/namespaces/{NS}/ingresses", {
+                    "metadata": {"name": f"s{i}"},
+                    "spec": {"ingressClassName": "veloxy", "rules": [{
+                        "host": f"s{i}.{DOMAIN}",
+                        "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {
+                            "service": {"name": f"s{i}", "port": {"name": "http"}}}}]}}]}}),
+            ):
+                code, resp = c.call("POST", path, body)
+                if code not in (201, 409):
+                    errors.append(f"{path} s{i}: {code} {resp.get('message', '')}")
+
+    step = (n + 3) // 4
+    threads = [threading.Thread(target=make, args=(k, min(n, k + step)))
+               for k in range(0, n, step)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise SystemExit(f"creating objects failed: {errors[:5]}")
+    return time.monotonic() - t0
+
+
+def nginx_backends(work: Path, n: int) -> subprocess.Popen:
+    listens = "\n".join(f"    listen 0.0.0.0:{p} reuseport backlog=512;"
+                        for i in range(n) for p in (PORT_A + i, PORT_B + i))
+    conf = work / "nginx-backends.conf"
+    conf.write_text(f"""worker_processes 1;
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log warn;
+worker_rlimit_nofile 16384;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  server {{
+{listens}
+    location / {{ return 200 "$server_port\\n"; }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(["taskset", "-c", OTHER_CPU, "nginx", "-c", str(conf), "-p", str(work)],
+                            stdout=subprocess.DEVNULL, stderr=open(work / "nginx.out", "w"))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"nginx exited: {(work / 'nginx.out').read_text()[-500:]}")
+        try:
+            socket.create_connection((BASE_ADDRS[0], PORT_B + n - 1), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("nginx backends did not listen within 20 s")
+
+
+def get(host: str, timeout: float = 2.0) -> tuple[int, str]:
+    c = http.client.HTTPConnection(PROXY_ADDR, PROXY_PORT, timeout=timeout)
+    try:
+        c.request("GET", "/", headers={"Host": host})
+        r = c.getresponse()
+        return r.status, r.read().decode(errors="replace").strip()
+    finally:
+        c.close()
+
+
+def status_of(pid: int) -> dict:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        if k in ("VmRSS", "VmHWM"):
+            out[k] = int(v.split()[0]) / 1024  # MiB
+    return out
+
+
+APPLIED = re.compile(r"kubernetes: config applied.*?took_ms=\"?([0-9.]+)")
+
+
+def applied(log: Path) -> list[float]:
+    return [float(m.group(1)) for m in APPLIED.finditer(log.read_text(errors="replace"))]
+
+
+def start_veloxy(veloxy: str, work: Path, env: dict, n: int) -> tuple[subprocess.Popen, float, Path]:
+    conf = work / "veloxy.toml"
+    conf.write_text(f"""[server]
+workers = 1
+log_level = "info"
+
+[listeners.web]
+addr = "{PROXY_ADDR}:{PROXY_PORT}"
+
+[providers.kubernetes]
+kubeconfig = "{env['KUBECONFIG']}"
+namespaces = ["{NS}"]
+ingress_class = "veloxy"
+http_listener = "web"
+""")
+    log = work / "veloxy.log"
+    t0 = time.monotonic()
+    proc = subprocess.Popen(["taskset", "-c", PROXY_CPU, veloxy, "run", "--config", str(conf)],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    sample = [0, n - 1, *random.Random(7).sample(range(n), min(n, 48))]
+    pending = set(sample)
+    deadline = t0 + 120
+    while pending and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"veloxy exited: {log.read_text()[-1500:]}")
+        for i in sorted(pending):
+            try:
+                code, body = get(f"s{i}.{DOMAIN}", timeout=1)
+            except OSError:
+                break
+            if code == 200 and body == str(PORT_A + i):
+                pending.discard(i)
+            else:
+                break
+        if pending:
+            time.sleep(0.01)
+    if pending:
+        raise SystemExit(f"veloxy did not serve {len(pending)} sampled hosts within 120 s: "
+                         f"{log.read_text()[-1500:]}")
+    return proc, time.monotonic() - t0, log
+
+
+def pacer(binary: str, hosts: Path, rate: int, seconds: float, connections: int) -> dict:
+    cmd = ["taskset", "-c", OTHER_CPU, binary, f"http://{PROXY_ADDR}:{PROXY_PORT}/",
+           "-c", str(connections), "-r", str(rate), "-d", f"{seconds:g}", "-w", "1", "-t", "2",
+           "-H", str(hosts)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    if r.returncode != 0:
+        raise SystemExit(f"pacer exited {r.returncode}: {r.stderr[-500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+class Churn:
+    """EndpointSlice changes at a fixed rate from 4 threads; and the probe's port flips."""
+
+    def __init__(self, env: dict, n: int, endpoints: int, rate: float, seconds: float):
+        self.env, self.n, self.endpoints = env, n, endpoints
+        self.rate, self.seconds = rate, seconds
+        self.made = 0
+        self.refused: list[str] = []
+        self.lateness: list[float] = []
+        self.propagation: list[float | None] = []
+        self.lock = threading.Lock()
+        self.probe = n // 2
+        # What each slice holds now (the churn thread of a slice is the only writer).
+        self.addrs = {i: list(BASE_ADDRS[:endpoints]) for i in range(n)}
+        self.ports = {i: PORT_A + i for i in range(n)}
+
+    def change(self, api: Api, i: int, rng: random.Random) -> None:
+        addrs = self.addrs[i]
+        k = rng.randrange(len(addrs))
+        free = [a for a in BASE_ADDRS + SPARE_ADDRS if a not in addrs]
+        addrs[k] = rng.choice(free)
+        code, resp = api.call("PUT", f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/s{i}-a",
+                              slice_body(i, addrs, self.ports[i]))
+        with self.lock:
+            if code == 200:
+                self.made += 1
+            else:
+                self.refused.append(f"{code} {resp.get('message', '')[:120]}")
+
+    def worker(self, k: int, threads: int, start: float) -> None:
+        api = Api(self.env)
+        rng = random.Random(k)
+        mine = [i for i in range(self.n) if i % threads == k and i != self.probe]
+        per = self.rate / threads
+        j = 0
+        while True:
+            due = start + j / per
+            if due - start >= self.seconds:
+                return
+            now = time.monotonic()
+            if due > now:
+                time.sleep(due - now)
+            else:
+                with self.lock:
+                    self.lateness.append(now - due)
+            self.change(api, mine[j % len(mine)], rng)
+            j += 1
+
+    def flip_probe(self, api: Api) -> float | None:
+        i = self.probe
+        new = PORT_B + i if self.ports[i] == PORT_A + i else PORT_A + i
+        self.ports[i] = new
+        code, _ = api.call("PUT", f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/s{i}-a",
+                           slice_body(i, self.addrs[i], new))
+        t0 = time.monotonic()
+        if code != 200:
+            with self.lock:
+                self.refused.append(f"probe flip: {code}")
+            return None
+        deadline = t0 + 10
+        while time.monotonic() < deadline:
+            try:
+                status, body = get(f"s{i}.{DOMAIN}", timeout=1)
+                if status == 200 and body == str(new):
+                    return time.monotonic() - t0
+            except OSError:
+                pass
+            time.sleep(0.01)
+        return None
+
+    def run(self, threads: int = 4) -> None:
+        start = time.monotonic() + 0.2
+        ts = [threading.Thread(target=self.worker, args=(k, threads, start)) for k in range(threads)]
+        for t in ts:
+            t.start()
+        api = Api(self.env)
+        next_flip = start + 2.5
+        while time.monotonic() < start + self.seconds - 1:
+            now = time.monotonic()
+            if now < next_flip:
+                time.sleep(min(0.1, next_flip - now))
+                continue
+            self.propagation.append(self.flip_probe(api))
+            next_flip += 5
+        for t in ts:
+            t.join()
+
+
+def latency(p: dict) -> dict:
+    lat = p.get("latency_ms") or {}
+    return {"p50": lat.get("p50"), "p99": lat.get("p99"), "max": lat.get("max"),
+            "requests": p.get("requests"), "ok": p.get("ok"), "non2xx": p.get("non2xx"),
+            "errors": p.get("errors"), "rps": p.get("rps"), "cpu_busy": p.get("cpu_busy")}
+
+
+def failed(p: dict) -> int:
+    errs = p.get("errors")
+    n = sum(errs.values()) if isinstance(errs, dict) else int(errs or 0)
+    return n + int(p.get("non2xx") or 0)
+
+
+def fmt(x, nd=2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def report(res: dict) -> str:
+    a = res["args"]
+    s, st, ch = res["start"], res["steady"], res["churn"]
+    prop = [x for x in res["propagation_s"] if x is not None]
+    ratio = (ch["p99"] / st["p99"]) if st.get("p99") and ch.get("p99") else None
+    rb = res["rebuilds_during_churn_ms"]
+    lines = [
+        "# veloxy as a Kubernetes Ingress controller under load",
+        "",
+        f"{a['services']} Ingresses, {a['services']} Services with {a['endpoints']} endpoints each "
+        f"(EndpointSlices), on a real kube-apiserver + etcd in a network namespace; veloxy "
+        f"`workers = 1` on core {PROXY_CPU}, everything else on core {OTHER_CPU}. Load: bench/pacer "
+        f"at {a['rate']} req/s over all {a['services']} hosts in turn, {a['connections']} "
+        f"keep-alive connections, latency from when each request was due.",
+        "",
+        "| measure | value | goal |",
+        "|---|---|---|",
+        f"| objects created (API) | {fmt(res['create_s'], 1)} s | - |",
+        f"| veloxy start to every sampled host served | {fmt(s['serving_s'])} s | - |",
+        f"| first config build (veloxy's `took_ms`) | {fmt(s['first_build_ms'], 1)} ms | "
+        f"< {GOAL_START_S * 1000:.0f} ms |",
+        f"| resident memory once serving (VmRSS / peak VmHWM) | {fmt(s['rss_mb'], 1)} / "
+        f"{fmt(s['hwm_mb'], 1)} MiB | < {GOAL_RSS_MB:.0f} MiB |",
+        f"| steady: p50 / p99 / max | {fmt(st['p50'])} / {fmt(st['p99'])} / {fmt(st['max'])} ms | - |",
+        f"| churn: p50 / p99 / max | {fmt(ch['p50'])} / {fmt(ch['p99'])} / {fmt(ch['max'])} ms | - |",
+        f"| p99 churn / steady | {fmt(ratio)} | <= {GOAL_P99_RATIO:.2f} |",
+        f"| failed requests steady / churn | {res['failed_steady']} / {res['failed_churn']} of "
+        f"{st['requests']} / {ch['requests']} | 0 |",
+        f"| EndpointSlice changes made / refused | {res['changes_made']} / {len(res['refused'])} "
+        f"({res['changes_made'] / a['churn_seconds']:.0f} a second) | {a['churn_rate']} a second |",
+        f"| veloxy rebuilds during the churn; took_ms median / max | {len(rb)}; "
+        f"{fmt(statistics.median(rb) if rb else None, 1)} / {fmt(max(rb) if rb else None, 1)} | - |",
+        f"| endpoint change to traffic moved (probe flips): median / max | "
+        f"{fmt(statistics.median(prop) if prop else None)} / {fmt(max(prop) if prop else None)} s "
+        f"({len(prop)} of {len(res['propagation_s'])} seen) | < {GOAL_PROPAGATION_S:.0f} s |",
+        f"| churn schedule lateness p99 | {fmt(res['churn_lateness_p99_ms'], 1)} ms | - |",
+        "",
+        f"veloxy: `{res['veloxy']}`; pacer's CPU busy: steady {fmt(st.get('cpu_busy'))}, "
+        f"churn {fmt(ch.get('cpu_busy'))}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--services", type=int, default=1000)
+    p.add_argument("--endpoints", type=int, default=5)
+    p.add_argument("--rate", type=int, default=3000, help="requests/s of the load")
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--churn-rate", type=float, default=100, help="EndpointSlice changes/s")
+    p.add_argument("--churn-seconds", type=float, default=60)
+    p.add_argument("--veloxy", default=os.environ.get("VELOXY_BIN", str(REPO / "target/release/veloxy")))
+    p.add_argument("--pacer", default=str(HERE / ".cache" / "bin" / "pacer"))
+    a = p.parse_args()
+    if a.services > 1000 or not 1 <= a.endpoints <= 5:
+        p.error("--services at most 1000 (ports 20000-20999), --endpoints 1 to 5")
+    if os.geteuid() != 0:
+        print("kube-load: needs root (unshare -n)", file=sys.stderr)
+        return 2
+    for what, path in (("kube-apiserver", CACHE / "bin" / "kube-apiserver"),
+                       ("etcd", CACHE / "bin" / "etcd"), ("veloxy", Path(a.veloxy)),
+                       ("pacer", Path(a.pacer))):
+        if not path.exists():
+            print(f"kube-load: no {what} at {path} (kube: bash .ci/kube.sh; pacer: bench/run "
+                  f"--sweep builds it)", file=sys.stderr)
+            return 2
+    if not shutil.which("nginx"):
+        print("kube-load: nginx not found", file=sys.stderr)
+        return 2
+    enter_netns()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir()
+    procs: list[subprocess.Popen] = []
+    kube = work / "kube"
+    try:
+        say("starting etcd and kube-apiserver")
+        run(["taskset", "-c", OTHER_CPU, "bash", str(REPO / "dev/kube/start.sh"), str(kube)],
+            env=dict(os.environ, VELOXY_KUBE_ADDRESS=API_ADDR))
+        env = dict(line.rstrip("\n").split("=", 1) for line in open(kube / "env") if "=" in line)
+        procs.append(nginx_backends(work, a.services))
+        say(f"creating {a.services} Services, EndpointSlices and Ingresses")
+        create_s = create_objects(env, a.services, a.endpoints)
+        say(f"created in {create_s:.1f} s; starting veloxy")
+        vproc, serving_s, log = start_veloxy(a.veloxy, work, env, a.services)
+        procs.append(vproc)
+        builds = applied(log)
+        mem = status_of(vproc.pid)
+        say(f"serving after {serving_s:.2f} s (builds {builds}); RSS {mem}")
+        hosts = work / "hosts.txt"
+        order = list(range(a.services))
+        random.Random(3).shuffle(order)
+        hosts.write_text("".join(f"s{i}.{DOMAIN}\n" for i in order))
+        seconds = a.churn_seconds
+        say(f"steady load: {a.rate} req/s for {seconds:g} s")
+        steady = pacer(a.pacer, hosts, a.rate, seconds, a.connections)
+        before = len(applied(log))
+        churn = Churn(env, a.services, a.endpoints, a.churn_rate, seconds)
+        say(f"churn: {a.churn_rate:g} EndpointSlice changes a second for {seconds:g} s under the same load")
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(
+            p=pacer(a.pacer, hosts, a.rate, seconds, a.connections)))
+        t.start()
+        time.sleep(1)  # the pacer's warmup: the churn starts with the measured window
+        churn.run()
+        t.join()
+        rebuilds = applied(log)[before:]
+        late = sorted(churn.lateness)
+        res = {
+            "args": {"services": a.services, "endpoints": a.endpoints, "rate": a.rate,
+                     "connections": a.connections, "churn_rate": a.churn_rate,
+                     "churn_seconds": seconds},
+            "veloxy": a.veloxy,
+            "create_s": create_s,
+            "start": {"serving_s": serving_s, "first_build_ms": builds[0] if builds else None,
+                      "builds_ms": builds, "rss_mb": mem.get("VmRSS"), "hwm_mb": mem.get("VmHWM"),
+                      "after_churn": status_of(vproc.pid)},
+            "steady": latency(steady),
+            "churn": latency(result["p"]),
+            "failed_steady": failed(steady),
+            "failed_churn": failed(result["p"]),
+            "changes_made": churn.made,
+            "refused": churn.refused[:20],
+            "churn_lateness_p99_ms": (late[int(0.99 * (len(late) - 1))] * 1e3) if late else 0.0,
+            "propagation_s": churn.propagation,
+            "rebuilds_during_churn_ms": rebuilds,
+        }
+        (out / "results.json").write_text(json.dumps(res, indent=2))
+        text = report(res)
+        (out / "report.md").write_text(text)
+        print(text)
+        return 0
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if kube.exists():
+            subprocess.run(["bash", str(REPO / "dev/kube/stop.sh"), str(kube)],
+                           capture_output=True, timeout=60)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
