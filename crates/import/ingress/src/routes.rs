@@ -348,13 +348,20 @@ fn extras(
     certs: &Certs,
     out: &mut Vec<(usize, Section)>,
 ) {
+    // (Ingress, host) of every location, once: looked up per server instead of scanning every
+    // location for every server of every Ingress (cubic: 4 s at 1,000 Ingresses).
+    let placed: std::collections::HashSet<(usize, &str)> =
+        locs.iter().map(|l| (l.ing, l.host.as_str())).collect();
     for (i, info) in ings.iter().enumerate() {
         if !info.imported || info.ann.canary.is_some() {
             continue;
         }
+        if info.ann.app_root.is_none() && !info.ann.from_to_www && !info.ann.ssl_passthrough {
+            continue;
+        }
         let hosts: Vec<String> = servers
             .iter()
-            .filter(|s| locs.iter().any(|l| l.ing == i && l.host == s.host))
+            .filter(|s| placed.contains(&(i, s.host.as_str())))
             .map(|s| s.host.clone())
             .collect();
         if let Some(root) = &info.ann.app_root {
