@@ -40,8 +40,10 @@ use build::Builder;
 /// Quiet time after a change before the config is rebuilt (changes in a burst are one
 /// rebuild).
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// Longest a rebuild waits for a burst of changes to end.
-const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
+/// Longest a rebuild waits for a burst of changes to end: under steady churn (a rolling
+/// update of many Deployments) a change waits at most this plus one translation, within the
+/// second the issue allows; a shorter one would translate every object more often.
+const DEBOUNCE_MAX: Duration = Duration::from_millis(500);
 /// Longest the first config waits for every watch's first list (a watch that cannot list,
 /// for lack of RBAC rights or an API server, does not hold the others' Ingresses back).
 const LIST_GRACE: Duration = Duration::from_secs(10);
