@@ -64,6 +64,14 @@ pub fn compile_str(
     });
     drop(parsed);
     crate::heap::trim();
+    // After the trim (which gives back free pages one by one and would split huge ones).
+    if let Ok(snapshot) = &compiled {
+        let addrs: Vec<usize> = (snapshot.listeners.iter())
+            .flat_map(|l| l.router.sample_addrs())
+            .collect();
+        let bytes = crate::heap::huge_pages(&addrs);
+        ::tracing::debug!(bytes, "config: large snapshot backed by huge pages");
+    }
     compiled
 }
 
