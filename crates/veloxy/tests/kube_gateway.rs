@@ -206,7 +206,7 @@ impl Scene {
                 {"name": "http", "port": 80, "protocol": "HTTP"},
                 {"name": "https", "port": 443, "protocol": "HTTPS", "hostname": "secure.example",
                  "tls": {"certificateRefs": [{"name": "secure-tls"}]}},
-                {"name": "tcp", "port": 9000, "protocol": "TCP"}]}}),
+                {"name": "udp", "port": 9000, "protocol": "UDP"}]}}),
         );
         let gw = json!({"name": "gw"});
         let routes = self.path(NS, "httproutes");
