@@ -12,10 +12,10 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use veloxy_testkit::kube::{gateway_crds_cached, in_netns, ip, Cluster};
+use veloxy_testkit::kube::{gateway_crds_cached, in_netns, ip, within, Cluster, DumpLogOnPanic};
 use veloxy_testkit::*;
 
 const API_ADDR: &str = "192.0.2.1";
@@ -26,29 +26,6 @@ const WEB: &str = "192.0.2.13";
 const NS: &str = "shop";
 const GW: &str = "/apis/gateway.networking.k8s.io/v1";
 const DISCOVERY: &str = "/apis/discovery.k8s.io/v1";
-
-/// Prints veloxy's log when the test fails.
-struct DumpLogOnPanic<'a>(&'a Veloxy);
-
-impl Drop for DumpLogOnPanic<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- veloxy's log ---\n{}", self.0.proc.log_text());
-        }
-    }
-}
-
-/// Polls `f` every 10 ms until it holds; how long that took, or a panic naming `what`.
-fn within(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return start.elapsed();
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("{what}: not within {limit:?}");
-}
 
 /// A TCP echo server on `addr` (its own thread per connection).
 fn echo_server(addr: &str) -> SocketAddr {
@@ -201,7 +178,7 @@ impl Scene {
                     "hostnames": [host], "rules": backend(svc)}}),
             );
         }
-        let cors = json!({"allowOrigins": ["https://app.example"], "allowCredentials": true,
+        let cors = json!({"allowOrigins": ["https://app.example", "https://*.site.example"], "allowCredentials": true,
             "allowMethods": ["GET", "PUT"], "allowHeaders": ["X-Token"],
             "exposeHeaders": ["X-Trace"], "maxAge": 60});
         self.create_gw(
@@ -334,8 +311,20 @@ fn check_cors(web: SocketAddr) {
     let r = ask("GET", "https://app.example").unwrap();
     assert_eq!(r.header("x-upstream"), Some("web"));
     assert_eq!(r.header("access-control-expose-headers"), Some("X-Trace"));
-    let other = ask("OPTIONS", "https://evil.example").unwrap();
-    assert_eq!(other.header("access-control-allow-origin"), None);
+    let wild = ask("OPTIONS", "https://a.b.site.example").unwrap();
+    assert_eq!(
+        wild.header("access-control-allow-origin"),
+        Some("https://a.b.site.example"),
+        "a wildcard host"
+    );
+    for evil in [
+        "https://evil.example",
+        "https://site.example",
+        "http://a.site.example",
+    ] {
+        let other = ask("OPTIONS", evil).unwrap();
+        assert_eq!(other.header("access-control-allow-origin"), None, "{evil}");
+    }
 }
 
 /// Status: the Gateway's listeners with their kinds and routes, each route's parent entry

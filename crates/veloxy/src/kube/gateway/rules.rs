@@ -179,10 +179,10 @@ fn filters(fs: &[Filter], http: bool) -> Result<Filters<'_>, String> {
     Ok(out)
 }
 
-/// The CORS filter as the route's `cors` (`None`: it allows no origin, so it adds nothing).
-/// What veloxy's CORS cannot say is refused: an origin with a wildcard host
-/// (`https://*.example.com`), and `*` in `allowOrigins`, `allowHeaders` or `exposeHeaders`
-/// with `allowCredentials` (the spec wants the request's values echoed then). `*` methods
+/// The CORS filter as the route's `cors` (`None`: it allows no origin, so it adds nothing);
+/// wildcard hosts (`https://*.example.com`) are veloxy's too. What veloxy's CORS cannot say
+/// is refused: `*` in `allowOrigins`, `allowHeaders` or `exposeHeaders` with
+/// `allowCredentials` (the spec wants the request's values echoed then). `*` methods
 /// with credentials are listed (a browser takes `*` literally then).
 fn cors(c: &CorsFilter) -> Result<Option<Value>, String> {
     if c.allow_origins.is_empty() {
@@ -200,15 +200,6 @@ fn cors(c: &CorsFilter) -> Result<Option<Value>, String> {
                 "CORS {field} \"*\" with allowCredentials is not supported"
             ));
         }
-    }
-    if let Some(o) = c
-        .allow_origins
-        .iter()
-        .find(|o| o.contains('*') && *o != "*")
-    {
-        return Err(format!(
-            "CORS allowOrigins {o:?}: a wildcard host is not supported"
-        ));
     }
     let strings = |l: &[String]| Value::Array(l.iter().map(|v| v.as_str().into()).collect());
     // The default ports are the same origin as none.
@@ -512,8 +503,9 @@ mod tests {
         assert!(e.contains("RequestMirror"), "{e}");
         let r = rule(serde_json::json!({"filters": [{"type": "CORS", "cors": {
             "allowOrigins": ["https://*.example.com"]}}]}));
-        let e = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap_err();
-        assert!(e.contains("wildcard host"), "{e}");
+        let routes = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap();
+        let origins = &routes[0]["cors"]["origins"];
+        assert_eq!(origins[0].as_str(), Some("https://*.example.com"));
     }
 
     #[test]
