@@ -119,7 +119,11 @@ fn tcp_and_tls_routes_become_streams_on_the_file_listeners() {
         )],
         services: vec![s1, s2],
         slices: vec![e1, e2],
-        tcp_routes: vec![obj(l4("TCPRoute", "db", "db", &[], "db"))],
+        tcp_routes: vec![
+            obj(l4("TCPRoute", "db", "db", &[], "db")),
+            // Created later (same time, name after "db"): the listener is db's.
+            obj(l4("TCPRoute", "db2", "db", &[], "git")),
+        ],
         tls_routes: vec![obj(l4("TLSRoute", "git", "tls", &["git.example"], "git"))],
         ..Default::default()
     };
@@ -146,11 +150,18 @@ fn tcp_and_tls_routes_become_streams_on_the_file_listeners() {
     let ls = &t.report.gateways[0].listeners;
     assert_eq!(ls[0].kinds, ["TCPRoute"]);
     assert_eq!(ls[1].kinds, ["TLSRoute"]);
-    assert_eq!((ls[0].attached, ls[1].attached), (1, 1));
+    assert_eq!((ls[0].attached, ls[1].attached), (2, 1));
     // TLS in Terminate mode is not served; a TCP port without a tcp listener neither.
     assert_eq!(
         ls[2].accepted.as_ref().unwrap_err().0,
         "UnsupportedProtocol"
     );
     assert_eq!(ls[3].accepted.as_ref().unwrap_err().0, "PortUnavailable");
+    let conflicts: Vec<&str> = t
+        .problems
+        .iter()
+        .filter(|p| p.reason == "RouteConflict")
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(conflicts, ["db2"], "{:?}", t.problems);
 }
