@@ -1,6 +1,7 @@
 //! `cors`: Cross-Origin Resource Sharing for a route. veloxy answers preflights itself and
-//! adds the response fields for allowed origins only; other origins get no CORS fields (the
-//! browser then refuses the response to the page).
+//! adds the response fields for allowed origins only (listed, or matched by a wildcard host:
+//! `https://*.example.com`); other origins get no CORS fields (the browser then refuses the
+//! response to the page).
 
 /// A route's `cors`, compiled.
 #[derive(Debug, Clone)]
@@ -42,7 +43,7 @@ impl Cors {
         }
         self.origins
             .iter()
-            .any(|o| o.eq_ignore_ascii_case(origin))
+            .any(|o| o.eq_ignore_ascii_case(origin) || (o.contains('*') && wild_match(o, origin)))
             .then_some(origin)
     }
 
@@ -97,6 +98,70 @@ impl Cors {
     }
 }
 
+/// `scheme://host[:port]` as (scheme, host, ":port" or "").
+fn parts(origin: &str) -> Option<(&str, &str, &str)> {
+    let (scheme, rest) = origin.split_once("://")?;
+    match rest.rfind(':') {
+        // Not inside an IPv6 literal's brackets.
+        Some(i) if !rest[i..].contains(']') => Some((scheme, &rest[..i], &rest[i..])),
+        _ => Some((scheme, rest, "")),
+    }
+}
+
+/// Whether `origin` is allowed by a `pattern` with a wildcard host: `scheme://*.suffix` (one
+/// label or more before `.suffix`) or `scheme://*` (any host), with the same scheme and
+/// port (ASCII case aside).
+pub fn wild_match(pattern: &str, origin: &str) -> bool {
+    let (Some((ps, ph, pp)), Some((os, oh, op))) = (parts(pattern), parts(origin)) else {
+        return false;
+    };
+    let label = |h: &str| {
+        !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    };
+    if !ps.eq_ignore_ascii_case(os) || pp != op || !label(oh) {
+        return false;
+    }
+    if ph == "*" {
+        return true;
+    }
+    let Some(suffix) = ph.strip_prefix("*.") else {
+        return false;
+    };
+    oh.len() > suffix.len() + 1
+        && oh.as_bytes()[oh.len() - suffix.len() - 1] == b'.'
+        && oh[oh.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+}
+
+/// Why `origin` is not an origin pattern veloxy takes (`None`: it is): `*`, or
+/// `http(s)://host[:port]` whose host may be `*` or start with a `*.` label.
+pub fn origin_error(origin: &str) -> Option<String> {
+    if origin == "*" {
+        return None;
+    }
+    let bad = || {
+        Some(format!(
+            "{origin:?} is not an origin like \"https://app.example.com\""
+        ))
+    };
+    let Some((scheme, host, port)) = parts(origin) else {
+        return bad();
+    };
+    let port_ok = port.is_empty() || port[1..].parse::<u16>().is_ok_and(|p| p > 0);
+    if !matches!(scheme, "http" | "https") || host.is_empty() || !port_ok {
+        return bad();
+    }
+    let rest = host.strip_prefix("*.").unwrap_or(host);
+    if host != "*" && rest.contains('*') {
+        return Some(format!(
+            "{origin:?}: a wildcard is a whole first label (\"https://*.example.com\") or the \
+             whole host"
+        ));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +176,39 @@ mod tests {
             max_age: 3600,
             echo_origin: false,
         }
+    }
+
+    #[test]
+    fn wildcard_hosts() {
+        let w = "https://*.example.com";
+        assert!(wild_match(w, "https://a.example.com"));
+        assert!(
+            wild_match(w, "https://a.b.EXAMPLE.com"),
+            "any number of labels"
+        );
+        assert!(!wild_match(w, "https://example.com"));
+        assert!(!wild_match(w, "http://a.example.com"), "the scheme");
+        assert!(!wild_match(w, "https://a.example.com:8443"), "the port");
+        assert!(!wild_match(w, "https://aexample.com"));
+        assert!(!wild_match(w, "https://x/.example.com"));
+        assert!(wild_match(
+            "https://*.example.com:8443",
+            "https://a.example.com:8443"
+        ));
+        assert!(wild_match("http://*", "http://any.host"));
+        assert!(!wild_match("http://*", "https://any.host"));
+        let mut c = cors(&[w], true);
+        c.methods = "GET".into();
+        assert!(c.preflight("https://app.example.com").contains(&(
+            "access-control-allow-origin",
+            "https://app.example.com".into()
+        )));
+        assert_eq!(origin_error("https://*.example.com:8443"), None);
+        assert!(origin_error("https://a.*.example.com").is_some());
+        assert!(origin_error("ftp://a.example.com").is_some());
+        assert!(origin_error("https://a.example.com:0").is_some());
+        assert_eq!(origin_error("http://[::1]"), None);
+        assert_eq!(origin_error("http://[::1]:8080"), None);
     }
 
     #[test]

@@ -109,6 +109,33 @@ pub fn gateway_crds_cached() -> bool {
     true
 }
 
+/// Prints veloxy's log when the test fails (hold it while the test runs).
+pub struct DumpLogOnPanic<'a>(pub &'a crate::Veloxy);
+
+impl Drop for DumpLogOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- veloxy's log ---\n{}", self.0.proc.log_text());
+        }
+    }
+}
+
+/// Polls `f` every 10 ms until it holds; how long that took, or a panic naming `what`.
+pub fn within(
+    limit: std::time::Duration,
+    what: &str,
+    mut f: impl FnMut() -> bool,
+) -> std::time::Duration {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return start.elapsed();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("{what}: not within {limit:?}");
+}
+
 /// `ip ARGS...`, which must succeed.
 pub fn ip(args: &[&str]) {
     let ok = Command::new("ip")

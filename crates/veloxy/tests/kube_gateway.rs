@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use veloxy_testkit::kube::{gateway_crds_cached, in_netns, ip, Cluster};
+use veloxy_testkit::kube::{gateway_crds_cached, in_netns, ip, within, Cluster, DumpLogOnPanic};
 use veloxy_testkit::*;
 
 const API_ADDR: &str = "192.0.2.1";
@@ -24,17 +24,6 @@ const NS: &str = "shop";
 const OTHER: &str = "other";
 const GW: &str = "/apis/gateway.networking.k8s.io/v1";
 const DISCOVERY: &str = "/apis/discovery.k8s.io/v1";
-
-/// Prints veloxy's log when the test fails.
-struct DumpLogOnPanic<'a>(&'a Veloxy);
-
-impl Drop for DumpLogOnPanic<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- veloxy's log ---\n{}", self.0.proc.log_text());
-        }
-    }
-}
 
 /// `GET path` with `Host: host` and `extra` header lines.
 fn get_with(addr: SocketAddr, host: &str, path: &str, extra: &str) -> Option<Response> {
@@ -51,18 +40,6 @@ fn hit(addr: SocketAddr, host: &str, path: &str) -> (u16, String) {
     get_with(addr, host, path, "").map_or((0, String::new()), |r| {
         (r.status, r.header("x-upstream").unwrap_or_default().into())
     })
-}
-
-/// Polls `f` every 10 ms until it holds; how long that took, or a panic naming `what`.
-fn within(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return start.elapsed();
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("{what}: not within {limit:?}");
 }
 
 fn slice(name: &str, service: &str, port: u16, addrs: &[&str]) -> Value {
@@ -206,7 +183,7 @@ impl Scene {
                 {"name": "http", "port": 80, "protocol": "HTTP"},
                 {"name": "https", "port": 443, "protocol": "HTTPS", "hostname": "secure.example",
                  "tls": {"certificateRefs": [{"name": "secure-tls"}]}},
-                {"name": "tcp", "port": 9000, "protocol": "TCP"}]}}),
+                {"name": "udp", "port": 9000, "protocol": "UDP"}]}}),
         );
         let gw = json!({"name": "gw"});
         let routes = self.path(NS, "httproutes");

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use veloxy_testkit::kube::{gateway_crds_cached, in_netns, ip, Cluster};
+use veloxy_testkit::kube::{gateway_crds_cached, in_netns, ip, within, Cluster, DumpLogOnPanic};
 use veloxy_testkit::*;
 
 /// The API server's address (and veloxy's).
@@ -57,17 +57,6 @@ fn slice(port: u16, addrs: &[&str]) -> Value {
            "endpoints": eps})
 }
 
-/// Prints veloxy's log when the test fails.
-struct DumpLogOnPanic<'a>(&'a Veloxy);
-
-impl Drop for DumpLogOnPanic<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- veloxy's log ---\n{}", self.0.proc.log_text());
-        }
-    }
-}
-
 /// `GET path` with `Host: host` (status, x-upstream, body).
 fn hit(addr: SocketAddr, host: &str, path: &str) -> (u16, String, String) {
     let Ok(mut c) = Client::try_connect(addr) else {
@@ -82,18 +71,6 @@ fn hit(addr: SocketAddr, host: &str, path: &str) -> (u16, String, String) {
         ),
         None => (0, String::new(), String::new()),
     }
-}
-
-/// Polls `f` every 10 ms until it holds; how long that took, or a panic naming `what`.
-fn within(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return start.elapsed();
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("{what}: not within {limit:?}");
 }
 
 /// The backend names answering `host` `path` over `n` requests.

@@ -364,7 +364,7 @@ impl<'a> Builder<'a> {
                 name.hash(&mut hasher);
                 contents.hash(&mut hasher);
             }
-            let mut routes = Vec::new();
+            let (mut routes, mut streams) = (Vec::new(), Vec::new());
             for (route, (kind, ns, name)) in t.routes.into_iter().zip(t.origins) {
                 let key = route.to_string();
                 let keep = match gateways {
@@ -377,14 +377,16 @@ impl<'a> Builder<'a> {
                     t.problems
                         .push(Problem::new(kind, Some(&ns), &name, "Invalid", note));
                 }
-                if keep {
+                if keep && gateway::is_stream(kind) {
+                    streams.push(route);
+                } else if keep {
                     routes.push(route);
                 }
                 gateway_routes.push(key);
             }
             notes.extend(t.notes);
             problems.extend(t.problems);
-            super::merge::add_gateway(&mut table, routes, t.upstreams, t.certs);
+            super::merge::add_gateway(&mut table, (routes, streams), t.upstreams, t.certs);
             report = t.report;
         }
         let servers = Servers::take(&mut table);

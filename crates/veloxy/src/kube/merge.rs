@@ -155,10 +155,11 @@ fn add_named(
 }
 
 /// Adds the Gateway API translation: its routes after the file's and the Ingresses', its
-/// groups, and its certificates to their listeners' `tls.certs`.
+/// streams after the file's, its groups, and its certificates to their listeners'
+/// `tls.certs`.
 pub fn add_gateway(
     file: &mut Table,
-    routes: Vec<Value>,
+    (routes, streams): (Vec<Value>, Vec<Value>),
     upstreams: Table,
     certs: Vec<(String, Value)>,
 ) {
@@ -167,6 +168,9 @@ pub fn add_gateway(
     }
     if !routes.is_empty() {
         array(file, "routes").extend(routes);
+    }
+    if !streams.is_empty() {
+        array(file, "streams").extend(streams);
     }
     for (listener, cert) in certs {
         let l = table(table(file, "listeners"), &listener);

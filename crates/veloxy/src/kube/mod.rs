@@ -10,9 +10,9 @@
 //! compiles it and swaps it in through [`Running::reload`]; [`status`] then publishes the
 //! address in each served Ingress's status. SIGHUP and `POST /reload` re-read the file and
 //! rebuild through [`Provider::reload_file`]. When the API server serves the Gateway API
-//! CRDs, GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes and ReferenceGrants are watched
-//! too and translated by [`gateway`] into the same config; their status is written by
-//! [`gateway::status`]. Objects skipped or refused are reported as Events ([`events`]).
+//! CRDs, GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, ReferenceGrants (and TCPRoutes
+//! and TLSRoutes when served) are watched too and translated by [`gateway`] into the same
+//! config; their status is written by [`gateway::status`]. Objects skipped or refused are reported as Events ([`events`]).
 
 mod build;
 mod events;
@@ -214,7 +214,7 @@ async fn run(
     // With status to write (Ingress addresses, Gateway API conditions), one replica writes
     // it: the Lease's holder. Becoming the holder counts as a change (the status is written
     // at once).
-    let status = builder.spec.status.is_some() || gateway;
+    let status = builder.spec.status.is_some() || gateway.is_some();
     let elector = status.then(|| {
         let spec = &builder.spec;
         lease::Elector::new(
@@ -290,10 +290,11 @@ async fn serve(
 }
 
 /// Whether the API server serves the Gateway API v1 CRDs (GatewayClass, Gateway,
-/// HTTPRoute, GRPCRoute, ReferenceGrant). Without them only Ingresses are watched (installing
+/// HTTPRoute, GRPCRoute, ReferenceGrant), and which of TCPRoute and TLSRoute (v1 in the
+/// v1.6 CRDs) it serves too. Without the core ones only Ingresses are watched (installing
 /// them later takes a restart); an API server that does not answer is taken to serve them
 /// (their watches retry like the others).
-async fn gateway_served(client: &Client) -> bool {
+async fn gateway_served(client: &Client) -> Option<watch::GatewayKinds> {
     const NEEDED: &[&str] = &[
         "gatewayclasses",
         "gateways",
@@ -304,25 +305,39 @@ async fn gateway_served(client: &Client) -> bool {
     let gv = format!("{}/v1", gateway::types::GROUP);
     match tokio::time::timeout(PROBE_TIMEOUT, client.list_api_group_resources(&gv)).await {
         Ok(Ok(list)) => {
-            let missing: Vec<&str> = NEEDED
-                .iter()
-                .filter(|n| !list.resources.iter().any(|r| r.name == **n))
-                .copied()
-                .collect();
-            if missing.is_empty() {
-                return gateway_allowed(client).await;
+            let served = |n: &str| list.resources.iter().any(|r| r.name == n);
+            let missing: Vec<&str> = NEEDED.iter().filter(|n| !served(n)).copied().collect();
+            if !missing.is_empty() {
+                tracing::info!(
+                    ?missing,
+                    "kubernetes: Gateway API CRDs missing: serving Ingresses only"
+                );
+                return None;
             }
+            if !gateway_allowed(client).await {
+                return None;
+            }
+            let kinds = watch::GatewayKinds {
+                tcp: served("tcproutes")
+                    && l4_allowed::<gateway::types::TcpRoute>(client, "TCPRoutes").await,
+                tls: served("tlsroutes")
+                    && l4_allowed::<gateway::types::TlsRoute>(client, "TLSRoutes").await,
+            };
             tracing::info!(
-                ?missing,
-                "kubernetes: Gateway API CRDs missing: serving Ingresses only"
+                tcp_routes = kinds.tcp,
+                tls_routes = kinds.tls,
+                "kubernetes: Gateway API v1 served: watching its objects"
             );
-            false
+            Some(kinds)
         }
         Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
             tracing::info!("kubernetes: the API server serves no Gateway API CRDs: serving Ingresses only (restart after installing them)");
-            false
+            None
         }
-        _ => true,
+        _ => Some(watch::GatewayKinds {
+            tcp: true,
+            tls: true,
+        }),
     }
 }
 
@@ -337,10 +352,24 @@ async fn gateway_allowed(client: &Client) -> bool {
             tracing::error!(error = %e, "kubernetes: the API server denies listing GatewayClasses (check the RBAC rules of this identity): Gateway API is off, Ingresses are served");
             false
         }
-        _ => {
-            tracing::info!("kubernetes: Gateway API v1 served: watching its objects");
-            true
+        _ => true,
+    }
+}
+
+/// Whether this identity may list the route kind `K` (TCPRoute, TLSRoute): a deployment
+/// whose RBAC rules predate them keeps the other kinds, with an error in the log.
+async fn l4_allowed<K>(client: &Client, what: &str) -> bool
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let api: kube::Api<K> = kube::Api::all(client.clone());
+    let params = kube::api::ListParams::default().limit(1);
+    match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&params)).await {
+        Ok(Err(kube::Error::Api(e))) if e.code == 401 || e.code == 403 => {
+            tracing::error!(error = %e, "kubernetes: the API server denies listing {what} (check the RBAC rules of this identity): they are not served");
+            false
         }
+        _ => true,
     }
 }
 

@@ -11,7 +11,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use serde::Serialize;
 
-use super::gateway::types::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use super::gateway::types::{
+    Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TcpRoute, TlsRoute,
+};
 use veloxy_engine::config::KubernetesSpec;
 use veloxy_import::tree::{self, Node};
 
@@ -37,6 +39,9 @@ pub struct World {
     pub gateways: Vec<Arc<Gateway>>,
     pub http_routes: Vec<Arc<HttpRoute>>,
     pub grpc_routes: Vec<Arc<GrpcRoute>>,
+    /// TCPRoutes and TLSRoutes (empty when their CRDs are not served).
+    pub tcp_routes: Vec<Arc<TcpRoute>>,
+    pub tls_routes: Vec<Arc<TlsRoute>>,
     pub grants: Vec<Arc<ReferenceGrant>>,
     /// `slices` by (namespace, Service name), built on first use: each Service's lookup
     /// reads its own slices, not all of them (1,000 Services: a million label reads before).

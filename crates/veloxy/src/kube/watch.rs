@@ -19,8 +19,19 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
-use super::gateway::types::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use super::gateway::types::{
+    Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TcpRoute, TlsRoute,
+};
 use super::objects::World;
+
+/// The optional Gateway API kinds served (and allowed) besides the v1 core ones.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GatewayKinds {
+    /// TCPRoute.
+    pub tcp: bool,
+    /// TLSRoute.
+    pub tls: bool,
+}
 
 /// The caches of every watched kind.
 pub struct Caches {
@@ -34,6 +45,8 @@ pub struct Caches {
     gateways: Vec<Store<Gateway>>,
     http_routes: Vec<Store<HttpRoute>>,
     grpc_routes: Vec<Store<GrpcRoute>>,
+    tcp_routes: Vec<Store<TcpRoute>>,
+    tls_routes: Vec<Store<TlsRoute>>,
     grants: Vec<Store<ReferenceGrant>>,
     /// One flag per watch: its first list is complete.
     listed: Vec<Arc<AtomicBool>>,
@@ -42,11 +55,11 @@ pub struct Caches {
 
 impl Caches {
     /// Starts the watches (on the current tokio runtime) in `namespaces` (empty: all); with
-    /// `gateway`, those of the Gateway API too.
+    /// `gateway`, those of the Gateway API too (TCPRoutes and TLSRoutes as it says).
     pub fn start(
         client: &Client,
         namespaces: &[String],
-        gateway: bool,
+        gateway: Option<GatewayKinds>,
         changed: &Arc<Notify>,
     ) -> Caches {
         let mut c = Caches {
@@ -59,6 +72,8 @@ impl Caches {
             gateways: Vec::new(),
             http_routes: Vec::new(),
             grpc_routes: Vec::new(),
+            tcp_routes: Vec::new(),
+            tls_routes: Vec::new(),
             grants: Vec::new(),
             listed: Vec::new(),
             tasks: Vec::new(),
@@ -85,7 +100,15 @@ impl Caches {
             c.secrets.push(store);
             let store = c.watch(api(client, ns), opaque.clone(), "Secret", changed);
             c.secrets.push(store);
-            if gateway {
+            if let Some(kinds) = gateway {
+                if kinds.tcp {
+                    let store = c.watch(api(client, ns), all.clone(), "TCPRoute", changed);
+                    c.tcp_routes.push(store);
+                }
+                if kinds.tls {
+                    let store = c.watch(api(client, ns), all.clone(), "TLSRoute", changed);
+                    c.tls_routes.push(store);
+                }
                 let store = c.watch(api(client, ns), all.clone(), "Gateway", changed);
                 c.gateways.push(store);
                 let store = c.watch(api(client, ns), all.clone(), "HTTPRoute", changed);
@@ -96,7 +119,7 @@ impl Caches {
                 c.grants.push(store);
             }
         }
-        if gateway {
+        if gateway.is_some() {
             let store = c.watch(
                 Api::all(client.clone()),
                 all.clone(),
@@ -129,6 +152,8 @@ impl Caches {
             gateways: sorted(&self.gateways),
             http_routes: sorted(&self.http_routes),
             grpc_routes: sorted(&self.grpc_routes),
+            tcp_routes: sorted(&self.tcp_routes),
+            tls_routes: sorted(&self.tls_routes),
             grants: sorted(&self.grants),
             slice_index: Default::default(),
         }

@@ -339,7 +339,8 @@ fn valid_name(name: &str) -> bool {
 }
 
 /// `[[streams]]`: each names a tcp listener and the group it relays to; every tcp listener
-/// needs exactly one.
+/// needs exactly one without `sni` or some with (none with `[providers.kubernetes]`, whose
+/// Gateway TCPRoutes and TLSRoutes bring them).
 fn compile_streams(
     src: &Source,
     file: &FileConfig,
@@ -404,9 +405,15 @@ fn compile_streams(
         }
         l.stream = Some(index);
     }
+    // With the Kubernetes provider, a tcp listener may wait for its streams (a Gateway's
+    // TCP or TLS listener, their routes): meanwhile its connections are closed.
+    let provided = file
+        .providers
+        .as_ref()
+        .is_some_and(|p| p.kubernetes.is_some());
     if let Some(l) = listeners
         .iter()
-        .find(|l| l.tcp && l.stream.is_none() && l.sni_streams.is_empty())
+        .find(|l| !provided && l.tcp && l.stream.is_none() && l.sni_streams.is_empty())
     {
         let span = file.listeners.get(&l.name).map_or(0..0, |s| s.span());
         return Err(src.error(

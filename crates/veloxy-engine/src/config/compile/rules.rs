@@ -494,11 +494,8 @@ fn cors(
         ));
     }
     for o in &c.origins {
-        if o != "*" && !(o.starts_with("http://") || o.starts_with("https://")) {
-            return Err(err(
-                "origins",
-                &format!("{o:?} is not an origin like \"https://app.example.com\""),
-            ));
+        if let Some(e) = crate::cors::origin_error(o.trim_end_matches('/')) {
+            return Err(err("origins", &e));
         }
     }
     let names = |v: &Option<Vec<String>>, k: &str, default: &[&str]| {

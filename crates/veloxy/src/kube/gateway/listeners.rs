@@ -1,5 +1,7 @@
 //! Gateway listeners: the veloxy listener each is served on, the route kinds it takes, its
-//! HTTPS certificates (TLS Secrets, another namespace's with a ReferenceGrant).
+//! HTTPS certificates (TLS Secrets, another namespace's with a ReferenceGrant). TCP
+//! listeners need a `protocol = "tcp"` listener of the file on their port; TLS listeners
+//! (Passthrough) go on one, or on a TLS listener, whose other names veloxy terminates.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -8,7 +10,7 @@ use toml::{Table, Value};
 use veloxy_engine::config::KubernetesSpec;
 
 use super::types::{Gateway, Listener, GROUP};
-use super::{backends, ListenerReport, Translation, KINDS};
+use super::{backends, ListenerReport, Translation};
 use crate::kube::events::Problem;
 use crate::kube::objects::{id, World};
 
@@ -32,17 +34,26 @@ pub(super) fn listener(
         hosts: BTreeSet::new(),
         certs: Vec::new(),
     };
-    let https = match l.protocol.as_str() {
-        "HTTP" => false,
-        "HTTPS" => true,
-        other => {
-            r.accepted = Err((
-                "UnsupportedProtocol",
-                format!("protocol {other} is not served (HTTP and HTTPS are)"),
-            ));
-            return r;
-        }
-    };
+    let kinds = super::kinds(&l.protocol);
+    if kinds.is_empty() {
+        r.accepted = Err((
+            "UnsupportedProtocol",
+            format!(
+                "protocol {} is not served (HTTP, HTTPS, TCP and TLS are)",
+                l.protocol
+            ),
+        ));
+        return r;
+    }
+    let mode = l.tls.as_ref().and_then(|t| t.mode.as_deref());
+    if l.protocol == "TLS" && mode.unwrap_or("Terminate") != "Passthrough" {
+        r.accepted = Err((
+            "UnsupportedProtocol",
+            "protocol TLS is served in tls.mode Passthrough only (the backends terminate TLS)"
+                .into(),
+        ));
+        return r;
+    }
     let allowed = l
         .allowed_routes
         .as_ref()
@@ -50,28 +61,37 @@ pub(super) fn listener(
         .unwrap_or(&[]);
     for k in allowed {
         let group_ok = k.group.as_deref().unwrap_or(GROUP) == GROUP;
-        match KINDS.iter().find(|s| **s == k.kind) {
+        match kinds.iter().find(|s| **s == k.kind) {
             Some(s) if group_ok => r.kinds.push(s),
             _ => {
                 r.resolved = Err((
                     "InvalidRouteKinds",
-                    format!("route kind {} is not supported", k.kind),
+                    format!(
+                        "route kind {} is not supported on a {} listener",
+                        k.kind, l.protocol
+                    ),
                 ))
             }
         }
     }
     if allowed.is_empty() {
-        r.kinds = KINDS.to_vec();
+        r.kinds = kinds.to_vec();
     }
-    r.veloxy = served_on(file, spec, l.port, https);
+    r.veloxy = served_on(file, spec, l.port, &l.protocol);
     if r.veloxy.is_none() {
-        r.accepted = Err((
-            "PortUnavailable",
-            "no veloxy listener for HTTPS: set https_listener in [providers.kubernetes]".into(),
-        ));
+        let why = match l.protocol.as_str() {
+            "TCP" => format!(
+                "no veloxy listener with protocol = \"tcp\" on port {}: add one to the config file",
+                l.port
+            ),
+            _ => "no veloxy listener for HTTPS or TLS: set https_listener in \
+                  [providers.kubernetes]"
+                .into(),
+        };
+        r.accepted = Err(("PortUnavailable", why));
         return r;
     }
-    if https {
+    if l.protocol == "HTTPS" {
         tls(world, gw, l, &mut r, t);
     }
     r
@@ -89,25 +109,40 @@ pub(super) fn problem(
     Problem::new("Gateway", m.namespace.as_deref(), name, reason, note)
 }
 
-/// The file's listener for a Gateway listener on `port`: one with that port and TLS when
-/// `https`, else `http_listener` / `https_listener`.
-fn served_on(file: &Table, spec: &KubernetesSpec, port: i32, https: bool) -> Option<String> {
+/// The file's listener for a Gateway listener of `protocol` on `port`: one with that port
+/// and kind (TLS for HTTPS; `protocol = "tcp"` for TCP; for TLS passthrough a tcp one, else
+/// a TLS one), else `http_listener` (HTTP) / `https_listener` (HTTPS, TLS).
+fn served_on(file: &Table, spec: &KubernetesSpec, port: i32, protocol: &str) -> Option<String> {
     let listeners = file.get("listeners").and_then(Value::as_table);
-    for (name, l) in listeners.into_iter().flatten() {
-        let Some(l) = l.as_table() else { continue };
-        let lport = l
-            .get("addr")
-            .and_then(Value::as_str)
-            .and_then(|a| a.rsplit_once(':'))
-            .and_then(|(_, p)| p.parse::<i32>().ok());
-        if lport == Some(port) && l.contains_key("tls") == https {
-            return Some(name.clone());
-        }
-    }
-    if https {
-        spec.https_listener.clone()
-    } else {
-        Some(spec.http_listener.clone())
+    // (name, TLS, tcp) of the file's listeners on `port`.
+    let on_port: Vec<(&String, bool, bool)> = listeners
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, l)| {
+            let l = l.as_table()?;
+            let lport = l
+                .get("addr")
+                .and_then(Value::as_str)
+                .and_then(|a| a.rsplit_once(':'))
+                .and_then(|(_, p)| p.parse::<i32>().ok());
+            let tcp = l.get("protocol").and_then(Value::as_str) == Some("tcp");
+            (lport == Some(port)).then(|| (name, l.contains_key("tls"), tcp))
+        })
+        .collect();
+    let find = |tls: bool, tcp: bool| {
+        on_port
+            .iter()
+            .find(|(_, t, c)| *t == tls && *c == tcp)
+            .map(|(n, _, _)| (*n).clone())
+    };
+    match protocol {
+        "HTTP" => find(false, false).or_else(|| Some(spec.http_listener.clone())),
+        "HTTPS" => find(true, false).or_else(|| spec.https_listener.clone()),
+        "TCP" => find(false, true),
+        "TLS" => find(false, true)
+            .or_else(|| find(true, false))
+            .or_else(|| spec.https_listener.clone()),
+        _ => None,
     }
 }
 
@@ -125,7 +160,7 @@ fn tls(world: &World, gw: &Gateway, l: &Listener, r: &mut ListenerReport, t: &mu
     if cfg.mode.as_deref().unwrap_or("Terminate") != "Terminate" {
         r.accepted = Err((
             "UnsupportedProtocol",
-            "TLS mode Passthrough is not served".into(),
+            "tls.mode Passthrough is for protocol TLS (with TLSRoutes)".into(),
         ));
         return;
     }

@@ -1,16 +1,20 @@
-//! Gateway API v1 (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) to veloxy
-//! routes, upstream groups and certificates, merged into the file's config like the
-//! Ingresses' (see `docs/src/guides/kubernetes.md`, "Gateway API").
+//! Gateway API v1 (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TCPRoute, TLSRoute,
+//! ReferenceGrant) to veloxy routes, streams, upstream groups and certificates, merged into
+//! the file's config like the Ingresses' (see `docs/src/guides/kubernetes.md`, "Gateway
+//! API").
 //!
 //! A GatewayClass is ours when its `controllerName` is [`CONTROLLER`] (and, with
 //! `gateway_class` set, its name is that); a Gateway is ours when its class is. Each Gateway
 //! listener is served on a veloxy listener of the file: one of the same port and kind (TLS or
-//! not), else `http_listener` (HTTP) or `https_listener` (HTTPS); the file's listeners bind
-//! the sockets, the Gateway's ports are what clients were told (a Service maps them). Routes
-//! are translated oldest first (the spec's tie-break), so of two routes with the same
-//! listener, host, path and conditions the older one is served. [`translate`] also returns
-//! the facts [`status`] writes.
+//! not; `protocol = "tcp"` for TCP), else `http_listener` (HTTP) or `https_listener` (HTTPS,
+//! TLS passthrough); the file's listeners bind the sockets, the Gateway's ports are what
+//! clients were told (a Service maps them). HTTPRoutes and GRPCRoutes become `[[routes]]`,
+//! TCPRoutes and TLSRoutes `[[streams]]` (a TLSRoute's hostnames its `sni`). Routes are
+//! translated oldest first (the spec's tie-break), so of two routes with the same listener,
+//! host, path and conditions the older one is served. [`translate`] also returns the facts
+//! [`status`] writes.
 
+mod attach;
 mod backends;
 mod listeners;
 mod rules;
@@ -36,13 +40,26 @@ pub const CONTROLLER: &str = "veloxy.dev/gateway-controller";
 /// A condition: true, or false with (reason, message).
 pub type Cond = Result<(), (&'static str, String)>;
 
-/// The route kinds a listener of each protocol takes.
-pub(crate) const KINDS: &[&str] = &["HTTPRoute", "GRPCRoute"];
+/// The route kinds a listener of `protocol` takes (none: the protocol is not served).
+pub(crate) fn kinds(protocol: &str) -> &'static [&'static str] {
+    match protocol {
+        "HTTP" | "HTTPS" => &["HTTPRoute", "GRPCRoute"],
+        "TCP" => &["TCPRoute"],
+        "TLS" => &["TLSRoute"],
+        _ => &[],
+    }
+}
+
+/// Whether routes of `kind` become `[[streams]]` (TCPRoute, TLSRoute), not `[[routes]]`.
+pub fn is_stream(kind: &str) -> bool {
+    matches!(kind, "TCPRoute" | "TLSRoute")
+}
 
 /// The Gateway objects as config, and the facts their status needs.
 #[derive(Default)]
 pub struct Translation {
-    /// `[[routes]]` tables, in precedence order.
+    /// `[[routes]]` tables, in precedence order, and the `[[streams]]` tables of TCPRoutes
+    /// and TLSRoutes (their origin's kind says which: [`is_stream`]).
     pub routes: Vec<Value>,
     /// The object each of `routes` comes from: (kind, namespace, name).
     pub origins: Vec<(&'static str, String, String)>,
@@ -91,7 +108,7 @@ pub struct ListenerReport {
     pub(super) certs: Vec<(String, String)>,
 }
 
-/// One HTTPRoute or GRPCRoute naming one of our Gateways.
+/// One route (HTTPRoute, GRPCRoute, TCPRoute, TLSRoute) naming one of our Gateways.
 pub struct RouteReport {
     pub kind: &'static str,
     pub meta: ObjectMeta,
@@ -113,6 +130,8 @@ pub struct ParentReport {
 enum AnyRoute<'a> {
     Http(&'a types::HttpRoute),
     Grpc(&'a types::GrpcRoute),
+    Tcp(&'a types::TcpRoute),
+    Tls(&'a types::TlsRoute),
 }
 
 impl AnyRoute<'_> {
@@ -120,30 +139,44 @@ impl AnyRoute<'_> {
         match self {
             AnyRoute::Http(r) => &r.metadata,
             AnyRoute::Grpc(r) => &r.metadata,
+            AnyRoute::Tcp(r) => &r.metadata,
+            AnyRoute::Tls(r) => &r.metadata,
         }
     }
     fn kind(&self) -> &'static str {
         match self {
             AnyRoute::Http(_) => "HTTPRoute",
             AnyRoute::Grpc(_) => "GRPCRoute",
+            AnyRoute::Tcp(_) => "TCPRoute",
+            AnyRoute::Tls(_) => "TLSRoute",
         }
+    }
+    /// Whether it becomes streams (TCPRoute, TLSRoute).
+    fn stream(&self) -> bool {
+        is_stream(self.kind())
     }
     fn parent_refs(&self) -> &[ParentRef] {
         match self {
             AnyRoute::Http(r) => &r.spec.parent_refs,
             AnyRoute::Grpc(r) => &r.spec.parent_refs,
+            AnyRoute::Tcp(r) => &r.spec.parent_refs,
+            AnyRoute::Tls(r) => &r.spec.parent_refs,
         }
     }
     fn status(&self) -> Option<serde_json::Value> {
         match self {
             AnyRoute::Http(r) => r.status.clone(),
             AnyRoute::Grpc(r) => r.status.clone(),
+            AnyRoute::Tcp(r) => r.status.clone(),
+            AnyRoute::Tls(r) => r.status.clone(),
         }
     }
     fn hostnames(&self) -> &[String] {
         match self {
             AnyRoute::Http(r) => &r.spec.hostnames,
             AnyRoute::Grpc(r) => &r.spec.hostnames,
+            AnyRoute::Tcp(r) => &r.spec.hostnames,
+            AnyRoute::Tls(r) => &r.spec.hostnames,
         }
     }
 }
@@ -198,6 +231,8 @@ pub fn translate(world: &World, spec: &KubernetesSpec, file: &Table, dir: &Path)
         .map(|r| AnyRoute::Http(r))
         .collect();
     all.extend(world.grpc_routes.iter().map(|r| AnyRoute::Grpc(r)));
+    all.extend(world.tcp_routes.iter().map(|r| AnyRoute::Tcp(r)));
+    all.extend(world.tls_routes.iter().map(|r| AnyRoute::Tls(r)));
     all.sort_by_key(|r| {
         let m = r.meta();
         (m.creation_timestamp.clone().map(|c| c.0), id(m))
@@ -209,40 +244,8 @@ pub fn translate(world: &World, spec: &KubernetesSpec, file: &Table, dir: &Path)
     listeners::certs(&mut t, dir);
     t
 }
-
-/// `listener`'s hostname intersected with a route's: `None` when they share none; an empty
-/// list: any host.
-fn hosts(listener: Option<&str>, route: &[String]) -> Option<Vec<String>> {
-    let covers = |wild: &str, h: &str| {
-        wild.strip_prefix("*.")
-            .is_some_and(|s| h.len() > s.len() + 1 && h.ends_with(&format!(".{s}")))
-    };
-    match (listener, route.is_empty()) {
-        (None, true) => Some(Vec::new()),
-        (None, false) => Some(route.to_vec()),
-        (Some(l), true) => Some(vec![l.to_owned()]),
-        (Some(l), false) => {
-            let mut out: Vec<String> = Vec::new();
-            for h in route {
-                let m = if h.eq_ignore_ascii_case(l) || covers(l, h) {
-                    Some(h.as_str())
-                } else if covers(h, l) {
-                    Some(l)
-                } else {
-                    None
-                };
-                if let Some(m) = m.filter(|m| !out.iter().any(|o| o == m)) {
-                    out.push(m.to_owned());
-                }
-            }
-            (!out.is_empty()).then_some(out)
-        }
-    }
-}
-
-/// Which route (`KIND NS/NAME`) each match key (see [`match_key`]) was emitted for.
+/// Which route (`KIND NS/NAME`) each match key (see [`attach::match_key`]) was emitted for.
 type Seen = BTreeMap<String, String>;
-
 /// One route: its rules' groups, its parents' status, its veloxy routes on each listener it
 /// attaches to.
 fn route(world: &World, r: &AnyRoute<'_>, t: &mut Translation, seen: &mut Seen) {
@@ -270,7 +273,7 @@ fn route(world: &World, r: &AnyRoute<'_>, t: &mut Translation, seen: &mut Seen) 
         };
         let mut parent = pr.clone();
         parent.namespace = Some(gw_ns.to_owned());
-        let accepted = attach(t, gi, r, pr, ns, &targets, seen);
+        let accepted = attach::attach(t, gi, r, pr, ns, &targets, seen);
         let refused: Vec<&String> = targets
             .iter()
             .filter_map(|(_, e)| e.as_ref().err())
@@ -337,6 +340,8 @@ fn targets(
     let refs: Vec<&[types::ObjectRef]> = match r {
         AnyRoute::Http(h) => h.spec.rules.iter().map(|x| &x.backend_refs[..]).collect(),
         AnyRoute::Grpc(g) => g.spec.rules.iter().map(|x| &x.backend_refs[..]).collect(),
+        AnyRoute::Tcp(l) => l.spec.rules.iter().map(|x| &x.backend_refs[..]).collect(),
+        AnyRoute::Tls(l) => l.spec.rules.iter().map(|x| &x.backend_refs[..]).collect(),
     };
     let mut out = Vec::new();
     for (i, refs) in refs.into_iter().enumerate() {
@@ -366,182 +371,12 @@ fn targets(
             )
             .map(drop),
             AnyRoute::Grpc(g) => rules::grpc_rule(&g.spec.rules[i], &target).map(drop),
+            // No matches or filters: nothing to refuse.
+            AnyRoute::Tcp(_) | AnyRoute::Tls(_) => Ok(()),
         };
         out.push((b.resolved, check.map(|()| target)));
     }
     out
 }
-
-/// Attaches route `r` to the listeners of Gateway `gi` that `pr` selects and allow it:
-/// its veloxy routes on each. Accepted, or why not.
-fn attach(
-    t: &mut Translation,
-    gi: usize,
-    r: &AnyRoute<'_>,
-    pr: &ParentRef,
-    ns: &str,
-    targets: &[(Cond, Result<Target, String>)],
-    seen: &mut Seen,
-) -> Cond {
-    let gw = &t.report.gateways[gi];
-    let gw_ns = gw
-        .gateway
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or("default")
-        .to_owned();
-    let selected: Vec<usize> = (0..gw.listeners.len())
-        .filter(|&i| {
-            let l = &gw.listeners[i];
-            pr.section_name.as_deref().is_none_or(|s| s == l.name)
-                && pr.port.is_none_or(|p| p == l.spec.port)
-        })
-        .collect();
-    if selected.is_empty() {
-        return Err((
-            "NoMatchingParent",
-            "no listener matches sectionName/port".into(),
-        ));
-    }
-    let allowed: Vec<usize> = selected
-        .into_iter()
-        .filter(|&i| {
-            let l = &gw.listeners[i];
-            let from = l
-                .spec
-                .allowed_routes
-                .as_ref()
-                .and_then(|a| a.namespaces.as_ref());
-            let ns_ok = match from.and_then(|f| f.from.as_deref()).unwrap_or("Same") {
-                "All" => true,
-                "Same" => ns == gw_ns,
-                _ => false, // Selector: namespaces' labels are not watched.
-            };
-            ns_ok && l.kinds.contains(&r.kind()) && l.accepted.is_ok() && l.veloxy.is_some()
-        })
-        .collect();
-    if allowed.is_empty() {
-        return Err((
-            "NotAllowedByListeners",
-            "no listener allows this route".into(),
-        ));
-    }
-    let mut matched = false;
-    for i in allowed {
-        let l = &t.report.gateways[gi].listeners[i];
-        let Some(hosts) = hosts(l.spec.hostname.as_deref(), r.hostnames()) else {
-            continue;
-        };
-        matched = true;
-        let on = l.veloxy.clone().unwrap_or_default();
-        let via = Via {
-            port: l.spec.port,
-            https: l.spec.protocol == "HTTPS",
-        };
-        let routes = emit(r, targets, via);
-        let l = &mut t.report.gateways[gi].listeners[i];
-        l.attached += 1;
-        l.hosts.extend(hosts.iter().cloned());
-        let one_host: Vec<Option<&String>> = if hosts.is_empty() {
-            vec![None]
-        } else {
-            hosts.iter().map(Some).collect()
-        };
-        for route in &routes {
-            for h in &one_host {
-                let mut route = route.clone();
-                route.insert("listener".into(), on.as_str().into());
-                if let Some(h) = h {
-                    route.insert("host".into(), h.as_str().into());
-                }
-                let key = match_key(&route);
-                let me = format!("{} {}", r.kind(), id(r.meta()));
-                let first = match seen.entry(key) {
-                    std::collections::btree_map::Entry::Vacant(v) => {
-                        v.insert(me);
-                        true
-                    }
-                    // The same route through another Gateway listener served on this
-                    // listener: once is enough.
-                    std::collections::btree_map::Entry::Occupied(o) if *o.get() == me => continue,
-                    std::collections::btree_map::Entry::Occupied(_) => false,
-                };
-                if first {
-                    t.routes.push(Value::Table(route));
-                    let m = r.meta();
-                    let ns = m.namespace.clone().unwrap_or_else(|| "default".into());
-                    t.origins
-                        .push((r.kind(), ns, m.name.clone().unwrap_or_default()));
-                } else {
-                    let note = format!(
-                        "a match on listener {on}, host {} is an older route's: not served",
-                        h.map_or("(any)", |h| h.as_str())
-                    );
-                    t.notes
-                        .push(format!("{} {}: {note}", r.kind(), id(r.meta())));
-                    let m = r.meta();
-                    let name = m.name.as_deref().unwrap_or_default();
-                    let p = Problem::new(
-                        r.kind(),
-                        m.namespace.as_deref(),
-                        name,
-                        "RouteConflict",
-                        note,
-                    );
-                    if !t.problems.contains(&p) {
-                        t.problems.push(p);
-                    }
-                }
-            }
-        }
-    }
-    if matched {
-        Ok(())
-    } else {
-        Err((
-            "NoMatchingListenerHostname",
-            "no listener hostname matches the route's".into(),
-        ))
-    }
-}
-
-/// The routes of each rule that is not refused, through a listener `via`.
-fn emit(r: &AnyRoute<'_>, targets: &[(Cond, Result<Target, String>)], via: Via) -> Vec<Table> {
-    let mut out = Vec::new();
-    for (i, (_, target)) in targets.iter().enumerate() {
-        let Ok(target) = target else { continue };
-        let routes = match r {
-            AnyRoute::Http(h) => rules::http_rule(&h.spec.rules[i], target, via),
-            AnyRoute::Grpc(g) => rules::grpc_rule(&g.spec.rules[i], target),
-        };
-        out.extend(routes.unwrap_or_default());
-    }
-    out
-}
-
-/// What makes two routes the same to the router: listener, host, path and conditions.
-fn match_key(t: &Table) -> String {
-    let keys = [
-        "listener",
-        "host",
-        "path",
-        "path_exact",
-        "path_regex",
-        "methods",
-        "headers",
-        "query",
-    ];
-    keys.iter()
-        .map(|k| {
-            format!(
-                "{k}={}",
-                t.get(*k).map(Value::to_string).unwrap_or_default()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,6 @@
 //! One HTTPRoute or GRPCRoute rule to veloxy route tables (without `listener` and `host`,
 //! which the caller adds per attached listener): one route per match (a rule's matches are
-//! ORed), its filters as route keys.
+//! ORed), its filters as route keys (header modifiers, redirect, rewrite, CORS).
 //!
 //! PathPrefix matches whole segments (`/foo` matches `/foo` and `/foo/x`, not `/foobar`):
 //! `path_exact = "/foo"` with `path = "/foo/"`. A `ReplacePrefixMatch` (rewrite or redirect)
@@ -10,8 +10,8 @@
 use toml::{Table, Value};
 
 use super::types::{
-    Filter, GrpcMatch, GrpcRule, HeaderModifier, HttpMatch, HttpRule, PathModifier, Redirect,
-    ValueMatch,
+    CorsFilter, Filter, GrpcMatch, GrpcRule, HeaderModifier, HttpMatch, HttpRule, PathModifier,
+    Redirect, ValueMatch,
 };
 
 /// What a rule's routes answer with, from its backendRefs.
@@ -161,6 +161,11 @@ fn filters(fs: &[Filter], http: bool) -> Result<Filters<'_>, String> {
                 }
                 out.rewrite = u.path.as_ref();
             }
+            ("CORS", true) => {
+                if let Some(c) = f.cors.as_ref().map(cors).transpose()?.flatten() {
+                    out.keys.insert("cors".into(), c);
+                }
+            }
             (other, _) => return Err(format!("filter type {other} is not supported")),
         }
     }
@@ -173,6 +178,73 @@ fn filters(fs: &[Filter], http: bool) -> Result<Filters<'_>, String> {
     }
     Ok(out)
 }
+
+/// The CORS filter as the route's `cors` (`None`: it allows no origin, so it adds nothing);
+/// wildcard hosts (`https://*.example.com`) are veloxy's too. What veloxy's CORS cannot say
+/// is refused: `*` in `allowOrigins`, `allowHeaders` or `exposeHeaders` with
+/// `allowCredentials` (the spec wants the request's values echoed then). `*` methods
+/// with credentials are listed (a browser takes `*` literally then).
+fn cors(c: &CorsFilter) -> Result<Option<Value>, String> {
+    if c.allow_origins.is_empty() {
+        return Ok(None);
+    }
+    let credentials = c.allow_credentials.unwrap_or(false);
+    let star = |l: &[String]| l.iter().any(|v| v == "*");
+    for (field, list) in [
+        ("allowOrigins", &c.allow_origins),
+        ("allowHeaders", &c.allow_headers),
+        ("exposeHeaders", &c.expose_headers),
+    ] {
+        if credentials && star(list) {
+            return Err(format!(
+                "CORS {field} \"*\" with allowCredentials is not supported"
+            ));
+        }
+    }
+    let strings = |l: &[String]| Value::Array(l.iter().map(|v| v.as_str().into()).collect());
+    // The default ports are the same origin as none.
+    let origins: Vec<String> = c
+        .allow_origins
+        .iter()
+        .map(|o| {
+            let o = o.trim_end_matches('/');
+            let default = if o.starts_with("https://") {
+                ":443"
+            } else {
+                ":80"
+            };
+            o.strip_suffix(default).unwrap_or(o).to_owned()
+        })
+        .collect();
+    let mut t = Table::new();
+    t.insert("origins".into(), strings(&origins));
+    if !c.allow_methods.is_empty() {
+        let methods = if credentials && star(&c.allow_methods) {
+            ALL_METHODS.iter().map(|m| m.to_string()).collect()
+        } else {
+            c.allow_methods.clone()
+        };
+        t.insert("methods".into(), strings(&methods));
+    }
+    if !c.allow_headers.is_empty() {
+        t.insert("headers".into(), strings(&c.allow_headers));
+    }
+    if !c.expose_headers.is_empty() {
+        t.insert("expose_headers".into(), strings(&c.expose_headers));
+    }
+    if credentials {
+        t.insert("credentials".into(), true.into());
+    }
+    // The spec's default is 5 s (veloxy's 1 h).
+    let max_age = c.max_age.unwrap_or(5).max(0);
+    t.insert("max_age".into(), format!("{max_age}s").into());
+    Ok(Some(Value::Table(t)))
+}
+
+/// The methods a CORS filter's `*` stands for (the CRD's list).
+const ALL_METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
 
 /// A header modifier as `{ set = {...}, add = {...}, remove = [...] }` (values are literal:
 /// braces escaped from the template syntax).
@@ -429,5 +501,30 @@ mod tests {
         let r = rule(serde_json::json!({"filters": [{"type": "RequestMirror"}]}));
         let e = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap_err();
         assert!(e.contains("RequestMirror"), "{e}");
+        let r = rule(serde_json::json!({"filters": [{"type": "CORS", "cors": {
+            "allowOrigins": ["https://*.example.com"]}}]}));
+        let routes = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap();
+        let origins = &routes[0]["cors"]["origins"];
+        assert_eq!(origins[0].as_str(), Some("https://*.example.com"));
+    }
+
+    #[test]
+    fn the_cors_filter_becomes_the_route_cors() {
+        let r = rule(serde_json::json!({"filters": [{"type": "CORS", "cors": {
+            "allowOrigins": ["https://app.example:443"], "allowCredentials": true,
+            "allowMethods": ["*"], "allowHeaders": ["X-Token"]}}]}));
+        let routes = http_rule(&r, &Target::Upstream("g".into()), VIA).unwrap();
+        let c = &routes[0]["cors"];
+        assert_eq!(
+            c["origins"],
+            Value::Array(vec!["https://app.example".into()])
+        );
+        assert_eq!(c["methods"].as_array().unwrap().len(), ALL_METHODS.len());
+        assert_eq!(c["credentials"].as_bool(), Some(true));
+        assert_eq!(c["max_age"].as_str(), Some("5s"));
+        let r = rule(serde_json::json!({"filters": [{"type": "CORS", "cors": {
+            "allowOrigins": ["*"], "allowCredentials": true}}]}));
+        let e = http_rule(&r, &Target::Upstream("g".into()), VIA).unwrap_err();
+        assert!(e.contains("allowCredentials"), "{e}");
     }
 }

@@ -13,7 +13,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
 
-use super::types::{Gateway, GatewayClass, GrpcRoute, HttpRoute, GROUP};
+use super::types::{Gateway, GatewayClass, GrpcRoute, HttpRoute, TcpRoute, TlsRoute, GROUP};
 use super::{Cond, Report, CONTROLLER};
 use crate::kube::objects::id;
 
@@ -64,7 +64,15 @@ pub async fn clear_stale(client: &Client, report: &Report, world: &crate::kube::
         .grpc_routes
         .iter()
         .map(|r| ("GRPCRoute", &r.metadata, &r.status));
-    for (kind, meta, status) in http.chain(grpc) {
+    let tcp = world
+        .tcp_routes
+        .iter()
+        .map(|r| ("TCPRoute", &r.metadata, &r.status));
+    let tls = world
+        .tls_routes
+        .iter()
+        .map(|r| ("TLSRoute", &r.metadata, &r.status));
+    for (kind, meta, status) in http.chain(grpc).chain(tcp).chain(tls) {
         let parents = status.as_ref().and_then(|s| s["parents"].as_array());
         let Some(parents) = parents else { continue };
         if reported(&meta.uid) || !parents.iter().any(|p| p["controllerName"] == CONTROLLER) {
@@ -193,12 +201,23 @@ async fn route(client: &Client, r: &super::RouteReport) {
         return;
     }
     let what = format!("{} {ns}/{name}", r.kind);
-    if r.kind == "HTTPRoute" {
-        let api: Api<HttpRoute> = Api::namespaced(client.clone(), ns);
-        write(api, &name, want, &what).await;
-    } else {
-        let api: Api<GrpcRoute> = Api::namespaced(client.clone(), ns);
-        write(api, &name, want, &what).await;
+    match r.kind {
+        "HTTPRoute" => {
+            let api: Api<HttpRoute> = Api::namespaced(client.clone(), ns);
+            write(api, &name, want, &what).await;
+        }
+        "TCPRoute" => {
+            let api: Api<TcpRoute> = Api::namespaced(client.clone(), ns);
+            write(api, &name, want, &what).await;
+        }
+        "TLSRoute" => {
+            let api: Api<TlsRoute> = Api::namespaced(client.clone(), ns);
+            write(api, &name, want, &what).await;
+        }
+        _ => {
+            let api: Api<GrpcRoute> = Api::namespaced(client.clone(), ns);
+            write(api, &name, want, &what).await;
+        }
     }
 }
 

@@ -1,5 +1,9 @@
 //! Unit tests of the Gateway API translation as a whole.
 
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::attach::hosts;
 use super::*;
 
 fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
@@ -15,9 +19,8 @@ fn route(name: &str, created: &str) -> Arc<types::HttpRoute> {
     )
 }
 
-#[test]
-fn the_older_of_two_routes_with_one_match_is_served_once() {
-    let spec = KubernetesSpec {
+fn spec() -> KubernetesSpec {
+    KubernetesSpec {
         kubeconfig: None,
         namespaces: Vec::new(),
         ingress_class: "veloxy".into(),
@@ -28,7 +31,12 @@ fn the_older_of_two_routes_with_one_match_is_served_once() {
         status: None,
         lease: None,
         lease_duration: std::time::Duration::from_secs(15),
-    };
+    }
+}
+
+#[test]
+fn the_older_of_two_routes_with_one_match_is_served_once() {
+    let spec = spec();
     let world = World {
         gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
             "spec": {"controllerName": CONTROLLER}}))],
@@ -74,4 +82,86 @@ fn listener_and_route_hostnames_intersect() {
         Some(r(&["a.example"]))
     );
     assert_eq!(hosts(Some("a.example"), &r(&["b.example"])), None);
+}
+
+/// A service `name` in `ns` with one ready endpoint `addr` on port 7000.
+fn service_with(name: &str, addr: &str) -> (Arc<Service>, Arc<EndpointSlice>) {
+    let svc = obj(
+        serde_json::json!({"metadata": {"name": name, "namespace": "ns"},
+        "spec": {"ports": [{"port": 80}]}}),
+    );
+    let slice = obj(serde_json::json!({"metadata": {"name": format!("{name}-1"),
+        "namespace": "ns", "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4", "ports": [{"port": 7000}],
+        "endpoints": [{"addresses": [addr], "conditions": {"ready": true}}]}));
+    (svc, slice)
+}
+
+#[test]
+fn tcp_and_tls_routes_become_streams_on_the_file_listeners() {
+    let (s1, e1) = service_with("db", "192.0.2.10");
+    let (s2, e2) = service_with("git", "192.0.2.11");
+    let l4 = |kind: &str, name: &str, section: &str, hosts: &[&str], svc: &str| {
+        serde_json::json!({"metadata": {"name": name, "namespace": "ns"}, "kind": kind,
+            "spec": {"parentRefs": [{"name": "gw", "sectionName": section}], "hostnames": hosts,
+                     "rules": [{"backendRefs": [{"name": svc, "port": 80}]}]}})
+    };
+    let world = World {
+        gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+            "spec": {"controllerName": CONTROLLER}}))],
+        gateways: vec![obj(
+            serde_json::json!({"metadata": {"name": "gw", "namespace": "ns"},
+            "spec": {"gatewayClassName": "c", "listeners": [
+                {"name": "db", "port": 5432, "protocol": "TCP"},
+                {"name": "tls", "port": 443, "protocol": "TLS", "tls": {"mode": "Passthrough"}},
+                {"name": "term", "port": 443, "protocol": "TLS"},
+                {"name": "nodb", "port": 5433, "protocol": "TCP"}]}}),
+        )],
+        services: vec![s1, s2],
+        slices: vec![e1, e2],
+        tcp_routes: vec![
+            obj(l4("TCPRoute", "db", "db", &[], "db")),
+            // Created later (same time, name after "db"): the listener is db's.
+            obj(l4("TCPRoute", "db2", "db", &[], "git")),
+        ],
+        tls_routes: vec![obj(l4("TLSRoute", "git", "tls", &["git.example"], "git"))],
+        ..Default::default()
+    };
+    let file: Table = toml::from_str(
+        "[listeners.db]\naddr = \":5432\"\nprotocol = \"tcp\"\n\
+         [listeners.tls]\naddr = \":443\"\nprotocol = \"tcp\"\n",
+    )
+    .unwrap();
+    let t = translate(&world, &spec(), &file, Path::new("/x"));
+    let kinds: Vec<&str> = t.origins.iter().map(|o| o.0).collect();
+    assert_eq!(kinds, ["TCPRoute", "TLSRoute"], "{:?}", t.routes);
+    assert!(kinds.iter().all(|k| is_stream(k)));
+    let tcp = &t.routes[0];
+    assert_eq!(tcp["listener"].as_str(), Some("db"));
+    assert!(tcp.get("sni").is_none(), "{tcp}");
+    let group = tcp["upstream"].as_str().unwrap();
+    assert_eq!(
+        t.upstreams[group]["servers"],
+        Value::Array(vec!["192.0.2.10:7000".into()])
+    );
+    let tls = &t.routes[1];
+    assert_eq!(tls["listener"].as_str(), Some("tls"));
+    assert_eq!(tls["sni"], Value::Array(vec!["git.example".into()]));
+    let ls = &t.report.gateways[0].listeners;
+    assert_eq!(ls[0].kinds, ["TCPRoute"]);
+    assert_eq!(ls[1].kinds, ["TLSRoute"]);
+    assert_eq!((ls[0].attached, ls[1].attached), (2, 1));
+    // TLS in Terminate mode is not served; a TCP port without a tcp listener neither.
+    assert_eq!(
+        ls[2].accepted.as_ref().unwrap_err().0,
+        "UnsupportedProtocol"
+    );
+    assert_eq!(ls[3].accepted.as_ref().unwrap_err().0, "PortUnavailable");
+    let conflicts: Vec<&str> = t
+        .problems
+        .iter()
+        .filter(|p| p.reason == "RouteConflict")
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(conflicts, ["db2"], "{:?}", t.problems);
 }

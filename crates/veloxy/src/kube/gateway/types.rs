@@ -1,5 +1,5 @@
 //! The Gateway API v1 objects the provider reads (gateway.networking.k8s.io/v1, as in the
-//! v1.6 CRDs): only the fields it translates, as serde structs made watchable by a
+//! v1.6 CRDs, where TCPRoute and TLSRoute are v1 too): only the fields it translates, as serde structs made watchable by a
 //! hand-written [`kube::Resource`] impl. Hand-written because the `gateway-api` crate needs
 //! kube's derive and schemars (not in this build) and pins its own kube release; the
 //! provider reads a small subset and writes status as JSON patches.
@@ -298,6 +298,26 @@ pub struct Filter {
     pub request_redirect: Option<Redirect>,
     #[serde(default)]
     pub url_rewrite: Option<UrlRewrite>,
+    #[serde(default)]
+    pub cors: Option<CorsFilter>,
+}
+
+/// The CORS filter (`HTTPCORSFilter`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CorsFilter {
+    #[serde(default)]
+    pub allow_origins: Vec<String>,
+    #[serde(default)]
+    pub allow_credentials: Option<bool>,
+    #[serde(default)]
+    pub allow_methods: Vec<String>,
+    #[serde(default)]
+    pub allow_headers: Vec<String>,
+    #[serde(default)]
+    pub expose_headers: Vec<String>,
+    #[serde(default)]
+    pub max_age: Option<i64>,
 }
 
 /// A header modifier filter.
@@ -390,6 +410,49 @@ pub struct GrpcMethod {
     pub service: Option<String>,
     #[serde(default)]
     pub method: Option<String>,
+}
+
+/// A TCPRoute (v1 in the v1.6 CRDs, standard channel).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TcpRoute {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: RouteSpec<L4Rule>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+}
+resource!(
+    TcpRoute,
+    "TCPRoute",
+    "tcproutes",
+    k8s_openapi::NamespaceResourceScope
+);
+
+/// A TLSRoute (v1 in the v1.6 CRDs, standard channel): SNI hostnames to backends that
+/// terminate TLS themselves (a listener in Passthrough mode).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsRoute {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: RouteSpec<L4Rule>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+}
+resource!(
+    TlsRoute,
+    "TLSRoute",
+    "tlsroutes",
+    k8s_openapi::NamespaceResourceScope
+);
+
+/// `TCPRoute.spec.rules[]` / `TLSRoute.spec.rules[]` (exactly one in v1).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct L4Rule {
+    #[serde(default)]
+    pub backend_refs: Vec<ObjectRef>,
 }
 
 /// A ReferenceGrant.

@@ -1,0 +1,251 @@
+//! Attaching a route to the Gateway listeners its parentRef selects: the veloxy routes (or,
+//! for TCPRoutes and TLSRoutes, streams) of its rules on the listener serving each, the
+//! older of two identical matches served.
+
+use toml::{Table, Value};
+
+use super::rules::{self, Target, Via};
+use super::types::ParentRef;
+use super::{AnyRoute, Cond, Seen, Translation};
+use crate::kube::events::Problem;
+use crate::kube::objects::id;
+
+/// `listener`'s hostname intersected with a route's: `None` when they share none; an empty
+/// list: any host.
+pub(super) fn hosts(listener: Option<&str>, route: &[String]) -> Option<Vec<String>> {
+    let covers = |wild: &str, h: &str| {
+        wild.strip_prefix("*.")
+            .is_some_and(|s| h.len() > s.len() + 1 && h.ends_with(&format!(".{s}")))
+    };
+    match (listener, route.is_empty()) {
+        (None, true) => Some(Vec::new()),
+        (None, false) => Some(route.to_vec()),
+        (Some(l), true) => Some(vec![l.to_owned()]),
+        (Some(l), false) => {
+            let mut out: Vec<String> = Vec::new();
+            for h in route {
+                let m = if h.eq_ignore_ascii_case(l) || covers(l, h) {
+                    Some(h.as_str())
+                } else if covers(h, l) {
+                    Some(l)
+                } else {
+                    None
+                };
+                if let Some(m) = m.filter(|m| !out.iter().any(|o| o == m)) {
+                    out.push(m.to_owned());
+                }
+            }
+            (!out.is_empty()).then_some(out)
+        }
+    }
+}
+
+/// Attaches route `r` to the listeners of Gateway `gi` that `pr` selects and allow it:
+/// its veloxy routes (streams) on each. Accepted, or why not.
+pub(super) fn attach(
+    t: &mut Translation,
+    gi: usize,
+    r: &AnyRoute<'_>,
+    pr: &ParentRef,
+    ns: &str,
+    targets: &[(Cond, Result<Target, String>)],
+    seen: &mut Seen,
+) -> Cond {
+    let gw = &t.report.gateways[gi];
+    let gw_ns = gw
+        .gateway
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or("default")
+        .to_owned();
+    let selected: Vec<usize> = (0..gw.listeners.len())
+        .filter(|&i| {
+            let l = &gw.listeners[i];
+            pr.section_name.as_deref().is_none_or(|s| s == l.name)
+                && pr.port.is_none_or(|p| p == l.spec.port)
+        })
+        .collect();
+    if selected.is_empty() {
+        return Err((
+            "NoMatchingParent",
+            "no listener matches sectionName/port".into(),
+        ));
+    }
+    let allowed: Vec<usize> = selected
+        .into_iter()
+        .filter(|&i| {
+            let l = &gw.listeners[i];
+            let from = l
+                .spec
+                .allowed_routes
+                .as_ref()
+                .and_then(|a| a.namespaces.as_ref());
+            let ns_ok = match from.and_then(|f| f.from.as_deref()).unwrap_or("Same") {
+                "All" => true,
+                "Same" => ns == gw_ns,
+                _ => false, // Selector: namespaces' labels are not watched.
+            };
+            ns_ok && l.kinds.contains(&r.kind()) && l.accepted.is_ok() && l.veloxy.is_some()
+        })
+        .collect();
+    if allowed.is_empty() {
+        return Err((
+            "NotAllowedByListeners",
+            "no listener allows this route".into(),
+        ));
+    }
+    let mut matched = false;
+    for i in allowed {
+        let l = &t.report.gateways[gi].listeners[i];
+        let hosts = match r {
+            // TCP has no hostnames (a listener's is ignored).
+            AnyRoute::Tcp(_) => Some(Vec::new()),
+            _ => hosts(l.spec.hostname.as_deref(), r.hostnames()),
+        };
+        // A stream without SNI names on a TLS listener would take every name.
+        let Some(hosts) = hosts.filter(|h| !(matches!(r, AnyRoute::Tls(_)) && h.is_empty())) else {
+            continue;
+        };
+        matched = true;
+        let on = l.veloxy.clone().unwrap_or_default();
+        let via = Via {
+            port: l.spec.port,
+            https: l.spec.protocol == "HTTPS",
+        };
+        let routes = emit(r, targets, via);
+        let l = &mut t.report.gateways[gi].listeners[i];
+        l.attached += 1;
+        l.hosts.extend(hosts.iter().cloned());
+        let one_host: Vec<Option<&String>> = if hosts.is_empty() {
+            vec![None]
+        } else {
+            hosts.iter().map(Some).collect()
+        };
+        for route in &routes {
+            for h in &one_host {
+                add(t, r, &on, route, *h, seen);
+            }
+        }
+    }
+    if matched {
+        Ok(())
+    } else {
+        Err((
+            "NoMatchingListenerHostname",
+            "no listener hostname matches the route's".into(),
+        ))
+    }
+}
+
+/// Adds `route` of `r` on the veloxy listener `on` for host `h` (a stream: SNI name), unless
+/// an older route has its match (then reported).
+fn add(
+    t: &mut Translation,
+    r: &AnyRoute<'_>,
+    on: &str,
+    route: &Table,
+    h: Option<&String>,
+    seen: &mut Seen,
+) {
+    let mut route = route.clone();
+    route.insert("listener".into(), on.into());
+    if let Some(h) = h {
+        if r.stream() {
+            route.insert("sni".into(), Value::Array(vec![h.as_str().into()]));
+        } else {
+            route.insert("host".into(), h.as_str().into());
+        }
+    }
+    let key = match_key(&route);
+    let key = if r.stream() {
+        format!("stream {key}")
+    } else {
+        key
+    };
+    let me = format!("{} {}", r.kind(), id(r.meta()));
+    let first = match seen.entry(key) {
+        std::collections::btree_map::Entry::Vacant(v) => {
+            v.insert(me);
+            true
+        }
+        // The same route through another Gateway listener served on this listener: once is
+        // enough.
+        std::collections::btree_map::Entry::Occupied(o) if *o.get() == me => return,
+        std::collections::btree_map::Entry::Occupied(_) => false,
+    };
+    let m = r.meta();
+    if first {
+        t.routes.push(Value::Table(route));
+        let ns = m.namespace.clone().unwrap_or_else(|| "default".into());
+        t.origins
+            .push((r.kind(), ns, m.name.clone().unwrap_or_default()));
+        return;
+    }
+    let what = if r.stream() { "SNI name" } else { "host" };
+    let note = format!(
+        "a match on listener {on}, {what} {} is an older route's: not served",
+        h.map_or("(any)", |h| h.as_str())
+    );
+    t.notes.push(format!("{} {}: {note}", r.kind(), id(m)));
+    let name = m.name.as_deref().unwrap_or_default();
+    let p = Problem::new(
+        r.kind(),
+        m.namespace.as_deref(),
+        name,
+        "RouteConflict",
+        note,
+    );
+    if !t.problems.contains(&p) {
+        t.problems.push(p);
+    }
+}
+
+/// The routes of each rule that is not refused, through a listener `via` (TCPRoute and
+/// TLSRoute: the stream of their one rule, without `listener` and `sni` yet; none when no
+/// backend is usable, so that connections are refused, as the spec wants).
+fn emit(r: &AnyRoute<'_>, targets: &[(Cond, Result<Target, String>)], via: Via) -> Vec<Table> {
+    let mut out = Vec::new();
+    for (i, (_, target)) in targets.iter().enumerate() {
+        let Ok(target) = target else { continue };
+        let routes = match r {
+            AnyRoute::Tcp(_) | AnyRoute::Tls(_) => match target {
+                Target::Upstream(g) => {
+                    let mut s = Table::new();
+                    s.insert("upstream".into(), g.as_str().into());
+                    Ok(vec![s])
+                }
+                Target::Respond(..) => Ok(Vec::new()),
+            },
+            AnyRoute::Http(h) => rules::http_rule(&h.spec.rules[i], target, via),
+            AnyRoute::Grpc(g) => rules::grpc_rule(&g.spec.rules[i], target),
+        };
+        out.extend(routes.unwrap_or_default());
+    }
+    out
+}
+
+/// What makes two routes the same to the router: listener, host, path and conditions (for
+/// streams: listener and SNI names).
+pub(super) fn match_key(t: &Table) -> String {
+    let keys = [
+        "listener",
+        "host",
+        "path",
+        "path_exact",
+        "path_regex",
+        "methods",
+        "headers",
+        "query",
+        "sni",
+    ];
+    keys.iter()
+        .map(|k| {
+            format!(
+                "{k}={}",
+                t.get(*k).map(Value::to_string).unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
