@@ -22,6 +22,8 @@
 //! 2.7 us of exporter time per exchange at `sample_ratio = 1.0` (48% more CPU per request
 //! than tracing off), where this design allocates two small blocks per exchange.
 
+#[cfg(test)]
+mod cost;
 pub(crate) mod export;
 pub(crate) mod proto;
 mod send;

@@ -105,8 +105,9 @@ impl Client {
                 None => self.connect().await?,
             };
             match self.exchange(conn, body.clone()).await {
-                // A kept connection the collector had closed: once more on a new one.
-                Err(SendError::Http(e)) if reused && (e.is_closed() || e.is_canceled()) => continue,
+                // A kept connection the collector had closed while idle: once more on a new
+                // one (at worst the collector gets a batch twice).
+                Err(SendError::Http(_)) if reused => continue,
                 r => return r,
             }
         }
