@@ -170,9 +170,7 @@ impl UpstreamEdit {
     /// request ID's, and those forward_auth copies (a client must not supply its own
     /// `Remote-User`).
     pub fn drops(&self, name: &str) -> bool {
-        (self.trace.is_some()
-            && (name.eq_ignore_ascii_case("traceparent")
-                || name.eq_ignore_ascii_case("tracestate")))
+        self.trace.as_ref().is_some_and(|t| t.replaces(name))
             || self
                 .id_field
                 .as_deref()

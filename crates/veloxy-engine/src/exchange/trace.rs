@@ -31,8 +31,7 @@ pub(super) fn admit(
         return;
     };
     let incoming = Incoming {
-        traceparent: head.fields.get("traceparent"),
-        tracestate: head.fields.get("tracestate"),
+        field: |name: &str| head.fields.get(name),
     };
     let Some(t) = crate::otel::start(settings, exporter, ratio, incoming, record.started) else {
         return;
@@ -67,12 +66,18 @@ fn split_host(host: &str, default_port: u16) -> (&str, u16) {
     }
 }
 
-/// Names the current attempt in an HTTP/2 request's `traceparent` (a retry's request).
+/// Names the current attempt in an HTTP/2 request's `traceparent` and `b3` (a retry's
+/// request).
 #[cold]
 pub(crate) fn set_traceparent(t: &Trace, headers: &mut http::HeaderMap) {
     if headers.contains_key("traceparent") {
         if let Ok(v) = http::HeaderValue::from_bytes(&t.traceparent()) {
             headers.insert("traceparent", v);
+        }
+    }
+    if headers.contains_key("b3") {
+        if let Ok(v) = http::HeaderValue::from_bytes(&t.b3()) {
+            headers.insert("b3", v);
         }
     }
 }

@@ -22,6 +22,7 @@
 //! 2.7 us of exporter time per exchange at `sample_ratio = 1.0` (48% more CPU per request
 //! than tracing off), where this design allocates two small blocks per exchange.
 
+mod b3;
 #[cfg(test)]
 mod cost;
 pub(crate) mod export;
@@ -53,7 +54,7 @@ pub struct TracingSettings {
     pub parent_based: bool,
     /// Continue a client's trace context. Default true.
     pub trust_incoming: bool,
-    /// Propagation formats (`"tracecontext"`).
+    /// Propagation formats (`"tracecontext"`, `"b3"`), in the order a client's are read.
     pub propagate: Vec<String>,
     /// Resource attributes, in name order.
     pub resource: Vec<(String, String)>,
@@ -74,6 +75,8 @@ pub(crate) struct Trace {
     pub trace_id: u128,
     /// The exchange's own (server) span.
     pub span_id: u64,
+    /// The `propagate` formats written upstream ([`TRACECONTEXT`], [`B3`]).
+    formats: u8,
     /// When the exchange started: span times are offsets from it.
     start: Instant,
     /// The span id of the current upstream attempt; before the first, the id the first
@@ -88,36 +91,82 @@ pub(crate) struct Trace {
     exporter: Arc<Exporter>,
 }
 
-/// What a sampling decision needs from the request.
-pub(crate) struct Incoming<'a> {
-    pub traceparent: Option<&'a [u8]>,
-    pub tracestate: Option<&'a [u8]>,
+/// What a sampling decision needs from the request: its fields by (lowercase) name.
+pub(crate) struct Incoming<F> {
+    pub field: F,
+}
+
+/// `propagate` formats, as bits.
+const TRACECONTEXT: u8 = 1;
+const B3: u8 = 2;
+
+fn formats(settings: &TracingSettings) -> u8 {
+    settings.propagate.iter().fold(0, |f, p| match p.as_str() {
+        "tracecontext" => f | TRACECONTEXT,
+        "b3" => f | B3,
+        _ => f,
+    })
+}
+
+/// A client's trace context: its trace and span ids, and its sampling decision (`None`:
+/// deferred to veloxy). A B3 header may carry the decision alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Parent {
+    pub ids: Option<(u128, u64)>,
+    pub sampled: Option<bool>,
+    /// Read from `traceparent` (so `tracestate` goes with it).
+    pub w3c: bool,
+}
+
+/// The client's trace context in the first of the `propagate` formats it sent.
+fn incoming<'a>(
+    settings: &TracingSettings,
+    field: impl Fn(&str) -> Option<&'a [u8]>,
+) -> Option<Parent> {
+    settings.propagate.iter().find_map(|p| match p.as_str() {
+        "tracecontext" => field("traceparent")
+            .and_then(parse_traceparent)
+            .map(|(t, s, f)| Parent {
+                ids: Some((t, s)),
+                sampled: Some(f),
+                w3c: true,
+            }),
+        "b3" => b3::read(&field),
+        _ => None,
+    })
 }
 
 /// Decides whether an exchange is sampled; `Some` with its trace when it is. `ratio`: the
 /// route's own `sample_ratio`, if it has one.
-pub(crate) fn start(
+pub(crate) fn start<'a>(
     settings: &TracingSettings,
     exporter: &Arc<Exporter>,
     ratio: Option<f64>,
-    incoming: Incoming,
+    incoming: Incoming<impl Fn(&str) -> Option<&'a [u8]>>,
     started: Instant,
 ) -> Option<TraceRef> {
     let ratio = ratio.unwrap_or(settings.sample_ratio);
     let parent = match settings.trust_incoming {
-        true => incoming.traceparent.and_then(parse_traceparent),
+        true => self::incoming(settings, &incoming.field),
         false => None,
     };
-    let sampled = match parent {
-        Some((_, _, flag)) if settings.parent_based => flag,
+    let sampled = match parent.and_then(|p| p.sampled) {
+        Some(flag) if settings.parent_based => flag,
         _ => ratio >= 1.0 || (ratio > 0.0 && fastrand::f64() < ratio),
     };
     if !sampled {
         return None;
     }
     let (trace_id, parent_id, state) = match parent {
-        Some((t, s, _)) => (t, s, incoming.tracestate.and_then(parse_state)),
-        None => (new_trace_id(), 0, None),
+        Some(Parent {
+            ids: Some((t, s)),
+            w3c,
+            ..
+        }) => {
+            let state = w3c.then(|| (incoming.field)("tracestate")).flatten();
+            (t, s, state.and_then(parse_state))
+        }
+        _ => (new_trace_id(), 0, None),
     };
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -126,6 +175,7 @@ pub(crate) fn start(
     Some(Rc::new(Trace {
         trace_id,
         span_id,
+        formats: formats(settings),
         start: started,
         attempt: Cell::new(new_span_id()),
         attempts: Cell::new(0),
@@ -235,23 +285,48 @@ pub(crate) struct Phase {
 
 /// `00-` + 32 + `-` + 16 + `-01`.
 const TRACEPARENT_LEN: usize = 55;
+/// 32 + `-` + 16 + `-1`.
+const B3_LEN: usize = 51;
 
 impl Trace {
     fn offset(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.start).as_nanos() as u64
     }
 
-    /// The `traceparent` line (`traceparent: 00-...\r\n`) and `tracestate` for the upstream
-    /// request, naming the first attempt's span as the parent.
+    /// The trace context lines for the upstream request, naming the first attempt's span as
+    /// the parent: `traceparent` (and `tracestate`) for `tracecontext`, `b3` for `b3`.
     pub(crate) fn upstream_lines(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"traceparent: ");
-        out.extend_from_slice(&self.traceparent());
-        out.extend_from_slice(b"\r\n");
-        if let Some(state) = &self.spans.borrow().state {
-            out.extend_from_slice(b"tracestate: ");
-            out.extend_from_slice(state.as_bytes());
+        if self.formats & TRACECONTEXT != 0 {
+            out.extend_from_slice(b"traceparent: ");
+            out.extend_from_slice(&self.traceparent());
+            out.extend_from_slice(b"\r\n");
+            if let Some(state) = &self.spans.borrow().state {
+                out.extend_from_slice(b"tracestate: ");
+                out.extend_from_slice(state.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        if self.formats & B3 != 0 {
+            out.extend_from_slice(b"b3: ");
+            out.extend_from_slice(&self.b3());
             out.extend_from_slice(b"\r\n");
         }
+    }
+
+    /// Whether the client's field `name` is left out of the upstream request: veloxy writes
+    /// its own context in that format.
+    pub(crate) fn replaces(&self, name: &str) -> bool {
+        let is = |n: &str| name.eq_ignore_ascii_case(n);
+        (self.formats & TRACECONTEXT != 0 && (is("traceparent") || is("tracestate")))
+            || (self.formats & B3 != 0 && (is("b3") || b3::MULTI.iter().any(|m| is(m))))
+    }
+
+    /// The single `b3` value naming the current upstream attempt's span: `TRACE-SPAN-1`.
+    pub(crate) fn b3(&self) -> [u8; B3_LEN] {
+        let mut v = *b"________________________________-________________-1";
+        span::hex(&self.trace_id.to_be_bytes(), &mut v[..32]);
+        span::hex(&self.attempt.get().to_be_bytes(), &mut v[33..49]);
+        v
     }
 
     /// The `traceparent` value naming the current upstream attempt's span.
@@ -267,15 +342,23 @@ impl Trace {
     /// a retry sends the same head bytes under its own span. The id's width is fixed, so
     /// the bytes are overwritten in place.
     pub(crate) fn patch_head(&self, buf: &mut [u8]) {
-        const NAME: &[u8] = b"\r\ntraceparent: 00-";
         let head_end = memchr::memmem::find(buf, b"\r\n\r\n").unwrap_or(buf.len());
-        let Some(at) = memchr::memmem::find(&buf[..head_end], NAME) else {
-            return;
-        };
-        // 32 hex digits of the trace id and a dash, then the 16 of the parent span id.
-        let from = at + NAME.len() + 33;
-        if let Some(span) = buf.get_mut(from..from + 16) {
-            span::hex(&self.attempt.get().to_be_bytes(), span);
+        let id = self.attempt.get().to_be_bytes();
+        for (name, on) in [
+            (&b"\r\ntraceparent: 00-"[..], TRACECONTEXT),
+            (b"\r\nb3: ", B3),
+        ] {
+            if self.formats & on == 0 {
+                continue;
+            }
+            let Some(at) = memchr::memmem::find(&buf[..head_end], name) else {
+                continue;
+            };
+            // 32 hex digits of the trace id and a dash, then the 16 of the parent span id.
+            let from = at + name.len() + 33;
+            if let Some(span) = buf.get_mut(from..from + 16) {
+                span::hex(&id, span);
+            }
         }
     }
 
@@ -359,116 +442,4 @@ impl Trace {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(ratio: f64, parent_based: bool, trust_incoming: bool) -> TracingSettings {
-        TracingSettings {
-            otlp_endpoint: "http://127.0.0.1:1".into(),
-            service_name: "test".into(),
-            sample_ratio: ratio,
-            parent_based,
-            trust_incoming,
-            propagate: vec!["tracecontext".into()],
-            resource: Vec::new(),
-        }
-    }
-
-    const PARENT: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    const UNSAMPLED: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
-
-    fn sample(s: &TracingSettings, parent: Option<&[u8]>) -> Option<TraceRef> {
-        let exporter = Arc::new(Exporter::start(s).unwrap());
-        let incoming = Incoming {
-            traceparent: parent,
-            tracestate: Some(b"a=1,b=2"),
-        };
-        start(s, &exporter, None, incoming, Instant::now())
-    }
-
-    #[test]
-    fn sampling_decisions() {
-        assert!(sample(&settings(0.0, true, true), None).is_none());
-        assert!(sample(&settings(1.0, true, true), None).is_some());
-        // parent_based: the client's flag decides, whatever the ratio.
-        let t = sample(&settings(0.0, true, true), Some(PARENT)).unwrap();
-        assert_eq!(t.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
-        assert_eq!(t.spans.borrow().parent, 0x00f067aa0ba902b7);
-        assert_eq!(t.spans.borrow().state.as_deref(), Some("a=1,b=2"));
-        assert!(sample(&settings(1.0, true, true), Some(UNSAMPLED)).is_none());
-        // Not parent_based: the ratio decides, the trace is still continued.
-        let t = sample(&settings(1.0, false, true), Some(UNSAMPLED)).unwrap();
-        assert_eq!(t.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
-        // Not trusted: a new trace, no parent, no state.
-        let t = sample(&settings(1.0, true, false), Some(PARENT)).unwrap();
-        assert_ne!(t.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
-        assert_eq!(t.spans.borrow().parent, 0);
-        assert_eq!(t.spans.borrow().state, None);
-    }
-
-    #[test]
-    fn a_retry_rewrites_the_head_not_the_body() {
-        let t = sample(&settings(1.0, true, true), Some(PARENT)).unwrap();
-        let mut head = b"GET / HTTP/1.1\r\nHost: a\r\n".to_vec();
-        t.upstream_lines(&mut head);
-        head.extend_from_slice(b"\r\n");
-        let body = b"\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000001-01";
-        head.extend_from_slice(body);
-        let first = t.attempt();
-        t.patch_head(&mut head);
-        let text = String::from_utf8(head.clone()).unwrap();
-        assert!(
-            text.contains(&format!(
-                "traceparent: 00-{:032x}-{:016x}-01\r\n",
-                t.trace_id, first.id
-            )),
-            "{text}"
-        );
-        let second = t.attempt();
-        assert_ne!(first.id, second.id);
-        t.patch_head(&mut head);
-        let text = String::from_utf8(head.clone()).unwrap();
-        assert!(
-            text.contains(&format!(
-                "traceparent: 00-{:032x}-{:016x}-01\r\n",
-                t.trace_id, second.id
-            )),
-            "{text}"
-        );
-        assert!(head.ends_with(body), "the body is not touched: {text}");
-        assert!(text.contains("tracestate: a=1,b=2\r\n"), "{text}");
-    }
-
-    #[test]
-    fn traceparent_parsing() {
-        let ok = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let (t, s, sampled) = parse_traceparent(ok).unwrap();
-        assert_eq!(t, 0x4bf92f3577b34da6a3ce929d0e0e4736);
-        assert_eq!(s, 0x00f067aa0ba902b7);
-        assert!(sampled);
-        assert!(
-            !parse_traceparent(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
-                .unwrap()
-                .2
-        );
-        for bad in [
-            &b"00-00000000000000000000000000000000-00f067aa0ba902b7-01"[..],
-            b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
-            b"garbage",
-        ] {
-            assert!(
-                parse_traceparent(bad).is_none(),
-                "{:?}",
-                std::str::from_utf8(bad)
-            );
-        }
-        // A later version may carry more fields.
-        assert!(
-            parse_traceparent(b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xx")
-                .is_some()
-        );
-    }
-}
+mod tests;
