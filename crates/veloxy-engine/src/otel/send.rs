@@ -201,3 +201,61 @@ async fn read(
     let trailers = collected.trailers().cloned();
     Ok((parts.status, parts.headers, trailers))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one HTTP/1.1 request with a `content-length` body; returns its target and body.
+    async fn read_request(s: &mut tokio::net::TcpStream) -> (String, Vec<u8>) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    let target = head.split(' ').nth(1).unwrap_or("").to_owned();
+                    return (target, buf[end + 4..end + 4 + len].to_vec());
+                }
+            }
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the client closed mid-request");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The collector answers each request, then closes the connection (as one whose idle
+    /// timeout passed): the next export goes out on a new connection, not dropped.
+    #[tokio::test]
+    async fn a_kept_connection_the_collector_closed_is_replaced() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = l.accept().await.unwrap();
+                got.push(read_request(&mut s).await);
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await
+                    .unwrap();
+                s.shutdown().await.unwrap();
+            }
+            got
+        });
+        let mut c = Client::new(&format!("http://{addr}/prefix/")).unwrap();
+        c.send(b"one").await.unwrap();
+        c.send(b"two").await.unwrap();
+        let got = server.await.unwrap();
+        let want = [
+            ("/prefix/v1/traces".to_owned(), b"one".to_vec()),
+            ("/prefix/v1/traces".to_owned(), b"two".to_vec()),
+        ];
+        assert_eq!(got, want);
+    }
+}
