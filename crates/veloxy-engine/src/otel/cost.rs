@@ -1,11 +1,11 @@
-//! What a sampled exchange's tracing costs its worker thread, counted: allocations (a
-//! counting global allocator for this test binary, counting per thread) through the whole
-//! life of a proxied HTTP/1.1 exchange's trace.
+//! What tracing costs, counted: allocations (a counting global allocator for this test
+//! binary, counting per thread) through the whole life of a proxied HTTP/1.1 exchange's
+//! trace on its worker, and in the exporter thread's encoding of a batch.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use super::span::{EventName, Step, Text};
+use super::span::{Child, Event, EventName, Events, Step, Text};
 use super::*;
 
 struct Counting;
@@ -114,4 +114,54 @@ fn a_sampled_exchange_allocates_twice() {
         per_exchange <= 2.5,
         "{per_exchange} allocations per exchange"
     );
+}
+
+/// The exporter thread encodes a batch into its reused buffer with no allocation.
+#[test]
+fn encoding_a_batch_allocates_nothing_once_the_buffer_is_grown() {
+    let mut spans = Spans {
+        trace_id: 0x4bf92f3577b34da6a3ce929d0e0e4736,
+        span_id: 7,
+        parent: 9,
+        wall: 1_700_000_000_000_000_000,
+        end: 1_000,
+        ..Spans::default()
+    };
+    spans.server.method = Text::new("GET");
+    spans.server.route = Text::new("/api");
+    spans.server.path = Text::new("/api/items/42");
+    spans.server.backend = Some("127.0.0.1:8080".parse().unwrap());
+    spans.server.status = 502;
+    spans.server.error = Some(span::ErrorType::Status(502));
+    let mut events = Events::default();
+    events.push(Event {
+        name: EventName::Connected,
+        at: 10,
+        reused: Some(false),
+    });
+    spans.children.push(Child {
+        id: 8,
+        step: Step::Attempt,
+        start: 5,
+        end: 900,
+        backend: spans.server.backend.clone(),
+        resend: 1,
+        status: 502,
+        allowed: None,
+        error: Some(span::ErrorType::Status(502)),
+        events,
+    });
+    let batch = vec![spans; 256];
+    let resource = proto::Resource {
+        service_name: "edge",
+        attributes: &[("deployment.environment".into(), "test".into())],
+    };
+    let mut buf = Vec::new();
+    proto::encode(&mut buf, &resource, &batch);
+    let size = buf.len();
+    buf.clear();
+    let before = allocations();
+    proto::encode(&mut buf, &resource, &batch);
+    assert_eq!(allocations() - before, 0);
+    assert_eq!(buf.len(), size);
 }
