@@ -707,3 +707,89 @@ fn spans_of_the_last_requests_are_exported_at_shutdown() {
         })
     });
 }
+
+/// `propagate = ["b3"]`: a client's single `b3` field and its `X-B3-*` fields are continued
+/// (their sampled flag decides, the ratio is 0), and the upstream request carries veloxy's
+/// `b3` naming the attempt span, in place of the client's fields.
+#[test]
+fn b3_from_the_client_is_continued_and_written_upstream() {
+    let Some(col) = Collector::start() else {
+        return;
+    };
+    let up = origin();
+    let v = veloxy(&config(
+        &col.endpoint(),
+        "sample_ratio = 0.0\npropagate = [\"b3\"]",
+        &[up.addr],
+        "",
+    ));
+    let r = request(
+        v.addr,
+        &format!(
+            "GET /api/single HTTP/1.1\r\nHost: app.test\r\nb3: {CLIENT_TRACE}-{CLIENT_SPAN}-1\r\n\
+             Connection: close\r\n\r\n"
+        ),
+    );
+    assert_eq!(r.status, 200);
+    let r = request(
+        v.addr,
+        "GET /api/multi HTTP/1.1\r\nHost: app.test\r\nX-B3-TraceId: a3ce929d0e0e4736\r\n\
+         X-B3-SpanId: 1111222233334444\r\nX-B3-Sampled: 1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    let seen = up.requests();
+    let b3 = |i: usize| {
+        let all: Vec<&str> = seen[i]
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("b3"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(all.len(), 1, "one b3 upstream: {:?}", seen[i].headers);
+        let p: Vec<String> = all[0].split('-').map(str::to_owned).collect();
+        assert_eq!(p.len(), 3, "{}", all[0]);
+        assert_eq!(p[2], "1", "{}", all[0]);
+        (p[0].clone(), p[1].clone())
+    };
+    let (single_trace, single_parent) = b3(0);
+    assert_eq!(single_trace, CLIENT_TRACE);
+    assert_ne!(single_parent, CLIENT_SPAN);
+    let (multi_trace, multi_parent) = b3(1);
+    assert_eq!(multi_trace, "0000000000000000a3ce929d0e0e4736");
+    assert!(
+        seen[1]
+            .headers
+            .iter()
+            .all(|(n, _)| !n.to_ascii_lowercase().starts_with("x-b3-")),
+        "the client's X-B3 fields are replaced: {:?}",
+        seen[1].headers
+    );
+    assert!(
+        seen[0].header("traceparent").is_none(),
+        "tracecontext is not listed"
+    );
+
+    let spans = col.wait("two exchanges and their attempts", |s| s.len() >= 4);
+    for (path, trace, client, parent) in [
+        ("/api/single", CLIENT_TRACE, CLIENT_SPAN, &single_parent),
+        (
+            "/api/multi",
+            multi_trace.as_str(),
+            "1111222233334444",
+            &multi_parent,
+        ),
+    ] {
+        let server = one(&spans, "server span", |s| {
+            s.kind == 2 && s.attr("url.path") == Some(path)
+        });
+        assert_eq!(server.trace_id, trace);
+        assert_eq!(server.parent_span_id, client, "continues the client's span");
+        let attempt = one(&spans, "attempt span", |s| {
+            s.kind == 3 && s.parent_span_id == server.span_id
+        });
+        assert_eq!(
+            &attempt.span_id, parent,
+            "the upstream's b3 names the attempt"
+        );
+    }
+}

@@ -168,7 +168,7 @@ pub struct TracingSection {
     pub sample_ratio: Option<Spanned<f64>>,
     /// Follow an incoming `traceparent`'s sampled flag.
     pub parent_based: Option<bool>,
-    /// Propagation formats: `["tracecontext"]`.
+    /// Propagation formats: `"tracecontext"` (the default), `"b3"`.
     pub propagate: Option<Spanned<Vec<String>>>,
     /// Resource attributes added to every span.
     pub resource: Option<BTreeMap<String, String>>,

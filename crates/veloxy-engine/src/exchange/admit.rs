@@ -210,7 +210,7 @@ struct Proxying<'a> {
     /// `[server] request_id` is on: the request has an ID.
     has_id: bool,
     /// The exchange is sampled: the upstream request carries its trace context.
-    trace: Option<std::sync::Arc<crate::otel::Trace>>,
+    trace: Option<crate::otel::TraceRef>,
 }
 
 /// The search gateway's step: `Err` with the answer to a denied API; a job for a bulk or a

@@ -60,7 +60,7 @@ pub(crate) struct Plan<'a> {
     /// failure or a `retry_on` status.
     pub replayable: bool,
     /// The exchange is sampled: each attempt gets a span.
-    pub trace: Option<std::sync::Arc<crate::otel::Trace>>,
+    pub trace: Option<crate::otel::TraceRef>,
 }
 
 /// Runs attempts from `first` until one delivers. `attempt(backend, may_retry_status)` makes

@@ -88,7 +88,11 @@ pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, m
         return c.ready().await;
     };
     if let Some(auth) = t.forward_auth.take() {
-        let span = c.record().trace.as_ref().map(|t| t.phase("forward_auth"));
+        let span = c
+            .record()
+            .trace
+            .as_ref()
+            .map(|t| t.phase(crate::otel::span::Step::ForwardAuth));
         let outcome = Box::pin(auth.run(worker, gen)).await;
         if let (Some(t), Some(span)) = (&c.record().trace, span) {
             super::trace::forward_auth(t, span, &outcome);

@@ -23,7 +23,7 @@ pub(crate) struct UpstreamEdit {
     pub lines: Vec<u8>,
     /// A sampled exchange's trace: the client's `traceparent` and `tracestate` are replaced
     /// by veloxy's (in `lines`), and upstream attempts record their events in it.
-    trace: Option<Arc<crate::otel::Trace>>,
+    trace: Option<crate::otel::TraceRef>,
 }
 
 /// Buffers for rendered lines, kept per thread: an edit takes one and gives it back when it
@@ -150,7 +150,7 @@ impl UpstreamEdit {
 
     /// A sampled exchange: the upstream request carries veloxy's trace context instead of
     /// the client's.
-    pub(crate) fn trace(&mut self, t: &Arc<crate::otel::Trace>) {
+    pub(crate) fn trace(&mut self, t: &crate::otel::TraceRef) {
         t.upstream_lines(&mut self.lines);
         self.trace = Some(t.clone());
     }
@@ -170,9 +170,7 @@ impl UpstreamEdit {
     /// request ID's, and those forward_auth copies (a client must not supply its own
     /// `Remote-User`).
     pub fn drops(&self, name: &str) -> bool {
-        (self.trace.is_some()
-            && (name.eq_ignore_ascii_case("traceparent")
-                || name.eq_ignore_ascii_case("tracestate")))
+        self.trace.as_ref().is_some_and(|t| t.replaces(name))
             || self
                 .id_field
                 .as_deref()

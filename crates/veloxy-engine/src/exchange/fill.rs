@@ -27,7 +27,7 @@ pub(crate) struct FillUpstream<'a> {
     pub interims: Option<crate::hints::Interims>,
     /// The exchange is sampled: each attempt gets a span (a background refresh, detached
     /// from its exchange, has none).
-    pub trace: Option<std::sync::Arc<crate::otel::Trace>>,
+    pub trace: Option<crate::otel::TraceRef>,
 }
 
 /// A [`FillUpstream`] that owns what it refers to, for a background refresh.
@@ -88,7 +88,7 @@ fn up(kind: ErrorKind) -> ProxyError {
 async fn fetch(
     (worker, gen): (&Worker, &Generation),
     (t, interims): (&ProxyTarget, Option<&crate::hints::Interims>),
-    trace: Option<std::sync::Arc<crate::otel::Trace>>,
+    trace: Option<crate::otel::TraceRef>,
     head: &[u8],
     max: u64,
 ) -> Result<Option<Fetched>, ProxyError> {

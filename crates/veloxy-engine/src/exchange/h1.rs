@@ -21,6 +21,7 @@ use super::attempt::{AttemptFail, ExchangeError};
 use crate::deadline::timeout;
 use crate::error::{ErrorKind, ProxyError};
 use crate::http1::body::{reserve, READ_CHUNK};
+use crate::otel::span::EventName;
 use crate::upstream::pool::UpstreamConn;
 use crate::worker::{Generation, Worker};
 
@@ -80,7 +81,7 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
         None => (connect().await?, false),
     };
     if let Some(t) = to.trace {
-        super::trace::event(t, "connected", Some(reused));
+        super::trace::event(t, EventName::Connected, Some(reused));
     }
     'attempt: loop {
         match timeout(
@@ -94,7 +95,7 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
                 conn = connect().await?;
                 reused = false;
                 if let Some(t) = to.trace {
-                    super::trace::event(t, "connected", Some(false));
+                    super::trace::event(t, EventName::Connected, Some(false));
                 }
                 continue 'attempt;
             }
@@ -103,12 +104,12 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
         }
         body(&mut conn).await?;
         if let Some(t) = to.trace {
-            super::trace::event(t, "request sent", None);
+            super::trace::event(t, EventName::RequestSent, None);
         }
         match read_head(group.read_timeout, &mut conn, ubuf, reader).await? {
             Some(head) => {
                 if let Some(t) = to.trace {
-                    super::trace::event(t, "response head", None);
+                    super::trace::event(t, EventName::ResponseHead, None);
                 }
                 return Ok((conn, head));
             }
@@ -117,7 +118,7 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
                 conn = connect().await?;
                 reused = false;
                 if let Some(t) = to.trace {
-                    super::trace::event(t, "connected", Some(false));
+                    super::trace::event(t, EventName::Connected, Some(false));
                 }
             }
             None => return Err(AttemptFail::NoResponse(up(ErrorKind::UpstreamClosed))),

@@ -253,7 +253,7 @@ pub(crate) type Slot = Option<crate::limits::OwnedAdmission>;
 pub(crate) async fn hold_slot(
     limit: &Option<Arc<ConcurrencyLimit>>,
     held: &mut Slot,
-    trace: Option<&Arc<crate::otel::Trace>>,
+    trace: Option<&crate::otel::TraceRef>,
 ) -> Result<(), ProxyError> {
     let (Some(l), None) = (limit, held.as_ref()) else {
         return Ok(());

@@ -48,7 +48,7 @@ pub(crate) struct Record {
     /// `[server.tracing]` is on (the access log writes trace ids).
     pub traced: bool,
     /// The exchange was sampled: its trace, its spans so far.
-    pub trace: Option<std::sync::Arc<crate::otel::Trace>>,
+    pub trace: Option<crate::otel::TraceRef>,
 }
 
 impl Record {
@@ -123,6 +123,7 @@ impl Record {
         }
         worker.metrics.request_duration.observe(duration);
         let ids = self.trace.take().and_then(|t| self.end_trace(&t, status));
+        let ids = ids.as_ref().map(|i| (i.trace(), i.span()));
         if let (Some(log), Some(f)) = (&worker.shared.access_log, self.log.take()) {
             let entry = crate::access_log::Entry {
                 client,
@@ -138,10 +139,7 @@ impl Record {
                 backend: self.backend.as_ref(),
                 request_id: self.request_id.as_deref(),
                 bytes_received: None,
-                trace: self.traced.then(|| {
-                    ids.as_ref()
-                        .map_or(("", ""), |(t, s)| (t.as_str(), s.as_str()))
-                }),
+                trace: self.traced.then(|| ids.unwrap_or(("", ""))),
             };
             if !log.log(&entry) {
                 worker.metrics.access_log_dropped.inc();
@@ -159,10 +157,9 @@ impl Record {
 
     /// Ends a sampled exchange's span and queues its spans for export; returns the trace and span ids when the access log writes them.
     #[cold]
-    fn end_trace(&self, t: &crate::otel::Trace, status: u16) -> Option<(String, String)> {
-        use opentelemetry::KeyValue;
+    fn end_trace(&self, t: &crate::otel::Trace, status: u16) -> Option<crate::otel::span::HexIds> {
         if let Some(b) = &self.backend {
-            t.set([KeyValue::new("veloxy.backend", b.to_string())]);
+            t.server(|s| s.backend = Some(b.clone()));
         }
         t.finish(status);
         self.log.is_some().then(|| t.ids())

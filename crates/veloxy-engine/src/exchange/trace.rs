@@ -3,10 +3,9 @@
 //! (forward_auth, the queue for the route's concurrency slot, each upstream attempt). Every
 //! function here runs only for a sampled exchange (or, for [`admit`], with tracing on).
 
-use opentelemetry::KeyValue;
-
 use super::{Head, Peer, Record};
-use crate::otel::{Incoming, Phase, Trace};
+use crate::otel::span::{ErrorType, EventName, Step, Text};
+use crate::otel::{Incoming, Phase, Trace, TraceRef};
 use crate::rules::RouteTracing;
 
 /// Admission with `[server.tracing]` on: decides whether the exchange is sampled (the route's
@@ -32,36 +31,24 @@ pub(super) fn admit(
         return;
     };
     let incoming = Incoming {
-        traceparent: head.fields.get("traceparent"),
-        tracestate: head.fields.get("tracestate"),
+        field: |name: &str| head.fields.get(name),
     };
-    let name = || format!("{} {}", head.method, route.path);
-    let Some(t) = crate::otel::start(settings, exporter, ratio, incoming, record.started, name)
-    else {
+    let Some(t) = crate::otel::start(settings, exporter, ratio, incoming, record.started) else {
         return;
     };
     let host = std::str::from_utf8(head.host).unwrap_or("");
     let (address, port) = split_host(host, peer.server_port);
-    let version = match head.version {
-        0 => "1.0",
-        1 => "1.1",
-        2 => "2",
-        _ => "3",
-    };
-    t.set([
-        KeyValue::new("http.request.method", head.method.to_owned()),
-        KeyValue::new("url.path", head.path().to_owned()),
-        KeyValue::new("url.scheme", if peer.tls { "https" } else { "http" }),
-        KeyValue::new("http.route", route.path.clone()),
-        KeyValue::new("server.address", address.to_owned()),
-        KeyValue::new("server.port", i64::from(port)),
-        KeyValue::new("client.address", client_ip.to_owned()),
-        KeyValue::new("network.protocol.name", "http"),
-        KeyValue::new("network.protocol.version", version),
-    ]);
-    if let Some(q) = head.target.split_once('?').map(|(_, q)| q) {
-        t.set([KeyValue::new("url.query", q.to_owned())]);
-    }
+    t.server(|s| {
+        s.method = Text::new(head.method);
+        s.path = Text::new(head.path());
+        s.query = head.target.split_once('?').map(|(_, q)| q.into());
+        s.tls = peer.tls;
+        s.route = Text::new(&route.path);
+        s.host = Text::new(address);
+        s.port = port;
+        s.client = Text::new(client_ip);
+        s.version = head.version.min(3);
+    });
     record.trace = Some(t);
 }
 
@@ -79,12 +66,18 @@ fn split_host(host: &str, default_port: u16) -> (&str, u16) {
     }
 }
 
-/// Names the current attempt in an HTTP/2 request's `traceparent` (a retry's request).
+/// Names the current attempt in an HTTP/2 request's `traceparent` and `b3` (a retry's
+/// request).
 #[cold]
 pub(crate) fn set_traceparent(t: &Trace, headers: &mut http::HeaderMap) {
     if headers.contains_key("traceparent") {
-        if let Ok(v) = http::HeaderValue::try_from(t.traceparent()) {
+        if let Ok(v) = http::HeaderValue::from_bytes(&t.traceparent()) {
             headers.insert("traceparent", v);
+        }
+    }
+    if headers.contains_key("b3") {
+        if let Ok(v) = http::HeaderValue::from_bytes(&t.b3()) {
+            headers.insert("b3", v);
         }
     }
 }
@@ -93,11 +86,8 @@ pub(crate) fn set_traceparent(t: &Trace, headers: &mut http::HeaderMap) {
 /// `veloxy.connection.reused`: a pooled connection, or a new one whose time includes the
 /// TCP connect and TLS handshake), `request sent`, `response head` (the time to first byte).
 #[cold]
-pub(crate) fn event(t: &Trace, name: &'static str, reused: Option<bool>) {
-    let attributes = reused
-        .map(|r| vec![KeyValue::new("veloxy.connection.reused", r)])
-        .unwrap_or_default();
-    t.event(name, attributes);
+pub(crate) fn event(t: &Trace, name: EventName, reused: Option<bool>) {
+    t.event(name, reused);
 }
 
 /// How an upstream attempt ended, for its span.
@@ -120,33 +110,26 @@ pub(crate) fn attempt(
     resend: u32,
     end: AttemptEnd,
 ) {
-    let mut attributes = vec![KeyValue::new("veloxy.backend", backend.to_string())];
-    if resend > 0 {
-        attributes.push(KeyValue::new(
-            "http.request.resend_count",
-            i64::from(resend),
-        ));
-        attributes.push(KeyValue::new("veloxy.retry", true));
-    }
-    let error = match end {
-        AttemptEnd::Status(s) => {
-            attributes.push(KeyValue::new("http.response.status_code", i64::from(s)));
-            (s >= 500).then(|| s.to_string())
-        }
-        AttemptEnd::Failed(e) => Some(error_type(e)),
-        AttemptEnd::Fatal(crate::error::Side::Upstream) => Some("upstream".to_owned()),
-        AttemptEnd::Fatal(_) => Some("downstream".to_owned()),
-    };
-    t.end(phase, attributes, error);
+    t.end(phase, |c| {
+        c.backend = Some(backend.clone());
+        c.resend = resend;
+        c.error = match end {
+            AttemptEnd::Status(s) => {
+                c.status = s;
+                (s >= 500).then_some(ErrorType::Status(s))
+            }
+            AttemptEnd::Failed(e) => Some(error_type(e)),
+            AttemptEnd::Fatal(crate::error::Side::Upstream) => Some(ErrorType::Static("upstream")),
+            AttemptEnd::Fatal(_) => Some(ErrorType::Static("downstream")),
+        };
+    });
 }
 
 /// `error.type` for a failure: the error kind's name, as the metrics label it.
-pub(crate) fn error_type(e: &crate::error::ProxyError) -> String {
-    format!("{:?}", e.kind)
-        .split(['(', ' ', '{'])
-        .next()
-        .unwrap_or("error")
-        .to_owned()
+pub(crate) fn error_type(e: &crate::error::ProxyError) -> ErrorType {
+    let name = format!("{:?}", e.kind);
+    let name = name.split(['(', ' ', '{']).next().unwrap_or("error");
+    ErrorType::Kind(name.into())
 }
 
 /// `veloxy.cache.status` of a route that caches: `HIT` (a fresh hit, also one held for
@@ -160,7 +143,7 @@ pub(super) fn cache_status(t: &Trace, step: &super::admit::CacheStep) {
         CacheStep::Fill(_) => "MISS",
         CacheStep::Pass => return,
     };
-    t.set([KeyValue::new("veloxy.cache.status", status)]);
+    t.server(|s| s.cache = Some(status));
 }
 
 /// Records forward_auth's span: whether the auth service let the request pass.
@@ -171,32 +154,25 @@ pub(super) fn forward_auth(
     outcome: &Result<super::forward_auth::Outcome, crate::error::ProxyError>,
 ) {
     use super::forward_auth::Outcome;
-    let (attributes, error) = match outcome {
-        Ok(Outcome::Pass(_)) => (
-            vec![KeyValue::new("veloxy.forward_auth.allowed", true)],
-            None,
-        ),
-        Ok(Outcome::Deny(a)) => (
-            vec![
-                KeyValue::new("veloxy.forward_auth.allowed", false),
-                KeyValue::new("http.response.status_code", i64::from(a.status)),
-            ],
-            None,
-        ),
-        Err(e) => (Vec::new(), Some(error_type(e))),
-    };
-    t.end(phase, attributes, error);
+    t.end(phase, |c| match outcome {
+        Ok(Outcome::Pass(_)) => c.allowed = Some(true),
+        Ok(Outcome::Deny(a)) => {
+            c.allowed = Some(false);
+            c.status = a.status;
+        }
+        Err(e) => c.error = Some(error_type(e)),
+    });
 }
 
 /// Starts the span of the wait for the route's concurrency slot, when the route has a limit
 /// and the slot is not held yet.
 pub(crate) fn queue(
-    t: Option<&std::sync::Arc<Trace>>,
+    t: Option<&TraceRef>,
     limit: &Option<std::sync::Arc<crate::limits::ConcurrencyLimit>>,
     held: &super::Slot,
 ) -> Option<Phase> {
     match (t, limit, held) {
-        (Some(t), Some(_), None) => Some(t.phase("queue wait")),
+        (Some(t), Some(_), None) => Some(t.phase(Step::QueueWait)),
         _ => None,
     }
 }
@@ -204,5 +180,5 @@ pub(crate) fn queue(
 /// Ends the queue span [`queue`] started.
 #[cold]
 pub(crate) fn queued(t: &Trace, phase: Phase, r: &Result<(), crate::error::ProxyError>) {
-    t.end(phase, Vec::new(), r.as_ref().err().map(error_type));
+    t.end(phase, |c| c.error = r.as_ref().err().map(error_type));
 }

@@ -7,23 +7,18 @@
 //! than per exchange (a futex call per request cost more than the spans themselves). A full
 //! queue (a slow or dead collector) drops them, counted in
 //! `veloxy_tracing_spans_dropped_total`. The thread batches what arrives (up to
-//! [`BATCH`] spans, or what came within [`FLUSH`]) and exports it with `opentelemetry-otlp`'s
-//! `SpanExporter`: OTLP/HTTP protobuf POSTed to `ENDPOINT/v1/traces`, or OTLP/gRPC for a
-//! `grpc://` endpoint. A batch the collector refuses or does not take within
+//! [`BATCH`] spans, or what came within [`FLUSH`]), encodes it ([`super::proto`]) and sends
+//! it ([`super::send`]): OTLP/HTTP protobuf POSTed to `ENDPOINT/v1/traces`, or OTLP/gRPC for
+//! a `grpc://` endpoint, on one kept-alive connection. A batch the collector refuses or does not take within
 //! [`TIMEOUT`] is dropped and counted too ([`EXPORT_DROPPED`]). The thread ends when the last
 //! handle is dropped (a reload that changed the endpoint, the service name or the resource
 //! made a new exporter), after sending what it holds.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::{Protocol, WithExportConfig};
-use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
-use opentelemetry_sdk::Resource;
-
+use super::span::Spans;
 use super::TracingSettings;
 
 /// Worker batches that may wait in the queue.
@@ -61,7 +56,7 @@ pub(crate) fn drain(limit: Duration) {
 /// The handle workers send finished spans to.
 #[derive(Debug)]
 pub(crate) struct Exporter {
-    tx: SyncSender<Vec<SpanData>>,
+    tx: SyncSender<Vec<Spans>>,
     /// What it was made from (a reload with the same keeps it).
     pub settings: TracingSettings,
 }
@@ -70,18 +65,6 @@ pub(crate) struct Exporter {
 #[derive(Debug, thiserror::Error)]
 #[error("tracing: cannot start the exporter thread: {0}")]
 pub struct ExporterError(#[source] std::io::Error);
-
-/// The instrumentation scope of every span veloxy makes.
-pub(crate) fn scope() -> InstrumentationScope {
-    static SCOPE: OnceLock<InstrumentationScope> = OnceLock::new();
-    SCOPE
-        .get_or_init(|| {
-            InstrumentationScope::builder("veloxy")
-                .with_version(env!("CARGO_PKG_VERSION"))
-                .build()
-        })
-        .clone()
-}
 
 impl Exporter {
     /// Starts the exporter thread for `settings`.
@@ -101,18 +84,22 @@ impl Exporter {
     /// Adds one exchange's spans to this worker thread's batch, handed to the exporter thread
     /// when full or [`LOCAL_WAIT`] after it started. Spans a full queue drops are counted in
     /// [`EXPORT_DROPPED`].
-    pub(crate) fn send(self: &std::sync::Arc<Self>, spans: Vec<SpanData>) {
+    pub(crate) fn send(self: &std::sync::Arc<Self>, spans: Spans) {
         let timer = PENDING.with_borrow_mut(|p| {
             if p.to
                 .as_ref()
                 .is_some_and(|to| !std::sync::Arc::ptr_eq(to, self))
             {
                 p.flush(); // a reload made a new exporter: the old one takes its spans
+                p.to = None;
             }
             let started = p.spans.is_empty();
-            p.to = Some(self.clone());
-            p.spans.extend(spans);
-            if p.spans.len() >= LOCAL_BATCH {
+            if p.to.is_none() {
+                p.to = Some(self.clone());
+            }
+            p.count += spans.count();
+            p.spans.push(spans);
+            if p.count >= LOCAL_BATCH {
                 p.flush();
                 return false;
             }
@@ -129,8 +116,8 @@ impl Exporter {
         }
     }
 
-    fn hand_over(&self, spans: Vec<SpanData>) {
-        let n = spans.len() as u64;
+    fn hand_over(&self, spans: Vec<Spans>, n: usize) {
+        let n = n as u64;
         match self.tx.try_send(spans) {
             Ok(()) => {
                 HANDED.fetch_add(1, Ordering::AcqRel);
@@ -146,7 +133,9 @@ impl Exporter {
 #[derive(Default)]
 struct Pending {
     to: Option<std::sync::Arc<Exporter>>,
-    spans: Vec<SpanData>,
+    /// The exchanges' spans, and how many spans that is.
+    spans: Vec<Spans>,
+    count: usize,
 }
 
 impl Drop for Pending {
@@ -161,9 +150,10 @@ impl Pending {
         if self.spans.is_empty() {
             return;
         }
-        let spans = std::mem::replace(&mut self.spans, Vec::with_capacity(LOCAL_BATCH));
+        let spans = std::mem::replace(&mut self.spans, Vec::with_capacity(self.count));
+        let n = std::mem::take(&mut self.count);
         if let Some(to) = &self.to {
-            to.hand_over(spans);
+            to.hand_over(spans, n);
         }
     }
 }
@@ -172,40 +162,8 @@ thread_local! {
     static PENDING: std::cell::RefCell<Pending> = std::cell::RefCell::default();
 }
 
-fn resource(s: &TracingSettings) -> Resource {
-    Resource::builder_empty()
-        .with_service_name(s.service_name.clone())
-        .with_attributes(
-            s.resource
-                .iter()
-                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-        )
-        .build()
-}
-
-fn build(s: &TracingSettings) -> Result<opentelemetry_otlp::SpanExporter, String> {
-    let built = match s.otlp_endpoint.strip_prefix("grpc://") {
-        Some(rest) => opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(format!("http://{rest}"))
-            .with_protocol(Protocol::Grpc)
-            .with_timeout(TIMEOUT)
-            .build(),
-        None => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_endpoint(format!(
-                "{}/v1/traces",
-                s.otlp_endpoint.trim_end_matches('/')
-            ))
-            .with_protocol(Protocol::HttpBinary)
-            .with_timeout(TIMEOUT)
-            .build(),
-    };
-    built.map_err(|e| e.to_string())
-}
-
 /// The exporter thread: batches from `rx`, exports each, until every sender is gone.
-fn run(s: &TracingSettings, rx: Receiver<Vec<SpanData>>) {
+fn run(s: &TracingSettings, rx: Receiver<Vec<Spans>>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -216,29 +174,38 @@ fn run(s: &TracingSettings, rx: Receiver<Vec<SpanData>>) {
             return;
         }
     };
-    let mut exporter = match rt.block_on(async { build(s) }) {
-        Ok(e) => e,
+    let mut client = match super::send::Client::new(&s.otlp_endpoint) {
+        Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, endpoint = %s.otlp_endpoint, "tracing: cannot make the OTLP exporter");
             return;
         }
     };
-    exporter.set_resource(&resource(s));
-    let mut batch = Vec::with_capacity(BATCH);
+    let resource = super::proto::Resource {
+        service_name: &s.service_name,
+        attributes: &s.resource,
+    };
+    let mut batch: Vec<Spans> = Vec::new();
+    let mut buf = Vec::new();
     let mut open = true;
+    let take = |batch: &mut Vec<Spans>, mut spans: Vec<Spans>| {
+        let n = spans.iter().map(Spans::count).sum::<usize>();
+        batch.append(&mut spans);
+        n
+    };
     while open {
         let mut got = 1;
-        match rx.recv() {
-            Ok(spans) => batch.extend(spans),
+        let mut n = match rx.recv() {
+            Ok(spans) => take(&mut batch, spans),
             Err(_) => break,
-        }
+        };
         let deadline = std::time::Instant::now() + FLUSH;
-        while batch.len() < BATCH {
+        while n < BATCH {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match rx.recv_timeout(left) {
                 Ok(spans) => {
                     got += 1;
-                    batch.extend(spans);
+                    n += take(&mut batch, spans);
                 }
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => {
@@ -247,11 +214,11 @@ fn run(s: &TracingSettings, rx: Receiver<Vec<SpanData>>) {
                 }
             }
         }
-        let spans = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-        let n = spans.len() as u64;
-        let sent = rt.block_on(async {
-            tokio::time::timeout(TIMEOUT + Duration::from_secs(1), exporter.export(spans)).await
-        });
+        let n = n as u64;
+        buf.clear();
+        super::proto::encode(&mut buf, &resource, &batch);
+        batch.clear();
+        let sent = rt.block_on(async { tokio::time::timeout(TIMEOUT, client.send(&buf)).await });
         match sent {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -260,10 +227,10 @@ fn run(s: &TracingSettings, rx: Receiver<Vec<SpanData>>) {
             }
             Err(_) => {
                 EXPORT_DROPPED.fetch_add(n, Ordering::Relaxed);
+                client.reset();
                 tracing::debug!(spans = n, "tracing: export timed out");
             }
         }
         DONE.fetch_add(got, Ordering::AcqRel);
     }
-    let _ = exporter.shutdown();
 }

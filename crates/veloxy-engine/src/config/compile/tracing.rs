@@ -6,7 +6,7 @@ use crate::otel::TracingSettings;
 use crate::rules::RouteTracing;
 
 /// The propagation formats built.
-const FORMATS: &[&str] = &["tracecontext"];
+const FORMATS: &[&str] = &["tracecontext", "b3"];
 
 /// `[server.tracing]`: the collector's endpoint, sampling and resource.
 pub(super) fn compile_tracing(
@@ -53,7 +53,9 @@ pub(super) fn compile_tracing(
                 return Err(src.error(
                     list.span(),
                     key("propagate"),
-                    format!("{bad:?} is not a propagation format veloxy has (\"tracecontext\")"),
+                    format!(
+                        "{bad:?} is not a propagation format veloxy has (\"tracecontext\", \"b3\")"
+                    ),
                 ));
             }
             list.get_ref().clone()
