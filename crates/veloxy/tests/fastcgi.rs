@@ -637,3 +637,54 @@ fn php_fpm_on_a_unix_socket_over_http1_and_http2() {
     assert_eq!(r.status, 200, "{}", r.body_str());
     assert_eq!(json(&r.body_str())["PATH_INFO"], "/y");
 }
+
+/// A FastCGI request of a sampled exchange has its `upstream attempt` span under the server
+/// span, with the connection and first-byte events (issue 40).
+#[test]
+fn fastcgi_attempts_are_traced() {
+    let Some(col) = veloxy_testkit::otel::Collector::start() else {
+        return;
+    };
+    let Some(fpm) = php_fpm() else { return };
+    let root = tempfile::tempdir().unwrap();
+    scripts(root.path());
+    let server = format!(
+        "[server.tracing]\notlp_endpoint = \"{}\"\nsample_ratio = 1.0",
+        col.endpoint()
+    );
+    let site = Site::start(
+        &server,
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"php\"\nfastcgi = {{ root = \"{}\" }}\n\
+             [upstreams.php]\nprotocol = \"fastcgi\"\nservers = [\"{}\"]\n",
+            root.path().display(),
+            fpm.addr
+        ),
+    );
+    let plain = site.addr("plain");
+    for _ in 0..2 {
+        let r = get(plain, "/teapot.php");
+        assert_eq!(r.status, 418, "{}", r.body_str());
+    }
+    let spans = col.wait("two exchanges and their attempts", |s| s.len() >= 4);
+    let servers: Vec<_> = spans.iter().filter(|s| s.kind == 2).collect();
+    assert_eq!(servers.len(), 2, "{spans:#?}");
+    for server in &servers {
+        let attempts: Vec<_> = spans
+            .iter()
+            .filter(|s| s.kind == 3 && s.parent_span_id == server.span_id)
+            .collect();
+        assert_eq!(attempts.len(), 1, "{spans:#?}");
+        let a = attempts[0];
+        assert_eq!(a.name, "upstream attempt");
+        assert_eq!(a.attr("http.response.status_code"), Some("200"), "{a:#?}");
+        let names: Vec<&str> = a.events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["connected", "response head"], "{a:#?}");
+        let reused = a.events[0]
+            .1
+            .get("veloxy.connection.reused")
+            .map(String::as_str);
+        assert!(reused.is_some(), "{a:#?}");
+    }
+}

@@ -793,3 +793,98 @@ fn b3_from_the_client_is_continued_and_written_upstream() {
         );
     }
 }
+
+/// An attempt's event names, in order, and whether its `connected` was a reused connection.
+fn events(s: &Span) -> (Vec<&str>, Option<&str>) {
+    let names = s.events.iter().map(|(n, _)| n.as_str()).collect();
+    let reused = s.events.iter().find(|(n, _)| n == "connected");
+    let reused = reused.and_then(|(_, a)| a.get("veloxy.connection.reused"));
+    (names, reused.map(String::as_str))
+}
+
+#[test]
+fn tls_and_http2_group_attempts_show_connect_handshake_and_first_byte() {
+    let Some(col) = Collector::start() else {
+        return;
+    };
+    // The backend terminates TLS (and speaks HTTP/2 there): a second veloxy in front of
+    // the test upstream.
+    let app = upstream(&["--name", "inner"]);
+    let certs = tempfile::tempdir().unwrap();
+    let pki = Pki::new(certs.path());
+    let (cert, key) = pki.leaf("backend", &["backend.test"], KeyKind::Ecdsa);
+    let inner = veloxy(&format!(
+        "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n\
+         [listeners.web.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[routes]]\nupstream = \"app\"\n[upstreams.app]\nservers = [\"{}\"]\n",
+        cert.display(),
+        key.display(),
+        app.addr
+    ));
+    let group = |name: &str, protocol: &str| {
+        format!(
+            "[upstreams.{name}]\nservers = [\"https://{}\"]\ntls_verify = false\nprotocol = \"{protocol}\"\n",
+            inner.addr
+        )
+    };
+    let extra = format!(
+        "[[routes]]\npath = \"/tls\"\nupstream = \"tls\"\n[[routes]]\npath = \"/h2\"\nupstream = \"h2\"\n{}{}",
+        group("tls", "http1"),
+        group("h2", "h2")
+    );
+    let v = veloxy(&config(
+        &col.endpoint(),
+        "sample_ratio = 1.0",
+        &[app.addr],
+        &extra,
+    ));
+    for path in ["/tls/a", "/tls/b", "/h2/a", "/h2/b"] {
+        let r = get(v.addr, path);
+        assert_eq!(r.status, 200, "{path}: {}", r.body_str());
+        assert_eq!(r.header("x-upstream"), Some("inner"));
+    }
+    let spans = col.wait("four exchanges", |s| {
+        s.iter().filter(|s| s.kind == 3).count() >= 4
+    });
+    let attempt = |path: &str| {
+        let server = one(&spans, path, |s| {
+            s.kind == 2 && s.attr("url.path") == Some(path)
+        });
+        one(&spans, "its attempt", |s| {
+            s.kind == 3 && s.parent_span_id == server.span_id
+        })
+    };
+    // A new TLS connection: the TCP connect, then the handshake, then the request.
+    let first = attempt("/tls/a");
+    assert_eq!(
+        events(first),
+        (
+            vec![
+                "connected",
+                "tls handshake",
+                "request sent",
+                "response head"
+            ],
+            Some("false")
+        )
+    );
+    let at = |s: &Span, name: &str| s.events.iter().position(|(n, _)| n == name);
+    assert!(at(first, "connected") < at(first, "tls handshake"));
+    // The pooled one: no handshake.
+    assert_eq!(
+        events(attempt("/tls/b")),
+        (
+            vec!["connected", "request sent", "response head"],
+            Some("true")
+        )
+    );
+    // HTTP/2 groups: the connection (new, then the same one) and the first byte.
+    assert_eq!(
+        events(attempt("/h2/a")),
+        (vec!["connected", "response head"], Some("false"))
+    );
+    assert_eq!(
+        events(attempt("/h2/b")),
+        (vec!["connected", "response head"], Some("true"))
+    );
+}

@@ -159,7 +159,7 @@ async fn fastcgi<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) 
     }
     let answered = {
         let t = &*c.target().expect("proxied");
-        job.run(worker, gen, t, body).await
+        job.run(worker, gen, t, body, trace).await
     };
     use super::fastcgi::Answer;
     match answered {

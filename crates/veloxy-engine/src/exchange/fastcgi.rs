@@ -76,6 +76,7 @@ impl Job {
         gen: &Rc<Generation>,
         t: &ProxyTarget,
         body: Bytes,
+        trace: Option<crate::otel::TraceRef>,
     ) -> Result<Answer, ProxyError> {
         let method = self.params.iter().find(|(k, _)| k == "REQUEST_METHOD");
         let method = method.map_or(&b""[..], |(_, m)| &m[..]);
@@ -91,11 +92,12 @@ impl Job {
             client: self.client,
             hash: t.hash,
             replayable: idempotent,
-            trace: None,
+            trace,
         };
         let mut last = None;
         let (head, mut stream) = attempt::run(&plan, t.backend, &mut last, async |backend, _| {
-            let a = attempt_on(worker, gen, (t.upstream, backend), &request).await?;
+            let trace = plan.trace.as_deref();
+            let a = attempt_on(worker, gen, (t.upstream, backend), &request, trace).await?;
             Ok((a, 200))
         })
         .await?;
@@ -138,21 +140,36 @@ async fn attempt_on(
     gen: &Rc<Generation>,
     (upstream, backend): (usize, usize),
     request: &[u8],
+    trace: Option<&crate::otel::Trace>,
 ) -> Result<(Bytes, Box<FcgiStream>), AttemptFail<ProxyError>> {
+    use crate::otel::span::EventName;
+    let event = |name, reused| {
+        if let Some(t) = trace {
+            super::trace::event(t, name, reused);
+        }
+    };
     let pooled = gen.group(upstream).pool.take(backend, None);
     let (mut conn, mut fresh) = match pooled {
         Some(c) => (c, false),
         None => (connect(worker, gen, upstream, backend).await?, true),
     };
+    if let Some(t) = trace {
+        super::trace::connected(t, &conn, !fresh);
+    }
     loop {
         let mut stream = Box::new(FcgiStream::new(worker, gen, (upstream, backend), conn));
         let no_response = |kind| Err(AttemptFail::NoResponse(ProxyError::upstream(kind)));
         match stream.head(request).await {
-            Ok(head) => return Ok((head, stream)),
+            Ok(head) => {
+                // The request goes out whole before the head is read (one write).
+                event(EventName::ResponseHead, None);
+                return Ok((head, stream));
+            }
             // A pooled connection the server had closed: once more on a fresh one.
             Err(FastcgiError::Closed) if !fresh => {
                 conn = connect(worker, gen, upstream, backend).await?;
                 fresh = true;
+                event(EventName::Connected, Some(false));
             }
             Err(FastcgiError::Closed) => return no_response(ErrorKind::UpstreamClosed),
             Err(FastcgiError::Io(e)) => return no_response(ErrorKind::Io(e)),

@@ -82,9 +82,8 @@ pub(crate) async fn relay<C: FramedClient>(
             };
             crate::exchange::h2::upstream_request(group, backend, target, method, headers, body)
         };
-        let sent =
-            crate::exchange::h2::attempt_on(c.worker(), gen, (t.upstream, backend), false, make)
-                .await;
+        let (to, trace) = ((t.upstream, backend), plan.trace.as_deref());
+        let sent = crate::exchange::h2::attempt_on(c.worker(), gen, to, false, make, trace).await;
         // The client's body broke a limit: its fault, not the backend's.
         sent.map_err(|e| watch.error().map_or(e, AttemptFail::Fatal))
     })

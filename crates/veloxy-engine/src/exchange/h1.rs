@@ -81,7 +81,7 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
         None => (connect().await?, false),
     };
     if let Some(t) = to.trace {
-        super::trace::event(t, EventName::Connected, Some(reused));
+        super::trace::connected(t, &conn, reused);
     }
     'attempt: loop {
         match timeout(
@@ -95,7 +95,7 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
                 conn = connect().await?;
                 reused = false;
                 if let Some(t) = to.trace {
-                    super::trace::event(t, EventName::Connected, Some(false));
+                    super::trace::connected(t, &conn, false);
                 }
                 continue 'attempt;
             }
@@ -118,7 +118,7 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
                 conn = connect().await?;
                 reused = false;
                 if let Some(t) = to.trace {
-                    super::trace::event(t, EventName::Connected, Some(false));
+                    super::trace::connected(t, &conn, false);
                 }
             }
             None => return Err(AttemptFail::NoResponse(up(ErrorKind::UpstreamClosed))),

@@ -72,11 +72,18 @@ pub(crate) async fn attempt_on(
     (upstream, backend): (usize, usize),
     may_retry_status: bool,
     make: impl FnOnce() -> Result<Request<H2Body>, ProxyError>,
+    trace: Option<&crate::otel::Trace>,
 ) -> Result<(Response<Incoming>, u16), AttemptFail<ProxyError>> {
+    use crate::otel::span::EventName;
     let group = &gen.snapshot.upstreams[upstream];
+    let open = |s: &H2Sender| !s.is_closed() && s.is_ready();
+    let reused = trace.is_some() && gen.group(upstream).h2[backend].as_ref().is_some_and(open);
     let sender = sender_for(worker, gen, upstream, backend)
         .await
         .map_err(|(error, health)| AttemptFail::NotSent { error, health })?;
+    if let Some(t) = trace {
+        super::trace::event(t, EventName::Connected, Some(reused));
+    }
     let req = make().map_err(AttemptFail::Fatal)?;
     let t0 = Instant::now();
     let sent = timeout(
@@ -87,6 +94,10 @@ pub(crate) async fn attempt_on(
     let failed = match sent {
         Ok(Ok(r)) => {
             worker.metrics.upstream_duration.observe(t0.elapsed());
+            if let Some(t) = trace {
+                // The head came: the time to first byte (the body streams on).
+                super::trace::event(t, EventName::ResponseHead, None);
+            }
             let status = r.status().as_u16();
             if may_retry_status && group.retry_on.contains(&status) {
                 // Dropped unread: the stream is reset, the connection stays.

@@ -83,11 +83,24 @@ pub(crate) fn set_traceparent(t: &Trace, headers: &mut http::HeaderMap) {
 }
 
 /// An event of the current upstream attempt: `connected` (with
-/// `veloxy.connection.reused`: a pooled connection, or a new one whose time includes the
-/// TCP connect and TLS handshake), `request sent`, `response head` (the time to first byte).
+/// `veloxy.connection.reused`), `tls handshake`, `request sent`, `response head` (the time to
+/// first byte).
 #[cold]
 pub(crate) fn event(t: &Trace, name: EventName, reused: Option<bool>) {
     t.event(name, reused);
+}
+
+/// The `connected` event of a connection: reused, or new; a new TLS one is `connected` when
+/// its TCP connect completed and `tls handshake` when its handshake did (now).
+#[cold]
+pub(crate) fn connected(t: &Trace, conn: &crate::upstream::pool::UpstreamConn, reused: bool) {
+    match conn.tcp_connected.filter(|_| !reused) {
+        Some(tcp) => {
+            t.event_at(EventName::Connected, tcp, Some(false));
+            t.event(EventName::TlsHandshake, None);
+        }
+        None => t.event(EventName::Connected, Some(reused)),
+    }
 }
 
 /// How an upstream attempt ended, for its span.

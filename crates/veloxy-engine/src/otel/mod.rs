@@ -422,7 +422,12 @@ impl Trace {
 
     /// Records an event of the current upstream attempt, now.
     pub(crate) fn event(&self, name: EventName, reused: Option<bool>) {
-        let at = self.offset(Instant::now());
+        self.event_at(name, Instant::now(), reused);
+    }
+
+    /// Records an event of the current upstream attempt that happened `at`.
+    pub(crate) fn event_at(&self, name: EventName, at: Instant, reused: Option<bool>) {
+        let at = self.offset(at);
         self.events.borrow_mut().push(Event { name, at, reused });
     }
 

@@ -106,6 +106,8 @@ pub(crate) enum EventName {
     RequestSent,
     /// The response head arrived (the time to first byte).
     ResponseHead,
+    /// A new TLS connection's handshake completed (`connected` marks its TCP connect).
+    TlsHandshake,
 }
 
 impl EventName {
@@ -114,6 +116,7 @@ impl EventName {
             EventName::Connected => "connected",
             EventName::RequestSent => "request sent",
             EventName::ResponseHead => "response head",
+            EventName::TlsHandshake => "tls handshake",
         }
     }
 }

@@ -23,6 +23,7 @@ pub(crate) async fn connect_io(
     group: &UpstreamGroup,
     backend: usize,
     origin: Option<Origin>,
+    tcp_connected: &mut Option<tokio::time::Instant>,
 ) -> std::io::Result<UpstreamIo> {
     let b = &group.backends[backend];
     let proxy_header = origin
@@ -45,6 +46,7 @@ pub(crate) async fn connect_io(
     }
     match (&group.tls, &b.tls_name) {
         (Some(config), Some(name)) => {
+            *tcp_connected = Some(tokio::time::Instant::now());
             let connector = tokio_rustls::TlsConnector::from(config.clone());
             let tls = connector.connect(name.clone(), s).await?;
             Ok(UpstreamIo::Tls(Box::new(tls)))
@@ -77,10 +79,14 @@ pub(crate) async fn connect_backend(
     if !reserve_slot(health, group.max_connections) {
         return Err((ProxyError::upstream(ErrorKind::BackendFull), false));
     }
-    match timeout(group.connect_timeout, connect_io(group, backend, origin)).await {
+    let mut tcp_connected = None;
+    let io = connect_io(group, backend, origin, &mut tcp_connected);
+    match timeout(group.connect_timeout, io).await {
         Ok(Ok(s)) => {
             metrics.connected();
-            Ok(UpstreamConn::with_reserved_slot(s, health.clone()).for_origin(origin))
+            let mut conn = UpstreamConn::with_reserved_slot(s, health.clone()).for_origin(origin);
+            conn.tcp_connected = tcp_connected;
+            Ok(conn)
         }
         failed => {
             release_slot(health);

@@ -21,6 +21,9 @@ pub(crate) struct UpstreamConn {
     backend: Arc<BackendHealth>,
     /// The client its PROXY header named, if it sent one: it serves that client only.
     origin: Option<Origin>,
+    /// When a TLS connection's TCP connect completed (its handshake began): traces show the
+    /// connect and the handshake apart. `None` for plain ones.
+    pub tcp_connected: Option<tokio::time::Instant>,
 }
 
 impl UpstreamConn {
@@ -30,6 +33,7 @@ impl UpstreamConn {
             stream,
             backend,
             origin: None,
+            tcp_connected: None,
         }
     }
 

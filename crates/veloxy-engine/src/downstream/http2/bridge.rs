@@ -109,7 +109,9 @@ async fn exchange(
             }
             Ok(r)
         };
-        crate::exchange::h2::attempt_on(worker, gen, (upstream, backend), may_retry, make).await
+        let trace = plan.trace.as_deref();
+        crate::exchange::h2::attempt_on(worker, gen, (upstream, backend), may_retry, make, trace)
+            .await
     })
     .await?;
     relay_response(worker, down, p, record, resp, group.read_timeout).await

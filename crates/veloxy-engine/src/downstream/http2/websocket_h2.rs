@@ -73,7 +73,8 @@ pub(super) async fn forward(
             r.extensions_mut().insert(protocol);
             Ok(r)
         };
-        crate::exchange::h2::attempt_on(&c.worker, gen, (t.upstream, backend), false, make).await
+        let (worker, to) = (&c.worker, (t.upstream, backend));
+        crate::exchange::h2::attempt_on(worker, gen, to, false, make, plan.trace.as_deref()).await
     })
     .await;
     if let (Some(f), Some(b)) = (fin.as_deref_mut(), last) {
