@@ -23,3 +23,19 @@ where
         })?;
     Ok(())
 }
+
+/// The nice value of threads doing bulk work beside the workers (bcrypt checks, the
+/// Kubernetes provider's translations): when they share a core, a worker's wake-up preempts
+/// them and it gets most of the core, so the work does not show in the requests' tail.
+pub const NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority to [`NICE`] (Linux sets nice per thread;
+/// elsewhere nothing happens).
+pub fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid and setpriority take no pointers; failure only leaves the priority.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, NICE);
+    }
+}

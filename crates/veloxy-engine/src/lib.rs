@@ -110,7 +110,7 @@ pub(crate) mod access_log;
 pub mod acme;
 pub(crate) mod admin;
 pub(crate) mod auth;
-pub(crate) mod background;
+pub mod background;
 pub(crate) mod cache;
 pub(crate) mod clock;
 pub(crate) mod compress;

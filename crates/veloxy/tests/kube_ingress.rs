@@ -649,6 +649,8 @@ fn ingress_objects_become_routes_and_follow_changes() {
         "{}",
         v.proc.log_text()
     );
+    // The provider translates at a lower priority than the workers.
+    assert_eq!(thread_nice(v.proc.pid(), "kubernetes"), Some(10));
     check_rewrite_and_class(web);
     check_tls(&scene, web, websecure);
     check_basic_auth(web);
@@ -668,6 +670,24 @@ fn ingress_objects_become_routes_and_follow_changes() {
     assert!(!private.exists(), "{} left behind", private.display());
     check_status_handed_over(&scene, &second);
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// The nice value of the thread of `pid` named `name` (`/proc/PID/task/TID/stat`, field 19).
+fn thread_nice(pid: u32, name: &str) -> Option<i64> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+        // Fields after the command's closing parenthesis: state is field 3, nice field 19.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        return rest.split(' ').nth(16)?.parse().ok();
+    }
+    None
 }
 
 /// The kind's collection on the API server, for the manifests of `deploy/`.

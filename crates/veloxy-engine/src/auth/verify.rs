@@ -6,7 +6,7 @@
 //! The pool is bounded three ways, so a flood of wrong passwords from many addresses (the
 //! per-address limit of [`super::FAILED_PER_MINUTE`] does not stop one) costs at most the
 //! pool's threads, at a lower priority than the workers:
-//! - half the cores in threads (at least one), each at nice [`NICE`];
+//! - half the cores in threads (at least one), each at nice [`crate::background::NICE`];
 //! - at most [`QUEUE`] checks waiting: one more is refused at once with 503;
 //! - at most [`PER_SECOND`] checks started a second across the process: more get 429.
 //!
@@ -23,8 +23,6 @@ use super::Hash;
 pub const QUEUE: usize = 64;
 /// Checks started per second, process-wide; past this, 429.
 pub const PER_SECOND: u64 = 200;
-/// The nice value of the pool's threads: under contention a worker gets most of the core.
-pub const NICE: i32 = 10;
 /// How long a request waits for its check (queue and run) before 503.
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -91,14 +89,7 @@ fn pool() -> &'static Pool {
     })
 }
 
-/// Lowers the calling thread's scheduling priority to [`NICE`] (Linux sets nice per thread).
-fn lower_priority() {
-    // SAFETY: gettid and setpriority take no pointers; failure only leaves the priority.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, NICE);
-    }
-}
+use crate::background::lower_priority;
 
 impl Pool {
     /// Counts one check against the process-wide rate; false when over it.

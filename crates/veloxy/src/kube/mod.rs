@@ -149,6 +149,9 @@ pub fn start<'scope, 'env>(
     let thread = std::thread::Builder::new()
         .name("kubernetes".into())
         .spawn_scoped(scope, move || {
+            // Translating a thousand Ingresses takes tens of milliseconds of CPU: at a lower
+            // priority, a worker sharing the core preempts it (p99 under EndpointSlice churn).
+            veloxy_engine::background::lower_priority();
             let builder = Builder::new(spec, config, file, dir.clone(), running);
             rt.block_on(run(client, builder, stop_rx, reload_rx));
             let _ = std::fs::remove_dir_all(&dir);
