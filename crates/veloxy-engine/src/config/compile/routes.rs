@@ -20,7 +20,10 @@ use crate::template::PathRule;
 /// Default memory for a file route's cache of contents and compressed variants.
 const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
-/// Adds every route to the routers of its listeners, then sorts the routers.
+/// Adds every route to the routers of its listeners, then sorts the routers. With a reuse
+/// `plan`, the routes of unchanged entries are taken from the previous snapshot at their
+/// place in file order (`routes` then holds the parsed ones only, `origin` their ordinals);
+/// returns the groups those name, or `Stale` when one cannot be taken as it is.
 pub(super) fn compile_routes(
     src: &Source,
     (routes, origin): (&[Box<Spanned<RouteSection>>], &[usize]),
@@ -30,14 +33,67 @@ pub(super) fn compile_routes(
         Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
     ),
     listeners: &mut [ListenerSpec],
-) -> Result<(), ConfigError> {
+    plan: Option<&super::reuse::Plan>,
+) -> Result<Result<Vec<usize>, super::reuse::Stale>, ConfigError> {
+    let mut reused = plan.into_iter().flat_map(|p| p.reused()).peekable();
+    let mut named = Vec::new();
+    let mut take = |(ordinal, old, span): (usize, u32, std::ops::Range<usize>),
+                    listeners: &mut [ListenerSpec]|
+     -> Result<Result<(), super::reuse::Stale>, ConfigError> {
+        let Some(plan) = plan else { return Ok(Ok(())) };
+        let taken = match plan.routes(old, ordinal, (upstream_index, groups)) {
+            Ok(t) => t,
+            Err(stale) => return Ok(Err(stale)),
+        };
+        for (listener, route) in taken {
+            named.extend(route.proxied());
+            if !attach_reused(src, ordinal, span.clone(), listener, route, listeners)? {
+                return Ok(Err(super::reuse::Stale));
+            }
+        }
+        Ok(Ok(()))
+    };
     for (route, &i) in routes.iter().zip(origin) {
+        while let Some(entry) = reused.next_if(|e| e.0 < i) {
+            if let Err(stale) = take(entry, listeners)? {
+                return Ok(Err(stale));
+            }
+        }
         compile_route(src, i, route, (upstream_index, groups), caches, listeners)?;
+    }
+    for entry in reused {
+        if let Err(stale) = take(entry, listeners)? {
+            return Ok(Err(stale));
+        }
     }
     for l in listeners {
         std::sync::Arc::make_mut(&mut l.router).finish();
     }
-    Ok(())
+    Ok(Ok(named))
+}
+
+/// Adds a reused route to the router of the listener it was in (false: there is none).
+fn attach_reused(
+    src: &Source,
+    ordinal: usize,
+    span: std::ops::Range<usize>,
+    listener: &str,
+    route: Route,
+    listeners: &mut [ListenerSpec],
+) -> Result<bool, ConfigError> {
+    // The listeners are the same as before (the text that makes them is).
+    let Some(l) = listeners.iter_mut().find(|l| l.name == listener) else {
+        return Ok(false);
+    };
+    if l.router.has(&route) {
+        return Err(src.error(
+            span,
+            format!("routes[{ordinal}]"),
+            "duplicate route: same host, path and conditions as an earlier route",
+        ));
+    }
+    std::sync::Arc::make_mut(&mut l.router).add(route);
+    Ok(true)
 }
 
 fn compile_route(
