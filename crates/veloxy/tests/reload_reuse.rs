@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use veloxy_testkit::*;
 
-const HOSTS: usize = 3000;
-
 fn get_on(web: SocketAddr, host: &str, path: &str) -> Response {
     request(
         web,
@@ -19,9 +17,10 @@ fn get_on(web: SocketAddr, host: &str, path: &str) -> Response {
     )
 }
 
-/// `HOSTS` hosts with two paths each to group `app`, `g.test` to group `other`; `edit`
+/// `hosts` hosts with two paths each to group `app`, `g.test` to group `other`; `edit`
 /// gets each route's text (host index, path) and may change or drop it; `tail` is added.
 fn config(
+    hosts: usize,
     groups: &str,
     edit: impl Fn(usize, &str, String) -> Option<String>,
     tail: &str,
@@ -29,7 +28,7 @@ fn config(
     let mut out = String::from(
         "[server]\nworkers = 2\nadmin = \"127.0.0.1:0\"\n\n[listeners.web]\naddr = \"127.0.0.1:0\"\n\n",
     );
-    for i in 0..HOSTS {
+    for i in 0..hosts {
         for p in ["/a/", "/b/"] {
             let route =
                 format!("[[routes]]\nhost = \"h{i}.test\"\npath = \"{p}\"\nupstream = \"app\"\n\n");
@@ -42,8 +41,19 @@ fn config(
     out
 }
 
+/// 6,000 routes: parsed with the file.
 #[test]
 fn a_reload_takes_unchanged_routes_and_serves_the_new_config() {
+    reload_scenario(3000);
+}
+
+/// 18,000 routes (over 1 MiB): parsed a run of entries at a time.
+#[test]
+fn a_large_files_reload_takes_unchanged_routes_too() {
+    reload_scenario(9000);
+}
+
+fn reload_scenario(hosts: usize) {
     let (a, b1, b2, n) = (
         upstream(&["--name", "a"]),
         upstream(&["--name", "b1"]),
@@ -56,7 +66,7 @@ fn a_reload_takes_unchanged_routes_and_serves_the_new_config() {
             a.addr
         )
     };
-    let first = config(&groups(b1.addr, ""), |_, _, r| Some(r), "");
+    let first = config(hosts, &groups(b1.addr, ""), |_, _, r| Some(r), "");
     let v = veloxy(&first);
     let web = logged_addr(&v, "listening listener=web addr=");
     assert_eq!(
@@ -95,6 +105,7 @@ fn a_reload_takes_unchanged_routes_and_serves_the_new_config() {
     // One route changed, one host removed, one added (to a new group named before `app`, so
     // every group's index moves), and group `other`'s backend changed.
     let second = config(
+        hosts,
         &groups(
             b2.addr,
             &format!("[upstreams.aaa]\nservers = [\"{}\"]\n\n", n.addr),
@@ -133,9 +144,9 @@ fn a_reload_takes_unchanged_routes_and_serves_the_new_config() {
         .filter(|l| l.contains("reloaded "))
         .nth(before)
         .unwrap_or("");
-    let entries = 2 * HOSTS;
+    let entries = 2 * hosts;
     // All but h3's two (gone), h7's /b/ (changed) and new.test's (added).
-    let unchanged = 2 * HOSTS - 2;
+    let unchanged = 2 * hosts - 2;
     assert!(
         line.contains(&format!(
             "({unchanged} of {entries} route entries unchanged)"
@@ -157,7 +168,7 @@ fn a_reload_takes_unchanged_routes_and_serves_the_new_config() {
     assert_eq!(get_on(web, "new.test", "/").header("x-upstream"), Some("n"));
     assert_eq!(get_on(web, "g.test", "/").header("x-upstream"), Some("b2"));
     // Every 37th host, both paths: still to `app` (its index moved), nothing else matches.
-    for i in (0..HOSTS).step_by(37).filter(|&i| i != 3) {
+    for i in (0..hosts).step_by(37).filter(|&i| i != 3) {
         for p in ["/a/", "/b/"] {
             let r = get_on(web, &format!("h{i}.test"), p);
             let want = if (i, p) == (7, "/b/") {
@@ -192,4 +203,40 @@ fn a_reload_takes_unchanged_routes_and_serves_the_new_config() {
         Some("a")
     );
     assert_eq!(get_on(web, "new.test", "/").header("x-upstream"), Some("n"));
+}
+
+/// An error in a route of a large file (parsed a run at a time) names the line, column and
+/// key a whole parse would.
+#[test]
+fn a_large_files_bad_route_is_named_by_line_and_key() {
+    let groups = "[upstreams.app]\nservers = [\"127.0.0.1:9\"]\n";
+    let cases = [
+        ("pth = 1\n", "routes[12345].pth: unknown field `pth`"),
+        (
+            "upstream = \"nope\"\n",
+            "routes[12345].upstream: upstream \"nope\" is not defined",
+        ),
+    ];
+    for (bad, want) in cases {
+        let text = config(
+            9000,
+            groups,
+            |i, p, r| match (i, p) {
+                (6172, "/b/") => Some(r.replace("upstream = \"app\"\n", bad)),
+                _ => Some(r),
+            },
+            "",
+        );
+        assert!(text.len() > 1 << 20);
+        let at = text.find(bad).unwrap();
+        let line = text[..at].matches('\n').count() + 1;
+        let column = if bad.starts_with("upstream") { 12 } else { 1 };
+        let out = check(&text);
+        let shown = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success());
+        assert!(
+            shown.contains(&format!("veloxy.toml:{line}:{column}: {want}")),
+            "want line {line}: {shown}"
+        );
+    }
 }

@@ -19,6 +19,7 @@ mod providers;
 pub(crate) mod reuse;
 mod routes;
 mod rules;
+mod runs;
 mod search;
 mod server;
 mod tracing;
@@ -53,20 +54,54 @@ pub fn compile_str_after(
     policies: &PolicyRegistry,
     previous: Option<&Snapshot>,
 ) -> Result<Snapshot, ConfigError> {
-    let src = Source { file, text };
+    let src = Source {
+        file,
+        text,
+        base: 0,
+    };
     let cut = reuse::Cut::of(file, text);
     let plan = previous
         .zip(cut.as_ref())
         .and_then(|(prev, cut)| reuse::Plan::new(prev, cut));
-    if let Some(plan) = &plan {
-        if let Some(done) = compile_text(&src, plan.blanked(text).into(), policies, Some(plan))? {
-            return Ok(with_reuse(cut.as_ref(), done, plan.reused().count()));
+    let taken = plan.as_ref().map_or(0, |p| p.reused().count());
+    // A large file: its routes parsed a run at a time (see `runs`), unless ACME, which reads
+    // every route's host from the parsed file, is configured.
+    if let Some(cut) = cut
+        .as_ref()
+        .filter(|_| text.len() >= crate::heap::TRIM_AFTER_CONFIG_BYTES)
+    {
+        let entries = match &plan {
+            Some(plan) => plan.entries(),
+            None => cut.entries().map(|span| (span, None)).collect(),
+        };
+        let rest = reuse::blank(text, entries.iter().map(|(span, _)| span.clone()));
+        if !rest.contains("acme") {
+            let runs = runs::Runs { entries };
+            let mode = (plan.as_ref(), Some(&runs));
+            if let Some(done) = compile_text(&src, rest.into(), policies, mode)? {
+                return Ok(with_reuse(Some(cut), done, taken));
+            }
         }
     }
-    let done = compile_text(&src, std::borrow::Cow::Borrowed(text), policies, None)?;
+    if let Some(plan) = &plan {
+        let mode = (Some(plan), None);
+        if let Some(done) = compile_text(&src, plan.blanked(text).into(), policies, mode)? {
+            return Ok(with_reuse(cut.as_ref(), done, taken));
+        }
+    }
+    let done = compile_text(
+        &src,
+        std::borrow::Cow::Borrowed(text),
+        policies,
+        (None, None),
+    )?;
     let done = done.ok_or_else(|| src.whole("internal: no snapshot"))?;
     Ok(with_reuse(cut.as_ref(), done, 0))
 }
+
+/// How a compile takes the route entries: some from a reuse plan, and the rest from the
+/// parsed file or parsed here a run at a time.
+type Mode<'a> = (Option<&'a reuse::Plan<'a>>, Option<&'a runs::Runs>);
 
 /// The snapshot with its reuse record (see [`reuse::Reuse::build`]).
 fn with_reuse(
@@ -87,25 +122,30 @@ fn compile_text(
     src: &Source,
     parse: std::borrow::Cow<'_, str>,
     policies: &PolicyRegistry,
-    plan: Option<&reuse::Plan>,
+    (plan, runs): Mode,
 ) -> Result<Option<(Snapshot, usize)>, ConfigError> {
     let mut parsed: FileConfig = toml::from_str(&parse).map_err(|e| src.toml_error(&e))?;
     drop(parse);
     let mut entries = parsed.routes.len();
-    if let Some(plan) = plan {
+    if let Some(runs) = runs {
+        if entries != 0 {
+            return Ok(None);
+        }
+        entries = runs.entries.len();
+    } else if let Some(plan) = plan {
         if entries != plan.fresh_count() {
             return Ok(None);
         }
         entries += plan.reused().count();
     }
     expand::expand(src, &mut parsed)?;
-    if let Some(plan) = plan {
+    if let (Some(plan), None) = (plan, runs) {
         for o in &mut parsed.route_origin {
             *o = plan.ordinal(*o);
         }
     }
     if src.text.len() < crate::heap::TRIM_AFTER_CONFIG_BYTES {
-        return Ok(compile(src, &parsed, policies, plan)?.map(|s| (s, entries)));
+        return Ok(compile(src, &parsed, policies, (plan, runs))?.map(|s| (s, entries)));
     }
     // A large config: the TOML document and the file's sections (100,000 routes: about
     // 150 MB) are garbage once compiled, and freed in between the snapshot's own allocations
@@ -115,13 +155,13 @@ fn compile_text(
     let compiled = std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
             .name("veloxy-compile".into())
-            .spawn_scoped(scope, || compile(src, &parsed, policies, plan));
+            .spawn_scoped(scope, || compile(src, &parsed, policies, (plan, runs)));
         match thread {
             Ok(t) => t
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             // No thread to be had: compiled here, and only the holes stay.
-            Err(_) => compile(src, &parsed, policies, plan),
+            Err(_) => compile(src, &parsed, policies, (plan, runs)),
         }
     });
     drop(parsed);
@@ -134,7 +174,7 @@ fn compile(
     src: &Source,
     file: &FileConfig,
     policies: &PolicyRegistry,
-    plan: Option<&reuse::Plan>,
+    (plan, runs): Mode,
 ) -> Result<Option<Snapshot>, ConfigError> {
     let s = &file.server;
     let mut settings = server::compile_settings(src, s)?;
@@ -171,30 +211,44 @@ fn compile(
         .as_ref()
         .map(|_| crate::late::Late::<crate::fleet::redis::RedisClient>::empty());
     settings.tracing = tracing::compile_tracing(src, s)?;
-    tracing::check_routes(
-        src,
-        (&file.routes, &file.route_origin),
-        settings.tracing.as_ref(),
-    )?;
     let tracer = settings
         .tracing
         .as_ref()
         .map(|_| crate::late::Late::<crate::otel::Exporter>::empty());
-    let Ok(reused_groups) = routes::compile_routes(
-        src,
-        (&file.routes, &file.route_origin),
-        (&upstream_index, &upstreams),
-        (&caches, redis.as_ref()),
-        &mut listeners,
-        plan,
-    )?
-    else {
+    let groups = (&upstream_index, &upstreams[..]);
+    let caches_in = (&caches, redis.as_ref());
+    let compiled = match runs {
+        Some(runs) => runs::compile_runs(
+            src,
+            (runs, plan, file),
+            groups,
+            caches_in,
+            &mut listeners,
+            settings.tracing.as_ref(),
+        )?,
+        None => {
+            tracing::check_routes(
+                src,
+                (&file.routes, &file.route_origin),
+                settings.tracing.as_ref(),
+            )?;
+            routes::compile_routes(
+                src,
+                (&file.routes, &file.route_origin),
+                groups,
+                caches_in,
+                &mut listeners,
+                plan,
+            )?
+        }
+    };
+    let Ok(reused_groups) = compiled else {
         return Ok(None);
     };
     compile_streams(src, file, &upstream_index, &mut listeners)?;
     settings.acme = acme::compile_acme(src, file, &mut listeners, redis_spec.as_ref())?;
     // ACME reads every route's host: it needs the whole file.
-    if plan.is_some() && settings.acme.is_some() {
+    if (plan.is_some() || runs.is_some()) && settings.acme.is_some() {
         return Ok(None);
     }
     settings.redis = redis_spec;

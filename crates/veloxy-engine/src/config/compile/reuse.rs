@@ -18,7 +18,6 @@
 //! names gone or changed in what routes read, a parsed route count that does not match the
 //! cut, ACME (which reads every route's host).
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::path::Path;
@@ -83,7 +82,27 @@ pub(super) struct Cut {
     entries: Vec<(Range<usize>, Option<u128>)>,
 }
 
+/// `text` with the bytes of `spans` but newlines made spaces: the rest parses as before,
+/// at the same offsets, lines and columns.
+pub(super) fn blank(text: &str, spans: impl Iterator<Item = Range<usize>>) -> String {
+    let mut bytes = text.as_bytes().to_vec();
+    for span in spans {
+        for b in &mut bytes[span] {
+            if *b != b'\n' {
+                *b = b' ';
+            }
+        }
+    }
+    // Whole entries are blanked, so no character is cut in two.
+    String::from_utf8(bytes).unwrap_or_else(|_| text.to_owned())
+}
+
 impl Cut {
+    /// Each route entry's span.
+    pub(super) fn entries(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        self.entries.iter().map(|(span, _)| span.clone())
+    }
+
     /// `None` when the text is not understood (see [`super::chunks`]).
     pub(super) fn of(file: &Path, text: &str) -> Option<Cut> {
         let chunks = super::chunks::chunks(text)?;
@@ -189,18 +208,13 @@ impl<'a> Plan<'a> {
 
     /// The text to parse: reused entries blanked.
     pub(super) fn blanked(&self, text: &str) -> String {
-        let mut bytes = text.as_bytes().to_vec();
-        for (span, old) in &self.entries {
-            if old.is_some() {
-                for b in &mut bytes[span.clone()] {
-                    if *b != b'\n' {
-                        *b = b' ';
-                    }
-                }
-            }
-        }
-        // Whole entries are blanked, so no character is cut in two.
-        String::from_utf8(bytes).unwrap_or_else(|_| text.to_owned())
+        let reused = self.entries.iter().filter(|(_, old)| old.is_some());
+        blank(text, reused.map(|(span, _)| span.clone()))
+    }
+
+    /// Every route entry: its span, and its previous ordinal when reused.
+    pub(super) fn entries(&self) -> Vec<(Range<usize>, Option<u32>)> {
+        self.entries.clone()
     }
 
     /// The number of entries the parse of the blanked text must find.
@@ -225,7 +239,7 @@ impl<'a> Plan<'a> {
         &self,
         old: u32,
         ordinal: usize,
-        (upstream_index, groups): (&HashMap<String, usize>, &[UpstreamGroup]),
+        (upstream_index, groups): super::routes::Groups,
     ) -> Result<Vec<(&'a str, Route)>, Stale> {
         let placed = &self.reuse.placed;
         let from = placed.partition_point(|p| p.0 < old);

@@ -27,42 +27,23 @@ const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 pub(super) fn compile_routes(
     src: &Source,
     (routes, origin): (&[Box<Spanned<RouteSection>>], &[usize]),
-    (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
-    caches: (
-        &HashMap<String, super::cache::CacheSpec>,
-        Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
-    ),
+    groups: Groups,
+    caches: Caches,
     listeners: &mut [ListenerSpec],
     plan: Option<&super::reuse::Plan>,
 ) -> Result<Result<Vec<usize>, super::reuse::Stale>, ConfigError> {
     let mut reused = plan.into_iter().flat_map(|p| p.reused()).peekable();
     let mut named = Vec::new();
-    let mut take = |(ordinal, old, span): (usize, u32, std::ops::Range<usize>),
-                    listeners: &mut [ListenerSpec]|
-     -> Result<Result<(), super::reuse::Stale>, ConfigError> {
-        let Some(plan) = plan else { return Ok(Ok(())) };
-        let taken = match plan.routes(old, ordinal, (upstream_index, groups)) {
-            Ok(t) => t,
-            Err(stale) => return Ok(Err(stale)),
-        };
-        for (listener, route) in taken {
-            named.extend(route.proxied());
-            if !attach_reused(src, ordinal, span.clone(), listener, route, listeners)? {
-                return Ok(Err(super::reuse::Stale));
-            }
-        }
-        Ok(Ok(()))
-    };
     for (route, &i) in routes.iter().zip(origin) {
         while let Some(entry) = reused.next_if(|e| e.0 < i) {
-            if let Err(stale) = take(entry, listeners)? {
+            if let Err(stale) = take_reused(src, plan, entry, groups, listeners, &mut named)? {
                 return Ok(Err(stale));
             }
         }
-        compile_route(src, i, route, (upstream_index, groups), caches, listeners)?;
+        compile_route(src, i, route, groups, caches, listeners)?;
     }
     for entry in reused {
-        if let Err(stale) = take(entry, listeners)? {
+        if let Err(stale) = take_reused(src, plan, entry, groups, listeners, &mut named)? {
             return Ok(Err(stale));
         }
     }
@@ -70,6 +51,44 @@ pub(super) fn compile_routes(
         std::sync::Arc::make_mut(&mut l.router).finish();
     }
     Ok(Ok(named))
+}
+
+/// The upstream groups routes are compiled against: by name, and in order.
+pub(super) type Groups<'a> = (
+    &'a HashMap<String, usize>,
+    &'a [crate::config::UpstreamGroup],
+);
+
+/// The cache stores and the Redis slot routes are compiled against.
+pub(super) type Caches<'a> = (
+    &'a HashMap<String, super::cache::CacheSpec>,
+    Option<&'a crate::late::Late<crate::fleet::redis::RedisClient>>,
+);
+
+/// Adds the routes of reused entry `(ordinal, previous ordinal, span)` to their routers, and
+/// the groups they name to `named`.
+pub(super) fn take_reused(
+    src: &Source,
+    plan: Option<&super::reuse::Plan>,
+    (ordinal, old, span): (usize, u32, std::ops::Range<usize>),
+    groups: Groups,
+    listeners: &mut [ListenerSpec],
+    named: &mut Vec<usize>,
+) -> Result<Result<(), super::reuse::Stale>, ConfigError> {
+    let Some(plan) = plan else {
+        return Ok(Err(super::reuse::Stale));
+    };
+    let taken = match plan.routes(old, ordinal, groups) {
+        Ok(t) => t,
+        Err(stale) => return Ok(Err(stale)),
+    };
+    for (listener, route) in taken {
+        named.extend(route.proxied());
+        if !attach_reused(src, ordinal, span.clone(), listener, route, listeners)? {
+            return Ok(Err(super::reuse::Stale));
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// Adds a reused route to the router of the listener it was in (false: there is none).
@@ -96,15 +115,12 @@ fn attach_reused(
     Ok(true)
 }
 
-fn compile_route(
+pub(super) fn compile_route(
     src: &Source,
     i: usize,
     route: &Spanned<RouteSection>,
-    (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
-    caches: (
-        &HashMap<String, super::cache::CacheSpec>,
-        Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
-    ),
+    (upstream_index, groups): Groups,
+    caches: Caches,
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
     let key = format!("routes[{i}]");
