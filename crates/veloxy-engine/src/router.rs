@@ -213,9 +213,11 @@ impl Slot {
 }
 
 /// A hash of what [`Route::same_match`] compares but the conditions (checked on a hit).
+/// FxHash: the keys are the config's own routes (no defence against chosen collisions
+/// needed), and a large table hashes every route twice per build.
 fn match_key(r: &Route) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = rustc_hash::FxHasher::default();
     match &r.host {
         HostMatch::Any => 0u8.hash(&mut h),
         HostMatch::Exact(s) => (1u8, s).hash(&mut h),
@@ -255,9 +257,11 @@ impl Router {
             let e = first_of.entry(r.path.as_str()).or_insert(r.index);
             *e = (*e).min(r.index);
         }
+        // Regex routes only: the others are never looked up (100,000 inserts saved).
         let first: HashMap<usize, usize> = self
             .routes
             .iter()
+            .filter(|r| r.regex.is_some())
             .map(|r| {
                 (
                     r.index,

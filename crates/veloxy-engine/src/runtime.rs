@@ -98,6 +98,13 @@ pub(crate) fn carry_over(old: &Snapshot, new: &mut Snapshot) {
             continue;
         };
         for route in Arc::make_mut(&mut listener.router).routes_mut() {
+            // Most routes hold no state to carry: no twin to look for.
+            let stateful = route.limits.rate.is_some()
+                || route.limits.concurrency.is_some()
+                || matches!(route.target, RouteTarget::Files(_));
+            if !stateful {
+                continue;
+            }
             let Some(was) = prev.router.twin(route) else {
                 continue;
             };

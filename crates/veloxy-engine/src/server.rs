@@ -359,6 +359,12 @@ impl Running {
         self.admin_addr
     }
 
+    /// The snapshot being served: a reload compiles against it
+    /// ([`crate::config::load_file_after`]) to reuse what did not change.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.shared.snapshot.load_full()
+    }
+
     /// Reload requests from `POST /reload`, to be answered by whoever owns the config file.
     /// Returns `None` after the first call. Dropping the receiver makes `POST /reload` a 501.
     pub fn take_reload_requests(

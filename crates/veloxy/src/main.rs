@@ -298,13 +298,24 @@ async fn wait(
     // SIGHUP and POST /reload share one path: parse and validate the file first, swap only a
     // good config, keep the running one otherwise.
     let reload = |path: &Path| -> Result<String, String> {
-        let snapshot =
-            veloxy_engine::config::load_file_with(path, policies).map_err(|e| e.to_string())?;
+        let t = std::time::Instant::now();
+        let current = running.snapshot();
+        let snapshot = veloxy_engine::config::load_file_after(path, policies, &current)
+            .map_err(|e| e.to_string())?;
+        drop(current);
         for w in &snapshot.warnings {
             tracing::warn!("{w}");
         }
+        let reused = snapshot.reused_routes();
         running.reload(snapshot).map_err(|e| e.to_string())?;
-        Ok(format!("reloaded {}", path.display()))
+        let took = t.elapsed().as_secs_f64();
+        Ok(match reused {
+            Some((taken, of)) => format!(
+                "reloaded {} in {took:.2} s ({taken} of {of} route entries unchanged)",
+                path.display()
+            ),
+            None => format!("reloaded {} in {took:.2} s", path.display()),
+        })
     };
     let reload_any = |path: &Path| {
         let pending = provider.map(|p| p.reload_file());

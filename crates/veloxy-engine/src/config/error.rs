@@ -96,6 +96,9 @@ fn syntax_hint(message: &str) -> Option<&'static str> {
 pub(crate) struct Source<'a> {
     pub file: &'a std::path::Path,
     pub text: &'a str,
+    /// Where in `text` the spans given to this source count from: 0, or the start of a run
+    /// of `[[routes]]` entries parsed on their own (see `compile::runs`).
+    pub base: usize,
 }
 
 impl Source<'_> {
@@ -117,7 +120,7 @@ impl Source<'_> {
         key: impl Into<String>,
         message: impl Into<String>,
     ) -> ConfigError {
-        let (line, column) = self.line_col(span.start);
+        let (line, column) = self.line_col(self.base + span.start);
         ConfigError::Invalid {
             file: self.file.to_path_buf(),
             line,
@@ -130,7 +133,7 @@ impl Source<'_> {
     /// A warning: the config is valid but probably not what was meant. Same
     /// `file:line:column: key:` prefix as errors, then `warning:`.
     pub fn warning(&self, span: Range<usize>, key: &str, message: &str) -> String {
-        let (line, column) = self.line_col(span.start);
+        let (line, column) = self.line_col(self.base + span.start);
         format!(
             "{}:{line}:{column}: {key}: warning: {message}",
             self.file.display()
@@ -153,7 +156,7 @@ impl Source<'_> {
         }
         match err.span() {
             Some(span) => {
-                let key = self.key_at(span.start);
+                let key = self.key_at(self.base + span.start);
                 self.error(span, key, message)
             }
             None => self.whole(message),
@@ -291,6 +294,7 @@ mod tests {
             let src = Source {
                 file: std::path::Path::new("t.toml"),
                 text,
+                base: 0,
             };
             let err = toml::from_str::<toml::Table>(text).unwrap_err();
             let shown = src.toml_error(&err).to_string();

@@ -49,6 +49,21 @@ pub fn load_file_with(path: &Path, policies: &PolicyRegistry) -> Result<Snapshot
     compile::compile_str(path, &text, policies)
 }
 
+/// Like [`load_file_with`], for a reload: routes whose text is unchanged since `previous`
+/// was compiled are taken from it instead of compiled again (see
+/// [`compile::compile_str_after`]).
+pub fn load_file_after(
+    path: &Path,
+    policies: &PolicyRegistry,
+    previous: &Snapshot,
+) -> Result<Snapshot, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    compile::compile_str_after(path, &text, policies, Some(previous))
+}
+
 /// Process-wide settings from `[server]`.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -293,9 +308,18 @@ pub struct Snapshot {
     pub warnings: Vec<String>,
     /// The live objects the snapshot names but compiling does not make (see `late::Late`).
     pub(crate) live: LiveSpecs,
+    /// What the next reload's compile may take from this one (see `compile::reuse`).
+    pub(crate) reuse: Option<Arc<compile::reuse::Reuse>>,
 }
 
 impl Snapshot {
+    /// How many `[[routes]]` entries this compile took unchanged from the snapshot it was
+    /// compiled after ([`load_file_after`]), of how many; `None` when its routes cannot be
+    /// reused by the next one either (see `compile::reuse`).
+    pub fn reused_routes(&self) -> Option<(usize, usize)> {
+        self.reuse.as_ref().map(|r| (r.taken, r.entries()))
+    }
+
     /// Each listener's certificates (files and ACME names), as the ACME thread and the
     /// certificate report read them.
     pub(crate) fn listener_certs(&self) -> Vec<crate::acme::ListenerCerts<'_>> {

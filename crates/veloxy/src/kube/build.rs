@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::Ingress;
-use veloxy_engine::config::compile::compile_str;
+use veloxy_engine::config::compile::compile_str_after;
 use veloxy_engine::config::{KubernetesSpec, Snapshot};
 use veloxy_engine::upstream::balancer::PolicyRegistry;
 use veloxy_engine::Running;
@@ -302,7 +302,11 @@ impl<'a> Builder<'a> {
     }
 
     fn snapshot(&self, text: &str) -> Result<Snapshot, BuildError> {
-        let s = compile_str(self.config_path, text, &self.policies).map_err(|source| {
+        // Against the snapshot being served: the routes of unchanged objects are reused.
+        let current = self.running.snapshot();
+        let s = compile_str_after(self.config_path, text, &self.policies, Some(&current));
+        drop(current);
+        let s = s.map_err(|source| {
             let merged = self.dir.join("merged.toml");
             let _ = std::fs::write(&merged, text);
             BuildError::Compile { merged, source }

@@ -21,9 +21,27 @@ pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigEr
         }
     }
     let routes = std::mem::take(&mut file.routes);
+    (file.routes, file.route_origin) = expand_routes(src, routes, 0, file)?;
+    Ok(())
+}
+
+/// Expanded routes, and each one's entry ordinal.
+#[allow(clippy::vec_box)] // as FileConfig::routes
+type Expanded = (Vec<Box<Spanned<RouteSection>>>, Vec<usize>);
+
+/// The routes of `routes` expanded (rule sets applied, lists made one route each), with each
+/// one's entry ordinal: `first` is the ordinal of `routes[0]` in the file.
+#[allow(clippy::vec_box)] // as FileConfig::routes
+pub(super) fn expand_routes(
+    src: &Source,
+    routes: Vec<Box<Spanned<RouteSection>>>,
+    first: usize,
+    file: &FileConfig,
+) -> Result<Expanded, ConfigError> {
     let mut out = Vec::with_capacity(routes.len());
     let mut origin = Vec::with_capacity(routes.len());
     for (i, route) in routes.into_iter().enumerate() {
+        let i = first + i;
         let span = route.span();
         let mut r = route.into_inner();
         apply_sets(src, i, &mut r, file)?;
@@ -63,9 +81,7 @@ pub(super) fn expand(src: &Source, file: &mut FileConfig) -> Result<(), ConfigEr
             }
         }
     }
-    file.routes = out;
-    file.route_origin = origin;
-    Ok(())
+    Ok((out, origin))
 }
 
 /// One name of an expanded list key, or the key absent.

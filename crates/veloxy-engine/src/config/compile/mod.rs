@@ -8,6 +8,7 @@
 
 mod acme;
 mod cache;
+mod chunks;
 mod early_hints;
 mod expand;
 mod fastcgi;
@@ -15,8 +16,10 @@ mod grpc_web;
 mod http3;
 mod listeners;
 mod providers;
+pub(crate) mod reuse;
 mod routes;
 mod rules;
+mod runs;
 mod search;
 mod server;
 mod tracing;
@@ -39,11 +42,110 @@ pub fn compile_str(
     text: &str,
     policies: &PolicyRegistry,
 ) -> Result<Snapshot, ConfigError> {
-    let src = Source { file, text };
-    let mut parsed: FileConfig = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
-    expand::expand(&src, &mut parsed)?;
-    if text.len() < crate::heap::TRIM_AFTER_CONFIG_BYTES {
-        return compile(&src, &parsed, policies);
+    compile_str_after(file, text, policies, None)
+}
+
+/// Like [`compile_str`], for a reload: the route entries whose text is unchanged since
+/// `previous` was compiled (and whose context is) are not parsed nor compiled again but
+/// taken from it (see [`reuse`]). The result is the snapshot a full compile makes.
+pub fn compile_str_after(
+    file: &Path,
+    text: &str,
+    policies: &PolicyRegistry,
+    previous: Option<&Snapshot>,
+) -> Result<Snapshot, ConfigError> {
+    let src = Source {
+        file,
+        text,
+        base: 0,
+    };
+    let cut = reuse::Cut::of(file, text);
+    let plan = previous
+        .zip(cut.as_ref())
+        .and_then(|(prev, cut)| reuse::Plan::new(prev, cut));
+    let taken = plan.as_ref().map_or(0, |p| p.reused().count());
+    // A large file: its routes parsed a run at a time (see `runs`), unless ACME, which reads
+    // every route's host from the parsed file, is configured.
+    if let Some(cut) = cut
+        .as_ref()
+        .filter(|_| text.len() >= crate::heap::TRIM_AFTER_CONFIG_BYTES)
+    {
+        let entries = match &plan {
+            Some(plan) => plan.entries(),
+            None => cut.entries().map(|span| (span, None)).collect(),
+        };
+        let rest = reuse::blank(text, entries.iter().map(|(span, _)| span.clone()));
+        if !rest.contains("acme") {
+            let runs = runs::Runs { entries };
+            let mode = (plan.as_ref(), Some(&runs));
+            if let Some(done) = compile_text(&src, rest.into(), policies, mode)? {
+                return Ok(with_reuse(Some(cut), done, taken));
+            }
+        }
+    }
+    if let Some(plan) = &plan {
+        let mode = (Some(plan), None);
+        if let Some(done) = compile_text(&src, plan.blanked(text).into(), policies, mode)? {
+            return Ok(with_reuse(cut.as_ref(), done, taken));
+        }
+    }
+    let done = compile_text(
+        &src,
+        std::borrow::Cow::Borrowed(text),
+        policies,
+        (None, None),
+    )?;
+    let done = done.ok_or_else(|| src.whole("internal: no snapshot"))?;
+    Ok(with_reuse(cut.as_ref(), done, 0))
+}
+
+/// How a compile takes the route entries: some from a reuse plan, and the rest from the
+/// parsed file or parsed here a run at a time.
+type Mode<'a> = (Option<&'a reuse::Plan<'a>>, Option<&'a runs::Runs>);
+
+/// The snapshot with its reuse record (see [`reuse::Reuse::build`]).
+fn with_reuse(
+    cut: Option<&reuse::Cut>,
+    (mut snapshot, routes): (Snapshot, usize),
+    taken: usize,
+) -> Snapshot {
+    snapshot.reuse = cut
+        .and_then(|cut| reuse::Reuse::build(cut, (routes, taken), &snapshot))
+        .map(std::sync::Arc::new);
+    snapshot
+}
+
+/// Parses `parse` (the text, or with a `plan` the text with its reused entries blanked)
+/// and compiles it: the snapshot and the number of route entries in the file. `None`: the
+/// plan does not fit, compile the whole text.
+fn compile_text(
+    src: &Source,
+    parse: std::borrow::Cow<'_, str>,
+    policies: &PolicyRegistry,
+    (plan, runs): Mode,
+) -> Result<Option<(Snapshot, usize)>, ConfigError> {
+    let mut parsed: FileConfig = toml::from_str(&parse).map_err(|e| src.toml_error(&e))?;
+    drop(parse);
+    let mut entries = parsed.routes.len();
+    if let Some(runs) = runs {
+        if entries != 0 {
+            return Ok(None);
+        }
+        entries = runs.entries.len();
+    } else if let Some(plan) = plan {
+        if entries != plan.fresh_count() {
+            return Ok(None);
+        }
+        entries += plan.reused().count();
+    }
+    expand::expand(src, &mut parsed)?;
+    if let (Some(plan), None) = (plan, runs) {
+        for o in &mut parsed.route_origin {
+            *o = plan.ordinal(*o);
+        }
+    }
+    if src.text.len() < crate::heap::TRIM_AFTER_CONFIG_BYTES {
+        return Ok(compile(src, &parsed, policies, (plan, runs))?.map(|s| (s, entries)));
     }
     // A large config: the TOML document and the file's sections (100,000 routes: about
     // 150 MB) are garbage once compiled, and freed in between the snapshot's own allocations
@@ -53,33 +155,35 @@ pub fn compile_str(
     let compiled = std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
             .name("veloxy-compile".into())
-            .spawn_scoped(scope, || compile(&src, &parsed, policies));
+            .spawn_scoped(scope, || compile(src, &parsed, policies, (plan, runs)));
         match thread {
             Ok(t) => t
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             // No thread to be had: compiled here, and only the holes stay.
-            Err(_) => compile(&src, &parsed, policies),
+            Err(_) => compile(src, &parsed, policies, (plan, runs)),
         }
     });
     drop(parsed);
     crate::heap::trim();
     // After the trim (which gives back free pages one by one and would split huge ones).
-    if let Ok(snapshot) = &compiled {
+    if let Ok(Some(snapshot)) = &compiled {
         let addrs: Vec<usize> = (snapshot.listeners.iter())
             .flat_map(|l| l.router.sample_addrs())
             .collect();
         let bytes = crate::heap::huge_pages(&addrs);
         ::tracing::debug!(bytes, "config: large snapshot backed by huge pages");
     }
-    compiled
+    Ok(compiled?.map(|s| (s, entries)))
 }
 
+/// Compiles the parsed file; `None` when a reused route does not fit (see [`reuse`]).
 fn compile(
     src: &Source,
     file: &FileConfig,
     policies: &PolicyRegistry,
-) -> Result<Snapshot, ConfigError> {
+    (plan, runs): Mode,
+) -> Result<Option<Snapshot>, ConfigError> {
     let s = &file.server;
     let mut settings = server::compile_settings(src, s)?;
     let io_warning = server::io_mode(src, s)?;
@@ -115,24 +219,46 @@ fn compile(
         .as_ref()
         .map(|_| crate::late::Late::<crate::fleet::redis::RedisClient>::empty());
     settings.tracing = tracing::compile_tracing(src, s)?;
-    tracing::check_routes(
-        src,
-        (&file.routes, &file.route_origin),
-        settings.tracing.as_ref(),
-    )?;
     let tracer = settings
         .tracing
         .as_ref()
         .map(|_| crate::late::Late::<crate::otel::Exporter>::empty());
-    routes::compile_routes(
-        src,
-        (&file.routes, &file.route_origin),
-        (&upstream_index, &upstreams),
-        (&caches, redis.as_ref()),
-        &mut listeners,
-    )?;
+    let groups = (&upstream_index, &upstreams[..]);
+    let caches_in = (&caches, redis.as_ref());
+    let compiled = match runs {
+        Some(runs) => runs::compile_runs(
+            src,
+            (runs, plan, file),
+            groups,
+            caches_in,
+            &mut listeners,
+            settings.tracing.as_ref(),
+        )?,
+        None => {
+            tracing::check_routes(
+                src,
+                (&file.routes, &file.route_origin),
+                settings.tracing.as_ref(),
+            )?;
+            routes::compile_routes(
+                src,
+                (&file.routes, &file.route_origin),
+                groups,
+                caches_in,
+                &mut listeners,
+                plan,
+            )?
+        }
+    };
+    let Ok(reused_groups) = compiled else {
+        return Ok(None);
+    };
     compile_streams(src, file, &upstream_index, &mut listeners)?;
     settings.acme = acme::compile_acme(src, file, &mut listeners, redis_spec.as_ref())?;
+    // ACME reads every route's host: it needs the whole file.
+    if (plan.is_some() || runs.is_some()) && settings.acme.is_some() {
+        return Ok(None);
+    }
     settings.redis = redis_spec;
     http3::compile_http3(src, file, &settings, &mut listeners)?;
     let (kubernetes, provider_warnings) = providers::compile_providers(src, file, &listeners)?;
@@ -140,7 +266,8 @@ fn compile(
     let mut warnings: Vec<String> = io_warning.into_iter().chain(admin_warning).collect();
     warnings.extend(provider_warnings);
     warnings.extend(acme::unserved_names(src, file, &listeners));
-    warnings.extend(unused_groups(src, file));
+    let reused_groups = reused_groups.iter().map(|&g| upstreams[g].name.as_str());
+    warnings.extend(unused_groups(src, file, reused_groups));
     warnings.extend(file.upstreams.iter().filter_map(|(name, g)| {
         let v = g.get_ref().tls_verify.as_ref().filter(|v| !*v.get_ref())?;
         Some(src.warning(
@@ -157,19 +284,24 @@ fn compile(
         caches: cache::store_specs(caches),
         certs,
     };
-    Ok(Snapshot {
+    Ok(Some(Snapshot {
         settings,
         listeners,
         upstreams: upstreams.into_iter().map(std::sync::Arc::new).collect(),
         warnings,
         live,
-    })
+        reuse: None,
+    }))
 }
 
 /// A warning for each upstream group that no route, stream or forward_auth names: most often
 /// a typo in the name that does refer to it, or a leftover of a port.
-fn unused_groups(src: &Source, file: &FileConfig) -> Vec<String> {
-    let mut used: std::collections::HashSet<&str> = std::collections::HashSet::new();
+fn unused_groups<'a>(
+    src: &Source,
+    file: &'a FileConfig,
+    reused: impl Iterator<Item = &'a str>,
+) -> Vec<String> {
+    let mut used: std::collections::HashSet<&str> = reused.collect();
     for r in &file.routes {
         let r = r.get_ref();
         used.extend(r.upstream.as_ref().map(|u| u.get_ref().as_str()));
@@ -226,6 +358,9 @@ fn foreign_variables(src: &Source, text: &str) -> Vec<String> {
     for line in text.split_inclusive('\n') {
         let start = offset;
         offset += line.len();
+        if !line.contains('$') {
+            continue;
+        }
         let code = line.split('#').next().unwrap_or("");
         let Some(eq) = code.find('=') else { continue };
         let key = code[..eq].trim().trim_matches('"');

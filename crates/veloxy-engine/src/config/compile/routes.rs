@@ -20,35 +20,107 @@ use crate::template::PathRule;
 /// Default memory for a file route's cache of contents and compressed variants.
 const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
-/// Adds every route to the routers of its listeners, then sorts the routers.
+/// Adds every route to the routers of its listeners, then sorts the routers. With a reuse
+/// `plan`, the routes of unchanged entries are taken from the previous snapshot at their
+/// place in file order (`routes` then holds the parsed ones only, `origin` their ordinals);
+/// returns the groups those name, or `Stale` when one cannot be taken as it is.
 pub(super) fn compile_routes(
     src: &Source,
     (routes, origin): (&[Box<Spanned<RouteSection>>], &[usize]),
-    (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
-    caches: (
-        &HashMap<String, super::cache::CacheSpec>,
-        Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
-    ),
+    groups: Groups,
+    caches: Caches,
     listeners: &mut [ListenerSpec],
-) -> Result<(), ConfigError> {
+    plan: Option<&super::reuse::Plan>,
+) -> Result<Result<Vec<usize>, super::reuse::Stale>, ConfigError> {
+    let mut reused = plan.into_iter().flat_map(|p| p.reused()).peekable();
+    let mut named = Vec::new();
     for (route, &i) in routes.iter().zip(origin) {
-        compile_route(src, i, route, (upstream_index, groups), caches, listeners)?;
+        while let Some(entry) = reused.next_if(|e| e.0 < i) {
+            if let Err(stale) = take_reused(src, plan, entry, groups, listeners, &mut named)? {
+                return Ok(Err(stale));
+            }
+        }
+        compile_route(src, i, route, groups, caches, listeners)?;
+    }
+    for entry in reused {
+        if let Err(stale) = take_reused(src, plan, entry, groups, listeners, &mut named)? {
+            return Ok(Err(stale));
+        }
     }
     for l in listeners {
         std::sync::Arc::make_mut(&mut l.router).finish();
     }
-    Ok(())
+    Ok(Ok(named))
 }
 
-fn compile_route(
+/// The upstream groups routes are compiled against: by name, and in order.
+pub(super) type Groups<'a> = (
+    &'a HashMap<String, usize>,
+    &'a [crate::config::UpstreamGroup],
+);
+
+/// The cache stores and the Redis slot routes are compiled against.
+pub(super) type Caches<'a> = (
+    &'a HashMap<String, super::cache::CacheSpec>,
+    Option<&'a crate::late::Late<crate::fleet::redis::RedisClient>>,
+);
+
+/// Adds the routes of reused entry `(ordinal, previous ordinal, span)` to their routers, and
+/// the groups they name to `named`.
+pub(super) fn take_reused(
+    src: &Source,
+    plan: Option<&super::reuse::Plan>,
+    (ordinal, old, span): (usize, u32, std::ops::Range<usize>),
+    groups: Groups,
+    listeners: &mut [ListenerSpec],
+    named: &mut Vec<usize>,
+) -> Result<Result<(), super::reuse::Stale>, ConfigError> {
+    let Some(plan) = plan else {
+        return Ok(Err(super::reuse::Stale));
+    };
+    let taken = match plan.routes(old, ordinal, groups) {
+        Ok(t) => t,
+        Err(stale) => return Ok(Err(stale)),
+    };
+    for (listener, route) in taken {
+        named.extend(route.proxied());
+        if !attach_reused(src, ordinal, span.clone(), listener, route, listeners)? {
+            return Ok(Err(super::reuse::Stale));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Adds a reused route to the router of the listener it was in (false: there is none).
+fn attach_reused(
+    src: &Source,
+    ordinal: usize,
+    span: std::ops::Range<usize>,
+    listener: &str,
+    route: Route,
+    listeners: &mut [ListenerSpec],
+) -> Result<bool, ConfigError> {
+    // The listeners are the same as before (the text that makes them is).
+    let Some(l) = listeners.iter_mut().find(|l| l.name == listener) else {
+        return Ok(false);
+    };
+    if l.router.has(&route) {
+        return Err(src.error(
+            span,
+            format!("routes[{ordinal}]"),
+            "duplicate route: same host, path and conditions as an earlier route",
+        ));
+    }
+    std::sync::Arc::make_mut(&mut l.router).add(route);
+    Ok(true)
+}
+
+pub(super) fn compile_route(
     src: &Source,
     i: usize,
     route: &Spanned<RouteSection>,
-    (upstream_index, groups): (&HashMap<String, usize>, &[crate::config::UpstreamGroup]),
-    caches: (
-        &HashMap<String, super::cache::CacheSpec>,
-        Option<&crate::late::Late<crate::fleet::redis::RedisClient>>,
-    ),
+    (upstream_index, groups): Groups,
+    caches: Caches,
     listeners: &mut [ListenerSpec],
 ) -> Result<(), ConfigError> {
     let key = format!("routes[{i}]");
