@@ -236,10 +236,17 @@ def status_of(pid: int) -> dict:
 
 
 APPLIED = re.compile(r"kubernetes: config applied.*?took_ms=\"?([0-9.]+)")
+IN_PLACE = re.compile(r"kubernetes: servers changed in place.*?took_ms=\"?([0-9.]+)\"? apply_ms=\"?([0-9.]+)")
 
 
 def applied(log: Path) -> list[float]:
     return [float(m.group(1)) for m in APPLIED.finditer(log.read_text(errors="replace"))]
+
+
+def in_place(log: Path) -> list[tuple[float, float]]:
+    """(took_ms, apply_ms) of each in-place server change: the translation and the swap."""
+    text = log.read_text(errors="replace")
+    return [(float(m.group(1)), float(m.group(2))) for m in IN_PLACE.finditer(text)]
 
 
 def start_veloxy(veloxy: str, work: Path, env: dict, n: int) -> tuple[subprocess.Popen, float, Path]:
@@ -405,6 +412,14 @@ def report(res: dict) -> str:
     prop = [x for x in res["propagation_s"] if x is not None]
     ratio = (ch["p99"] / st["p99"]) if st.get("p99") and ch.get("p99") else None
     rb = res["rebuilds_during_churn_ms"]
+    ip = res["in_place_ms"]
+
+    def med(xs: list) -> float | None:
+        return statistics.median(xs) if xs else None
+
+    def mx(xs: list) -> float | None:
+        return max(xs) if xs else None
+
     lines = [
         "# veloxy as a Kubernetes Ingress controller under load",
         "",
@@ -431,6 +446,9 @@ def report(res: dict) -> str:
         f"({res['changes_made'] / a['churn_seconds']:.0f} a second) | {a['churn_rate']} a second |",
         f"| veloxy rebuilds during the churn; took_ms median / max | {len(rb)}; "
         f"{fmt(statistics.median(rb) if rb else None, 1)} / {fmt(max(rb) if rb else None, 1)} | - |",
+        f"| in-place server changes; took_ms (translation + swap) median / max; apply_ms (the swap) "
+        f"median / max | {len(ip)}; {fmt(med([t for t, _ in ip]), 1)} / {fmt(mx([t for t, _ in ip]), 1)}; "
+        f"{fmt(med([a for _, a in ip]), 2)} / {fmt(mx([a for _, a in ip]), 2)} | swap < 10 ms |",
         f"| endpoint change to traffic moved (probe flips): median / max | "
         f"{fmt(statistics.median(prop) if prop else None)} / {fmt(max(prop) if prop else None)} s "
         f"({len(prop)} of {len(res['propagation_s'])} seen) | < {GOAL_PROPAGATION_S:.0f} s |",
@@ -511,6 +529,7 @@ def main() -> int:
         churn.run()
         t.join()
         rebuilds = applied(log)[before:]
+        placed = in_place(log)
         late = sorted(churn.lateness)
         res = {
             "args": {"services": a.services, "endpoints": a.endpoints, "rate": a.rate,
@@ -530,6 +549,7 @@ def main() -> int:
             "churn_lateness_p99_ms": (late[int(0.99 * (len(late) - 1))] * 1e3) if late else 0.0,
             "propagation_s": churn.propagation,
             "rebuilds_during_churn_ms": rebuilds,
+            "in_place_ms": placed,
         }
         (out / "results.json").write_text(json.dumps(res, indent=2))
         text = report(res)

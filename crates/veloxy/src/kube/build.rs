@@ -194,8 +194,10 @@ impl<'a> Builder<'a> {
             (None, Some(sets)) => {
                 let changes: Vec<(&str, Vec<(String, u32)>)> =
                     sets.iter().map(|(g, s)| (g.as_str(), s.clone())).collect();
+                let applying = std::time::Instant::now();
                 match self.running.set_servers(&changes) {
                     Ok(()) => {
+                        let apply_ms = applying.elapsed().as_secs_f64() * 1e3;
                         for (g, s) in sets {
                             self.running_servers.insert(g.clone(), Some(s.clone()));
                         }
@@ -203,6 +205,7 @@ impl<'a> Builder<'a> {
                         tracing::info!(
                             groups = sets.len(),
                             took_ms = format!("{:.1}", began.elapsed().as_secs_f64() * 1e3),
+                            apply_ms = format!("{apply_ms:.2}"),
                             "kubernetes: servers changed in place"
                         );
                         return Ok(ours);
