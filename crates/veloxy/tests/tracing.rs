@@ -888,3 +888,66 @@ fn tls_and_http2_group_attempts_show_connect_handshake_and_first_byte() {
         (vec!["connected", "response head"], Some("true"))
     );
 }
+
+/// An L4 stream connection has a server span (`TCP LISTENER`, the bytes each way) and an
+/// attempt span per connect try: a dead backend's failure, then the one that took it.
+#[test]
+fn stream_connections_have_spans() {
+    use std::io::{Read, Write};
+    let Some(col) = Collector::start() else {
+        return;
+    };
+    let echo = tcp_origin(|mut s: std::net::TcpStream| {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    let dead = dead_addr();
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\n[server.tracing]\notlp_endpoint = \"{}\"\nsample_ratio = 1.0\n\
+         [listeners.db]\naddr = \"127.0.0.1:0\"\nprotocol = \"tcp\"\n\
+         [[streams]]\nlistener = \"db\"\nupstream = \"echo\"\n\
+         [upstreams.echo]\nservers = [\"{dead}\", \"{echo}\"]\nretries = 1\npolicy = \"round_robin\"\n",
+        col.endpoint()
+    ));
+    // Round robin starts at the dead backend: the first connection tries it first.
+    let mut c = std::net::TcpStream::connect(v.addr).unwrap();
+    c.write_all(b"hello stream").unwrap();
+    let mut got = [0u8; 12];
+    c.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hello stream");
+    drop(c);
+    let spans = col.wait("the stream's spans", |s| {
+        s.iter().any(|s| s.kind == 2) && s.iter().filter(|s| s.kind == 3).count() >= 1
+    });
+    let server = one(&spans, "stream span", |s| s.kind == 2);
+    assert_eq!(server.name, "TCP db");
+    assert_eq!(server.attr("network.transport"), Some("tcp"));
+    assert_eq!(server.attr("veloxy.stream.bytes_received"), Some("12"));
+    assert_eq!(server.attr("veloxy.stream.bytes_sent"), Some("12"));
+    assert_eq!(
+        server.attr("veloxy.backend"),
+        Some(echo.to_string().as_str())
+    );
+    assert_eq!(server.status, 0, "relayed: no error");
+    assert!(server.attr("http.request.method").is_none());
+    let attempts: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.kind == 3 && s.parent_span_id == server.span_id)
+        .collect();
+    let took = attempts
+        .iter()
+        .find(|a| a.attr("veloxy.backend") == Some(echo.to_string().as_str()))
+        .expect("the attempt on the live backend");
+    assert_eq!(events(took).0, ["connected"]);
+    if let Some(failed) = attempts
+        .iter()
+        .find(|a| a.attr("veloxy.backend") == Some(dead.to_string().as_str()))
+    {
+        assert!(failed.attr("error.type").is_some(), "{failed:#?}");
+        assert_eq!(took.attr("http.request.resend_count"), Some("1"));
+    }
+}

@@ -13,8 +13,16 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
     let gen = worker.current();
     let group = &gen.snapshot.upstreams[upstream];
     let started = tokio::time::Instant::now();
+    let trace = match gen.snapshot.settings.tracing {
+        None => None,
+        Some(_) => {
+            let port = down.local.map_or(down.listener.port, |l| l.port());
+            let name = &down.listener.name;
+            crate::exchange::trace::stream(&gen.snapshot, name, down.peer, port, started)
+        }
+    };
     let mut excluded = group.health.down_set();
-    for _ in 0..=group.retries {
+    for tried in 0..=group.retries {
         let pick = gen.group(upstream).pick(&PickContext {
             client: down.peer,
             excluded: excluded.clone(),
@@ -23,14 +31,23 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
         let Some(backend) = pick else { break };
         // The backend learns the client's address when the group sends a PROXY header.
         let origin = crate::upstream::connect::origin(group, down.peer, None, down.local);
-        match crate::upstream::connect::connect_backend(&*worker.metrics, group, backend, origin)
-            .await
-        {
+        let span = trace.as_ref().map(|t| t.attempt());
+        let connected =
+            crate::upstream::connect::connect_backend(&*worker.metrics, group, backend, origin)
+                .await;
+        if let (Some(t), Some(span)) = (&trace, span) {
+            attempt_span(t, span, (group, backend), tried, &connected);
+        }
+        match connected {
             Ok(mut conn) => {
                 worker.metrics.upgrades.inc();
                 let received =
                     crate::downstream::relay::tunnel(down, &mut conn.stream, group.idle_timeout)
                         .await;
+                if let Some(t) = &trace {
+                    let addr = &group.backends[backend].addr;
+                    crate::exchange::trace::stream_end(t, addr, received, down.bytes_sent);
+                }
                 log(
                     worker,
                     down,
@@ -46,6 +63,30 @@ pub(crate) async fn serve(worker: &Worker, down: &mut Downstream, upstream: usiz
                 excluded.insert(backend);
             }
         }
+    }
+    if let Some(t) = &trace {
+        t.finish(0); // no backend took it: `incomplete`
+    }
+}
+
+/// A stream's connect attempt as an `upstream attempt` span: its connection events, or why
+/// it failed.
+#[cold]
+fn attempt_span(
+    t: &crate::otel::Trace,
+    span: crate::otel::Phase,
+    (group, backend): (&crate::config::UpstreamGroup, usize),
+    tried: u32,
+    connected: &Result<crate::upstream::pool::UpstreamConn, (crate::error::ProxyError, bool)>,
+) {
+    use crate::exchange::trace::{attempt, AttemptEnd};
+    let addr = &group.backends[backend].addr;
+    match connected {
+        Ok(conn) => {
+            crate::exchange::trace::connected(t, conn, false);
+            attempt(t, span, addr, tried, AttemptEnd::Status(0));
+        }
+        Err((e, _)) => attempt(t, span, addr, tried, AttemptEnd::Failed(e)),
     }
 }
 

@@ -52,6 +52,47 @@ pub(super) fn admit(
     record.trace = Some(t);
 }
 
+/// An L4 stream connection with `[server.tracing]` on: sampled by the ratio alone (no
+/// trace context travels in a byte stream), its span named after the listener.
+#[cold]
+pub(crate) fn stream(
+    snapshot: &crate::config::Snapshot,
+    listener: &str,
+    peer: std::net::SocketAddr,
+    local_port: u16,
+    started: tokio::time::Instant,
+) -> Option<TraceRef> {
+    let settings = snapshot.settings.tracing.as_ref()?;
+    let exporter = snapshot.live.tracer.as_ref()?.try_get()?;
+    let incoming = Incoming {
+        field: |_: &str| None,
+    };
+    let t = crate::otel::start(settings, exporter, None, incoming, started)?;
+    t.server(|s| {
+        s.method = Text::new("TCP");
+        s.route = Text::new(listener);
+        s.port = local_port;
+        s.client = Text::new(&peer.ip().to_string());
+        s.stream = Some((0, 0));
+    });
+    Some(t)
+}
+
+/// Ends a stream's span: the backend it was relayed to, the bytes each way.
+#[cold]
+pub(crate) fn stream_end(
+    t: &Trace,
+    backend: &crate::upstream::addr::BackendAddr,
+    received: u64,
+    sent: u64,
+) {
+    t.server(|s| {
+        s.backend = Some(backend.clone());
+        s.stream = Some((received, sent));
+    });
+    t.finish(0);
+}
+
 /// `host[:port]` (or `[v6]:port`) and the port (the listener's when none is given).
 fn split_host(host: &str, default_port: u16) -> (&str, u16) {
     if let Some(rest) = host.strip_prefix('[') {

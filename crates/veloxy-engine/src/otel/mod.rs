@@ -438,6 +438,8 @@ impl Trace {
         spans.end = self.offset(Instant::now());
         spans.server.status = status;
         spans.server.error = match status {
+            // A stream that reached a backend; one that reached none is `incomplete`.
+            0 if spans.server.stream.is_some() && spans.server.backend.is_some() => None,
             0 => Some(span::ErrorType::Static("incomplete")),
             s if s >= 500 => Some(span::ErrorType::Status(s)),
             _ => None,

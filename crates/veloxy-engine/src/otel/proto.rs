@@ -215,6 +215,9 @@ fn status(w: &mut Writer, error: Option<&ErrorType>) {
 
 fn server_span(w: &mut Writer, s: &Spans) {
     let a: &Server = &s.server;
+    if let Some(bytes) = a.stream {
+        return stream_span(w, s, bytes);
+    }
     let route = a.route.as_str();
     let kind = KIND_SERVER;
     common(
@@ -246,6 +249,32 @@ fn server_span(w: &mut Writer, s: &Spans) {
     }
     if a.status != 0 {
         w.attr_int(9, "http.response.status_code", i64::from(a.status));
+    }
+    status(w, a.error.as_ref());
+}
+
+/// An L4 stream's connection: `TCP LISTENER`, the transport, the client, the backend and
+/// the bytes each way.
+fn stream_span(w: &mut Writer, s: &Spans, (received, sent): (u64, u64)) {
+    let a: &Server = &s.server;
+    let listener = a.route.as_str();
+    common(
+        w,
+        s,
+        s.span_id,
+        s.parent,
+        ("TCP", listener),
+        KIND_SERVER,
+        (0, s.end),
+    );
+    w.attr_str(9, "network.transport", "tcp");
+    w.attr_str(9, "veloxy.listener", listener);
+    w.attr_int(9, "server.port", i64::from(a.port));
+    w.attr_str(9, "client.address", a.client.as_str());
+    w.attr_int(9, "veloxy.stream.bytes_received", received as i64);
+    w.attr_int(9, "veloxy.stream.bytes_sent", sent as i64);
+    if let Some(b) = &a.backend {
+        backend(w, b);
     }
     status(w, a.error.as_ref());
 }

@@ -193,6 +193,9 @@ pub(crate) struct Server {
     /// The answer's status; 0: none.
     pub status: u16,
     pub error: Option<ErrorType>,
+    /// An L4 stream's connection (`route` then names the listener), not an HTTP exchange:
+    /// the bytes received from and sent to the client.
+    pub stream: Option<(u64, u64)>,
 }
 
 impl Server {
