@@ -7,7 +7,7 @@ use veloxy_import::tree::Node;
 use veloxy_import::GeneratedFile;
 
 use crate::annotations::{Ann, KeysApi};
-use crate::objects::{Object, Objects};
+use crate::objects::Object;
 use crate::util::{self, table};
 use crate::Ctx;
 
@@ -43,7 +43,7 @@ pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
         .get("auth-secret-type")
         .is_some_and(|(_, t)| t.trim() == "auth-map");
     let file = format!("htpasswd/{}", util_name(&ns, &name));
-    let Some(found) = Objects::find(&ctx.objs.secrets, &ns, &name) else {
+    let Some(found) = ctx.objs.secret(&ns, &name) else {
         let realm = keys.get("auth-realm").map(|(_, r)| r).unwrap_or_default();
         set_basic(ann, realm, &file);
         keys.diff(ctx, "auth-type", missing_users(&ns, &name, &file, map));

@@ -8,7 +8,6 @@ use veloxy_import::tree::Node;
 use veloxy_import::{Loc, Section};
 
 use crate::annotations::{Ann, Proto};
-use crate::objects::Objects;
 use crate::util::{self, table};
 use crate::Ctx;
 
@@ -75,14 +74,9 @@ pub struct GroupKey {
 impl Ctx<'_> {
     /// The servers of a Service port: `--service` addresses, else its DNS name.
     pub fn servers(&mut self, b: &Backend, https: bool) -> Result<Vec<Value>, String> {
-        let svc = Objects::find(&self.objs.services, &b.ns, &b.name);
-        if svc.is_some()
-            && !self
-                .used_services
-                .iter()
-                .any(|(n, s)| *n == b.ns && *s == b.name)
-        {
-            self.used_services.push((b.ns.clone(), b.name.clone()));
+        let svc = self.objs.service(&b.ns, &b.name);
+        if svc.is_some() {
+            self.used_services.insert((b.ns.clone(), b.name.clone()));
         }
         let mut port = b.port.clone();
         if let Some(list) = self

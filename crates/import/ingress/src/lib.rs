@@ -90,7 +90,7 @@ pub fn import_docs(docs: &[Node], opts: &Options) -> Result<Imported, ImportErro
         config: Config::default(),
         report,
         used_secrets: Vec::new(),
-        used_services: Vec::new(),
+        used_services: Default::default(),
         groups: Vec::new(),
     };
     run(&mut ctx);
@@ -116,7 +116,7 @@ pub struct Ctx<'a> {
     /// Secrets written to files (ns, name, where).
     pub used_secrets: Vec<(String, String, Loc)>,
     /// Services an Ingress sends to (ns, name).
-    pub used_services: Vec<(String, String)>,
+    pub used_services: std::collections::HashSet<(String, String)>,
     /// Upstream groups made so far: their settings and names.
     pub groups: Vec<(groups::GroupKey, String)>,
 }
@@ -234,11 +234,7 @@ fn run(ctx: &mut Ctx) {
         }
     }
     for s in &objs.services {
-        if ctx
-            .used_services
-            .iter()
-            .any(|(ns, n)| *ns == s.ns && *n == s.name)
-        {
+        if ctx.used_services.contains(&(s.ns.clone(), s.name.clone())) {
             ctx.report.translated(&s.loc, format!("Service {}", s.id()));
         } else {
             ctx.report.ignored(

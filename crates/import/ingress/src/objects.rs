@@ -51,6 +51,10 @@ pub struct Objects<'a> {
     pub configmaps: Vec<Object<'a>>,
     /// `IngressClass`.
     pub classes: Vec<Object<'a>>,
+    /// Positions in `services` and `secrets` by (namespace, name), the first of each: a
+    /// thousand Ingresses look their Services up a thousand times.
+    services_at: std::collections::HashMap<(String, String), usize>,
+    secrets_at: std::collections::HashMap<(String, String), usize>,
 }
 
 impl<'a> Objects<'a> {
@@ -102,8 +106,16 @@ impl<'a> Objects<'a> {
                      older ones with kubectl convert)"
                 ),
             ),
-            "Service" => self.services.push(obj),
-            "Secret" => self.secrets.push(obj),
+            "Service" => {
+                let key = (obj.ns.clone(), obj.name.clone());
+                self.services_at.entry(key).or_insert(self.services.len());
+                self.services.push(obj);
+            }
+            "Secret" => {
+                let key = (obj.ns.clone(), obj.name.clone());
+                self.secrets_at.entry(key).or_insert(self.secrets.len());
+                self.secrets.push(obj);
+            }
             "ConfigMap" => self.configmaps.push(obj),
             "IngressClass" => self.classes.push(obj),
             other => report.ignored(
@@ -118,5 +130,17 @@ impl<'a> Objects<'a> {
     /// The object of `list` named `ns/name`.
     pub fn find<'s>(list: &'s [Object<'a>], ns: &str, name: &str) -> Option<&'s Object<'a>> {
         list.iter().find(|o| o.ns == ns && o.name == name)
+    }
+
+    /// The Service `ns/name` (the first of that name).
+    pub fn service(&self, ns: &str, name: &str) -> Option<&Object<'a>> {
+        let at = self.services_at.get(&(ns.to_string(), name.to_string()))?;
+        self.services.get(*at)
+    }
+
+    /// The Secret `ns/name` (the first of that name).
+    pub fn secret(&self, ns: &str, name: &str) -> Option<&Object<'a>> {
+        let at = self.secrets_at.get(&(ns.to_string(), name.to_string()))?;
+        self.secrets.get(*at)
     }
 }

@@ -6,7 +6,7 @@ use veloxy_import::tree::Node;
 use veloxy_import::GeneratedFile;
 
 use crate::auth::{secret_entries, util_name};
-use crate::objects::{Object, Objects};
+use crate::objects::Object;
 use crate::util;
 use crate::{Ctx, IngInfo};
 
@@ -100,7 +100,7 @@ fn one(ctx: &mut Ctx, info: &IngInfo, ing: &Object, entry: &Node, certs: &mut Ce
         let why = bad_note.unwrap_or_default();
         return ctx.report.refused(&entry.loc, directive, why);
     }
-    let found = Objects::find(&ctx.objs.secrets, &ing.ns, &secret);
+    let found = ctx.objs.secret(&ing.ns, &secret);
     let pair = found.and_then(|s| {
         let e = secret_entries(s.node);
         let get = |k: &str| e.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());

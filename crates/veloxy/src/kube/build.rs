@@ -60,6 +60,8 @@ pub struct Builder<'a> {
     /// runs with: a build that differs only in servers is applied in place.
     structure: Option<u64>,
     running_servers: std::collections::BTreeMap<String, in_place::Plain>,
+    /// The importer's documents of unchanged objects, kept from the last translation.
+    docs: std::cell::RefCell<objects::DocCache>,
     /// What the translation refused, as logged (each line once while it holds).
     reported: std::collections::BTreeSet<String>,
     /// Ingresses left out because they broke the config: `NS/NAME` and resourceVersion.
@@ -124,6 +126,7 @@ impl<'a> Builder<'a> {
             applied: None,
             structure: None,
             running_servers: Default::default(),
+            docs: Default::default(),
             reported: Default::default(),
             left_out: Default::default(),
             gateway: Default::default(),
@@ -333,7 +336,7 @@ impl<'a> Builder<'a> {
         let mut problems = Vec::new();
         let mut hasher = DefaultHasher::new();
         if !ours.is_empty() {
-            let docs = objects::documents(world, ours);
+            let docs = self.docs.borrow_mut().documents(world, ours);
             let opts = Options {
                 out_dir: self.dir.clone(),
                 services: objects::endpoints(world, ours),
