@@ -153,12 +153,11 @@ impl DocCache {
 
 type ObjectMeta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+/// What [`documents_with`] hands each object to: its kind, metadata and document maker.
+type Take<'t> = &'t mut dyn FnMut(&'static str, &ObjectMeta, &dyn Fn() -> Option<Node>);
+
 /// Calls `take` with each object's kind, metadata and a maker of its document.
-fn documents_with(
-    world: &World,
-    ingresses: &[Arc<Ingress>],
-    take: &mut dyn FnMut(&'static str, &ObjectMeta, &dyn Fn() -> Option<Node>),
-) {
+fn documents_with(world: &World, ingresses: &[Arc<Ingress>], take: Take<'_>) {
     let namespaces: std::collections::HashSet<&str> = ingresses
         .iter()
         .map(|i| i.metadata.namespace.as_deref().unwrap_or("default"))
