@@ -455,17 +455,13 @@ fn attach(
                 if let Some(h) = h {
                     route.insert("host".into(), h.as_str().into());
                 }
-                let key = match_key(&route);
                 let me = format!("{} {}", r.kind(), id(r.meta()));
-                let first = match seen.entry(key) {
-                    std::collections::btree_map::Entry::Vacant(v) => {
-                        v.insert(me);
-                        true
-                    }
+                let first = match claim(seen, &mut route, &me) {
+                    Claim::New => true,
                     // The same route through another Gateway listener served on this
                     // listener: once is enough.
-                    std::collections::btree_map::Entry::Occupied(o) if *o.get() == me => continue,
-                    std::collections::btree_map::Entry::Occupied(_) => false,
+                    Claim::Mine => continue,
+                    Claim::Older => false,
                 };
                 if first {
                     t.routes.push(Value::Table(route));
@@ -518,6 +514,58 @@ fn emit(r: &AnyRoute<'_>, targets: &[(Cond, Result<Target, String>)], via: Via) 
         out.extend(routes.unwrap_or_default());
     }
     out
+}
+
+/// What [`claim`] found.
+enum Claim {
+    /// All or part of the route is new: served (less the part an older route has).
+    New,
+    /// This route was served already (through another Gateway listener).
+    Mine,
+    /// An older route has all of it.
+    Older,
+}
+
+/// Claims the router's entries of `route` for `me`. A route with `path_exact` and `path` (a
+/// PathPrefix match) is two entries to the router (the exact path and the prefix under it):
+/// when an older route has one of them (an Exact match of the same path, for instance), the
+/// route keeps the other, as the spec's precedence serves the older one for that part.
+fn claim(seen: &mut Seen, route: &mut Table, me: &str) -> Claim {
+    let parts: Vec<(String, Option<&str>)> =
+        if route.contains_key("path_exact") && route.contains_key("path") {
+            ["path_exact", "path"]
+                .into_iter()
+                .map(|drop| {
+                    let mut one = route.clone();
+                    one.remove(drop);
+                    (match_key(&one), Some(drop))
+                })
+                .collect()
+        } else {
+            vec![(match_key(route), None)]
+        };
+    let total = parts.len();
+    let mut fresh = Vec::new();
+    let mut mine = false;
+    for (key, drop) in parts {
+        match seen.get(&key) {
+            None => fresh.push((key, drop)),
+            Some(o) => mine |= o == me,
+        }
+    }
+    if fresh.is_empty() {
+        return if mine { Claim::Mine } else { Claim::Older };
+    }
+    if fresh.len() < total {
+        // One part is an older route's: this route keeps the other (the route less `drop`).
+        if let Some(drop) = fresh[0].1 {
+            route.remove(drop);
+        }
+    }
+    for (key, _) in fresh {
+        seen.insert(key, me.to_string());
+    }
+    Claim::New
 }
 
 /// What makes two routes the same to the router: listener, host, path and conditions.
