@@ -65,7 +65,7 @@ if [ -z "${VELOXY_CONFORMANCE_IN_NETNS:-}" ]; then
   done
   [ -x "$veloxy" ] || die "no veloxy at $veloxy: cargo build -p veloxy"
   command -v unshare >/dev/null || die "unshare not found"
-  command -v kubectl >/dev/null || die "kubectl not found"
+  for t in curl openssl python3 ip; do command -v $t >/dev/null || die "$t not found"; done
   unshare -n true 2>/dev/null || die "unshare -n is not permitted here (needs root)"
   mkdir -p "$(dirname "$out")"
   out="$(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
@@ -120,14 +120,12 @@ mkdir -p "$work/kubelet/pods"
 pids+=($!)
 
 echo "== GatewayClass veloxy, and veloxy on $GWADDR:80/443" >&2
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata:
-  name: veloxy
-spec:
-  controllerName: veloxy.dev/gateway-controller
-EOF
+# shellcheck disable=SC1091
+. "$work/kube/env"
+curl -fsS --cacert "$CA_FILE" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+  -X POST "$APISERVER_URL/apis/gateway.networking.k8s.io/v1/gatewayclasses" \
+  -d '{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": "veloxy"},
+       "spec": {"controllerName": "veloxy.dev/gateway-controller"}}' >/dev/null
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
   -keyout "$work/default.key" -out "$work/default.crt" -subj "/CN=default.invalid" 2>/dev/null
 cat >"$work/veloxy.toml" <<EOF
