@@ -131,6 +131,8 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
 cat >"$work/veloxy.toml" <<EOF
 [listeners.web]
 addr = "$GWADDR:80"
+# h2c with prior knowledge beside HTTP/1.1: the suite's GRPCRoute tests speak it.
+http2 = true
 
 [listeners.websecure]
 addr = "$GWADDR:443"
