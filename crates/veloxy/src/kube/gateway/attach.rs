@@ -157,22 +157,13 @@ fn add(
             route.insert("host".into(), h.as_str().into());
         }
     }
-    let key = match_key(&route);
-    let key = if r.stream() {
-        format!("stream {key}")
-    } else {
-        key
-    };
     let me = format!("{} {}", r.kind(), id(r.meta()));
-    let first = match seen.entry(key) {
-        std::collections::btree_map::Entry::Vacant(v) => {
-            v.insert(me);
-            true
-        }
+    let first = match claim(seen, &mut route, &me, r.stream()) {
+        Claim::New => true,
         // The same route through another Gateway listener served on this listener: once is
         // enough.
-        std::collections::btree_map::Entry::Occupied(o) if *o.get() == me => return,
-        std::collections::btree_map::Entry::Occupied(_) => false,
+        Claim::Mine => return,
+        Claim::Older => false,
     };
     let m = r.meta();
     if first {
@@ -248,4 +239,61 @@ pub(super) fn match_key(t: &Table) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// What [`claim`] found.
+enum Claim {
+    /// All or part of the route is new: served (less the part an older route has).
+    New,
+    /// This route was served already (through another Gateway listener).
+    Mine,
+    /// An older route has all of it.
+    Older,
+}
+
+/// Claims the router's entries of `route` (a stream's when `stream`) for `me`. A route with
+/// `path_exact` and `path` (a PathPrefix match) is two entries to the router (the exact path
+/// and the prefix under it): when an older route has one of them (an Exact match of the same
+/// path, for instance), the route keeps the other, as the spec's precedence serves the older
+/// one for that part.
+fn claim(seen: &mut Seen, route: &mut Table, me: &str, stream: bool) -> Claim {
+    let key = |t: &Table| match stream {
+        true => format!("stream {}", match_key(t)),
+        false => match_key(t),
+    };
+    let parts: Vec<(String, Option<&str>)> =
+        if route.contains_key("path_exact") && route.contains_key("path") {
+            ["path_exact", "path"]
+                .into_iter()
+                .map(|drop| {
+                    let mut one = route.clone();
+                    one.remove(drop);
+                    (key(&one), Some(drop))
+                })
+                .collect()
+        } else {
+            vec![(key(route), None)]
+        };
+    let total = parts.len();
+    let mut fresh = Vec::new();
+    let mut mine = false;
+    for (key, drop) in parts {
+        match seen.get(&key) {
+            None => fresh.push((key, drop)),
+            Some(o) => mine |= o == me,
+        }
+    }
+    if fresh.is_empty() {
+        return if mine { Claim::Mine } else { Claim::Older };
+    }
+    if fresh.len() < total {
+        // One part is an older route's: this route keeps the other (the route less `drop`).
+        if let Some(drop) = fresh[0].1 {
+            route.remove(drop);
+        }
+    }
+    for (key, _) in fresh {
+        seen.insert(key, me.to_string());
+    }
+    Claim::New
 }

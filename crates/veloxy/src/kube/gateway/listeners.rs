@@ -146,6 +146,15 @@ fn served_on(file: &Table, spec: &KubernetesSpec, port: i32, protocol: &str) -> 
     }
 }
 
+/// Whether `cert` holds PEM certificates (all well formed) and `key` a PEM private key.
+fn pem_ok(cert: &str, key: &str) -> bool {
+    use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+    let mut certs = CertificateDer::pem_slice_iter(cert.as_bytes()).peekable();
+    certs.peek().is_some()
+        && certs.all(|c| c.is_ok())
+        && PrivateKeyDer::from_pem_slice(key.as_bytes()).is_ok()
+}
+
 /// An HTTPS listener's certificateRefs: TLS Secrets (another namespace's with a
 /// ReferenceGrant), written as PEM files.
 fn tls(world: &World, gw: &Gateway, l: &Listener, r: &mut ListenerReport, t: &mut Translation) {
@@ -203,6 +212,16 @@ fn tls(world: &World, gw: &Gateway, l: &Listener, r: &mut ListenerReport, t: &mu
             ));
             continue;
         };
+        if !pem_ok(&cert, &key) {
+            r.resolved = Err((
+                "InvalidCertificateRef",
+                format!(
+                    "Secret {sns}/{}: tls.crt or tls.key is not valid PEM",
+                    c.name
+                ),
+            ));
+            continue;
+        }
         let base = format!("gw-{sns}-{}", c.name);
         t.files.push((format!("{base}.crt"), cert));
         t.files.push((format!("{base}.key"), key));
@@ -241,4 +260,19 @@ pub(super) fn certs(t: &mut Translation, dir: &Path) {
         }
     }
     t.certs = out;
+}
+
+#[cfg(test)]
+mod tests {
+    /// The conformance suite's GatewayInvalidTLSConfiguration: a Secret whose tls.crt and
+    /// tls.key are "Hello world" is an invalid certificateRef, a real pair is not.
+    #[test]
+    fn a_secret_without_pem_is_not_a_certificate() {
+        assert!(!super::pem_ok("Hello world\n", "Hello world\n"));
+        let c = rcgen::generate_simple_self_signed(vec!["a.example".to_string()]).unwrap();
+        let (cert, key) = (c.cert.pem(), c.signing_key.serialize_pem());
+        assert!(super::pem_ok(&cert, &key));
+        assert!(!super::pem_ok(&cert, "Hello world\n"));
+        assert!(!super::pem_ok(&key, &key));
+    }
 }

@@ -165,3 +165,40 @@ fn tcp_and_tls_routes_become_streams_on_the_file_listeners() {
         .collect();
     assert_eq!(conflicts, ["db2"], "{:?}", t.problems);
 }
+
+/// The conformance suite's HTTPRoutePathMatchOrder: an Exact `/match` and a PathPrefix
+/// `/match/` (its `path_exact = "/match"` part is the Exact rule's) in one route. The prefix
+/// keeps `/match/`; before, the merged config was refused as a duplicate route and every
+/// Gateway API object was left out.
+#[test]
+fn a_prefix_keeps_its_prefix_when_an_exact_match_has_its_path() {
+    let world = World {
+        gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+            "spec": {"controllerName": CONTROLLER}}))],
+        gateways: vec![obj(
+            serde_json::json!({"metadata": {"name": "gw", "namespace": "ns"},
+            "spec": {"gatewayClassName": "c", "listeners": [
+                {"name": "a", "port": 80, "protocol": "HTTP"}]}}),
+        )],
+        http_routes: vec![obj(
+            serde_json::json!({"metadata": {"name": "order", "namespace": "ns",
+            "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"parentRefs": [{"name": "gw"}], "rules": [
+                {"matches": [{"path": {"type": "Exact", "value": "/match"}}]},
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/match/"}}]}]}}),
+        )],
+        ..Default::default()
+    };
+    let t = translate(&world, &spec(), &Table::new(), Path::new("/x"));
+    assert_eq!(t.routes.len(), 2, "{:?}", t.routes);
+    assert_eq!(
+        t.routes[0].get("path_exact").and_then(Value::as_str),
+        Some("/match")
+    );
+    assert_eq!(
+        t.routes[1].get("path").and_then(Value::as_str),
+        Some("/match/")
+    );
+    assert!(t.routes[1].get("path_exact").is_none(), "{:?}", t.routes[1]);
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+}
