@@ -358,21 +358,6 @@ impl Router {
         )
     }
 
-    /// Addresses inside the table's allocations (its routes, a spread of hosts' slots), to
-    /// find the memory it lives in ([`crate::heap::huge_pages`]).
-    pub(crate) fn sample_addrs(&self) -> Vec<usize> {
-        let n = self.routes.len();
-        let mut out: Vec<usize> = [0, n / 2, n.saturating_sub(1)]
-            .into_iter()
-            .filter_map(|i| self.routes.get(i))
-            .map(|r| r as *const Route as usize)
-            .collect();
-        let hosts = self.hosts.exact.values().chain(self.hosts.suffix.values());
-        let step = (self.hosts.exact.len() / 16).max(1);
-        out.extend(hosts.step_by(step).map(|slots| slots.as_ptr() as usize));
-        out
-    }
-
     pub(crate) fn routes_mut(&mut self) -> &mut [Route] {
         &mut self.routes
     }

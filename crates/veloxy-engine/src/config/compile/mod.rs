@@ -166,14 +166,6 @@ fn compile_text(
     });
     drop(parsed);
     crate::heap::trim();
-    // After the trim (which gives back free pages one by one and would split huge ones).
-    if let Ok(Some(snapshot)) = &compiled {
-        let addrs: Vec<usize> = (snapshot.listeners.iter())
-            .flat_map(|l| l.router.sample_addrs())
-            .collect();
-        let bytes = crate::heap::huge_pages(&addrs);
-        ::tracing::debug!(bytes, "config: large snapshot backed by huge pages");
-    }
     Ok(compiled?.map(|s| (s, entries)))
 }
 
