@@ -325,6 +325,11 @@ async fn gateway_served(client: &Client) -> Option<watch::GatewayKinds> {
                     && l4_allowed::<gateway::types::TcpRoute>(client, "TCPRoutes").await,
                 tls: served("tlsroutes")
                     && l4_allowed::<gateway::types::TlsRoute>(client, "TLSRoutes").await,
+                namespaces: l4_allowed::<k8s_openapi::api::core::v1::Namespace>(
+                    client,
+                    "Namespaces (listeners' allowedRoutes selectors then select no route)",
+                )
+                .await,
             };
             tracing::info!(
                 tcp_routes = kinds.tcp,
@@ -340,6 +345,7 @@ async fn gateway_served(client: &Client) -> Option<watch::GatewayKinds> {
         _ => Some(watch::GatewayKinds {
             tcp: true,
             tls: true,
+            namespaces: true,
         }),
     }
 }
@@ -369,7 +375,7 @@ where
     let params = kube::api::ListParams::default().limit(1);
     match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&params)).await {
         Ok(Err(kube::Error::Api(e))) if e.code == 401 || e.code == 403 => {
-            tracing::error!(error = %e, "kubernetes: the API server denies listing {what} (check the RBAC rules of this identity): they are not served");
+            tracing::error!(error = %e, "kubernetes: the API server denies listing {what} (check the RBAC rules of this identity): not watched");
             false
         }
         _ => true,

@@ -43,6 +43,8 @@ pub struct World {
     pub tcp_routes: Vec<Arc<TcpRoute>>,
     pub tls_routes: Vec<Arc<TlsRoute>>,
     pub grants: Vec<Arc<ReferenceGrant>>,
+    /// Namespaces (their labels), when Gateway API is served.
+    pub namespaces: Vec<Arc<k8s_openapi::api::core::v1::Namespace>>,
     /// `slices` by (namespace, Service name), built on first use: each Service's lookup
     /// reads its own slices, not all of them (1,000 Services: a million label reads before).
     pub slice_index: std::sync::OnceLock<HashMap<(String, String), Vec<usize>>>,

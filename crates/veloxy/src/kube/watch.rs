@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures_util::StreamExt as _;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::reflector::{self, Store};
@@ -31,6 +31,8 @@ pub struct GatewayKinds {
     pub tcp: bool,
     /// TLSRoute.
     pub tls: bool,
+    /// Namespaces (their labels, for listeners' `allowedRoutes.namespaces.selector`).
+    pub namespaces: bool,
 }
 
 /// The caches of every watched kind.
@@ -48,6 +50,7 @@ pub struct Caches {
     tcp_routes: Vec<Store<TcpRoute>>,
     tls_routes: Vec<Store<TlsRoute>>,
     grants: Vec<Store<ReferenceGrant>>,
+    namespaces: Vec<Store<Namespace>>,
     /// One flag per watch: its first list is complete.
     listed: Vec<Arc<AtomicBool>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -75,6 +78,7 @@ impl Caches {
             tcp_routes: Vec::new(),
             tls_routes: Vec::new(),
             grants: Vec::new(),
+            namespaces: Vec::new(),
             listed: Vec::new(),
             tasks: Vec::new(),
         };
@@ -119,7 +123,7 @@ impl Caches {
                 c.grants.push(store);
             }
         }
-        if gateway.is_some() {
+        if let Some(kinds) = gateway {
             let store = c.watch(
                 Api::all(client.clone()),
                 all.clone(),
@@ -127,6 +131,10 @@ impl Caches {
                 changed,
             );
             c.gateway_classes.push(store);
+            if kinds.namespaces {
+                let store = c.watch(Api::all(client.clone()), all.clone(), "Namespace", changed);
+                c.namespaces.push(store);
+            }
         }
         let store = c.watch(Api::all(client.clone()), all, "IngressClass", changed);
         c.classes.push(store);
@@ -155,6 +163,7 @@ impl Caches {
             tcp_routes: sorted(&self.tcp_routes),
             tls_routes: sorted(&self.tls_routes),
             grants: sorted(&self.grants),
+            namespaces: sorted(&self.namespaces),
             slice_index: Default::default(),
         }
     }

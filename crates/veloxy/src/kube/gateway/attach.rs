@@ -47,7 +47,7 @@ pub(super) fn attach(
     gi: usize,
     r: &AnyRoute<'_>,
     pr: &ParentRef,
-    ns: &str,
+    (ns, ns_labels): (&str, Option<&Labels>),
     targets: &[(Cond, Result<Target, String>)],
     seen: &mut Seen,
 ) -> Cond {
@@ -84,7 +84,11 @@ pub(super) fn attach(
             let ns_ok = match from.and_then(|f| f.from.as_deref()).unwrap_or("Same") {
                 "All" => true,
                 "Same" => ns == gw_ns,
-                _ => false, // Selector: namespaces' labels are not watched.
+                "Selector" => {
+                    let selector = from.and_then(|f| f.selector.as_ref());
+                    selector.is_some_and(|s| selects(s, ns_labels))
+                }
+                _ => false,
             };
             ns_ok && l.kinds.contains(&r.kind()) && l.accepted.is_ok() && l.veloxy.is_some()
         })
@@ -296,4 +300,31 @@ fn claim(seen: &mut Seen, route: &mut Table, me: &str, stream: bool) -> Claim {
         seen.insert(key, me.to_string());
     }
     Claim::New
+}
+
+/// A Namespace's labels.
+pub(super) type Labels = std::collections::BTreeMap<String, String>;
+
+/// Whether a Namespace with `labels` (`None`: not known, or none) is one `selector` selects:
+/// every `matchLabels` pair and every `matchExpressions` requirement (In, NotIn, Exists,
+/// DoesNotExist) holds; an unknown operator selects nothing.
+pub(super) fn selects(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: Option<&Labels>,
+) -> bool {
+    let get = |k: &str| labels.and_then(|l| l.get(k));
+    let pairs = selector.match_labels.iter().flatten();
+    let labels_hold = pairs.into_iter().all(|(k, v)| get(k) == Some(v));
+    let expressions = selector.match_expressions.iter().flatten();
+    labels_hold
+        && expressions.into_iter().all(|e| {
+            let values = e.values.as_deref().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => get(&e.key).is_some_and(|v| values.contains(v)),
+                "NotIn" => get(&e.key).is_none_or(|v| !values.contains(v)),
+                "Exists" => get(&e.key).is_some(),
+                "DoesNotExist" => get(&e.key).is_none(),
+                _ => false,
+            }
+        })
 }

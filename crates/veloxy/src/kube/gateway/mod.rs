@@ -273,7 +273,12 @@ fn route(world: &World, r: &AnyRoute<'_>, t: &mut Translation, seen: &mut Seen) 
         };
         let mut parent = pr.clone();
         parent.namespace = Some(gw_ns.to_owned());
-        let accepted = attach::attach(t, gi, r, pr, ns, &targets, seen);
+        let ns_labels = world
+            .namespaces
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(ns))
+            .and_then(|n| n.metadata.labels.as_ref());
+        let accepted = attach::attach(t, gi, r, pr, (ns, ns_labels), &targets, seen);
         let refused: Vec<&String> = targets
             .iter()
             .filter_map(|(_, e)| e.as_ref().err())

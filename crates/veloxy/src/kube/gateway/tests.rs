@@ -202,3 +202,64 @@ fn a_prefix_keeps_its_prefix_when_an_exact_match_has_its_path() {
     assert!(t.routes[1].get("path_exact").is_none(), "{:?}", t.routes[1]);
     assert!(t.problems.is_empty(), "{:?}", t.problems);
 }
+
+/// `allowedRoutes.namespaces.from: Selector`: a route is admitted when its Namespace's labels
+/// match the listener's selector (matchLabels and matchExpressions), else NotAllowedByListeners.
+#[test]
+fn a_namespace_selector_admits_routes_by_their_namespace_labels() {
+    let ns = |name: &str, labels: serde_json::Value| {
+        obj(serde_json::json!({"metadata": {"name": name, "labels": labels}}))
+    };
+    let route = |name: &str, namespace: &str| {
+        obj(
+            serde_json::json!({"metadata": {"name": name, "namespace": namespace},
+            "spec": {"parentRefs": [{"name": "gw", "namespace": "ns"}],
+                     "hostnames": [format!("{name}.example")],
+                     "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]}]}}),
+        )
+    };
+    let world = World {
+        gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+            "spec": {"controllerName": CONTROLLER}}))],
+        gateways: vec![obj(
+            serde_json::json!({"metadata": {"name": "gw", "namespace": "ns"},
+            "spec": {"gatewayClassName": "c", "listeners": [
+                {"name": "a", "port": 80, "protocol": "HTTP", "allowedRoutes": {"namespaces": {
+                    "from": "Selector", "selector": {
+                        "matchLabels": {"team": "web"},
+                        "matchExpressions": [{"key": "env", "operator": "NotIn",
+                                              "values": ["test"]}]}}}}]}}),
+        )],
+        namespaces: vec![
+            ns("web", serde_json::json!({"team": "web", "env": "prod"})),
+            ns("webtest", serde_json::json!({"team": "web", "env": "test"})),
+            ns("other", serde_json::json!({"team": "other"})),
+        ],
+        http_routes: vec![
+            route("yes", "web"),
+            route("test", "webtest"),
+            route("no", "other"),
+            route("unknown", "nowhere"),
+        ],
+        ..Default::default()
+    };
+    let t = translate(&world, &spec(), &Table::new(), Path::new("/x"));
+    let hosts: Vec<&str> = t
+        .routes
+        .iter()
+        .filter_map(|r| r.get("host").and_then(Value::as_str))
+        .collect();
+    assert_eq!(hosts, ["yes.example"], "{:?}", t.routes);
+    for r in &t.report.routes {
+        let name = r.meta.name.as_deref().unwrap_or_default();
+        let accepted = &r.parents[0].accepted;
+        match name {
+            "yes" => assert!(accepted.is_ok(), "{name}: {accepted:?}"),
+            _ => assert_eq!(
+                accepted.as_ref().unwrap_err().0,
+                "NotAllowedByListeners",
+                "{name}"
+            ),
+        }
+    }
+}

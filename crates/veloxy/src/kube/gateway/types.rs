@@ -134,6 +134,9 @@ pub struct AllowedRoutes {
 pub struct RouteNamespaces {
     #[serde(default)]
     pub from: Option<String>,
+    /// With `from: Selector`: the labels a route's Namespace must have.
+    #[serde(default)]
+    pub selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
 }
 
 /// `allowedRoutes.kinds[]` and `supportedKinds[]`.
