@@ -75,7 +75,15 @@ pub fn origin(
 /// A raw TCP origin on 127.0.0.1: each accepted connection is handed to `serve` on a thread
 /// of its own, for exact control over the bytes an upstream sends.
 pub fn tcp_origin(serve: impl Fn(std::net::TcpStream) + Clone + Send + 'static) -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp_origin_on("127.0.0.1", serve)
+}
+
+/// [`tcp_origin`] on address `ip` (a TEST-NET address inside a test's network namespace).
+pub fn tcp_origin_on(
+    ip: &str,
+    serve: impl Fn(std::net::TcpStream) + Clone + Send + 'static,
+) -> SocketAddr {
+    let l = std::net::TcpListener::bind(format!("{ip}:0")).unwrap();
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {
         for s in l.incoming() {
@@ -85,4 +93,17 @@ pub fn tcp_origin(serve: impl Fn(std::net::TcpStream) + Clone + Send + 'static) 
         }
     });
     addr
+}
+
+/// A TCP echo server on address `ip`: every connection gets back the bytes it sends.
+pub fn tcp_echo(ip: &str) -> SocketAddr {
+    tcp_origin_on(ip, |mut s: std::net::TcpStream| {
+        use std::io::{Read, Write};
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                return;
+            }
+        }
+    })
 }

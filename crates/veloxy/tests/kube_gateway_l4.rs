@@ -11,7 +11,7 @@
 //! .ci/kube.sh` provides both).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -26,26 +26,6 @@ const WEB: &str = "192.0.2.13";
 const NS: &str = "shop";
 const GW: &str = "/apis/gateway.networking.k8s.io/v1";
 const DISCOVERY: &str = "/apis/discovery.k8s.io/v1";
-
-/// A TCP echo server on `addr` (its own thread per connection).
-fn echo_server(addr: &str) -> SocketAddr {
-    let l = TcpListener::bind(format!("{addr}:0")).unwrap();
-    let local = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 8192];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 || s.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    local
-}
 
 /// A TLS server on `addr` with the certificate of `name`, answering its name.
 fn tls_server(pki: &Pki, addr: &str, name: &str) -> Veloxy {
@@ -96,7 +76,7 @@ impl Scene {
         ];
         Scene {
             k,
-            echo: echo_server(ECHO),
+            echo: tcp_echo(ECHO),
             web: upstream(&["--name", "web", "--listen", &format!("{WEB}:0")]),
             pki,
             _dir: dir,

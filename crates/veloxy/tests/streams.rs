@@ -6,29 +6,9 @@ use std::net::{TcpListener, TcpStream};
 
 use veloxy_testkit::*;
 
-/// A TCP echo server on its own thread.
-fn echo_server() -> std::net::SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 8192];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 || s.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 #[test]
 fn tcp_streams_relay_bytes_and_skip_a_dead_backend() {
-    let echo = echo_server();
+    let echo = tcp_echo("127.0.0.1");
     let up = upstream(&[]);
     let v = veloxy(&format!(
         "[server]\nworkers = 1\n\
@@ -131,7 +111,7 @@ fn proxy_protocol_out_of_a_stream_and_into_a_listener() {
 
 #[test]
 fn stream_connections_are_logged_with_bytes_each_way() {
-    let echo = echo_server();
+    let echo = tcp_echo("127.0.0.1");
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("access.log");
     let v = veloxy(&format!(

@@ -897,14 +897,7 @@ fn stream_connections_have_spans() {
     let Some(col) = Collector::start() else {
         return;
     };
-    let echo = tcp_origin(|mut s: std::net::TcpStream| {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = s.read(&mut buf) {
-            if n == 0 || s.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-    });
+    let echo = tcp_echo("127.0.0.1");
     let dead = dead_addr();
     let v = veloxy(&format!(
         "[server]\nworkers = 1\n[server.tracing]\notlp_endpoint = \"{}\"\nsample_ratio = 1.0\n\
