@@ -433,20 +433,10 @@ fn replace_servers(
             Ok(w) if w > 0 => w,
             _ => return bad(format!("{addr}: weight must be 1 or more")),
         };
-        let b = match crate::config::backend_at(addr, weight, group.tls_server_name.as_deref()) {
+        let b = match crate::config::runtime_backend(group, addr, weight) {
             Ok(b) => b,
             Err(m) => return bad(format!("{addr}: {m}")),
         };
-        if b.tls_name.is_some() != group.tls.is_some() {
-            return bad(format!(
-                "{addr}: the group's servers are {}",
-                if group.tls.is_some() {
-                    "https://"
-                } else {
-                    "plain (no https://)"
-                }
-            ));
-        }
         // A set of addresses: a PUT of 10,000 servers stays linear.
         if seen.insert(b.addr.clone()) {
             backends.push(b);

@@ -307,7 +307,7 @@ impl Running {
     /// a server's scheme differs from its group's. The sets hold until the next reload (the
     /// Kubernetes provider's endpoint changes use this; its next full build carries the same
     /// sets in the config).
-    pub fn set_servers(&self, changes: &[(&str, Vec<(String, u32)>)]) -> Result<(), String> {
+    pub fn set_servers(&self, changes: &[(String, Vec<(String, u32)>)]) -> Result<(), String> {
         let current = self.shared.snapshot.load_full();
         let mut sets = Vec::with_capacity(changes.len());
         for (name, servers) in changes {
@@ -324,20 +324,11 @@ impl Running {
             }
             let mut backends = Vec::with_capacity(servers.len());
             for (addr, weight) in servers {
-                let b = crate::config::backend_at(
-                    addr,
-                    (*weight).max(1),
-                    group.tls_server_name.as_deref(),
-                )
-                .map_err(|m| format!("upstream group {name:?}: {addr}: {m}"))?;
-                if b.tls_name.is_some() != group.tls.is_some() {
-                    return Err(format!(
-                        "upstream group {name:?}: {addr}: the scheme differs from the group's"
-                    ));
-                }
+                let b = crate::config::runtime_backend(group, addr, (*weight).max(1))
+                    .map_err(|m| format!("upstream group {name:?}: {addr}: {m}"))?;
                 backends.push(b);
             }
-            sets.push((*name, backends));
+            sets.push((name.as_str(), backends));
         }
         let names: Vec<&str> = sets.iter().map(|(n, _)| *n).collect();
         for (name, backends) in sets {

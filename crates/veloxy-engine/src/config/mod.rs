@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use compile::upstreams::backend_at;
+pub(crate) use compile::upstreams::runtime_backend;
 pub use duration::{parse_duration, DurationValue};
 pub use error::ConfigError;
 

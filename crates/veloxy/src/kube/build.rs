@@ -192,33 +192,15 @@ impl<'a> Builder<'a> {
                 self.problems.push(p);
             }
         }
-        let snapshot = match (snapshot, &merged.in_place) {
+        let snapshot = match (snapshot, merged.in_place.take()) {
             (None, None) => return Ok(ours),
-            (None, Some(sets)) => {
-                let changes: Vec<(&str, Vec<(String, u32)>)> =
-                    sets.iter().map(|(g, s)| (g.as_str(), s.clone())).collect();
-                let applying = std::time::Instant::now();
-                match self.running.set_servers(&changes) {
-                    Ok(()) => {
-                        let apply_ms = applying.elapsed().as_secs_f64() * 1e3;
-                        for (g, s) in sets {
-                            self.running_servers.insert(g.clone(), Some(s.clone()));
-                        }
-                        self.applied = Some(merged.fingerprint);
-                        tracing::info!(
-                            groups = sets.len(),
-                            took_ms = format!("{:.1}", began.elapsed().as_secs_f64() * 1e3),
-                            apply_ms = format!("{apply_ms:.2}"),
-                            "kubernetes: servers changed in place"
-                        );
-                        return Ok(ours);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "kubernetes: servers could not change in place; building the whole config");
-                        self.snapshot(&merged.text())?
-                    }
+            (None, Some(sets)) => match self.apply_servers(sets, merged.fingerprint, began) {
+                Ok(()) => return Ok(ours),
+                Err(e) => {
+                    tracing::warn!(error = %e, "kubernetes: servers could not change in place; building the whole config");
+                    self.snapshot(&merged.text())?
                 }
-            }
+            },
             (Some(snapshot), _) => snapshot,
         };
         self.running.reload(snapshot).map_err(BuildError::Reload)?;
@@ -233,6 +215,29 @@ impl<'a> Builder<'a> {
             "kubernetes: config applied"
         );
         Ok(ours)
+    }
+
+    /// Gives the running groups their new server sets in place (see [`in_place`]) and
+    /// records them as running.
+    fn apply_servers(
+        &mut self,
+        sets: in_place::Sets,
+        fingerprint: u64,
+        began: std::time::Instant,
+    ) -> Result<(), String> {
+        let applying = std::time::Instant::now();
+        self.running.set_servers(&sets)?;
+        tracing::info!(
+            groups = sets.len(),
+            took_ms = format!("{:.1}", began.elapsed().as_secs_f64() * 1e3),
+            apply_ms = format!("{:.2}", applying.elapsed().as_secs_f64() * 1e3),
+            "kubernetes: servers changed in place"
+        );
+        for (g, s) in sets {
+            self.running_servers.insert(g, Some(s));
+        }
+        self.applied = Some(fingerprint);
+        Ok(())
     }
 
     /// `ours` without each Ingress that, alone with the file, does not compile (logged, and

@@ -322,10 +322,10 @@ async fn gateway_served(client: &Client) -> Option<watch::GatewayKinds> {
             }
             let kinds = watch::GatewayKinds {
                 tcp: served("tcproutes")
-                    && l4_allowed::<gateway::types::TcpRoute>(client, "TCPRoutes").await,
+                    && may_list::<gateway::types::TcpRoute>(client, "TCPRoutes").await,
                 tls: served("tlsroutes")
-                    && l4_allowed::<gateway::types::TlsRoute>(client, "TLSRoutes").await,
-                namespaces: l4_allowed::<k8s_openapi::api::core::v1::Namespace>(
+                    && may_list::<gateway::types::TlsRoute>(client, "TLSRoutes").await,
+                namespaces: may_list::<k8s_openapi::api::core::v1::Namespace>(
                     client,
                     "Namespaces (listeners' allowedRoutes selectors then select no route)",
                 )
@@ -365,9 +365,10 @@ async fn gateway_allowed(client: &Client) -> bool {
     }
 }
 
-/// Whether this identity may list the route kind `K` (TCPRoute, TLSRoute): a deployment
-/// whose RBAC rules predate them keeps the other kinds, with an error in the log.
-async fn l4_allowed<K>(client: &Client, what: &str) -> bool
+/// Whether this identity may list the cluster-wide kind `K` (TCPRoute, TLSRoute, Namespace):
+/// a deployment whose RBAC rules predate them keeps the other kinds, with an error in the
+/// log.
+async fn may_list<K>(client: &Client, what: &str) -> bool
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {

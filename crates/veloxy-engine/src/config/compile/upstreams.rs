@@ -281,6 +281,26 @@ pub(crate) fn backend_at(
     })
 }
 
+/// A server set at run time (the runtime API's `PUT`, the Kubernetes provider's in-place
+/// changes) for `group`: [`backend_at`] with the group's TLS name, and the group's scheme.
+pub(crate) fn runtime_backend(
+    group: &crate::config::UpstreamGroup,
+    addr: &str,
+    weight: u32,
+) -> Result<Backend, String> {
+    let b = backend_at(addr, weight, group.tls_server_name.as_deref())?;
+    if b.tls_name.is_some() != group.tls.is_some() {
+        return Err(format!(
+            "the group's servers are {}",
+            match group.tls.is_some() {
+                true => "https://",
+                false => "plain (no https://)",
+            }
+        ));
+    }
+    Ok(b)
+}
+
 /// A `dns = "[https://]host:port"` or `srv = "_service._proto.name"` entry.
 fn compile_discovery(
     e: &ServerEntry,
