@@ -142,34 +142,29 @@ async fn attempt_on(
     request: &[u8],
     trace: Option<&crate::otel::Trace>,
 ) -> Result<(Bytes, Box<FcgiStream>), AttemptFail<ProxyError>> {
-    use crate::otel::span::EventName;
-    let event = |name, reused| {
-        if let Some(t) = trace {
-            super::trace::event(t, name, reused);
-        }
-    };
     let pooled = gen.group(upstream).pool.take(backend, None);
     let (mut conn, mut fresh) = match pooled {
         Some(c) => (c, false),
         None => (connect(worker, gen, upstream, backend).await?, true),
     };
-    if let Some(t) = trace {
-        super::trace::connected(t, &conn, !fresh);
-    }
     loop {
+        if let Some(t) = trace {
+            super::trace::connected(t, &conn, !fresh);
+        }
         let mut stream = Box::new(FcgiStream::new(worker, gen, (upstream, backend), conn));
         let no_response = |kind| Err(AttemptFail::NoResponse(ProxyError::upstream(kind)));
         match stream.head(request).await {
             Ok(head) => {
                 // The request goes out whole before the head is read (one write).
-                event(EventName::ResponseHead, None);
+                if let Some(t) = trace {
+                    super::trace::event(t, crate::otel::span::EventName::ResponseHead, None);
+                }
                 return Ok((head, stream));
             }
             // A pooled connection the server had closed: once more on a fresh one.
             Err(FastcgiError::Closed) if !fresh => {
                 conn = connect(worker, gen, upstream, backend).await?;
                 fresh = true;
-                event(EventName::Connected, Some(false));
             }
             Err(FastcgiError::Closed) => return no_response(ErrorKind::UpstreamClosed),
             Err(FastcgiError::Io(e)) => return no_response(ErrorKind::Io(e)),

@@ -80,10 +80,10 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
         }
         None => (connect().await?, false),
     };
-    if let Some(t) = to.trace {
-        super::trace::connected(t, &conn, reused);
-    }
     'attempt: loop {
+        if let Some(t) = to.trace {
+            super::trace::connected(t, &conn, reused);
+        }
         match timeout(
             group.write_timeout,
             crate::tls::send_all(&mut conn.stream, wbuf),
@@ -94,9 +94,6 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
             Ok(Err(_)) if reused && replayable => {
                 conn = connect().await?;
                 reused = false;
-                if let Some(t) = to.trace {
-                    super::trace::connected(t, &conn, false);
-                }
                 continue 'attempt;
             }
             Ok(Err(e)) => return Err(AttemptFail::NoResponse(up(ErrorKind::Io(e)))),
@@ -117,9 +114,6 @@ pub(crate) async fn attempt<E: ExchangeError, R: HeadReader>(
                 // A pooled connection the upstream had closed: replay on a fresh one.
                 conn = connect().await?;
                 reused = false;
-                if let Some(t) = to.trace {
-                    super::trace::connected(t, &conn, false);
-                }
             }
             None => return Err(AttemptFail::NoResponse(up(ErrorKind::UpstreamClosed))),
         }
