@@ -16,6 +16,8 @@
 
 use std::collections::HashMap;
 
+mod hosts;
+
 /// How a route matches the `Host` header (port stripped, compared case-insensitively).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostMatch {
@@ -140,15 +142,15 @@ pub struct Router {
     by_key: HashMap<u64, Vec<u32>>,
 }
 
-/// Route positions by host. The maps hash with FxHash: their keys are the config's hosts,
+/// Route positions by host. The tables hash with FxHash: their keys are the config's hosts,
 /// fixed at load, so a request's Host can only look up, never grow a bucket (SipHash's
 /// defence against chosen collisions buys nothing here and costs a third of a lookup).
 #[derive(Debug, Clone, Default)]
 struct HostIndex {
     /// `api.example.com` routes.
-    exact: rustc_hash::FxHashMap<Box<[u8]>, Vec<Slot>>,
+    exact: hosts::HostTable,
     /// `*.example.com` routes, keyed by `.example.com`.
-    suffix: rustc_hash::FxHashMap<Box<[u8]>, Vec<Slot>>,
+    suffix: hosts::HostTable,
     /// Routes for any host.
     any: Vec<Slot>,
 }
@@ -291,30 +293,27 @@ impl Router {
 
     /// Rebuilds the host index and the match keys from the sorted routes.
     fn index(&mut self) {
-        let mut hosts = HostIndex::default();
+        type Lists<'a> = rustc_hash::FxHashMap<&'a [u8], Vec<Slot>>;
+        let (mut exact, mut suffix, mut any) = (Lists::default(), Lists::default(), Vec::new());
         self.by_key.clear();
         for (i, r) in self.routes.iter().enumerate() {
             let i = i as u32;
             let slot = Slot::new(i, r);
             match &r.host {
-                HostMatch::Any => hosts.any.push(slot),
-                HostMatch::Exact(h) => hosts
-                    .exact
-                    .entry(h.as_bytes().into())
-                    .or_default()
-                    .push(slot),
-                HostMatch::Suffix(s) => hosts
-                    .suffix
-                    .entry(s.as_bytes().into())
-                    .or_default()
-                    .push(slot),
+                HostMatch::Any => any.push(slot),
+                HostMatch::Exact(h) => exact.entry(h.as_bytes()).or_default().push(slot),
+                HostMatch::Suffix(s) => suffix.entry(s.as_bytes()).or_default().push(slot),
             }
             self.by_key.entry(match_key(r)).or_default().push(i);
         }
-        for list in hosts.exact.values_mut().chain(hosts.suffix.values_mut()) {
-            list.shrink_to_fit();
-        }
-        self.hosts = hosts;
+        let table = |lists: &Lists<'_>| {
+            hosts::HostTable::build(lists.iter().map(|(k, v)| (*k, v.as_slice())))
+        };
+        self.hosts = HostIndex {
+            exact: table(&exact),
+            suffix: table(&suffix),
+            any,
+        };
     }
 
     pub fn routes(&self) -> &[Route] {
@@ -341,11 +340,9 @@ impl Router {
                 per_route + r.path.capacity() + host
             })
             .sum();
-        let entry = size_of::<(Box<[u8]>, Vec<Slot>)>() + 1;
-        let host_bytes: usize = (self.hosts.exact.iter())
-            .chain(self.hosts.suffix.iter())
-            .map(|(k, v)| entry + k.len() + (v.capacity() - v.len()) * size_of::<Slot>())
-            .sum();
+        // The tables hold every host's slots too: those are counted per route above.
+        let host_bytes = (self.hosts.exact.bytes() + self.hosts.suffix.bytes())
+            .saturating_sub(size_of::<Slot>() * (self.routes.len() - self.hosts.any.len()));
         (
             Counted {
                 count: self.routes.len(),
