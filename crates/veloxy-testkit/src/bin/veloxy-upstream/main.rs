@@ -194,12 +194,19 @@ fn main() -> Result<()> {
     if let Some(path) = &args.ports_file {
         let mut ports = format!("{}\n", addr.port());
         for s in &also {
-            ports += &format!("{}\n", s.local_addr().context("reading a bound address")?.port());
+            ports += &format!(
+                "{}\n",
+                s.local_addr().context("reading a bound address")?.port()
+            );
         }
         std::fs::write(path, ports).with_context(|| format!("writing {}", path.display()))?;
     }
     for (i, (rt, listener)) in workers.into_iter().enumerate() {
-        let extra = if i == 0 { std::mem::take(&mut also) } else { Vec::new() };
+        let extra = if i == 0 {
+            std::mem::take(&mut also)
+        } else {
+            Vec::new()
+        };
         let extra = {
             let _guard = rt.enter();
             extra
