@@ -1,4 +1,4 @@
-"""Entry point: `bench/run [--quick|--smoke|--vs-nginx|--tcp|--h3|--cache|--scale] [options]` (see
+"""Entry point: `bench/run [--quick|--smoke|--vs-nginx|--tcp|--h3|--cache|--scale|--backends] [options]` (see
 bench/README.md)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cache, h3, report, runner, scale, sweep, tcp, vs_nginx
+from . import backends, cache, h3, report, runner, scale, sweep, tcp, vs_nginx
 from .peers import ALL_PROXIES
 from .runner import SetupError
 from .ui import fmt_s, say
@@ -59,6 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       help="route-table scale: veloxy vs nginx vs HAProxy, 1 worker each, CPU per "
                            "request with 10..100,000 routes over up to 10,000 hosts, then load, "
                            "check and reload times of a 10,000-host config and p99 during reloads")
+    mode.add_argument("--backends", action="store_true",
+                      help="backend-group scale: veloxy alone, 1 worker, CPU per request with a "
+                           "group of 4 and of 10,000 backends for each balancing policy (ratio "
+                           "10,000 / 4, goal at most 1.10)")
     p.add_argument("--proxies", help=f"comma list (default: all: {','.join(ALL_PROXIES)})")
     p.add_argument("--suite", help="--cache-tests: a checkout of http-tests/cache-tests")
     p.add_argument("--scenarios", help="comma list of scenario names (default: all)")
@@ -106,15 +110,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="--sweep: comma list of connection counts (default: 64,256,1000,4000,10000)")
     p.add_argument("--small", action="store_true",
                    help="--scale: a smoke check: tables of 10 and 1,000 routes, a 1,000-host "
-                        "reload config, 1 round of 2 s")
+                        "reload config, 1 round of 2 s; --backends: two policies, 1 round of 2 s")
     p.add_argument("--scale-sizes",
                    help="--scale: comma list of table sizes in routes (default: "
                         "10,1000,10000,100000; above 10,000: a multiple of 10,000)")
     p.add_argument("--list", action="store_true", help="list scenarios and proxies, then exit")
     args = p.parse_args(argv)
-    if (args.small or args.scale_sizes) and not args.scale:
-        p.error("--small and --scale-sizes are --scale options")
-    if args.scale and args.small:
+    if args.scale_sizes and not args.scale:
+        p.error("--scale-sizes is a --scale option")
+    if args.small and not (args.scale or args.backends):
+        p.error("--small is a --scale or --backends option")
+    if (args.scale or args.backends) and args.small:
         args.rounds = 1
         if args.duration is None:
             args.duration = 2
@@ -206,7 +212,7 @@ def main(argv: list[str]) -> int:
     profile = ("smoke" if args.smoke else "quick" if args.quick
                else "vs-nginx" if args.vs_nginx else "tcp" if args.tcp else "h3" if args.h3
                else "cache" if args.cache else "sweep" if args.sweep
-               else "scale" if args.scale else "full")
+               else "scale" if args.scale else "backends" if args.backends else "full")
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
@@ -232,6 +238,8 @@ def main(argv: list[str]) -> int:
         requested = list(sweep.SWEEP_PEERS)
     elif profile == "scale":
         requested = list(scale.SCALE_PEERS)
+    elif profile == "backends":
+        requested = ["veloxy"]
     else:
         requested = list(ALL_PROXIES)
     scenarios = [s for s in all_sc if profile in s.PROFILES]
@@ -275,6 +283,8 @@ def main(argv: list[str]) -> int:
             return sweep.run(ctx, args, requested)
         if profile == "scale":
             return scale.run(ctx, args, requested)
+        if profile == "backends":
+            return backends.run(ctx, args, requested)
         wanted = ["wrk", *requested]
         if profile != "smoke":
             wanted.append("h2load")  # for HTTP/2 scenarios; installed up front with the others

@@ -622,14 +622,14 @@ fn run_worker(
 /// wake-up, which without this happened for about one request in five (each request arms a
 /// read timeout). With the tick, every request timeout lies beyond the next wake-up.
 ///
-/// Each tick it publishes the worker's per-backend figures for `/upstreams`; every second it
-/// also sweeps expired idle upstream connections and, after a burst, returns memory.
+/// Each tick it publishes the worker's per-backend figures for `/upstreams` (in large groups,
+/// those of the backends used since; all of them every second); every second it also sweeps expired idle upstream connections and, after a burst, returns memory.
 async fn heartbeat(worker: Rc<Worker>) {
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for n in 0u64.. {
         tick.tick().await;
-        worker.publish();
+        worker.publish(n % 20 == 0);
         if n % 20 == 0 {
             worker.sweep();
             worker.trim_memory();

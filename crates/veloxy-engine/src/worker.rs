@@ -304,11 +304,12 @@ impl Worker {
     }
 
     /// Publishes this worker's per-backend figures (in flight, idle pool, latency EWMA) for
-    /// `/upstreams`: a few relaxed stores per backend, off the request path.
-    pub fn publish(&self) {
+    /// `/upstreams`: a few relaxed stores per backend, off the request path; in large groups
+    /// only for the backends used since the last publish, unless `all`.
+    pub fn publish(&self, all: bool) {
         let gen = self.current();
         for (group, state) in gen.snapshot.upstreams.iter().zip(gen.groups.iter()) {
-            state.borrow().publish(group, self.id);
+            state.borrow_mut().publish(group, self.id, all);
         }
     }
 

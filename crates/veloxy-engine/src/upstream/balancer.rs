@@ -39,12 +39,21 @@ pub struct BackendInfo {
     pub weight: u32,
 }
 
-/// A set of backends of a group, by index: one bit each. Groups of up to 64 backends (most
-/// of them) fit the first word and never allocate; larger ones (any size) use more words.
+/// A set of backends of a group, by index: one bit each. Backends 0 to 63 (all of most
+/// groups) are one word that never allocates; beyond, only the words with a member are kept
+/// (sorted by word index, the first two inline), so the few down or tried backends of a
+/// group of 10,000 cost a few words, not the group's 157.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BackendSet {
     first: u64,
-    rest: Vec<u64>,
+    /// `(w, bits)`: bit i is backend 64 w + i; w >= 1, bits never 0, w ascending.
+    rest: smallvec::SmallVec<[(u32, u64); 2]>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Calls of [`BackendSet::contains`] on this thread: the backends a pick looked at.
+    pub(crate) static PROBES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 impl BackendSet {
@@ -52,27 +61,55 @@ impl BackendSet {
     pub fn from_word(word: u64) -> Self {
         BackendSet {
             first: word,
-            rest: Vec::new(),
+            rest: smallvec::SmallVec::new(),
         }
     }
 
     /// The set of these words (bit i of word w: backend 64 w + i).
     pub fn from_words(words: impl IntoIterator<Item = u64>) -> Self {
         let mut it = words.into_iter();
-        let first = it.next().unwrap_or(0);
-        let mut rest: Vec<u64> = it.collect();
-        while rest.last() == Some(&0) {
-            rest.pop();
+        let mut set = BackendSet::from_word(it.next().unwrap_or(0));
+        for (w, bits) in it.enumerate() {
+            set.push_word(w + 1, bits);
         }
-        BackendSet { first, rest }
+        set
+    }
+
+    /// Adds word `w` (bits of backends 64 w to 64 w + 63), `w` above every word added so far.
+    pub(crate) fn push_word(&mut self, w: usize, bits: u64) {
+        match w {
+            _ if bits == 0 => {}
+            0 => self.first |= bits,
+            w => {
+                debug_assert!(self.rest.last().is_none_or(|&(l, _)| (l as usize) < w));
+                self.rest.push((w as u32, bits));
+            }
+        }
+    }
+
+    /// Word `w` of the set (0 when it has no member there).
+    #[inline]
+    fn word(&self, w: usize) -> u64 {
+        match w {
+            0 => self.first,
+            w => match self.rest.binary_search_by_key(&(w as u32), |&(k, _)| k) {
+                Ok(at) => self.rest[at].1,
+                Err(_) => 0,
+            },
+        }
     }
 
     /// Whether backend `i` is in the set.
     #[inline]
     pub fn contains(&self, i: usize) -> bool {
-        let word = match i / 64 {
-            0 => self.first,
-            w => self.rest.get(w - 1).copied().unwrap_or(0),
+        #[cfg(test)]
+        PROBES.with(|p| p.set(p.get() + 1));
+        let word = if i < 64 {
+            self.first
+        } else if self.rest.is_empty() {
+            0
+        } else {
+            self.word(i / 64)
         };
         word & (1 << (i % 64)) != 0
     }
@@ -80,31 +117,58 @@ impl BackendSet {
     /// Adds backend `i`.
     #[inline]
     pub fn insert(&mut self, i: usize) {
-        match i / 64 {
-            0 => self.first |= 1 << i,
-            w => {
-                if self.rest.len() < w {
-                    self.rest.resize(w, 0);
-                }
-                self.rest[w - 1] |= 1 << (i % 64);
-            }
+        let (w, bit) = (i / 64, 1u64 << (i % 64));
+        if w == 0 {
+            self.first |= bit;
+            return;
+        }
+        match self.rest.binary_search_by_key(&(w as u32), |&(k, _)| k) {
+            Ok(at) => self.rest[at].1 |= bit,
+            Err(at) => self.rest.insert(at, (w as u32, bit)),
         }
     }
 
     /// Adds every member of `other`.
     pub fn union_with(&mut self, other: &BackendSet) {
         self.first |= other.first;
-        if self.rest.len() < other.rest.len() {
-            self.rest.resize(other.rest.len(), 0);
+        if other.rest.is_empty() {
+            return;
         }
-        for (a, b) in self.rest.iter_mut().zip(&other.rest) {
-            *a |= b;
+        if self.rest.is_empty() {
+            self.rest.clone_from(&other.rest);
+            return;
         }
+        let mut merged = smallvec::SmallVec::with_capacity(self.rest.len() + other.rest.len());
+        let (mut a, mut b) = (self.rest.iter().peekable(), other.rest.iter().peekable());
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(&&(wa, x)), Some(&&(wb, y))) if wa == wb => {
+                    a.next();
+                    b.next();
+                    (wa, x | y)
+                }
+                (Some(&&(wa, x)), Some(&&(wb, _))) if wa < wb => {
+                    a.next();
+                    (wa, x)
+                }
+                (_, Some(&&y)) => {
+                    b.next();
+                    y
+                }
+                (Some(&&x), None) => {
+                    a.next();
+                    x
+                }
+                (None, None) => break,
+            };
+            merged.push(next);
+        }
+        self.rest = merged;
     }
 
     /// Whether the set has no member.
     pub fn is_empty(&self) -> bool {
-        self.first == 0 && self.rest.iter().all(|w| *w == 0)
+        self.first == 0 && self.rest.is_empty()
     }
 
     /// Whether every backend of a group of `n` is in the set (word by word).
@@ -116,13 +180,16 @@ impl BackendSet {
                 (1u64 << bits) - 1
             }
         };
-        if self.first & full(n) != full(n) {
-            return false;
-        }
-        (1..n.div_ceil(64)).all(|w| {
-            let bits = (n - 64 * w).min(64);
-            self.rest.get(w - 1).copied().unwrap_or(0) & full(bits) == full(bits)
+        (0..n.div_ceil(64).max(1)).all(|w| {
+            let bits = n.saturating_sub(64 * w).min(64);
+            self.word(w) & full(bits) == full(bits)
         })
+    }
+
+    /// Words held beyond the first (a measure of the set's size, for tests).
+    #[cfg(test)]
+    pub(crate) fn extra_words(&self) -> usize {
+        self.rest.len()
     }
 }
 
@@ -357,6 +424,20 @@ mod tests {
         u.union_with(&s);
         assert!(u.contains(1) && u.contains(9_999) && !u.contains(2));
         assert_eq!(BackendSet::from_words([5, 0, 0]), BackendSet::from_word(5));
+        // Sparse beyond the first word: two members far apart hold two words, in order.
+        let mut far = BackendSet::default();
+        far.insert(9_999);
+        far.insert(640);
+        far.insert(641);
+        assert_eq!(far.extra_words(), 2);
+        assert!(far.contains(640) && far.contains(641) && far.contains(9_999));
+        let mut merged = BackendSet::from_words([0, 1, 0, 4]);
+        merged.union_with(&far);
+        assert_eq!(merged.extra_words(), 4);
+        for i in [64, 194, 640, 641, 9_999] {
+            assert!(merged.contains(i), "{i}");
+        }
+        assert!(!merged.contains(65) && !merged.contains(193));
     }
 
     fn picker(weights: &[u32]) -> Box<dyn Picker> {

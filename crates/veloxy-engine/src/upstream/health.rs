@@ -24,6 +24,12 @@ use crate::upstream::group::UpstreamGroup;
 /// words).
 pub const MAX_BACKENDS: usize = 65_535;
 
+#[cfg(test)]
+thread_local! {
+    /// Words of a group's down set read by [`GroupHealth::down_set`] on this thread.
+    static WORDS_READ: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// `[upstreams.NAME.health]`, compiled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthCheck {
@@ -150,6 +156,12 @@ pub struct GroupHealth {
     pub backends: Vec<Arc<BackendHealth>>,
     /// Bit i of word i / 64 set: backend i is down, ejected or drained.
     down: Box<[AtomicU64]>,
+    /// For groups of more than 64 backends: bit j set when a word of `down` in chunk j (words
+    /// `j * chunk` to `j * chunk + chunk - 1`) may have a bit set, so that a pick reads one
+    /// word while the whole group is up, not one per 64 backends.
+    summary: AtomicU64,
+    /// Words of `down` a bit of `summary` stands for (at most 16 for the largest groups).
+    chunk: usize,
 }
 
 impl GroupHealth {
@@ -159,6 +171,8 @@ impl GroupHealth {
         let g = GroupHealth {
             backends,
             down: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            summary: AtomicU64::new(0),
+            chunk: words.div_ceil(64),
         };
         g.recompute();
         g
@@ -173,16 +187,40 @@ impl GroupHealth {
         }
     }
 
-    /// Backends that must not be picked now (one relaxed load per 64 backends).
+    /// Backends that must not be picked now: one relaxed load while the group is up, plus
+    /// at most 16 for each chunk of the group that has a backend down (see `summary`), so
+    /// the cost does not grow with the group.
     #[inline]
     pub fn down_set(&self) -> BackendSet {
-        match &*self.down {
-            [one] => BackendSet::from_word(one.load(Ordering::Relaxed)),
-            words => BackendSet::from_words(words.iter().map(|w| w.load(Ordering::Relaxed))),
+        if let [one] = &*self.down {
+            return BackendSet::from_word(one.load(Ordering::Relaxed));
+        }
+        let mut set = BackendSet::default();
+        let mut marks = self.summary.load(Ordering::Relaxed);
+        while marks != 0 {
+            let j = marks.trailing_zeros() as usize;
+            marks &= marks - 1;
+            let from = j * self.chunk;
+            let words = self.down.iter().enumerate().skip(from).take(self.chunk);
+            for (w, word) in words {
+                #[cfg(test)]
+                WORDS_READ.with(|r| r.set(r.get() + 1));
+                set.push_word(w, word.load(Ordering::Relaxed));
+            }
+        }
+        set
+    }
+
+    /// Marks word `w` of `down` as possibly non-empty in `summary`.
+    fn mark(&self, w: usize) {
+        if self.down.len() > 1 {
+            self.summary
+                .fetch_or(1 << (w / self.chunk), Ordering::Relaxed);
         }
     }
 
     fn recompute(&self) {
+        let mut marks = 0u64;
         for (w, word) in self.down.iter().enumerate() {
             let bits = self
                 .backends
@@ -193,7 +231,11 @@ impl GroupHealth {
                 .filter(|(_, b)| b.is_down())
                 .fold(0u64, |m, (i, _)| m | (1 << (i % 64)));
             word.store(bits, Ordering::Relaxed);
+            if bits != 0 {
+                marks |= 1 << (w / self.chunk);
+            }
         }
+        self.summary.store(marks, Ordering::Relaxed);
     }
 
     /// A request to backend `i` succeeded (for outlier purposes).
@@ -245,6 +287,7 @@ impl GroupHealth {
         }
         b.consecutive_failures.store(0, Ordering::Relaxed);
         self.down[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+        self.mark(i / 64);
         tracing::warn!(backend = %b.addr, failures = n, ejection = ?length, "backend ejected (outlier)");
         true
     }
@@ -562,6 +605,46 @@ mod tests {
             unhealthy: 2,
             expect_status: 200..=399,
         }
+    }
+
+    /// Words `down_set` reads for `g`, and the set.
+    fn read_down(g: &GroupHealth) -> (usize, BackendSet) {
+        WORDS_READ.with(|r| r.set(0));
+        let set = g.down_set();
+        (WORDS_READ.with(|r| r.get()), set)
+    }
+
+    #[test]
+    fn down_set_of_a_large_group_reads_only_chunks_with_a_backend_down() {
+        let g = group(10_000);
+        let (words, set) = read_down(&g);
+        assert_eq!(
+            (words, set.is_empty()),
+            (0, true),
+            "all up: the summary word alone"
+        );
+        // Drained (recompute) and ejected (record_failure) backends far apart.
+        g.set_drained(9_999, 1);
+        let outlier = Outlier {
+            consecutive_failures: 1,
+            ..Outlier::default()
+        };
+        assert!(g.record_failure(70, &outlier));
+        let (words, set) = read_down(&g);
+        assert!(
+            words <= 2 * g.chunk,
+            "read {words} words of {}",
+            g.down.len()
+        );
+        assert!(set.contains(9_999) && set.contains(70) && !set.contains(71));
+        assert_eq!(
+            set.extra_words(),
+            2,
+            "the set holds the two non-empty words"
+        );
+        g.set_drained(9_999, 0);
+        g.expire_ejections(u64::MAX);
+        assert_eq!(read_down(&g), (0, BackendSet::default()));
     }
 
     #[test]

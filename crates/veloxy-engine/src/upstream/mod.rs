@@ -30,6 +30,8 @@ pub(crate) struct GroupState {
     /// The backup servers (`backup = true`), picked only while no other backend may be.
     /// Empty for most groups, which then pay one comparison.
     pub backups: balancer::BackendSet,
+    /// Backends whose figures changed since the last publish (see [`GroupState::publish`]).
+    dirty: Vec<u32>,
 }
 
 /// A worker's own running figures for one backend.
@@ -37,10 +39,16 @@ pub(crate) struct GroupState {
 pub(crate) struct LocalBackend {
     pub in_flight: u32,
     pub ewma_us: f64,
+    /// Listed in [`GroupState::dirty`].
+    dirty: bool,
 }
 
 /// Weight of a new sample in the latency EWMA.
 const EWMA_ALPHA: f64 = 0.1;
+
+/// Groups up to this size publish every backend on every heartbeat tick; larger ones only
+/// the backends a request started or ended on since, and all of them on a full publish.
+const PUBLISH_ALL_UP_TO: usize = 64;
 
 impl GroupState {
     /// Picks a backend for `ctx`: the primaries first, the backups when every primary is
@@ -61,6 +69,10 @@ impl GroupState {
         self.picker.on_start(backend);
         if let Some(l) = self.local.get_mut(backend) {
             l.in_flight += 1;
+            if !l.dirty {
+                l.dirty = true;
+                self.dirty.push(backend as u32);
+            }
         }
     }
 
@@ -68,6 +80,10 @@ impl GroupState {
     pub fn end(&mut self, backend: usize, latency: std::time::Duration, ok: bool) {
         self.picker.on_end(backend, latency, ok);
         if let Some(l) = self.local.get_mut(backend) {
+            if !l.dirty {
+                l.dirty = true;
+                self.dirty.push(backend as u32);
+            }
             l.in_flight = l.in_flight.saturating_sub(1);
             let x = latency.as_secs_f64() * 1e6;
             l.ewma_us = if l.ewma_us == 0.0 {
@@ -78,18 +94,37 @@ impl GroupState {
         }
     }
 
-    /// Copies this worker's figures for `group` into the shared per-worker slots.
-    pub fn publish(&self, group: &UpstreamGroup, worker: usize) {
+    /// Copies this worker's figures for `group` into the shared per-worker slots: every
+    /// backend's when `all` (or the group is small), else only those of the backends a
+    /// request started or ended on since the last publish, so that a tick costs a group of
+    /// 10,000 what its traffic touched, not 10,000 backends' worth of stores. (A pool change
+    /// alone, a connection returned after its request ended or swept, waits for the next
+    /// full publish.)
+    pub fn publish(&mut self, group: &UpstreamGroup, worker: usize, all: bool) {
         use std::sync::atomic::Ordering::Relaxed;
-        for (b, h) in group.health.backends.iter().enumerate() {
-            let Some(slot) = h.workers.get(worker) else {
-                continue;
+        let backends = &group.health.backends;
+        let one = |this: &Self, b: usize| {
+            let Some(slot) = backends.get(b).and_then(|h| h.workers.get(worker)) else {
+                return;
             };
-            let local = self.local.get(b).copied().unwrap_or_default();
+            let local = this.local.get(b).copied().unwrap_or_default();
             slot.in_flight.store(local.in_flight, Relaxed);
             slot.ewma_us.store(local.ewma_us as u64, Relaxed);
-            slot.idle.store(self.pool.idle_count(b) as u32, Relaxed);
+            slot.idle.store(this.pool.idle_count(b) as u32, Relaxed);
+        };
+        let dirty = std::mem::take(&mut self.dirty);
+        if all || backends.len() <= PUBLISH_ALL_UP_TO {
+            (0..backends.len()).for_each(|b| one(self, b));
+        } else {
+            dirty.iter().for_each(|&b| one(self, b as usize));
         }
+        for &b in &dirty {
+            if let Some(l) = self.local.get_mut(b as usize) {
+                l.dirty = false;
+            }
+        }
+        self.dirty = dirty;
+        self.dirty.clear();
     }
 }
 
@@ -208,6 +243,7 @@ impl GroupState {
             budget: RetryBudget::new(group.retry_budget),
             h2: (0..group.backends.len()).map(|_| None).collect(),
             local: vec![LocalBackend::default(); group.backends.len()],
+            dirty: Vec::new(),
             backups: {
                 let mut set = balancer::BackendSet::default();
                 let backups = group.backends.iter().enumerate().filter(|(_, b)| b.backup);
@@ -241,7 +277,7 @@ impl GroupState {
                 continue;
             };
             if let (Some(l), Some(o)) = (self.local.get_mut(nb), old.local.get(ob)) {
-                *l = *o;
+                *l = LocalBackend { dirty: false, ..*o };
             }
             if conns {
                 self.pool.adopt(nb, old.pool.take_all(ob));
@@ -351,6 +387,44 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_large_group_publishes_the_backends_used_and_all_of_them_when_asked() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let servers: Vec<String> = (0..1_000)
+            .map(|i| format!("\"10.0.{}.{}:80\"", i / 250, i % 250 + 1))
+            .collect();
+        let text = format!(
+            "[listeners.web]\naddr = \"127.0.0.1:0\"\n[[routes]]\nupstream = \"app\"\n\
+             [upstreams.app]\nservers = [{}]\n",
+            servers.join(", ")
+        );
+        let registry = balancer::PolicyRegistry::with_builtins();
+        let snapshot =
+            crate::config::compile::compile_str(std::path::Path::new("t.toml"), &text, &registry)
+                .unwrap();
+        let group = &snapshot.upstreams[0];
+        let mut state = GroupState::new(group, 1);
+        let in_flight = |b: usize| group.health.backends[b].workers[0].in_flight.load(Relaxed);
+        state.start(7);
+        state.start(900);
+        state.start(900);
+        state.end(900, std::time::Duration::from_millis(1), true);
+        // A figure changed without a request (as a pool change would be): not published yet.
+        state.local[500].in_flight = 5;
+        state.publish(group, 0, false);
+        assert_eq!((in_flight(7), in_flight(900), in_flight(500)), (1, 1, 0));
+        assert!(state.dirty.is_empty() && !state.local[7].dirty);
+        state.end(7, std::time::Duration::from_millis(1), true);
+        state.publish(group, 0, false);
+        assert_eq!(
+            in_flight(7),
+            0,
+            "a backend is published again when used again"
+        );
+        state.publish(group, 0, true);
+        assert_eq!(in_flight(500), 5, "a full publish writes every backend");
+    }
 
     #[test]
     fn retry_budget_caps_retries_at_the_ratio() {

@@ -585,6 +585,51 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_pick_in_a_group_of_ten_thousand_looks_at_a_few_backends() {
+        use super::super::balancer::{BackendSet, PolicyRegistry, PROBES};
+        let registry = PolicyRegistry::with_builtins();
+        for weighted in [false, true] {
+            let backends: Vec<BackendInfo> = many(10_000)
+                .into_iter()
+                .map(|b| BackendInfo {
+                    weight: if weighted { b.weight } else { 1 },
+                    ..b
+                })
+                .collect();
+            // A few backends down, spread over the group.
+            let mut excluded = BackendSet::default();
+            [3, 64, 5_000, 9_999]
+                .into_iter()
+                .for_each(|i| excluded.insert(i));
+            for name in registry.names() {
+                let mut picker = registry.get(name).unwrap().new_picker(&backends);
+                PROBES.with(|p| p.set(0));
+                let picks = 2_000u64;
+                let mut most = 0;
+                for h in 0..picks {
+                    let before = PROBES.with(|p| p.get());
+                    let c = PickContext {
+                        client: "127.0.0.1:1".parse().unwrap(),
+                        excluded: excluded.clone(),
+                        hash: hash_bytes(&h.to_le_bytes(), 3),
+                    };
+                    let b = picker.pick(&c).expect("a pick");
+                    assert!(!excluded.contains(b), "{name} picked excluded {b}");
+                    picker.on_start(b);
+                    picker.on_end(b, Duration::from_millis(1), true);
+                    most = most.max(PROBES.with(|p| p.get()) - before);
+                }
+                let mean = PROBES.with(|p| p.get()) as f64 / picks as f64;
+                // One exclusion check per candidate drawn: a scan of the group would be 10,000.
+                assert!(
+                    mean < 4.0 && most <= 64,
+                    "{name} (weighted {weighted}): {mean} backends looked at per pick, {most} at most"
+                );
+            }
+        }
+    }
+
     fn free() -> PickContext {
         PickContext {
             client: "127.0.0.1:1".parse().unwrap(),

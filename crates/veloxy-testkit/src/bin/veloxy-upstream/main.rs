@@ -11,6 +11,7 @@
 //! ```text
 //! veloxy-upstream --listen 127.0.0.1:0 [--name NAME] [--threads N]
 //!                 [--body-size BYTES] [--close-after N]
+//!                 [--also N --ports-file PATH]
 //! ```
 //!
 //! * `--listen ADDR` (default `127.0.0.1:0`): address to bind; port 0 picks an
@@ -25,6 +26,12 @@
 //!   it silently: the response carries normal keep-alive framing and no
 //!   `Connection: close`; the socket is then shut down. This simulates an
 //!   upstream that drops idle pooled connections (stale-connection tests).
+//! * `--also N`: listens on N more ephemeral ports of the `--listen` address,
+//!   served by the first worker thread alongside its own socket: one process
+//!   is then many backends (`bench/run --backends` makes groups of 10,000).
+//!   Needs `--ports-file`.
+//! * `--ports-file PATH`: writes every port listened on (the first one first),
+//!   one a line, before the readiness line.
 //!
 //! Once all sockets listen, exactly one line `listening IP:PORT` is printed to
 //! stdout and flushed; tests use it as the readiness signal. SIGTERM and
@@ -146,6 +153,14 @@ struct Args {
     /// Silently close each connection after it has served this many responses.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     close_after: Option<u64>,
+
+    /// Listen on this many more ephemeral ports of the `--listen` address.
+    #[arg(long, default_value_t = 0, requires = "ports_file")]
+    also: usize,
+
+    /// Write every port listened on to this file, one a line.
+    #[arg(long)]
+    ports_file: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -171,10 +186,44 @@ fn main() -> Result<()> {
     };
 
     let (addr, workers) = bind_workers(args.listen, usize::from(args.threads))?;
+    let mut also = Vec::with_capacity(args.also);
+    for _ in 0..args.also {
+        let at = SocketAddr::new(addr.ip(), 0);
+        also.push(new_socket(at, false).with_context(|| format!("binding {at}"))?);
+    }
+    if let Some(path) = &args.ports_file {
+        let mut ports = format!("{}\n", addr.port());
+        for s in &also {
+            ports += &format!(
+                "{}\n",
+                s.local_addr().context("reading a bound address")?.port()
+            );
+        }
+        std::fs::write(path, ports).with_context(|| format!("writing {}", path.display()))?;
+    }
     for (i, (rt, listener)) in workers.into_iter().enumerate() {
+        let extra = if i == 0 {
+            std::mem::take(&mut also)
+        } else {
+            Vec::new()
+        };
+        let extra = {
+            let _guard = rt.enter();
+            extra
+                .into_iter()
+                .map(|s| s.listen(128).context("listening on an extra port"))
+                .collect::<Result<Vec<_>>>()?
+        };
         std::thread::Builder::new()
             .name(format!("upstream-{i}"))
-            .spawn(move || rt.block_on(conn::serve(listener, shared)))
+            .spawn(move || {
+                rt.block_on(async move {
+                    for l in extra {
+                        tokio::spawn(conn::serve(l, shared));
+                    }
+                    conn::serve(listener, shared).await
+                })
+            })
             .context("spawning a worker thread")?;
     }
 
