@@ -263,3 +263,54 @@ fn a_namespace_selector_admits_routes_by_their_namespace_labels() {
         }
     }
 }
+
+/// The conformance suite's HTTPRouteHTTPSListener: an HTTPS listener without hostname
+/// serves its certificate for any name (`*`) besides its routes' hostnames, so that a name
+/// no route has gets the Gateway's certificate (and a 404), not the file listener's; a
+/// listener with a hostname serves its certificate for that name only.
+#[test]
+fn an_https_listener_without_hostname_serves_its_certificate_for_any_name() {
+    let c = rcgen::generate_simple_self_signed(vec!["*.org".to_string()]).unwrap();
+    let b64 = |s: String| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    let secret = obj(
+        serde_json::json!({"metadata": {"name": "cert", "namespace": "ns"},
+        "type": "kubernetes.io/tls",
+        "data": {"tls.crt": b64(c.cert.pem()), "tls.key": b64(c.signing_key.serialize_pem())}}),
+    );
+    let tls = serde_json::json!({"certificateRefs": [{"name": "cert"}]});
+    let world = World {
+        gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+            "spec": {"controllerName": CONTROLLER}}))],
+        gateways: vec![obj(
+            serde_json::json!({"metadata": {"name": "gw", "namespace": "ns"},
+            "spec": {"gatewayClassName": "c", "listeners": [
+                {"name": "any", "port": 443, "protocol": "HTTPS", "tls": tls},
+                {"name": "one", "port": 443, "protocol": "HTTPS", "tls": tls,
+                 "hostname": "second.example"}]}}),
+        )],
+        http_routes: vec![route("r", "2026-01-01T00:00:00Z")],
+        secrets: vec![secret],
+        ..Default::default()
+    };
+    let mut spec = spec();
+    spec.https_listener = Some("websecure".into());
+    let t = translate(&world, &spec, &Table::new(), Path::new("/x"));
+    let hosts: Vec<(&str, Vec<&str>)> = t
+        .certs
+        .iter()
+        .map(|(on, e)| {
+            let h = e["hosts"].as_array().unwrap();
+            (on.as_str(), h.iter().map(|v| v.as_str().unwrap()).collect())
+        })
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            ("websecure", vec!["a.example", "*"]),
+            ("websecure", vec!["second.example"])
+        ]
+    );
+}
