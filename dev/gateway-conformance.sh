@@ -20,8 +20,9 @@
 # echo-basic, gateway-conformance.test, kubelet-standin).
 #
 # Addresses (TEST-NET, on the namespace's lo): 192.0.2.1 the API server (and the Node),
-# 192.0.2.10 veloxy (listeners on 80 and 443: every Gateway listener of those ports is served
-# there, and every Gateway reports 192.0.2.10 as its address), 198.51.100.0/24 the Pods.
+# 192.0.2.10 veloxy (listeners on 80 and 443), 192.0.2.11-192.0.2.74 veloxy's
+# gateway_addresses (each Gateway gets one and is served on copies of those listeners bound
+# to it), 198.51.100.0/24 the Pods.
 #
 # Exit status: 0 when the suite ran (whatever it found), 1 when it could not run.
 set -euo pipefail
@@ -89,7 +90,10 @@ t0=$SECONDS
 API=192.0.2.1
 GWADDR=192.0.2.10
 ip link set lo up
-for a in $API $GWADDR; do ip addr add "$a/32" dev lo; done
+# The Gateways' addresses (gateway_addresses in veloxy.toml).
+GWPOOL=()
+for i in $(seq 11 74); do GWPOOL+=("192.0.2.$i"); done
+for a in $API $GWADDR "${GWPOOL[@]}"; do ip addr add "$a/32" dev lo; done
 
 pids=()
 cleanup() {
@@ -147,6 +151,8 @@ kubeconfig = "$KUBECONFIG"
 http_listener = "web"
 https_listener = "websecure"
 status_address = "$GWADDR"
+# Each Gateway its own address (HTTPRouteMultipleGateways).
+gateway_addresses = [$(printf '"%s", ' "${GWPOOL[@]}")]
 EOF
 "$veloxy" run --config "$work/veloxy.toml" >"$work/veloxy.log" 2>&1 &
 pids+=($!)

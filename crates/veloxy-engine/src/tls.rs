@@ -236,14 +236,16 @@ pub trait LiveCerts: Send + Sync {
 
 /// Picks the certificate by SNI: a tls-alpn-01 validation certificate for ACME's validation
 /// handshakes, the ACME certificate of the name (on listeners with `acme`), the exact name,
-/// then a wildcard (one label), then the default (the listener's `cert`, or its first `certs`
-/// entry). Clients without SNI get the default. With no certificate at all (an ACME name
+/// then a wildcard (one label), then the first entry for any name (`*`), then the default
+/// (the listener's `cert`, or its first `certs` entry). Clients without SNI get the default. With no certificate at all (an ACME name
 /// before its first issuance, on a listener without files) the handshake fails with an alert.
 /// Every certificate chosen gets its OCSP staple from `live`. Until the runtime binds `live`
 /// (a config compiled but not run), handshakes get no ACME certificate and no staple.
 struct SniResolver {
     exact: HashMap<String, Arc<CertifiedKey>>,
     wildcard: HashMap<String, Arc<CertifiedKey>>,
+    /// The first entry with the host `*`: any name no exact or wildcard entry has.
+    any: Option<Arc<CertifiedKey>>,
     default: Option<Arc<CertifiedKey>>,
     acme: bool,
     /// `local_ca = true`: the local CA's leaves, this name's for clients without SNI (or
@@ -257,6 +259,7 @@ impl std::fmt::Debug for SniResolver {
         f.debug_struct("SniResolver")
             .field("exact", &self.exact)
             .field("wildcard", &self.wildcard)
+            .field("any", &self.any)
             .field("default", &self.default)
             .field("acme", &self.acme)
             .finish_non_exhaustive()
@@ -308,6 +311,9 @@ impl SniResolver {
                 return Some(k.clone());
             }
         }
+        if let Some(k) = &self.any {
+            return Some(k.clone());
+        }
         self.default.clone().or_else(|| self.local_default())
     }
 
@@ -331,10 +337,15 @@ pub fn server_config(
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let mut exact = HashMap::new();
     let mut wildcard = HashMap::new();
+    let mut any = None;
     let default = certs.first().map(|c| c.key.clone());
     for c in &certs {
         for h in &c.hosts {
             let h = h.to_ascii_lowercase();
+            if h == "*" {
+                any.get_or_insert_with(|| c.key.clone());
+                continue;
+            }
             match h.strip_prefix("*.") {
                 Some(parent) => wildcard.insert(parent.to_string(), c.key.clone()),
                 None => exact.insert(h, c.key.clone()),
@@ -344,6 +355,7 @@ pub fn server_config(
     let resolver = SniResolver {
         exact,
         wildcard,
+        any,
         default,
         acme,
         local,
@@ -715,6 +727,48 @@ mod tests {
         client.write_tls(&mut hello).unwrap();
         server.read_tls(&mut hello.as_slice()).unwrap();
         server.process_new_packets().is_ok()
+    }
+
+    /// `*` is chosen for a name no exact or wildcard entry has, before the default; clients
+    /// without SNI still get the default.
+    #[test]
+    fn the_any_name_entry_comes_after_exact_and_wildcard_names() {
+        let (default, exact, wild, any) = (
+            self_signed("default.test"),
+            self_signed("a.test"),
+            self_signed("b.wild.test"),
+            self_signed("any.test"),
+        );
+        let mut r = SniResolver {
+            exact: HashMap::from([("a.test".to_owned(), exact.clone())]),
+            wildcard: HashMap::from([("wild.test".to_owned(), wild.clone())]),
+            any: Some(any.clone()),
+            default: Some(default.clone()),
+            acme: false,
+            local: None,
+            live: Late::empty(),
+        };
+        let is = |got: Option<Arc<CertifiedKey>>, want: &Arc<CertifiedKey>| {
+            got.is_some_and(|g| Arc::ptr_eq(&g, want))
+        };
+        assert!(is(r.choose(Some("A.test")), &exact));
+        assert!(is(r.choose(Some("b.wild.test")), &wild));
+        assert!(is(r.choose(Some("other.example")), &any));
+        assert!(is(r.choose(None), &default));
+        r.any = None;
+        assert!(is(r.choose(Some("other.example")), &default));
+        // server_config takes `*` from the entries' hosts, the first such entry winning.
+        let entry = |hosts: &[&str], key: &Arc<CertifiedKey>| CertEntry {
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            key: key.clone(),
+        };
+        let entries = vec![
+            entry(&[], &default),
+            entry(&["*"], &any),
+            entry(&["*"], &exact),
+        ];
+        let config = server_config(entries, false, false, None, Late::empty()).unwrap();
+        assert!(answers(&config, "other.example", b"http/1.1"));
     }
 
     #[test]

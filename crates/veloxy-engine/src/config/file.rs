@@ -66,6 +66,8 @@ pub struct KubernetesSection {
     pub http_listener: Option<Spanned<String>>,
     pub https_listener: Option<Spanned<String>>,
     pub status_address: Option<Spanned<String>>,
+    /// IP addresses to give Gateways one each (their routes served on that address only).
+    pub gateway_addresses: Option<Spanned<Vec<String>>>,
     pub publish_service: Option<Spanned<String>>,
     /// `NAMESPACE/NAME` of the Lease that picks the one replica writing status.
     pub lease: Option<Spanned<String>>,

@@ -148,6 +148,11 @@ pub struct KubernetesSpec {
     pub https_listener: Option<String>,
     /// What Ingress status publishes.
     pub status: Option<StatusAddress>,
+    /// `gateway_addresses`: each Gateway gets one of them (the one its `spec.addresses`
+    /// names, else the one its status has, else the first free), is served on copies of the
+    /// file's listeners bound to it, and publishes it; empty: every Gateway is served on the
+    /// file's listeners and publishes `status`.
+    pub gateway_addresses: Vec<std::net::IpAddr>,
     /// `lease = "NAMESPACE/NAME"`: the coordination.k8s.io Lease through which one replica
     /// writes status; `None`: `veloxy-status` in the pod's namespace (`$POD_NAMESPACE`, the
     /// service account's, else `default`).

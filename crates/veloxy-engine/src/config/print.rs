@@ -94,6 +94,10 @@ fn kubernetes(out: &mut Toml, k: &crate::config::KubernetesSpec) {
         }
         None => {}
     }
+    if !k.gateway_addresses.is_empty() {
+        let list: Vec<String> = k.gateway_addresses.iter().map(|a| a.to_string()).collect();
+        out.raw("gateway_addresses", &str_list(&list));
+    }
     if let Some((namespace, name)) = &k.lease {
         out.str("lease", &format!("{namespace}/{name}"));
     }

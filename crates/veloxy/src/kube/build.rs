@@ -401,7 +401,8 @@ impl<'a> Builder<'a> {
             }
             notes.extend(t.notes);
             problems.extend(t.problems);
-            super::merge::add_gateway(&mut table, (routes, streams), t.upstreams, t.certs);
+            let made = (t.upstreams, t.listeners);
+            super::merge::add_gateway(&mut table, (routes, streams), made, t.certs);
             report = t.report;
         }
         let servers = Servers::take(&mut table);

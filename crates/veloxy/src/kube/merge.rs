@@ -155,14 +155,18 @@ fn add_named(
 }
 
 /// Adds the Gateway API translation: its routes after the file's and the Ingresses', its
-/// streams after the file's, its groups, and its certificates to their listeners'
-/// `tls.certs`.
+/// streams after the file's, its groups, its copies of the file's listeners on Gateway
+/// addresses, and its certificates to their listeners' `tls.certs`.
 pub fn add_gateway(
     file: &mut Table,
     (routes, streams): (Vec<Value>, Vec<Value>),
-    upstreams: Table,
+    (upstreams, listeners): (Table, Table),
     certs: Vec<(String, Value)>,
 ) {
+    // The listeners copied onto Gateway addresses first: their certificates go into them.
+    if !listeners.is_empty() {
+        table(file, "listeners").extend(listeners);
+    }
     if !upstreams.is_empty() {
         table(file, "upstreams").extend(upstreams);
     }
@@ -342,6 +346,7 @@ mod tests {
             https_listener: Some("websecure".into()),
             status: None,
             lease: None,
+            gateway_addresses: Vec::new(),
             lease_duration: std::time::Duration::from_secs(15),
         }
     }

@@ -333,6 +333,7 @@ mod tests {
             https_listener: None,
             status: None,
             lease: None,
+            gateway_addresses: Vec::new(),
             lease_duration: std::time::Duration::from_secs(15),
         }
     }

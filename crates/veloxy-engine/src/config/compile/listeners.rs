@@ -260,7 +260,7 @@ fn compile_tls(
                 "needs at least one host name",
             ));
         }
-        for h in e.hosts.get_ref() {
+        for h in e.hosts.get_ref().iter().filter(|h| *h != "*") {
             let bare = h.strip_prefix("*.").unwrap_or(h);
             if bare.is_empty()
                 || bare.contains('*')
@@ -269,7 +269,7 @@ fn compile_tls(
                 return Err(src.error(
                     e.hosts.span(),
                     format!("{ckey}.hosts"),
-                    format!("{h:?} is not a host name (exact, or *.domain)"),
+                    format!("{h:?} is not a host name (exact, *.domain, or * for any)"),
                 ));
             }
         }

@@ -83,6 +83,7 @@ pub(super) fn compile_providers(
         http_listener,
         https_listener,
         status: status(src, k)?,
+        gateway_addresses: gateway_addresses(src, k)?,
         lease: match &k.lease {
             Some(l) => Some(namespaced(src, l, "lease", "a Lease")?),
             None => None,
@@ -177,6 +178,33 @@ fn status(src: &Source, k: &KubernetesSection) -> Result<Option<StatusAddress>, 
     }
 }
 
+/// `gateway_addresses`: IP addresses, each once.
+fn gateway_addresses(
+    src: &Source,
+    k: &KubernetesSection,
+) -> Result<Vec<std::net::IpAddr>, ConfigError> {
+    let Some(list) = &k.gateway_addresses else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for a in list.get_ref() {
+        let bad =
+            |why: String| src.error(list.span(), "providers.kubernetes.gateway_addresses", why);
+        let ip: std::net::IpAddr = a
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{a:?} is not an IP address")))?;
+        if ip.is_unspecified() {
+            return Err(bad(format!("{a:?}: a Gateway needs an address of its own")));
+        }
+        if out.contains(&ip) {
+            return Err(bad(format!("{a:?} is listed twice")));
+        }
+        out.push(ip);
+    }
+    Ok(out)
+}
+
 /// `"NAMESPACE/NAME"` of an object (`what`: "a Service", "a Lease").
 fn namespaced(
     src: &Source,
@@ -228,6 +256,7 @@ mod tests {
                 https_listener: None,
                 status: Some(StatusAddress::Ip([203, 0, 113, 10].into())),
                 lease: None,
+                gateway_addresses: Vec::new(),
                 lease_duration: std::time::Duration::from_secs(15),
             })
         );

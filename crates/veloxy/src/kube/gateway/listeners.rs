@@ -237,7 +237,9 @@ fn tls(world: &World, gw: &Gateway, l: &Listener, r: &mut ListenerReport, t: &mu
 }
 
 /// The certificates of the served HTTPS listeners, for the SNI names of the listener's
-/// hostname or, without one, of the routes attached to it.
+/// hostname or, without one, for the hostnames of the routes attached to it and any other
+/// name (`*`: a listener without hostname matches every name, so its certificate is served
+/// for names the file's certificates and other Gateway listeners do not have).
 pub(super) fn certs(t: &mut Translation, dir: &Path) {
     let mut out = Vec::new();
     for g in &t.report.gateways {
@@ -245,11 +247,14 @@ pub(super) fn certs(t: &mut Translation, dir: &Path) {
             let Some(on) = &l.veloxy else { continue };
             let hosts: Vec<Value> = match &l.spec.hostname {
                 Some(h) => vec![h.as_str().into()],
-                None => l.hosts.iter().map(|h| Value::from(h.as_str())).collect(),
+                None => l
+                    .hosts
+                    .iter()
+                    .map(String::as_str)
+                    .chain(["*"])
+                    .map(Value::from)
+                    .collect(),
             };
-            if hosts.is_empty() {
-                continue;
-            }
             for (cert, key) in &l.certs {
                 let mut e = Table::new();
                 e.insert("hosts".into(), Value::Array(hosts.clone()));

@@ -14,6 +14,7 @@
 //! host, path and conditions the older one is served. [`translate`] also returns the facts
 //! [`status`] writes.
 
+mod addresses;
 mod attach;
 mod backends;
 mod listeners;
@@ -67,6 +68,9 @@ pub struct Translation {
     pub upstreams: Table,
     /// (veloxy listener, `tls.certs` entry).
     pub certs: Vec<(String, Value)>,
+    /// `[listeners.NAME]` tables: the file's listeners copied onto Gateway addresses
+    /// (`gateway_addresses`).
+    pub listeners: Table,
     /// (file name under the private directory, contents): the Secrets' PEMs.
     pub files: Vec<(String, String)>,
     /// Lines for the log: what was refused and why.
@@ -88,6 +92,8 @@ pub struct Report {
 /// One of our Gateways.
 pub struct GatewayReport {
     pub gateway: Arc<Gateway>,
+    /// Its address of `gateway_addresses` (`None`: it publishes `status_address`).
+    pub address: Option<std::net::IpAddr>,
     pub listeners: Vec<ListenerReport>,
 }
 
@@ -198,32 +204,44 @@ pub fn translate(world: &World, spec: &KubernetesSpec, file: &Table, dir: &Path)
     if t.report.classes.is_empty() {
         return t;
     }
-    for gw in &world.gateways {
-        let ours = t
-            .report
-            .classes
-            .iter()
-            .any(|c| c.metadata.name.as_deref() == Some(gw.spec.gateway_class_name.as_str()));
-        if ours {
-            let listeners: Vec<ListenerReport> = gw
-                .spec
-                .listeners
+    let ours: Vec<Arc<Gateway>> = world
+        .gateways
+        .iter()
+        .filter(|gw| {
+            t.report
+                .classes
                 .iter()
-                .map(|l| listeners::listener(world, spec, file, gw, l, &mut t))
-                .collect();
-            for (l, r) in gw.spec.listeners.iter().zip(&listeners) {
-                for e in [&r.accepted, &r.resolved]
-                    .into_iter()
-                    .filter_map(|c| c.as_ref().err())
-                {
-                    t.problems.push(listeners::problem(gw, l, e));
+                .any(|c| c.metadata.name.as_deref() == Some(gw.spec.gateway_class_name.as_str()))
+        })
+        .cloned()
+        .collect();
+    let addresses = addresses::assign(&ours, &spec.gateway_addresses);
+    for (gw, address) in ours.iter().zip(addresses) {
+        let listeners: Vec<ListenerReport> = gw
+            .spec
+            .listeners
+            .iter()
+            .map(|l| {
+                let mut r = listeners::listener(world, spec, file, gw, l, &mut t);
+                if let Some(on) = r.veloxy.take() {
+                    r.veloxy = Some(addresses::on_address(file, on, address, &mut t));
                 }
+                r
+            })
+            .collect();
+        for (l, r) in gw.spec.listeners.iter().zip(&listeners) {
+            for e in [&r.accepted, &r.resolved]
+                .into_iter()
+                .filter_map(|c| c.as_ref().err())
+            {
+                t.problems.push(listeners::problem(gw, l, e));
             }
-            t.report.gateways.push(GatewayReport {
-                gateway: gw.clone(),
-                listeners,
-            });
         }
+        t.report.gateways.push(GatewayReport {
+            gateway: gw.clone(),
+            address,
+            listeners,
+        });
     }
     let mut all: Vec<AnyRoute<'_>> = world
         .http_routes

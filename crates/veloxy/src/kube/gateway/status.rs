@@ -39,7 +39,15 @@ pub async fn publish(client: &Client, report: &Report, addresses: &[IngressLoadB
     for g in &report.gateways {
         let gw = &g.gateway;
         let old = gw.status.clone().unwrap_or(Value::Null);
-        let want = gateway(g, &addresses, &old);
+        let own;
+        let addresses = match g.address {
+            Some(a) => {
+                own = [json!({"type": "IPAddress", "value": a.to_string()})];
+                &own[..]
+            }
+            None => &addresses[..],
+        };
+        let want = gateway(g, addresses, &old);
         if !subset(&want, &old) {
             let ns = gw.metadata.namespace.as_deref().unwrap_or("default");
             let api: Api<Gateway> = Api::namespaced(client.clone(), ns);

@@ -30,6 +30,7 @@ fn spec() -> KubernetesSpec {
         https_listener: None,
         status: None,
         lease: None,
+        gateway_addresses: Vec::new(),
         lease_duration: std::time::Duration::from_secs(15),
     }
 }
@@ -262,4 +263,144 @@ fn a_namespace_selector_admits_routes_by_their_namespace_labels() {
             ),
         }
     }
+}
+
+/// The conformance suite's HTTPRouteHTTPSListener: an HTTPS listener without hostname
+/// serves its certificate for any name (`*`) besides its routes' hostnames, so that a name
+/// no route has gets the Gateway's certificate (and a 404), not the file listener's; a
+/// listener with a hostname serves its certificate for that name only.
+#[test]
+fn an_https_listener_without_hostname_serves_its_certificate_for_any_name() {
+    let c = rcgen::generate_simple_self_signed(vec!["*.org".to_string()]).unwrap();
+    let b64 = |s: String| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    let secret = obj(
+        serde_json::json!({"metadata": {"name": "cert", "namespace": "ns"},
+        "type": "kubernetes.io/tls",
+        "data": {"tls.crt": b64(c.cert.pem()), "tls.key": b64(c.signing_key.serialize_pem())}}),
+    );
+    let tls = serde_json::json!({"certificateRefs": [{"name": "cert"}]});
+    let world = World {
+        gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+            "spec": {"controllerName": CONTROLLER}}))],
+        gateways: vec![obj(
+            serde_json::json!({"metadata": {"name": "gw", "namespace": "ns"},
+            "spec": {"gatewayClassName": "c", "listeners": [
+                {"name": "any", "port": 443, "protocol": "HTTPS", "tls": tls},
+                {"name": "one", "port": 443, "protocol": "HTTPS", "tls": tls,
+                 "hostname": "second.example"}]}}),
+        )],
+        http_routes: vec![route("r", "2026-01-01T00:00:00Z")],
+        secrets: vec![secret],
+        ..Default::default()
+    };
+    let mut spec = spec();
+    spec.https_listener = Some("websecure".into());
+    let t = translate(&world, &spec, &Table::new(), Path::new("/x"));
+    let hosts: Vec<(&str, Vec<&str>)> = t
+        .certs
+        .iter()
+        .map(|(on, e)| {
+            let h = e["hosts"].as_array().unwrap();
+            (on.as_str(), h.iter().map(|v| v.as_str().unwrap()).collect())
+        })
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            ("websecure", vec!["a.example", "*"]),
+            ("websecure", vec!["second.example"])
+        ]
+    );
+}
+
+/// The conformance suite's HTTPRouteMultipleGateways: with `gateway_addresses`, each
+/// Gateway gets an address (the one its `spec.addresses` asks for first, then the oldest
+/// Gateway the first free one) and its routes go on a copy of the file's listener bound to
+/// it, so a route of one Gateway is not served on another's address; a listener bound to
+/// every address cannot be split, and its Gateways share it.
+#[test]
+fn each_gateway_is_served_on_its_own_address() {
+    let gw = |name: &str, created: &str, asks: &[&str]| {
+        let addresses: Vec<serde_json::Value> = asks
+            .iter()
+            .map(|a| serde_json::json!({"type": "IPAddress", "value": a}))
+            .collect();
+        obj(
+            serde_json::json!({"metadata": {"name": name, "namespace": "ns",
+            "creationTimestamp": created},
+            "spec": {"gatewayClassName": "c", "addresses": addresses,
+                     "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}}),
+        )
+    };
+    let on = |name: &str, parents: &[&str], path: &str| {
+        let parents: Vec<serde_json::Value> = parents
+            .iter()
+            .map(|p| serde_json::json!({"name": p}))
+            .collect();
+        obj(
+            serde_json::json!({"metadata": {"name": name, "namespace": "ns",
+            "creationTimestamp": "2026-01-03T00:00:00Z"},
+            "spec": {"parentRefs": parents,
+                     "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": path}}]}]}}),
+        )
+    };
+    let world = World {
+        gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+            "spec": {"controllerName": CONTROLLER}}))],
+        gateways: vec![
+            gw("a", "2026-01-01T00:00:00Z", &[]),
+            gw("b", "2026-01-02T00:00:00Z", &["192.0.2.11"]),
+            gw("c", "2026-01-02T00:00:00Z", &[]),
+        ],
+        http_routes: vec![
+            on("shared", &["a", "b"], "/shared"),
+            on("only-a", &["a"], "/"),
+        ],
+        ..Default::default()
+    };
+    let mut spec = spec();
+    spec.gateway_addresses = vec!["192.0.2.11".parse().unwrap(), "192.0.2.12".parse().unwrap()];
+    let file: Table = toml::from_str("[listeners.web]\naddr = \"192.0.2.10:80\"\n").unwrap();
+    let t = translate(&world, &spec, &file, Path::new("/x"));
+    let addrs: Vec<Option<String>> = t
+        .report
+        .gateways
+        .iter()
+        .map(|g| g.address.map(|a| a.to_string()))
+        .collect();
+    // b asked for .11; a, the oldest of the others, gets .12; c none (it shares `web`).
+    assert_eq!(
+        addrs,
+        [Some("192.0.2.12".into()), Some("192.0.2.11".into()), None]
+    );
+    let (on_a, on_b) = ("k8s-gw-192.0.2.12-web", "k8s-gw-192.0.2.11-web");
+    assert_eq!(t.listeners[on_a]["addr"].as_str(), Some("192.0.2.12:80"));
+    assert_eq!(t.listeners[on_b]["addr"].as_str(), Some("192.0.2.11:80"));
+    let mut served: Vec<(String, &str)> = t
+        .routes
+        .iter()
+        .zip(&t.origins)
+        .map(|(r, o)| (r["listener"].as_str().unwrap().to_owned(), o.2.as_str()))
+        .collect();
+    served.sort();
+    let want = |l: &str| l.to_owned();
+    let mut expected = vec![
+        (want(on_a), "only-a"),
+        (want(on_a), "shared"),
+        (want(on_b), "shared"),
+    ];
+    expected.sort();
+    assert_eq!(served, expected, "{:?}", t.routes);
+    // A listener bound to every address: no copies, a note.
+    let any: Table = toml::from_str("[listeners.web]\naddr = \"0.0.0.0:80\"\n").unwrap();
+    let t = translate(&world, &spec, &any, Path::new("/x"));
+    assert!(t.listeners.is_empty());
+    assert!(
+        t.notes.iter().any(|n| n.contains("binds every address")),
+        "{:?}",
+        t.notes
+    );
 }

@@ -89,6 +89,20 @@ pub struct GatewaySpec {
     pub gateway_class_name: String,
     #[serde(default)]
     pub listeners: Vec<Listener>,
+    /// The addresses asked for (`gateway_addresses` honours an IP address of its pool).
+    #[serde(default)]
+    pub addresses: Vec<GatewayAddress>,
+}
+
+/// One of `spec.addresses`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayAddress {
+    /// `IPAddress` (the default), `Hostname` or a vendor's type.
+    #[serde(default)]
+    pub r#type: Option<String>,
+    #[serde(default)]
+    pub value: String,
 }
 
 /// One of a Gateway's listeners.
