@@ -58,6 +58,17 @@ impl Servers {
         table
     }
 
+    /// A group's servers value.
+    pub fn value(&self, group: &str) -> Option<&Value> {
+        self.values.get(group)
+    }
+
+    /// Sets a group's servers (a group of the table taken).
+    pub fn set(&mut self, group: &str, servers: Value) {
+        self.plain.insert(group.to_string(), plain(&servers));
+        self.values.insert(group.to_string(), servers);
+    }
+
     /// Feeds the servers to a fingerprint.
     pub fn hash(&self, h: &mut impl std::hash::Hasher) {
         use std::hash::Hash as _;
@@ -68,7 +79,8 @@ impl Servers {
     }
 }
 
-fn plain(servers: &Value) -> Plain {
+/// The plain form of a group's `servers`.
+pub(super) fn plain(servers: &Value) -> Plain {
     let list = servers.as_array()?;
     list.iter()
         .map(|e| match e {

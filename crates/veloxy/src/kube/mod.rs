@@ -15,6 +15,7 @@
 //! config; their status is written by [`gateway::status`]. Objects skipped or refused are reported as Events ([`events`]).
 
 mod build;
+mod endpoints_only;
 mod events;
 mod gateway;
 mod in_place;
@@ -407,10 +408,19 @@ async fn rebuild(
     writer: Option<&AtomicBool>,
     recorder: &mut events::Recorder,
 ) {
+    let writes = writer.is_none_or(|w| w.load(std::sync::atomic::Ordering::SeqCst));
+    // Only EndpointSlices changed (and this replica's part in writing status did not): no
+    // translation, no status to write.
+    if caches.listed()
+        && builder.wrote_status == Some(writes)
+        && builder.apply_endpoints(&caches.slices())
+    {
+        return;
+    }
     let world = caches.world();
     match builder.apply(&world) {
         Ok(served) => {
-            let writes = writer.is_none_or(|w| w.load(std::sync::atomic::Ordering::SeqCst));
+            builder.wrote_status = Some(writes);
             if let Some(s) = builder.spec.status.as_ref().filter(|_| writes) {
                 let want = status::desired(s, &world);
                 status::publish(client, &served, &world.ingresses, &want).await;
