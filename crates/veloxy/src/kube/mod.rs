@@ -9,8 +9,8 @@
 //! endpoints as its servers ([`objects`]), merges that into the config file ([`merge`]),
 //! compiles it and swaps it in through [`Running::reload`]; [`status`] then publishes the
 //! address in each served Ingress's status. When only EndpointSlices changed, nothing is
-//! translated: [`endpoints_only`] recomputes the servers of the groups they feed. SIGHUP and `POST /reload` re-read the file and
-//! rebuild through [`Provider::reload_file`]. When the API server serves the Gateway API
+//! translated: [`endpoints_only`] recomputes the servers of the groups they feed. SIGHUP and
+//! `POST /reload` re-read the file and rebuild through [`Provider::reload_file`]. When the API server serves the Gateway API
 //! CRDs, GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, ReferenceGrants (and TCPRoutes
 //! and TLSRoutes when served) are watched too and translated by [`gateway`] into the same
 //! config; their status is written by [`gateway::status`]. Objects skipped or refused are reported as Events ([`events`]).
