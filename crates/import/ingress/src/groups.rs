@@ -72,19 +72,28 @@ pub struct GroupKey {
 }
 
 impl Ctx<'_> {
-    /// The servers of a Service port: `--service` addresses, else its DNS name.
+    /// The servers of a Service port: `--service` addresses, else its DNS name. A mapped
+    /// Service port read here is recorded in [`Sources::opaque`].
     pub fn servers(&mut self, b: &Backend, https: bool) -> Result<Vec<Value>, String> {
+        let (servers, key) = self.servers_keyed(b, https)?;
+        self.sources.opaque.extend(key);
+        Ok(servers)
+    }
+
+    /// [`Ctx::servers`], with the `--service` key they come from (`None`: a DNS name).
+    fn servers_keyed(
+        &mut self,
+        b: &Backend,
+        https: bool,
+    ) -> Result<(Vec<Value>, Option<String>), String> {
         let svc = self.objs.service(&b.ns, &b.name);
         if svc.is_some() {
             self.used_services.insert((b.ns.clone(), b.name.clone()));
         }
         let mut port = b.port.clone();
-        if let Some(list) = self
-            .opts
-            .services
-            .get(&format!("{}.{}:{}", b.name, b.ns, port))
-        {
-            return Ok(addrs(list, https));
+        let key = format!("{}.{}:{}", b.name, b.ns, port);
+        if let Some(list) = self.opts.services.get(&key) {
+            return Ok((addrs(list, https), Some(key)));
         }
         if port.parse::<u16>().is_err() {
             let number = svc
@@ -104,12 +113,9 @@ impl Ctx<'_> {
                     ))
                 }
             }
-            if let Some(list) = self
-                .opts
-                .services
-                .get(&format!("{}.{}:{}", b.name, b.ns, port))
-            {
-                return Ok(addrs(list, https));
+            let key = format!("{}.{}:{}", b.name, b.ns, port);
+            if let Some(list) = self.opts.services.get(&key) {
+                return Ok((addrs(list, https), Some(key)));
             }
         }
         let scheme = if https { "https://" } else { "" };
@@ -117,10 +123,8 @@ impl Ctx<'_> {
             .filter(|s| s.spec("type").and_then(Node::scalar).as_deref() == Some("ExternalName"))
             .and_then(|s| s.spec("externalName").and_then(Node::scalar));
         let host = external.unwrap_or_else(|| format!("{}.{}.svc", b.name, b.ns));
-        Ok(vec![table([(
-            "dns",
-            format!("{scheme}{host}:{port}").into(),
-        )])])
+        let dns = table([("dns", format!("{scheme}{host}:{port}").into())]);
+        Ok((vec![dns], None))
     }
 
     /// The servers of a host named in a URL (`auth-url`): a Service's DNS name (mapped by
@@ -131,8 +135,11 @@ impl Ctx<'_> {
             .trim_end_matches(".svc");
         if let Some((name, ns)) = trimmed.split_once('.') {
             if !ns.contains('.') {
-                if let Some(list) = self.opts.services.get(&format!("{name}.{ns}:{port}")) {
-                    return addrs(list, https);
+                let key = format!("{name}.{ns}:{port}");
+                if let Some(list) = self.opts.services.get(&key) {
+                    let servers = addrs(list, https);
+                    self.sources.opaque.insert(key);
+                    return servers;
                 }
             }
         }
@@ -191,11 +198,13 @@ impl Ctx<'_> {
             return Ok(name);
         }
         let https = matches!(key.proto, Proto::Https | Proto::Grpcs);
+        let split = key.backends.len() > 1;
         let mut servers = Vec::new();
+        let mut keys = Vec::new();
         for (b, w) in &key.backends {
-            for s in self.servers(b, https)? {
-                servers.push(weighted(s, *w, key.backends.len() > 1));
-            }
+            let (list, from) = self.servers_keyed(b, https)?;
+            keys.push(from.map(|k| (k, *w)));
+            servers.extend(list.into_iter().map(|s| weighted(s, *w, split)));
         }
         let base = match key.backends.as_slice() {
             [(b, _)] => b.name.clone(),
@@ -208,7 +217,57 @@ impl Ctx<'_> {
         fill(&mut s, &key);
         self.config.upstreams.push((name.clone(), s));
         self.groups.push((key, name.clone()));
+        if keys.iter().all(Option::is_some) {
+            self.sources.groups.push(GroupSource {
+                group: name.clone(),
+                keys: keys.into_iter().flatten().collect(),
+                split,
+                https,
+            });
+        } else {
+            // Some backend is a DNS name: the mapped ones are not recomputed alone.
+            let mapped = keys.into_iter().flatten().map(|(k, _)| k);
+            self.sources.opaque.extend(mapped);
+        }
         Ok(name)
+    }
+}
+
+/// Where the servers of the groups come from, for a caller that maps Services to addresses
+/// (`--service`, the Kubernetes provider's endpoints) and recomputes them when only the
+/// addresses change.
+#[derive(Debug, Default, Clone)]
+pub struct Sources {
+    /// The groups whose servers are all mapped Service ports.
+    pub groups: Vec<GroupSource>,
+    /// The `--service` keys read for anything else (an auth service, a passthrough stream's
+    /// group, a group with a DNS backend too): a change of their addresses is a new import.
+    pub opaque: std::collections::BTreeSet<String>,
+}
+
+/// One group's servers as a function of the `--service` map.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSource {
+    /// The group's name as imported.
+    pub group: String,
+    /// Each backend's `--service` key and weight.
+    pub keys: Vec<(String, u32)>,
+    /// Weighted entries (a canary split).
+    pub split: bool,
+    /// `https://` addresses.
+    pub https: bool,
+}
+
+impl GroupSource {
+    /// The group's servers with `list(key)` as each key's comma-separated addresses: what
+    /// [`Ctx::group`] makes from the same map.
+    pub fn servers(&self, list: impl Fn(&str) -> String) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (key, w) in &self.keys {
+            let mapped = addrs(&list(key), self.https);
+            out.extend(mapped.into_iter().map(|s| weighted(s, *w, self.split)));
+        }
+        out
     }
 }
 

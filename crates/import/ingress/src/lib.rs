@@ -73,6 +73,14 @@ impl Importer for Ingress {
 /// Translates parsed documents (Ingresses, Services, Secrets, ConfigMaps, IngressClasses; from
 /// files or, in the Kubernetes provider, from objects read off the API server as JSON).
 pub fn import_docs(docs: &[Node], opts: &Options) -> Result<Imported, ImportError> {
+    import_docs_with_sources(docs, opts).map(|(imported, _)| imported)
+}
+
+/// [`import_docs`], with where each group's servers come from in `opts.services`.
+pub fn import_docs_with_sources(
+    docs: &[Node],
+    opts: &Options,
+) -> Result<(Imported, groups::Sources), ImportError> {
     let mut report = Report::default();
     let mut objs = Objects::default();
     for d in docs {
@@ -92,13 +100,17 @@ pub fn import_docs(docs: &[Node], opts: &Options) -> Result<Imported, ImportErro
         used_secrets: Vec::new(),
         used_services: Default::default(),
         groups: Vec::new(),
+        sources: Default::default(),
     };
     run(&mut ctx);
     let Ctx {
-        config, mut report, ..
+        config,
+        mut report,
+        sources,
+        ..
     } = ctx;
     report.sort();
-    Ok(Imported { config, report })
+    Ok((Imported { config, report }, sources))
 }
 
 /// Everything the translation shares.
@@ -119,6 +131,8 @@ pub struct Ctx<'a> {
     pub used_services: std::collections::HashSet<(String, String)>,
     /// Upstream groups made so far: their settings and names.
     pub groups: Vec<(groups::GroupKey, String)>,
+    /// Where the groups' servers come from in `opts.services`.
+    pub sources: groups::Sources,
 }
 
 /// One Ingress with its annotations and whether it is imported.

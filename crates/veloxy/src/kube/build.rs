@@ -16,6 +16,7 @@ use veloxy_engine::upstream::balancer::PolicyRegistry;
 use veloxy_engine::Running;
 use veloxy_import::{Options, Outcome};
 
+use super::endpoints_only::{Origins, Plan};
 use super::events::Problem;
 use super::gateway;
 use super::in_place::{self, Servers};
@@ -75,6 +76,11 @@ pub struct Builder<'a> {
     /// Gateway API routes left out because they broke the config: the route's TOML text
     /// and why (each is tried again only when its translation changes).
     gateway_bad: std::collections::BTreeMap<String, String>,
+    /// What the last full build leaves for endpoint-only changes.
+    plan: Option<Plan>,
+    /// Whether the last full rebuild wrote status (the provider's loop sets it): a replica
+    /// that becomes the writer takes a full rebuild.
+    pub wrote_status: Option<bool>,
 }
 
 /// Which Gateway API routes a merge takes.
@@ -100,6 +106,8 @@ struct Merged {
     fingerprint: u64,
     /// Set by [`Builder::compile`] when only servers changed: the new sets.
     in_place: Option<in_place::Sets>,
+    /// Where the groups' servers come from.
+    origins: Origins,
     notes: Vec<String>,
     problems: Vec<Problem>,
     gateway: gateway::Report,
@@ -133,12 +141,15 @@ impl<'a> Builder<'a> {
             problems: Vec::new(),
             left_out_why: Default::default(),
             gateway_bad: Default::default(),
+            plan: None,
+            wrote_status: None,
         }
     }
 
     /// Forgets what was applied: the next build is applied even if nothing changed.
     pub fn invalidate(&mut self) {
         self.applied = None;
+        self.plan = None;
         self.structure = None;
         self.left_out.clear();
     }
@@ -147,6 +158,7 @@ impl<'a> Builder<'a> {
     /// status), or the reason the running config stays.
     pub fn apply(&mut self, world: &World) -> Result<Vec<Arc<Ingress>>, BuildError> {
         let began = std::time::Instant::now();
+        self.plan = None;
         let mut ours: Vec<Arc<Ingress>> = world
             .ingresses
             .iter()
@@ -193,9 +205,15 @@ impl<'a> Builder<'a> {
             }
         }
         let snapshot = match (snapshot, merged.in_place.take()) {
-            (None, None) => return Ok(ours),
+            (None, None) => {
+                self.keep_plan(world, merged);
+                return Ok(ours);
+            }
             (None, Some(sets)) => match self.apply_servers(sets, merged.fingerprint, began) {
-                Ok(()) => return Ok(ours),
+                Ok(()) => {
+                    self.keep_plan(world, merged);
+                    return Ok(ours);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "kubernetes: servers could not change in place; building the whole config");
                     self.snapshot(&merged.text())?
@@ -207,6 +225,7 @@ impl<'a> Builder<'a> {
         self.applied = Some(merged.fingerprint);
         self.structure = Some(merged.structure);
         self.running_servers = merged.servers.plain.clone();
+        self.keep_plan(world, merged);
         let took_ms = began.elapsed().as_secs_f64() * 1e3;
         tracing::info!(
             ingresses = ours.len(),
@@ -231,6 +250,7 @@ impl<'a> Builder<'a> {
             groups = sets.len(),
             took_ms = format!("{:.1}", began.elapsed().as_secs_f64() * 1e3),
             apply_ms = format!("{:.2}", applying.elapsed().as_secs_f64() * 1e3),
+            translated = true,
             "kubernetes: servers changed in place"
         );
         for (g, s) in sets {
@@ -238,6 +258,45 @@ impl<'a> Builder<'a> {
         }
         self.applied = Some(fingerprint);
         Ok(())
+    }
+
+    /// Keeps what `merged` (applied, from `world`) says about its servers, for
+    /// [`Builder::apply_endpoints`].
+    fn keep_plan(&mut self, world: &World, merged: Merged) {
+        self.plan = Some(Plan::new(world, merged.origins, merged.servers));
+    }
+
+    /// Applies a change of EndpointSlices alone (`slices`: [`super::watch::Caches::slices`])
+    /// without translating anything, when the last full build's plan allows it (see
+    /// [`super::endpoints_only`]). Returns false when a full build is needed.
+    pub fn apply_endpoints(&mut self, slices: &World) -> bool {
+        let began = std::time::Instant::now();
+        let Some(mut update) = self.plan.as_ref().and_then(|p| p.changes(slices)) else {
+            return false;
+        };
+        let sets = std::mem::take(&mut update.sets);
+        if !sets.is_empty() {
+            let applying = std::time::Instant::now();
+            if let Err(e) = self.running.set_servers(&sets) {
+                tracing::warn!(error = %e, "kubernetes: servers could not change in place; building the whole config");
+                self.plan = None;
+                return false;
+            }
+            tracing::info!(
+                groups = sets.len(),
+                services = update.services,
+                took_ms = format!("{:.1}", began.elapsed().as_secs_f64() * 1e3),
+                apply_ms = format!("{:.2}", applying.elapsed().as_secs_f64() * 1e3),
+                translated = false,
+                "kubernetes: servers changed in place"
+            );
+        }
+        for (g, s) in sets {
+            self.running_servers.insert(g, Some(s));
+        }
+        let plan = self.plan.as_mut().expect("checked above");
+        self.applied = Some(plan.commit(update));
+        true
     }
 
     /// `ours` without each Ingress that, alone with the file, does not compile (logged, and
@@ -340,6 +399,8 @@ impl<'a> Builder<'a> {
         let mut notes = Vec::new();
         let mut problems = Vec::new();
         let mut hasher = DefaultHasher::new();
+        let mut ingress_sources = None;
+        let (mut gateway_sources, mut gateway_opaque) = Default::default();
         if !ours.is_empty() {
             let docs = self.docs.borrow_mut().documents(world, ours);
             let opts = Options {
@@ -347,8 +408,9 @@ impl<'a> Builder<'a> {
                 services: objects::endpoints(world, ours),
                 ..Default::default()
             };
-            let imported =
-                veloxy_import_ingress::import_docs(&docs, &opts).map_err(BuildError::Translate)?;
+            let (imported, sources) = veloxy_import_ingress::import_docs_with_sources(&docs, &opts)
+                .map_err(BuildError::Translate)?;
+            ingress_sources = Some(sources);
             for e in &imported.report.entries {
                 if let Outcome::Refused(why) = &e.outcome {
                     notes.push(format!(
@@ -401,6 +463,8 @@ impl<'a> Builder<'a> {
             }
             notes.extend(t.notes);
             problems.extend(t.problems);
+            gateway_sources = t.sources;
+            gateway_opaque = t.opaque;
             let made = (t.upstreams, t.listeners);
             super::merge::add_gateway(&mut table, (routes, streams), made, t.certs);
             report = t.report;
@@ -408,6 +472,12 @@ impl<'a> Builder<'a> {
         let servers = Servers::take(&mut table);
         render(&table).hash(&mut hasher);
         let structure = hasher.finish();
+        let origins = Origins {
+            structure: hasher.clone(),
+            ingress: ingress_sources,
+            gateway: gateway_sources,
+            gateway_opaque,
+        };
         servers.hash(&mut hasher);
         Ok(Merged {
             table,
@@ -415,6 +485,7 @@ impl<'a> Builder<'a> {
             structure,
             fingerprint: hasher.finish(),
             in_place: None,
+            origins,
             notes,
             problems,
             gateway: report,
@@ -444,3 +515,6 @@ fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
     // The engine's writer: the directory 0700, the file 0600, written whole and renamed.
     veloxy_engine::acme::storage::write_private(path, contents.as_bytes())
 }
+
+#[cfg(test)]
+mod tests;

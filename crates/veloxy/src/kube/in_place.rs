@@ -26,6 +26,9 @@ pub(super) struct Servers {
     values: BTreeMap<String, Value>,
     /// By group name: the plain form.
     pub plain: BTreeMap<String, Plain>,
+    /// By group name: the value as text, for the fingerprint (rendered once per change: an
+    /// endpoint-only change fingerprints every group again).
+    text: BTreeMap<String, String>,
 }
 
 impl Servers {
@@ -40,6 +43,7 @@ impl Servers {
                 continue;
             };
             out.plain.insert(name.clone(), plain(&servers));
+            out.text.insert(name.clone(), servers.to_string());
             out.values.insert(name.clone(), servers);
         }
         out
@@ -58,17 +62,30 @@ impl Servers {
         table
     }
 
+    /// A group's servers value.
+    pub fn value(&self, group: &str) -> Option<&Value> {
+        self.values.get(group)
+    }
+
+    /// Sets a group's servers (a group of the table taken).
+    pub fn set(&mut self, group: &str, servers: Value) {
+        self.plain.insert(group.to_string(), plain(&servers));
+        self.text.insert(group.to_string(), servers.to_string());
+        self.values.insert(group.to_string(), servers);
+    }
+
     /// Feeds the servers to a fingerprint.
     pub fn hash(&self, h: &mut impl std::hash::Hasher) {
         use std::hash::Hash as _;
-        for (name, v) in &self.values {
+        for (name, text) in &self.text {
             name.hash(h);
-            v.to_string().hash(h);
+            text.hash(h);
         }
     }
 }
 
-fn plain(servers: &Value) -> Plain {
+/// The plain form of a group's `servers`.
+pub(super) fn plain(servers: &Value) -> Plain {
     let list = servers.as_array()?;
     list.iter()
         .map(|e| match e {

@@ -8,13 +8,15 @@
 //! ingress-nginx's annotations keep their meaning), with each Service port's ready
 //! endpoints as its servers ([`objects`]), merges that into the config file ([`merge`]),
 //! compiles it and swaps it in through [`Running::reload`]; [`status`] then publishes the
-//! address in each served Ingress's status. SIGHUP and `POST /reload` re-read the file and
-//! rebuild through [`Provider::reload_file`]. When the API server serves the Gateway API
+//! address in each served Ingress's status. When only EndpointSlices changed, nothing is
+//! translated: [`endpoints_only`] recomputes the servers of the groups they feed. SIGHUP and
+//! `POST /reload` re-read the file and rebuild through [`Provider::reload_file`]. When the API server serves the Gateway API
 //! CRDs, GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, ReferenceGrants (and TCPRoutes
 //! and TLSRoutes when served) are watched too and translated by [`gateway`] into the same
 //! config; their status is written by [`gateway::status`]. Objects skipped or refused are reported as Events ([`events`]).
 
 mod build;
+mod endpoints_only;
 mod events;
 mod gateway;
 mod in_place;
@@ -407,10 +409,19 @@ async fn rebuild(
     writer: Option<&AtomicBool>,
     recorder: &mut events::Recorder,
 ) {
+    let writes = writer.is_none_or(|w| w.load(std::sync::atomic::Ordering::SeqCst));
+    // Only EndpointSlices changed (and this replica's part in writing status did not): no
+    // translation, no status to write.
+    if caches.listed()
+        && builder.wrote_status == Some(writes)
+        && builder.apply_endpoints(&caches.slices())
+    {
+        return;
+    }
     let world = caches.world();
     match builder.apply(&world) {
         Ok(served) => {
-            let writes = writer.is_none_or(|w| w.load(std::sync::atomic::Ordering::SeqCst));
+            builder.wrote_status = Some(writes);
             if let Some(s) = builder.spec.status.as_ref().filter(|_| writes) {
                 let want = status::desired(s, &world);
                 status::publish(client, &served, &world.ingresses, &want).await;

@@ -24,7 +24,7 @@ pub const CONTROLLER: &str = "veloxy.dev/ingress-controller";
 /// The annotation that makes an IngressClass the default one.
 const DEFAULT_CLASS: &str = "ingressclass.kubernetes.io/is-default-class";
 /// The label that ties an EndpointSlice to its Service.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub(super) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Everything the translation reads, copied out of the watch caches.
 #[derive(Default)]
@@ -48,6 +48,9 @@ pub struct World {
     /// `slices` by (namespace, Service name), built on first use: each Service's lookup
     /// reads its own slices, not all of them (1,000 Services: a million label reads before).
     pub slice_index: std::sync::OnceLock<HashMap<(String, String), Vec<usize>>>,
+    /// How many changes the watches of every kind but EndpointSlice had seen when this copy
+    /// was made: equal in two copies, only EndpointSlices changed between them.
+    pub others: u64,
 }
 
 impl World {

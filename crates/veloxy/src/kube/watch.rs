@@ -5,7 +5,7 @@
 
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::StreamExt as _;
@@ -53,6 +53,8 @@ pub struct Caches {
     namespaces: Vec<Store<Namespace>>,
     /// One flag per watch: its first list is complete.
     listed: Vec<Arc<AtomicBool>>,
+    /// Changes seen by the watches of every kind but EndpointSlice ([`World::others`]).
+    others: Arc<AtomicU64>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -80,6 +82,7 @@ impl Caches {
             grants: Vec::new(),
             namespaces: Vec::new(),
             listed: Vec::new(),
+            others: Arc::default(),
             tasks: Vec::new(),
         };
         let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
@@ -150,6 +153,8 @@ impl Caches {
     /// A copy of every cached object, each kind sorted by namespace and name (so that the
     /// same objects always translate into the same config).
     pub fn world(&self) -> World {
+        // Read before the copies: a change between the two makes the next copy differ.
+        let others = self.others.load(Ordering::Acquire);
         World {
             ingresses: sorted(&self.ingresses),
             classes: sorted(&self.classes),
@@ -165,6 +170,18 @@ impl Caches {
             grants: sorted(&self.grants),
             namespaces: sorted(&self.namespaces),
             slice_index: Default::default(),
+            others,
+        }
+    }
+
+    /// The EndpointSlices alone (unsorted: what is read of them does not depend on their
+    /// order), with [`World::others`]: the input of an endpoint-only change.
+    pub fn slices(&self) -> World {
+        let others = self.others.load(Ordering::Acquire);
+        World {
+            slices: self.slices.iter().flat_map(Store::state).collect(),
+            others,
+            ..Default::default()
         }
     }
 
@@ -185,6 +202,12 @@ impl Caches {
         let listed = Arc::new(AtomicBool::new(false));
         self.listed.push(listed.clone());
         let changed = changed.clone();
+        let others = (kind != "EndpointSlice").then(|| self.others.clone());
+        let bump = move || {
+            if let Some(o) = &others {
+                o.fetch_add(1, Ordering::AcqRel);
+            }
+        };
         self.tasks.push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             let mut failing = false;
@@ -198,9 +221,13 @@ impl Caches {
                             failing = false;
                         }
                         listed.store(true, Ordering::Release);
+                        bump();
                         changed.notify_one();
                     }
-                    Ok(Event::Apply(_) | Event::Delete(_)) => changed.notify_one(),
+                    Ok(Event::Apply(_) | Event::Delete(_)) => {
+                        bump();
+                        changed.notify_one();
+                    }
                     Err(e) => {
                         // Logged once per outage, not at every retry.
                         if !failing {
@@ -231,8 +258,9 @@ where
 {
     let mut all: Vec<Arc<K>> = stores.iter().flat_map(Store::state).collect();
     all.sort_by(|a, b| {
-        let key = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
-        key(a).cmp(&key(b))
+        let (a, b) = (a.meta(), b.meta());
+        (a.namespace.as_deref(), a.name.as_deref())
+            .cmp(&(b.namespace.as_deref(), b.name.as_deref()))
     });
     all
 }

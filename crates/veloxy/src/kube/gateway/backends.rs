@@ -3,6 +3,7 @@
 //! share whatever its number of endpoints; references across namespaces only with a
 //! ReferenceGrant.
 
+use k8s_openapi::api::core::v1::ServicePort;
 use toml::{Table, Value};
 
 use super::types::{ObjectRef, ReferenceGrant, GROUP};
@@ -17,6 +18,27 @@ pub struct Backends {
     pub resolved: Cond,
     /// Some reference is valid (a Service that exists, allowed), ready endpoints or not.
     pub any_valid: bool,
+    /// The valid references with a weight, whose endpoints make `servers`.
+    pub refs: Vec<ServiceRef>,
+}
+
+/// A valid backendRef: the Service's namespace and name, its port, the weight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceRef {
+    pub ns: String,
+    pub name: String,
+    pub port: ServicePort,
+    pub weight: u64,
+}
+
+/// The servers of `refs` from the EndpointSlices of `world`: what [`resolve`] gives.
+pub fn servers_of(world: &World, refs: &[ServiceRef]) -> Vec<Value> {
+    let usable: Vec<(u64, Vec<String>)> = refs
+        .iter()
+        .map(|r| (r.weight, ready_addresses(world, &r.ns, &r.name, &r.port)))
+        .filter(|(_, addrs)| !addrs.is_empty())
+        .collect();
+    servers(&usable)
 }
 
 /// Whether a ReferenceGrant in `to_ns` lets a `from_kind` (of the Gateway API group) in
@@ -55,8 +77,7 @@ pub fn resolve(world: &World, kind: &str, ns: &str, refs: &[ObjectRef]) -> Backe
             resolved = Err((reason, msg));
         }
     };
-    // (weight, endpoints) of each usable reference.
-    let mut usable: Vec<(u64, Vec<String>)> = Vec::new();
+    let mut valid = Vec::new();
     let mut any_valid = false;
     for r in refs {
         let group = r.group.as_deref().unwrap_or("");
@@ -108,15 +129,20 @@ pub fn resolve(world: &World, kind: &str, ns: &str, refs: &[ObjectRef]) -> Backe
         };
         any_valid = true;
         let weight = u64::try_from(r.weight.unwrap_or(1)).unwrap_or(0);
-        let addrs = ready_addresses(world, to_ns, &r.name, port);
-        if weight > 0 && !addrs.is_empty() {
-            usable.push((weight, addrs));
+        if weight > 0 {
+            valid.push(ServiceRef {
+                ns: to_ns.to_string(),
+                name: r.name.clone(),
+                port: port.clone(),
+                weight,
+            });
         }
     }
     Backends {
-        servers: servers(&usable),
+        servers: servers_of(world, &valid),
         resolved,
         any_valid,
+        refs: valid,
     }
 }
 

@@ -16,7 +16,7 @@
 
 mod addresses;
 mod attach;
-mod backends;
+pub mod backends;
 mod listeners;
 mod rules;
 pub mod status;
@@ -78,6 +78,11 @@ pub struct Translation {
     /// The same, by object, for Events.
     pub problems: Vec<Problem>,
     pub report: Report,
+    /// The groups made of backendRefs, for endpoint-only changes: (group, its references).
+    pub sources: Vec<(String, Vec<backends::ServiceRef>)>,
+    /// Services (namespace, name) of valid backendRefs whose rule has no group (no ready
+    /// endpoint): a change of their endpoints changes more than servers.
+    pub opaque: BTreeSet<(String, String)>,
 }
 
 /// What status reports.
@@ -377,8 +382,11 @@ fn targets(
                 g.insert("protocol".into(), "h2c".into());
             }
             t.upstreams.insert(group.clone(), Value::Table(g));
+            t.sources.push((group.clone(), b.refs));
             Target::Upstream(group)
         } else if b.any_valid {
+            let refs = b.refs.into_iter();
+            t.opaque.extend(refs.map(|r| (r.ns, r.name)));
             Target::Respond(503, "no ready endpoint\n")
         } else {
             Target::Respond(500, "no valid backend\n")
