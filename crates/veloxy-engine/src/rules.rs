@@ -395,6 +395,8 @@ pub struct Mirror {
     pub percent: f64,
     /// The request body is copied too.
     pub body: bool,
+    /// The copy's Host field (`None`: the client's).
+    pub host: Option<String>,
 }
 
 /// A field name, or a prefix of names (`X-Auth-*`), compared without case.

@@ -50,7 +50,7 @@ fn mirrored_requests_reach_the_shadow_whole_over_http1_and_http2() {
              request_headers = {{ set = {{ \"X-Set\" = \"yes\" }} }}\n\
              mirror = {{ upstream = \"shadow\", percent = 100 }}\n\
              [[routes]]\npath = \"/headonly/\"\nupstream = \"app\"\n\
-             mirror = [{{ upstream = \"shadow\", body = false }}]\n\
+             mirror = [{{ upstream = \"shadow\", body = false, host = \"shadow.internal\" }}]\n\
              [upstreams.app]\nservers = [\"{}\"]\n\
              [upstreams.shadow]\nservers = [\"{}\"]\n",
             primary.addr, shadow.addr
@@ -100,7 +100,7 @@ fn mirrored_requests_reach_the_shadow_whole_over_http1_and_http2() {
         assert_eq!(r.body, b"h2 body", "length declared: {length}");
         assert_eq!(primary.requests()[i - 1].body, b"h2 body");
     }
-    // `body = false`: the head only.
+    // `body = false`: the head only; `host`: the copy's own Host.
     let (status, _) = s.h1_raw(
         "POST /headonly/x HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n\
          Connection: close\r\n\r\nabc",
@@ -112,7 +112,9 @@ fn mirrored_requests_reach_the_shadow_whole_over_http1_and_http2() {
         ("POST", "/headonly/x")
     );
     assert!(r.body.is_empty());
+    assert_eq!(r.header("host"), Some("shadow.internal"));
     assert_eq!(primary.requests()[4].body, b"abc");
+    assert_eq!(primary.requests()[4].header("host"), Some("localhost"));
     assert_eq!(metric(&s.v, "veloxy_mirrored_total"), 5);
 }
 

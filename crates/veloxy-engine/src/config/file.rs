@@ -629,6 +629,8 @@ pub struct MirrorTable {
     pub percent: Option<Spanned<f64>>,
     /// Copy the request body too (default true).
     pub body: Option<bool>,
+    /// The copy's Host field (default: the client's).
+    pub host: Option<Spanned<String>>,
 }
 
 impl<'de> Deserialize<'de> for MirrorSection {
@@ -637,7 +639,9 @@ impl<'de> Deserialize<'de> for MirrorSection {
         impl<'de> Visitor<'de> for V {
             type Value = MirrorSection;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a table { upstream = \"NAME\", percent, body } or a list of them")
+                f.write_str(
+                    "a table { upstream = \"NAME\", percent, body, host } or a list of them",
+                )
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<MirrorSection, A::Error> {
                 MirrorTable::deserialize(de::value::MapAccessDeserializer::new(map))

@@ -384,10 +384,13 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
                     .iter()
                     .map(|m| {
                         format!(
-                            "{{ upstream = {}, percent = {:?}, body = {} }}",
+                            "{{ upstream = {}, percent = {:?}, body = {}{} }}",
                             string(&snapshot.upstreams[m.upstream].name),
                             m.percent,
-                            m.body
+                            m.body,
+                            m.host
+                                .as_ref()
+                                .map_or(String::new(), |h| format!(", host = {}", string(h)))
                         )
                     })
                     .collect();

@@ -10,7 +10,8 @@
 //! * **What is sent.** The request as the primary gets it on an HTTP/1.1 hop: the method,
 //!   the target after `strip_prefix`/`rewrite`, the client's end-to-end fields with the
 //!   route's `request_headers` edits, the hooks' fields and the X-Forwarded-* fields, the
-//!   client's Host unchanged (Envoy's `-shadow` suffix is not added), as plain HTTP/1.1 on a
+//!   client's Host unchanged unless the table sets `host` (Envoy's `-shadow` suffix is not
+//!   added), as plain HTTP/1.1 on a
 //!   fresh connection with `Connection: close`, rendered at admission.
 //! * **The body** (`body = true`, the default): a body without a declared length is copied
 //!   only if it has arrived whole with the head; one with a declared length up to
@@ -99,7 +100,16 @@ pub(crate) fn admit(
             hook_lines,
         };
         let mut out = Vec::with_capacity(512);
-        super::h1_head::write(head, t, &options, &mut out);
+        match &m.host {
+            None => super::h1_head::write(head, t, &options, &mut out),
+            Some(host) => {
+                let head = Head {
+                    host: host.as_bytes(),
+                    ..*head
+                };
+                super::h1_head::write(&head, t, &options, &mut out);
+            }
+        }
         shots.push(Shot {
             upstream: m.upstream,
             head: out,

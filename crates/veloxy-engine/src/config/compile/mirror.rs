@@ -53,10 +53,17 @@ pub(super) fn mirrors(
                 "must be a number from 0 to 100",
             ));
         }
+        let host = t.host.as_ref().map(|h| h.get_ref().clone());
+        if let (Some(h), Some(s)) = (&host, &t.host) {
+            if h.is_empty() || h.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+                return Err(src.error(s.span(), format!("{k}.host"), "must be a host name"));
+            }
+        }
         out.push(Mirror {
             upstream,
             percent,
             body: t.body.unwrap_or(true),
+            host,
         });
     }
     if out.is_empty() {
