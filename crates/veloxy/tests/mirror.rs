@@ -1,5 +1,5 @@
 //! A route's `mirror` (issue 37, "mirrors"): copies of the requests reach a shadow group with
-//! their method, rewritten path, headers and body, over HTTP/1.1 and HTTP/2; the primary's
+//! their method, rewritten path, headers and body, over HTTP/1.1, HTTP/2 and HTTP/3; the primary's
 //! answer is neither changed nor delayed by a slow or dead shadow; `percent = 0`, a refused
 //! request and a cache hit are not copied. Real binary, real origins (the test kit's
 //! scripted origin records what it saw).
@@ -39,11 +39,12 @@ fn post_h2(s: &Site, path: &str, body: &'static [u8], length: bool) -> H2Reply {
 }
 
 #[test]
-fn mirrored_requests_reach_the_shadow_whole_over_http1_and_http2() {
+fn mirrored_requests_reach_the_shadow_whole_over_http1_http2_and_http3() {
     let primary = script_origin(|_| Scripted::ok("primary"));
     let shadow = script_origin(|_| Scripted::ok("shadow"));
-    let s = Site::start(
+    let s = Site::start_with(
         "admin = \"127.0.0.1:0\"",
+        "http3 = true\n",
         "",
         &format!(
             "[[routes]]\npath = \"/api/\"\nstrip_prefix = true\nupstream = \"app\"\n\
@@ -115,7 +116,23 @@ fn mirrored_requests_reach_the_shadow_whole_over_http1_and_http2() {
     assert_eq!(r.header("host"), Some("shadow.internal"));
     assert_eq!(primary.requests()[4].body, b"abc");
     assert_eq!(primary.requests()[4].header("host"), Some("localhost"));
-    assert_eq!(metric(&s.v, "veloxy_mirrored_total"), 5);
+    // HTTP/3, a body of unknown length.
+    let r = runtime().block_on(async {
+        let mut c = h3_connect(s.addr("web"), "localhost", &s.pki.ca_pem)
+            .await
+            .expect("h3 connect");
+        let mut req = h3_get("localhost", "/api/h3");
+        *req.method_mut() = http::Method::PUT;
+        h3_send(&mut c, req, Some(Bytes::from_static(b"over quic")))
+            .await
+            .unwrap()
+    });
+    assert_eq!((r.status, r.body_str()), (200, "primary".to_owned()));
+    let r = &seen(&shadow, 6)[5];
+    assert_eq!((r.method.as_str(), r.target.as_str()), ("PUT", "/h3"));
+    assert_eq!(r.body, b"over quic");
+    assert_eq!(primary.requests()[5].body, b"over quic");
+    assert_eq!(metric(&s.v, "veloxy_mirrored_total"), 6);
 }
 
 #[test]
