@@ -1,8 +1,9 @@
 //! A route's `mirror` (issue 37, "mirrors"): copies of the requests reach a shadow group with
-//! their method, rewritten path, headers and body, over HTTP/1.1, HTTP/2 and HTTP/3; the primary's
-//! answer is neither changed nor delayed by a slow or dead shadow; `percent = 0`, a refused
-//! request and a cache hit are not copied. Real binary, real origins (the test kit's
-//! scripted origin records what it saw).
+//! their method, rewritten path, headers and body, over HTTP/1.1, HTTP/2 and HTTP/3; the
+//! primary's answer is neither changed nor delayed by a slow or dead shadow; a body over the
+//! bound is not copied and reaches the primary whole; `percent = 0`, a refused request and a
+//! cache hit are not copied. Real binary, real origins (the test kit's scripted origin
+//! records what it saw).
 
 use std::time::{Duration, Instant};
 
@@ -221,6 +222,56 @@ fn percent_zero_refused_requests_and_cache_hits_are_not_mirrored() {
     }
     let n = metric(&s.v, "veloxy_mirrored_total") - 1;
     assert!((50..150).contains(&n), "{n} of 200 copied at 50%");
+}
+
+/// A body over the 64 KiB bound is not copied (counted), and the primary gets all of it:
+/// declared over HTTP/1.1, chunked over HTTP/1.1, and of unknown length over HTTP/2 (read
+/// ahead up to the bound, the rest streamed after it).
+#[test]
+fn a_body_over_the_bound_is_not_copied_and_reaches_the_primary_whole() {
+    let primary = script_origin(|_| Scripted::ok("primary"));
+    let shadow = script_origin(|_| Scripted::ok("shadow"));
+    let s = Site::start(
+        "admin = \"127.0.0.1:0\"",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"app\"\nmirror = {{ upstream = \"shadow\" }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n\
+             [upstreams.shadow]\nservers = [\"{}\"]\n",
+            primary.addr, shadow.addr
+        ),
+    );
+    let big: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let text = String::from_utf8(big.clone()).unwrap();
+    let (status, _) = s.h1_raw(&format!(
+        "POST /declared HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{text}",
+        big.len()
+    ));
+    assert_eq!(status, 200);
+    let (status, _) = s.h1_raw(&format!(
+        "POST /chunked HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\
+         Connection: close\r\n\r\n{:x}\r\n{text}\r\n0\r\n\r\n",
+        big.len()
+    ));
+    assert_eq!(status, 200);
+    let mut req = h2_get("localhost", "/h2", true);
+    *req.method_mut() = http::Method::POST;
+    let r = s.h2_req(req, Some(Bytes::from(big.clone())));
+    assert_eq!(r.status, 200);
+    let got = primary.requests();
+    assert_eq!(got.len(), 3);
+    for r in &got {
+        assert!(r.body == big, "{}: {} bytes", r.target, r.body.len());
+    }
+    assert_eq!(metric(&s.v, "veloxy_mirror_skipped_total"), 3);
+    // A small one after them is copied: nothing else was.
+    assert_eq!(s.h1("/small", "").0, 200);
+    let seen = seen(&shadow, 1);
+    assert_eq!(
+        seen.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
+        ["/small"]
+    );
 }
 
 trait Plain {
