@@ -177,7 +177,7 @@ fn a_slow_or_dead_shadow_never_delays_or_changes_the_primary() {
 }
 
 #[test]
-fn percent_zero_refused_requests_and_cache_hits_are_not_mirrored() {
+fn percent_zero_refused_requests_and_cache_hits_are_not_mirrored_and_a_reload_changes_it() {
     let primary = script_origin(|_| Scripted::ok("primary").header("cache-control", "max-age=60"));
     let shadow = script_origin(|_| Scripted::ok("shadow"));
     let s = Site::start(
@@ -222,6 +222,14 @@ fn percent_zero_refused_requests_and_cache_hits_are_not_mirrored() {
     }
     let n = metric(&s.v, "veloxy_mirrored_total") - 1;
     assert!((50..150).contains(&n), "{n} of 200 copied at 50%");
+    // A reload changes the share.
+    let conf = std::fs::read_to_string(s.v.dir.path().join("veloxy.toml")).unwrap();
+    let conf = conf.replace("percent = 0.0", "percent = 100.0");
+    reload_with(&s.v, &conf, "reloaded");
+    let before = shadow.hits();
+    assert_eq!(s.h1_raw_plain("/zero/after-reload"), 200);
+    let all = seen(&shadow, before + 1);
+    assert_eq!(all.last().unwrap().target, "/zero/after-reload");
 }
 
 /// A body over the 64 KiB bound is not copied (counted), and the primary gets all of it:
