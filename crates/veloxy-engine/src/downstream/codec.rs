@@ -81,11 +81,11 @@ impl Codec for H1<'_> {
         read_body(self.down, p, limit).await
     }
 
-    async fn mirror_body(&mut self, limit: usize) -> Option<Bytes> {
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes> {
         let Next::Forward(p) = &mut self.next else {
             return None;
         };
-        mirror_body(self.down, p, limit).await
+        mirror_body(self.down, p, limit, wait).await
     }
 
     async fn ready(self) -> bool {
@@ -164,9 +164,15 @@ impl Codec for H1<'_> {
 }
 
 /// A copy of the request body for `mirror`, left in the client's read buffer for the
-/// attempts: one of a declared length up to `limit`, or a chunked one until it ends or passes
-/// `limit`, is read into the buffer first (within the body timeout).
-async fn mirror_body(down: &mut Downstream, p: &mut Prepared, limit: usize) -> Option<Bytes> {
+/// attempts: one of a declared length up to `limit`, or (with `wait`) a chunked one until it
+/// ends or passes `limit`, is read into the buffer first (within the body timeout); without
+/// `wait`, a chunked body is copied only if it is in the buffer whole.
+async fn mirror_body(
+    down: &mut Downstream,
+    p: &mut Prepared,
+    limit: usize,
+    wait: bool,
+) -> Option<Bytes> {
     match p.body {
         BodyKind::None | BodyKind::UntilClose => Some(Bytes::new()),
         BodyKind::Length(n) if n <= limit as u64 => {
@@ -192,7 +198,7 @@ async fn mirror_body(down: &mut Downstream, p: &mut Prepared, limit: usize) -> O
             if state.is_done() {
                 return (out.len() <= limit).then(|| out.into());
             }
-            if out.len() > limit || down.rbuf.len() > 2 * limit {
+            if !wait || out.len() > limit || down.rbuf.len() > 2 * limit {
                 return None;
             }
             if p.expect_continue {

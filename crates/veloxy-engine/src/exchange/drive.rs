@@ -61,8 +61,10 @@ pub(crate) trait Codec {
 
     /// A copy of the request body for `mirror`, the body left for the attempts as it was:
     /// empty for a request without one; `None` when it cannot be copied (more than `limit`
-    /// bytes, or of unknown length and not at hand). See [`super::mirror`].
-    async fn mirror_body(&mut self, limit: usize) -> Option<Bytes>;
+    /// bytes, or of unknown length and not at hand). A body of unknown length is waited for
+    /// only with `wait` (the route's group buffers such a body anyway); without, only what
+    /// has arrived is looked at, so a stream (gRPC) is never held. See [`super::mirror`].
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes>;
 
     /// Sends what admission prepared (a file, veloxy's own answer, a cache hit).
     async fn ready(self) -> Self::Out;
@@ -137,11 +139,16 @@ pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, m
 /// Starts the request's `mirror` copies admission took (if any), right before the attempts:
 /// they never delay or change the primary's answer.
 async fn mirror<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, c: &mut C) {
-    let Some(copies) = c.target().and_then(|t| t.mirror.take()) else {
+    let Some((copies, upstream)) = c
+        .target()
+        .and_then(|t| Some((t.mirror.take()?, t.upstream)))
+    else {
         return;
     };
+    let http1 = crate::config::UpstreamProtocol::Http1;
+    let wait = gen.snapshot.upstreams[upstream].protocol == http1;
     let body = match copies.wants_body() {
-        true => c.mirror_body(super::mirror::BODY_LIMIT).await,
+        true => c.mirror_body(super::mirror::BODY_LIMIT, wait).await,
         false => Some(Bytes::new()),
     };
     super::mirror::send(worker, gen, *copies, body);

@@ -13,10 +13,12 @@
 //!   client's Host unchanged unless the table sets `host` (Envoy's `-shadow` suffix is not
 //!   added), as plain HTTP/1.1 on a
 //!   fresh connection with `Connection: close`, rendered at admission.
-//! * **The body** (`body = true`, the default): a body without a declared length is copied
-//!   only if it has arrived whole with the head; one with a declared length up to
+//! * **The body** (`body = true`, the default): one with a declared length up to
 //!   [`BODY_LIMIT`] is read before the primary is sent (as `request_buffering = "auto"` does
-//!   for small bodies) and given to both; anything else is not copied
+//!   for small bodies) and given to both; one of unknown length is read up to the bound on
+//!   routes to HTTP/1 groups (which buffer it so anyway) and the rest streamed after it, but
+//!   on routes to `h2`/`h2c` groups (gRPC streams) only what has arrived is looked at, so a
+//!   stream is never held. A body that is larger, or not whole at hand, is not copied
 //!   (`veloxy_mirror_skipped_total`), the primary unaffected. `body = false` sends the head
 //!   only.
 //! * **Never in the way.** Each copy is a task of its own on the worker: the primary's

@@ -76,7 +76,7 @@ impl Codec for H2<'_> {
         framed::whole_body(&**self.c, self.req.body_mut(), limit).await
     }
 
-    async fn mirror_body(&mut self, limit: usize) -> Option<Bytes> {
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes> {
         use http_body::Body;
         let body = self.req.body();
         if body.is_end_stream() {
@@ -91,7 +91,9 @@ impl Codec for H2<'_> {
         if declared.is_some_and(|n| n > limit as u64) {
             return None;
         }
-        let read = read_ahead(self.c, self.req.body_mut(), limit).await;
+        // A declared length is sent whatever the answer: waiting for it holds no stream.
+        let wait = wait || declared.is_some();
+        let read = read_ahead(self.c, self.req.body_mut(), limit, wait).await;
         let copy = read
             .rest
             .is_none()
@@ -168,12 +170,19 @@ impl Codec for H2<'_> {
 /// Reads the request body ahead of the attempts, up to `limit` bytes: whole (with its
 /// trailers; `rest` is `None`), or the part read when it is longer, failed or stalled (`rest`
 /// marks that the body goes on; the caller puts the body there). A failure is left for the
-/// attempts to meet on their own read.
-async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize) -> ReadAhead {
+/// attempts to meet on their own read. Without `wait`, only the frames already arrived.
+async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize, wait: bool) -> ReadAhead {
     let mut out = bytes::BytesMut::new();
     let mut trailers = None;
     let whole = loop {
-        match framed::next_frame(c, body).await {
+        let next = match wait {
+            true => framed::next_frame(c, body).await,
+            false => match arrived(body) {
+                Some(next) => next,
+                None => break false,
+            },
+        };
+        match next {
             Ok(None) => break true,
             Ok(Some(frame)) => match frame.into_data() {
                 Ok(data) => {
@@ -192,5 +201,20 @@ async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize) -> ReadAh
         trailers,
         // A placeholder, replaced by the body itself.
         rest: (!whole).then(|| RequestBody::Read(Box::default())),
+    }
+}
+
+/// The body's next frame if it has arrived (`None`: not yet), without waiting for it.
+fn arrived(body: &mut RequestBody) -> Option<Result<Option<http_body::Frame<Bytes>>, ProxyError>> {
+    use http_body::Body;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::Pin::new(body).poll_frame(&mut cx) {
+        std::task::Poll::Pending => None,
+        std::task::Poll::Ready(None) => Some(Ok(None)),
+        std::task::Poll::Ready(Some(Ok(f))) => Some(Ok(Some(f))),
+        std::task::Poll::Ready(Some(Err(e))) => Some(Err(ProxyError::downstream(
+            crate::error::ErrorKind::Stream,
+        )
+        .because(e))),
     }
 }
