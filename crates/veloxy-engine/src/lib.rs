@@ -39,7 +39,8 @@
 //!    codec's side of `exchange::drive::Codec`: the `basic_auth` check (on the
 //!    `auth::verify` pool, off the workers) before anything is answered; a file route's or
 //!    veloxy's own answer; forward_auth; a hit held for it; the search job; the cache fill
-//!    (`exchange::fill`); the attempts (`exchange::attempt`: retries under the retry budget,
+//!    (`exchange::fill`); the route's `mirror` copies, each a task of its own
+//!    (`exchange::mirror`); the attempts (`exchange::attempt`: retries under the retry budget,
 //!    outlier feedback) with the response rules, hooks and compression on the answer. Every
 //!    exchange ends in `exchange::record` (access log, metrics, `on_done`). With
 //!    `[server.tracing]`, admission decides sampling (`exchange::trace`); a sampled exchange

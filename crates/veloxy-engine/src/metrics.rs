@@ -107,6 +107,15 @@ pub struct WorkerMetrics {
     pub h3_streams: Counter,
     /// WebSocket (and other HTTP/1.1 Upgrade) tunnels established.
     pub upgrades: Counter,
+    /// Requests copied to a route's `mirror` group (sent; the shadow's answer is dropped).
+    pub mirrored: Counter,
+    /// Mirror copies not made: the worker had its most mirrors in flight already.
+    pub mirror_dropped: Counter,
+    /// Mirror copies not made: the request body could not be copied (too large, or of unknown
+    /// length and not at hand).
+    pub mirror_skipped: Counter,
+    /// Mirror copies that failed (no shadow backend up, connect, write or read error, deadline).
+    pub mirror_failed: Counter,
     /// Responses cut because the client accepted no bytes for `send_timeout`.
     pub send_timeouts: Counter,
     /// Requests refused (408) or cut because their body stalled for `body_timeout`.
@@ -148,6 +157,10 @@ impl Default for WorkerMetrics {
             h2_streams: Counter::default(),
             h3_streams: Counter::default(),
             upgrades: Counter::default(),
+            mirrored: Counter::default(),
+            mirror_dropped: Counter::default(),
+            mirror_skipped: Counter::default(),
+            mirror_failed: Counter::default(),
             send_timeouts: Counter::default(),
             body_timeouts: Counter::default(),
             memory_trims: Counter::default(),
@@ -185,6 +198,31 @@ impl crate::upstream::connect::ConnectCounts for WorkerMetrics {
         self.upstream_local_errors.inc();
     }
 }
+
+/// The `mirror` counters: name, help, field.
+#[allow(clippy::type_complexity)]
+const MIRROR: [(&str, &str, fn(&WorkerMetrics) -> &Counter); 4] = [
+    (
+        "veloxy_mirrored_total",
+        "Requests copied to a route's mirror group.",
+        |w| &w.mirrored,
+    ),
+    (
+        "veloxy_mirror_dropped_total",
+        "Mirror copies not made: the worker's limit of mirrors in flight was reached.",
+        |w| &w.mirror_dropped,
+    ),
+    (
+        "veloxy_mirror_skipped_total",
+        "Mirror copies not made: the request body was too large or of unknown length.",
+        |w| &w.mirror_skipped,
+    ),
+    (
+        "veloxy_mirror_failed_total",
+        "Mirror copies that failed (no shadow backend, connect, write, read or deadline).",
+        |w| &w.mirror_failed,
+    ),
+];
 
 /// All workers' metrics, shared with the admin thread.
 #[derive(Debug, Default)]
@@ -444,6 +482,9 @@ pub fn render(m: &Metrics, labels: &Labels) -> String {
         "Upgraded (WebSocket) connections established.",
         sum(m, |w| w.upgrades.get()),
     );
+    for (name, help, pick) in MIRROR {
+        counter(&mut out, name, "counter", help, sum(m, |w| pick(w).get()));
+    }
     counter(
         &mut out,
         "veloxy_send_timeouts_total",

@@ -328,6 +328,8 @@ pub struct RouteRules {
     pub cors: Option<crate::cors::Cors>,
     /// `forward_auth`.
     pub forward_auth: Option<ForwardAuth>,
+    /// `mirror`: copies of the request sent to shadow groups ([`Mirror`]).
+    pub mirror: Option<std::sync::Arc<[Mirror]>>,
     /// `cache`: responses stored and answered from a `[caches.NAME]` store.
     pub cache: Option<std::sync::Arc<crate::cache::lookup::RouteCache>>,
     /// `search`: the search gateway's guards and bulk routing.
@@ -382,6 +384,19 @@ pub struct ForwardAuth {
     pub remove_headers: std::sync::Arc<[FieldPattern]>,
     /// The client's X-Forwarded-* go to the auth service (its For chain extended).
     pub trust_forward_header: bool,
+}
+
+/// One table of a route's `mirror`, compiled.
+#[derive(Debug, Clone)]
+pub struct Mirror {
+    /// The shadow group (index).
+    pub upstream: usize,
+    /// The share of requests copied, 0 to 100.
+    pub percent: f64,
+    /// The request body is copied too.
+    pub body: bool,
+    /// The copy's Host field (`None`: the client's).
+    pub host: Option<String>,
 }
 
 /// A field name, or a prefix of names (`X-Auth-*`), compared without case.
@@ -444,6 +459,7 @@ impl RouteRules {
             && self.basic_auth.is_none()
             && self.cors.is_none()
             && self.forward_auth.is_none()
+            && self.mirror.is_none()
             && self.cache.is_none()
             && self.fastcgi.is_none()
             && self.grpc_web.is_none()

@@ -113,6 +113,8 @@ pub(crate) struct Worker {
     /// Open HTTP/2 and HTTP/3 connections: shutdown waits for them to finish their GOAWAY, so
     /// the last frames of a response are written before the worker exits.
     pub h2_connections: Cell<usize>,
+    /// Mirror copies in flight on this worker (see `exchange::mirror`).
+    pub mirrors: Cell<usize>,
     /// This worker's counters (it is their only writer).
     pub metrics: Arc<WorkerMetrics>,
     /// Open downstream connections on this worker, and their peak since memory was last
@@ -144,6 +146,7 @@ impl Worker {
             vecs: RefCell::new(Vec::new()),
             fresh: Cell::new(0),
             h2_connections: Cell::new(0),
+            mirrors: Cell::new(0),
             metrics,
             connections: Cell::new(0),
             peak_connections: Cell::new(0),

@@ -247,11 +247,11 @@ impl Scene {
             &routes,
             "HTTPRoute",
             http_route(
-                "mirror",
-                &["mirror.example"],
+                "refused",
+                &["refused.example"],
                 gw,
-                json!([{"filters": [{"type": "RequestMirror",
-                          "requestMirror": {"backendRef": {"name": "api", "port": 80}}}],
+                json!([{"filters": [{"type": "ExtensionRef",
+                          "extensionRef": {"group": "example.com", "kind": "Thing", "name": "x"}}],
                         "backendRefs": [backend("web", 1)]}]),
             ),
         );
@@ -472,7 +472,7 @@ fn check_status(scene: &Scene) {
         Duration::from_secs(10),
         "the refused route's status",
         || {
-            let r = scene.get(NS, "httproutes", "mirror");
+            let r = scene.get(NS, "httproutes", "refused");
             let p = &r["status"]["parents"][0];
             let a = cond(p, "Accepted");
             p["controllerName"] == "veloxy.dev/gateway-controller"
@@ -510,17 +510,17 @@ fn check_event(scene: &Scene) {
         Duration::from_secs(10),
         "an Event for the refused route",
         || {
-            events_about(scene, "mirror").iter().any(|e| {
+            events_about(scene, "refused").iter().any(|e| {
                 e["type"] == "Warning"
                     && e["reason"] == "UnsupportedValue"
                     && e["regarding"]["kind"] == "HTTPRoute"
                     && e["note"]
                         .as_str()
-                        .is_some_and(|n| n.contains("RequestMirror"))
+                        .is_some_and(|n| n.contains("ExtensionRef"))
             })
         },
     );
-    let events = events_about(scene, "mirror");
+    let events = events_about(scene, "refused");
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(events[0]["series"].is_null(), "reported once: {events:?}");
 }
@@ -572,7 +572,7 @@ fn check_breaking_route(scene: &Scene, web: SocketAddr) {
 
 /// A route that moves to another controller's Gateway loses veloxy's `parents[]` entry.
 fn check_parent_cleared(scene: &Scene) {
-    let path = format!("{}/mirror", scene.path(NS, "httproutes"));
+    let path = format!("{}/refused", scene.path(NS, "httproutes"));
     scene.k.patch(
         &path,
         json!({"spec": {"parentRefs": [{"name": "not-ours"}]}}),
@@ -581,7 +581,7 @@ fn check_parent_cleared(scene: &Scene) {
         Duration::from_secs(10),
         "veloxy's parent entry removed",
         || {
-            let r = scene.get(NS, "httproutes", "mirror");
+            let r = scene.get(NS, "httproutes", "refused");
             r["status"]["parents"].as_array().is_some_and(|p| {
                 !p.iter()
                     .any(|e| e["controllerName"] == "veloxy.dev/gateway-controller")
@@ -592,7 +592,7 @@ fn check_parent_cleared(scene: &Scene) {
 
 /// After the changes (several rebuilds), the refused route's Event is still the one.
 fn check_event_not_repeated(scene: &Scene) {
-    let events = events_about(scene, "mirror");
+    let events = events_about(scene, "refused");
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
         events[0]["series"].is_null(),
@@ -683,12 +683,12 @@ fn gateway_api_objects_become_routes_with_status() {
     check_status(&scene);
     check_event(&scene);
     // Status is written only when it changes: the rebuilds of the changes below (none of
-    // which changes the Gateway's or the mirror route's status) do not write them again.
+    // which changes the Gateway's or the refused route's status) do not write them again.
     let version =
         |kind: &str, name: &str| scene.get(NS, kind, name)["metadata"]["resourceVersion"].clone();
-    let before = (version("gateways", "gw"), version("httproutes", "mirror"));
+    let before = (version("gateways", "gw"), version("httproutes", "refused"));
     check_changes(&scene, &v, web);
-    let after = (version("gateways", "gw"), version("httproutes", "mirror"));
+    let after = (version("gateways", "gw"), version("httproutes", "refused"));
     assert_eq!(before, after, "status rewritten without a change");
     check_event_not_repeated(&scene);
     check_breaking_route(&scene, web);

@@ -61,7 +61,7 @@ pub struct Ann {
     pub timeouts: [Option<String>; 3],
     /// `proxy-next-upstream-tries`.
     pub tries: Option<u32>,
-    /// Route rule keys (cors, basic_auth, forward_auth, allow, deny, rate_limit).
+    /// Route rule keys (cors, basic_auth, forward_auth, mirror, allow, deny, rate_limit).
     pub rules: toml::Table,
     /// Request fields set (`upstream-vhost`, `x-forwarded-prefix` with a rewrite).
     pub request_set: BTreeMap<String, String>,
@@ -229,6 +229,7 @@ pub fn read(ctx: &mut Ctx, ing: &Object) -> Ann {
     crate::auth::basic(ctx, ing, &mut keys_api(&mut keys), &mut ann);
     crate::auth::external(ctx, ing, &mut keys_api(&mut keys), &mut ann);
     crate::auth::client_certs(ctx, &mut keys_api(&mut keys));
+    crate::mirror::mirror(ctx, ing, &mut keys_api(&mut keys), &mut ann);
     crate::families::access(ctx, &mut keys, &mut ann);
     crate::families::affinity(ctx, &mut keys, &mut ann);
     crate::families::redirects(ctx, &mut keys, &mut ann);

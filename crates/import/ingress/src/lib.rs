@@ -24,6 +24,7 @@ mod families;
 pub mod global;
 pub mod groups;
 mod locations;
+mod mirror;
 pub mod objects;
 pub mod route;
 pub mod routes;

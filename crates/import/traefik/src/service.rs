@@ -54,7 +54,11 @@ fn translate(ctx: &mut Ctx, name: &str) -> Result<String, String> {
     let r = match k.name.to_ascii_lowercase().as_str() {
         "loadbalancer" => load_balancer(ctx, &mut lines, &svc, &key, &body),
         "weighted" => weighted(ctx, &mut lines, &svc, &key, &body),
-        "mirroring" => Err("veloxy does not mirror requests".to_string()),
+        "mirroring" => Err(
+            "a mirroring service is not translated (veloxy's route key mirror = { upstream, \
+             percent } does it: add it to the imported routes)"
+                .to_string(),
+        ),
         "failover" => Err(
             "veloxy has no failover between services (a group's servers are all active)"
                 .to_string(),

@@ -428,6 +428,8 @@ pub struct RouteSection {
     pub cors: Opt<CorsSection>,
     /// Ask an auth service before forwarding.
     pub forward_auth: Opt<ForwardAuthSection>,
+    /// Proxied routes: copies of the requests sent to shadow groups, their answers dropped.
+    pub mirror: Opt<MirrorSection>,
     /// Exactly one of `upstream` (proxy), `root` (serve files), `redirect` and `respond`.
     pub upstream: Opt<String>,
     pub redirect: Opt<RedirectSection>,
@@ -612,6 +614,54 @@ pub struct ForwardAuthSection {
     pub remove_headers: Option<Vec<String>>,
     /// Pass the client's own X-Forwarded-* to the auth service (behind a trusted proxy).
     pub trust_forward_header: Option<bool>,
+}
+
+/// `mirror = { upstream = "shadow", percent = 100.0, body = true }`, or a list of such
+/// tables (one copy of the request per table).
+#[derive(Debug, Clone)]
+pub struct MirrorSection(pub Vec<MirrorTable>);
+
+/// One table of `mirror`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirrorTable {
+    /// The shadow group.
+    pub upstream: Spanned<String>,
+    /// The share of requests copied, 0 to 100 (default 100).
+    pub percent: Option<Spanned<f64>>,
+    /// Copy the request body too (default true).
+    pub body: Option<bool>,
+    /// The copy's Host field (default: the client's).
+    pub host: Option<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for MirrorSection {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MirrorSection;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "a table { upstream = \"NAME\", percent, body, host } or a list of them",
+                )
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<MirrorSection, A::Error> {
+                MirrorTable::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|t| MirrorSection(vec![t]))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<MirrorSection, A::Error> {
+                let mut out = Vec::new();
+                while let Some(t) = seq.next_element::<MirrorTable>()? {
+                    out.push(t);
+                }
+                Ok(MirrorSection(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A list of field names, or one word (`"all"`).

@@ -383,6 +383,23 @@ fn routes(out: &mut Toml, snapshot: &Snapshot) {
                     ),
                 );
             }
+            if let Some(m) = &rules.mirror {
+                let tables: Vec<String> = m
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "{{ upstream = {}, percent = {:?}, body = {}{} }}",
+                            string(&snapshot.upstreams[m.upstream].name),
+                            m.percent,
+                            m.body,
+                            m.host
+                                .as_ref()
+                                .map_or(String::new(), |h| format!(", host = {}", string(h)))
+                        )
+                    })
+                    .collect();
+                out.raw("mirror", &format!("[{}]", tables.join(", ")));
+            }
             if let Some(c) = &rules.cache {
                 out.raw("cache", &crate::cache::lookup::describe(c));
             }

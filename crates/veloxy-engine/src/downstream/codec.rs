@@ -81,6 +81,13 @@ impl Codec for H1<'_> {
         read_body(self.down, p, limit).await
     }
 
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes> {
+        let Next::Forward(p) = &mut self.next else {
+            return None;
+        };
+        mirror_body(self.down, p, limit, wait).await
+    }
+
     async fn ready(self) -> bool {
         let Next::Static(reply) = self.next else {
             unreachable!("a proxied request is not ready")
@@ -153,6 +160,55 @@ impl Codec for H1<'_> {
             .await;
         }
         crate::downstream::proxy::relay(worker, gen, self.down, p).await
+    }
+}
+
+/// A copy of the request body for `mirror`, left in the client's read buffer for the
+/// attempts: one of a declared length up to `limit`, or (with `wait`) a chunked one until it
+/// ends or passes `limit`, is read into the buffer first (within the body timeout); without
+/// `wait`, a chunked body is copied only if it is in the buffer whole.
+async fn mirror_body(
+    down: &mut Downstream,
+    p: &mut Prepared,
+    limit: usize,
+    wait: bool,
+) -> Option<Bytes> {
+    match p.body {
+        BodyKind::None | BodyKind::UntilClose => Some(Bytes::new()),
+        BodyKind::Length(n) if n <= limit as u64 => {
+            let n = n as usize;
+            if p.expect_continue && down.rbuf.len() < n {
+                p.expect_continue = false;
+                write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await
+                    .ok()?;
+            }
+            while down.rbuf.len() < n {
+                // A failure here is the attempts' too: they meet it on their own read.
+                read_body_more(down).await.ok()?;
+            }
+            Some(Bytes::copy_from_slice(&down.rbuf[..n]))
+        }
+        BodyKind::Length(_) => None,
+        BodyKind::Chunked => loop {
+            // Decoded again from the start after each read: at most `limit` bytes of it.
+            let mut state = BodyState::new(p.body, true);
+            let mut out = Vec::new();
+            state.take_into(&down.rbuf, &mut out).ok()?;
+            if state.is_done() {
+                return (out.len() <= limit).then(|| out.into());
+            }
+            if !wait || out.len() > limit || down.rbuf.len() > 2 * limit {
+                return None;
+            }
+            if p.expect_continue {
+                p.expect_continue = false;
+                write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await
+                    .ok()?;
+            }
+            read_body_more(down).await.ok()?;
+        },
     }
 }
 

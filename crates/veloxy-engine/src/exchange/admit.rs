@@ -291,6 +291,13 @@ impl Proxying<'_> {
             let node = &group.backends[backend].addr;
             crate::search::Job::new(step, s, (head, &effective), node, group.read_timeout)
         });
+        if let Some(m) = self.route.rules.as_ref().and_then(|r| r.mirror.as_deref()) {
+            let hooks = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
+            let plain = target.search.is_none() && target.fastcgi.is_none() && target.hit.is_none();
+            target.mirror = plain
+                .then(|| super::mirror::admit(self.gen, m, head, &target, self.peer, hooks))
+                .flatten();
+        }
         if let Some(mut f) = fill {
             let peer = self.peer;
             let host = group.backends[backend].authority();
@@ -441,6 +448,7 @@ impl Proxying<'_> {
             grpc_web: rules
                 .filter(|r| r.grpc_web.is_some())
                 .and_then(|_| super::grpc_web::detect(head.fields.get("content-type"))),
+            mirror: None,
             hints: (rules.is_some_and(|r| r.early_hints) && head.method == "GET").then(|| {
                 Box::new(crate::hints::HintKey {
                     route: route.index,

@@ -13,7 +13,8 @@
 //! 4. a cache hit held for forward_auth is served;
 //! 5. a search job: the body read whole, the route's concurrency slot, the job's answer;
 //! 6. a cache fill: the slot, then the fill's answer, or the request goes on upstream;
-//! 7. the attempts on the group's backends in the group's protocol ([`Codec::attempts`]):
+//! 7. the route's `mirror` copies, started as tasks of their own ([`super::mirror`]);
+//! 8. the attempts on the group's backends in the group's protocol ([`Codec::attempts`]):
 //!    the part of the body read before anything goes upstream ([`super::body_buffering`]),
 //!    the slot ([`super::hold_slot`], unless held), attempts with retries
 //!    ([`super::attempt`]), the response through the route's response rules, the hooks
@@ -58,6 +59,13 @@ pub(crate) trait Codec {
     /// The request body, read whole within the body timeout; more than `limit` bytes is 413.
     async fn whole_body(&mut self, limit: u64) -> Result<Bytes, ProxyError>;
 
+    /// A copy of the request body for `mirror`, the body left for the attempts as it was:
+    /// empty for a request without one; `None` when it cannot be copied (more than `limit`
+    /// bytes, or of unknown length and not at hand). A body of unknown length is waited for
+    /// only with `wait` (the route's group buffers such a body anyway); without, only what
+    /// has arrived is looked at, so a stream (gRPC) is never held. See [`super::mirror`].
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes>;
+
     /// Sends what admission prepared (a file, veloxy's own answer, a cache hit).
     async fn ready(self) -> Self::Out;
     /// Sends veloxy's answer `a` instead of anything else.
@@ -72,7 +80,7 @@ pub(crate) trait Codec {
     ) -> Self::Out;
     /// Answers `e` (nothing of the response has been sent).
     async fn fail(self, e: ProxyError) -> Self::Out;
-    /// Step 7: the attempts on the group's backends, and the response.
+    /// Step 8: the attempts on the group's backends, and the response.
     async fn attempts(self, worker: &Rc<Worker>, gen: &Rc<Generation>) -> Self::Out;
 }
 
@@ -122,7 +130,28 @@ pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, m
     if t.cache.is_some() {
         return Box::pin(fill(worker, gen, c)).await;
     }
+    if t.mirror.is_some() {
+        Box::pin(mirror(worker, gen, &mut c)).await;
+    }
     c.attempts(worker, gen).await
+}
+
+/// Starts the request's `mirror` copies admission took (if any), right before the attempts:
+/// they never delay or change the primary's answer.
+async fn mirror<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, c: &mut C) {
+    let Some((copies, upstream)) = c
+        .target()
+        .and_then(|t| Some((t.mirror.take()?, t.upstream)))
+    else {
+        return;
+    };
+    let http1 = crate::config::UpstreamProtocol::Http1;
+    let wait = gen.snapshot.upstreams[upstream].protocol == http1;
+    let body = match copies.wants_body() {
+        true => c.mirror_body(super::mirror::BODY_LIMIT, wait).await,
+        false => Some(Bytes::new()),
+    };
+    super::mirror::send(worker, gen, *copies, body);
 }
 
 /// Step 5: the search gateway's job (a bulk to split, a search to clamp).
@@ -219,6 +248,7 @@ async fn fill<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, mut c: C) -> 
         Ok(crate::cache::fill::Filled::Answer(r)) => c.cached(r).await,
         Ok(crate::cache::fill::Filled::Forward(line)) => {
             super::add_answer_line(c.record(), &line);
+            mirror(worker, gen, &mut c).await;
             c.attempts(worker, gen).await
         }
         Err(e) => {

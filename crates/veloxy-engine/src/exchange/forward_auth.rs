@@ -227,7 +227,7 @@ const KEPT: &[&str] = &[
 ];
 
 /// The answer is complete: its head, and a body of its Content-Length.
-fn complete(buf: &[u8]) -> bool {
+pub(super) fn complete(buf: &[u8]) -> bool {
     let mut fields = [httparse::EMPTY_HEADER; 64];
     let mut res = httparse::Response::new(&mut fields);
     let Ok(httparse::Status::Complete(len)) = res.parse(buf) else {

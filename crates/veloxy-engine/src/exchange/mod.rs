@@ -30,6 +30,7 @@ pub(crate) mod h1_body;
 pub(crate) mod h1_head;
 pub(crate) mod h2;
 pub(crate) mod h2_head;
+pub(crate) mod mirror;
 pub(crate) mod record;
 pub(crate) mod trace;
 
@@ -141,6 +142,9 @@ pub(crate) struct ProxyTarget {
     /// `early_hints` on a GET: where the path's Link fields are remembered
     /// ([`crate::hints`]). `None` for every other request.
     pub hints: Option<Box<crate::hints::HintKey>>,
+    /// `mirror`: the copies of the request the driver starts before the attempts
+    /// ([`mirror`]); taken when started. `None` off the route option.
+    pub mirror: Option<Box<mirror::Copies>>,
 }
 
 impl ProxyTarget {

@@ -98,11 +98,7 @@ pub fn action(
             "bounding the route by the client's grpc-timeout: veloxy does not read it",
         );
     }
-    f.refuse(
-        &mut ctx.r,
-        "request_mirror_policies",
-        "request mirroring (shadow traffic): veloxy lacks it",
-    );
+    let mirrors = f.take("request_mirror_policies");
     f.refuse(
         &mut ctx.r,
         "rate_limits",
@@ -140,10 +136,70 @@ pub fn action(
     }
     out.target
         .insert(0, ("upstream".into(), Value::from(group.clone())));
+    let mirror = mirrors.and_then(|(l, p)| mirror_policies(ctx, l, p));
+    if let Some(m) = &mirror {
+        out.target.push(("mirror".into(), m.clone()));
+    }
     extra.map(|mut e| {
         e.target.insert(0, ("upstream".into(), Value::from(group)));
+        if let Some(m) = mirror {
+            e.target.push(("mirror".into(), m));
+        }
         e
     })
+}
+
+/// `request_mirror_policies` as the route's `mirror`: each policy's cluster a plain HTTP/1.1
+/// group, its `runtime_fraction`'s default the share copied (the runtime key is not read).
+fn mirror_policies(ctx: &mut Ctx, l: &Loc, p: &Node) -> Option<Value> {
+    let key = "route.request_mirror_policies";
+    let mut tables = Vec::new();
+    for m in seq(p) {
+        let name = m
+            .get("cluster")
+            .and_then(|c| c.scalar())
+            .unwrap_or_default();
+        let h2 = ctx
+            .cluster(&name)
+            .is_some_and(|c| c.section.get("protocol").is_some());
+        let group = match ctx.plain_group(&name) {
+            Some(g) if !h2 => g,
+            _ => {
+                let why = format!(
+                    "cluster {name:?} is not defined, has no endpoint veloxy can use, or                      speaks HTTP/2 (veloxy's copies are HTTP/1.1), or the policy names none"
+                );
+                ctx.r.refused(l, key, why);
+                return None;
+            }
+        };
+        let percent = match m
+            .get("runtime_fraction")
+            .and_then(|r| r.get("default_value"))
+        {
+            None => 100.0,
+            Some(d) => {
+                let n = d.get("numerator").and_then(|n| n.as_i64()).unwrap_or(0) as f64;
+                let of = match d.get("denominator").and_then(|d| d.scalar()).as_deref() {
+                    Some("TEN_THOUSAND") => 10_000.0,
+                    Some("MILLION") => 1_000_000.0,
+                    _ => 100.0,
+                };
+                (n * 100.0 / of).clamp(0.0, 100.0)
+            }
+        };
+        let mut t = toml::Table::new();
+        t.insert("upstream".into(), group.into());
+        t.insert("percent".into(), percent.into());
+        tables.push(Value::Table(t));
+    }
+    ctx.r.different(
+        l,
+        key,
+        "the copies carry the client's Host (Envoy appends -shadow), a body of at most 64 KiB \
+         (a larger one is not copied), and go on a new connection each; runtime keys and \
+         trace_sampled are not read",
+    );
+    (!tables.is_empty()).then_some(Value::Array(tables))
 }
 
 /// `cluster`, or `weighted_clusters` with one cluster taking every request.

@@ -45,7 +45,8 @@ pub fn route_config(ctx: &mut Ctx, scope: &Scope, rc: &Node) -> Vec<Section> {
     f.refuse(
         &mut ctx.r,
         "request_mirror_policies",
-        "request mirroring (shadow traffic): veloxy lacks it",
+        "mirroring for every route at once: veloxy's mirror is a route's (set \
+         request_mirror_policies on the routes' actions)",
     );
     if let Some((l, _)) = f.take("most_specific_header_mutations_wins") {
         ctx.r.different(
@@ -176,7 +177,8 @@ fn vhost(ctx: &mut Ctx, scope: &Scope, v: &Node) -> Vhost {
     f.refuse(
         &mut ctx.r,
         "request_mirror_policies",
-        "request mirroring (shadow traffic): veloxy lacks it",
+        "mirroring for every route at once: veloxy's mirror is a route's (set \
+         request_mirror_policies on the routes' actions)",
     );
     f.ignore(
         &mut ctx.r,

@@ -15,6 +15,7 @@ mod fastcgi;
 mod grpc_web;
 mod http3;
 mod listeners;
+mod mirror;
 mod providers;
 pub(crate) mod reuse;
 mod routes;
@@ -286,7 +287,7 @@ fn compile(
     }))
 }
 
-/// A warning for each upstream group that no route, stream or forward_auth names: most often
+/// A warning for each upstream group that no route, stream, forward_auth or mirror names: most often
 /// a typo in the name that does refer to it, or a leftover of a port.
 fn unused_groups<'a>(
     src: &Source,
@@ -302,6 +303,8 @@ fn unused_groups<'a>(
                 .as_ref()
                 .map(|f| f.get_ref().upstream.get_ref().as_str()),
         );
+        let mirrors = r.mirror.iter().flat_map(|m| &m.get_ref().0);
+        used.extend(mirrors.map(|m| m.upstream.get_ref().as_str()));
     }
     used.extend(
         file.streams
@@ -315,7 +318,7 @@ fn unused_groups<'a>(
             src.warning(
                 g.span(),
                 &format!("upstreams.{name}"),
-                "no route, stream or forward_auth uses this group (a misspelt name?)",
+                "no route, stream, forward_auth or mirror uses this group (a misspelt name?)",
             )
         })
         .collect()

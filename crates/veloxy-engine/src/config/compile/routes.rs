@@ -182,6 +182,19 @@ pub(super) fn compile_route(
         r.forward_auth = Some(fa);
         rules = Some(Arc::new(r));
     }
+    if let Some(m) = &r.mirror {
+        if upstream.is_none() {
+            return Err(src.error(
+                m.span(),
+                format!("{key}.mirror"),
+                "is for proxied routes (with upstream)",
+            ));
+        }
+        let m = super::mirror::mirrors(src, &key, m, upstream_index, groups)?;
+        let mut r = rules.map(|r| (*r).clone()).unwrap_or_default();
+        r.mirror = Some(m);
+        rules = Some(Arc::new(r));
+    }
     if let Some(c) = &r.cache {
         let http1 = match (&target, upstream) {
             (RouteTarget::Proxy { .. }, Some(u)) => {

@@ -192,6 +192,7 @@ pub(super) fn compile_rules(
         cors: cors(src, key, r)?,
         // Set by the route, which knows the upstream groups (and the caches).
         forward_auth: None,
+        mirror: None,
         search: None,
         cache: None,
         fastcgi: None,

@@ -91,11 +91,16 @@ pub(super) fn compile_runs(
         super::tracing::check_routes(&based, (&routes, &origin), tracing)?;
         for (route, &i) in routes.iter().zip(&origin) {
             let r = route.get_ref();
-            let names = (r.upstream.iter().map(|u| u.get_ref().as_str())).chain(
-                r.forward_auth
-                    .iter()
-                    .map(|f| f.get_ref().upstream.get_ref().as_str()),
-            );
+            let names = (r.upstream.iter().map(|u| u.get_ref().as_str()))
+                .chain(
+                    r.forward_auth
+                        .iter()
+                        .map(|f| f.get_ref().upstream.get_ref().as_str()),
+                )
+                .chain(
+                    (r.mirror.iter().flat_map(|m| &m.get_ref().0))
+                        .map(|m| m.upstream.get_ref().as_str()),
+                );
             used.extend(names.filter_map(|n| groups.0.get(n).copied()));
             compile_route(&based, i, route, groups, caches, listeners)?;
         }

@@ -8,7 +8,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use http::{Request, Response};
 
-use super::request_body::RequestBody;
+use super::request_body::{ReadAhead, RequestBody};
 use super::{ConnCtx, Finish, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::error::ProxyError;
@@ -76,6 +76,37 @@ impl Codec for H2<'_> {
         framed::whole_body(&**self.c, self.req.body_mut(), limit).await
     }
 
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes> {
+        use http_body::Body;
+        let body = self.req.body();
+        if body.is_end_stream() {
+            return Some(Bytes::new());
+        }
+        let declared = self
+            .req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .or(body.size_hint().exact());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return None;
+        }
+        // A declared length is sent whatever the answer: waiting for it holds no stream.
+        let wait = wait || declared.is_some();
+        let read = read_ahead(self.c, self.req.body_mut(), limit, wait).await;
+        let copy = read
+            .rest
+            .is_none()
+            .then(|| read.data.clone().unwrap_or_default());
+        let body = std::mem::replace(self.req.body_mut(), RequestBody::Read(Box::new(read)));
+        if let RequestBody::Read(r) = self.req.body_mut() {
+            if r.rest.is_some() {
+                r.rest = Some(body);
+            }
+        }
+        copy
+    }
+
     async fn ready(self) -> Out {
         let worker: &Rc<Worker> = &self.c.worker;
         let is_head = self.is_head();
@@ -133,5 +164,57 @@ impl Codec for H2<'_> {
                 framed_h2::relay(&**self.c, gen, &target, self.req, self.fin).await
             }
         }
+    }
+}
+
+/// Reads the request body ahead of the attempts, up to `limit` bytes: whole (with its
+/// trailers; `rest` is `None`), or the part read when it is longer, failed or stalled (`rest`
+/// marks that the body goes on; the caller puts the body there). A failure is left for the
+/// attempts to meet on their own read. Without `wait`, only the frames already arrived.
+async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize, wait: bool) -> ReadAhead {
+    let mut out = bytes::BytesMut::new();
+    let mut trailers = None;
+    let whole = loop {
+        let next = match wait {
+            true => framed::next_frame(c, body).await,
+            false => match arrived(body) {
+                Some(next) => next,
+                None => break false,
+            },
+        };
+        match next {
+            Ok(None) => break true,
+            Ok(Some(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    out.extend_from_slice(&data);
+                    if out.len() > limit {
+                        break false;
+                    }
+                }
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            },
+            Err(_) => break false,
+        }
+    };
+    ReadAhead {
+        data: (!out.is_empty()).then(|| out.freeze()),
+        trailers,
+        // A placeholder, replaced by the body itself.
+        rest: (!whole).then(|| RequestBody::Read(Box::default())),
+    }
+}
+
+/// The body's next frame if it has arrived (`None`: not yet), without waiting for it.
+fn arrived(body: &mut RequestBody) -> Option<Result<Option<http_body::Frame<Bytes>>, ProxyError>> {
+    use http_body::Body;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::Pin::new(body).poll_frame(&mut cx) {
+        std::task::Poll::Pending => None,
+        std::task::Poll::Ready(None) => Some(Ok(None)),
+        std::task::Poll::Ready(Some(Ok(f))) => Some(Ok(Some(f))),
+        std::task::Poll::Ready(Some(Err(e))) => Some(Err(ProxyError::downstream(
+            crate::error::ErrorKind::Stream,
+        )
+        .because(e))),
     }
 }

@@ -20,6 +20,17 @@ pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) enum RequestBody {
     H2(Incoming),
     H3(H3Body),
+    /// A body whose first part was read before the attempts (a `mirror` copy took it).
+    Read(Box<ReadAhead>),
+}
+
+/// What was read of a body ahead of the attempts, handed out first: its data, then the rest
+/// of the body if it had not ended, else its trailers.
+#[derive(Default)]
+pub(crate) struct ReadAhead {
+    pub data: Option<Bytes>,
+    pub trailers: Option<http::HeaderMap>,
+    pub rest: Option<RequestBody>,
 }
 
 impl Body for RequestBody {
@@ -35,6 +46,11 @@ impl Body for RequestBody {
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(Into::into))),
             RequestBody::H3(b) => b.poll(cx).map(|f| f.map(|r| r.map_err(Into::into))),
+            RequestBody::Read(r) => match (r.data.take(), &mut r.rest) {
+                (Some(d), _) => Poll::Ready(Some(Ok(Frame::data(d)))),
+                (None, Some(rest)) => Pin::new(rest).poll_frame(cx),
+                (None, None) => Poll::Ready(r.trailers.take().map(|t| Ok(Frame::trailers(t)))),
+            },
         }
     }
 
@@ -42,6 +58,11 @@ impl Body for RequestBody {
         match self {
             RequestBody::H2(b) => b.is_end_stream(),
             RequestBody::H3(b) => b.state == H3State::Done,
+            RequestBody::Read(r) => {
+                r.data.is_none()
+                    && r.trailers.is_none()
+                    && r.rest.as_ref().is_none_or(|b| b.is_end_stream())
+            }
         }
     }
 
@@ -50,6 +71,21 @@ impl Body for RequestBody {
             RequestBody::H2(b) => b.size_hint(),
             RequestBody::H3(b) if b.state == H3State::Done => SizeHint::with_exact(0),
             RequestBody::H3(_) => SizeHint::default(),
+            RequestBody::Read(r) => {
+                let first = r.data.as_ref().map_or(0, |d| d.len() as u64);
+                match &r.rest {
+                    None => SizeHint::with_exact(first),
+                    Some(rest) => {
+                        let h = rest.size_hint();
+                        let mut out = SizeHint::new();
+                        out.set_lower(h.lower() + first);
+                        if let Some(u) = h.upper() {
+                            out.set_upper(u + first);
+                        }
+                        out
+                    }
+                }
+            }
         }
     }
 }

@@ -205,7 +205,7 @@ fn emit(r: &AnyRoute<'_>, targets: &[(Cond, Result<Target, String>)], via: Via) 
         let Ok(target) = target else { continue };
         let routes = match r {
             AnyRoute::Tcp(_) | AnyRoute::Tls(_) => match target {
-                Target::Upstream(g) => {
+                Target::Upstream(g, _) => {
                     let mut s = Table::new();
                     s.insert("upstream".into(), g.as_str().into());
                     Ok(vec![s])

@@ -373,17 +373,26 @@ fn targets(
     };
     let mut out = Vec::new();
     for (i, refs) in refs.into_iter().enumerate() {
-        let b = backends::resolve(world, r.kind(), ns, refs);
+        let mut b = backends::resolve(world, r.kind(), ns, refs);
         let target = if !b.servers.is_empty() {
             let group = format!("k8s-gw-{}-{ns}-{name}-{i}", r.kind().to_ascii_lowercase());
             let mut g = Table::new();
-            g.insert("servers".into(), Value::Array(b.servers));
+            g.insert(
+                "servers".into(),
+                Value::Array(std::mem::take(&mut b.servers)),
+            );
             if matches!(r, AnyRoute::Grpc(_)) {
                 g.insert("protocol".into(), "h2c".into());
             }
             t.upstreams.insert(group.clone(), Value::Table(g));
+            let mirrors = match r {
+                AnyRoute::Http(h) => {
+                    mirrors(world, ns, &group, &h.spec.rules[i], t, &mut b.resolved)
+                }
+                _ => Vec::new(),
+            };
             t.sources.push((group.clone(), b.refs));
-            Target::Upstream(group)
+            Target::Upstream(group, mirrors)
         } else if b.any_valid {
             let refs = b.refs.into_iter();
             t.opaque.extend(refs.map(|r| (r.ns, r.name)));
@@ -409,5 +418,43 @@ fn targets(
     }
     out
 }
+/// The groups of a rule's RequestMirror filters, in order, named after the rule's own group
+/// (`None`: no ready endpoint); a refused mirror reference makes the rule's ResolvedRefs.
+fn mirrors(
+    world: &World,
+    ns: &str,
+    group: &str,
+    rule: &types::HttpRule,
+    t: &mut Translation,
+    resolved: &mut Cond,
+) -> Vec<Option<String>> {
+    let filters = rule.filters.iter().filter(|f| f.type_ == "RequestMirror");
+    let refs = filters.map(|f| f.request_mirror.as_ref().map(|m| &m.backend_ref));
+    let mut out = Vec::new();
+    for (j, r) in refs.enumerate() {
+        let Some(r) = r else {
+            out.push(None);
+            continue;
+        };
+        let m = backends::resolve(world, "HTTPRoute", ns, std::slice::from_ref(r));
+        if resolved.is_ok() {
+            *resolved = m.resolved;
+        }
+        if m.servers.is_empty() {
+            // A Service that gains endpoints gives the rule a mirror group: a full build.
+            t.opaque.extend(m.refs.into_iter().map(|r| (r.ns, r.name)));
+            out.push(None);
+            continue;
+        }
+        let name = format!("{group}-mirror-{j}");
+        let mut g = Table::new();
+        g.insert("servers".into(), Value::Array(m.servers));
+        t.upstreams.insert(name.clone(), Value::Table(g));
+        t.sources.push((name.clone(), m.refs));
+        out.push(Some(name));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;

@@ -16,8 +16,9 @@ use super::types::{
 
 /// What a rule's routes answer with, from its backendRefs.
 pub enum Target {
-    /// Proxy to this upstream group.
-    Upstream(String),
+    /// Proxy to this upstream group, with the groups of the rule's RequestMirror filters
+    /// in their order (`None`: the mirror's Service has no ready endpoint, nothing to copy to).
+    Upstream(String, Vec<Option<String>>),
     /// A fixed answer (no usable backend).
     Respond(u16, &'static str),
 }
@@ -82,7 +83,7 @@ pub fn grpc_rule(rule: &GrpcRule, target: &Target) -> Result<Vec<Table>, String>
         }
         t.extend(f.keys.clone());
         match target {
-            Target::Upstream(g) => {
+            Target::Upstream(g, _) => {
                 t.insert("upstream".into(), g.as_str().into());
             }
             Target::Respond(status, body) => {
@@ -121,6 +122,8 @@ struct Filters<'a> {
     keys: Table,
     redirect: Option<&'a Redirect>,
     rewrite: Option<&'a PathModifier>,
+    /// The percent of each RequestMirror filter, in order.
+    mirrors: Vec<f64>,
 }
 
 impl Filters<'_> {
@@ -134,6 +137,7 @@ fn filters(fs: &[Filter], http: bool) -> Result<Filters<'_>, String> {
         keys: Table::new(),
         redirect: None,
         rewrite: None,
+        mirrors: Vec::new(),
     };
     let mut request = HeaderModifier::default();
     for f in fs {
@@ -161,6 +165,11 @@ fn filters(fs: &[Filter], http: bool) -> Result<Filters<'_>, String> {
                 }
                 out.rewrite = u.path.as_ref();
             }
+            ("RequestMirror", true) => {
+                let m = f.request_mirror.as_ref();
+                out.mirrors
+                    .push(m.map(mirror_percent).transpose()?.unwrap_or(100.0));
+            }
             ("CORS", true) => {
                 if let Some(c) = f.cors.as_ref().map(cors).transpose()?.flatten() {
                     out.keys.insert("cors".into(), c);
@@ -177,6 +186,27 @@ fn filters(fs: &[Filter], http: bool) -> Result<Filters<'_>, String> {
             .insert("request_headers".into(), header_edits(&request));
     }
     Ok(out)
+}
+
+/// The share of requests a RequestMirror filter copies, in percent: `percent`, or
+/// `fraction` (its denominator 100 by default), or all.
+fn mirror_percent(m: &super::types::RequestMirror) -> Result<f64, String> {
+    match (m.percent, &m.fraction) {
+        (Some(_), Some(_)) => Err("RequestMirror: percent and fraction both set".into()),
+        (Some(p), None) if (0..=100).contains(&p) => Ok(f64::from(p)),
+        (None, Some(f)) => {
+            let d = f.denominator.unwrap_or(100);
+            if d <= 0 || f.numerator < 0 || f.numerator > d {
+                return Err(format!(
+                    "RequestMirror: fraction {}/{d} is not within 0..=1",
+                    f.numerator
+                ));
+            }
+            Ok(f64::from(f.numerator) * 100.0 / f64::from(d))
+        }
+        (None, None) => Ok(100.0),
+        (Some(p), None) => Err(format!("RequestMirror: percent {p} is not within 0..=100")),
+    }
 }
 
 /// The CORS filter as the route's `cors` (`None`: it allows no origin, so it adds nothing);
@@ -368,10 +398,21 @@ fn target_keys(
         return Ok(());
     }
     match target {
-        Target::Upstream(g) => {
+        Target::Upstream(g, mirrors) => {
             t.insert("upstream".into(), g.as_str().into());
             if let Some(p) = f.rewrite {
                 t.insert("rewrite".into(), new_path(p, rest)?.into());
+            }
+            let tables: Vec<Value> = (f.mirrors.iter().zip(mirrors))
+                .filter_map(|(percent, group)| {
+                    let mut m = Table::new();
+                    m.insert("upstream".into(), group.as_deref()?.into());
+                    m.insert("percent".into(), (*percent).into());
+                    Some(Value::Table(m))
+                })
+                .collect();
+            if !tables.is_empty() {
+                t.insert("mirror".into(), Value::Array(tables));
             }
         }
         Target::Respond(status, body) => {
@@ -466,7 +507,7 @@ mod tests {
             "headers": [{"name": "X-Env", "value": "canary"}], "method": "GET",
             "queryParams": [{"name": "v", "value": "2"}]}]}),
         );
-        let routes = http_rule(&r, &Target::Upstream("g".into()), VIA).unwrap();
+        let routes = http_rule(&r, &Target::Upstream("g".into(), Vec::new()), VIA).unwrap();
         assert_eq!(routes.len(), 1);
         let t = &routes[0];
         assert_eq!(t["path_exact"].as_str(), Some("/api"));
@@ -481,7 +522,7 @@ mod tests {
         let r = rule(serde_json::json!({"matches": [{"path": {"value": "/old"}}],
             "filters": [{"type": "URLRewrite", "urlRewrite": {"path":
               {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/new"}}}]}));
-        let routes = http_rule(&r, &Target::Upstream("g".into()), VIA).unwrap();
+        let routes = http_rule(&r, &Target::Upstream("g".into(), Vec::new()), VIA).unwrap();
         assert_eq!(routes[0]["path_exact"].as_str(), Some("/old"));
         assert_eq!(routes[0]["rewrite"].as_str(), Some("/new"));
         assert_eq!(routes[1]["path_regex"].as_str(), Some("^/old(?<rest>/.*)$"));
@@ -498,9 +539,18 @@ mod tests {
         );
         let e = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap_err();
         assert!(e.contains("path regex"), "{e}");
-        let r = rule(serde_json::json!({"filters": [{"type": "RequestMirror"}]}));
+        let r = rule(
+            serde_json::json!({"filters": [{"type": "RequestMirror", "requestMirror": {
+            "backendRef": {"name": "s", "port": 80}, "percent": 101}}]}),
+        );
         let e = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap_err();
         assert!(e.contains("RequestMirror"), "{e}");
+        let r = rule(
+            serde_json::json!({"filters": [{"type": "RequestMirror", "requestMirror": {
+            "backendRef": {"name": "s", "port": 80}, "fraction": {"numerator": 3, "denominator": 2}}}]}),
+        );
+        let e = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap_err();
+        assert!(e.contains("fraction"), "{e}");
         let r = rule(serde_json::json!({"filters": [{"type": "CORS", "cors": {
             "allowOrigins": ["https://*.example.com"]}}]}));
         let routes = http_rule(&r, &Target::Respond(500, ""), VIA).unwrap();
@@ -513,7 +563,7 @@ mod tests {
         let r = rule(serde_json::json!({"filters": [{"type": "CORS", "cors": {
             "allowOrigins": ["https://app.example:443"], "allowCredentials": true,
             "allowMethods": ["*"], "allowHeaders": ["X-Token"]}}]}));
-        let routes = http_rule(&r, &Target::Upstream("g".into()), VIA).unwrap();
+        let routes = http_rule(&r, &Target::Upstream("g".into(), Vec::new()), VIA).unwrap();
         let c = &routes[0]["cors"];
         assert_eq!(
             c["origins"],
@@ -524,7 +574,7 @@ mod tests {
         assert_eq!(c["max_age"].as_str(), Some("5s"));
         let r = rule(serde_json::json!({"filters": [{"type": "CORS", "cors": {
             "allowOrigins": ["*"], "allowCredentials": true}}]}));
-        let e = http_rule(&r, &Target::Upstream("g".into()), VIA).unwrap_err();
+        let e = http_rule(&r, &Target::Upstream("g".into(), Vec::new()), VIA).unwrap_err();
         assert!(e.contains("allowCredentials"), "{e}");
     }
 }

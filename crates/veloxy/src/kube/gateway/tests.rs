@@ -404,3 +404,100 @@ fn each_gateway_is_served_on_its_own_address() {
         t.notes
     );
 }
+
+/// The RequestMirror filter: each becomes a table of the route's `mirror`, its Service's
+/// ready endpoints a group of their own, its `percent` or `fraction` the share copied; a
+/// mirror Service that does not exist makes the rule's ResolvedRefs false.
+#[test]
+fn request_mirror_filters_become_the_route_mirror() {
+    let (s1, e1) = service_with("api", "192.0.2.10");
+    let (s2, e2) = service_with("shadow", "192.0.2.11");
+    let (s3, e3) = service_with("canary", "192.0.2.12");
+    let mirror = |svc: &str, share: serde_json::Value| {
+        let mut m = serde_json::json!({"backendRef": {"name": svc, "port": 80}});
+        m.as_object_mut()
+            .unwrap()
+            .extend(share.as_object().unwrap().clone());
+        serde_json::json!({"type": "RequestMirror", "requestMirror": m})
+    };
+    let route = |name: &str, filters: serde_json::Value| {
+        obj(
+            serde_json::json!({"metadata": {"name": name, "namespace": "ns"},
+            "spec": {"parentRefs": [{"name": "gw"}], "hostnames": [format!("{name}.example")],
+                     "rules": [{"filters": filters,
+                                "backendRefs": [{"name": "api", "port": 80}]}]}}),
+        )
+    };
+    let world = World {
+        gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+            "spec": {"controllerName": CONTROLLER}}))],
+        gateways: vec![obj(
+            serde_json::json!({"metadata": {"name": "gw", "namespace": "ns"},
+            "spec": {"gatewayClassName": "c", "listeners": [
+                {"name": "a", "port": 80, "protocol": "HTTP"}]}}),
+        )],
+        services: vec![s1, s2, s3],
+        slices: vec![e1, e2, e3],
+        http_routes: vec![
+            route(
+                "two",
+                serde_json::json!([
+                    mirror("shadow", serde_json::json!({"percent": 25})),
+                    mirror(
+                        "canary",
+                        serde_json::json!({"fraction": {"numerator": 1, "denominator": 8}})
+                    ),
+                ]),
+            ),
+            route(
+                "all",
+                serde_json::json!([mirror("shadow", serde_json::json!({}))]),
+            ),
+            route(
+                "gone",
+                serde_json::json!([mirror("nowhere", serde_json::json!({}))]),
+            ),
+        ],
+        ..Default::default()
+    };
+    let t = translate(&world, &spec(), &Table::new(), Path::new("/x"));
+    let by_host = |h: &str| {
+        t.routes
+            .iter()
+            .find(|r| r["host"].as_str() == Some(h))
+            .unwrap_or_else(|| panic!("{h} in {:?}", t.routes))
+    };
+    let two = by_host("two.example");
+    let m = two["mirror"].as_array().unwrap();
+    assert_eq!(m.len(), 2, "{two}");
+    assert_eq!(m[0]["percent"].as_float(), Some(25.0));
+    assert_eq!(m[1]["percent"].as_float(), Some(12.5));
+    let servers = |g: &Value| t.upstreams[g.as_str().unwrap()]["servers"].clone();
+    assert_eq!(
+        servers(&m[0]["upstream"]),
+        Value::Array(vec!["192.0.2.11:7000".into()])
+    );
+    assert_eq!(
+        servers(&m[1]["upstream"]),
+        Value::Array(vec!["192.0.2.12:7000".into()])
+    );
+    assert_eq!(
+        servers(&two["upstream"]),
+        Value::Array(vec!["192.0.2.10:7000".into()])
+    );
+    let all = by_host("all.example");
+    assert_eq!(all["mirror"][0]["percent"].as_float(), Some(100.0));
+    // A missing mirror Service: served without the copy, ResolvedRefs false.
+    let gone = by_host("gone.example");
+    assert!(gone.get("mirror").is_none(), "{gone}");
+    let report = t
+        .report
+        .routes
+        .iter()
+        .find(|r| r.meta.name.as_deref() == Some("gone"))
+        .unwrap();
+    assert_eq!(
+        report.parents[0].resolved.as_ref().unwrap_err().0,
+        "BackendNotFound"
+    );
+}

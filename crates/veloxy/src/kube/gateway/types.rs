@@ -317,6 +317,29 @@ pub struct Filter {
     pub url_rewrite: Option<UrlRewrite>,
     #[serde(default)]
     pub cors: Option<CorsFilter>,
+    #[serde(default)]
+    pub request_mirror: Option<RequestMirror>,
+}
+
+/// The RequestMirror filter (`HTTPRequestMirrorFilter`): at most one of `percent` and
+/// `fraction`; neither mirrors every request.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestMirror {
+    pub backend_ref: ObjectRef,
+    #[serde(default)]
+    pub percent: Option<i32>,
+    #[serde(default)]
+    pub fraction: Option<Fraction>,
+}
+
+/// `fraction`: `numerator / denominator` (default 100) of the requests.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fraction {
+    pub numerator: i32,
+    #[serde(default)]
+    pub denominator: Option<i32>,
 }
 
 /// The CORS filter (`HTTPCORSFilter`).
