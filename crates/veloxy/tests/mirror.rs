@@ -282,6 +282,71 @@ fn a_body_over_the_bound_is_not_copied_and_reaches_the_primary_whole() {
     );
 }
 
+/// A body of unknown length over the route's `max_body_bytes` is refused (413) as it is
+/// relayed; its copy must not have gone out whole before (the mirror's read-ahead bound was
+/// 64 KiB whatever the route's limit).
+#[test]
+fn a_body_over_max_body_bytes_is_not_copied() {
+    let primary = script_origin(|_| Scripted::ok("primary"));
+    let shadow = script_origin(|_| Scripted::ok("shadow"));
+    let s = Site::start(
+        "admin = \"127.0.0.1:0\"",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"app\"\nmax_body_bytes = \"1KiB\"\n\
+             mirror = {{ upstream = \"shadow\" }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n\
+             [upstreams.shadow]\nservers = [\"{}\"]\n",
+            primary.addr, shadow.addr
+        ),
+    );
+    let text = "x".repeat(10_000);
+    let (status, _) = s.h1_raw(&format!(
+        "POST /chunked HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\
+         Connection: close\r\n\r\n{:x}\r\n{text}\r\n0\r\n\r\n",
+        text.len()
+    ));
+    assert_eq!(status, 413);
+    assert_eq!(s.h1("/small", "").0, 200);
+    let seen = seen(&shadow, 1);
+    assert_eq!(
+        seen.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
+        ["/small"]
+    );
+}
+
+/// A copy carries the fields `forward_auth` copied, as the primary does (the copies are
+/// rendered at admission, before the auth service answers: they went out with no identity,
+/// the client's own `Remote-User` dropped).
+#[test]
+fn a_copy_carries_the_fields_forward_auth_copied() {
+    let primary = script_origin(|_| Scripted::ok("primary"));
+    let shadow = script_origin(|_| Scripted::ok("shadow"));
+    let auth = script_origin(|_| Scripted::new(200).header("Remote-User", "alice"));
+    let s = Site::start(
+        "",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"app\"\nmirror = {{ upstream = \"shadow\" }}\n\
+             forward_auth = {{ upstream = \"auth\", path = \"/verify\", copy_headers = [\"Remote-User\"], timeout = \"2s\" }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n\
+             [upstreams.shadow]\nservers = [\"{}\"]\n\
+             [upstreams.auth]\nservers = [\"{}\"]\nretries = 0\n",
+            primary.addr, shadow.addr, auth.addr
+        ),
+    );
+    assert_eq!(s.h1("/who", "").0, 200);
+    let got = primary.requests();
+    assert_eq!(got[0].header("remote-user"), Some("alice"));
+    let seen = seen(&shadow, 1);
+    assert_eq!(
+        seen[0].header("remote-user"),
+        Some("alice"),
+        "{:?}",
+        seen[0].headers
+    );
+}
+
 trait Plain {
     fn h1_raw_plain(&self, path: &str) -> u16;
 }

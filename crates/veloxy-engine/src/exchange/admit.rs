@@ -295,7 +295,16 @@ impl Proxying<'_> {
             let hooks = record.ctx.as_ref().map(|c| c.upstream_headers.as_slice());
             let plain = target.search.is_none() && target.fastcgi.is_none() && target.hit.is_none();
             target.mirror = plain
-                .then(|| super::mirror::admit(self.gen, m, head, &target, self.peer, hooks))
+                .then(|| {
+                    super::mirror::admit(
+                        self.gen,
+                        m,
+                        head,
+                        &target,
+                        (self.peer, self.client.addr),
+                        hooks,
+                    )
+                })
                 .flatten();
         }
         if let Some(mut f) = fill {

@@ -139,16 +139,23 @@ pub(crate) async fn drive<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, m
 /// Starts the request's `mirror` copies admission took (if any), right before the attempts:
 /// they never delay or change the primary's answer.
 async fn mirror<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, c: &mut C) {
-    let Some((copies, upstream)) = c
+    let Some((copies, upstream, max_body)) = c
         .target()
-        .and_then(|t| Some((t.mirror.take()?, t.upstream)))
+        .and_then(|t| Some((t.mirror.take()?, t.upstream, t.max_body)))
     else {
         return;
     };
     let http1 = crate::config::UpstreamProtocol::Http1;
     let wait = gen.snapshot.upstreams[upstream].protocol == http1;
+    // Never more than the route's `max_body_bytes`: a body of unknown length over it is
+    // refused (413) as it is relayed, and its copy must not go out whole before that.
+    let limit = max_body.map_or(super::mirror::BODY_LIMIT, |m| {
+        usize::try_from(m).map_or(super::mirror::BODY_LIMIT, |m| {
+            m.min(super::mirror::BODY_LIMIT)
+        })
+    });
     let body = match copies.wants_body() {
-        true => c.mirror_body(super::mirror::BODY_LIMIT, wait).await,
+        true => c.mirror_body(limit, wait).await,
         false => Some(Bytes::new()),
     };
     super::mirror::send(worker, gen, *copies, body);

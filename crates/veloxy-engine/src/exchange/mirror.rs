@@ -2,8 +2,10 @@
 //! `request_mirror_policies`, Gateway API's `RequestMirror`), their answers read and dropped.
 //!
 //! * **Which requests.** A request is copied only once it has passed every check of its
-//!   route (access rules, rate limit, `basic_auth`, `forward_auth`) and is about to go to the
-//!   route's group: a request that is refused, answered by veloxy, or answered by the cache
+//!   route (access rules, rate limit, `basic_auth`, `forward_auth`, whose fields it carries
+//!   as the primary does) and is about to go to the route's group. The one check after the
+//!   copy is the route's `max_concurrency` queue: a request it then refuses (503) has been
+//!   copied. A request that is refused, answered by veloxy, or answered by the cache
 //!   (a hit, or a miss the cache fills itself) is not copied; one the cache lets through
 //!   (uncacheable, bypassed) is. Search, FastCGI and upgrade (WebSocket) requests are not
 //!   copied. Each table of `mirror` samples its own `percent` with the worker's RNG.
@@ -49,6 +51,11 @@ const ANSWER_PEEK: usize = 16 * 1024;
 #[derive(Clone)]
 pub(crate) struct Copies {
     shots: Vec<Shot>,
+    /// What the primary's pick used (the client, the route's hash): a `consistent_hash`,
+    /// `ip_hash` or `sticky` shadow group spreads the copies as the primary group does the
+    /// requests, not all onto one backend.
+    client: std::net::SocketAddr,
+    hash: u64,
 }
 
 #[derive(Clone)]
@@ -64,6 +71,14 @@ impl Copies {
     pub(crate) fn wants_body(&self) -> bool {
         self.shots.iter().any(|s| s.body)
     }
+
+    /// Adds `forward_auth`'s fields (whole `Name: value\r\n` lines) to every copy, as to
+    /// the primary: the copies were rendered at admission, before the auth service answered.
+    pub(crate) fn add_lines(&mut self, lines: &[u8]) {
+        for s in &mut self.shots {
+            s.head.extend_from_slice(lines);
+        }
+    }
 }
 
 /// The copies of a proxied request (`t` made already) on a route with `mirror`, sampled
@@ -73,7 +88,7 @@ pub(crate) fn admit(
     mirrors: &[Mirror],
     head: &Head,
     t: &ProxyTarget,
-    peer: &Peer,
+    (peer, client): (&Peer, std::net::SocketAddr),
     hook_lines: Option<&[u8]>,
 ) -> Option<Box<Copies>> {
     if head.method == "CONNECT" || head.fields.get("upgrade").is_some() {
@@ -118,13 +133,20 @@ pub(crate) fn admit(
             body: m.body,
         });
     }
-    (!shots.is_empty()).then(|| Box::new(Copies { shots }))
+    (!shots.is_empty()).then(|| {
+        Box::new(Copies {
+            shots,
+            client,
+            hash: t.hash,
+        })
+    })
 }
 
 /// Starts the copies, each a task of its own: `body` is the request body, `None` when it
 /// could not be copied (the copies that want it are skipped).
 pub(crate) fn send(worker: &Rc<Worker>, gen: &Rc<Generation>, copies: Copies, body: Option<Bytes>) {
     let m = &worker.metrics;
+    let (client, hash) = (copies.client, copies.hash);
     for shot in copies.shots {
         let body = match (shot.body, &body) {
             (false, _) => Bytes::new(),
@@ -144,7 +166,8 @@ pub(crate) fn send(worker: &Rc<Worker>, gen: &Rc<Generation>, copies: Copies, bo
         tokio::task::spawn_local(async move {
             let group = &gen.snapshot.upstreams[shot.upstream];
             let deadline = group.connect_timeout + group.read_timeout;
-            let sent = tokio::time::timeout(deadline, run(&worker, &gen, &shot, body)).await;
+            let pick = (client, hash);
+            let sent = tokio::time::timeout(deadline, run(&worker, &gen, &shot, body, pick)).await;
             if !matches!(sent, Ok(Ok(()))) {
                 worker.metrics.mirror_failed.inc();
                 tracing::debug!(group = %group.name, "mirror: the copy failed or timed out");
@@ -156,14 +179,20 @@ pub(crate) fn send(worker: &Rc<Worker>, gen: &Rc<Generation>, copies: Copies, bo
 
 /// One copy: a backend of the shadow group, the request, its answer read to its end and
 /// dropped.
-async fn run(worker: &Worker, gen: &Generation, shot: &Shot, body: Bytes) -> Result<(), ()> {
+async fn run(
+    worker: &Worker,
+    gen: &Generation,
+    shot: &Shot,
+    body: Bytes,
+    (client, hash): (std::net::SocketAddr, u64),
+) -> Result<(), ()> {
     let group = &gen.snapshot.upstreams[shot.upstream];
     let backend = gen
         .group(shot.upstream)
         .pick(&PickContext {
-            client: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+            client,
             excluded: group.health.down_set(),
-            hash: 0,
+            hash,
         })
         .ok_or(())?;
     let mut conn =

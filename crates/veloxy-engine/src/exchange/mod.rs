@@ -164,6 +164,9 @@ impl ProxyTarget {
         if let Some(fill) = self.cache.as_mut() {
             fill.add_lines(lines);
         }
+        if let Some(copies) = self.mirror.as_mut() {
+            copies.add_lines(lines);
+        }
     }
 }
 

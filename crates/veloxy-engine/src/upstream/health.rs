@@ -162,6 +162,11 @@ pub struct GroupHealth {
     summary: AtomicU64,
     /// Words of `down` a bit of `summary` stands for (at most 16 for the largest groups).
     chunk: usize,
+    /// Held by [`GroupHealth::recompute`] (health thread, admin drains) and by an ejection's
+    /// marking (a worker, rarely): a recompute's stores of `down` and `summary` would
+    /// otherwise overwrite a mark made between its read of the backends and its store, and
+    /// the ejected backend stay picked until the next recompute. Never taken by a pick.
+    marking: std::sync::Mutex<()>,
 }
 
 impl GroupHealth {
@@ -173,6 +178,7 @@ impl GroupHealth {
             down: (0..words).map(|_| AtomicU64::new(0)).collect(),
             summary: AtomicU64::new(0),
             chunk: words.div_ceil(64),
+            marking: std::sync::Mutex::new(()),
         };
         g.recompute();
         g
@@ -220,6 +226,7 @@ impl GroupHealth {
     }
 
     fn recompute(&self) {
+        let _held = self.marking.lock().unwrap_or_else(|e| e.into_inner());
         let mut marks = 0u64;
         for (w, word) in self.down.iter().enumerate() {
             let bits = self
@@ -286,8 +293,10 @@ impl GroupHealth {
             return false;
         }
         b.consecutive_failures.store(0, Ordering::Relaxed);
+        let held = self.marking.lock().unwrap_or_else(|e| e.into_inner());
         self.down[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
         self.mark(i / 64);
+        drop(held);
         tracing::warn!(backend = %b.addr, failures = n, ejection = ?length, "backend ejected (outlier)");
         true
     }

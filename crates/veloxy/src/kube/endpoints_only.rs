@@ -250,7 +250,9 @@ fn service_port(
     let port = key.rsplit_once(':')?.1;
     let svc = services.get(&(ns.as_str(), name.as_str()))?;
     let ports = svc.spec.as_ref()?.ports.as_ref()?;
-    let p = ports.iter().find(|p| {
+    // The last port of that number, as `endpoints` kept it (its later insert wins the key:
+    // 53/TCP and 53/UDP may map to different target ports).
+    let p = ports.iter().rfind(|p| {
         p.port.to_string() == port
             || p.name
                 .as_deref()

@@ -105,9 +105,13 @@ impl Recorder {
             match tokio::time::timeout(CALL_TIMEOUT, self.emit(p, first)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
+                    super::status::failed();
                     tracing::warn!(object = %format!("{} {}", p.kind, p.name), error = %e, "kubernetes: Event not written")
                 }
-                Err(_) => tracing::warn!("kubernetes: Event not written: timed out"),
+                Err(_) => {
+                    super::status::failed();
+                    tracing::warn!("kubernetes: Event not written: timed out")
+                }
             }
         }
         self.active = now;

@@ -21,6 +21,7 @@ const PROXY_ONLY: &[&str] = &[
     "location_rewrite",
     "forward_auth",
     "cache",
+    "mirror",
 ];
 
 /// A route value naming one of the translation's generated files (a basic-auth users file)
@@ -203,6 +204,7 @@ fn rename_refs(t: &mut Table, empty_groups: &[String]) {
             }
         }
     }
+    mirrors_renamed(t, empty_groups);
     let empty = t
         .get("upstream")
         .and_then(Value::as_str)
@@ -216,6 +218,34 @@ fn rename_refs(t: &mut Table, empty_groups: &[String]) {
         respond.insert("status".into(), 503.into());
         respond.insert("body".into(), "no ready endpoint\n".into());
         t.insert("respond".into(), Value::Table(respond));
+    }
+}
+
+/// The route's `mirror` tables (one table or a list) with their groups prefixed; a table
+/// whose group has no ready endpoint (left out of the config) is dropped, and so is the key
+/// when none is left: the copies stop, the primary traffic stays.
+fn mirrors_renamed(t: &mut Table, empty_groups: &[String]) {
+    let Some(m) = t.remove("mirror") else {
+        return;
+    };
+    let list = match m {
+        Value::Array(list) => list,
+        one => vec![one],
+    };
+    let kept: Vec<Value> = list
+        .into_iter()
+        .filter_map(|mut v| {
+            let u = v.as_table_mut()?.get_mut("upstream")?;
+            let name = format!("{PREFIX}{}", u.as_str()?);
+            if empty_groups.contains(&name) {
+                return None;
+            }
+            *u = name.into();
+            Some(v)
+        })
+        .collect();
+    if !kept.is_empty() {
+        t.insert("mirror".into(), Value::Array(kept));
     }
 }
 
@@ -417,5 +447,44 @@ mod tests {
         assert_eq!(route["respond"]["status"].as_integer(), Some(503));
         let groups = file.get("upstreams").and_then(Value::as_table);
         assert!(groups.is_none_or(Table::is_empty), "{groups:?}");
+    }
+
+    /// `mirror-target`: the route's mirror names the prefixed group; a mirror Service without
+    /// ready endpoints drops the copies, not the route; a route answering 503 keeps no mirror.
+    /// (Without this the merged config named a group that does not exist, and the provider
+    /// left the whole Ingress out.)
+    #[test]
+    fn mirror_groups_are_renamed_and_dropped_with_their_endpoints() {
+        let ing = ING.replace(
+            "namespace: ns}",
+            "namespace: ns, annotations: {nginx.ingress.kubernetes.io/mirror-target: \
+             'http://shadow.ns.svc.cluster.local:8080$request_uri'}}",
+        );
+        let run = |web: &str, shadow: &str| {
+            let mut file: Table = toml::from_str("[listeners.web]\naddr = \":80\"\n").unwrap();
+            let services = [("web.ns:80", web), ("shadow.ns:8080", shadow)];
+            merge(
+                &mut file,
+                &imported(&ing, &services),
+                &spec(),
+                Path::new("/x"),
+            );
+            file
+        };
+        let file = run("192.0.2.10:80", "192.0.2.20:8080");
+        let route = &file["routes"][0];
+        let m = route["mirror"][0]["upstream"].as_str().unwrap();
+        assert!(m.starts_with(PREFIX), "{route}");
+        assert!(file["upstreams"].get(m).is_some(), "{file}");
+        let file = run("192.0.2.10:80", "");
+        let route = &file["routes"][0];
+        assert!(route.get("mirror").is_none(), "{route}");
+        assert!(route.get("upstream").is_some(), "{route}");
+        let file = run("", "192.0.2.20:8080");
+        let route = &file["routes"][0];
+        assert!(
+            route.get("mirror").is_none() && route.get("respond").is_some(),
+            "{route}"
+        );
     }
 }

@@ -437,6 +437,9 @@ async fn rebuild(
                 gateway::status::clear_stale(client, &builder.gateway, &world).await;
                 recorder.publish(&builder.problems).await;
             }
+            if status::take_failed() {
+                builder.wrote_status = None; // The next rebuild writes again.
+            }
         }
         Err(e) => {
             tracing::error!(error = %e, "kubernetes: config refused; the running config stays")

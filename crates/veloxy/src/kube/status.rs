@@ -70,6 +70,21 @@ pub fn desired(status: &StatusAddress, world: &World) -> Vec<IngressLoadBalancer
 
 /// Writes `want` into the status of each Ingress of `served` whose status differs, and
 /// clears it from the Ingresses of `all` that are no longer served (moved to another class,
+/// Set when a status or Event write failed. The endpoint-only path writes no status, so the
+/// next rebuild after a failure takes the full path, which writes again: a failed write is
+/// retried at the next change of any kind, EndpointSlices included.
+static WRITE_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes a failed status or Event write (see [`WRITE_FAILED`]).
+pub fn failed() {
+    WRITE_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether a write failed since the last call.
+pub fn take_failed() -> bool {
+    WRITE_FAILED.swap(false, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// or refused) but still carry exactly `want`: another controller's address is left alone.
 pub async fn publish(
     client: &Client,
@@ -118,9 +133,11 @@ async fn write(client: &Client, ing: &Ingress, addresses: serde_json::Value) {
     match tokio::time::timeout(WRITE_TIMEOUT, result).await {
         Ok(Ok(_)) => tracing::debug!(ingress = %id(&ing.metadata), "kubernetes: status {what}"),
         Ok(Err(e)) => {
+            failed();
             tracing::warn!(ingress = %id(&ing.metadata), error = %e, "kubernetes: Ingress status not {what}")
         }
         Err(_) => {
+            failed();
             tracing::warn!(ingress = %id(&ing.metadata), "kubernetes: Ingress status not {what}: timed out")
         }
     }

@@ -162,7 +162,7 @@ fn an_endpoint_only_change_gives_what_the_full_build_gives() {
 
     let start = world();
     let m = full(&b, &start);
-    for g in ["k8s-web", "k8s-api-canary", "k8s-gw-httproute-ns-r-0"] {
+    for g in ["k8s-web", "k8s-api-canary", "k8s-gw-httproute_ns_r_0"] {
         assert!(
             m.servers.plain.contains_key(g),
             "{g}: {:?}",

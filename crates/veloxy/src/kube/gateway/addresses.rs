@@ -17,9 +17,10 @@ use crate::kube::objects::id;
 
 /// Each Gateway's address from `pool` (`None`: the pool is empty or used up; the Gateway is
 /// served on the file's listeners and publishes `status_address`). Gateways are served
-/// oldest first, in three passes: the address its `spec.addresses` asks for, then the one
-/// its status already has (so an assignment survives restarts and other Gateways coming and
-/// going), then the first free one.
+/// oldest first, in three passes: the address its status already has, unless its
+/// `spec.addresses` asks for others (so an assignment survives restarts and other Gateways
+/// coming and going: a newer Gateway asking for a held address does not take it), then the
+/// address its `spec.addresses` asks for, then the first free one.
 pub(super) fn assign(gateways: &[Arc<Gateway>], pool: &[IpAddr]) -> Vec<Option<IpAddr>> {
     let mut out = vec![None; gateways.len()];
     if pool.is_empty() {
@@ -37,22 +38,24 @@ pub(super) fn assign(gateways: &[Arc<Gateway>], pool: &[IpAddr]) -> Vec<Option<I
                 continue;
             }
             let gw = &gateways[i];
+            let asked: Vec<IpAddr> = gw
+                .spec
+                .addresses
+                .iter()
+                .filter(|a| a.r#type.as_deref().unwrap_or("IPAddress") == "IPAddress")
+                .filter_map(|a| a.value.parse().ok())
+                .collect();
             let wanted: Vec<IpAddr> = match pass {
                 0 => gw
-                    .spec
-                    .addresses
-                    .iter()
-                    .filter(|a| a.r#type.as_deref().unwrap_or("IPAddress") == "IPAddress")
-                    .filter_map(|a| a.value.parse().ok())
-                    .collect(),
-                1 => gw
                     .status
                     .as_ref()
                     .and_then(|s| s["addresses"].as_array())
                     .into_iter()
                     .flatten()
                     .filter_map(|a| a["value"].as_str()?.parse().ok())
+                    .filter(|a| asked.is_empty() || asked.contains(a))
                     .collect(),
+                1 => asked,
                 _ => pool.to_vec(),
             };
             if let Some(a) = wanted

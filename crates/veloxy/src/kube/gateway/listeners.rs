@@ -237,24 +237,30 @@ fn tls(world: &World, gw: &Gateway, l: &Listener, r: &mut ListenerReport, t: &mu
 }
 
 /// The certificates of the served HTTPS listeners, for the SNI names of the listener's
-/// hostname or, without one, for the hostnames of the routes attached to it and any other
-/// name (`*`: a listener without hostname matches every name, so its certificate is served
-/// for names the file's certificates and other Gateway listeners do not have).
+/// hostname or, without one, for the hostnames of the routes attached to it, and any other
+/// name (`*`) when the Gateway has the veloxy listener to itself (a copy on its address of
+/// `gateway_addresses`): a listener without hostname matches every name. On a listener the
+/// file and other Gateways share, `*` would take every name the file's default certificate
+/// serves, so there it is not added.
 pub(super) fn certs(t: &mut Translation, dir: &Path) {
     let mut out = Vec::new();
     for g in &t.report.gateways {
         for l in &g.listeners {
             let Some(on) = &l.veloxy else { continue };
+            let own = t.listeners.contains_key(on.as_str());
             let hosts: Vec<Value> = match &l.spec.hostname {
                 Some(h) => vec![h.as_str().into()],
                 None => l
                     .hosts
                     .iter()
                     .map(String::as_str)
-                    .chain(["*"])
+                    .chain(own.then_some("*"))
                     .map(Value::from)
                     .collect(),
             };
+            if hosts.is_empty() {
+                continue;
+            }
             for (cert, key) in &l.certs {
                 let mut e = Table::new();
                 e.insert("hosts".into(), Value::Array(hosts.clone()));

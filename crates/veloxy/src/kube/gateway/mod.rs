@@ -375,7 +375,9 @@ fn targets(
     for (i, refs) in refs.into_iter().enumerate() {
         let mut b = backends::resolve(world, r.kind(), ns, refs);
         let target = if !b.servers.is_empty() {
-            let group = format!("k8s-gw-{}-{ns}-{name}-{i}", r.kind().to_ascii_lowercase());
+            // `_` between the parts: Kubernetes names cannot hold it, so no other route's
+            // namespace and name make the same group name (and take over its servers).
+            let group = format!("k8s-gw-{}_{ns}_{name}_{i}", r.kind().to_ascii_lowercase());
             let mut g = Table::new();
             g.insert(
                 "servers".into(),
@@ -446,7 +448,7 @@ fn mirrors(
             out.push(None);
             continue;
         }
-        let name = format!("{group}-mirror-{j}");
+        let name = format!("{group}_mirror_{j}");
         let mut g = Table::new();
         g.insert("servers".into(), Value::Array(m.servers));
         t.upstreams.insert(name.clone(), Value::Table(g));

@@ -282,8 +282,14 @@ where
     let result = api.patch_status(name, &params, &patch);
     match tokio::time::timeout(WRITE_TIMEOUT, result).await {
         Ok(Ok(_)) => tracing::debug!(object = %what, "kubernetes: status written"),
-        Ok(Err(e)) => tracing::warn!(object = %what, error = %e, "kubernetes: status not written"),
-        Err(_) => tracing::warn!(object = %what, "kubernetes: status not written: timed out"),
+        Ok(Err(e)) => {
+            crate::kube::status::failed();
+            tracing::warn!(object = %what, error = %e, "kubernetes: status not written")
+        }
+        Err(_) => {
+            crate::kube::status::failed();
+            tracing::warn!(object = %what, "kubernetes: status not written: timed out")
+        }
     }
 }
 

@@ -298,20 +298,37 @@ fn an_https_listener_without_hostname_serves_its_certificate_for_any_name() {
     };
     let mut spec = spec();
     spec.https_listener = Some("websecure".into());
+    let hosts = |t: &Translation| -> Vec<(String, Vec<String>)> {
+        t.certs
+            .iter()
+            .map(|(on, e)| {
+                let h = e["hosts"].as_array().unwrap();
+                let h = h.iter().map(|v| v.as_str().unwrap().to_string());
+                (on.clone(), h.collect())
+            })
+            .collect()
+    };
+    let s = |v: &[&str]| v.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+    // On the file's listener, shared with the file's own names: no `*`, which would take
+    // every name the file's default certificate serves.
     let t = translate(&world, &spec, &Table::new(), Path::new("/x"));
-    let hosts: Vec<(&str, Vec<&str>)> = t
-        .certs
-        .iter()
-        .map(|(on, e)| {
-            let h = e["hosts"].as_array().unwrap();
-            (on.as_str(), h.iter().map(|v| v.as_str().unwrap()).collect())
-        })
-        .collect();
     assert_eq!(
-        hosts,
+        hosts(&t),
         [
-            ("websecure", vec!["a.example", "*"]),
-            ("websecure", vec!["second.example"])
+            ("websecure".to_string(), s(&["a.example"])),
+            ("websecure".to_string(), s(&["second.example"]))
+        ]
+    );
+    // On the Gateway's own copy of it (`gateway_addresses`): `*` too.
+    spec.gateway_addresses = vec!["192.0.2.11".parse().unwrap()];
+    let file: Table = toml::from_str("[listeners.websecure]\naddr = \"192.0.2.10:443\"\n").unwrap();
+    let t = translate(&world, &spec, &file, Path::new("/x"));
+    let copy = "k8s-gw-192.0.2.11-websecure".to_string();
+    assert_eq!(
+        hosts(&t),
+        [
+            (copy.clone(), s(&["a.example", "*"])),
+            (copy, s(&["second.example"]))
         ]
     );
 }
@@ -500,4 +517,84 @@ fn request_mirror_filters_become_the_route_mirror() {
         report.parents[0].resolved.as_ref().unwrap_err().0,
         "BackendNotFound"
     );
+}
+
+/// Group names cannot be forged: route `web-0-mirror` (no parent at all) named its rule's
+/// group as route `web`'s mirror group was named (`...-ns-web-0-mirror-0`), and the later
+/// insert took over the servers the copies (cookies, Authorization) went to.
+#[test]
+fn another_route_cannot_take_over_a_group_by_its_name() {
+    let (s1, e1) = service_with("api", "192.0.2.10");
+    let (s2, e2) = service_with("shadow", "192.0.2.11");
+    let (s3, e3) = service_with("evil", "192.0.2.66");
+    let web = obj(
+        serde_json::json!({"metadata": {"name": "web", "namespace": "ns",
+        "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["web.example"],
+                 "rules": [{"filters": [{"type": "RequestMirror",
+                     "requestMirror": {"backendRef": {"name": "shadow", "port": 80}}}],
+                            "backendRefs": [{"name": "api", "port": 80}]}]}}),
+    );
+    let forger = obj(
+        serde_json::json!({"metadata": {"name": "web-0-mirror", "namespace": "ns",
+        "creationTimestamp": "2026-01-02T00:00:00Z"},
+        "spec": {"rules": [{"backendRefs": [{"name": "evil", "port": 80}]}]}}),
+    );
+    let world = World {
+        gateway_classes: vec![obj(serde_json::json!({"metadata": {"name": "c"},
+            "spec": {"controllerName": CONTROLLER}}))],
+        gateways: vec![obj(
+            serde_json::json!({"metadata": {"name": "gw", "namespace": "ns"},
+            "spec": {"gatewayClassName": "c", "listeners": [
+                {"name": "a", "port": 80, "protocol": "HTTP"}]}}),
+        )],
+        http_routes: vec![web, forger],
+        services: vec![s1, s2, s3],
+        slices: vec![e1, e2, e3],
+        ..Default::default()
+    };
+    let t = translate(&world, &spec(), &Table::new(), Path::new("/x"));
+    let route = t.routes.iter().find(|r| r.get("mirror").is_some()).unwrap();
+    let group = route["mirror"][0]["upstream"].as_str().unwrap();
+    let servers = t.upstreams[group]["servers"].to_string();
+    assert!(servers.contains("192.0.2.11:7000"), "{group}: {servers}");
+    assert!(!servers.contains("192.0.2.66"), "{group}: {servers}");
+}
+
+/// An address a Gateway's status holds stays its own: a newer Gateway asking for it in
+/// `spec.addresses` gets another (before, the request was served first and moved the older
+/// Gateway, and its clients, to another address).
+#[test]
+fn a_held_address_is_not_taken_by_a_newer_request() {
+    let gw = |name: &str, created: &str, asks: &[&str], has: Option<&str>| {
+        let asks: Vec<serde_json::Value> = asks
+            .iter()
+            .map(|a| serde_json::json!({"type": "IPAddress", "value": a}))
+            .collect();
+        let mut v = serde_json::json!({"metadata": {"name": name, "namespace": "ns",
+            "creationTimestamp": created},
+            "spec": {"gatewayClassName": "c", "addresses": asks, "listeners": []}});
+        if let Some(a) = has {
+            v["status"] = serde_json::json!({"addresses": [{"type": "IPAddress", "value": a}]});
+        }
+        obj::<types::Gateway>(v)
+    };
+    let pool: Vec<std::net::IpAddr> =
+        vec!["192.0.2.11".parse().unwrap(), "192.0.2.12".parse().unwrap()];
+    let got = |gws: &[Arc<types::Gateway>]| -> Vec<String> {
+        let a = addresses::assign(gws, &pool);
+        a.iter().map(|a| a.unwrap().to_string()).collect()
+    };
+    let held = gw("a", "2026-01-01T00:00:00Z", &[], Some("192.0.2.12"));
+    let asks = gw("b", "2026-01-02T00:00:00Z", &["192.0.2.12"], None);
+    assert_eq!(got(&[held, asks]), ["192.0.2.12", "192.0.2.11"]);
+    // A Gateway whose request changed moves to what it asks for.
+    let moved = gw(
+        "a",
+        "2026-01-01T00:00:00Z",
+        &["192.0.2.11"],
+        Some("192.0.2.12"),
+    );
+    let other = gw("b", "2026-01-02T00:00:00Z", &[], None);
+    assert_eq!(got(&[moved, other]), ["192.0.2.11", "192.0.2.12"]);
 }
