@@ -194,6 +194,7 @@ impl Server {
             let t = std::thread::Builder::new()
                 .name(format!("veloxy-w{id}"))
                 .spawn(move || {
+                    crate::background::short_slice();
                     run_worker(
                         id,
                         shared,
