@@ -109,7 +109,9 @@ mod tests {
             };
             // Custom slices came with Linux 6.12.
             let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-            let mut v = release.split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+            let mut v = release
+                .split(['.', '-'])
+                .map(|p| p.parse::<u32>().unwrap_or(0));
             if (v.next().unwrap_or(0), v.next().unwrap_or(0)) < (6, 12) {
                 eprintln!("skipped: Linux {} has no custom slices", release.trim());
                 return;
