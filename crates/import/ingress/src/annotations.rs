@@ -286,6 +286,24 @@ impl KeysApi<'_> {
     pub fn ignore(&mut self, ctx: &mut Ctx, name: &str, why: impl Into<String>) {
         ignore(ctx, self.0, name, why)
     }
+    /// Reports `name` refused, and each of `family` (the keys that mean something only with
+    /// it) ignored as part of it.
+    pub fn refuse_family(
+        &mut self,
+        ctx: &mut Ctx,
+        name: &str,
+        family: &[&str],
+        why: impl Into<String>,
+    ) {
+        self.refuse(ctx, name, why);
+        self.ignore_family(ctx, name, family);
+    }
+    /// Reports each of `family` ignored as part of the refused `name`.
+    pub fn ignore_family(&mut self, ctx: &mut Ctx, name: &str, family: &[&str]) {
+        for n in family {
+            self.ignore(ctx, n, format!("part of the refused {name}"));
+        }
+    }
 }
 
 /// use-regex, rewrite-target, x-forwarded-prefix, server-alias, ssl-passthrough, redirects to

@@ -22,17 +22,11 @@ pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
     };
     if kind.trim() != "basic" {
         let why = format!("auth-type {kind:?}: veloxy checks Basic credentials only");
-        keys.refuse(ctx, "auth-type", why);
-        for n in FAMILY {
-            keys.ignore(ctx, n, "part of the refused auth-type");
-        }
+        keys.refuse_family(ctx, "auth-type", FAMILY, why);
         return;
     }
     let Some((_, secret)) = keys.get("auth-secret") else {
-        keys.refuse(ctx, "auth-type", "no auth-secret names the users");
-        for n in FAMILY {
-            keys.ignore(ctx, n, "part of the refused auth-type");
-        }
+        keys.refuse_family(ctx, "auth-type", FAMILY, "no auth-secret names the users");
         return;
     };
     let (ns, name) = match secret.split_once('/') {
@@ -56,10 +50,7 @@ pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
     let (lines, secret_loc) = match users {
         Ok(u) => u,
         Err(e) => {
-            keys.refuse(ctx, "auth-type", e);
-            for n in FAMILY {
-                keys.ignore(ctx, n, "part of the refused auth-type");
-            }
+            keys.refuse_family(ctx, "auth-type", FAMILY, e);
             return;
         }
     };
@@ -79,9 +70,7 @@ pub fn basic(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
                  checks (re-hash with htpasswd -B)"
             ),
         );
-        for n in FAMILY {
-            keys.ignore(ctx, n, "part of the refused auth-type");
-        }
+        keys.ignore_family(ctx, "auth-type", FAMILY);
         return;
     }
     if !ctx.config.files.iter().any(|f| f.name == file) {
@@ -236,9 +225,7 @@ pub fn client_certs(ctx: &mut Ctx, keys: &mut KeysApi) {
             secret.trim()
         ),
     );
-    for n in FAMILY {
-        keys.ignore(ctx, n, "part of the refused auth-tls-secret");
-    }
+    keys.ignore_family(ctx, "auth-tls-secret", FAMILY);
 }
 
 /// `auth-url` and its companions.
@@ -267,10 +254,7 @@ pub fn external(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) 
     let target = match parse_url(&url) {
         Ok(t) => t,
         Err(e) => {
-            keys.refuse(ctx, "auth-url", e);
-            for n in FAMILY {
-                keys.ignore(ctx, n, "part of the refused auth-url");
-            }
+            keys.refuse_family(ctx, "auth-url", FAMILY, e);
             return;
         }
     };

@@ -23,10 +23,7 @@ pub fn mirror(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
     let (https, host, port) = match parse_target(&target) {
         Ok(t) => t,
         Err(e) => {
-            keys.refuse(ctx, "mirror-target", e);
-            for n in FAMILY {
-                keys.ignore(ctx, n, "part of the refused mirror-target");
-            }
+            keys.refuse_family(ctx, "mirror-target", FAMILY, e);
             return;
         }
     };

@@ -467,6 +467,25 @@ fn reread(builder: &mut Builder<'_>) -> Result<(), String> {
     Ok(())
 }
 
+/// The `[providers.kubernetes]` of the unit tests: class `veloxy`, Ingress routes on `web`,
+/// no https listener, no status address, no Lease.
+#[cfg(test)]
+fn test_spec() -> KubernetesSpec {
+    KubernetesSpec {
+        kubeconfig: None,
+        namespaces: Vec::new(),
+        ingress_class: "veloxy".into(),
+        ingress_nginx: false,
+        gateway_class: None,
+        http_listener: "web".into(),
+        https_listener: None,
+        status: None,
+        lease: None,
+        gateway_addresses: Vec::new(),
+        lease_duration: std::time::Duration::from_secs(15),
+    }
+}
+
 /// A fresh directory only this process may read, for the Secrets' certificates and keys.
 fn private_dir() -> Result<PathBuf, KubeError> {
     use std::os::unix::fs::DirBuilderExt as _;

@@ -327,17 +327,8 @@ mod tests {
 
     fn spec(nginx: bool) -> KubernetesSpec {
         KubernetesSpec {
-            kubeconfig: None,
-            namespaces: Vec::new(),
-            ingress_class: "veloxy".into(),
             ingress_nginx: nginx,
-            gateway_class: None,
-            http_listener: "web".into(),
-            https_listener: None,
-            status: None,
-            lease: None,
-            gateway_addresses: Vec::new(),
-            lease_duration: std::time::Duration::from_secs(15),
+            ..crate::kube::test_spec()
         }
     }
 

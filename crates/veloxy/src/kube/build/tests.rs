@@ -16,19 +16,7 @@ fn obj<T: serde::de::DeserializeOwned>(v: Json) -> Arc<T> {
 }
 
 fn spec() -> KubernetesSpec {
-    KubernetesSpec {
-        kubeconfig: None,
-        namespaces: Vec::new(),
-        ingress_class: "veloxy".into(),
-        ingress_nginx: false,
-        gateway_class: None,
-        http_listener: "web".into(),
-        https_listener: None,
-        status: None,
-        lease: None,
-        lease_duration: std::time::Duration::from_secs(15),
-        gateway_addresses: Vec::new(),
-    }
+    crate::kube::test_spec()
 }
 
 /// The slice of Service `svc` (port `http` on 7000): `(address, ready)` endpoints; `version`

@@ -20,19 +20,7 @@ fn route(name: &str, created: &str) -> Arc<types::HttpRoute> {
 }
 
 fn spec() -> KubernetesSpec {
-    KubernetesSpec {
-        kubeconfig: None,
-        namespaces: Vec::new(),
-        ingress_class: "veloxy".into(),
-        ingress_nginx: false,
-        gateway_class: None,
-        http_listener: "web".into(),
-        https_listener: None,
-        status: None,
-        lease: None,
-        gateway_addresses: Vec::new(),
-        lease_duration: std::time::Duration::from_secs(15),
-    }
+    crate::kube::test_spec()
 }
 
 #[test]
