@@ -336,13 +336,7 @@ fn parse_url(url: &str) -> Result<AuthUrl, String> {
             "{url:?} uses nginx variables: veloxy's forward_auth has a fixed URL"
         ));
     }
-    let (https, rest) = if let Some(r) = url.strip_prefix("https://") {
-        (true, r)
-    } else if let Some(r) = url.strip_prefix("http://") {
-        (false, r)
-    } else {
-        return Err(format!("{url:?} is not an http:// or https:// URL"));
-    };
+    let (https, rest) = crate::util::split_scheme(url)?;
     let (hostport, path) = match rest.find(['/', '?']) {
         Some(i) => (&rest[..i], rest[i..].to_string()),
         None => (rest, "/".to_string()),
@@ -352,10 +346,7 @@ fn parse_url(url: &str) -> Result<AuthUrl, String> {
     } else {
         path
     };
-    let (host, port) = match hostport.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse().map_err(|_| format!("{url:?}: bad port"))?),
-        None => (hostport, if https { 443 } else { 80 }),
-    };
+    let (host, port) = crate::util::host_port(url, hostport, https)?;
     Ok(AuthUrl {
         https,
         host: host.to_string(),

@@ -75,13 +75,7 @@ pub fn mirror(ctx: &mut Ctx, ing: &Object, keys: &mut KeysApi, ann: &mut Ann) {
 /// nothing after the host: ingress-nginx then sends every copy to `/`, which veloxy cannot).
 fn parse_target(url: &str) -> Result<(bool, String, u16), String> {
     let url = url.trim();
-    let (https, rest) = if let Some(r) = url.strip_prefix("https://") {
-        (true, r)
-    } else if let Some(r) = url.strip_prefix("http://") {
-        (false, r)
-    } else {
-        return Err(format!("{url:?} is not an http:// or https:// URL"));
-    };
+    let (https, rest) = crate::util::split_scheme(url)?;
     let end = rest.find(['/', '$', '?']).unwrap_or(rest.len());
     let (hostport, path) = rest.split_at(end);
     if !matches!(path, "$request_uri" | "/$request_uri") {
@@ -91,10 +85,7 @@ fn parse_target(url: &str) -> Result<(bool, String, u16), String> {
             &url[..url.len() - path.len()]
         ));
     }
-    let (host, port) = match hostport.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse().map_err(|_| format!("{url:?}: bad port"))?),
-        None => (hostport, if https { 443 } else { 80 }),
-    };
+    let (host, port) = crate::util::host_port(url, hostport, https)?;
     if host.is_empty() || host.contains('$') {
         return Err(format!("{url:?}: no fixed host"));
     }

@@ -146,6 +146,29 @@ pub fn not_dns(host: &str) -> String {
     format!("not a DNS name: {host:?} ({hint})")
 }
 
+/// `http://REST` or `https://REST` as `(https, REST)`; `url` (trimmed) is named in the error.
+pub(crate) fn split_scheme(url: &str) -> Result<(bool, &str), String> {
+    if let Some(r) = url.strip_prefix("https://") {
+        Ok((true, r))
+    } else if let Some(r) = url.strip_prefix("http://") {
+        Ok((false, r))
+    } else {
+        Err(format!("{url:?} is not an http:// or https:// URL"))
+    }
+}
+
+/// `HOST[:PORT]` of `url` as `(HOST, PORT)`, the port defaulting to the scheme's.
+pub(crate) fn host_port<'a>(
+    url: &str,
+    hostport: &'a str,
+    https: bool,
+) -> Result<(&'a str, u16), String> {
+    match hostport.rsplit_once(':') {
+        Some((h, p)) => Ok((h, p.parse().map_err(|_| format!("{url:?}: bad port"))?)),
+        None => Ok((hostport, if https { 443 } else { 80 })),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
