@@ -237,18 +237,7 @@ fn percent_zero_refused_requests_and_cache_hits_are_not_mirrored_and_a_reload_ch
 /// ahead up to the bound, the rest streamed after it).
 #[test]
 fn a_body_over_the_bound_is_not_copied_and_reaches_the_primary_whole() {
-    let primary = script_origin(|_| Scripted::ok("primary"));
-    let shadow = script_origin(|_| Scripted::ok("shadow"));
-    let s = Site::start(
-        "admin = \"127.0.0.1:0\"",
-        "",
-        &format!(
-            "[[routes]]\nupstream = \"app\"\nmirror = {{ upstream = \"shadow\" }}\n\
-             [upstreams.app]\nservers = [\"{}\"]\n\
-             [upstreams.shadow]\nservers = [\"{}\"]\n",
-            primary.addr, shadow.addr
-        ),
-    );
+    let (primary, shadow, s) = mirrored_site("", "");
     let big: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
     let text = String::from_utf8(big.clone()).unwrap();
     let (status, _) = s.h1_raw(&format!(
@@ -274,12 +263,7 @@ fn a_body_over_the_bound_is_not_copied_and_reaches_the_primary_whole() {
     }
     assert_eq!(metric(&s.v, "veloxy_mirror_skipped_total"), 3);
     // A small one after them is copied: nothing else was.
-    assert_eq!(s.h1("/small", "").0, 200);
-    let seen = seen(&shadow, 1);
-    assert_eq!(
-        seen.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
-        ["/small"]
-    );
+    only_small_copied(&s, &shadow);
 }
 
 /// A body of unknown length over the route's `max_body_bytes` is refused (413) as it is
@@ -287,19 +271,7 @@ fn a_body_over_the_bound_is_not_copied_and_reaches_the_primary_whole() {
 /// 64 KiB whatever the route's limit).
 #[test]
 fn a_body_over_max_body_bytes_is_not_copied() {
-    let primary = script_origin(|_| Scripted::ok("primary"));
-    let shadow = script_origin(|_| Scripted::ok("shadow"));
-    let s = Site::start(
-        "admin = \"127.0.0.1:0\"",
-        "",
-        &format!(
-            "[[routes]]\nupstream = \"app\"\nmax_body_bytes = \"1KiB\"\n\
-             mirror = {{ upstream = \"shadow\" }}\n\
-             [upstreams.app]\nservers = [\"{}\"]\n\
-             [upstreams.shadow]\nservers = [\"{}\"]\n",
-            primary.addr, shadow.addr
-        ),
-    );
+    let (_primary, shadow, s) = mirrored_site("max_body_bytes = \"1KiB\"\n", "");
     let text = "x".repeat(10_000);
     let (status, _) = s.h1_raw(&format!(
         "POST /chunked HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\
@@ -307,12 +279,7 @@ fn a_body_over_max_body_bytes_is_not_copied() {
         text.len()
     ));
     assert_eq!(status, 413);
-    assert_eq!(s.h1("/small", "").0, 200);
-    let seen = seen(&shadow, 1);
-    assert_eq!(
-        seen.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
-        ["/small"]
-    );
+    only_small_copied(&s, &shadow);
 }
 
 /// A copy carries the fields `forward_auth` copied, as the primary does (the copies are
@@ -320,20 +287,10 @@ fn a_body_over_max_body_bytes_is_not_copied() {
 /// the client's own `Remote-User` dropped).
 #[test]
 fn a_copy_carries_the_fields_forward_auth_copied() {
-    let primary = script_origin(|_| Scripted::ok("primary"));
-    let shadow = script_origin(|_| Scripted::ok("shadow"));
     let auth = script_origin(|_| Scripted::new(200).header("Remote-User", "alice"));
-    let s = Site::start(
-        "",
-        "",
-        &format!(
-            "[[routes]]\nupstream = \"app\"\nmirror = {{ upstream = \"shadow\" }}\n\
-             forward_auth = {{ upstream = \"auth\", path = \"/verify\", copy_headers = [\"Remote-User\"], timeout = \"2s\" }}\n\
-             [upstreams.app]\nservers = [\"{}\"]\n\
-             [upstreams.shadow]\nservers = [\"{}\"]\n\
-             [upstreams.auth]\nservers = [\"{}\"]\nretries = 0\n",
-            primary.addr, shadow.addr, auth.addr
-        ),
+    let (primary, shadow, s) = mirrored_site(
+        "forward_auth = { upstream = \"auth\", path = \"/verify\", copy_headers = [\"Remote-User\"], timeout = \"2s\" }\n",
+        &format!("[upstreams.auth]\nservers = [\"{}\"]\nretries = 0\n", auth.addr),
     );
     assert_eq!(s.h1("/who", "").0, 200);
     let got = primary.requests();
@@ -344,6 +301,35 @@ fn a_copy_carries_the_fields_forward_auth_copied() {
         Some("alice"),
         "{:?}",
         seen[0].headers
+    );
+}
+
+/// A site (with the admin endpoint) whose one route goes to `app` (an origin answering
+/// "primary") with `mirror = { upstream = "shadow" }` (one answering "shadow"); `keys` are
+/// more keys of the route, `groups` more group tables. Returns the two origins and the site.
+fn mirrored_site(keys: &str, groups: &str) -> (ScriptOrigin, ScriptOrigin, Site) {
+    let primary = script_origin(|_| Scripted::ok("primary"));
+    let shadow = script_origin(|_| Scripted::ok("shadow"));
+    let s = Site::start(
+        "admin = \"127.0.0.1:0\"",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"app\"\nmirror = {{ upstream = \"shadow\" }}\n{keys}\
+             [upstreams.app]\nservers = [\"{}\"]\n\
+             [upstreams.shadow]\nservers = [\"{}\"]\n{groups}",
+            primary.addr, shadow.addr
+        ),
+    );
+    (primary, shadow, s)
+}
+
+/// A small request now is copied, and it is the only copy the shadow ever saw.
+fn only_small_copied(s: &Site, shadow: &ScriptOrigin) {
+    assert_eq!(s.h1("/small", "").0, 200);
+    let seen = seen(shadow, 1);
+    assert_eq!(
+        seen.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
+        ["/small"]
     );
 }
 
