@@ -304,6 +304,34 @@ fn a_copy_carries_the_fields_forward_auth_copied() {
     );
 }
 
+/// A client that stalls in its body is answered 408 after one `body_timeout`, not two: the
+/// mirror's read-ahead had waited the whole timeout, and the attempts used to wait again.
+#[test]
+fn a_stalled_body_is_waited_for_once() {
+    let primary = script_origin(|_| Scripted::ok("primary"));
+    let shadow = script_origin(|_| Scripted::ok("shadow"));
+    let s = Site::start(
+        "body_timeout = \"2s\"",
+        "",
+        &format!(
+            "[[routes]]\nupstream = \"app\"\nmirror = {{ upstream = \"shadow\" }}\n\
+             [upstreams.app]\nservers = [\"{}\"]\n[upstreams.shadow]\nservers = [\"{}\"]\n",
+            primary.addr, shadow.addr
+        ),
+    );
+    let started = Instant::now();
+    let (status, _) = s
+        .h1_raw("POST /stall HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\nonly ten b");
+    let took = started.elapsed();
+    assert_eq!(status, 408);
+    // One timeout is 2 s; two would be 4 s.
+    assert!(
+        took < Duration::from_millis(3500),
+        "answered after {took:?}"
+    );
+    assert_eq!(shadow.hits(), 0, "a body never whole is not copied");
+}
+
 /// A site (with the admin endpoint) whose one route goes to `app` (an origin answering
 /// "primary") with `mirror = { upstream = "shadow" }` (one answering "shadow"); `keys` are
 /// more keys of the route, `groups` more group tables. Returns the two origins and the site.

@@ -3,6 +3,7 @@
 //! HTTP/1 group with [`super::proxy`], to an `h2`/`h2c` group with [`super::http2::bridge`]).
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 
@@ -167,6 +168,17 @@ impl Codec for H1<'_> {
 /// attempts: one of a declared length up to `limit`, or (with `wait`) a chunked one until it
 /// ends or passes `limit`, is read into the buffer first (within the body timeout); without
 /// `wait`, a chunked body is copied only if it is in the buffer whole.
+/// One more read of the body for a mirror's copy. A failure is the attempts' too: they meet
+/// it on their own read, at once: a client that stalled has had its whole `body_timeout`
+/// here and is not waited for a second time.
+async fn read_for_copy(down: &mut Downstream) -> Option<()> {
+    let read = read_body_more(down).await;
+    if read.is_err() {
+        down.body_timeout = Duration::ZERO;
+    }
+    read.ok()
+}
+
 async fn mirror_body(
     down: &mut Downstream,
     p: &mut Prepared,
@@ -184,8 +196,7 @@ async fn mirror_body(
                     .ok()?;
             }
             while down.rbuf.len() < n {
-                // A failure here is the attempts' too: they meet it on their own read.
-                read_body_more(down).await.ok()?;
+                read_for_copy(down).await?;
             }
             Some(Bytes::copy_from_slice(&down.rbuf[..n]))
         }
@@ -207,7 +218,7 @@ async fn mirror_body(
                     .await
                     .ok()?;
             }
-            read_body_more(down).await.ok()?;
+            read_for_copy(down).await?;
         },
     }
 }
