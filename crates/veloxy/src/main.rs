@@ -307,11 +307,13 @@ async fn wait(
             tracing::warn!("{w}");
         }
         let reused = snapshot.reused_routes();
+        let (hosts, of_hosts) = snapshot.reused_hosts();
         running.reload(snapshot).map_err(|e| e.to_string())?;
         let took = t.elapsed().as_secs_f64();
         Ok(match reused {
             Some((taken, of)) => format!(
-                "reloaded {} in {took:.2} s ({taken} of {of} route entries unchanged)",
+                "reloaded {} in {took:.2} s ({taken} of {of} route entries unchanged, \
+                 {hosts} of {of_hosts} hosts' routing tables reused)",
                 path.display()
             ),
             None => format!("reloaded {} in {took:.2} s", path.display()),

@@ -103,7 +103,7 @@ fn reload_scenario(hosts: usize) {
         > 20));
 
     // One route changed, one host removed, one added (to a new group named before `app`, so
-    // every group's index moves), and group `other`'s backend changed.
+    // every group's index moves), a route added to h11, and group `other`'s backend changed.
     let second = config(
         hosts,
         &groups(
@@ -116,6 +116,10 @@ fn reload_scenario(hosts: usize) {
                 "respond = { status = 200, body = \"changed\" }\n",
             )),
             (3, _) => None,
+            (11, "/b/") => Some(format!(
+                "{r}[[routes]]\nhost = \"h11.test\"\npath = \"/c/\"\n\
+                 respond = {{ status = 200, body = \"c\" }}\n\n"
+            )),
             _ => Some(r),
         },
         "[[routes]]\nhost = \"new.test\"\nupstream = \"aaa\"\n\n",
@@ -144,12 +148,17 @@ fn reload_scenario(hosts: usize) {
         .filter(|l| l.contains("reloaded "))
         .nth(before)
         .unwrap_or("");
-    let entries = 2 * hosts;
-    // All but h3's two (gone), h7's /b/ (changed) and new.test's (added).
+    let entries = 2 * hosts + 1;
+    // All but h3's two (gone), h7's /b/ (changed), h11's /c/ and new.test's (added).
     let unchanged = 2 * hosts - 2;
+    // Every host's routing order but h11's (a route more) and new.test's is taken as it
+    // was: h7's too, whose paths are the same (only a target changed).
+    let tables = hosts + 1;
     assert!(
         line.contains(&format!(
-            "({unchanged} of {entries} route entries unchanged)"
+            "({unchanged} of {entries} route entries unchanged, \
+             {} of {tables} hosts' routing tables reused)",
+            tables - 2
         )),
         "{line}"
     );
@@ -166,6 +175,12 @@ fn reload_scenario(hosts: usize) {
     assert_eq!(get_on(web, "h3.test", "/a/").status, 404);
     assert_eq!(get_on(web, "h3.test", "/b/").status, 404);
     assert_eq!(get_on(web, "new.test", "/").header("x-upstream"), Some("n"));
+    assert_eq!(get_on(web, "h11.test", "/c/x").body_str(), "c");
+    assert_eq!(
+        get_on(web, "h11.test", "/b/").header("x-upstream"),
+        Some("a")
+    );
+    assert_eq!(get_on(web, "h11.test", "/d/").status, 404);
     assert_eq!(get_on(web, "g.test", "/").header("x-upstream"), Some("b2"));
     // Every 37th host, both paths: still to `app` (its index moved), nothing else matches.
     for i in (0..hosts).step_by(37).filter(|&i| i != 3) {
@@ -185,7 +200,10 @@ fn reload_scenario(hosts: usize) {
     reload_with(&v, &second, "reloaded ");
     let log = v.proc.log_text();
     assert!(
-        log.contains(&format!("({entries} of {entries} route entries unchanged)")),
+        log.contains(&format!(
+            "({entries} of {entries} route entries unchanged, \
+             {tables} of {tables} hosts' routing tables reused)"
+        )),
         "{log}"
     );
     let third = second.replace(
@@ -195,7 +213,9 @@ fn reload_scenario(hosts: usize) {
     reload_with(&v, &third, "reloaded ");
     let log = v.proc.log_text();
     assert!(
-        log.contains(&format!("(0 of {entries} route entries unchanged)")),
+        log.contains(&format!(
+            "(0 of {entries} route entries unchanged, 0 of {tables} hosts' routing tables reused)"
+        )),
         "{log}"
     );
     assert_eq!(

@@ -325,6 +325,15 @@ impl Snapshot {
         self.reuse.as_ref().map(|r| (r.taken, r.entries()))
     }
 
+    /// How many hosts' routes this compile found as they were in the snapshot it was
+    /// compiled after, their routing order taken from it rather than sorted again, of how
+    /// many exact hosts (summed over the listeners; see `router::order`).
+    pub fn reused_hosts(&self) -> (usize, usize) {
+        (self.listeners.iter())
+            .map(|l| l.router.hosts_reused())
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+    }
+
     /// Each listener's certificates (files and ACME names), as the ACME thread and the
     /// certificate report read them.
     pub(crate) fn listener_certs(&self) -> Vec<crate::acme::ListenerCerts<'_>> {

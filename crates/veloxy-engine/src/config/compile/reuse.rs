@@ -206,6 +206,12 @@ impl<'a> Plan<'a> {
         })
     }
 
+    /// The previous router of listener `name`: the new one reuses its hosts' orders.
+    pub(super) fn router(&self, name: &str) -> Option<&'a crate::router::Router> {
+        let l = self.prev.listeners.iter().find(|l| l.name == name)?;
+        Some(&l.router)
+    }
+
     /// The text to parse: reused entries blanked.
     pub(super) fn blanked(&self, text: &str) -> String {
         let reused = self.entries.iter().filter(|(_, old)| old.is_some());
@@ -265,3 +271,7 @@ impl<'a> Plan<'a> {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+#[path = "reuse_tests.rs"]
+mod tests;

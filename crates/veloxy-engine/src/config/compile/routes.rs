@@ -48,7 +48,8 @@ pub(super) fn compile_routes(
         }
     }
     for l in listeners {
-        std::sync::Arc::make_mut(&mut l.router).finish();
+        let prev = plan.and_then(|p| p.router(&l.name));
+        std::sync::Arc::make_mut(&mut l.router).finish_after(prev);
     }
     Ok(Ok(named))
 }

@@ -107,7 +107,8 @@ pub(super) fn compile_runs(
         k = end;
     }
     for l in listeners {
-        std::sync::Arc::make_mut(&mut l.router).finish();
+        let prev = plan.and_then(|p| p.router(&l.name));
+        std::sync::Arc::make_mut(&mut l.router).finish_after(prev);
     }
     named.extend(used);
     Ok(Ok(named))
