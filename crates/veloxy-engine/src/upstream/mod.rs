@@ -260,7 +260,17 @@ impl GroupState {
     /// address), and the retry budget. The picker starts afresh: its state is by index.
     /// Idle connections are kept only if they were made the same way (protocol, TLS
     /// settings, PROXY header).
-    pub(crate) fn adopt(&mut self, old: &mut GroupState, was: &UpstreamGroup, now: &UpstreamGroup) {
+    ///
+    /// Returns the backends of `now` worth a warm connection (see `worker::warm`): the new
+    /// ones, when this worker held idle connections to the backends the group kept (so its
+    /// traffic reuses pooled HTTP/1 connections, which a new backend has none of yet).
+    /// Empty for a stream group, an idle one, one without pooling or with PROXY headers.
+    pub(crate) fn adopt(
+        &mut self,
+        old: &mut GroupState,
+        was: &UpstreamGroup,
+        now: &UpstreamGroup,
+    ) -> Vec<usize> {
         self.budget = RetryBudget {
             ratio: self.budget.ratio,
             ..old.budget
@@ -272,22 +282,40 @@ impl GroupState {
             .map(|(i, b)| (&b.addr, i))
             .collect();
         let conns = same_transport(was, now);
+        let (mut added, mut pooled) = (Vec::new(), 0);
         for (nb, b) in now.backends.iter().enumerate() {
             let Some(&ob) = index.get(&b.addr) else {
+                added.push(nb);
                 continue;
             };
             if let (Some(l), Some(o)) = (self.local.get_mut(nb), old.local.get(ob)) {
                 *l = LocalBackend { dirty: false, ..*o };
             }
             if conns {
-                self.pool.adopt(nb, old.pool.take_all(ob));
+                let idle = old.pool.take_all(ob);
+                pooled += idle.len();
+                self.pool.adopt(nb, idle);
             }
         }
+        if pooled == 0 || !warmable(now) {
+            added.clear();
+        }
+        added
     }
 }
 
+/// Whether a new backend of `group` may be given a connection before a request needs one:
+/// HTTP/1 (an `h2` group opens its one connection per backend itself), pooled, without
+/// PROXY headers (those connections belong to one client each), not a search cluster.
+fn warmable(group: &UpstreamGroup) -> bool {
+    group.protocol == group::UpstreamProtocol::Http1
+        && group.keepalive > 0
+        && group.proxy_protocol == 0
+        && group.search.is_none()
+}
+
 /// Whether connections made for group `a` serve group `b` as well.
-fn same_transport(a: &UpstreamGroup, b: &UpstreamGroup) -> bool {
+pub(crate) fn same_transport(a: &UpstreamGroup, b: &UpstreamGroup) -> bool {
     a.protocol == b.protocol
         && a.proxy_protocol == b.proxy_protocol
         && a.tls.is_some() == b.tls.is_some()
