@@ -28,7 +28,12 @@ Measured:
    (192.0.2.15-19), from 4 API client threads on a fixed schedule. Failed requests, p99
    against the steady run's (goal: within 20%), API changes made and refused, and veloxy's
    rebuilds (`config applied` lines) with their `took_ms`.
-4. **Propagation** during the churn: every 5 s the port of one probe Service's slice flips
+4. **Controls**, the same load again: with the other core busy at nice 19 and no change;
+   then with the same churn on N EndpointSlices of a namespace veloxy does not watch
+   (`bench-other`), so that the API server, etcd and the churn's clients load the other core
+   (where the load generator and the backends run) as in the churn while veloxy receives
+   nothing. p99 churn / unwatched control is veloxy's own share of the churn's p99.
+5. **Propagation** during the churn: every 5 s the port of one probe Service's slice flips
    between 20000+k and 21000+k; the time from the API's answer to the first answer from the
    new port (polled every 10 ms), goal under 1 s.
 
@@ -66,6 +71,8 @@ SPARE_ADDRS = [f"192.0.2.{15 + k}" for k in range(5)]
 PORT_A = 20000
 PORT_B = 21000
 NS = "bench"
+# EndpointSlices veloxy does not watch (its `namespaces` is [NS]): the unwatched control's.
+OTHER_NS = "bench-other"
 DOMAIN = "bench.test"
 PROXY_CPU = "0"
 OTHER_CPU = "1"
@@ -129,10 +136,10 @@ class Api:
         raise AssertionError("unreachable")
 
 
-def slice_body(i: int, addrs: list[str], port: int) -> dict:
+def slice_body(i: int, addrs: list[str], port: int, ns: str = NS) -> dict:
     return {
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": f"s{i}-a", "namespace": NS,
+        "metadata": {"name": f"s{i}-a", "namespace": ns,
                      "labels": {"kubernetes.io/service-name": f"s{i}"}},
         "addressType": "IPv4",
         "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addrs],
@@ -183,6 +190,34 @@ def create_objects(env: dict, n: int, endpoints: int) -> float:
     if errors:
         raise SystemExit(f"creating objects failed: {errors[:5]}")
     return time.monotonic() - t0
+
+
+def create_other_slices(env: dict, n: int, endpoints: int) -> None:
+    """The same n EndpointSlices in OTHER_NS, which veloxy does not watch: the unwatched
+    control churns them, so the API server, etcd and the churn's clients do the same work on
+    the other core while veloxy receives nothing."""
+    api = Api(env)
+    code, _ = api.call("POST", "/api/v1/namespaces", {"metadata": {"name": OTHER_NS}})
+    assert code in (201, 409), code
+    errors: list[str] = []
+
+    def make(lo: int, hi: int) -> None:
+        c = Api(env)
+        for i in range(lo, hi):
+            code, resp = c.call("POST", f"/apis/discovery.k8s.io/v1/namespaces/{OTHER_NS}/endpointslices",
+                                slice_body(i, BASE_ADDRS[:endpoints], PORT_A + i, OTHER_NS))
+            if code not in (201, 409):
+                errors.append(f"{OTHER_NS} slice s{i}: {code} {resp.get('message', '')}")
+
+    step = (n + 3) // 4
+    threads = [threading.Thread(target=make, args=(k, min(n, k + step)))
+               for k in range(0, n, step)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise SystemExit(f"creating the unwatched slices failed: {errors[:5]}")
 
 
 def nginx_backends(work: Path, n: int) -> subprocess.Popen:
@@ -308,8 +343,9 @@ def pacer(binary: str, hosts: Path, rate: int, seconds: float, connections: int)
 class Churn:
     """EndpointSlice changes at a fixed rate from 4 threads; and the probe's port flips."""
 
-    def __init__(self, env: dict, n: int, endpoints: int, rate: float, seconds: float):
-        self.env, self.n, self.endpoints = env, n, endpoints
+    def __init__(self, env: dict, n: int, endpoints: int, rate: float, seconds: float,
+                 ns: str = NS):
+        self.env, self.n, self.endpoints, self.ns = env, n, endpoints, ns
         self.rate, self.seconds = rate, seconds
         self.made = 0
         self.refused: list[str] = []
@@ -326,8 +362,8 @@ class Churn:
         k = rng.randrange(len(addrs))
         free = [a for a in BASE_ADDRS + SPARE_ADDRS if a not in addrs]
         addrs[k] = rng.choice(free)
-        code, resp = api.call("PUT", f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/s{i}-a",
-                              slice_body(i, addrs, self.ports[i]))
+        code, resp = api.call("PUT", f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices/s{i}-a",
+                              slice_body(i, addrs, self.ports[i], self.ns))
         with self.lock:
             if code == 200:
                 self.made += 1
@@ -376,14 +412,14 @@ class Churn:
             time.sleep(0.01)
         return None
 
-    def run(self, threads: int = 4) -> None:
+    def run(self, threads: int = 4, probe: bool = True) -> None:
         start = time.monotonic() + 0.2
         ts = [threading.Thread(target=self.worker, args=(k, threads, start)) for k in range(threads)]
         for t in ts:
             t.start()
         api = Api(self.env)
         next_flip = start + 2.5
-        while time.monotonic() < start + self.seconds - 1:
+        while probe and time.monotonic() < start + self.seconds - 1:
             now = time.monotonic()
             if now < next_flip:
                 time.sleep(min(0.1, next_flip - now))
@@ -418,6 +454,9 @@ def report(res: dict) -> str:
     ratio = (ch["p99"] / st["p99"]) if st.get("p99") and ch.get("p99") else None
     co = res.get("control") or {}
     co_ratio = (co["p99"] / st["p99"]) if st.get("p99") and co.get("p99") else None
+    un = res.get("unwatched") or {}
+    un_ratio = (un["p99"] / st["p99"]) if st.get("p99") and un.get("p99") else None
+    ch_un = (ch["p99"] / un["p99"]) if ch.get("p99") and un.get("p99") else None
     rb = res["rebuilds_during_churn_ms"]
     ip = res["in_place_ms"]
 
@@ -450,6 +489,11 @@ def report(res: dict) -> str:
         f"| control (other core busy at nice 19, no change): p50 / p99 / max; p99 / steady | "
         f"{fmt(co.get('p50'))} / {fmt(co.get('p99'))} / {fmt(co.get('max'))} ms; "
         f"{fmt(co_ratio)} | - |",
+        f"| unwatched control (the same API churn on EndpointSlices veloxy does not watch): "
+        f"p50 / p99 / max; p99 / steady | {fmt(un.get('p50'))} / {fmt(un.get('p99'))} / "
+        f"{fmt(un.get('max'))} ms; {fmt(un_ratio)} | - |",
+        f"| p99 churn / unwatched control (veloxy's own share of the churn) | {fmt(ch_un)} | "
+        f"<= {GOAL_P99_RATIO:.2f} |",
         f"| failed requests steady / churn | {res['failed_steady']} / {res['failed_churn']} of "
         f"{st['requests']} / {ch['requests']} | 0 |",
         f"| EndpointSlice changes made / refused | {res['changes_made']} / {len(res['refused'])} "
@@ -524,6 +568,7 @@ def main() -> int:
         procs.append(nginx_backends(work, a.services))
         say(f"creating {a.services} Services, EndpointSlices and Ingresses")
         create_s = create_objects(env, a.services, a.endpoints)
+        create_other_slices(env, a.services, a.endpoints)
         say(f"created in {create_s:.1f} s; starting veloxy")
         vproc, serving_s, log = start_veloxy(a.veloxy, work, env, a.services)
         procs.append(vproc)
@@ -559,6 +604,20 @@ def main() -> int:
         finally:
             burner.kill()
             burner.wait()
+        # Unwatched control: the churn's API work (the API server, etcd, the clients, all on
+        # the other core with the load generator and the backends) on slices veloxy does not
+        # watch. Churn against this is what veloxy's handling of the changes costs; churn
+        # against steady also counts the load core's API work, which a cluster does elsewhere.
+        say("unwatched control: the same load and churn on slices veloxy does not watch")
+        other = Churn(env, a.services, a.endpoints, a.churn_rate, seconds, OTHER_NS)
+        uresult: dict = {}
+        t = threading.Thread(target=lambda: uresult.update(
+            p=pacer(a.pacer, hosts, a.rate, seconds, a.connections)))
+        t.start()
+        time.sleep(1)
+        other.run(probe=False)
+        t.join()
+        unwatched = uresult["p"]
         placed = in_place(log)
         untranslated = len(UNTRANSLATED.findall(log.read_text(errors="replace")))
         late = sorted(churn.lateness)
@@ -574,6 +633,9 @@ def main() -> int:
             "steady": latency(steady),
             "churn": latency(result["p"]),
             "control": latency(control),
+            "unwatched": latency(unwatched),
+            "unwatched_changes_made": other.made,
+            "failed_unwatched": failed(unwatched),
             "failed_steady": failed(steady),
             "failed_churn": failed(result["p"]),
             "changes_made": churn.made,

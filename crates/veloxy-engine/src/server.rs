@@ -534,7 +534,7 @@ fn run_worker(
     shutdown_timeout: Duration,
 ) {
     let main = async move {
-        let worker = Rc::new(Worker::new(id, shared, metrics));
+        let worker = Rc::new_cyclic(|me| Worker::new(id, shared, metrics, me.clone()));
         tokio::task::spawn_local(heartbeat(worker.clone()));
         // Per listener name, the switch that closes this worker's accept loop for it.
         let mut closers: HashMap<Arc<str>, watch::Sender<bool>> = HashMap::new();

@@ -94,6 +94,11 @@ fn a_change_to_one_group_keeps_every_other_groups_state() {
 
 /// `checks_passed` of the backend at `addr`, from `/upstreams` (0 while it is not listed).
 fn checks_passed(v: &Veloxy, addr: SocketAddr) -> u64 {
+    backend_figure(v, addr, "checks_passed")
+}
+
+/// A figure (`field`) of the backend at `addr`, from `/upstreams` (0 while it is not listed).
+fn backend_figure(v: &Veloxy, addr: SocketAddr, field: &str) -> u64 {
     let body = admin_call(v, "GET", "/upstreams", "").body_str();
     let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     let groups = json.get("upstreams").and_then(|g| g.as_array()).cloned();
@@ -103,7 +108,7 @@ fn checks_passed(v: &Veloxy, addr: SocketAddr) -> u64 {
         .flat_map(|g| g["backends"].as_array().cloned().unwrap_or_default());
     backends
         .filter(|b| b["addr"].as_str() == Some(&addr.to_string()))
-        .map(|b| b["checks_passed"].as_u64().unwrap_or(0))
+        .map(|b| b[field].as_u64().unwrap_or(0))
         .max()
         .unwrap_or(0)
 }
@@ -145,4 +150,46 @@ fn a_change_restarts_only_the_changed_groups_probes() {
         1,
         "the probes of a group the change left alone restarted"
     );
+}
+
+/// A backend added in place to a group in use gets a connection before any request is sent
+/// to it (each worker opens one to each new backend of a group it pools connections for),
+/// and its first request goes over that connection instead of connecting first.
+#[test]
+fn a_backend_added_in_place_is_connected_before_its_first_request() {
+    let (a, b) = (upstream(&["--name", "a"]), upstream(&["--name", "b"]));
+    let config = format!(
+        "[server]\nworkers = 1\nadmin = \"127.0.0.1:0\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\n\
+         [[routes]]\nupstream = \"app\"\n\
+         [upstreams.app]\nservers = [\"{}\"]\n",
+        a.addr
+    );
+    let v = veloxy(&config);
+    let web = logged_addr(&v, "listening listener=web addr=");
+    // The group is in use: the worker holds an idle connection to `a`.
+    assert_eq!(get_on(web, "x", "/").status, 200);
+    assert_eq!(backend_figure(&v, b.addr, "open_connections"), 0);
+
+    let r = admin_call(
+        &v,
+        "PUT",
+        "/upstreams/app/servers",
+        &format!("[\"{}\", \"{}\"]", a.addr, b.addr),
+    );
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    let warmed = eventually(Duration::from_secs(5), || {
+        backend_figure(&v, b.addr, "open_connections") == 1
+    });
+    assert!(
+        warmed,
+        "no connection to the new backend before a request was sent to it"
+    );
+    // The first request `b` answers came over that connection: the first it accepted.
+    let first = (0..4)
+        .map(|_| get_on(web, "x", "/"))
+        .find(|r| r.header("x-upstream") == Some("b"))
+        .expect("b serves");
+    assert_eq!(first.header("x-conn-id"), Some("1"));
+    assert_eq!(backend_figure(&v, b.addr, "open_connections"), 1);
 }
