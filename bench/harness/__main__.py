@@ -111,6 +111,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--small", action="store_true",
                    help="--scale: a smoke check: tables of 10 and 1,000 routes, a 1,000-host "
                         "reload config, 1 round of 2 s; --backends: two policies, 1 round of 2 s")
+    p.add_argument("--policies",
+                   help="--backends: comma list of policies to measure (default: all: "
+                        "round_robin,least_conn,p2c_ewma,consistent_hash,random,"
+                        "round_robin_weighted,random_weighted,sticky)")
     p.add_argument("--scale-sizes",
                    help="--scale: comma list of table sizes in routes (default: "
                         "10,1000,10000,100000; above 10,000: a multiple of 10,000)")
@@ -118,6 +122,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.scale_sizes and not args.scale:
         p.error("--scale-sizes is a --scale option")
+    if args.policies and not args.backends:
+        p.error("--policies is a --backends option")
     if args.small and not (args.scale or args.backends):
         p.error("--small is a --scale or --backends option")
     if (args.scale or args.backends) and args.small:

@@ -45,6 +45,18 @@ POLICIES = ["round_robin", "least_conn", "p2c_ewma", "consistent_hash", "random"
 SMALL_POLICIES = ["round_robin", "consistent_hash"]
 
 
+def chosen_policies(args) -> list[str]:
+    """`--policies a,b` (in POLICIES, in that order as given), else the default set."""
+    if not args.policies:
+        return SMALL_POLICIES if args.small else POLICIES
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise SetupError(f"--policies: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"known: {', '.join(POLICIES)}")
+    return list(dict.fromkeys(names))
+
+
 def start_large(ctx, n: int) -> tuple[list[str], list]:
     """LARGE_PROCS veloxy-upstream processes listening on `n` ports in all: (addresses, procs)."""
     per = -(-n // LARGE_PROCS)
@@ -125,7 +137,7 @@ def run(ctx, args, requested: list[str]) -> int:
         raise SetupError(f"--backends needs an open-file limit of {need} (ulimit -n is "
                          f"{ctx.nofile}): each upstream process holds a listener and a "
                          "connection per backend")
-    policies = SMALL_POLICIES if args.small else POLICIES
+    policies = chosen_policies(args)
     runner.start_upstreams(ctx)
     small = ctx.upstreams.addrs[:SMALL_N]
     say(f"starting {LARGE:,} backends: {LARGE_PROCS} veloxy-upstream processes on core(s) "

@@ -166,6 +166,16 @@ impl BackendSet {
         self.rest = merged;
     }
 
+    /// The members, ascending.
+    pub fn members(&self) -> impl Iterator<Item = usize> + '_ {
+        let words = std::iter::once((0, self.first)).chain(self.rest.iter().map(|&(w, b)| (w, b)));
+        words.flat_map(|(w, bits)| {
+            (0..64)
+                .filter(move |k| bits & (1 << k) != 0)
+                .map(move |k| 64 * w as usize + k)
+        })
+    }
+
     /// Whether the set has no member.
     pub fn is_empty(&self) -> bool {
         self.first == 0 && self.rest.is_empty()
@@ -438,6 +448,11 @@ mod tests {
             assert!(merged.contains(i), "{i}");
         }
         assert!(!merged.contains(65) && !merged.contains(193));
+        assert_eq!(
+            merged.members().collect::<Vec<_>>(),
+            vec![64, 194, 640, 641, 9_999]
+        );
+        assert_eq!(BackendSet::from_word(0b101).members().count(), 2);
     }
 
     fn picker(weights: &[u32]) -> Box<dyn Picker> {

@@ -240,74 +240,108 @@ pub struct Sticky {
     pub secure: bool,
     /// `HttpOnly`: not readable by scripts.
     pub http_only: bool,
-    /// Each backend's token: an opaque hash of the group's name and the backend's address
-    /// (the same on every instance, so a fleet agrees; it does not reveal the address).
-    pub tokens: Vec<String>,
-    /// The tokens' values with their backend, sorted: a cookie finds its backend by
-    /// bisection, at the same cost in a group of 10,000 as in one of 4 (see [`Sticky::backend`]).
-    pub index: Vec<(u64, u32)>,
+    /// Each backend's token: 16 lower-case hex digits of a hash of the group's name and the
+    /// backend's address (the same on every instance, so a fleet agrees; it does not reveal
+    /// the address). Inline, side by side: writing one touches one place, not a string of its
+    /// own somewhere on the heap.
+    tokens: Vec<[u8; TOKEN_LEN]>,
+    /// The tokens' values, each with its backend: a cookie finds its backend in one probe of
+    /// a table built once per change of the backends, at the same cost in a group of 10,000
+    /// as in one of 4 (see [`Sticky::backend`]).
+    index: rustc_hash::FxHashMap<u64, u32>,
+    /// `Set-Cookie: NAME=` and what follows the token to the line's end (attributes, CRLF):
+    /// the line around the token, built once.
+    line: (Vec<u8>, Vec<u8>),
 }
 
+/// Hex digits of a sticky token.
+const TOKEN_LEN: usize = 16;
+
 impl Sticky {
-    /// The token of a backend of group `name` at `addr`.
-    pub fn token(name: &str, addr: &BackendAddr) -> String {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        let h = BuildHasherDefault::<DefaultHasher>::default().hash_one((name, addr));
-        format!("{h:016x}")
+    /// A cookie with these attributes, for no backend yet (see [`Sticky::set_backends`]).
+    pub fn new(cookie: String, ttl: Duration, secure: bool, http_only: bool) -> Self {
+        let head = format!("Set-Cookie: {cookie}=").into_bytes();
+        let mut tail = "; Path=/".to_owned();
+        // `ttl = "0s"`: a session cookie (no Max-Age: kept until the browser closes, as
+        // HAProxy's `cookie ... insert`), never `Max-Age=0`, which deletes it.
+        if !ttl.is_zero() {
+            tail.push_str(&format!("; Max-Age={}", ttl.as_secs()));
+        }
+        if secure {
+            tail.push_str("; Secure");
+        }
+        if http_only {
+            tail.push_str("; HttpOnly");
+        }
+        tail.push_str("\r\n");
+        Sticky {
+            cookie,
+            ttl,
+            secure,
+            http_only,
+            tokens: Vec::new(),
+            index: rustc_hash::FxHashMap::default(),
+            line: (head, tail.into_bytes()),
+        }
     }
 
-    /// The tokens of a group's backends, in order.
-    pub fn tokens_of(name: &str, backends: &[Backend]) -> Vec<String> {
-        backends
-            .iter()
-            .map(|b| Sticky::token(name, &b.addr))
-            .collect()
+    /// The token of a backend of group `name` at `addr`.
+    pub fn token(name: &str, addr: &BackendAddr) -> String {
+        format!("{:016x}", Sticky::token_value(name, addr))
+    }
+
+    /// The number a token spells.
+    fn token_value(name: &str, addr: &BackendAddr) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        BuildHasherDefault::<DefaultHasher>::default().hash_one((name, addr))
     }
 
     /// Gives the cookie the backends of group `name`: their tokens and the index.
     pub fn set_backends(&mut self, name: &str, backends: &[Backend]) {
-        self.tokens = Sticky::tokens_of(name, backends);
-        let mut index: Vec<(u64, u32)> = self
-            .tokens
+        let values: Vec<u64> = backends
             .iter()
-            .enumerate()
-            .filter_map(|(i, t)| Some((u64::from_str_radix(t, 16).ok()?, i as u32)))
+            .map(|b| Sticky::token_value(name, &b.addr))
             .collect();
-        index.sort_unstable();
+        self.tokens = values
+            .iter()
+            .map(|v| {
+                let mut t = [0u8; TOKEN_LEN];
+                t.copy_from_slice(format!("{v:016x}").as_bytes());
+                t
+            })
+            .collect();
+        let mut index = rustc_hash::FxHashMap::default();
+        index.reserve(values.len());
+        // Two backends with one token (the same address listed twice): the first keeps it.
+        for (i, &v) in values.iter().enumerate().rev() {
+            index.insert(v, i as u32);
+        }
         self.index = index;
+    }
+
+    /// The token of `backend` (16 lower-case hex digits).
+    pub fn token_of(&self, backend: usize) -> &str {
+        std::str::from_utf8(&self.tokens[backend]).unwrap_or_default()
     }
 
     /// The backend a cookie value names, if any.
     pub fn backend(&self, value: &[u8]) -> Option<usize> {
-        if value.len() != 16 {
+        // A token is written lower-case: another spelling of the same number is not it.
+        let lower_hex = |c: &u8| c.is_ascii_digit() || (b'a'..=b'f').contains(c);
+        if value.len() != TOKEN_LEN || !value.iter().all(lower_hex) {
             return None;
         }
         let v = u64::from_str_radix(std::str::from_utf8(value).ok()?, 16).ok()?;
-        let at = self.index.partition_point(|&(t, _)| t < v);
-        let &(t, i) = self.index.get(at)?;
-        // A token is written lower-case: another spelling of the same number is not it.
-        (t == v && self.tokens[i as usize].as_bytes() == value).then_some(i as usize)
+        self.index.get(&v).map(|&i| i as usize)
     }
 
     /// The `Set-Cookie` line naming `backend`.
     pub fn set_cookie(&self, backend: usize, out: &mut Vec<u8>) {
-        let mut line = format!(
-            "Set-Cookie: {}={}; Path=/",
-            self.cookie, self.tokens[backend]
-        );
-        // `ttl = "0s"`: a session cookie (no Max-Age: kept until the browser closes, as
-        // HAProxy's `cookie ... insert`), never `Max-Age=0`, which deletes it.
-        if !self.ttl.is_zero() {
-            line.push_str(&format!("; Max-Age={}", self.ttl.as_secs()));
-        }
-        if self.secure {
-            line.push_str("; Secure");
-        }
-        if self.http_only {
-            line.push_str("; HttpOnly");
-        }
-        line.push_str("\r\n");
-        out.extend_from_slice(line.as_bytes());
+        let (head, tail) = &self.line;
+        out.reserve(head.len() + TOKEN_LEN + tail.len());
+        out.extend_from_slice(head);
+        out.extend_from_slice(&self.tokens[backend]);
+        out.extend_from_slice(tail);
     }
 }
 
@@ -330,23 +364,51 @@ mod sticky_tests {
                 }
             })
             .collect();
-        let mut s = Sticky {
-            cookie: "srv".into(),
-            ttl: Duration::ZERO,
-            secure: false,
-            http_only: true,
-            tokens: Vec::new(),
-            index: Vec::new(),
-        };
+        let mut s = Sticky::new("srv".into(), Duration::ZERO, false, true);
         s.set_backends("app", &backends);
         for i in [0, 63, 64, 5_000, 9_999] {
-            let token = s.tokens[i].clone();
+            let token = s.token_of(i).to_owned();
+            assert_eq!(token, Sticky::token("app", &backends[i].addr));
             assert_eq!(s.backend(token.as_bytes()), Some(i));
             if token.bytes().any(|c| c.is_ascii_alphabetic()) {
                 assert_eq!(s.backend(token.to_uppercase().as_bytes()), None);
             }
+            let plus = format!("+{}", &token[1..]);
+            assert_eq!(s.backend(plus.as_bytes()), None, "{plus}");
         }
         assert_eq!(s.backend(b"not a token"), None);
         assert_eq!(s.backend(b"0000000000000000"), None);
+        // The same address twice: its token names the first.
+        let twice = [backends[7].clone(), backends[7].clone()];
+        s.set_backends("app", &twice);
+        assert_eq!(s.backend(s.token_of(1).as_bytes()), Some(0));
+    }
+
+    #[test]
+    fn set_cookie_lines() {
+        let backends = [Backend {
+            addr: BackendAddr::Tcp("10.0.0.1:80".parse().unwrap()),
+            server: "10.0.0.1:80".into(),
+            tls_name: None,
+            weight: 1,
+            backup: false,
+        }];
+        let line = |s: &mut Sticky| {
+            s.set_backends("app", &backends);
+            let mut out = b"X: y\r\n".to_vec();
+            s.set_cookie(0, &mut out);
+            String::from_utf8(out).unwrap()
+        };
+        let token = Sticky::token("app", &backends[0].addr);
+        let mut session = Sticky::new("srv".into(), Duration::ZERO, false, false);
+        assert_eq!(
+            line(&mut session),
+            format!("X: y\r\nSet-Cookie: srv={token}; Path=/\r\n")
+        );
+        let mut all = Sticky::new("s".into(), Duration::from_secs(60), true, true);
+        assert_eq!(
+            line(&mut all),
+            format!("X: y\r\nSet-Cookie: s={token}; Path=/; Max-Age=60; Secure; HttpOnly\r\n")
+        );
     }
 }

@@ -687,14 +687,12 @@ fn compile_sticky(
     backends: &[Backend],
 ) -> Option<crate::upstream::group::Sticky> {
     let s = u.sticky.as_ref()?.get_ref();
-    let mut sticky = crate::upstream::group::Sticky {
-        cookie: s.cookie.clone().unwrap_or_else(|| "veloxy_srv".to_owned()),
-        ttl: s.ttl.map_or(Duration::from_secs(3600), |d| d.0),
-        secure: s.secure.unwrap_or(false),
-        http_only: s.http_only.unwrap_or(true),
-        tokens: Vec::new(),
-        index: Vec::new(),
-    };
+    let mut sticky = crate::upstream::group::Sticky::new(
+        s.cookie.clone().unwrap_or_else(|| "veloxy_srv".to_owned()),
+        s.ttl.map_or(Duration::from_secs(3600), |d| d.0),
+        s.secure.unwrap_or(false),
+        s.http_only.unwrap_or(true),
+    );
     sticky.set_backends(name, backends);
     Some(sticky)
 }
