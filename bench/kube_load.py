@@ -186,6 +186,14 @@ def create_objects(env: dict, n: int, endpoints: int) -> float:
                 if code not in (201, 409):
                     errors.append(f"{path} s{i}: {code} {resp.get('message', '')}")
 
+    in_four_threads(make, n)
+    if errors:
+        raise SystemExit(f"creating objects failed: {errors[:5]}")
+    return time.monotonic() - t0
+
+
+def in_four_threads(make, n: int) -> None:
+    """Runs make(lo, hi) over 0..n split into 4 ranges, one thread each, and waits for them."""
     step = (n + 3) // 4
     threads = [threading.Thread(target=make, args=(k, min(n, k + step)))
                for k in range(0, n, step)]
@@ -193,9 +201,6 @@ def create_objects(env: dict, n: int, endpoints: int) -> float:
         t.start()
     for t in threads:
         t.join()
-    if errors:
-        raise SystemExit(f"creating objects failed: {errors[:5]}")
-    return time.monotonic() - t0
 
 
 def create_other_slices(env: dict, n: int, endpoints: int) -> None:
@@ -215,13 +220,7 @@ def create_other_slices(env: dict, n: int, endpoints: int) -> None:
             if code not in (201, 409):
                 errors.append(f"{OTHER_NS} slice s{i}: {code} {resp.get('message', '')}")
 
-    step = (n + 3) // 4
-    threads = [threading.Thread(target=make, args=(k, min(n, k + step)))
-               for k in range(0, n, step)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_four_threads(make, n)
     if errors:
         raise SystemExit(f"creating the unwatched slices failed: {errors[:5]}")
 

@@ -551,11 +551,12 @@ fn normalize_host<'a>(host: &[u8], buf: &'a mut [u8; 256]) -> &'a [u8] {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Arc;
 
-    struct Get;
+    /// A GET request without headers or query, for matching in tests.
+    pub(crate) struct Get;
     impl crate::rules::Request for Get {
         fn method(&self) -> &str {
             "GET"

@@ -17,6 +17,14 @@ fn get_on(web: SocketAddr, host: &str, path: &str) -> Response {
 }
 
 /// The backend of `lc.test` that answers the next three requests, which must all be the same.
+/// The first of at most four answers through `web` that backend `name` gave.
+fn answer_from(web: SocketAddr, name: &str) -> Response {
+    (0..4)
+        .map(|_| get_on(web, "x", "/"))
+        .find(|r| r.header("x-upstream") == Some(name))
+        .unwrap_or_else(|| panic!("{name} serves"))
+}
+
 fn lc_pick(web: SocketAddr) -> String {
     let picks: Vec<String> = (0..3)
         .map(|_| {
@@ -76,10 +84,7 @@ fn a_change_to_one_group_keeps_every_other_groups_state() {
         "least_conn forgot the request in flight when another group changed"
     );
     // The changed group kept the idle connection to the backend it kept.
-    let again = (0..4)
-        .map(|_| get_on(web, "x", "/"))
-        .find(|r| r.header("x-upstream") == Some("a"))
-        .expect("a still serves");
+    let again = answer_from(web, "a");
     assert_eq!(again.header("x-conn-id").map(str::to_owned), app_conn);
 
     // A reload that leaves the group alone keeps its state too.
@@ -186,10 +191,7 @@ fn a_backend_added_in_place_is_connected_before_its_first_request() {
         "no connection to the new backend before a request was sent to it"
     );
     // The first request `b` answers came over that connection: the first it accepted.
-    let first = (0..4)
-        .map(|_| get_on(web, "x", "/"))
-        .find(|r| r.header("x-upstream") == Some("b"))
-        .expect("b serves");
+    let first = answer_from(web, "b");
     assert_eq!(first.header("x-conn-id"), Some("1"));
     assert_eq!(backend_figure(&v, b.addr, "open_connections"), 1);
 }

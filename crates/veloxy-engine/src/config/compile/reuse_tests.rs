@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::config::Snapshot;
+use crate::router::tests::Get;
 use crate::upstream::balancer::PolicyRegistry;
 
 /// `hosts` hosts with `paths` prefix routes each; host `changed` gets `/changed/` instead of
@@ -119,17 +120,4 @@ fn a_reload_shares_the_routing_order_of_unchanged_hosts() {
         Some((59 * paths + 3, "/p2/".into()))
     );
     assert_eq!(find(&c, "first.test", "/x").map(|r| r.0), Some(0));
-}
-
-struct Get;
-impl crate::rules::Request for Get {
-    fn method(&self) -> &str {
-        "GET"
-    }
-    fn header(&self, _: &str) -> Option<&[u8]> {
-        None
-    }
-    fn query(&self) -> &str {
-        ""
-    }
 }
