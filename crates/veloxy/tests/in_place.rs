@@ -17,6 +17,17 @@ fn get_on(web: SocketAddr, host: &str, path: &str) -> Response {
 }
 
 /// The backend of `lc.test` that answers the next three requests, which must all be the same.
+/// Sets group `app`'s servers to `a` and `b` through the runtime API.
+fn put_app_servers(v: &Veloxy, a: SocketAddr, b: SocketAddr) {
+    let r = admin_call(
+        v,
+        "PUT",
+        "/upstreams/app/servers",
+        &format!("[\"{a}\", \"{b}\"]"),
+    );
+    assert_eq!(r.status, 200, "{}", r.body_str());
+}
+
 /// The first of at most four answers through `web` that backend `name` gave.
 fn answer_from(web: SocketAddr, name: &str) -> Response {
     (0..4)
@@ -71,13 +82,7 @@ fn a_change_to_one_group_keeps_every_other_groups_state() {
     let app_conn = get_on(web, "x", "/").header("x-conn-id").map(str::to_owned);
 
     // Another group's set changes through the runtime API: a new config generation.
-    let r = admin_call(
-        &v,
-        "PUT",
-        "/upstreams/app/servers",
-        &format!("[\"{}\", \"{}\"]", a.addr, b.addr),
-    );
-    assert_eq!(r.status, 200, "{}", r.body_str());
+    put_app_servers(&v, a.addr, b.addr);
     assert_eq!(
         lc_pick(web),
         free,
@@ -176,13 +181,7 @@ fn a_backend_added_in_place_is_connected_before_its_first_request() {
     assert_eq!(get_on(web, "x", "/").status, 200);
     assert_eq!(backend_figure(&v, b.addr, "open_connections"), 0);
 
-    let r = admin_call(
-        &v,
-        "PUT",
-        "/upstreams/app/servers",
-        &format!("[\"{}\", \"{}\"]", a.addr, b.addr),
-    );
-    assert_eq!(r.status, 200, "{}", r.body_str());
+    put_app_servers(&v, a.addr, b.addr);
     let warmed = eventually(Duration::from_secs(5), || {
         backend_figure(&v, b.addr, "open_connections") == 1
     });

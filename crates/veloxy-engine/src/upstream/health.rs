@@ -191,7 +191,7 @@ impl GroupHealth {
             if b.consecutive_failures.load(Ordering::Relaxed) != 0
                 || b.ejections.load(Ordering::Relaxed) != 0
             {
-                g.failing[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+                g.mark_failing(i);
             }
         }
         g.recompute();
@@ -259,10 +259,23 @@ impl GroupHealth {
         self.summary.store(marks, Ordering::Relaxed);
     }
 
+    /// Backend `i`'s word of `failing` and its bit there.
+    fn failing_bit(&self, i: usize) -> (&AtomicU64, u64) {
+        (&self.failing[i / 64], 1u64 << (i % 64))
+    }
+
+    /// Sets backend `i`'s bit of `failing`, reading first: a bit already set writes nothing.
+    fn mark_failing(&self, i: usize) {
+        let (word, bit) = self.failing_bit(i);
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
     /// A request to backend `i` succeeded (for outlier purposes).
     #[inline]
     pub fn record_success(&self, i: usize) {
-        let (word, bit) = (&self.failing[i / 64], 1u64 << (i % 64));
+        let (word, bit) = self.failing_bit(i);
         // Read first: the common case writes nothing, so the line stays shared between cores.
         if word.load(Ordering::Relaxed) & bit == 0 {
             return;
@@ -283,10 +296,7 @@ impl GroupHealth {
         let n = b.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         // After the count: a success between the two stores clears the bit or finds it set,
         // and either leaves the streak as if it came before or after this failure.
-        let bit = 1u64 << (i % 64);
-        if self.failing[i / 64].load(Ordering::Relaxed) & bit == 0 {
-            self.failing[i / 64].fetch_or(bit, Ordering::Relaxed);
-        }
+        self.mark_failing(i);
         if n < outlier.consecutive_failures || b.ejected_until_ms.load(Ordering::Relaxed) != 0 {
             return false;
         }
