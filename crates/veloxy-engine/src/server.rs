@@ -623,16 +623,19 @@ fn run_worker(
 /// wake-up, which without this happened for about one request in five (each request arms a
 /// read timeout). With the tick, every request timeout lies beyond the next wake-up.
 ///
-/// Each tick it publishes the worker's per-backend figures for `/upstreams` (in large groups,
-/// those of the backends used since; all of them every second); every second it also sweeps expired idle upstream connections and, after a burst, returns memory.
+/// Each tick it publishes the worker's per-backend figures for `/upstreams` (what requests
+/// touched since, and a twentieth of the groups in full) and sweeps that twentieth's expired
+/// idle upstream connections; every second, after a burst, it also returns memory.
 async fn heartbeat(worker: Rc<Worker>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    use crate::worker::TICKS_PER_SECOND;
+    let period = Duration::from_millis(1000 / TICKS_PER_SECOND);
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for n in 0u64.. {
         tick.tick().await;
-        worker.publish(n % 20 == 0);
-        if n % 20 == 0 {
-            worker.sweep();
+        worker.publish(n);
+        worker.sweep(n);
+        if n % TICKS_PER_SECOND == 0 {
             worker.trim_memory();
         }
     }

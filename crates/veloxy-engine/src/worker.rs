@@ -36,15 +36,11 @@ impl Generation {
     /// The generation for `snapshot`, taking over what it can of `old` (see `groups`); a
     /// group whose backends changed gets fresh state, with the idle connections and figures
     /// of the backends it kept (by address). Linear in the number of groups and backends.
-    /// Also returns the backends to warm, as (group, backend) indices (see [`Worker::warm`]).
-    fn new(
-        number: u64,
-        snapshot: Arc<Snapshot>,
-        old: Option<&Generation>,
-    ) -> (Self, Vec<(usize, usize)>) {
+    /// Also returns what the worker has left to do off the request path (see [`Handover`]).
+    fn new(number: u64, snapshot: Arc<Snapshot>, old: Option<&Generation>) -> (Self, Handover) {
         let workers = snapshot.settings.workers;
         let mut by_name: Option<HashMap<&str, usize>> = None;
-        let mut warm = Vec::new();
+        let mut handover = Handover::default();
         let groups = snapshot
             .upstreams
             .iter()
@@ -76,8 +72,9 @@ impl Generation {
                     return old.groups[j].clone();
                 }
                 let mut state = GroupState::new(group, workers);
-                let added = state.adopt(&mut old.groups[j].borrow_mut(), &was[j], group);
-                warm.extend(added.into_iter().map(|b| (i, b)));
+                let (added, retired) = state.adopt(&mut old.groups[j].borrow_mut(), &was[j], group);
+                handover.warm.extend(added.into_iter().map(|b| (i, b)));
+                handover.retired.extend(retired);
                 Rc::new(RefCell::new(state))
             })
             .collect();
@@ -87,7 +84,7 @@ impl Generation {
             groups,
             hints: RefCell::default(),
         };
-        (generation, warm)
+        (generation, handover)
     }
 
     /// This worker's state for group `i` (a short borrow: never held across an await).
@@ -96,11 +93,40 @@ impl Generation {
     }
 }
 
+/// What a worker has left to do when it takes a new generation, off the request path.
+#[derive(Default)]
+struct Handover {
+    /// Backends to open a warm connection to, as (group, backend) indices (see
+    /// [`Worker::warm`]).
+    warm: Vec<(usize, usize)>,
+    /// Idle connections to backends the change removed from their groups (see [`retire`]).
+    retired: Vec<crate::upstream::pool::Idle>,
+}
+
+/// Closes idle upstream connections a change left without a backend, one at a time with a
+/// yield after each, so that requests run between the closes. Closing a TCP connection on
+/// loopback runs the peer's side of the FIN exchange inside the `close` too; under endpoint
+/// churn a change dropped dozens at once on the request that took the new generation.
+async fn retire(conns: Vec<crate::upstream::pool::Idle>) {
+    for conn in conns {
+        drop(conn);
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Most new backends one config change has a worker open warm connections to (see
 /// [`Worker::warm`]); any beyond are connected by their first request.
 const WARM_MAX: usize = 64;
 /// Warm connections opened at once by a worker.
 const WARM_LANES: usize = 4;
+
+/// Heartbeat ticks a second (one each 50 ms): see [`Worker::publish`].
+pub(crate) const TICKS_PER_SECOND: u64 = 20;
+
+/// Whether group `i`'s once-a-second heartbeat work (full publish, sweep) falls on `tick`.
+fn on_turn(i: usize, tick: u64) -> bool {
+    i as u64 % TICKS_PER_SECOND == tick % TICKS_PER_SECOND
+}
 
 /// Size of scratch buffers handed to requests (head building, upstream reads, body pumps).
 pub(crate) const SCRATCH: usize = 32 * 1024;
@@ -202,11 +228,15 @@ impl Worker {
             }
         }
         let old = self.generation.borrow().clone();
-        let (fresh, warm) = Generation::new(number, self.shared.snapshot.load_full(), Some(&old));
+        let (fresh, handover) =
+            Generation::new(number, self.shared.snapshot.load_full(), Some(&old));
         let fresh = Rc::new(fresh);
         *self.generation.borrow_mut() = fresh.clone();
-        if !warm.is_empty() {
-            self.warm(&fresh, warm);
+        if !handover.warm.is_empty() {
+            self.warm(&fresh, handover.warm);
+        }
+        if !handover.retired.is_empty() {
+            tokio::task::spawn_local(retire(handover.retired));
         }
         fresh
     }
@@ -240,6 +270,9 @@ impl Worker {
                     if let Ok(conn) = connect.await {
                         me.pool_warm(g, &group, b, conn);
                     }
+                    // On loopback a connect completes inside its syscall, so without a yield
+                    // a lane ran its connects back to back, holding requests up meanwhile.
+                    tokio::task::yield_now().await;
                 }
             });
         }
@@ -396,23 +429,34 @@ impl Worker {
     }
 
     /// Publishes this worker's per-backend figures (in flight, idle pool, latency EWMA) for
-    /// `/upstreams`: a few relaxed stores per backend, off the request path; in large groups
-    /// only for the backends used since the last publish, unless `all`.
-    pub fn publish(&self, all: bool) {
+    /// `/upstreams` on heartbeat tick `tick`: a few relaxed stores per backend, off the request
+    /// path. Each group is published in full on one tick of each second (group `i` on ticks
+    /// `i % TICKS_PER_SECOND`), and on the other ticks only for what requests touched (see
+    /// [`GroupState::publish`]). Spread so: with 1,000 groups, publishing all of them on one
+    /// tick kept the worker off its clients for about 3 ms once a second (`perf sched`), a
+    /// p99 spike for every request that arrived meanwhile.
+    pub fn publish(&self, tick: u64) {
         let gen = self.current();
-        for (group, state) in gen.snapshot.upstreams.iter().zip(gen.groups.iter()) {
-            state.borrow_mut().publish(group, self.id, all);
+        let groups = gen.snapshot.upstreams.iter().zip(gen.groups.iter());
+        for (i, (group, state)) in groups.enumerate() {
+            state.borrow_mut().publish(group, self.id, on_turn(i, tick));
         }
     }
 
-    /// Closes expired idle upstream connections and a burst's surplus (every second, from
-    /// the heartbeat). Each one closed counts toward a trim like a freed idle buffer: after a
+    /// Closes expired idle upstream connections and a burst's surplus, on heartbeat tick
+    /// `tick`: each group once a second, on the same tick as its full publish (spread for the
+    /// same reason). Each one closed counts toward a trim like a freed idle buffer: after a
     /// burst the surplus closes a second or two after its clients did, when the trim they
     /// caused has already run.
-    pub fn sweep(&self) {
+    pub fn sweep(&self, tick: u64) {
         let gen = self.current();
         let mut closed = 0;
-        for g in &gen.groups {
+        for (_, g) in gen
+            .groups
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| on_turn(*i, tick))
+        {
             closed += g.borrow_mut().pool.sweep();
         }
         self.idle_memory_freed(closed);
@@ -438,6 +482,30 @@ impl Worker {
     ) {
         if !self.shutting_down() {
             gen.group(upstream).pool.put(backend, conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each group gets its full publish and sweep on exactly one tick of every second, and no
+    /// tick takes more than its share of the groups (all at once was a 3 ms stall a second).
+    #[test]
+    fn heartbeat_work_is_spread_over_the_second() {
+        let groups = 1000;
+        for second in 0..3u64 {
+            let mut seen = vec![0; groups];
+            for tick in second * TICKS_PER_SECOND..(second + 1) * TICKS_PER_SECOND {
+                let on: Vec<usize> = (0..groups).filter(|&i| on_turn(i, tick)).collect();
+                assert!(
+                    on.len() <= groups.div_ceil(TICKS_PER_SECOND as usize),
+                    "tick {tick}"
+                );
+                on.into_iter().for_each(|i| seen[i] += 1);
+            }
+            assert!(seen.iter().all(|&n| n == 1), "second {second}: {seen:?}");
         }
     }
 }

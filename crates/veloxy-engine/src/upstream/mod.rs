@@ -270,12 +270,15 @@ impl GroupState {
     /// ones, when this worker held idle connections to the backends the group kept (so its
     /// traffic reuses pooled HTTP/1 connections, which a new backend has none of yet).
     /// Empty for a stream group, an idle one, one without pooling or with PROXY headers.
+    /// Also returns the idle connections it did not take (to backends the group no longer
+    /// has, or made another way), for the caller to close off the request path (see
+    /// `worker::retire`).
     pub(crate) fn adopt(
         &mut self,
         old: &mut GroupState,
         was: &UpstreamGroup,
         now: &UpstreamGroup,
-    ) -> Vec<usize> {
+    ) -> (Vec<usize>, Vec<pool::Idle>) {
         self.budget = RetryBudget {
             ratio: self.budget.ratio,
             ..old.budget
@@ -305,7 +308,7 @@ impl GroupState {
         if pooled == 0 || !warmable(now) {
             added.clear();
         }
-        added
+        (added, old.pool.take_rest())
     }
 }
 
@@ -482,6 +485,45 @@ mod tests {
         state.local[1].in_flight = 2;
         state.publish(group, 0, true);
         assert_eq!(in_flight(1), 2, "a full publish writes every group");
+    }
+
+    /// A change that removes a backend hands its idle connections back for closing off the
+    /// request path (`worker::retire`), rather than leaving them to close all at once with
+    /// the old generation, and the kept backend's connection moves to the new state.
+    #[tokio::test]
+    async fn a_removed_backends_idle_connections_are_handed_back() {
+        use pool::{reserve_slot, UpstreamConn};
+        let (a, b) = (
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        );
+        let (a, b) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let compile = |servers: &str| {
+            let text = format!(
+                "[listeners.web]\naddr = \"127.0.0.1:0\"\n[[routes]]\nupstream = \"app\"\n\
+                 [upstreams.app]\nservers = [{servers}]\n"
+            );
+            let registry = balancer::PolicyRegistry::with_builtins();
+            let path = std::path::Path::new("t.toml");
+            crate::config::compile::compile_str(path, &text, &registry).unwrap()
+        };
+        let was = compile(&format!("\"{a}\", \"{b}\""));
+        let now = compile(&format!("\"{a}\""));
+        let (was, now) = (&was.upstreams[0], &now.upstreams[0]);
+        let mut old = GroupState::new(was, 1);
+        for (i, addr) in [a, b].into_iter().enumerate() {
+            let health = was.health.backends[i].clone();
+            assert!(reserve_slot(&health, 0));
+            let io =
+                crate::tls::UpstreamIo::Plain(tokio::net::TcpStream::connect(addr).await.unwrap());
+            old.pool
+                .put(i, UpstreamConn::with_reserved_slot(io, health));
+        }
+        let mut state = GroupState::new(now, 1);
+        let (_, retired) = state.adopt(&mut old, was, now);
+        assert_eq!(retired.len(), 1, "the removed backend's idle connection");
+        assert_eq!(state.pool.idle_count(0), 1, "the kept backend's, adopted");
+        assert_eq!((old.pool.idle_count(0), old.pool.idle_count(1)), (0, 0));
     }
 
     #[test]

@@ -213,6 +213,11 @@ impl Pool {
             .unwrap_or_default()
     }
 
+    /// Every idle connection left, of all backends.
+    pub fn take_rest(&mut self) -> Vec<Idle> {
+        self.idle.iter_mut().flat_map(std::mem::take).collect()
+    }
+
     /// Adds idle connections carried over from a previous config, up to the limit.
     pub fn adopt(&mut self, backend: usize, conns: Vec<Idle>) {
         if let Some(list) = self.idle.get_mut(backend) {
