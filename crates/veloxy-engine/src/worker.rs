@@ -103,16 +103,20 @@ struct Handover {
     retired: Vec<crate::upstream::pool::Idle>,
 }
 
-/// Closes idle upstream connections a change left without a backend, one at a time with a
-/// yield after each, so that requests run between the closes. Closing a TCP connection on
-/// loopback runs the peer's side of the FIN exchange inside the `close` too; under endpoint
-/// churn a change dropped dozens at once on the request that took the new generation.
+/// Closes idle upstream connections a change left without a backend, one every [`PACE`], so
+/// that requests run between the closes. A close is 10-20 us of the worker's time (on
+/// loopback it runs the peer's side of the FIN exchange too); under endpoint churn a change
+/// closed dozens at once on the request that took the new generation, a run of a few ms.
 async fn retire(conns: Vec<crate::upstream::pool::Idle>) {
     for conn in conns {
         drop(conn);
-        tokio::task::yield_now().await;
+        tokio::time::sleep(PACE).await;
     }
 }
+
+/// The spacing of a worker's housekeeping connects and closes (see [`Worker::warm`] and
+/// [`retire`]): one at a time, so none holds a request up for longer than its own syscall.
+const PACE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Most new backends one config change has a worker open warm connections to (see
 /// [`Worker::warm`]); any beyond are connected by their first request.
@@ -247,8 +251,11 @@ impl Worker {
     /// once it is open (see [`Worker::pool_warm`]). The first request a new backend gets then
     /// finds a connection waiting rather than connecting first: under endpoint churn (100
     /// changes a second) that was about one request in thirty. At most [`WARM_MAX`] per
-    /// change, one after the other in [`WARM_LANES`] tasks, so that a burst of connects does
-    /// not hold requests up and one slow backend does not hold up the rest. A failed connect
+    /// change, in [`WARM_LANES`] tasks so that one slow backend does not hold up the rest,
+    /// started about one per [`PACE`]: a connect is about 50 us of the worker's time (on
+    /// loopback the whole handshake, the backend's side too, runs inside it), and 64 back to
+    /// back were a 4 ms stall for the requests arriving meanwhile (`perf`, issue 37's churn
+    /// benchmark: a p99 rise twice a second). A failed connect
     /// is dropped, counting against no backend's health (the first request finds out as it
     /// did before).
     fn warm(&self, gen: &Generation, mut added: Vec<(usize, usize)>) {
@@ -264,15 +271,14 @@ impl Worker {
                 .collect();
             let me = me.clone();
             tokio::task::spawn_local(async move {
+                tokio::time::sleep(PACE * lane as u32).await;
                 for (g, group, b) in todo {
                     let connect =
                         crate::upstream::connect::connect_backend(&*me.metrics, &group, b, None);
                     if let Ok(conn) = connect.await {
                         me.pool_warm(g, &group, b, conn);
                     }
-                    // On loopback a connect completes inside its syscall, so without a yield
-                    // a lane ran its connects back to back, holding requests up meanwhile.
-                    tokio::task::yield_now().await;
+                    tokio::time::sleep(PACE * lanes as u32).await;
                 }
             });
         }
