@@ -193,7 +193,7 @@ pub(crate) fn feedback(
     ok: bool,
 ) {
     let group = &gen.snapshot.upstreams[upstream];
-    gen.group(upstream).end(backend, elapsed, ok);
+    gen.end(upstream, backend, elapsed, ok);
     if ok {
         group.health.record_success(backend);
     } else {
@@ -214,7 +214,7 @@ struct AttemptGuard<'a> {
 
 impl<'a> AttemptGuard<'a> {
     fn start(gen: &'a Generation, upstream: usize, backend: usize) -> Self {
-        gen.group(upstream).start(backend);
+        gen.start(upstream, backend);
         AttemptGuard {
             gen,
             upstream,
