@@ -332,6 +332,48 @@ fn a_stalled_body_is_waited_for_once() {
     assert_eq!(shadow.hits(), 0, "a body never whole is not copied");
 }
 
+/// The same over HTTP/2 (h2c, prior knowledge): the read-ahead marks the body stalled, and
+/// the attempts do not wait for it again.
+#[test]
+fn a_stalled_http2_body_is_waited_for_once() {
+    let primary = script_origin(|_| Scripted::ok("primary"));
+    let shadow = script_origin(|_| Scripted::ok("shadow"));
+    let v = veloxy(&format!(
+        "[server]\nworkers = 1\nbody_timeout = \"2s\"\n\
+         [listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n\
+         [[routes]]\nupstream = \"app\"\nmirror = {{ upstream = \"shadow\" }}\n\
+         [upstreams.app]\nservers = [\"{}\"]\n[upstreams.shadow]\nservers = [\"{}\"]\n",
+        primary.addr, shadow.addr
+    ));
+    let authority = v.addr.to_string();
+    let (status, took) = runtime().block_on(async {
+        let c = h2_connect(v.addr, None).await;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{authority}/stall"))
+            .header("content-length", 100)
+            .body(())
+            .unwrap();
+        let mut ready = c.ready().await.unwrap();
+        let started = Instant::now();
+        let (resp, mut body) = ready.send_request(req, false).unwrap();
+        body.send_data(Bytes::from_static(b"only ten b"), false)
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        (resp.status().as_u16(), started.elapsed())
+    });
+    assert_eq!(status, 408);
+    // One timeout is 2 s; two would be 4 s.
+    assert!(
+        took < Duration::from_millis(3500),
+        "answered after {took:?}"
+    );
+    assert_eq!(shadow.hits(), 0, "a body never whole is not copied");
+}
+
 /// A site (with the admin endpoint) whose one route goes to `app` (an origin answering
 /// "primary") with `mirror = { upstream = "shadow" }` (one answering "shadow"); `keys` are
 /// more keys of the route, `groups` more group tables. Returns the two origins and the site.

@@ -47,6 +47,11 @@ pub(crate) trait FramedClient {
     fn version(&self) -> u8;
     /// `[server] body_timeout`: the longest wait for the next frame of a request body.
     fn body_timeout(&self) -> Duration;
+    /// Whether the client already stalled past `body_timeout` in `body` (a `mirror`
+    /// read-ahead waited it out): then [`body_wait`] does not wait again.
+    fn stalled(&self, _body: &Self::Body) -> bool {
+        false
+    }
     /// After a 413, reads and drops the rest of `body` beside the answer (clients that stop
     /// reading on a reset would report a transport error instead); returns `e`.
     fn drain(&self, body: Self::Body, e: ProxyError) -> ProxyError;
@@ -348,6 +353,15 @@ pub(crate) async fn start_attempts<'a, C: FramedClient>(
     })
 }
 
+/// The longest wait for the next frame of `body`: `body_timeout`, or none at all once the
+/// client stalled past it in this body (see [`FramedClient::stalled`]).
+pub(crate) fn body_wait<C: FramedClient>(c: &C, body: &C::Body) -> Duration {
+    match c.stalled(body) {
+        true => Duration::ZERO,
+        false => c.body_timeout(),
+    }
+}
+
 /// The next frame of a request body, waiting at most `body_timeout` for it: a client that
 /// stops sending mid-body must not hold an upstream connection (and a route's concurrency
 /// slot) forever. A client that reset its stream is [`ErrorKind::Stream`].
@@ -355,7 +369,7 @@ pub(crate) async fn next_frame<C: FramedClient>(
     c: &C,
     body: &mut C::Body,
 ) -> Result<Option<Frame<Bytes>>, ProxyError> {
-    match timeout(c.body_timeout(), body.frame()).await {
+    match timeout(body_wait(c, body), body.frame()).await {
         Ok(Some(Ok(frame))) => Ok(Some(frame)),
         Ok(Some(Err(e))) => Err(ProxyError::downstream(ErrorKind::Stream).because(e)),
         Ok(None) => Ok(None),

@@ -51,12 +51,9 @@ pub(crate) async fn relay<C: FramedClient>(
     }
 
     // The client's body is held to `max_body_bytes` and `body_timeout` as it streams.
-    let (body, watch) = crate::exchange::body::guard(
-        body,
-        t.max_body,
-        c.body_timeout(),
-        c.worker().metrics.clone(),
-    );
+    let wait = super::framed::body_wait(c, &body);
+    let (body, watch) =
+        crate::exchange::body::guard(body, t.max_body, wait, c.worker().metrics.clone());
     // Nothing is buffered: the slot is taken before the first attempt. Nothing is sent
     // before a backend has a live connection, so a failed connect moves on to another
     // backend whatever the method; once sent, the request is not retried (its body streams

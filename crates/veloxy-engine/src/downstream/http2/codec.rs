@@ -174,6 +174,7 @@ impl Codec for H2<'_> {
 async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize, wait: bool) -> ReadAhead {
     let mut out = bytes::BytesMut::new();
     let mut trailers = None;
+    let mut stalled = false;
     let whole = loop {
         let next = match wait {
             true => framed::next_frame(c, body).await,
@@ -193,7 +194,10 @@ async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize, wait: boo
                 }
                 Err(frame) => trailers = frame.into_trailers().ok(),
             },
-            Err(_) => break false,
+            Err(e) => {
+                stalled = matches!(e.kind, crate::error::ErrorKind::BodyTimeout);
+                break false;
+            }
         }
     };
     ReadAhead {
@@ -201,6 +205,7 @@ async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize, wait: boo
         trailers,
         // A placeholder, replaced by the body itself.
         rest: (!whole).then(|| RequestBody::Read(Box::default())),
+        stalled,
     }
 }
 

@@ -420,6 +420,9 @@ impl crate::exchange::framed::FramedClient for ConnCtx {
     fn body_timeout(&self) -> Duration {
         self.body_timeout
     }
+    fn stalled(&self, body: &RequestBody) -> bool {
+        body.stalled()
+    }
     fn drain(&self, body: RequestBody, e: ProxyError) -> ProxyError {
         errors::drain_after_413(&self.worker, body, e)
     }

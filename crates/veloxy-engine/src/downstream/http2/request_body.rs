@@ -31,6 +31,18 @@ pub(crate) struct ReadAhead {
     pub data: Option<Bytes>,
     pub trailers: Option<http::HeaderMap>,
     pub rest: Option<RequestBody>,
+    /// The client stalled past `body_timeout` while it was read: the rest is not waited for
+    /// again (see [`RequestBody::stalled`]).
+    pub stalled: bool,
+}
+
+impl RequestBody {
+    /// Whether the client already stalled past `body_timeout` in this body (a `mirror`
+    /// read-ahead waited it out): the attempts then wait no longer for the rest than for
+    /// what has arrived, and the client gets its 408 after one timeout, not two.
+    pub(crate) fn stalled(&self) -> bool {
+        matches!(self, RequestBody::Read(r) if r.stalled)
+    }
 }
 
 impl Body for RequestBody {
