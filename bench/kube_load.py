@@ -441,21 +441,26 @@ def alternated_round(a, hosts: Path, churn: Churn, other: Churn) -> dict:
     whole runs ranged 0.46 to 1.05 ms) then falls on all three alike."""
     out: dict = {}
     for kind, ch in (("steady", None), ("churn", churn), ("unwatched", other)):
-        res: dict = {}
-
-        def load(res: dict = res) -> None:
-            res.update(p=pacer(a.pacer, hosts, a.rate, a.round_seconds, a.connections))
-
-        t = threading.Thread(target=load)
-        t.start()
         if ch is not None:
-            time.sleep(1)  # the pacer's warmup
             ch.seconds = a.round_seconds - 1
-            ch.run(probe=False)
-        t.join()
-        out[kind] = latency(res["p"])
-        out[f"failed_{kind}"] = failed(res["p"])
+        p = loaded(a, hosts, a.round_seconds, ch)
+        out[kind] = latency(p)
+        out[f"failed_{kind}"] = failed(p)
     return out
+
+
+def loaded(a, hosts: Path, seconds: float, churn: Churn | None, probe: bool = False) -> dict:
+    """The pacer's load for `seconds`; with `churn`, that churn runs from the end of the
+    pacer's one-second warmup (so it starts with the measured window). The pacer's result."""
+    res: dict = {}
+    t = threading.Thread(target=lambda: res.update(
+        p=pacer(a.pacer, hosts, a.rate, seconds, a.connections)))
+    t.start()
+    if churn is not None:
+        time.sleep(1)
+        churn.run(probe=probe)
+    t.join()
+    return res["p"]
 
 
 def rounds_lines(rounds: list[dict]) -> list[str]:
@@ -650,13 +655,7 @@ def main() -> int:
         before = len(applied(log))
         churn = Churn(env, a.services, a.endpoints, a.churn_rate, seconds)
         say(f"churn: {a.churn_rate:g} EndpointSlice changes a second for {seconds:g} s under the same load")
-        result: dict = {}
-        t = threading.Thread(target=lambda: result.update(
-            p=pacer(a.pacer, hosts, a.rate, seconds, a.connections)))
-        t.start()
-        time.sleep(1)  # the pacer's warmup: the churn starts with the measured window
-        churn.run()
-        t.join()
+        churned = loaded(a, hosts, seconds, churn, probe=True)
         rebuilds = applied(log)[before:]
         # Control: the same load while the other core is kept busy at nice 19 with no API
         # change (a busy loop standing in for the API server's and etcd's churn work): how
@@ -675,14 +674,7 @@ def main() -> int:
         # against steady also counts the load core's API work, which a cluster does elsewhere.
         say("unwatched control: the same load and churn on slices veloxy does not watch")
         other = Churn(env, a.services, a.endpoints, a.churn_rate, seconds, OTHER_NS)
-        uresult: dict = {}
-        t = threading.Thread(target=lambda: uresult.update(
-            p=pacer(a.pacer, hosts, a.rate, seconds, a.connections)))
-        t.start()
-        time.sleep(1)
-        other.run(probe=False)
-        t.join()
-        unwatched = uresult["p"]
+        unwatched = loaded(a, hosts, seconds, other)
         rounds = []
         for r in range(a.rounds):
             say(f"round {r + 1} of {a.rounds}: steady, churn, unwatched churn, "
@@ -702,13 +694,13 @@ def main() -> int:
                       "builds_ms": builds, "rss_mb": mem.get("VmRSS"), "hwm_mb": mem.get("VmHWM"),
                       "after_churn": status_of(vproc.pid)},
             "steady": latency(steady),
-            "churn": latency(result["p"]),
+            "churn": latency(churned),
             "control": latency(control),
             "unwatched": latency(unwatched),
             "unwatched_changes_made": other.made,
             "failed_unwatched": failed(unwatched),
             "failed_steady": failed(steady),
-            "failed_churn": failed(result["p"]),
+            "failed_churn": failed(churned),
             "changes_made": churn.made,
             "refused": churn.refused[:20],
             "churn_lateness_p99_ms": (late[int(0.99 * (len(late) - 1))] * 1e3) if late else 0.0,
