@@ -130,13 +130,13 @@ impl Generation {
         for i in on_turn(ups.len(), tick) {
             self.group(i).publish(&ups[i], worker, true);
         }
-        let turn = (tick % TICKS_PER_SECOND) as usize;
+        let turn = turn(tick);
         for (w, word) in self.touched.iter().enumerate() {
             let mut bits = word.replace(0);
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                if i % TICKS_PER_SECOND as usize != turn {
+                if turn_of(i) != turn {
                     self.group(i).publish(&ups[i], worker, false);
                 }
             }
@@ -188,8 +188,17 @@ pub(crate) const TICKS_PER_SECOND: u64 = 20;
 /// The groups (of `n`) whose once-a-second heartbeat work (full publish, sweep) falls on
 /// `tick`: group `i` on ticks `i % TICKS_PER_SECOND`.
 fn on_turn(n: usize, tick: u64) -> impl Iterator<Item = usize> {
-    let turn = (tick % TICKS_PER_SECOND) as usize;
-    (turn..n).step_by(TICKS_PER_SECOND as usize)
+    (turn(tick)..n).step_by(TICKS_PER_SECOND as usize)
+}
+
+/// The turn of heartbeat tick `tick`: the groups `i` with [`turn_of`]`(i)` equal to it.
+fn turn(tick: u64) -> usize {
+    (tick % TICKS_PER_SECOND) as usize
+}
+
+/// The turn of group `i` (see [`on_turn`]).
+fn turn_of(i: usize) -> usize {
+    i % TICKS_PER_SECOND as usize
 }
 
 /// Size of scratch buffers handed to requests (head building, upstream reads, body pumps).
