@@ -43,10 +43,15 @@ fn hash(name: &[u8]) -> u64 {
 impl HostTable {
     /// The table of `hosts` (each name once), the slots of each kept in their order.
     pub fn build<'a>(hosts: impl ExactSizeIterator<Item = (&'a [u8], &'a [Slot])>) -> HostTable {
+        let hosts: Vec<_> = hosts.collect();
         let mut t = HostTable {
             table: hashbrown::HashTable::with_capacity(hosts.len()),
-            ..HostTable::default()
+            keys: Vec::with_capacity(hosts.iter().map(|(name, _)| name.len()).sum()),
+            slots: Vec::with_capacity(hosts.iter().map(|(_, slots)| slots.len()).sum()),
         };
+        // Read at random by requests: huge pages spare the TLB misses (`heap::huge_pages`).
+        crate::heap::huge_pages(&t.slots);
+        crate::heap::huge_pages(&t.keys);
         for (name, slots) in hosts {
             let e = Entry {
                 hash: hash(name),
@@ -59,8 +64,6 @@ impl HostTable {
             t.slots.extend_from_slice(slots);
             t.table.insert_unique(e.hash, e, |e| e.hash);
         }
-        t.keys.shrink_to_fit();
-        t.slots.shrink_to_fit();
         t
     }
 
