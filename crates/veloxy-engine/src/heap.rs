@@ -94,9 +94,9 @@ mod tests {
         None
     }
 
-    /// A buffer of 8 MiB asked for huge pages before it is filled has some once filled; one of
-    /// 1 MiB is left alone. (The kernel's mode must not be `never`; with `always`, every
-    /// large buffer has them anyway, and the first half proves nothing but still holds.)
+    /// A buffer of 8 MiB asked for huge pages before it is filled has some once filled (seen
+    /// failing with the advice changed to `MADV_NORMAL`). The kernel's mode must not be
+    /// `never`; with `always`, every large buffer has them anyway, and the test proves less.
     #[test]
     fn a_large_table_is_backed_by_huge_pages() {
         let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
