@@ -854,28 +854,34 @@ pub(crate) mod tests {
         assert_eq!(again.hosts_reused(), (4, 4));
     }
 
+    /// The scale benchmark's table, not yet sorted: `paths` routes on each of `hosts` hosts
+    /// `h{i}.example.test`, path `/` when there is one a host, else prefixes `/p0/`, `/p1/`,
+    /// ...; host `changed` has `/changed/` for its first.
+    fn generated(hosts: usize, paths: usize, changed: usize) -> Router {
+        let one = router(&[("h.test", "/", 0)]).routes()[0].clone();
+        let mut r = Router::default();
+        for h in 0..hosts {
+            for p in 0..paths {
+                let mut route = one.clone();
+                route.index = h * paths + p;
+                route.host = HostMatch::Exact(format!("h{h}.example.test"));
+                route.path = match (h == changed, p, paths) {
+                    (true, 0, _) => "/changed/".into(),
+                    (_, _, 1) => "/".into(),
+                    _ => format!("/p{p}/"),
+                };
+                r.add(route);
+            }
+        }
+        r
+    }
+
     /// The router's build alone, 100,000 routes over 10,000 hosts: from scratch, and after a
     /// router whose hosts are the same but one. Printed (run with `--ignored --nocapture`).
     #[test]
     #[ignore = "a timing, printed: run by hand"]
     fn time_the_build_of_100000_routes() {
-        let build = |changed: usize| {
-            let mut r = Router::default();
-            let one = router(&[("h.test", "/", 0)]).routes()[0].clone();
-            for h in 0..10_000 {
-                for p in 0..10 {
-                    let mut route = one.clone();
-                    route.index = h * 10 + p;
-                    route.host = HostMatch::Exact(format!("h{h}.test"));
-                    route.path = match (h == changed, p) {
-                        (true, 0) => "/changed/".into(),
-                        _ => format!("/p{p}/"),
-                    };
-                    r.add(route);
-                }
-            }
-            r
-        };
+        let build = |changed: usize| generated(10_000, 10, changed);
         let mut first = build(usize::MAX);
         let t = std::time::Instant::now();
         first.finish();
@@ -902,22 +908,8 @@ pub(crate) mod tests {
     #[test]
     #[ignore = "a timing, printed: run by hand"]
     fn time_lookups_in_100000_routes() {
-        let one = router(&[("h.test", "/", 0)]).routes()[0].clone();
         let table = |hosts: usize, paths: usize| {
-            let mut r = Router::default();
-            for h in 0..hosts {
-                for p in 0..paths {
-                    let mut route = one.clone();
-                    route.index = h * paths + p;
-                    route.host = HostMatch::Exact(format!("h{h}.example.test"));
-                    route.path = if paths == 1 {
-                        "/".into()
-                    } else {
-                        format!("/p{p}/")
-                    };
-                    r.add(route);
-                }
-            }
+            let mut r = generated(hosts, paths, usize::MAX);
             r.finish();
             r
         };
