@@ -160,9 +160,11 @@ struct Handover {
 /// a change closed dozens at once on the request that took the new generation, a run of a
 /// few ms. (A change of a 10,000-backend group's transport closes its pool in a few seconds.)
 async fn retire(conns: Vec<crate::upstream::pool::Idle>) {
-    let mut conns = conns.into_iter();
+    let mut conns = conns.into_iter().peekable();
     loop {
-        if conns.by_ref().take(RETIRE_BATCH).count() < RETIRE_BATCH {
+        // Dropping an idle connection closes it.
+        conns.by_ref().take(RETIRE_BATCH).for_each(drop);
+        if conns.peek().is_none() {
             return;
         }
         tokio::time::sleep(PACE).await;
