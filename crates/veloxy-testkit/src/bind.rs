@@ -99,7 +99,7 @@ impl Bind {
         };
         // Ready when it answers the zone's SOA over UDP and accepts TCP (the updates' way).
         let up = crate::eventually(Duration::from_secs(20), || {
-            !bind.dig(zone, "SOA").is_empty() && std::net::TcpStream::connect(bind.addr).is_ok()
+            !bind.dig(zone, "SOA").is_empty() && crate::listening(bind.addr)
         });
         assert!(up, "named did not start: {}", bind.log_text());
         Some(bind)

@@ -165,6 +165,17 @@ pub fn require(program: &str, probe: &str, why: &str) -> bool {
     found
 }
 
+/// Whether something listens at `addr`: a TCP connect that reached another socket.
+///
+/// A bare `connect().is_ok()` is not enough while a server is still starting on a port picked
+/// in advance: when nothing listens yet, the kernel may give the probe that same port as its
+/// source, and the SYN then meets itself (a TCP simultaneous open) and "connects". The server
+/// then fails to bind, and the test talks to nobody.
+pub fn listening(addr: impl std::net::ToSocketAddrs) -> bool {
+    std::net::TcpStream::connect(addr)
+        .is_ok_and(|s| matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l != p))
+}
+
 /// Polls `f` until it returns true or `limit` passes.
 pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

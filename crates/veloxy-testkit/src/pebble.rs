@@ -144,9 +144,9 @@ impl Pebble {
         );
         let api: SocketAddr = format!("127.0.0.1:{}", setup.port).parse().unwrap();
         let up = crate::eventually(Duration::from_secs(20), || {
-            std::net::TcpStream::connect(api).is_ok()
-                && std::net::TcpStream::connect(("127.0.0.1", mgmt)).is_ok()
-                && std::net::TcpStream::connect(("127.0.0.1", dns_mgmt)).is_ok()
+            crate::listening(api)
+                && crate::listening(("127.0.0.1", mgmt))
+                && crate::listening(("127.0.0.1", dns_mgmt))
         });
         assert!(
             up,

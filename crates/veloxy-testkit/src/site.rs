@@ -185,9 +185,7 @@ impl Nginx {
             .spawn()
             .expect("spawn nginx");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let up = crate::eventually(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(addr).is_ok()
-        });
+        let up = crate::eventually(Duration::from_secs(10), || crate::listening(addr));
         assert!(up, "nginx did not start listening on {addr}");
         Some(Nginx {
             _proc: Proc {

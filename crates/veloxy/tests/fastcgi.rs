@@ -56,8 +56,19 @@ fn php_fpm_with(children: usize) -> Option<PhpFpm> {
 }
 
 /// php-fpm with a static pool of `children`, on a unix socket in its folder when `unix`.
+///
+/// Ready means php-fpm's own log says "ready to handle connections", written after it bound
+/// its socket. A connect is not proof: the port is picked by binding port 0 and letting it go,
+/// so another test's socket can take it in between (php-fpm then exits with "Address already
+/// in use" while the other socket answered the probe), and a probe can even connect to itself
+/// when the kernel hands it the same port as its source. A lost port is retried on a new one.
 fn php_fpm_on(children: usize, unix: bool) -> Option<PhpFpm> {
     let bin = php_fpm_binary()?;
+    (0..5).find_map(|_| php_fpm_try(&bin, children, unix))
+}
+
+/// One start of php-fpm; `None` when it exited or did not get ready in time.
+fn php_fpm_try(bin: &Path, children: usize, unix: bool) -> Option<PhpFpm> {
     let dir = tempfile::tempdir().unwrap();
     let socket = unix.then(|| dir.path().join("php-fpm.sock"));
     let port = TcpListener::bind("127.0.0.1:0")
@@ -90,17 +101,26 @@ fn php_fpm_on(children: usize, unix: bool) -> Option<PhpFpm> {
         .spawn()
         .ok()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let ready = |fpm: &PhpFpm| match &fpm.socket {
-        Some(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
-        None => TcpStream::connect(fpm.addr).is_ok(),
-    };
-    let fpm = PhpFpm {
+    let mut fpm = PhpFpm {
         child,
         addr,
         socket,
         dir,
     };
-    eventually(Duration::from_secs(10), || ready(&fpm)).then_some(fpm)
+    let log = fpm.dir.path().join("php-fpm.log");
+    let mut exited = false;
+    let ready = eventually(Duration::from_secs(10), || {
+        exited = !matches!(fpm.child.try_wait(), Ok(None));
+        exited
+            || std::fs::read_to_string(&log)
+                .is_ok_and(|l| l.contains("ready to handle connections"))
+    });
+    if !ready || exited {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        eprintln!("php-fpm did not start (retried on a new port): {log}");
+        return None;
+    }
+    Some(fpm)
 }
 
 fn scripts(root: &Path) {

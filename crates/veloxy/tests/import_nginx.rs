@@ -197,18 +197,14 @@ fn nginx_and_its_import_answer_alike() {
         .spawn()
         .expect("spawn nginx");
     let naddr: SocketAddr = format!("127.0.0.1:{np}").parse().unwrap();
-    let up = eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(naddr).is_ok()
-    });
+    let up = eventually(Duration::from_secs(10), || listening(naddr));
     assert!(up, "nginx did not start");
 
     let (toml, report) = import(dir.path(), &render(vp, origin.addr, dir.path()));
     assert!(!report.contains("refused:"), "{report}");
     let v = veloxy(&toml);
     let vaddr: SocketAddr = format!("127.0.0.1:{vp}").parse().unwrap();
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(vaddr).is_ok()
-    }));
+    assert!(eventually(Duration::from_secs(10), || { listening(vaddr) }));
 
     let big = "x".repeat(2048);
     let requests: Vec<String> = [
@@ -407,9 +403,7 @@ fn nginx_auth_request_and_its_import_answer_alike() {
         .expect("spawn nginx");
     let naddr: SocketAddr = format!("127.0.0.1:{np}").parse().unwrap();
     assert!(
-        eventually(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(naddr).is_ok()
-        }),
+        eventually(Duration::from_secs(10), || { listening(naddr) }),
         "nginx did not start"
     );
     let (toml, report) = import(dir.path(), &render(vp));
@@ -424,9 +418,7 @@ fn nginx_auth_request_and_its_import_answer_alike() {
     }
     let v = veloxy(&toml);
     let vaddr: SocketAddr = format!("127.0.0.1:{vp}").parse().unwrap();
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(vaddr).is_ok()
-    }));
+    assert!(eventually(Duration::from_secs(10), || { listening(vaddr) }));
 
     let requests = [
         ("GET", "/", "Cookie: session=ok\r\nRemote-User: mallory\r\n"),
