@@ -12,8 +12,9 @@ use crate::downstream::connection::{Downstream, Next, Prepared};
 use crate::downstream::files::StaticReply;
 use crate::downstream::proxy::Fail;
 use crate::downstream::relay::{read_body_more, write_down};
-use crate::error::ProxyError;
+use crate::error::{ErrorKind, ProxyError};
 use crate::exchange::drive::Codec;
+use crate::exchange::mirror::MirrorRead;
 use crate::exchange::{Answer, ProxyTarget, Record, Slot};
 use crate::http1::body::{request_body_error, BodyState};
 use crate::http1::BodyKind;
@@ -82,11 +83,20 @@ impl Codec for H1<'_> {
         read_body(self.down, p, limit).await
     }
 
-    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes> {
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> MirrorRead {
         let Next::Forward(p) = &mut self.next else {
-            return None;
+            return MirrorRead::Uncopied;
         };
-        mirror_body(self.down, p, limit, wait).await
+        match mirror_body(self.down, p, limit, wait).await {
+            Ok(body) => MirrorRead::Copy(body),
+            Err(no) => no,
+        }
+    }
+
+    fn body_stalled(&mut self) {
+        // Every later read of this body (and of the connection's next requests, which a
+        // stalled client does not get to) fails at once.
+        self.down.body_timeout = Duration::ZERO;
     }
 
     async fn ready(self) -> bool {
@@ -169,14 +179,12 @@ impl Codec for H1<'_> {
 /// ends or passes `limit`, is read into the buffer first (within the body timeout); without
 /// `wait`, a chunked body is copied only if it is in the buffer whole.
 /// One more read of the body for a mirror's copy. A failure is the attempts' too: they meet
-/// it on their own read, at once: a client that stalled has had its whole `body_timeout`
-/// here and is not waited for a second time.
-async fn read_for_copy(down: &mut Downstream) -> Option<()> {
-    let read = read_body_more(down).await;
-    if read.is_err() {
-        down.body_timeout = Duration::ZERO;
-    }
-    read.ok()
+/// it on their own read (a stall, once the driver has called [`Codec::body_stalled`]).
+async fn read_for_copy(down: &mut Downstream) -> Result<(), MirrorRead> {
+    read_body_more(down).await.map_err(|f| match f {
+        Fail::BeforeResponse(e) if matches!(e.kind, ErrorKind::BodyTimeout) => MirrorRead::Stalled,
+        _ => MirrorRead::Uncopied,
+    })
 }
 
 async fn mirror_body(
@@ -184,39 +192,44 @@ async fn mirror_body(
     p: &mut Prepared,
     limit: usize,
     wait: bool,
-) -> Option<Bytes> {
+) -> Result<Bytes, MirrorRead> {
     match p.body {
-        BodyKind::None | BodyKind::UntilClose => Some(Bytes::new()),
+        BodyKind::None | BodyKind::UntilClose => Ok(Bytes::new()),
         BodyKind::Length(n) if n <= limit as u64 => {
             let n = n as usize;
             if p.expect_continue && down.rbuf.len() < n {
                 p.expect_continue = false;
                 write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n")
                     .await
-                    .ok()?;
+                    .map_err(|_| MirrorRead::Uncopied)?;
             }
             while down.rbuf.len() < n {
                 read_for_copy(down).await?;
             }
-            Some(Bytes::copy_from_slice(&down.rbuf[..n]))
+            Ok(Bytes::copy_from_slice(&down.rbuf[..n]))
         }
-        BodyKind::Length(_) => None,
+        BodyKind::Length(_) => Err(MirrorRead::Uncopied),
         BodyKind::Chunked => loop {
             // Decoded again from the start after each read: at most `limit` bytes of it.
             let mut state = BodyState::new(p.body, true);
             let mut out = Vec::new();
-            state.take_into(&down.rbuf, &mut out).ok()?;
+            state
+                .take_into(&down.rbuf, &mut out)
+                .map_err(|_| MirrorRead::Uncopied)?;
             if state.is_done() {
-                return (out.len() <= limit).then(|| out.into());
+                return match out.len() <= limit {
+                    true => Ok(out.into()),
+                    false => Err(MirrorRead::Uncopied),
+                };
             }
             if !wait || out.len() > limit || down.rbuf.len() > 2 * limit {
-                return None;
+                return Err(MirrorRead::Uncopied);
             }
             if p.expect_continue {
                 p.expect_continue = false;
                 write_down(down, b"HTTP/1.1 100 Continue\r\n\r\n")
                     .await
-                    .ok()?;
+                    .map_err(|_| MirrorRead::Uncopied)?;
             }
             read_for_copy(down).await?;
         },

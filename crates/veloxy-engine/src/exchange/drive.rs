@@ -29,6 +29,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 
 use super::forward_auth::Outcome;
+use super::mirror::MirrorRead;
 use super::{Answer, ProxyTarget, Record, Slot};
 use crate::error::ProxyError;
 use crate::worker::{Generation, Worker};
@@ -60,11 +61,15 @@ pub(crate) trait Codec {
     async fn whole_body(&mut self, limit: u64) -> Result<Bytes, ProxyError>;
 
     /// A copy of the request body for `mirror`, the body left for the attempts as it was:
-    /// empty for a request without one; `None` when it cannot be copied (more than `limit`
-    /// bytes, or of unknown length and not at hand). A body of unknown length is waited for
+    /// empty for a request without one; [`MirrorRead::Uncopied`] when it cannot be copied
+    /// (more than `limit` bytes, or of unknown length and not at hand), and
+    /// [`MirrorRead::Stalled`] when the client stalled past `body_timeout` during the read. A body of unknown length is waited for
     /// only with `wait` (the route's group buffers such a body anyway); without, only what
     /// has arrived is looked at, so a stream (gRPC) is never held. See [`super::mirror`].
-    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes>;
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> super::mirror::MirrorRead;
+    /// The client stalled past `body_timeout` in this request's body (a `mirror` copy's read
+    /// waited it out): the attempts must not wait for the rest of it again.
+    fn body_stalled(&mut self);
 
     /// Sends what admission prepared (a file, veloxy's own answer, a cache hit).
     async fn ready(self) -> Self::Out;
@@ -155,7 +160,15 @@ async fn mirror<C: Codec>(worker: &Rc<Worker>, gen: &Rc<Generation>, c: &mut C) 
         })
     });
     let body = match copies.wants_body() {
-        true => c.mirror_body(limit, wait).await,
+        true => match c.mirror_body(limit, wait).await {
+            MirrorRead::Copy(body) => Some(body),
+            MirrorRead::Uncopied => None,
+            // The client has had its whole `body_timeout`: one wait, not one per reader.
+            MirrorRead::Stalled => {
+                c.body_stalled();
+                None
+            }
+        },
         false => Some(Bytes::new()),
     };
     super::mirror::send(worker, gen, *copies, body);

@@ -38,6 +38,19 @@ use crate::rules::Mirror;
 use crate::upstream::balancer::PickContext;
 use crate::worker::{Generation, Worker};
 
+/// A codec's read of the request body for a copy ([`super::drive::Codec::mirror_body`]).
+pub(crate) enum MirrorRead {
+    /// The whole body (empty for a request without one).
+    Copy(Bytes),
+    /// No copy: the body is longer than the limit, of unknown length and not at hand, or its
+    /// read failed. The attempts meet a failure on their own read.
+    Uncopied,
+    /// The client stalled past its `body_timeout` while the copy was read. The driver then
+    /// tells the codec ([`super::drive::Codec::body_stalled`]) so that the attempts do not
+    /// wait for the rest a second time: the client gets its 408 after one timeout.
+    Stalled,
+}
+
 /// The largest request body copied to a mirror.
 pub(crate) const BODY_LIMIT: usize = 64 * 1024;
 

@@ -13,6 +13,7 @@ use super::{ConnCtx, Finish, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::error::ProxyError;
 use crate::exchange::drive::Codec;
+use crate::exchange::mirror::MirrorRead;
 use crate::exchange::{framed, framed_h1, framed_h2};
 use crate::exchange::{Admitted, Answer, ProxyTarget, Record, Slot};
 use crate::worker::{Generation, Worker};
@@ -76,11 +77,11 @@ impl Codec for H2<'_> {
         framed::whole_body(&**self.c, self.req.body_mut(), limit).await
     }
 
-    async fn mirror_body(&mut self, limit: usize, wait: bool) -> Option<Bytes> {
+    async fn mirror_body(&mut self, limit: usize, wait: bool) -> MirrorRead {
         use http_body::Body;
         let body = self.req.body();
         if body.is_end_stream() {
-            return Some(Bytes::new());
+            return MirrorRead::Copy(Bytes::new());
         }
         let declared = self
             .req
@@ -89,15 +90,16 @@ impl Codec for H2<'_> {
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .or(body.size_hint().exact());
         if declared.is_some_and(|n| n > limit as u64) {
-            return None;
+            return MirrorRead::Uncopied;
         }
         // A declared length is sent whatever the answer: waiting for it holds no stream.
         let wait = wait || declared.is_some();
-        let read = read_ahead(self.c, self.req.body_mut(), limit, wait).await;
-        let copy = read
-            .rest
-            .is_none()
-            .then(|| read.data.clone().unwrap_or_default());
+        let (read, stalled) = read_ahead(self.c, self.req.body_mut(), limit, wait).await;
+        let copy = match (read.rest.is_none(), stalled) {
+            (_, true) => MirrorRead::Stalled,
+            (true, false) => MirrorRead::Copy(read.data.clone().unwrap_or_default()),
+            (false, false) => MirrorRead::Uncopied,
+        };
         let body = std::mem::replace(self.req.body_mut(), RequestBody::Read(Box::new(read)));
         if let RequestBody::Read(r) = self.req.body_mut() {
             if r.rest.is_some() {
@@ -105,6 +107,13 @@ impl Codec for H2<'_> {
             }
         }
         copy
+    }
+
+    fn body_stalled(&mut self) {
+        // Read by `FramedClient::stalled`: the attempts' reads of the rest wait no longer.
+        if let RequestBody::Read(r) = self.req.body_mut() {
+            r.stalled = true;
+        }
     }
 
     async fn ready(self) -> Out {
@@ -169,9 +178,15 @@ impl Codec for H2<'_> {
 
 /// Reads the request body ahead of the attempts, up to `limit` bytes: whole (with its
 /// trailers; `rest` is `None`), or the part read when it is longer, failed or stalled (`rest`
-/// marks that the body goes on; the caller puts the body there). A failure is left for the
-/// attempts to meet on their own read. Without `wait`, only the frames already arrived.
-async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize, wait: bool) -> ReadAhead {
+/// marks that the body goes on; the caller puts the body there), and whether the client
+/// stalled past `body_timeout`. A failure is left for the attempts to meet on their own read.
+/// Without `wait`, only the frames already arrived.
+async fn read_ahead(
+    c: &ConnCtx,
+    body: &mut RequestBody,
+    limit: usize,
+    wait: bool,
+) -> (ReadAhead, bool) {
     let mut out = bytes::BytesMut::new();
     let mut trailers = None;
     let mut stalled = false;
@@ -200,13 +215,14 @@ async fn read_ahead(c: &ConnCtx, body: &mut RequestBody, limit: usize, wait: boo
             }
         }
     };
-    ReadAhead {
+    let read = ReadAhead {
         data: (!out.is_empty()).then(|| out.freeze()),
         trailers,
         // A placeholder, replaced by the body itself.
         rest: (!whole).then(|| RequestBody::Read(Box::default())),
-        stalled,
-    }
+        stalled: false,
+    };
+    (read, stalled)
 }
 
 /// The body's next frame if it has arrived (`None`: not yet), without waiting for it.

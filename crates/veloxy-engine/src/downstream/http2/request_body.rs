@@ -31,8 +31,9 @@ pub(crate) struct ReadAhead {
     pub data: Option<Bytes>,
     pub trailers: Option<http::HeaderMap>,
     pub rest: Option<RequestBody>,
-    /// The client stalled past `body_timeout` while it was read: the rest is not waited for
-    /// again (see [`RequestBody::stalled`]).
+    /// The client stalled past `body_timeout` while it was read, as the exchange's driver
+    /// decided (`Codec::body_stalled`): the rest is not waited for again (see
+    /// [`RequestBody::stalled`]).
     pub stalled: bool,
 }
 
