@@ -41,6 +41,22 @@ pub fn now_ms() -> u64 {
     read(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(epoch) / 1_000_000 + 1
 }
 
+/// An [`Instant`](std::time::Instant) from the coarse clock: up to a timer tick behind
+/// `Instant::now()`, never going back, for code that wants an `Instant` but no precision
+/// (hyper's keep-alive ping, which reads the time on every frame it receives).
+pub fn coarse_instant() -> std::time::Instant {
+    static BASE: OnceLock<(std::time::Instant, u64)> = OnceLock::new();
+    let (at, coarse_ns) = *BASE.get_or_init(|| {
+        (
+            std::time::Instant::now(),
+            read(libc::CLOCK_MONOTONIC_COARSE),
+        )
+    });
+    at + std::time::Duration::from_nanos(
+        read(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(coarse_ns),
+    )
+}
+
 /// The time from `stamp_ms` to `now_ms`, both [`now_ms`] readings (zero if `stamp_ms` is
 /// later, as a stamp taken after `now_ms` was read can be).
 pub fn since_ms(stamp_ms: u64, now_ms: u64) -> std::time::Duration {
@@ -66,5 +82,17 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(30));
         assert!(now_ms() >= ms + 20, "the coarse clock did not advance");
         assert!(now_us() >= us + 30_000);
+    }
+
+    #[test]
+    fn the_coarse_instant_follows_the_precise_one() {
+        let first = coarse_instant();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let (coarse, precise) = (coarse_instant(), std::time::Instant::now());
+        assert!(coarse >= first + std::time::Duration::from_millis(20));
+        // Behind by at most a few ticks, never ahead by more than the base's own offset.
+        let lag = precise.saturating_duration_since(coarse);
+        assert!(lag < std::time::Duration::from_millis(50), "{lag:?} behind");
+        assert!(coarse <= precise + std::time::Duration::from_millis(10));
     }
 }

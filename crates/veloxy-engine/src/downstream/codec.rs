@@ -109,7 +109,7 @@ impl Codec for H1<'_> {
     async fn answer(self, a: Answer) -> bool {
         let reply = match self.next {
             Next::Forward(mut p) => {
-                let record = std::mem::replace(&mut p.record, Record::unlogged());
+                let record = std::mem::replace(&mut p.record, Record::placeholder());
                 StaticReply::for_answer(self.worker, a, &p, record)
             }
             Next::Static(reply) => reply.replaced(self.worker, a),
@@ -131,7 +131,7 @@ impl Codec for H1<'_> {
         let Next::Forward(mut p) = self.next else {
             unreachable!("a hit to serve is a proxied request's")
         };
-        let record = std::mem::replace(&mut p.record, Record::unlogged());
+        let record = std::mem::replace(&mut p.record, Record::placeholder());
         let reply = StaticReply::for_response(self.worker, r, &p, record);
         crate::downstream::files::serve(self.worker, self.down, reply).await
     }

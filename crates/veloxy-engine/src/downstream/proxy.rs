@@ -86,7 +86,7 @@ pub(crate) async fn relay(
 ) -> bool {
     let group = &gen.snapshot.upstreams[p.target.upstream];
     let mut wbuf = std::mem::take(&mut p.head);
-    let mut record = std::mem::replace(&mut p.record, Record::unlogged());
+    let mut record = std::mem::replace(&mut p.record, Record::placeholder());
     let mut ubuf = worker.take_bytes();
     let mut obuf = worker.take_vec();
     let mut req_body = BodyState::request(p.body, p.target.max_body);
@@ -191,7 +191,7 @@ pub(crate) async fn fail_prepared(
     e: &ProxyError,
     close: bool,
 ) -> bool {
-    let mut record = std::mem::replace(&mut p.record, Record::unlogged());
+    let mut record = std::mem::replace(&mut p.record, Record::placeholder());
     let a = answer_error(worker, down, e, close, p.is_head, &record).await;
     crate::downstream::connection::finish_record(worker, down, &mut record, e.status());
     if a.linger {

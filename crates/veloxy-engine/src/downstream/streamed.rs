@@ -29,7 +29,7 @@ pub(crate) async fn serve(
         // HTTP/1.0: the body ends with the connection.
         p.keep_alive = false;
     }
-    let record = std::mem::replace(&mut p.record, Record::unlogged());
+    let record = std::mem::replace(&mut p.record, Record::placeholder());
     let mut reply = StaticReply::for_response(worker, r, &p, record);
     let status = reply.response.status;
     let limit = down.send_timeout;

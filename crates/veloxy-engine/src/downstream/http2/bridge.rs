@@ -35,7 +35,7 @@ pub(crate) async fn relay(
 ) -> bool {
     let group = &gen.snapshot.upstreams[p.target.upstream];
     let sent_before = down.bytes_sent;
-    let mut record = std::mem::replace(&mut p.record, Record::unlogged());
+    let mut record = std::mem::replace(&mut p.record, Record::placeholder());
     let mut last = None;
     let result = exchange(worker, gen, down, &mut p, &mut record, &mut last).await;
     // Free once the response is delivered (not while an error answer lingers).

@@ -167,7 +167,7 @@ fn server_builder(
 ) -> hyper::server::conn::http2::Builder<LocalExec> {
     let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
     builder
-        .timer(TokioTimer::new())
+        .timer(CoarseTimer(TokioTimer::new()))
         .max_concurrent_streams(streams)
         .max_header_list_size(header_bytes.min(u32::MAX as usize) as u32)
         .initial_stream_window_size(STREAM_WINDOW)
@@ -181,6 +181,26 @@ fn server_builder(
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
     builder
+}
+
+/// Tokio's timer for hyper, but `now()` reads the coarse clock: hyper's keep-alive ping reads
+/// the time on every frame it receives, only to compare it with a 30 s interval.
+#[derive(Clone)]
+struct CoarseTimer(TokioTimer);
+
+impl hyper::rt::Timer for CoarseTimer {
+    fn sleep(&self, d: Duration) -> std::pin::Pin<Box<dyn hyper::rt::Sleep>> {
+        self.0.sleep(d)
+    }
+    fn sleep_until(&self, at: std::time::Instant) -> std::pin::Pin<Box<dyn hyper::rt::Sleep>> {
+        self.0.sleep_until(at)
+    }
+    fn reset(&self, sleep: &mut std::pin::Pin<Box<dyn hyper::rt::Sleep>>, at: std::time::Instant) {
+        self.0.reset(sleep, at)
+    }
+    fn now(&self) -> std::time::Instant {
+        crate::clock::coarse_instant()
+    }
 }
 
 impl Drop for ConnCtx {
