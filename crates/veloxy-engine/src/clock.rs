@@ -41,9 +41,11 @@ pub fn now_ms() -> u64 {
     read(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(epoch) / 1_000_000 + 1
 }
 
-/// An [`Instant`](std::time::Instant) from the coarse clock: up to a timer tick behind
-/// `Instant::now()`, never going back, for code that wants an `Instant` but no precision
-/// (hyper's keep-alive ping, which reads the time on every frame it receives).
+/// An [`Instant`](std::time::Instant) from the coarse clock, for code that wants an `Instant`
+/// but no precision (hyper's keep-alive ping, which reads the time on every frame it
+/// receives). It never goes back, and stays within a timer tick of `Instant::now()` on
+/// either side: its base pairs one reading of each clock, and the coarse one may have lagged
+/// by up to a tick at that moment.
 pub fn coarse_instant() -> std::time::Instant {
     static BASE: OnceLock<(std::time::Instant, u64)> = OnceLock::new();
     let (at, coarse_ns) = *BASE.get_or_init(|| {
@@ -90,7 +92,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(30));
         let (coarse, precise) = (coarse_instant(), std::time::Instant::now());
         assert!(coarse >= first + std::time::Duration::from_millis(20));
-        // Behind by at most a few ticks, never ahead by more than the base's own offset.
+        // Within a few ticks of the precise clock, on either side (see the doc).
         let lag = precise.saturating_duration_since(coarse);
         assert!(lag < std::time::Duration::from_millis(50), "{lag:?} behind");
         assert!(coarse <= precise + std::time::Duration::from_millis(10));
