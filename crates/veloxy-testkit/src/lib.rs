@@ -165,6 +165,22 @@ pub fn require(program: &str, probe: &str, why: &str) -> bool {
     found
 }
 
+/// A loopback address that refuses connections for as long as the returned socket lives: the
+/// socket is bound but never listens. A port bound and then closed is not enough: another
+/// test running at the same time may be given it and answer there.
+pub fn refusing_addr() -> (std::net::SocketAddr, socket2::Socket) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .expect("a TCP socket");
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    s.bind(&any.into()).expect("bind 127.0.0.1:0");
+    let addr = s
+        .local_addr()
+        .unwrap()
+        .as_socket()
+        .expect("an IPv4 address");
+    (addr, s)
+}
+
 /// Whether something listens at `addr`: a TCP connect that reached another socket.
 ///
 /// A bare `connect().is_ok()` is not enough while a server is still starting on a port picked

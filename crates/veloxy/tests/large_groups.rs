@@ -12,14 +12,9 @@ use veloxy_testkit::*;
 #[test]
 fn a_group_of_two_hundred_serves_from_its_last_backend() {
     let live = upstream(&["--name", "last"]);
-    // Ports that refuse: bound once, then closed.
-    let dead: Vec<String> = (0..199)
-        .map(|_| {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().to_string()
-        })
-        .collect();
-    let mut servers: Vec<String> = dead.iter().map(|a| format!("\"{a}\"")).collect();
+    // Ports that refuse, held for the whole test (bound, never listening).
+    let dead: Vec<_> = (0..199).map(|_| refusing_addr()).collect();
+    let mut servers: Vec<String> = dead.iter().map(|(a, _)| format!("\"{a}\"")).collect();
     servers.push(format!("\"{}\"", live.addr));
     for policy in [
         "round_robin",
