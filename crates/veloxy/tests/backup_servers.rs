@@ -35,9 +35,7 @@ fn backups_serve_only_when_no_primary_can() {
     }
     drop(v);
     // The only primary refuses connections: the retry goes to the backup, every time.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead_addr = dead.local_addr().unwrap();
-    drop(dead);
+    let (dead_addr, _held) = veloxy_testkit::refusing_addr();
     let v = veloxy(&config(
         &format!(
             "\"{dead_addr}\", {{ addr = \"{}\", backup = true }}",

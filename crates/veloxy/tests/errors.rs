@@ -6,15 +6,10 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-/// An address nobody listens on (bound, then released).
-fn dead_addr() -> std::net::SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
 #[test]
 fn refused_upstream_is_a_fast_502() {
-    let v = veloxy(&simple_config(&[dead_addr()], ""));
+    let (dead, _held) = veloxy_testkit::refusing_addr();
+    let v = veloxy(&simple_config(&[dead], ""));
     let start = Instant::now();
     let r = get(v.addr, "/");
     assert_eq!(r.status, 502);
@@ -29,7 +24,8 @@ fn refused_upstream_is_a_fast_502() {
 
 #[test]
 fn error_keeps_client_connection_when_request_was_complete() {
-    let v = veloxy(&simple_config(&[dead_addr()], ""));
+    let (dead, _held) = veloxy_testkit::refusing_addr();
+    let v = veloxy(&simple_config(&[dead], ""));
     let mut c = Client::connect(v.addr);
     for _ in 0..2 {
         c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");

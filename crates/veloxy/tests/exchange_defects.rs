@@ -255,19 +255,13 @@ fn h2c_backend(node: std::net::SocketAddr, server: &str) -> Veloxy {
     ))
 }
 
-/// An address nothing listens on.
-fn dead_addr() -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
 /// Defect 3: HTTP/1 clients to an h2c group retry like HTTP/2 clients: a backend that
 /// refuses connections is skipped (502 before), and a `retry_on` status is retried.
 #[test]
 fn http1_clients_to_h2_groups_retry() {
     let node = upstream(&[]);
     let live = h2c_backend(node.addr, "");
-    let dead = dead_addr();
+    let (dead, _held) = veloxy_testkit::refusing_addr();
     let front = veloxy(&format!(
         "[server]\nworkers = 1\n[listeners.web]\naddr = \"127.0.0.1:0\"\nhttp2 = true\n\
          [[routes]]\nupstream = \"g\"\n\

@@ -178,10 +178,7 @@ fn a_missing_config_names_its_cause_once() {
 
 #[test]
 fn upstream_errors_log_the_backend_address_not_an_option() {
-    let dead = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (dead, _held) = veloxy_testkit::refusing_addr();
     let v = veloxy(&simple_config(&[dead], "retries = 0"));
     assert_eq!(get(v.addr, "/").status, 502);
     assert!(
