@@ -17,11 +17,14 @@ pinned to the same proxy core, the 4 veloxy-upstream instances and wrk on the lo
      a host + path prefix route), a default backend answering 404.
    An unknown host answers 404 everywhere (checked, so a proxy cannot pass by matching nothing).
    wrk with lua/scale-routes.lua picks a random route (Host + path) of the same generated list
-   per request and counts the statuses: more than 0.1% non-200 fails the round. Alternating
-   rounds (the first contender rotates), medians: CPU per request (utime+stime of the proxy's
-   process tree over the measured run / requests, and utime alone), p99, requests/s; veloxy's
-   CPU per request at 100,000 routes / at 10 (goal: at most 1.05), and each size against nginx
-   and HAProxy. The time each proxy took to listen and answer, its peak RSS (VmHWM) and its
+   per request and counts the statuses: more than 0.1% non-200 fails the round. Paired
+   rounds: every (proxy, size) is started first and stays up; each round measures each proxy
+   at every size back to back (the first proxy rotates; sizes go up in even rounds and down in
+   odd ones). Medians over rounds: CPU per request (utime+stime of the proxy's process tree
+   over the measured run / requests, and utime alone), p99, requests/s; each size against
+   nginx and HAProxy; and each proxy's CPU per request at the largest table / at the smallest
+   as the median of the rounds' paired ratios (veloxy's goal: at most 1.05), beside the ratio
+   of the medians. The time each proxy took to listen and answer, its peak RSS (VmHWM) and its
    RSS once answering (VmRSS, what a loaded table keeps) are kept for every size.
 
 2. Load and reload of the 10,000-host config (one route per host, plus a route for the host
@@ -454,7 +457,10 @@ def round_line(r: dict) -> str:
             f"busiest {r.get('bottleneck')}{err}")
 
 
-def run_size(ctx, args, size: int, wanted: list[str], sizes: list[int]) -> None:
+def start_size(ctx, size: int, wanted: list[str], sizes: list[int]
+               ) -> tuple[Path, dict[str, peers.Running]]:
+    """Every proxy of `wanted` started with the table of `size` routes and checked (a proxy
+    that fails is recorded and left out): the wrk targets file and the running proxies."""
     data = ctx.results["scale"]
     hosts, paths = table(size)
     t0 = time.monotonic()
@@ -467,48 +473,94 @@ def run_size(ctx, args, size: int, wanted: list[str], sizes: list[int]) -> None:
     note_load(ctx, f"table {size}")
     say(f"table of {size:,} routes: {hosts:,} host(s) x {len(paths)} path(s)")
     running: dict[str, peers.Running] = {}
+    for name in wanted:
+        say(f"  starting {name} with {size:,} routes")
+        try:
+            r = start(ctx, name, rts, f"t{size}")
+        except StartError as e:
+            warn(f"{name} failed to start with {size:,} routes: {e}")
+            facts["start"][name] = {"error": str(e)[-600:]}
+            ctx.events.append(f"{name} failed to start with {size:,} routes: {str(e)[-300:]}")
+            continue
+        mem = memory(r.pids())
+        facts["start"][name] = {"config_s": round(r.gen_s, 3), "listen_s": r.listen_s,
+                                "ready_s": r.started_s, **mem,
+                                "config_bytes": r.conf.stat().st_size}
+        say(f"  {name}: listening after {r.listen_s:.2f}s, answering after "
+            f"{r.started_s:.2f}s, peak RSS {mem['hwm_sum_mb']} MB")
+        save_configs(ctx, r, f"{name}-{size}", full=size == min(sizes))
+        bad = verify(r.port, rts)
+        if bad:
+            warn(f"{name} with {size:,} routes: {bad}")
+            facts["start"][name]["error"] = f"check failed: {bad}"
+            ctx.events.append(f"{name} with {size:,} routes: {bad}")
+            peers.stop(r)
+            continue
+        running[name] = r
+    return targets, running
+
+
+def size_order(sizes: list[int], i: int) -> list[int]:
+    """Round i's order of the table sizes for each proxy: ascending in even rounds,
+    descending in odd ones, so neither size always runs first."""
+    return list(sizes) if i % 2 == 0 else list(reversed(sizes))
+
+
+def run_tables(ctx, args, sizes: list[int], wanted: list[str]) -> None:
+    """Phase 1, paired: every (proxy, table size) is started first and kept running (idle
+    when not measured), then each round measures every proxy at every size back to back
+    (proxies in rotation, sizes in `size_order`). A proxy's sizes are thus measured seconds
+    apart, under the same machine conditions, and the cost of a large table is read per round
+    as a paired ratio (see `paired_ratios`): measured size after size, minutes apart, this
+    machine's drift between the phases was as large as the effect measured (load average 1.96
+    at the small table, 2.83 at the large one in scale-20261128c)."""
+    data = ctx.results["scale"]
+    runs: dict[tuple[str, int], peers.Running] = {}
+    targets: dict[int, Path] = {}
+    up_proc, up_log = ctx.upstreams.procs[0], ctx.tmp / "upstream-u1.log"
     try:
-        for name in wanted:
-            say(f"  starting {name} with {size:,} routes")
-            try:
-                r = start(ctx, name, rts, f"t{size}")
-            except StartError as e:
-                warn(f"{name} failed to start with {size:,} routes: {e}")
-                facts["start"][name] = {"error": str(e)[-600:]}
-                ctx.events.append(f"{name} failed to start with {size:,} routes: {str(e)[-300:]}")
-                continue
-            mem = memory(r.pids())
-            facts["start"][name] = {"config_s": round(r.gen_s, 3), "listen_s": r.listen_s,
-                                    "ready_s": r.started_s, **mem,
-                                    "config_bytes": r.conf.stat().st_size}
-            say(f"  {name}: listening after {r.listen_s:.2f}s, answering after "
-                f"{r.started_s:.2f}s, peak RSS {mem['hwm_sum_mb']} MB")
-            save_configs(ctx, r, f"{name}-{size}", full=size == min(sizes))
-            bad = verify(r.port, rts)
-            if bad:
-                warn(f"{name} with {size:,} routes: {bad}")
-                facts["start"][name]["error"] = f"check failed: {bad}"
-                ctx.events.append(f"{name} with {size:,} routes: {bad}")
-                peers.stop(r)
-                continue
-            running[name] = r
-        if not running:
+        for size in sizes:
+            targets[size], running = start_size(ctx, size, wanted, sizes)
+            runs.update({(name, size): r for name, r in running.items()})
+            data["routes"][str(size)] = {n: [] for n in wanted if (n, size) in runs}
+        if not runs:
             return
-        results: dict[str, dict] = {str(size): {}}
-        modes.alternate(
-            ctx, results, running, {n: (n, {}) for n in wanted if n in running},
-            rounds_n=args.rounds, per_run=args.warmup + args.duration + 1,
-            plan=f"{size:,} routes, {args.connections} connections, {args.duration:g}s + "
-                 f"{args.warmup:g}s warm-up each",
-            one=lambda run, case: one_round(ctx, run, targets, connections=args.connections,
-                                            duration=args.duration, warmup=args.warmup),
-            line=round_line,
-            upstream=("veloxy-upstream u1", ctx.upstreams.procs[0], ctx.tmp / "upstream-u1.log"))
-        data["routes"][str(size)] = results[str(size)]
-        for name, r in running.items():
-            facts["start"][name]["after_rounds"] = memory(r.pids())
+        per_run = args.warmup + args.duration + 1
+        left = per_run * len(runs) * args.rounds
+        say(f"{args.rounds} paired round(s) x {len(runs)} (proxy, size) runs, "
+            f"{args.connections} connections, {args.duration:g}s + {args.warmup:g}s warm-up "
+            f"each: ~{fmt_s(left)}")
+        for i in range(args.rounds):
+            for name in modes.rotation(wanted, i):
+                for size in size_order(sizes, i):
+                    run = runs.get((name, size))
+                    if run is None:
+                        continue
+                    say(f"[~{fmt_s(left)} left] round {i + 1}/{args.rounds}: {size:,} routes: "
+                        f"{name}")
+                    try:
+                        r = one_round(ctx, run, targets[size], connections=args.connections,
+                                      duration=args.duration, warmup=args.warmup)
+                    except LoadError as e:
+                        r = {"error": str(e)}
+                    r["round"] = i + 1
+                    data["routes"][str(size)][name].append(r)
+                    say("    " + round_line(r))
+                    left -= per_run
+                    if up_proc.poll() is not None:
+                        raise SetupError(f"veloxy-upstream u1 exited during round {i + 1}: "
+                                         f"{procs.tail(up_log)}")
+                    if not run.alive():
+                        msg = (f"exited (code {run.proc.returncode}) during round {i + 1} / "
+                               f"{size} routes: {procs.tail(run.log, 4)}")
+                        warn(f"{name} {msg}")
+                        ctx.peer_status[name] = {"status": "crashed", "reason": msg}
+                        peers.stop(runs.pop((name, size)))
+            report.write_results(ctx)
+        for (name, size), r in runs.items():
+            data["tables"][str(size)]["start"][name]["after_rounds"] = memory(r.pids())
     finally:
-        for r in running.values():
+        for r in runs.values():
             peers.stop(r)
         report.write_results(ctx)
 
@@ -765,8 +817,7 @@ def run(ctx, args, requested: list[str]) -> int:
     say(f"--scale: tables {', '.join(f'{s:,}' for s in sizes)} routes, then load/reload of "
         f"{reload_hosts:,} hosts; {', '.join(wanted)}; ~{fmt_s(est)} plus start-up times "
         "(veloxy took about a minute to start with 100,000 routes)")
-    for size in sizes:
-        run_size(ctx, args, size, wanted, sizes)
+    run_tables(ctx, args, sizes, wanted)
     run_reload(ctx, args, wanted, reload_hosts)
     note_load(ctx, "end")
     return modes.finish(ctx, args, summarize, make_charts, _md)
@@ -813,6 +864,46 @@ def reload_summary(d: dict) -> dict:
 
 def _r(a, b, digits=2) -> str:
     return f"{a / b:.{digits}f}" if a and b else "-"
+
+
+def paired_ratios(sc: dict, name: str, lo: str, hi: str, key: str) -> list[float]:
+    """`name`'s per-round ratios of `key` at table `hi` over table `lo`, for the rounds where
+    both runs succeeded (phase 1 measures them back to back: see `run_tables`)."""
+    per = sc.get("routes") or {}
+    small = {r.get("round"): r for r in (per.get(lo) or {}).get(name, []) if not r.get("error")}
+    out = []
+    for r in (per.get(hi) or {}).get(name, []):
+        b = small.get(r.get("round"))
+        if b and not r.get("error") and r.get(key) and b.get(key):
+            out.append(r[key] / b[key])
+    return out
+
+
+def flatness_lines(sc: dict, meds: dict, names: list[str], lo: str, hi: str) -> list[str]:
+    """Each proxy's CPU per request at table `hi` over table `lo`: the median of the rounds'
+    paired ratios (what veloxy's goal is judged on: the two runs of a pair are seconds apart,
+    so the machine's drift between rounds cancels), and the ratio of the medians."""
+    lines = []
+    for n in names:
+        a = ((meds.get(hi) or {}).get(n) or {})
+        b = ((meds.get(lo) or {}).get(n) or {})
+        if not (a.get("cpu_us") and b.get("cpu_us")):
+            continue
+        pairs = paired_ratios(sc, n, lo, hi, "cpu_us_per_req")
+        users = paired_ratios(sc, n, lo, hi, "cpu_user_us_per_req")
+        paired = statistics.median(pairs) if pairs else None
+        goal = ""
+        if n == "veloxy" and paired is not None:
+            goal = (f" (goal at most {GOAL_FLAT:.2f}: "
+                    f"{'met' if paired <= GOAL_FLAT else 'NOT met'})")
+        shown = "-" if paired is None else f"{paired:.3f}"
+        user = f"{statistics.median(users):.3f}" if users else "-"
+        lines.append(f"{n}: CPU/req at {int(hi):,} routes / at {int(lo):,}: paired median "
+                     f"{shown}, user {user}{goal}; ratio of medians "
+                     f"{a['cpu_us'] / b['cpu_us']:.3f}, user "
+                     f"{_r(a.get('user_us'), b.get('user_us'), 3)}; per round "
+                     + ", ".join(f"{x:.3f}" for x in pairs))
+    return lines
 
 
 def summarize(ctx, args) -> str:
@@ -862,19 +953,7 @@ def summarize(ctx, args) -> str:
     lines.append("(vs nginx / vs haproxy: this proxy's CPU per request / theirs at the same size; "
                  "below 1 = cheaper)")
     if len(sizes) >= 2:
-        lo, hi = sizes[0], sizes[-1]
-        for n in names:
-            a = ((meds.get(hi) or {}).get(n) or {})
-            b = ((meds.get(lo) or {}).get(n) or {})
-            if a.get("cpu_us") and b.get("cpu_us"):
-                ratio = a["cpu_us"] / b["cpu_us"]
-                user = _r(a.get("user_us"), b.get("user_us"), 3)
-                goal = ""
-                if n == "veloxy":
-                    goal = (f" (goal at most {GOAL_FLAT:.2f}: "
-                            f"{'met' if ratio <= GOAL_FLAT else 'NOT met'})")
-                lines.append(f"{n}: CPU/req at {int(hi):,} routes / at {int(lo):,} = {ratio:.3f}, "
-                             f"user {user}{goal}")
+        lines += flatness_lines(sc, meds, names, sizes[0], sizes[-1])
     rl = sc.get("reload") or {}
     if rl:
         hosts = sc.get("reload_hosts")
@@ -962,7 +1041,10 @@ def _md(ctx, args, text: str, made: list[tuple[str, str]]) -> str:
         "route of the generated list per request (Host and path) and counts the statuses: "
         f"more than {NON200_LIMIT:.1%} non-200 fails a round; an unknown host must answer 404 "
         "before a proxy is measured. CPU per request = utime+stime of the proxy's processes over "
-        "the measured run / requests (user: utime alone); alternating rounds, medians.\n\n"
+        "the measured run / requests (user: utime alone). Every (proxy, size) runs at once; "
+        "each round measures each proxy at every size back to back (proxies rotating, sizes "
+        "ascending and descending in turn); medians over rounds, and the cost of the large "
+        "table as the median of each round's paired ratio.\n\n"
         "Load and reload: the config of the reload table (one route per host, plus the host "
         f"`{PROBE_HOST}` the pacer sends) is checked (`veloxy check --config`, `nginx -t`, "
         "`haproxy -c`, median of 3, pinned on the proxy core), started (time to listen, to "

@@ -148,3 +148,25 @@ def test_memory_of_this_process():
     m = scale.memory([os.getpid()])
     assert m["processes"] == 1 and m["hwm_sum_mb"] >= m["rss_sum_mb"] > 0
     assert scale.utime_ticks([os.getpid()]) >= 0
+
+
+def test_sizes_alternate_their_order_between_rounds():
+    assert scale.size_order([10, 100_000], 0) == [10, 100_000]
+    assert scale.size_order([10, 100_000], 1) == [100_000, 10]
+
+
+def test_paired_ratios_pair_runs_of_the_same_round_and_skip_failures():
+    def run(rnd, cpu, error=None):
+        r = {"round": rnd, "cpu_us_per_req": cpu, "cpu_user_us_per_req": cpu / 4}
+        return {**r, "error": error} if error else r
+
+    sc = {"routes": {
+        "10": {"veloxy": [run(1, 20.0), run(2, 10.0), run(3, 20.0)]},
+        "100000": {"veloxy": [run(1, 21.0), run(2, 99.0, "x"), run(3, 30.0)]}}}
+    assert scale.paired_ratios(sc, "veloxy", "10", "100000", "cpu_us_per_req") == [1.05, 1.5]
+    meds = {"10": {"veloxy": {"cpu_us": 20.0, "user_us": 5.0}},
+            "100000": {"veloxy": {"cpu_us": 30.0, "user_us": 6.0}}}
+    (line,) = scale.flatness_lines(sc, meds, ["veloxy"], "10", "100000")
+    # The goal is judged on the median of the pairs (1.275), not the ratio of medians (1.5).
+    assert "paired median 1.275" in line and "NOT met" in line, line
+    assert "ratio of medians 1.500" in line and "per round 1.050, 1.500" in line, line
