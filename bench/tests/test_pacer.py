@@ -17,6 +17,7 @@ sys.path.insert(0, str(BENCH))
 
 from harness import install, loadgen  # noqa: E402
 
+SLOW_S = 0.04
 BODY = b'{"ok":true}'
 RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
             + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
@@ -32,6 +33,7 @@ class Server:
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         self.paused_until = 0.0
+        self.slow = lambda: False  # answers wait SLOW_S while this says so
         self.answered = 0
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -64,6 +66,8 @@ class Server:
                     wait = self.paused_until - time.monotonic()
                     if wait > 0:
                         time.sleep(wait)
+                    if self.slow():
+                        time.sleep(SLOW_S)
                     c.sendall(RESPONSE)
                     with self.lock:
                         self.answered += 1
@@ -108,3 +112,51 @@ def test_a_refused_port_is_an_error(pacer_bin):
     with pytest.raises(loadgen.LoadError):
         loadgen.pacer(f"http://127.0.0.1:{port}/", rate=10, connections=1, duration=0.2,
                       cpus=[], binary=pacer_bin, warmup=0, timeout_s=1)
+
+
+def test_phases_keep_apart_what_happened_in_their_windows(pacer_bin):
+    """`-P 2 -W 0.4 -G 0.1`: windows of 0.4 s take phases 0 and 1 in turn. The server slows
+    every answer by 40 ms in phase 1's windows (past their guard) (on the schedule pacer announces on stderr):
+    phase 1's latencies show it, phase 0's do not, and each window's p99 is listed."""
+    import json
+    import re
+    import subprocess
+
+    srv = Server()
+    cmd = [pacer_bin, f"http://127.0.0.1:{srv.port}/", "-c", "16", "-r", "200", "-d", "3.2",
+           "-w", "0.2", "-t", "2", "-P", "2", "-W", "0.4", "-G", "0.1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        m = re.match(r"measure_from_monotonic ([0-9.]+)", proc.stderr.readline())
+        assert m, "pacer did not announce its schedule"
+        t0 = float(m.group(1))
+
+        def slow_now() -> bool:
+            # Slow in phase 1's windows past the guard only: an answer to a phase-0 request
+            # due at the end of its window is never slowed by the next window.
+            since = time.monotonic() - t0
+            into = since % 0.4
+            return since >= 0 and int(since / 0.4) % 2 == 1 and into >= 0.1
+
+        srv.slow = slow_now
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        srv.close()
+    assert proc.returncode == 0, err
+    ph = json.loads(out.strip().splitlines()[-1])["phases"]
+    fast, slow = ph["per_phase"]
+    assert fast["answered"] > 150 and slow["answered"] > 150, ph
+    assert fast["failed"] == 0 and slow["failed"] == 0, ph
+    assert fast["latency_ms"]["p99"] < 30, fast
+    assert slow["latency_ms"]["p50"] >= 35, slow
+    assert len(ph["window_p99_ms"]) == 8, ph
+    assert all(w >= 35 for w in ph["window_p99_ms"][1::2]), ph
+
+
+def test_phases_want_a_window(pacer_bin):
+    import subprocess
+
+    r = subprocess.run([pacer_bin, "http://127.0.0.1:9/", "-r", "10", "-P", "2"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "-P and -W go together" in r.stderr, r.stderr

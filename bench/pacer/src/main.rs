@@ -23,8 +23,20 @@
 //! k mod n (formatted once at start), so the load spreads evenly over many virtual hosts
 //! (`bench/kube_load.py`: 1,000 Ingress hosts). Without it every request carries the URL's.
 //!
+//! Phases: `-P K -W SECS [-G SECS]` cuts the measured window into windows of `-W` seconds that
+//! take K phases in turn (window n is phase n mod K), and keeps one latency histogram per
+//! phase beside the whole run's, leaving out of them the first `-G` seconds of every window
+//! (a guard: the previous window's work may still be settling). A request counts in the phase
+//! of the window it was due in. A caller that changes something on the same schedule (issue
+//! 37: EndpointSlice churn on in phase 1, off in phase 0) compares the phases' latencies,
+//! interleaved seconds apart, so that the VM's slow drift falls on every phase alike. At the
+//! start, pacer writes `measure_from_monotonic SECS` on stderr: CLOCK_MONOTONIC (Python's
+//! `time.monotonic()`) of the measured window's start, for the caller's schedule. The JSON
+//! gains `phases`: per phase, its latency, requests and failures, and each window's p99.
+//!
 //! Output: one JSON object on stdout. Usage:
-//! `pacer http://127.0.0.1:8080/path -c 64 -r 20000 -d 5 [-w 1] [-t 2] [-H HOSTS_FILE]`
+//! `pacer http://127.0.0.1:8080/path -c 64 -r 20000 -d 5 [-w 1] [-t 2] [-H HOSTS_FILE]
+//! [-P PHASES -W WINDOW_SECS [-G GUARD_SECS]]`
 
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -47,10 +59,31 @@ struct Args {
     timeout: Duration,
     /// Sends are batched to wake-ups at least this far apart.
     quantum: Duration,
+    /// `-P`, `-W`, `-G`: phases taken in turn by windows of the measured time.
+    phases: Option<Phases>,
+}
+
+/// The measured window cut into windows that take `count` phases in turn.
+#[derive(Clone, Copy)]
+struct Phases {
+    count: usize,
+    window: Duration,
+    guard: Duration,
+}
+
+impl Phases {
+    /// (window number, phase) of a request due `since` after the measured window began; None
+    /// inside a window's guard.
+    fn of(&self, since: Duration) -> Option<(usize, usize)> {
+        let w = self.window.as_secs_f64();
+        let n = (since.as_secs_f64() / w).floor() as usize;
+        let into = since.as_secs_f64() - n as f64 * w;
+        (into >= self.guard.as_secs_f64()).then_some((n, n % self.count))
+    }
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("pacer: {why}\nusage: pacer http://HOST:PORT/PATH -c CONNS -r RATE -d SECS [-w WARMUP_SECS] [-t TIMEOUT_SECS] [-H HOSTS_FILE]");
+    eprintln!("pacer: {why}\nusage: pacer http://HOST:PORT/PATH -c CONNS -r RATE -d SECS [-w WARMUP_SECS] [-t TIMEOUT_SECS] [-H HOSTS_FILE] [-P PHASES -W WINDOW_SECS [-G GUARD_SECS]]");
     std::process::exit(2)
 }
 
@@ -58,6 +91,7 @@ fn parse_args() -> Args {
     let mut url = None;
     let (mut c, mut r, mut d, mut w, mut t) = (64usize, None, 5.0f64, 1.0f64, 2.0f64);
     let mut q = 100.0f64;
+    let (mut phases, mut window, mut guard) = (0usize, None, 0.0f64);
     let mut hosts_file = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -77,6 +111,9 @@ fn parse_args() -> Args {
             "-w" => w = val("-w"),
             "-t" => t = val("-t"),
             "-q" => q = val("-q"),
+            "-P" => phases = val("-P") as usize,
+            "-W" => window = Some(val("-W")),
+            "-G" => guard = val("-G"),
             _ if a.starts_with("http://") => url = Some(a),
             _ => usage(&format!("unknown argument {a:?}")),
         }
@@ -87,6 +124,15 @@ fn parse_args() -> Args {
     if c == 0 || !positive(rate) || !positive(d) || w < 0.0 || !positive(t) {
         usage("connections, rate, duration and timeout must be positive");
     }
+    let phases = match (phases, window) {
+        (0, None) => None,
+        (k, Some(w)) if k > 0 && positive(w) && (0.0..w).contains(&guard) => Some(Phases {
+            count: k,
+            window: Duration::from_secs_f64(w),
+            guard: Duration::from_secs_f64(guard),
+        }),
+        _ => usage("-P and -W go together: a phase count and a window, the guard (-G) below it"),
+    };
     let rest = &url["http://".len()..];
     let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     let path = if path.is_empty() { "/" } else { path };
@@ -119,6 +165,7 @@ fn parse_args() -> Args {
         warmup: Duration::from_secs_f64(w),
         timeout: Duration::from_secs_f64(t),
         quantum: Duration::from_secs_f64(q.max(0.0) / 1e6),
+        phases,
     }
 }
 
@@ -138,18 +185,60 @@ struct Recorder {
     raw: Histogram<u64>,
     lag: Histogram<u64>,
     tally: Tally,
+    phases: Option<Phases>,
+    /// Per phase: its corrected latencies, answers and failures.
+    by_phase: Vec<PhaseTally>,
+    /// Per window (phase `n % count`): its corrected latencies.
+    windows: Vec<Histogram<u64>>,
+}
+
+#[derive(Default)]
+struct PhaseTally {
+    corrected: Option<Histogram<u64>>,
+    answered: u64,
+    non2xx: u64,
+    failed: u64,
 }
 
 impl Recorder {
     fn counts(&self, due: Instant) -> bool {
         due >= self.measure_from
     }
+    /// The (window, phase) a request due at `due` counts in, if any.
+    fn phase(&self, due: Instant) -> Option<(usize, usize)> {
+        self.phases?
+            .of(due.checked_duration_since(self.measure_from)?)
+    }
+    /// A corrected latency into the whole run's histogram and its phase's and window's.
+    fn latency(&mut self, due: Instant, latency: u64) {
+        let _ = self.corrected.record(latency);
+        if let Some((n, p)) = self.phase(due) {
+            if self.windows.len() <= n {
+                self.windows.resize_with(n + 1, histogram);
+            }
+            let _ = self.windows[n].record(latency);
+            let _ = self.by_phase[p]
+                .corrected
+                .get_or_insert_with(histogram)
+                .record(latency);
+        }
+    }
+    fn failed(&mut self, due: Instant) {
+        if let Some((_, p)) = self.phase(due) {
+            self.by_phase[p].failed += 1;
+        }
+    }
     fn done(&mut self, due: Instant, sent: Instant, now: Instant, status: u16) {
         if !self.counts(due) {
             return;
         }
         let start = due.min(sent); // late: from when due (the correction); early: from the send
-        let _ = self.corrected.record(us(now - start));
+        self.latency(due, us(now - start));
+        if let Some((_, p)) = self.phase(due) {
+            let t = &mut self.by_phase[p];
+            t.answered += 1;
+            t.non2xx += u64::from(!(200..300).contains(&status));
+        }
         let _ = self.raw.record(us(now - sent));
         let _ = self.lag.record(us(sent.saturating_duration_since(due)));
         if (200..300).contains(&status) {
@@ -262,12 +351,25 @@ fn main() {
     let cpu0 = cpu_seconds();
     let measure_from = start + args.warmup;
     let end = measure_from + args.duration;
+    if args.phases.is_some() {
+        // SAFETY: clock_gettime fills the timespec it is given.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let from = ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9 + args.warmup.as_secs_f64()
+            - start.elapsed().as_secs_f64();
+        eprintln!("measure_from_monotonic {from:.6}");
+    }
     let mut rec = Recorder {
         measure_from,
         corrected: histogram(),
         raw: histogram(),
         lag: histogram(),
         tally: Tally::default(),
+        phases: args.phases,
+        by_phase: (0..args.phases.map_or(0, |p| p.count))
+            .map(|_| PhaseTally::default())
+            .collect(),
+        windows: Vec::new(),
     };
     let due_at = |k: u64| start + Duration::from_secs_f64(k as f64 * interval);
     let mut next: u64 = 0;
@@ -338,7 +440,7 @@ fn main() {
     while due_at(next) < end {
         let due = due_at(next);
         if due >= measure_from {
-            let _ = rec.corrected.record(us(end - due));
+            rec.latency(due, us(end - due));
             unsent += 1;
         }
         next += 1;
@@ -380,6 +482,7 @@ fn sweep(
 fn fail(c: &mut Conn, rec: &mut Recorder, dead: &mut Vec<usize>, i: usize, timed_out: bool) {
     if let Some(due) = c.in_flight() {
         if rec.counts(due) {
+            rec.failed(due);
             if timed_out {
                 rec.tally.timeout += 1;
             } else {
@@ -409,6 +512,37 @@ fn pcts(h: &Histogram<u64>) -> String {
     )
 }
 
+/// The phases' figures (`null` without `-P`): per phase its latency, answers, non-2xx and
+/// failures; and each window's p99 (ms, null for a window with no request), in window order.
+fn phases_json(rec: &Recorder) -> String {
+    let Some(ph) = rec.phases else {
+        return "null".into();
+    };
+    let per: Vec<String> = (rec.by_phase.iter())
+        .map(|t| {
+            let lat = t.corrected.as_ref().map_or("null".into(), pcts);
+            format!(
+                "{{\"latency_ms\": {lat}, \"answered\": {}, \"non2xx\": {}, \"failed\": {}}}",
+                t.answered, t.non2xx, t.failed
+            )
+        })
+        .collect();
+    let windows: Vec<String> = (rec.windows.iter())
+        .map(|h| match h.is_empty() {
+            true => "null".into(),
+            false => format!("{}", h.value_at_quantile(0.99) as f64 / 1000.0),
+        })
+        .collect();
+    format!(
+        "{{\"count\": {}, \"window_s\": {}, \"guard_s\": {}, \"per_phase\": [{}], \"window_p99_ms\": [{}]}}",
+        ph.count,
+        ph.window.as_secs_f64(),
+        ph.guard.as_secs_f64(),
+        per.join(", "),
+        windows.join(", ")
+    )
+}
+
 fn print_json(args: &Args, rec: &Recorder, unsent: u64, cpu_busy: f64) {
     let t = &rec.tally;
     let secs = args.duration.as_secs_f64();
@@ -418,7 +552,7 @@ fn print_json(args: &Args, rec: &Recorder, unsent: u64, cpu_busy: f64) {
          \"requests\": {}, \"rps\": {:.1}, \"ok\": {}, \"non2xx\": {}, \
          \"errors\": {{\"connect\": {}, \"read\": {}, \"timeout\": {}}}, \"unsent_at_end\": {unsent}, \
          \"cpu_busy\": {cpu_busy:.3}, \"latency_ms\": {}, \"uncorrected_latency_ms\": {}, \
-         \"send_lag_ms\": {}}}",
+         \"send_lag_ms\": {}, \"phases\": {}}}",
         args.rate,
         args.connections,
         responses + t.read + t.timeout,
@@ -431,6 +565,7 @@ fn print_json(args: &Args, rec: &Recorder, unsent: u64, cpu_busy: f64) {
         pcts(&rec.corrected),
         pcts(&rec.raw),
         pcts(&rec.lag),
+        phases_json(rec),
     );
     let mut stdout = io::stdout().lock();
     let _ = writeln!(stdout, "{out}");
