@@ -279,6 +279,7 @@ def status_of(pid: int) -> dict:
 
 APPLIED = re.compile(r"kubernetes: config applied.*?took_ms=\"?([0-9.]+)")
 IN_PLACE = re.compile(r"kubernetes: servers changed in place.*?took_ms=\"?([0-9.]+)\"? apply_ms=\"?([0-9.]+)")
+IN_PLACE_CPU = re.compile(r"kubernetes: servers changed in place.*?apply_cpu_ms=\"?([0-9.]+)")
 # An EndpointSlice-only change applied without translating the objects again.
 UNTRANSLATED = re.compile(r"kubernetes: servers changed in place.*translated=false")
 
@@ -291,6 +292,13 @@ def in_place(log: Path) -> list[tuple[float, float]]:
     """(took_ms, apply_ms) of each in-place server change: the translation and the swap."""
     text = log.read_text(errors="replace")
     return [(float(m.group(1)), float(m.group(2))) for m in IN_PLACE.finditer(text)]
+
+
+def in_place_cpu(log: Path) -> list[float]:
+    """The swap's CPU time (the provider thread's, without the time workers preempted it) of
+    each in-place change, where veloxy logs it."""
+    text = log.read_text(errors="replace")
+    return [float(m.group(1)) for m in IN_PLACE_CPU.finditer(text)]
 
 
 def start_veloxy(veloxy: str, work: Path, env: dict, n: int) -> tuple[subprocess.Popen, float, Path]:
@@ -683,6 +691,9 @@ def report(res: dict) -> str:
         f"({res.get('in_place_untranslated', '?')}); "
         f"{fmt(med([t for t, _ in ip]), 1)} / {fmt(mx([t for t, _ in ip]), 1)}; "
         f"{fmt(med([a for _, a in ip]), 2)} / {fmt(mx([a for _, a in ip]), 2)} | swap < 10 ms |",
+        f"| the swap's CPU time (the provider thread's own, without the time the worker "
+        f"preempted it): median / max | {fmt(med(res.get('in_place_cpu_ms') or []), 2)} / "
+        f"{fmt(mx(res.get('in_place_cpu_ms') or []), 2)} ms | - |",
         f"| endpoint change to traffic moved (probe flips): median / max | "
         f"{fmt(statistics.median(prop) if prop else None)} / {fmt(max(prop) if prop else None)} s "
         f"({len(prop)} of {len(res['propagation_s'])} seen) | < {GOAL_PROPAGATION_S:.0f} s |",
@@ -834,6 +845,7 @@ def main() -> int:
             "propagation_s": churn.propagation,
             "rebuilds_during_churn_ms": rebuilds,
             "in_place_ms": placed,
+            "in_place_cpu_ms": in_place_cpu(log),
             "in_place_untranslated": untranslated,
             "rounds": rounds,
             "interleaved": inter and {k: inter.get(k) for k in

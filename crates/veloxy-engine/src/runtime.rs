@@ -57,7 +57,7 @@ impl Shared {
         let current = self.snapshot.load_full();
         let mut next: Option<Snapshot> = None;
         for name in names {
-            let Some(i) = current.upstreams.iter().position(|g| g.name == *name) else {
+            let Some(i) = current.upstream_index(name) else {
                 continue;
             };
             let set = self.found.live_set(&current.upstreams[i]);

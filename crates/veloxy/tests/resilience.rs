@@ -136,6 +136,31 @@ fn hanging_backend_times_out_retries_elsewhere_and_is_ejected() {
     assert_eq!(hang.hits.load(Ordering::SeqCst), 2);
 }
 
+/// The health thread's expiry tick ends an ejection once its time is up, though it skips its
+/// scan of the groups while no ejection has started since a scan that found none left.
+#[test]
+fn an_ejection_ends_when_its_time_is_up() {
+    let bad = origin("bad", |_| Reply::Status(503, Duration::ZERO));
+    let good = origin("good", OK);
+    let v = veloxy(&group_config(
+        &[bad.addr, good.addr],
+        "[upstreams.app.outlier]\nconsecutive_failures = 3\nbase_ejection = \"300ms\"",
+        "",
+    ));
+    // Past the expiry tick's first (clean) scans: the ejection starts after them.
+    std::thread::sleep(Duration::from_millis(250));
+    for _ in 0..10 {
+        assert_eq!(get(v.addr, "/").status, 200);
+    }
+    assert_eq!(bad.hits.load(Ordering::SeqCst), 3, "ejected after 3 503s");
+    let back = eventually(Duration::from_secs(5), || {
+        assert_eq!(get(v.addr, "/").status, 200);
+        bad.hits.load(Ordering::SeqCst) > 3
+    });
+    assert!(back, "the ejected backend got no request again within 5 s");
+    assert!(v.proc.log_text().contains("ejection ended"));
+}
+
 #[test]
 fn failing_backend_is_ejected_and_the_retry_budget_caps_retries() {
     let bad = origin("bad", |_| Reply::Status(503, Duration::ZERO));

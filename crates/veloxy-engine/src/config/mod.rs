@@ -318,6 +318,17 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The index in [`Snapshot::upstreams`] of the group named `name`: a binary search, as
+    /// the groups are in name order (compiled from the file's sorted table, and only ever
+    /// changed in place since). The runtime API and the Kubernetes provider's in-place
+    /// changes look groups up by name: with 1,000 groups and 50 changed at once, a scan was
+    /// 50,000 name comparisons per change.
+    pub fn upstream_index(&self, name: &str) -> Option<usize> {
+        (self.upstreams)
+            .binary_search_by(|g| g.name.as_str().cmp(name))
+            .ok()
+    }
+
     /// How many `[[routes]]` entries this compile took unchanged from the snapshot it was
     /// compiled after ([`load_file_after`]), of how many; `None` when its routes cannot be
     /// reused by the next one either (see `compile::reuse`).

@@ -78,12 +78,14 @@ impl Found {
         lock(&self.overrides).insert(group.to_owned(), backends);
     }
 
-    /// On reload: `PUT` sets survive only for groups that keep runtime overrides.
+    /// On reload: `PUT` sets survive only for groups that keep runtime overrides. `groups`
+    /// are a snapshot's, in name order (see [`crate::config::Snapshot::upstream_index`]):
+    /// with the Kubernetes provider's sets for 1,000 groups, a scan per set was a million
+    /// name comparisons per reload.
     pub fn reset_overrides(&self, groups: &[Arc<UpstreamGroup>]) {
         lock(&self.overrides).retain(|name, _| {
-            groups
-                .iter()
-                .any(|g| g.name == *name && g.keep_runtime_overrides)
+            (groups.binary_search_by(|g| g.name.as_str().cmp(name)))
+                .is_ok_and(|i| groups[i].keep_runtime_overrides)
         });
     }
 

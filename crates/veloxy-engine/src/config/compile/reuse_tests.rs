@@ -121,3 +121,20 @@ fn a_reload_shares_the_routing_order_of_unchanged_hosts() {
     );
     assert_eq!(find(&c, "first.test", "/x").map(|r| r.0), Some(0));
 }
+
+#[test]
+fn groups_are_found_by_name_whatever_their_file_order() {
+    let mut text = String::from("[listeners.web]\naddr = \"127.0.0.1:0\"\n\n");
+    for name in ["zeta", "alpha", "m-9", "m-10", "Beta", "a.b"] {
+        text.push_str(&format!(
+            "[upstreams.\"{name}\"]\nservers = [\"127.0.0.1:9\"]\n\n"
+        ));
+    }
+    text.push_str("[[routes]]\nupstream = \"zeta\"\n");
+    let s = compile(&text, None);
+    for (i, g) in s.upstreams.iter().enumerate() {
+        assert_eq!(s.upstream_index(&g.name), Some(i), "{}", g.name);
+    }
+    assert_eq!(s.upstream_index("m-1"), None);
+    assert_eq!(s.upstream_index(""), None);
+}
