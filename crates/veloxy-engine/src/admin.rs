@@ -348,10 +348,7 @@ async fn handle(
 fn runtime_change(shared: &Shared, method: &str, rest: &str, body: &[u8]) -> (u16, String) {
     let parts: Vec<&str> = rest.split('/').collect();
     let snapshot = shared.snapshot.load_full();
-    let Some(group) = snapshot
-        .upstream_index(parts[0])
-        .map(|i| &snapshot.upstreams[i])
-    else {
+    let Some(group) = snapshot.upstream(parts[0]) else {
         return (
             404,
             format!("{{\"error\":\"no upstream group {:?}\"}}\n", parts[0]),

@@ -312,9 +312,8 @@ impl Running {
         let current = self.shared.snapshot.load_full();
         let mut sets = Vec::with_capacity(changes.len());
         for (name, servers) in changes {
-            let group = (current.upstream_index(name))
-                .map(|i| &current.upstreams[i])
-                .ok_or_else(|| format!("no upstream group {name:?}"))?;
+            let group =
+                (current.upstream(name)).ok_or_else(|| format!("no upstream group {name:?}"))?;
             if servers.is_empty() || servers.len() > crate::upstream::health::MAX_BACKENDS {
                 return Err(format!(
                     "upstream group {name:?}: give 1 to {} servers",

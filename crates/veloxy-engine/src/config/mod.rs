@@ -318,15 +318,15 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// The index in [`Snapshot::upstreams`] of the group named `name`: a binary search, as
-    /// the groups are in name order (compiled from the file's sorted table, and only ever
-    /// changed in place since). The runtime API and the Kubernetes provider's in-place
-    /// changes look groups up by name: with 1,000 groups and 50 changed at once, a scan was
-    /// 50,000 name comparisons per change.
+    /// The index in [`Snapshot::upstreams`] of the group named `name` (a binary search: see
+    /// `upstream::group::index_by_name`).
     pub fn upstream_index(&self, name: &str) -> Option<usize> {
-        (self.upstreams)
-            .binary_search_by(|g| g.name.as_str().cmp(name))
-            .ok()
+        crate::upstream::group::index_by_name(&self.upstreams, name)
+    }
+
+    /// The group named `name`, if there is one.
+    pub fn upstream(&self, name: &str) -> Option<&Arc<UpstreamGroup>> {
+        self.upstream_index(name).map(|i| &self.upstreams[i])
     }
 
     /// How many `[[routes]]` entries this compile took unchanged from the snapshot it was

@@ -20,7 +20,7 @@ use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
 
 use crate::upstream::addr::BackendAddr;
-use crate::upstream::group::{Backend, Discovery, DiscoveryName, UpstreamGroup};
+use crate::upstream::group::{index_by_name, Backend, Discovery, DiscoveryName, UpstreamGroup};
 use crate::upstream::health::MAX_BACKENDS;
 use crate::upstream::search_cluster::ClusterView;
 
@@ -79,13 +79,11 @@ impl Found {
     }
 
     /// On reload: `PUT` sets survive only for groups that keep runtime overrides. `groups`
-    /// are a snapshot's, in name order (see [`crate::config::Snapshot::upstream_index`]):
-    /// with the Kubernetes provider's sets for 1,000 groups, a scan per set was a million
-    /// name comparisons per reload.
+    /// are a snapshot's (found by name as in `group::index_by_name`: with the Kubernetes
+    /// provider's sets for 1,000 groups, a scan per set was a million comparisons a reload).
     pub fn reset_overrides(&self, groups: &[Arc<UpstreamGroup>]) {
         lock(&self.overrides).retain(|name, _| {
-            (groups.binary_search_by(|g| g.name.as_str().cmp(name)))
-                .is_ok_and(|i| groups[i].keep_runtime_overrides)
+            index_by_name(groups, name).is_some_and(|i| groups[i].keep_runtime_overrides)
         });
     }
 
@@ -268,7 +266,7 @@ async fn follow(
 
 /// The cluster view of a search group (bound by the runtime before the groups are sent).
 fn view_of(groups: &[Arc<UpstreamGroup>], name: &str) -> Option<Arc<ClusterView>> {
-    let g = groups.iter().find(|g| g.name == name)?;
+    let g = &groups[index_by_name(groups, name)?];
     g.search.as_ref()?.cluster.try_get().cloned()
 }
 
